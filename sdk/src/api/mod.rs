@@ -1,0 +1,21 @@
+//! Kueue `kueue.x-k8s.io/v1beta2` types, as an admission check controller sees them.
+//!
+//! Only v1beta2 is modelled: it is the storage version since Kueue v0.16 and exists since v0.15,
+//! the oldest release this project supports. Fields a check never reads are left out; serde
+//! ignores them when reading, and the runtime never writes whole objects back (status writes are
+//! server-side applies of the fields it owns), so nothing unknown is lost.
+
+mod admissioncheck;
+mod conditions;
+mod queues;
+mod workload;
+
+pub use admissioncheck::*;
+pub use conditions::*;
+pub use queues::*;
+pub use workload::*;
+
+/// API group of every Kueue kind.
+pub const KUEUE_GROUP: &str = "kueue.x-k8s.io";
+/// The one Kueue API version this crate speaks.
+pub const KUEUE_VERSION: &str = "v1beta2";

@@ -1,0 +1,281 @@
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{PodTemplateSpec, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+use super::conditions::{find_condition, is_condition_true};
+
+/// `Workload.spec`: what a batch job asks Kueue for.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "kueue.x-k8s.io",
+    version = "v1beta2",
+    kind = "Workload",
+    namespaced,
+    status = "WorkloadStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadSpec {
+    /// The groups of identical pods the workload runs (1 to 8).
+    #[serde(default)]
+    pub pod_sets: Vec<PodSet>,
+    /// The LocalQueue the workload was submitted to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_name: Option<String>,
+    /// Priority resolved from the priority class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// `false` once the workload is deactivated (e.g. after a `Rejected` check); absent means true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<bool>,
+    /// Upper bound of the run time, if the job declared one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maximum_execution_time_seconds: Option<i32>,
+}
+
+/// `Workload.spec.podSets[]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSet {
+    /// Podset name, unique in the workload (`main` for a batch/v1 Job).
+    #[serde(default)]
+    pub name: String,
+    /// The pod template every pod of the podset is created from.
+    #[serde(default)]
+    pub template: PodTemplateSpec,
+    /// Number of pods requested.
+    #[serde(default)]
+    pub count: i32,
+    /// Lowest acceptable count for partial admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_count: Option<i32>,
+}
+
+/// `Workload.status`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    /// `QuotaReserved`, `Admitted`, `Evicted`, `Requeued`, `Finished`, `DeactivationTarget`, ...
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Set while quota is reserved: which ClusterQueue, and the flavors and counts per podset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Admission>,
+    /// Requeueing bookkeeping; `requeueAt` also carries admission check retry delays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_state: Option<RequeueState>,
+    /// One entry per admission check that applies to the workload (at most 8).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admission_checks: Vec<AdmissionCheckState>,
+    /// Counters Kueue keeps about the workload, e.g. evictions per reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling_stats: Option<SchedulingStats>,
+}
+
+/// `Workload.status.schedulingStats`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingStats {
+    /// Evictions counted per reason and underlying cause.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evictions: Vec<EvictionCount>,
+}
+
+/// `Workload.status.schedulingStats.evictions[]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictionCount {
+    /// Eviction reason, e.g. `AdmissionCheck` (a check answered Retry) or `Deactivated`.
+    pub reason: String,
+    /// What lies behind the reason, e.g. `AdmissionCheck` for a deactivation after Rejected.
+    #[serde(default)]
+    pub underlying_cause: String,
+    /// How many evictions of this kind happened.
+    pub count: i32,
+}
+
+/// `Workload.status.admission`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Admission {
+    /// The ClusterQueue that reserved the quota.
+    pub cluster_queue: String,
+    /// Per podset: assigned flavors and count.
+    #[serde(default)]
+    pub pod_set_assignments: Vec<PodSetAssignment>,
+}
+
+/// `Workload.status.admission.podSetAssignments[]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSetAssignment {
+    /// Podset name.
+    pub name: String,
+    /// ResourceFlavor assigned per resource name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flavors: BTreeMap<String, String>,
+    /// Total quota used per resource.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resource_usage: BTreeMap<String, Quantity>,
+    /// Pods admitted for this podset (lower than requested under partial admission).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<i32>,
+}
+
+/// `Workload.status.requeueState`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RequeueState {
+    /// How many times the workload was requeued for waitForPodsReady.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<i32>,
+    /// The workload is not requeued before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_at: Option<Time>,
+}
+
+/// The state of one admission check on one workload: `status.admissionChecks[]`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionCheckState {
+    /// AdmissionCheck name; the list-map key.
+    pub name: String,
+    /// The check's answer.
+    pub state: CheckState,
+    /// When `state` last changed. Kueue adds `requeueAfterSeconds` to it to compute the retry time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+    /// Human-readable explanation; the API requires the field, possibly empty.
+    #[serde(default)]
+    pub message: String,
+    /// Minimum delay before Kueue retries after a `Retry`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_after_seconds: Option<i32>,
+    /// Times this check answered `Retry`, counted by Kueue at each eviction. Never written by checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_count: Option<i32>,
+    /// Additive changes to the pods of each podset, applied when the job starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_set_updates: Vec<PodSetUpdate>,
+}
+
+/// `status.admissionChecks[].state`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CheckState {
+    /// The check has not answered yet (or was reset by an eviction).
+    #[default]
+    Pending,
+    /// The check passed.
+    Ready,
+    /// Evict, release quota and try again later.
+    Retry,
+    /// Deactivate the workload.
+    Rejected,
+}
+
+impl CheckState {
+    /// The string Kueue uses for the state.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckState::Pending => "Pending",
+            CheckState::Ready => "Ready",
+            CheckState::Retry => "Retry",
+            CheckState::Rejected => "Rejected",
+        }
+    }
+}
+
+impl fmt::Display for CheckState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `status.admissionChecks[].podSetUpdates[]`: additive only; a key set twice with different
+/// values makes the job fail to start.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSetUpdate {
+    /// Podset name.
+    pub name: String,
+    /// Labels to add to the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations to add to the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Node selector entries to add to the pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations to add to the pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+}
+
+/// Workload condition types an admission check reacts to.
+pub mod workload_condition {
+    /// Quota is reserved in a ClusterQueue; checks may act.
+    pub const QUOTA_RESERVED: &str = "QuotaReserved";
+    /// Quota reserved and every check Ready.
+    pub const ADMITTED: &str = "Admitted";
+    /// The workload was evicted (reason says why, e.g. `AdmissionCheck`).
+    pub const EVICTED: &str = "Evicted";
+    /// The workload was put back in its queue.
+    pub const REQUEUED: &str = "Requeued";
+    /// The job finished.
+    pub const FINISHED: &str = "Finished";
+    /// Kueue is about to deactivate the workload (e.g. a check answered `Rejected`).
+    pub const DEACTIVATION_TARGET: &str = "DeactivationTarget";
+}
+
+impl Workload {
+    fn conditions(&self) -> &[Condition] {
+        self.status
+            .as_ref()
+            .map_or(&[], |s| s.conditions.as_slice())
+    }
+
+    /// A status condition by type.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        find_condition(self.conditions(), type_)
+    }
+
+    /// Whether the condition of this type is `True`.
+    pub fn condition_is_true(&self, type_: &str) -> bool {
+        is_condition_true(self.conditions(), type_)
+    }
+
+    /// The entry of one admission check, if the workload has it.
+    pub fn admission_check(&self, name: &str) -> Option<&AdmissionCheckState> {
+        self.status
+            .as_ref()?
+            .admission_checks
+            .iter()
+            .find(|c| c.name == name)
+    }
+
+    /// How many times the workload was evicted for `reason`.
+    pub fn evictions(&self, reason: &str) -> i32 {
+        let stats = self
+            .status
+            .as_ref()
+            .and_then(|s| s.scheduling_stats.as_ref());
+        stats.map_or(0, |s| {
+            s.evictions
+                .iter()
+                .filter(|e| e.reason == reason)
+                .map(|e| e.count)
+                .sum()
+        })
+    }
+
+    /// `spec.active`, which defaults to true.
+    pub fn is_active(&self) -> bool {
+        self.spec.active.unwrap_or(true)
+    }
+}
