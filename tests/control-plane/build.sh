@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Builds etcd, kube-apiserver and the Kueue controller manager from published Go modules
+# into a cache outside the repository, one directory per component and version, so that a
+# warm machine skips every step. Nothing here is committed; only this recipe is.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=tests/control-plane/lib.sh
+source "$here/lib.sh"
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
+command -v go >/dev/null || die "go is not installed; the control plane is built from Go modules"
+
+# A wrapper module lets `go build` resolve a main package whose own go.mod carries replace
+# directives (kubernetes' staging modules, etcd's sibling modules), which `go install pkg@v` refuses.
+wrapper_module() { # dir name
+  mkdir -p "$1"
+  printf 'module local.build/%s\n\ngo 1.24\n' "$2" >"$1/go.mod"
+}
+
+build_etcd() {
+  local out="$BIN_DIR/etcd-$ETCD_VERSION/etcd"
+  [[ -x $out ]] && return 0
+  log "building etcd $ETCD_VERSION"
+  local src="$CACHE_DIR/src/etcd-$ETCD_VERSION"
+  rm -rf "$src"; wrapper_module "$src" etcd
+  (cd "$src" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" &&
+    go build -pgo=off -trimpath -o "$out.tmp" go.etcd.io/etcd/server/v3)
+  mv "$out.tmp" "$out"
+}
+
+build_kube_apiserver() {
+  local out="$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
+  [[ -x $out ]] && return 0
+  log "building kube-apiserver $KUBERNETES_VERSION"
+  local src="$CACHE_DIR/src/kube-apiserver-$KUBERNETES_VERSION" gomod
+  rm -rf "$src"; mkdir -p "$src"
+  gomod="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | json_field GoMod)"
+  [[ -f $gomod ]] || die "could not download k8s.io/kubernetes@$KUBERNETES_VERSION"
+  # Staging modules are published as v0.<minor>.<patch> for Kubernetes v1.<minor>.<patch>.
+  local staging_version="v0.${KUBERNETES_VERSION#v1.}"
+  {
+    printf 'module local.build/kube-apiserver\n\n'
+    grep -E '^go [0-9]' "$gomod"
+    grep -E '^godebug ' "$gomod" || true
+    printf '\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBERNETES_VERSION"
+    # The list of staging modules changes between releases: derive it from kubernetes' go.mod.
+    sed -nE 's#^[[:space:]]*(k8s\.io/[^[:space:]]+) => \./staging/.*#\1#p' "$gomod" |
+      while read -r m; do printf '\t%s => %s %s\n' "$m" "$m" "$staging_version"; done
+    printf ')\n'
+  } >"$src/go.mod"
+  local ld="" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    local minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+    ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  (cd "$src" && go build -pgo=off -trimpath -ldflags "$ld" -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
+  mv "$out.tmp" "$out"
+}
+
+build_kueue() {
+  local out="$BIN_DIR/kueue-$KUEUE_VERSION/kueue"
+  [[ -x $out ]] && return 0
+  log "building kueue $KUEUE_VERSION"
+  # `go install sigs.k8s.io/kueue/cmd/kueue@v` would do, but it asks the proxy for Kueue's version
+  # list (a deprecation check) and some proxies refuse that. A wrapper module that starts from
+  # Kueue's own go.sum verifies every dependency against the hashes Kueue recorded.
+  local src="$CACHE_DIR/src/kueue-$KUEUE_VERSION" kdir
+  rm -rf "$src"; wrapper_module "$src" kueue
+  kdir="$(cd "$src" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json_field Dir)"
+  cp "$kdir/go.sum" "$src/go.sum"; chmod u+w "$src/go.sum"
+  (cd "$src" && go get "sigs.k8s.io/kueue@$KUEUE_VERSION" &&
+    go build -pgo=off -trimpath -ldflags "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+      -o "$out.tmp" sigs.k8s.io/kueue/cmd/kueue)
+  mv "$out.tmp" "$out"
+}
+
+# Manifests come from the same modules: Kueue's CRDs and webhooks, and the ProvisioningRequest CRD
+# at the autoscaler API version that this Kueue release pins.
+fetch_manifests() {
+  local dst="$MANIFEST_DIR"
+  [[ -f $dst/.complete ]] && return 0
+  log "collecting manifests for kueue $KUEUE_VERSION"
+  rm -rf "$dst"; mkdir -p "$dst/crds"
+  local tmp kdir kgomod asv adir
+  tmp="$(mktemp -d)"; wrapper_module "$tmp" manifests
+  kdir="$(cd "$tmp" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json_field Dir)"
+  kgomod="$(cd "$tmp" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json_field GoMod)"
+  cp "$kdir"/config/components/crd/bases/*.yaml "$dst/crds/"
+  cp "$kdir/config/components/webhook/manifests.yaml" "$dst/webhooks.yaml"
+  asv="$(awk '$1=="k8s.io/autoscaler/cluster-autoscaler/apis"{print $2; exit}' "$kgomod")"
+  [[ -n $asv ]] || die "kueue $KUEUE_VERSION does not pin k8s.io/autoscaler/cluster-autoscaler/apis"
+  adir="$(cd "$tmp" && go mod download -json "k8s.io/autoscaler/cluster-autoscaler/apis@$asv" | json_field Dir)"
+  cp "$adir/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml" "$dst/crds/"
+  chmod -R u+w "$dst"; rm -rf "$tmp"
+  touch "$dst/.complete"
+}
+
+main() {
+  mkdir -p "$BIN_DIR"
+  local start=$SECONDS
+  fetch_manifests
+  build_etcd
+  build_kueue
+  build_kube_apiserver
+  log "control plane binaries ready in $((SECONDS - start))s under $BIN_DIR"
+}
+main "$@"

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Minimal API-server client for the control-plane script: no kubectl needed.
+
+Only what bringing up the control plane needs: server-side apply of a few cluster-scoped kinds,
+waiting for CRDs to be Established, rewriting Kueue's webhook manifest to loopback URLs, and
+minting ServiceAccount tokens through the TokenRequest API.
+"""
+import base64
+import json
+import os
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import yaml
+
+FIELD_MANAGER = "kueue-ac-control-plane"
+# Cluster-scoped kinds this script applies, by the collection path that serves them.
+PATHS = {
+    "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+    "Namespace": "/api/v1/namespaces",
+}
+
+
+class Client:
+    def __init__(self):
+        pki = os.environ["CP_PKI_DIR"]
+        self.server = os.environ["CP_SERVER"]
+        self.ctx = ssl.create_default_context(cafile=os.path.join(pki, "ca.crt"))
+        self.ctx.load_cert_chain(os.path.join(pki, "admin.crt"), os.path.join(pki, "admin.key"))
+
+    def request(self, method, path, body=None, content_type="application/json"):
+        data = None if body is None else body.encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            text = err.read().decode(errors="replace")
+            try:
+                return err.code, json.loads(text)
+            except ValueError:
+                return err.code, {"message": text}
+
+
+def fail(msg):
+    print(f"[control-plane] error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def documents(paths):
+    for path in paths:
+        with open(path) as f:
+            for doc in yaml.safe_load_all(f):
+                if doc:
+                    yield doc
+
+
+def apply(client, doc):
+    kind, name = doc["kind"], doc["metadata"]["name"]
+    if kind not in PATHS:
+        fail(f"kube.py does not know how to apply kind {kind}")
+    path = f"{PATHS[kind]}/{name}?fieldManager={FIELD_MANAGER}&force=true"
+    code, body = client.request("PATCH", path, json.dumps(doc), "application/apply-patch+yaml")
+    if code >= 300:
+        fail(f"applying {kind}/{name}: HTTP {code}: {body.get('message')}")
+    return name
+
+
+def cmd_apply(client, paths):
+    for doc in documents(paths):
+        apply(client, doc)
+
+
+def cmd_apply_crds(client, paths, timeout=60):
+    """Applies CRDs, then waits until every one is Established (Kueue checks APIs at start-up)."""
+    names = [apply(client, doc) for doc in documents(paths)]
+    deadline = time.monotonic() + timeout
+    pending = set(names)
+    while pending and time.monotonic() < deadline:
+        for name in sorted(pending):
+            code, crd = client.request("GET", f"{PATHS['CustomResourceDefinition']}/{name}")
+            conds = (crd.get("status") or {}).get("conditions") or []
+            if code == 200 and any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                pending.discard(name)
+        if pending:
+            time.sleep(0.2)
+    if pending:
+        fail(f"CRDs not Established within {timeout}s: {', '.join(sorted(pending))}")
+    print(f"[control-plane] {len(names)} CRDs Established", file=sys.stderr)
+
+
+def cmd_render_webhooks(src, base_url, ca_file, keep_groups):
+    """Points Kueue's webhooks at a loopback URL and keeps only the enabled integrations.
+
+    A webhook for a kind whose integration is not enabled would still have failurePolicy Fail and
+    block that kind, so it is dropped.
+    """
+    keep = set(keep_groups.split(","))
+    with open(ca_file, "rb") as f:
+        ca_bundle = base64.b64encode(f.read()).decode()
+    out = []
+    for doc in documents([src]):
+        kept = []
+        for hook in doc.get("webhooks", []):
+            groups = {g for rule in hook.get("rules", []) for g in rule.get("apiGroups", [])}
+            if not groups <= keep:
+                continue
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": base_url + path, "caBundle": ca_bundle}
+            kept.append(hook)
+        doc["webhooks"] = kept
+        out.append(doc)
+    yaml.safe_dump_all(out, sys.stdout, sort_keys=False)
+
+
+def cmd_token(client, namespace, sa, seconds):
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": int(seconds)}}
+    code, resp = client.request(
+        "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token", json.dumps(body))
+    if code >= 300:
+        fail(f"TokenRequest for {namespace}/{sa}: HTTP {code}: {resp.get('message')}")
+    print(resp["status"]["token"])
+
+
+def cmd_dry_run_probe(client):
+    """Creates a ResourceFlavor with dryRun=All: it passes through Kueue's mutating and validating
+    webhooks, so success proves the apiserver can reach them with the CA bundle it was given."""
+    body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+            "metadata": {"name": "control-plane-probe"}}
+    code, resp = client.request(
+        "POST", "/apis/kueue.x-k8s.io/v1beta2/resourceflavors?dryRun=All", json.dumps(body))
+    if code >= 300 and code != 409:
+        print(f"webhook probe: HTTP {code}: {resp.get('message')}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main(argv):
+    if len(argv) < 2:
+        fail("usage: kube.py apply|apply-crds|render-webhooks|token|probe-webhooks ...")
+    cmd, args = argv[1], argv[2:]
+    if cmd == "render-webhooks":
+        return cmd_render_webhooks(*args)
+    client = Client()
+    if cmd == "apply":
+        return cmd_apply(client, args)
+    if cmd == "apply-crds":
+        return cmd_apply_crds(client, args)
+    if cmd == "token":
+        return cmd_token(client, *args)
+    if cmd == "probe-webhooks":
+        return cmd_dry_run_probe(client)
+    fail(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

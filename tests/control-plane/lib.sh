@@ -1,0 +1,17 @@
+# Shared settings of the control-plane scripts (sourced, not run).
+# shellcheck source=tests/control-plane/versions.env
+source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
+
+# Built binaries and manifests live outside the repository, keyed by version.
+CACHE_DIR="${KUEUE_AC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kueue-admission-checks}"
+BIN_DIR="$CACHE_DIR/bin"
+MANIFEST_DIR="$CACHE_DIR/manifests/kueue-$KUEUE_VERSION"
+ETCD_BIN="$BIN_DIR/etcd-$ETCD_VERSION/etcd"
+APISERVER_BIN="$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
+KUEUE_BIN="$BIN_DIR/kueue-$KUEUE_VERSION/kueue"
+
+log() { printf '[control-plane] %s\n' "$*" >&2; }
+die() { printf '[control-plane] error: %s\n' "$*" >&2; exit 1; }
+
+# Reads one top-level string field of a JSON object on stdin (go mod download -json output).
+json_field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
