@@ -79,21 +79,26 @@ build_kueue() {
 # at the autoscaler API version that this Kueue release pins.
 fetch_manifests() {
   local dst="$MANIFEST_DIR"
-  [[ -f $dst/.complete ]] && return 0
+  [[ -f $dst/.complete-v3 ]] && return 0
   log "collecting manifests for kueue $KUEUE_VERSION"
   rm -rf "$dst"; mkdir -p "$dst/crds"
   local tmp kdir kgomod asv adir
   tmp="$(mktemp -d)"; wrapper_module "$tmp" manifests
   kdir="$(cd "$tmp" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json_field Dir)"
   kgomod="$(cd "$tmp" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json_field GoMod)"
-  cp "$kdir"/config/components/crd/bases/*.yaml "$dst/crds/"
+  cp "$kdir"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "$dst/crds/"
+  # Which CRDs get Kueue's conversion webhook is said by the kustomization next to the CRDs
+  # (only the patches it lists: some patch files are present but not used).
+  mkdir -p "$dst/crd-kustomization"
+  cp -r "$kdir/config/components/crd/kustomization.yaml" "$kdir/config/components/crd/patches" \
+    "$dst/crd-kustomization/"
   cp "$kdir/config/components/webhook/manifests.yaml" "$dst/webhooks.yaml"
   asv="$(awk '$1=="k8s.io/autoscaler/cluster-autoscaler/apis"{print $2; exit}' "$kgomod")"
   [[ -n $asv ]] || die "kueue $KUEUE_VERSION does not pin k8s.io/autoscaler/cluster-autoscaler/apis"
   adir="$(cd "$tmp" && go mod download -json "k8s.io/autoscaler/cluster-autoscaler/apis@$asv" | json_field Dir)"
   cp "$adir/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml" "$dst/crds/"
   chmod -R u+w "$dst"; rm -rf "$tmp"
-  touch "$dst/.complete"
+  touch "$dst/.complete-v3"
 }
 
 main() {

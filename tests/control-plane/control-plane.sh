@@ -56,7 +56,8 @@ live_pid() {
 spawn() { # name args...
   local name=$1; shift
   mkdir -p "$LOGS" "$PIDS"
-  setsid "$(binary_of "$name")" "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  # 9>&-: the daemon must not inherit the start/stop lock, or it would hold it for its lifetime.
+  setsid "$(binary_of "$name")" "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDS/$name.pid"
 }
 
@@ -161,11 +162,10 @@ write_admin_kubeconfig() {
 }
 
 install_metrics_certs() {
-  if ! cmp -s "$PKI/kueue-webhook.crt" "$KUEUE_METRICS_CERT_DIR/tls.crt" 2>/dev/null; then
-    mkdir -p "$KUEUE_METRICS_CERT_DIR" 2>/dev/null &&
-      cp "$PKI/kueue-webhook.crt" "$KUEUE_METRICS_CERT_DIR/tls.crt" &&
-      cp "$PKI/kueue-webhook.key" "$KUEUE_METRICS_CERT_DIR/tls.key" ||
-      die "Kueue reads its metrics certificate from $KUEUE_METRICS_CERT_DIR, which this user cannot write; create it (tls.crt, tls.key) or run as root"
+  cmp -s "$PKI/kueue-webhook.crt" "$KUEUE_METRICS_CERT_DIR/tls.crt" 2>/dev/null && return 0
+  if ! { mkdir -p "$KUEUE_METRICS_CERT_DIR" && cp "$PKI/kueue-webhook.crt" "$KUEUE_METRICS_CERT_DIR/tls.crt" &&
+    cp "$PKI/kueue-webhook.key" "$KUEUE_METRICS_CERT_DIR/tls.key"; } 2>/dev/null; then
+    die "Kueue reads its metrics certificate from $KUEUE_METRICS_CERT_DIR, which this user cannot write; create it (tls.crt, tls.key) or run as root"
   fi
 }
 
@@ -200,6 +200,20 @@ KCFG
 
 # --- commands ----------------------------------------------------------------------------------
 
+# Something else listening on one of our ports would make a component fail obscurely (or, worse,
+# make a health check pass against the wrong process): refuse to start instead.
+check_ports_free() {
+  local entry name port var
+  for entry in "etcd:$ETCD_PORT:CP_ETCD_PORT" "etcd-peer:$ETCD_PEER_PORT:CP_ETCD_PEER_PORT" \
+    "kube-apiserver:$APISERVER_PORT:CP_APISERVER_PORT" "kueue-webhook:$KUEUE_WEBHOOK_PORT:CP_KUEUE_WEBHOOK_PORT" \
+    "kueue-health:$KUEUE_HEALTH_PORT:CP_KUEUE_HEALTH_PORT" "kueue-metrics:$KUEUE_METRICS_PORT:CP_KUEUE_METRICS_PORT"; do
+    IFS=: read -r name port var <<<"$entry"
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      die "port $port ($name) is already in use by a process this script did not start; free it or set $var"
+    fi
+  done
+}
+
 all_running() { for c in "${COMPONENTS[@]}"; do live_pid "$c" >/dev/null || return 1; done; }
 
 cmd_start() {
@@ -214,6 +228,7 @@ cmd_start() {
   # A half-running control plane (e.g. one process crashed) is restarted whole, on fresh etcd data,
   # so every start gives the same clean cluster.
   cmd_stop >/dev/null 2>&1 || true
+  check_ports_free
   mkdir -p "$RUN_DIR" "$LOGS" "$PIDS"
   : >"$LOGS/etcd.log"; : >"$LOGS/kube-apiserver.log"; : >"$LOGS/kueue.log"
   make_pki
@@ -238,7 +253,8 @@ cmd_start() {
   wait_for kube-apiserver 90 apiserver_ready
   write_admin_kubeconfig
 
-  kube apply-crds "$MANIFEST_DIR"/crds/*.yaml
+  kube apply-crds "https://127.0.0.1:$KUEUE_WEBHOOK_PORT/convert" "$PKI/ca.crt" \
+    "$MANIFEST_DIR/crd-kustomization" "$MANIFEST_DIR"/crds/*.yaml
   kube render-webhooks "$MANIFEST_DIR/webhooks.yaml" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" \
     "$PKI/ca.crt" "kueue.x-k8s.io,batch" >"$RUN_DIR/webhooks.yaml"
   kube apply "$RUN_DIR/webhooks.yaml"
@@ -289,9 +305,18 @@ cmd_kubeconfig_for() { # namespace serviceaccount [seconds]
   echo "$path"
 }
 
+# start and stop change shared state: one at a time per run directory (e.g. `make demo` in one
+# terminal while `make test` starts in another).
+with_lock() {
+  mkdir -p "$RUN_DIR"
+  exec 9>"$RUN_DIR/.lock"
+  flock -w 300 9 || die "another control-plane.sh start/stop held $RUN_DIR/.lock for 5 minutes"
+  "$@"
+}
+
 case "${1:-}" in
-  start) cmd_start ;;
-  stop) cmd_stop ;;
+  start) with_lock cmd_start ;;
+  stop) with_lock cmd_stop ;;
   status) cmd_status ;;
   build) bash "$here/build.sh" ;;
   env) printf 'export KUBECONFIG=%q\nexport KUEUE_AC_RUN_DIR=%q\n' "$KUBECONFIG_PATH" "$RUN_DIR" ;;

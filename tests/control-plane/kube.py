@@ -78,9 +78,35 @@ def cmd_apply(client, paths):
         apply(client, doc)
 
 
-def cmd_apply_crds(client, paths, timeout=60):
-    """Applies CRDs, then waits until every one is Established (Kueue checks APIs at start-up)."""
-    names = [apply(client, doc) for doc in documents(paths)]
+def conversion_targets(kustomization_dir):
+    """Names of the CRDs that Kueue's CRD kustomization gives a conversion webhook."""
+    with open(os.path.join(kustomization_dir, "kustomization.yaml")) as f:
+        kustomization = yaml.safe_load(f) or {}
+    paths = [os.path.join(kustomization_dir, p["path"]) for p in kustomization.get("patches") or []
+             if isinstance(p, dict) and "path" in p]
+    return {doc["metadata"]["name"] for doc in documents(paths)
+            if (doc.get("spec") or {}).get("conversion", {}).get("strategy") == "Webhook"}
+
+
+def cmd_apply_crds(client, convert_url, ca_file, kustomization_dir, *paths, timeout=60):
+    """Applies CRDs, then waits until every one is Established (Kueue checks APIs at start-up).
+
+    CRDs that a real installation gives Kueue's conversion webhook get it here too, by loopback
+    URL: without it, a client of a version other than the storage version would see objects
+    converted field-blind (strategy None), which no real cluster does.
+    """
+    converted = conversion_targets(kustomization_dir)
+    with open(ca_file, "rb") as f:
+        ca_bundle = base64.b64encode(f.read()).decode()
+    names = []
+    for doc in documents(paths):
+        if doc["metadata"]["name"] in converted:
+            doc["spec"]["conversion"] = {
+                "strategy": "Webhook",
+                "webhook": {"clientConfig": {"url": convert_url, "caBundle": ca_bundle},
+                            "conversionReviewVersions": ["v1"]},
+            }
+        names.append(apply(client, doc))
     deadline = time.monotonic() + timeout
     pending = set(names)
     while pending and time.monotonic() < deadline:
@@ -93,7 +119,8 @@ def cmd_apply_crds(client, paths, timeout=60):
             time.sleep(0.2)
     if pending:
         fail(f"CRDs not Established within {timeout}s: {', '.join(sorted(pending))}")
-    print(f"[control-plane] {len(names)} CRDs Established", file=sys.stderr)
+    print(f"[control-plane] {len(names)} CRDs Established ({len(converted)} with Kueue's conversion webhook)",
+          file=sys.stderr)
 
 
 def cmd_render_webhooks(src, base_url, ca_file, keep_groups):
@@ -152,7 +179,7 @@ def main(argv):
     if cmd == "apply":
         return cmd_apply(client, args)
     if cmd == "apply-crds":
-        return cmd_apply_crds(client, args)
+        return cmd_apply_crds(client, *args)
     if cmd == "token":
         return cmd_token(client, *args)
     if cmd == "probe-webhooks":

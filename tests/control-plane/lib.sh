@@ -1,4 +1,5 @@
-# Shared settings of the control-plane scripts (sourced, not run).
+# shellcheck shell=bash disable=SC2034
+# Shared settings of the control-plane scripts (sourced, not run; the variables are used there).
 # shellcheck source=tests/control-plane/versions.env
 source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
 

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
     version = "v1beta2",
     kind = "AdmissionCheck",
     status = "AdmissionCheckStatus",
-    schema = "disabled"
+    schema = "disabled",
+    derive = "PartialEq"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionCheckSpec {

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
     group = "kueue.x-k8s.io",
     version = "v1beta2",
     kind = "ResourceFlavor",
-    schema = "disabled"
+    schema = "disabled",
+    derive = "PartialEq"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceFlavorSpec {
@@ -31,7 +32,8 @@ pub struct ResourceFlavorSpec {
     version = "v1beta2",
     kind = "ClusterQueue",
     status = "ClusterQueueStatus",
-    schema = "disabled"
+    schema = "disabled",
+    derive = "PartialEq"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterQueueSpec {
@@ -115,7 +117,8 @@ pub struct ClusterQueueStatus {
     version = "v1beta2",
     kind = "LocalQueue",
     namespaced,
-    schema = "disabled"
+    schema = "disabled",
+    derive = "PartialEq"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct LocalQueueSpec {

@@ -17,7 +17,8 @@ use super::conditions::{find_condition, is_condition_true};
     kind = "Workload",
     namespaced,
     status = "WorkloadStatus",
-    schema = "disabled"
+    schema = "disabled",
+    derive = "PartialEq"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadSpec {

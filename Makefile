@@ -1,0 +1,20 @@
+# Entry points; each is a thin wrapper around a script under tests/.
+.PHONY: demo test up down status build-control-plane
+
+demo: ## Start the local control plane and run the demo
+	bash tests/demo.sh
+
+test: ## fmt, clippy, docs, unit tests and the end-to-end suite against a real Kueue
+	bash tests/run-all.sh
+
+up: ## Start the local control plane (etcd, kube-apiserver, Kueue)
+	bash tests/control-plane/control-plane.sh start
+
+down: ## Stop the local control plane
+	bash tests/control-plane/control-plane.sh stop
+
+status: ## Show what runs
+	bash tests/control-plane/control-plane.sh status
+
+build-control-plane: ## Only build the control plane binaries into the cache
+	bash tests/control-plane/control-plane.sh build

@@ -1,0 +1,515 @@
+//! Harness for end-to-end tests against a real etcd, kube-apiserver and Kueue controller manager.
+//!
+//! The first test that needs the cluster starts the local control plane
+//! (`tests/control-plane/control-plane.sh start`, a no-op when it already runs); every test of
+//! the run then shares it. Each test gets its own namespace ([`TestEnv::new`]) and prefixes its
+//! cluster-scoped objects with that namespace, because without kube-controller-manager
+//! namespaces never finish deleting: nothing is cleaned up, and nothing needs to be.
+//!
+//! Set `E2E_KUBECONFIG` to run against a control plane managed elsewhere. If the control plane
+//! cannot start, the tests fail with its reason: they never skip.
+
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Config, Resource, ResourceExt};
+use kueue_admission_sdk::api::{
+    AdmissionCheck, AdmissionCheckSpec, AdmissionCheckStrategyRule, AdmissionChecksStrategy,
+    CheckState, ClusterQueue, ClusterQueueSpec, FlavorQuotas, LocalQueue, LocalQueueSpec,
+    ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota, Workload, workload_condition,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+/// How long a test waits for Kueue to react before it fails. Kueue reacts in well under a
+/// second on an idle control plane; the margin absorbs a loaded 2-core CI machine.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Field manager the tests use when they play an admission check controller.
+pub const TEST_FIELD_MANAGER: &str = "e2e-test-check-controller";
+
+/// Starts the shared control plane once per test process and returns its admin kubeconfig.
+fn control_plane_kubeconfig() -> &'static Path {
+    static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+    KUBECONFIG.get_or_init(|| {
+        if let Some(path) = std::env::var_os("E2E_KUBECONFIG") {
+            return PathBuf::from(path);
+        }
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../control-plane/control-plane.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        if !out.status.success() {
+            panic!(
+                "the local control plane did not start ({}); end-to-end tests cannot run.\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let env = Command::new("bash")
+            .arg(&script)
+            .arg("env")
+            .output()
+            .expect("control-plane.sh env");
+        let env = String::from_utf8_lossy(&env.stdout);
+        let path = env
+            .lines()
+            .find_map(|l| l.strip_prefix("export KUBECONFIG="))
+            .expect("control-plane.sh env prints KUBECONFIG");
+        PathBuf::from(path.trim_matches('\''))
+    })
+}
+
+/// A client for the shared control plane, authenticated as cluster admin.
+pub async fn admin_client() -> Result<Client> {
+    let path = control_plane_kubeconfig();
+    let kubeconfig =
+        Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// A client that authenticates as a ServiceAccount, with a token from the TokenRequest API, so
+/// the apiserver's RBAC authorizer decides what it may do (least-privilege tests).
+pub async fn service_account_client(namespace: &str, service_account: &str) -> Result<Client> {
+    let admin = admin_client().await?;
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
+    let token = Api::<ServiceAccount>::namespaced(admin, namespace)
+        .create_token_request(service_account, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("TokenRequest for ServiceAccount {namespace}/{service_account}"))?
+        .status
+        .ok_or_else(|| anyhow!("TokenRequest answered without a token"))?
+        .token;
+    // Same cluster and CA as the admin kubeconfig, token instead of the client certificate.
+    let mut kubeconfig = Kubeconfig::read_from(control_plane_kubeconfig())?;
+    for named in &mut kubeconfig.auth_infos {
+        named.auth_info = Some(serde_json::from_value(json!({"token": token}))?);
+    }
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// A short suffix that makes names unique across tests and runs against the same cluster.
+fn unique_suffix() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:05x}", (nanos ^ (std::process::id() << 8) ^ n) & 0xfffff)
+}
+
+/// One test's slice of the cluster: its namespace and a prefix for cluster-scoped names.
+#[derive(Clone)]
+pub struct TestEnv {
+    /// Admin client.
+    pub client: Client,
+    /// The test's own namespace.
+    pub ns: String,
+}
+
+impl Debug for TestEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestEnv")
+            .field("ns", &self.ns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestEnv {
+    /// Creates a fresh namespace named after the test.
+    pub async fn new(test: &str) -> Result<Self> {
+        let client = admin_client().await?;
+        let slug: String = test
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
+            .take(40)
+            .collect();
+        let ns = format!("e2e-{slug}-{}", unique_suffix());
+        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .with_context(|| format!("creating namespace {ns}"))?;
+        Ok(Self { client, ns })
+    }
+
+    /// A cluster-scoped name that belongs to this test.
+    pub fn cluster_name(&self, name: &str) -> String {
+        format!("{}-{name}", self.ns)
+    }
+
+    /// Creates a ServiceAccount in the test namespace and returns a client acting as it.
+    pub async fn service_account(&self, name: &str) -> Result<Client> {
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        create(Api::namespaced(self.client.clone(), &self.ns), &sa).await?;
+        service_account_client(&self.ns, name).await
+    }
+
+    /// Workloads of this test's namespace.
+    pub fn workloads(&self) -> Api<Workload> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Jobs of this test's namespace.
+    pub fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates a ResourceFlavor with no node labels.
+    pub async fn resource_flavor(&self, name: &str) -> Result<ResourceFlavor> {
+        let rf = ResourceFlavor::new(&self.cluster_name(name), ResourceFlavorSpec::default());
+        create(Api::all(self.client.clone()), &rf).await
+    }
+
+    /// Creates an AdmissionCheck answered by `controller_name`. Nothing marks it Active.
+    pub async fn admission_check(
+        &self,
+        name: &str,
+        controller_name: &str,
+    ) -> Result<AdmissionCheck> {
+        let spec = AdmissionCheckSpec {
+            controller_name: controller_name.into(),
+            parameters: None,
+        };
+        create(
+            Api::all(self.client.clone()),
+            &AdmissionCheck::new(&self.cluster_name(name), spec),
+        )
+        .await
+    }
+
+    /// Sets the AdmissionCheck's `Active` condition, as the controller owning the check would.
+    pub async fn set_admission_check_active(&self, check: &str, active: bool) -> Result<()> {
+        let (status, reason) = if active {
+            ("True", "Active")
+        } else {
+            ("False", "TestInactive")
+        };
+        let body = json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": check},
+            "status": {"conditions": [{
+                "type": "Active",
+                "status": status,
+                "reason": reason,
+                "message": "set by the end-to-end test",
+                "lastTransitionTime": Time(Timestamp::now()),
+            }]},
+        });
+        Api::<AdmissionCheck>::all(self.client.clone())
+            .patch_status(
+                check,
+                &PatchParams::apply(TEST_FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .with_context(|| format!("setting Active={status} on AdmissionCheck {check}"))?;
+        Ok(())
+    }
+
+    /// Creates a ClusterQueue for all namespaces with `cpu` quota in one flavor and the given
+    /// admission checks (applying to every flavor).
+    pub async fn cluster_queue(
+        &self,
+        name: &str,
+        flavor: &str,
+        cpu: &str,
+        checks: &[&str],
+    ) -> Result<ClusterQueue> {
+        let spec = ClusterQueueSpec {
+            namespace_selector: Some(Default::default()),
+            resource_groups: vec![ResourceGroup {
+                covered_resources: vec!["cpu".into()],
+                flavors: vec![FlavorQuotas {
+                    name: flavor.into(),
+                    resources: vec![ResourceQuota {
+                        name: "cpu".into(),
+                        nominal_quota: quantity(cpu),
+                    }],
+                }],
+            }],
+            admission_checks_strategy: Some(AdmissionChecksStrategy {
+                admission_checks: checks
+                    .iter()
+                    .map(|c| AdmissionCheckStrategyRule {
+                        name: (*c).into(),
+                        on_flavors: vec![],
+                    })
+                    .collect(),
+            }),
+        };
+        create(
+            Api::all(self.client.clone()),
+            &ClusterQueue::new(&self.cluster_name(name), spec),
+        )
+        .await
+    }
+
+    /// Creates a LocalQueue in the test namespace feeding `cluster_queue`.
+    pub async fn local_queue(&self, name: &str, cluster_queue: &str) -> Result<LocalQueue> {
+        let mut lq = LocalQueue::new(
+            name,
+            LocalQueueSpec {
+                cluster_queue: cluster_queue.into(),
+            },
+        );
+        lq.metadata.namespace = Some(self.ns.clone());
+        create(Api::namespaced(self.client.clone(), &self.ns), &lq).await
+    }
+
+    /// Creates a suspended batch/v1 Job of one pod requesting `cpu`, submitted to `local_queue`.
+    /// No pod ever runs (there is no kube-controller-manager); Kueue still manages the Job.
+    pub async fn suspended_job(&self, name: &str, local_queue: &str, cpu: &str) -> Result<Job> {
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": local_queue}},
+            "spec": {
+                "suspend": true,
+                "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "main",
+                        "image": "registry.invalid/no-pod-runs-here:1",
+                        "resources": {"requests": {"cpu": cpu}},
+                    }],
+                }},
+            },
+        }))?;
+        create(self.jobs(), &job).await
+    }
+
+    /// Waits until Kueue has created the Workload of a Job and returns it.
+    pub async fn workload_for_job(&self, job: &Job) -> Result<Workload> {
+        let uid = job.uid().ok_or_else(|| anyhow!("job has no uid"))?;
+        wait_for_any(
+            self.workloads(),
+            &format!("a Workload owned by Job {}", job.name_any()),
+            |wl: &Workload| wl.owner_references().iter().any(|o| o.uid == uid),
+        )
+        .await
+    }
+
+    /// Waits until the named Workload satisfies `cond`; on timeout, fails with the Workload dumped.
+    pub async fn wait_workload(
+        &self,
+        name: &str,
+        what: &str,
+        cond: impl Fn(&Workload) -> bool,
+    ) -> Result<Workload> {
+        wait_for(self.workloads(), name, what, cond).await
+    }
+
+    /// Waits until the named Job satisfies `cond`.
+    pub async fn wait_job(
+        &self,
+        name: &str,
+        what: &str,
+        cond: impl Fn(&Job) -> bool,
+    ) -> Result<Job> {
+        wait_for(self.jobs(), name, what, cond).await
+    }
+
+    /// Answers a check as a correct controller does: read the Workload, decide only while it
+    /// holds quota with our entry `Pending`, apply with its `resourceVersion`, and on 409 (Kueue
+    /// wrote the Workload meanwhile, which it does several times right after reserving quota)
+    /// read it again and decide again.
+    pub async fn answer_check(
+        &self,
+        workload: &str,
+        check: &str,
+        state: CheckState,
+        message: &str,
+    ) -> Result<Workload> {
+        for _ in 0..10 {
+            let wl = self.workloads().get(workload).await?;
+            let pending = wl
+                .admission_check(check)
+                .is_some_and(|e| e.state == CheckState::Pending);
+            if !wl.condition_is_true(workload_condition::QUOTA_RESERVED) || !pending {
+                bail!(
+                    "Workload {workload} no longer holds quota with check {check} Pending:\n{}",
+                    dump(&wl)
+                );
+            }
+            match self.apply_check_state(&wl, check, state, message).await {
+                Ok(wl) => return Ok(wl),
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        bail!("Workload {workload} changed under every one of 10 attempts to answer {state}")
+    }
+
+    /// Writes one check entry the way a correct check controller does: a server-side apply of
+    /// only that entry on the status subresource, with every required field, a fresh
+    /// `lastTransitionTime`, and the `resourceVersion` the decision was made from, so that a
+    /// decision based on a stale Workload is refused (409) instead of landing.
+    pub async fn apply_check_state(
+        &self,
+        wl: &Workload,
+        check: &str,
+        state: CheckState,
+        message: &str,
+    ) -> Result<Workload> {
+        let body = json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {
+                "name": wl.name_any(),
+                "namespace": self.ns,
+                "resourceVersion": wl.resource_version(),
+            },
+            "status": {"admissionChecks": [{
+                "name": check,
+                "state": state,
+                "message": message,
+                "lastTransitionTime": Time(Timestamp::now()),
+            }]},
+        });
+        let pp = PatchParams::apply(TEST_FIELD_MANAGER).force();
+        self.workloads()
+            .patch_status(&wl.name_any(), &pp, &Patch::Apply(&body))
+            .await
+            .with_context(|| {
+                format!(
+                    "applying {state} for check {check} to Workload {}",
+                    wl.name_any()
+                )
+            })
+    }
+}
+
+/// Whether an error is the apiserver's 409 Conflict (a failed `resourceVersion` precondition).
+pub fn is_conflict(err: &anyhow::Error) -> bool {
+    matches!(err.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 409)
+}
+
+fn quantity(s: &str) -> k8s_openapi::apimachinery::pkg::api::resource::Quantity {
+    k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.into())
+}
+
+async fn create<K>(api: Api<K>, obj: &K) -> Result<K>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    api.create(&PostParams::default(), obj)
+        .await
+        .with_context(|| {
+            format!(
+                "creating {} {}",
+                K::kind(&Default::default()),
+                obj.meta().name.as_deref().unwrap_or("?")
+            )
+        })
+}
+
+/// Renders an object for a failure message, without the noise of managedFields.
+pub fn dump<K: Resource + Serialize + Clone>(obj: &K) -> String {
+    let mut obj = obj.clone();
+    obj.meta_mut().managed_fields = None;
+    serde_json::to_string_pretty(&obj).unwrap_or_else(|e| format!("<unprintable: {e}>"))
+}
+
+/// Watches one object until `cond` holds, for at most [`DEFAULT_TIMEOUT`].
+pub async fn wait_for<K>(
+    api: Api<K>,
+    name: &str,
+    what: &str,
+    cond: impl Fn(&K) -> bool,
+) -> Result<K>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&Default::default()).to_string();
+    let watch = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher(api.clone(), watch).applied_objects();
+    let found = tokio::time::timeout(DEFAULT_TIMEOUT, async {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(obj) = stream.try_next().await? {
+            if cond(&obj) {
+                return Ok::<_, anyhow::Error>(Some(obj));
+            }
+        }
+        Ok(None)
+    })
+    .await;
+    match found {
+        Ok(Ok(Some(obj))) => Ok(obj),
+        Ok(Ok(None)) => bail!("watch of {kind} {name} ended before: {what}"),
+        Ok(Err(e)) => Err(e.context(format!("watching {kind} {name} for: {what}"))),
+        Err(_) => {
+            let current = match api.get_opt(name).await {
+                Ok(Some(obj)) => dump(&obj),
+                Ok(None) => "<does not exist>".into(),
+                Err(e) => format!("<cannot read it: {e}>"),
+            };
+            bail!(
+                "timed out after {DEFAULT_TIMEOUT:?} waiting for {kind} {name}: {what}\ncurrent object:\n{current}"
+            )
+        }
+    }
+}
+
+/// Watches a collection until one object satisfies `cond`, for at most [`DEFAULT_TIMEOUT`].
+pub async fn wait_for_any<K>(api: Api<K>, what: &str, cond: impl Fn(&K) -> bool) -> Result<K>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
+    let found = tokio::time::timeout(DEFAULT_TIMEOUT, async {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(obj) = stream.next().await {
+            let obj = obj?;
+            if cond(&obj) {
+                return Ok::<_, anyhow::Error>(obj);
+            }
+        }
+        bail!("watch ended")
+    })
+    .await;
+    match found {
+        Ok(res) => res.with_context(|| format!("waiting for {what}")),
+        Err(_) => {
+            let existing = api.list(&ListParams::default()).await.map(|l| l.items);
+            let existing = match existing {
+                Ok(items) => items.iter().map(dump).collect::<Vec<_>>().join("\n"),
+                Err(e) => format!("<cannot list: {e}>"),
+            };
+            bail!(
+                "timed out after {DEFAULT_TIMEOUT:?} waiting for {what}\nexisting objects:\n{existing}"
+            )
+        }
+    }
+}

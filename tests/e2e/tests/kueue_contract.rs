@@ -1,0 +1,189 @@
+//! The admission check contract of the real Kueue, exercised with no SDK: the test itself plays
+//! the check controller. These pin down what every later layer relies on.
+
+use anyhow::Result;
+use e2e::TestEnv;
+use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+
+const TEST_CONTROLLER: &str = "e2e.kueue-admission-checks.dev/test-controller";
+
+/// A ResourceFlavor, an AdmissionCheck, a ClusterQueue using it and a LocalQueue.
+struct Queues {
+    check: String,
+    cluster_queue: String,
+}
+
+async fn queues(env: &TestEnv) -> Result<Queues> {
+    let flavor = env.resource_flavor("default").await?;
+    let check = env.admission_check("check", TEST_CONTROLLER).await?;
+    let check = check.metadata.name.clone().unwrap_or_default();
+    let flavor = flavor.metadata.name.clone().unwrap_or_default();
+    let cq = env.cluster_queue("cq", &flavor, "4", &[&check]).await?;
+    let cluster_queue = cq.metadata.name.clone().unwrap_or_default();
+    env.local_queue("lq", &cluster_queue).await?;
+    Ok(Queues {
+        check,
+        cluster_queue,
+    })
+}
+
+fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
+    wl.admission_check(check).map(|e| e.state)
+}
+
+fn holds_quota_with_pending_check(wl: &Workload, check: &str) -> bool {
+    wl.condition_is_true(cond::QUOTA_RESERVED)
+        && entry_state(wl, check) == Some(CheckState::Pending)
+}
+
+#[tokio::test]
+async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
+    let env = TestEnv::new("ready-admits").await?;
+    let q = queues(&env).await?;
+
+    // Nobody has marked the check Active yet: Kueue makes the ClusterQueue inactive, and an
+    // inactive ClusterQueue reserves no quota (contract section 2).
+    let cqs = kube::Api::<kueue_admission_sdk::api::ClusterQueue>::all(env.client.clone());
+    e2e::wait_for(
+        cqs,
+        &q.cluster_queue,
+        "Active=False, reason AdmissionCheckInactive",
+        |cq| {
+            let conds = cq
+                .status
+                .as_ref()
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default();
+            kueue_admission_sdk::api::find_condition(conds, "Active")
+                .is_some_and(|c| c.status == "False" && c.reason == "AdmissionCheckInactive")
+        },
+    )
+    .await?;
+
+    let job = env.suspended_job("job", "lq", "1").await?;
+    let wl = env.workload_for_job(&job).await?;
+    let wl_name = wl.metadata.name.clone().unwrap_or_default();
+    // The entry appears before any quota is reserved (contract section 3): a check must not
+    // act on Pending alone.
+    let wl = env
+        .wait_workload(&wl_name, "our check entry Pending, before quota", |wl| {
+            entry_state(wl, &q.check) == Some(CheckState::Pending)
+        })
+        .await?;
+    assert!(
+        !wl.condition_is_true(cond::QUOTA_RESERVED),
+        "quota reserved through a ClusterQueue whose check is inactive:\n{}",
+        e2e::dump(&wl)
+    );
+
+    env.set_admission_check_active(&q.check, true).await?;
+    let wl = env
+        .wait_workload(
+            &wl_name,
+            "QuotaReserved=True with our check entry Pending",
+            |wl| holds_quota_with_pending_check(wl, &q.check),
+        )
+        .await?;
+    assert!(
+        !wl.condition_is_true(cond::ADMITTED),
+        "admitted before the check answered:\n{}",
+        e2e::dump(&wl)
+    );
+
+    env.answer_check(&wl_name, &q.check, CheckState::Ready, "ready from the test")
+        .await?;
+    let wl = env
+        .wait_workload(&wl_name, "Admitted=True", |wl| {
+            wl.condition_is_true(cond::ADMITTED)
+        })
+        .await?;
+    assert_eq!(entry_state(&wl, &q.check), Some(CheckState::Ready));
+    env.wait_job("job", "spec.suspend=false", |job| {
+        job.spec.as_ref().and_then(|s| s.suspend) == Some(false)
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
+    let env = TestEnv::new("retry-evicts").await?;
+    let q = queues(&env).await?;
+    env.set_admission_check_active(&q.check, true).await?;
+
+    let job = env.suspended_job("job", "lq", "1").await?;
+    let wl = env.workload_for_job(&job).await?;
+    let wl_name = wl.metadata.name.clone().unwrap_or_default();
+    let wl = env
+        .wait_workload(
+            &wl_name,
+            "QuotaReserved=True with our check entry Pending",
+            |wl| holds_quota_with_pending_check(wl, &q.check),
+        )
+        .await?;
+    assert_eq!(
+        wl.admission_check(&q.check).and_then(|e| e.retry_count),
+        None,
+        "retryCount before any Retry"
+    );
+
+    env.answer_check(&wl_name, &q.check, CheckState::Retry, "retry from the test")
+        .await?;
+
+    // Kueue evicts (reason AdmissionCheck), resets the entry to Pending and counts the retry.
+    let wl = env
+        .wait_workload(
+            &wl_name,
+            "one AdmissionCheck eviction and the entry Pending with retryCount 1",
+            |wl| {
+                let entry = wl.admission_check(&q.check);
+                wl.evictions("AdmissionCheck") == 1
+                    && entry
+                        .is_some_and(|e| e.state == CheckState::Pending && e.retry_count == Some(1))
+            },
+        )
+        .await?;
+    let entry = wl.admission_check(&q.check).cloned().unwrap_or_default();
+    assert_eq!(
+        entry.message,
+        "Reset to Pending after eviction. Previously: Retry",
+        "{}",
+        e2e::dump(&wl)
+    );
+    let job = env.jobs().get("job").await?;
+    assert_ne!(
+        job.spec.and_then(|s| s.suspend),
+        Some(false),
+        "the Job ran although its check said Retry"
+    );
+
+    // A Retry without delay requeues at once: quota is reserved again, the check asked again,
+    // and Ready now admits. retryCount stays: Kueue does not reset it when the check passes.
+    env.wait_workload(&wl_name, "QuotaReserved=True again after the retry", |wl| {
+        holds_quota_with_pending_check(wl, &q.check)
+    })
+    .await?;
+    env.answer_check(
+        &wl_name,
+        &q.check,
+        CheckState::Ready,
+        "ready on the second attempt",
+    )
+    .await?;
+    let wl = env
+        .wait_workload(&wl_name, "Admitted=True", |wl| {
+            wl.condition_is_true(cond::ADMITTED)
+        })
+        .await?;
+    assert_eq!(
+        wl.admission_check(&q.check).and_then(|e| e.retry_count),
+        Some(1),
+        "{}",
+        e2e::dump(&wl)
+    );
+    env.wait_job("job", "spec.suspend=false", |job| {
+        job.spec.as_ref().and_then(|s| s.suspend) == Some(false)
+    })
+    .await?;
+    Ok(())
+}
