@@ -42,23 +42,29 @@ binary_of() {
   case $1 in etcd) echo "$ETCD_BIN" ;; kube-apiserver) echo "$APISERVER_BIN" ;; kueue) echo "$KUEUE_BIN" ;; esac
 }
 
-# The pid recorded for a component, if that process is alive and still runs our binary
-# (a recycled pid must never be signalled).
+# A pid file holds "PID EXECUTABLE". The pid counts only while that process is alive and still
+# runs the recorded executable: a recycled pid is never signalled.
 live_pid() {
-  local f="$PIDS/$1.pid" pid exe
+  local f="$PIDS/$1.pid" pid recorded exe
   [[ -f $f ]] || return 1
-  pid="$(<"$f")"
+  read -r pid recorded <"$f" || true
   exe="$(readlink "/proc/$pid/exe" 2>/dev/null)" || return 1
-  [[ ${exe% (deleted)} == "$(binary_of "$1")" ]] || return 1
+  [[ ${exe% (deleted)} == "$recorded" ]] || return 1
   echo "$pid"
 }
 
+# Alive and running the binary of the versions configured now (not, e.g., an older Kueue).
+runs_configured_version() {
+  live_pid "$1" >/dev/null && [[ $(cut -d' ' -f2- "$PIDS/$1.pid") == "$(binary_of "$1")" ]]
+}
+
 spawn() { # name args...
-  local name=$1; shift
+  local name=$1 bin; shift
+  bin="$(binary_of "$name")"
   mkdir -p "$LOGS" "$PIDS"
   # 9>&-: the daemon must not inherit the start/stop lock, or it would hold it for its lifetime.
-  setsid "$(binary_of "$name")" "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
-  echo $! >"$PIDS/$name.pid"
+  setsid "$bin" "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
+  echo "$! $bin" >"$PIDS/$name.pid"
 }
 
 stop_component() {
@@ -214,7 +220,7 @@ check_ports_free() {
   done
 }
 
-all_running() { for c in "${COMPONENTS[@]}"; do live_pid "$c" >/dev/null || return 1; done; }
+all_running() { for c in "${COMPONENTS[@]}"; do runs_configured_version "$c" || return 1; done; }
 
 cmd_start() {
   command -v curl >/dev/null || die "curl is required"
@@ -225,8 +231,8 @@ cmd_start() {
   fi
   bash "$here/build.sh"
   local start=$SECONDS
-  # A half-running control plane (e.g. one process crashed) is restarted whole, on fresh etcd data,
-  # so every start gives the same clean cluster.
+  # A half-running control plane (e.g. one process crashed), or one of other versions, is
+  # restarted whole, on fresh etcd data, so every start gives the same clean cluster.
   cmd_stop >/dev/null 2>&1 || true
   check_ports_free
   mkdir -p "$RUN_DIR" "$LOGS" "$PIDS"
@@ -286,6 +292,10 @@ cmd_status() {
         kube-apiserver) apiserver_ready && health=ready || health="not ready" ;;
         kueue) kueue_ready && health=ready || health="not ready" ;;
       esac
+      if ! runs_configured_version "$c"; then
+        health+=", but not the configured version: $(cut -d' ' -f2- "$PIDS/$c.pid")"
+        ok=1
+      fi
       printf '%-15s running (pid %s), %s\n' "$c" "$pid" "$health"
       [[ $health == healthy || $health == ready ]] || ok=1
     else
