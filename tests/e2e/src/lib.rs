@@ -328,6 +328,39 @@ impl TestEnv {
         wait_for(self.workloads(), name, what, cond).await
     }
 
+    /// Waits until the Workload holds quota with the check's entry `Pending`: the moment a
+    /// check controller is asked to decide.
+    pub async fn wait_check_pending_with_quota(
+        &self,
+        workload: &str,
+        check: &str,
+    ) -> Result<Workload> {
+        let what = format!("QuotaReserved=True with check {check} Pending");
+        self.wait_workload(workload, &what, |wl| {
+            wl.condition_is_true(workload_condition::QUOTA_RESERVED)
+                && wl
+                    .admission_check(check)
+                    .is_some_and(|e| e.state == CheckState::Pending)
+        })
+        .await
+    }
+
+    /// Waits until the Workload is `Admitted`.
+    pub async fn wait_admitted(&self, workload: &str) -> Result<Workload> {
+        self.wait_workload(workload, "Admitted=True", |wl| {
+            wl.condition_is_true(workload_condition::ADMITTED)
+        })
+        .await
+    }
+
+    /// Waits until Kueue has unsuspended the Job.
+    pub async fn wait_job_unsuspended(&self, job: &str) -> Result<Job> {
+        self.wait_job(job, "spec.suspend=false", |j| {
+            j.spec.as_ref().and_then(|s| s.suspend) == Some(false)
+        })
+        .await
+    }
+
     /// Waits until the named Job satisfies `cond`.
     pub async fn wait_job(
         &self,

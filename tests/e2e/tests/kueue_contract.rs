@@ -31,11 +31,6 @@ fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
     wl.admission_check(check).map(|e| e.state)
 }
 
-fn holds_quota_with_pending_check(wl: &Workload, check: &str) -> bool {
-    wl.condition_is_true(cond::QUOTA_RESERVED)
-        && entry_state(wl, check) == Some(CheckState::Pending)
-}
-
 #[tokio::test]
 async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
     let env = TestEnv::new("ready-admits").await?;
@@ -78,11 +73,7 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
 
     env.set_admission_check_active(&q.check, true).await?;
     let wl = env
-        .wait_workload(
-            &wl_name,
-            "QuotaReserved=True with our check entry Pending",
-            |wl| holds_quota_with_pending_check(wl, &q.check),
-        )
+        .wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
     assert!(
         !wl.condition_is_true(cond::ADMITTED),
@@ -92,16 +83,9 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
 
     env.answer_check(&wl_name, &q.check, CheckState::Ready, "ready from the test")
         .await?;
-    let wl = env
-        .wait_workload(&wl_name, "Admitted=True", |wl| {
-            wl.condition_is_true(cond::ADMITTED)
-        })
-        .await?;
+    let wl = env.wait_admitted(&wl_name).await?;
     assert_eq!(entry_state(&wl, &q.check), Some(CheckState::Ready));
-    env.wait_job("job", "spec.suspend=false", |job| {
-        job.spec.as_ref().and_then(|s| s.suspend) == Some(false)
-    })
-    .await?;
+    env.wait_job_unsuspended("job").await?;
     Ok(())
 }
 
@@ -115,11 +99,7 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
     let wl = env.workload_for_job(&job).await?;
     let wl_name = wl.metadata.name.clone().unwrap_or_default();
     let wl = env
-        .wait_workload(
-            &wl_name,
-            "QuotaReserved=True with our check entry Pending",
-            |wl| holds_quota_with_pending_check(wl, &q.check),
-        )
+        .wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
     assert_eq!(
         wl.admission_check(&q.check).and_then(|e| e.retry_count),
@@ -159,10 +139,8 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
 
     // A Retry without delay requeues at once: quota is reserved again, the check asked again,
     // and Ready now admits. retryCount stays: Kueue does not reset it when the check passes.
-    env.wait_workload(&wl_name, "QuotaReserved=True again after the retry", |wl| {
-        holds_quota_with_pending_check(wl, &q.check)
-    })
-    .await?;
+    env.wait_check_pending_with_quota(&wl_name, &q.check)
+        .await?;
     env.answer_check(
         &wl_name,
         &q.check,
@@ -170,20 +148,13 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
         "ready on the second attempt",
     )
     .await?;
-    let wl = env
-        .wait_workload(&wl_name, "Admitted=True", |wl| {
-            wl.condition_is_true(cond::ADMITTED)
-        })
-        .await?;
+    let wl = env.wait_admitted(&wl_name).await?;
     assert_eq!(
         wl.admission_check(&q.check).and_then(|e| e.retry_count),
         Some(1),
         "{}",
         e2e::dump(&wl)
     );
-    env.wait_job("job", "spec.suspend=false", |job| {
-        job.spec.as_ref().and_then(|s| s.suspend) == Some(false)
-    })
-    .await?;
+    env.wait_job_unsuspended("job").await?;
     Ok(())
 }

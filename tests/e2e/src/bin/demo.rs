@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use e2e::TestEnv;
-use kueue_admission_sdk::api::{CheckState, workload_condition as cond};
+use kueue_admission_sdk::api::CheckState;
 
 const CONTROLLER: &str = "demo.kueue-admission-checks.dev/approve-all";
 
@@ -39,13 +39,7 @@ async fn main() -> Result<()> {
     let wl_name = wl.metadata.name.clone().unwrap_or_default();
     say(&format!("Kueue created Workload {wl_name}"));
 
-    env.wait_workload(&wl_name, "quota reserved, check Pending", |wl| {
-        wl.condition_is_true(cond::QUOTA_RESERVED)
-            && wl
-                .admission_check(&check)
-                .is_some_and(|e| e.state == CheckState::Pending)
-    })
-    .await?;
+    env.wait_check_pending_with_quota(&wl_name, &check).await?;
     say("Kueue reserved quota; the check entry is Pending: the Job waits for our answer");
 
     env.answer_check(&wl_name, &check, CheckState::Ready, "approved by the demo")
@@ -54,15 +48,9 @@ async fn main() -> Result<()> {
         "the check answered Ready (server-side apply of our entry, with a resourceVersion precondition)",
     );
 
-    env.wait_workload(&wl_name, "Admitted", |wl| {
-        wl.condition_is_true(cond::ADMITTED)
-    })
-    .await?;
+    env.wait_admitted(&wl_name).await?;
     say("Kueue admitted the Workload");
-    env.wait_job("hello", "unsuspended", |j| {
-        j.spec.as_ref().and_then(|s| s.suspend) == Some(false)
-    })
-    .await?;
+    env.wait_job_unsuspended("hello").await?;
     say("Kueue unsuspended Job hello: it would start now");
     println!(
         "\ninspect it: KUBECONFIG from `tests/control-plane/control-plane.sh env`, namespace {}",
