@@ -6,3 +6,4 @@
 //! for now, the Kueue API types in [`api`].
 
 pub mod api;
+pub mod retry;
