@@ -2,8 +2,23 @@
 //!
 //! Kueue admits a Workload in two stages: it reserves quota, then waits until every
 //! AdmissionCheck of the ClusterQueue reports `Ready` in the Workload's
-//! `status.admissionChecks`. This crate holds what a controller answering such a check needs;
-//! for now, the Kueue API types in [`api`].
+//! `status.admissionChecks`. A check author implements [`AdmissionCheckController`]; the
+//! crate's layers are:
+//!
+//! - [`api`]: the Kueue v1beta2 types a check reads;
+//! - [`retry`]: retry delays (Kueue's formula, generalised) and the attempt limit;
+//! - [`check`]: the trait, the [`Decision`] it returns and the context it gets;
+//! - [`decide`]: the pure rules that turn a decision into a safe status write, or refuse it;
+//! - [`testing`]: builders and an offline client to unit-test a check's decisions.
 
 pub mod api;
+pub mod check;
+pub mod decide;
 pub mod retry;
+pub mod testing;
+
+pub use check::{
+    AdmissionCheckController, CheckContext, CheckParameters, Decision, NoParameters,
+    ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
+};
+pub use retry::RetryPolicy;

@@ -1,0 +1,337 @@
+//! What a check author writes: an [`AdmissionCheckController`] that turns a Workload holding
+//! quota into a [`Decision`].
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use serde::de::DeserializeOwned;
+
+use crate::api::{AdmissionCheckState, CheckState, PodSetUpdate, Workload};
+use crate::retry::RetryPolicy;
+
+/// An admission check, as its author sees it. The runtime does the rest: it watches
+/// AdmissionChecks and Workloads, calls [`decide`](Self::decide) only when a Workload holds
+/// quota with this check's entry `Pending`, writes the answer safely, and keeps the retry
+/// bookkeeping.
+///
+/// `decide` may be called more than once for the same Workload and attempt (after a conflict,
+/// a restart, or a parameters change), so it must be idempotent: a check that takes something
+/// (a license, budget) must recognise a Workload it already holds something for.
+pub trait AdmissionCheckController: Send + Sync + 'static {
+    /// The typed object `AdmissionCheck.spec.parameters` points at, or [`NoParameters`].
+    type Parameters: CheckParameters;
+    /// What `decide` and `release` fail with. Errors are retried with backoff and surfaced in
+    /// events, logs and metrics; they are never written into the Workload as a state.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The `spec.controllerName` of the AdmissionChecks this controller answers.
+    fn controller_name(&self) -> &str;
+
+    /// How `Retry` decisions without an explicit delay are spaced, and when they turn into
+    /// `Rejected`. Kueue's defaults unless overridden; may depend on the parameters.
+    fn retry_policy(&self, _parameters: &Self::Parameters) -> RetryPolicy {
+        RetryPolicy::default()
+    }
+
+    /// Ask again about Workloads already `Ready` this often (e.g. a budget that may run out
+    /// before the job starts). `None`, the default, never revisits a `Ready` answer.
+    fn revalidate_ready_every(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Decides for one Workload that holds quota and waits for this check.
+    fn decide(
+        &self,
+        ctx: &CheckContext<'_, Self::Parameters>,
+    ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
+
+    /// Called when a Workload this check decided for no longer needs it: quota released,
+    /// evicted, deactivated, finished, deleted, or the check removed from its ClusterQueue.
+    /// Release whatever the Workload holds. Must be idempotent.
+    fn release(
+        &self,
+        _ctx: &ReleaseContext<'_>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// The typed parameters of a check: the object an AdmissionCheck's `spec.parameters` names.
+pub trait CheckParameters: DeserializeOwned + Clone + Debug + Send + Sync + 'static {
+    /// The kind `spec.parameters` must name, or `None` for a check that takes no parameters.
+    fn reference() -> Option<ParametersKind>;
+
+    /// Checks the contents. An error makes the AdmissionCheck `Active=False` with this message,
+    /// so write it for the person who will read it there.
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Group, kind and resource (plural) of a cluster-scoped parameters kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParametersKind {
+    /// API group, e.g. `kueue.x-k8s.io`.
+    pub group: &'static str,
+    /// API version to read it at, e.g. `v1beta2`.
+    pub version: &'static str,
+    /// Kind, e.g. `ProvisioningRequestConfig`.
+    pub kind: &'static str,
+    /// Resource name (plural), e.g. `provisioningrequestconfigs`.
+    pub plural: &'static str,
+}
+
+/// For checks configured by flags alone: `spec.parameters` must be absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+pub struct NoParameters;
+
+impl CheckParameters for NoParameters {
+    fn reference() -> Option<ParametersKind> {
+        None
+    }
+}
+
+/// Everything a check gets to decide for one Workload.
+pub struct CheckContext<'a, P> {
+    /// The Workload, as last read from the API server.
+    pub workload: &'a Workload,
+    /// This check's entry in `status.admissionChecks`.
+    pub entry: &'a AdmissionCheckState,
+    /// The AdmissionCheck's resolved, validated parameters.
+    pub parameters: &'a P,
+    /// A client for anything else the check needs to read or write.
+    pub client: &'a kube::Client,
+    /// The time of this decision; use it instead of the system clock so tests can set it.
+    pub now: Timestamp,
+}
+
+impl<P: Debug> Debug for CheckContext<'_, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckContext")
+            .field("workload", &self.workload.metadata.name)
+            .field("entry", &self.entry)
+            .field("parameters", &self.parameters)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Debug for ReleaseContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseContext")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("check_name", &self.check_name)
+            .field("reason", &self.reason)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P> CheckContext<'_, P> {
+    /// Name of the AdmissionCheck being decided.
+    pub fn check_name(&self) -> &str {
+        &self.entry.name
+    }
+
+    /// The attempt being decided: 1 for the first, then Kueue's `retryCount + 1`.
+    pub fn attempt(&self) -> u32 {
+        attempt_of(self.entry)
+    }
+
+    /// The ResourceFlavor assigned to each resource of each podset: podset → resource → flavor.
+    pub fn assigned_flavors(&self) -> BTreeMap<&str, &BTreeMap<String, String>> {
+        let admission = self
+            .workload
+            .status
+            .as_ref()
+            .and_then(|s| s.admission.as_ref());
+        admission
+            .map(|a| {
+                a.pod_set_assignments
+                    .iter()
+                    .map(|p| (p.name.as_str(), &p.flavors))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// The attempt an entry stands for: Kueue's `retryCount + 1`.
+pub(crate) fn attempt_of(entry: &AdmissionCheckState) -> u32 {
+    u32::try_from(entry.retry_count.unwrap_or(0))
+        .unwrap_or(0)
+        .saturating_add(1)
+}
+
+/// Why a Workload no longer needs what a check gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReleaseReason {
+    /// Quota was released without an eviction (e.g. the ClusterQueue was stopped).
+    QuotaReleased,
+    /// Kueue evicted the Workload.
+    Evicted,
+    /// The Workload was deactivated (`spec.active: false`).
+    Deactivated,
+    /// The job finished.
+    Finished,
+    /// The Workload is being deleted or is gone.
+    Deleted,
+    /// The check no longer applies to the Workload (removed from the ClusterQueue).
+    CheckRemoved,
+}
+
+impl ReleaseReason {
+    /// A stable label for metrics and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseReason::QuotaReleased => "quota_released",
+            ReleaseReason::Evicted => "evicted",
+            ReleaseReason::Deactivated => "deactivated",
+            ReleaseReason::Finished => "finished",
+            ReleaseReason::Deleted => "deleted",
+            ReleaseReason::CheckRemoved => "check_removed",
+        }
+    }
+}
+
+/// What a check gets when a Workload stops needing it.
+pub struct ReleaseContext<'a> {
+    /// Namespace of the Workload.
+    pub namespace: &'a str,
+    /// Name of the Workload.
+    pub name: &'a str,
+    /// The Workload, unless it is already gone.
+    pub workload: Option<&'a Workload>,
+    /// The AdmissionCheck the release is for.
+    pub check_name: &'a str,
+    /// Why.
+    pub reason: ReleaseReason,
+    /// A client.
+    pub client: &'a kube::Client,
+    /// The time of the release.
+    pub now: Timestamp,
+}
+
+/// A check's answer for one Workload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The check passes; the pods get these additive updates when the job starts.
+    Ready {
+        /// Shown in the Workload's status.
+        message: String,
+        /// Labels, annotations, node selectors and tolerations to add, per podset.
+        pod_set_updates: Vec<PodSetUpdate>,
+    },
+    /// Not decided yet. The Workload keeps its quota while it waits.
+    Pending {
+        /// Tells the user what the check waits for.
+        message: String,
+        /// Ask the check again after this long, even if nothing changes.
+        recheck_after: Option<Duration>,
+    },
+    /// Give the quota back and try again later. Kueue evicts the Workload and counts the retry.
+    Retry {
+        /// Tells the user why.
+        message: String,
+        /// How long to wait.
+        delay: RetryDelay,
+    },
+    /// The Workload can never pass: Kueue deactivates it.
+    Rejected {
+        /// Tells the user why.
+        message: String,
+    },
+}
+
+/// The delay of a [`Decision::Retry`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum RetryDelay {
+    /// From the check's [`RetryPolicy`] and the attempt number.
+    Policy,
+    /// Exactly this long (e.g. until a budget window resets); still counts against the limit.
+    After(Duration),
+}
+
+impl Decision {
+    /// `Ready` without pod updates.
+    pub fn ready(message: impl Into<String>) -> Self {
+        Decision::Ready {
+            message: message.into(),
+            pod_set_updates: Vec::new(),
+        }
+    }
+
+    /// `Ready` with additive pod updates per podset.
+    pub fn ready_with_updates(
+        message: impl Into<String>,
+        pod_set_updates: Vec<PodSetUpdate>,
+    ) -> Self {
+        Decision::Ready {
+            message: message.into(),
+            pod_set_updates,
+        }
+    }
+
+    /// `Pending`, asked again only when the Workload or the check changes.
+    pub fn pending(message: impl Into<String>) -> Self {
+        Decision::Pending {
+            message: message.into(),
+            recheck_after: None,
+        }
+    }
+
+    /// `Pending`, asked again after `after` at the latest.
+    pub fn pending_recheck_after(message: impl Into<String>, after: Duration) -> Self {
+        Decision::Pending {
+            message: message.into(),
+            recheck_after: Some(after),
+        }
+    }
+
+    /// `Retry` with the delay of the check's retry policy.
+    pub fn retry(message: impl Into<String>) -> Self {
+        Decision::Retry {
+            message: message.into(),
+            delay: RetryDelay::Policy,
+        }
+    }
+
+    /// `Retry` after exactly `delay`.
+    pub fn retry_after(message: impl Into<String>, delay: Duration) -> Self {
+        Decision::Retry {
+            message: message.into(),
+            delay: RetryDelay::After(delay),
+        }
+    }
+
+    /// `Rejected`.
+    pub fn rejected(message: impl Into<String>) -> Self {
+        Decision::Rejected {
+            message: message.into(),
+        }
+    }
+
+    /// The state this decision asks for (before the retry limit is applied).
+    pub fn state(&self) -> CheckState {
+        match self {
+            Decision::Ready { .. } => CheckState::Ready,
+            Decision::Pending { .. } => CheckState::Pending,
+            Decision::Retry { .. } => CheckState::Retry,
+            Decision::Rejected { .. } => CheckState::Rejected,
+        }
+    }
+
+    /// The message the check gave.
+    pub fn message(&self) -> &str {
+        match self {
+            Decision::Ready { message, .. }
+            | Decision::Pending { message, .. }
+            | Decision::Retry { message, .. }
+            | Decision::Rejected { message } => message,
+        }
+    }
+}

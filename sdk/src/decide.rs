@@ -1,0 +1,306 @@
+//! The pure core: whether a check may be asked about a Workload, and what a check's
+//! [`Decision`] turns into, or why it must not be written. No I/O, no clock: the runtime passes
+//! the Workload it read, the time and a random sample for jitter.
+//!
+//! The guards against stranding a Workload live here and nowhere else. Kueue acts on `Retry`
+//! and `Rejected` only while the Workload holds quota and is not evicted; a state written at any
+//! other time is never cleared (upstream issues #3543, #3322), and a `Ready` written after an
+//! eviction reset would admit the next reservation without asking the check. So nothing is
+//! written unless the Workload, as read, holds quota, is active, not evicted, not finished, and
+//! our entry is `Pending` (or `Ready`, when the check revalidates). The runtime sends the write
+//! with the `resourceVersion` of that same read, so the API server refuses it (409) if the
+//! Workload changed in between; the runtime then reads again and asks again.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::api::{AdmissionCheckState, CheckState, Workload, workload_condition as cond};
+use crate::check::{Decision, ReleaseReason, RetryDelay, attempt_of};
+use crate::retry::{RetryPolicy, requeue_after_seconds};
+
+/// Kueue's limit on `status.admissionChecks[].message` (characters).
+pub const MAX_MESSAGE_CHARS: usize = 32_768;
+/// Kueue's limit on `status.admissionChecks[].podSetUpdates`.
+pub const MAX_POD_SET_UPDATES: usize = 18;
+
+/// Whether a check should be asked about a Workload now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eligibility {
+    /// Ask the check. `revalidating` when the entry is already `Ready`.
+    Decide {
+        /// The entry is `Ready` and the check asked to revalidate such entries.
+        revalidating: bool,
+    },
+    /// The Workload holds quota, but our entry already says this and Kueue has yet to act.
+    Wait(CheckState),
+    /// The Workload does not need the check now; what it held may be released.
+    /// `QuotaReleased` also covers a Workload that never had quota.
+    Idle(ReleaseReason),
+}
+
+/// Decides whether `check` should be asked about `wl`.
+pub fn eligibility(wl: &Workload, check: &str, revalidate_ready: bool) -> Eligibility {
+    use Eligibility::*;
+    if wl.metadata.deletion_timestamp.is_some() {
+        return Idle(ReleaseReason::Deleted);
+    }
+    if wl.condition_is_true(cond::FINISHED) {
+        return Idle(ReleaseReason::Finished);
+    }
+    let Some(entry) = wl.admission_check(check) else {
+        return Idle(ReleaseReason::CheckRemoved);
+    };
+    if !wl.is_active() || wl.condition_is_true(cond::DEACTIVATION_TARGET) {
+        return Idle(ReleaseReason::Deactivated);
+    }
+    if wl.condition_is_true(cond::EVICTED) {
+        return Idle(ReleaseReason::Evicted);
+    }
+    if !wl.condition_is_true(cond::QUOTA_RESERVED) {
+        return Idle(ReleaseReason::QuotaReleased);
+    }
+    match entry.state {
+        CheckState::Pending => Decide {
+            revalidating: false,
+        },
+        CheckState::Ready if revalidate_ready => Decide { revalidating: true },
+        state => Wait(state),
+    }
+}
+
+/// Everything [`plan`] needs.
+#[derive(Clone, Debug)]
+pub struct PlanInput<'a> {
+    /// The Workload as read; the write will carry its `resourceVersion`.
+    pub workload: &'a Workload,
+    /// The AdmissionCheck decided.
+    pub check: &'a str,
+    /// The check's answer.
+    pub decision: Decision,
+    /// The check's retry policy.
+    pub policy: &'a RetryPolicy,
+    /// Whether the check revalidates `Ready` entries.
+    pub revalidate_ready: bool,
+    /// The time of the decision: `lastTransitionTime` of a new state, start of a retry delay.
+    pub now: Timestamp,
+    /// A uniform sample in `[0, 1)` for the retry jitter.
+    pub jitter_sample: f64,
+}
+
+/// What to do with a decision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// Apply this entry.
+    Write(Write),
+    /// The entry already says this; write nothing.
+    Unchanged {
+        /// Ask the check again after this long (a `Pending` that asked for it).
+        recheck_after: Option<Duration>,
+    },
+    /// Must not be written.
+    Refused(Refusal),
+}
+
+/// An entry to apply, and what it means.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Write {
+    /// The complete entry: name, state, message, lastTransitionTime, and the optional fields
+    /// this check owns. Never `retryCount`, which belongs to Kueue.
+    pub entry: AdmissionCheckState,
+    /// The attempt decided (Kueue's `retryCount + 1`).
+    pub attempt: u32,
+    /// The state changed (the moment for an event).
+    pub state_changed: bool,
+    /// For a `Retry`: the delay asked for.
+    pub retry_delay: Option<Duration>,
+    /// A `Retry` became `Rejected` because the retry limit was reached.
+    pub gave_up: bool,
+    /// Ask the check again after this long.
+    pub recheck_after: Option<Duration>,
+}
+
+/// Why a decision is not written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Refusal {
+    /// The Workload, as read, is not in a state where the check may answer.
+    NotEligible(Eligibility),
+    /// The check answered something Kueue would not accept, or that makes no sense.
+    InvalidDecision(String),
+}
+
+/// Turns a decision into the entry to write, or refuses it.
+pub fn plan(input: PlanInput<'_>) -> Plan {
+    let PlanInput {
+        workload: wl,
+        check,
+        decision,
+        policy,
+        revalidate_ready,
+        now,
+        jitter_sample,
+    } = input;
+    let revalidating = match eligibility(wl, check, revalidate_ready) {
+        Eligibility::Decide { revalidating } => revalidating,
+        other => return Plan::Refused(Refusal::NotEligible(other)),
+    };
+    let Some(current) = wl.admission_check(check) else {
+        return Plan::Refused(Refusal::NotEligible(Eligibility::Idle(
+            ReleaseReason::CheckRemoved,
+        )));
+    };
+    if let Err(why) = validate_decision(wl, &decision, revalidating) {
+        return Plan::Refused(Refusal::InvalidDecision(why));
+    }
+    let attempt = attempt_of(current);
+
+    let mut gave_up = false;
+    let mut retry_delay = None;
+    let mut recheck_after = None;
+    let (state, message, pod_set_updates, requeue_after) = match decision {
+        Decision::Ready {
+            message,
+            pod_set_updates,
+        } => (CheckState::Ready, message, pod_set_updates, None),
+        Decision::Pending {
+            message,
+            recheck_after: after,
+        } => {
+            recheck_after = after;
+            (CheckState::Pending, message, vec![], None)
+        }
+        Decision::Rejected { message } => (CheckState::Rejected, message, vec![], None),
+        Decision::Retry { message, .. } if policy.exhausted(attempt) => {
+            gave_up = true;
+            let limit = policy.retry_limit.unwrap_or_default();
+            let message = format!("{message} (attempt {attempt}: no retries left after {limit})");
+            (CheckState::Rejected, message, vec![], None)
+        }
+        Decision::Retry { message, delay } => {
+            let delay = match delay {
+                RetryDelay::Policy => policy.delay(attempt, jitter_sample),
+                RetryDelay::After(d) => d.min(crate::retry::MAX_DELAY),
+            };
+            retry_delay = Some(delay);
+            let secs = requeue_after_seconds(delay);
+            let of = policy
+                .retry_limit
+                .map(|l| format!(" of {}", l.saturating_add(1)))
+                .unwrap_or_default();
+            let when = match secs {
+                Some(s) => format!("next attempt not before {}", at_seconds(now, s)),
+                None => "next attempt as soon as Kueue requeues the workload".to_string(),
+            };
+            let message = format!("{message} (attempt {attempt}{of}; {when})");
+            // 0 rather than absent: an earlier delay must not linger on the entry.
+            (CheckState::Retry, message, vec![], Some(secs.unwrap_or(0)))
+        }
+    };
+    let message = truncate_message(message);
+
+    let unchanged = current.state == state
+        && current.message == message
+        && current.pod_set_updates == pod_set_updates
+        && (state != CheckState::Retry);
+    if unchanged {
+        return Plan::Unchanged { recheck_after };
+    }
+    let state_changed = current.state != state;
+    let last_transition_time = if state_changed {
+        Some(Time(now))
+    } else {
+        current.last_transition_time.clone().or(Some(Time(now)))
+    };
+    let entry = AdmissionCheckState {
+        name: check.to_string(),
+        state,
+        last_transition_time,
+        message,
+        requeue_after_seconds: requeue_after,
+        retry_count: None,
+        pod_set_updates,
+    };
+    Plan::Write(Write {
+        entry,
+        attempt,
+        state_changed,
+        retry_delay,
+        gave_up,
+        recheck_after,
+    })
+}
+
+fn validate_decision(wl: &Workload, decision: &Decision, revalidating: bool) -> Result<(), String> {
+    if revalidating && matches!(decision, Decision::Pending { .. }) {
+        return Err("a Ready entry can only stay Ready, or become Retry or Rejected; Pending would leave an admitted \
+                    workload undecided"
+            .into());
+    }
+    if let Decision::Ready {
+        pod_set_updates, ..
+    } = decision
+    {
+        if pod_set_updates.len() > MAX_POD_SET_UPDATES {
+            return Err(format!(
+                "{} podSetUpdates, Kueue accepts at most {MAX_POD_SET_UPDATES}",
+                pod_set_updates.len()
+            ));
+        }
+        let pod_sets: Vec<&str> = wl.spec.pod_sets.iter().map(|p| p.name.as_str()).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for update in pod_set_updates {
+            if !pod_sets.contains(&update.name.as_str()) {
+                return Err(format!(
+                    "podSetUpdate for podset {:?}, which the workload does not have (it has {pod_sets:?})",
+                    update.name
+                ));
+            }
+            if !seen.insert(update.name.as_str()) {
+                return Err(format!(
+                    "two podSetUpdates for podset {:?}; merge them into one",
+                    update.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `now + secs`, formatted the way Kueue's API shows times (UTC, whole seconds).
+fn at_seconds(now: Timestamp, secs: i32) -> String {
+    let at = now
+        .checked_add(SignedDuration::from_secs(i64::from(secs)))
+        .unwrap_or(Timestamp::MAX);
+    at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Cuts a message to Kueue's limit on a character boundary, marking the cut.
+fn truncate_message(message: String) -> String {
+    if message.chars().count() <= MAX_MESSAGE_CHARS {
+        return message;
+    }
+    let mut cut: String = message.chars().take(MAX_MESSAGE_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// The body of the server-side apply that writes one entry: only identity, the
+/// `resourceVersion` precondition and the entry. `None` if the Workload has no
+/// `resourceVersion` (it was not read from the API server), since an unconditioned write is
+/// exactly what strands Workloads.
+pub fn status_apply_patch(wl: &Workload, entry: &AdmissionCheckState) -> Option<serde_json::Value> {
+    let resource_version = wl.resource_version()?;
+    Some(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": wl.name_any(),
+            "namespace": wl.namespace(),
+            "resourceVersion": resource_version,
+        },
+        "status": {"admissionChecks": [entry]},
+    }))
+}

@@ -1,0 +1,255 @@
+//! Test a check's decisions without a cluster.
+//!
+//! Build a Workload as Kueue would show it to the check, call the check, assert the decision:
+//!
+//! ```
+//! use kueue_admission_sdk::api::CheckState;
+//! use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once};
+//! use kueue_admission_sdk::{AdmissionCheckController, CheckContext, Decision, NoParameters};
+//!
+//! /// Admits workloads of at most 4 pods.
+//! struct SmallJobsOnly;
+//!
+//! impl AdmissionCheckController for SmallJobsOnly {
+//!     type Parameters = NoParameters;
+//!     type Error = std::convert::Infallible;
+//!     fn controller_name(&self) -> &str {
+//!         "example.com/small-jobs-only"
+//!     }
+//!     async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Self::Error> {
+//!         let pods: i32 = ctx.workload.spec.pod_sets.iter().map(|p| p.count).sum();
+//!         Ok(if pods <= 4 { Decision::ready("small enough") } else { Decision::rejected("too many pods") })
+//!     }
+//! }
+//!
+//! # tokio_test::block_on(async {
+//! let wl = WorkloadBuilder::new("team-a", "job-1")
+//!     .pod_set("main", 8, "1")
+//!     .check("small", CheckState::Pending)
+//!     .quota_reserved("cq", "default-flavor")
+//!     .build();
+//! let decision = decide_once(&SmallJobsOnly, &wl, "small", &NoParameters).await.unwrap();
+//! assert_eq!(decision, Decision::rejected("too many pods"));
+//! # });
+//! ```
+//!
+//! To see what the runtime would write for a decision (the retry delay, the attempt in the
+//! message, or a refusal), pass it to [`crate::decide::plan`] with the same Workload.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{
+    Admission, AdmissionCheckState, CheckState, PodSet, PodSetAssignment, Workload, WorkloadSpec,
+    WorkloadStatus, workload_condition as cond,
+};
+use crate::check::{AdmissionCheckController, CheckContext};
+
+/// Builds Workloads in the shapes Kueue gives them. Starts with no podsets, no checks, no quota
+/// and `resourceVersion` "1".
+#[derive(Clone, Debug)]
+pub struct WorkloadBuilder {
+    wl: Workload,
+    now: Timestamp,
+}
+
+impl WorkloadBuilder {
+    /// A Workload named `name` in `namespace`.
+    pub fn new(namespace: &str, name: &str) -> Self {
+        let mut wl = Workload::new(name, WorkloadSpec::default());
+        wl.metadata.namespace = Some(namespace.into());
+        wl.metadata.uid = Some(format!("uid-{namespace}-{name}"));
+        wl.metadata.resource_version = Some("1".into());
+        wl.status = Some(WorkloadStatus::default());
+        Self {
+            wl,
+            now: Timestamp::UNIX_EPOCH,
+        }
+    }
+
+    /// The time used for conditions and entries this builder adds (default: the Unix epoch).
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.now = now;
+        self
+    }
+
+    fn status(&mut self) -> &mut WorkloadStatus {
+        self.wl.status.get_or_insert_with(Default::default)
+    }
+
+    fn set_condition(&mut self, type_: &str, status: bool, reason: &str) {
+        let now = self.now;
+        let conditions = &mut self.status().conditions;
+        conditions.retain(|c| c.type_ != type_);
+        conditions.push(Condition {
+            type_: type_.into(),
+            status: if status { "True" } else { "False" }.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: Time(now),
+            observed_generation: None,
+        });
+    }
+
+    /// Adds a podset of `count` pods, each with one container requesting `cpu`.
+    pub fn pod_set(mut self, name: &str, count: i32, cpu: &str) -> Self {
+        let requests = BTreeMap::from([("cpu".to_string(), Quantity(cpu.into()))]);
+        let container = Container {
+            name: "main".into(),
+            resources: Some(ResourceRequirements {
+                requests: Some(requests),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let template = PodTemplateSpec {
+            spec: Some(PodSpec {
+                containers: vec![container],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.wl.spec.pod_sets.push(PodSet {
+            name: name.into(),
+            template,
+            count,
+            min_count: None,
+        });
+        self
+    }
+
+    /// Adds (or replaces) the entry of a check in the given state, with an empty message.
+    pub fn check(self, name: &str, state: CheckState) -> Self {
+        let entry = AdmissionCheckState {
+            name: name.into(),
+            state,
+            last_transition_time: Some(Time(self.now)),
+            ..Default::default()
+        };
+        self.check_entry(entry)
+    }
+
+    /// Adds (or replaces) a check entry exactly as given.
+    pub fn check_entry(mut self, entry: AdmissionCheckState) -> Self {
+        let checks = &mut self.status().admission_checks;
+        checks.retain(|c| c.name != entry.name);
+        checks.push(entry);
+        self
+    }
+
+    /// Sets Kueue's `retryCount` of a check's entry: the attempt decided is this plus one.
+    pub fn retry_count(mut self, check: &str, count: i32) -> Self {
+        if let Some(entry) = self
+            .status()
+            .admission_checks
+            .iter_mut()
+            .find(|c| c.name == check)
+        {
+            entry.retry_count = Some(count);
+        }
+        self
+    }
+
+    /// Quota reserved in `cluster_queue`, every podset's resources assigned to `flavor`.
+    pub fn quota_reserved(mut self, cluster_queue: &str, flavor: &str) -> Self {
+        let assignments = self
+            .wl
+            .spec
+            .pod_sets
+            .iter()
+            .map(|ps| PodSetAssignment {
+                name: ps.name.clone(),
+                flavors: BTreeMap::from([("cpu".to_string(), flavor.to_string())]),
+                resource_usage: BTreeMap::new(),
+                count: Some(ps.count),
+            })
+            .collect();
+        self.status().admission = Some(Admission {
+            cluster_queue: cluster_queue.into(),
+            pod_set_assignments: assignments,
+        });
+        self.set_condition(cond::QUOTA_RESERVED, true, "QuotaReserved");
+        self
+    }
+
+    /// Admitted (quota reserved and every check Ready, as far as Kueue is concerned).
+    pub fn admitted(mut self) -> Self {
+        self.set_condition(cond::ADMITTED, true, "Admitted");
+        self
+    }
+
+    /// Evicted for `reason` (e.g. `AdmissionCheck`, `Preempted`), quota still reserved: the
+    /// moment between Kueue's eviction and the job integration releasing the quota.
+    pub fn evicted(mut self, reason: &str) -> Self {
+        self.set_condition(cond::EVICTED, true, reason);
+        self
+    }
+
+    /// The job finished.
+    pub fn finished(mut self) -> Self {
+        self.set_condition(cond::FINISHED, true, "Succeeded");
+        self
+    }
+
+    /// `spec.active: false`.
+    pub fn deactivated(mut self) -> Self {
+        self.wl.spec.active = Some(false);
+        self
+    }
+
+    /// The Workload.
+    pub fn build(self) -> Workload {
+        self.wl
+    }
+}
+
+/// A client for unit tests: every request fails at once with an error saying there is no API
+/// server, so a check that unexpectedly calls the API fails its test instead of hanging.
+pub fn offline_client() -> kube::Client {
+    let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+        Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(
+            "offline_client: unit tests have no API server",
+        ))
+    });
+    kube::Client::new(service, "default")
+}
+
+/// Calls `controller.decide` once for the entry of `check` on `workload`, at the time of the
+/// Workload's newest condition (or the epoch), with an [`offline_client`].
+///
+/// # Panics
+/// If the Workload has no entry for `check`: a test setup error.
+pub async fn decide_once<C: AdmissionCheckController>(
+    controller: &C,
+    workload: &Workload,
+    check: &str,
+    parameters: &C::Parameters,
+) -> Result<crate::check::Decision, C::Error> {
+    #[allow(clippy::expect_used)] // documented: a broken test setup
+    let entry = workload
+        .admission_check(check)
+        .expect("the workload has an entry for the check");
+    let conditions = workload
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let now = conditions
+        .iter()
+        .map(|c| c.last_transition_time.0)
+        .max()
+        .unwrap_or(Timestamp::UNIX_EPOCH);
+    let client = offline_client();
+    let ctx = CheckContext {
+        workload,
+        entry,
+        parameters,
+        client: &client,
+        now,
+    };
+    controller.decide(&ctx).await
+}

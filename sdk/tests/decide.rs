@@ -1,0 +1,378 @@
+//! The pure decision layer: when a check may be asked, and what a decision may write.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kueue_admission_sdk::api::{AdmissionCheckState, CheckState, PodSetUpdate, Workload};
+use kueue_admission_sdk::decide::{
+    Eligibility, MAX_MESSAGE_CHARS, Plan, PlanInput, Refusal, Write, eligibility, plan,
+    status_apply_patch,
+};
+use kueue_admission_sdk::testing::WorkloadBuilder;
+use kueue_admission_sdk::{Decision, ReleaseReason, RetryPolicy};
+
+const CHECK: &str = "budget";
+
+fn now() -> Timestamp {
+    "2026-11-22T12:00:00Z".parse().expect("timestamp")
+}
+
+/// A Workload holding quota whose entry for CHECK is Pending: the moment a check decides.
+fn deciding() -> WorkloadBuilder {
+    WorkloadBuilder::new("team-a", "wl")
+        .pod_set("main", 2, "1")
+        .pod_set("workers", 4, "2")
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "on-demand")
+}
+
+fn plan_for(wl: &Workload, decision: Decision, policy: &RetryPolicy) -> Plan {
+    plan(PlanInput {
+        workload: wl,
+        check: CHECK,
+        decision,
+        policy,
+        revalidate_ready: false,
+        now: now(),
+        jitter_sample: 0.0,
+    })
+}
+
+fn written(plan: Plan) -> Write {
+    match plan {
+        Plan::Write(w) => w,
+        other => panic!("expected a write, got {other:?}"),
+    }
+}
+
+#[test]
+fn eligibility_follows_the_workload_lifecycle() {
+    use Eligibility::*;
+    let no_quota = WorkloadBuilder::new("ns", "wl")
+        .pod_set("main", 1, "1")
+        .check(CHECK, CheckState::Pending);
+    assert_eq!(
+        eligibility(&no_quota.clone().build(), CHECK, false),
+        Idle(ReleaseReason::QuotaReleased)
+    );
+    assert_eq!(
+        eligibility(&deciding().build(), CHECK, false),
+        Decide {
+            revalidating: false
+        }
+    );
+    assert_eq!(
+        eligibility(&deciding().build(), "other-check", false),
+        Idle(ReleaseReason::CheckRemoved)
+    );
+
+    let ready = deciding()
+        .check(CHECK, CheckState::Ready)
+        .admitted()
+        .build();
+    assert_eq!(eligibility(&ready, CHECK, false), Wait(CheckState::Ready));
+    assert_eq!(
+        eligibility(&ready, CHECK, true),
+        Decide { revalidating: true }
+    );
+    let retry = deciding().check(CHECK, CheckState::Retry).build();
+    assert_eq!(eligibility(&retry, CHECK, true), Wait(CheckState::Retry));
+
+    assert_eq!(
+        eligibility(&deciding().evicted("Preempted").build(), CHECK, false),
+        Idle(ReleaseReason::Evicted)
+    );
+    assert_eq!(
+        eligibility(&deciding().finished().build(), CHECK, false),
+        Idle(ReleaseReason::Finished)
+    );
+    assert_eq!(
+        eligibility(&deciding().deactivated().build(), CHECK, false),
+        Idle(ReleaseReason::Deactivated)
+    );
+    let mut deleting = deciding().build();
+    deleting.metadata.deletion_timestamp = Some(Time(now()));
+    assert_eq!(
+        eligibility(&deleting, CHECK, false),
+        Idle(ReleaseReason::Deleted)
+    );
+}
+
+#[test]
+fn ready_writes_a_complete_entry_and_never_retry_count() {
+    let wl = deciding().retry_count(CHECK, 2).build();
+    let update = PodSetUpdate {
+        name: "workers".into(),
+        ..Default::default()
+    };
+    let w = written(plan_for(
+        &wl,
+        Decision::ready_with_updates("ok", vec![update.clone()]),
+        &RetryPolicy::default(),
+    ));
+    assert_eq!(
+        w.entry,
+        AdmissionCheckState {
+            name: CHECK.into(),
+            state: CheckState::Ready,
+            last_transition_time: Some(Time(now())),
+            message: "ok".into(),
+            requeue_after_seconds: None,
+            retry_count: None,
+            pod_set_updates: vec![update],
+        }
+    );
+    assert_eq!(w.attempt, 3);
+    assert!(w.state_changed);
+    assert!(!w.gave_up);
+}
+
+#[test]
+fn retry_follows_the_policy_and_tells_the_user_attempt_and_time() {
+    let wl = deciding().build();
+    let w = written(plan_for(
+        &wl,
+        Decision::retry("over budget"),
+        &RetryPolicy::default(),
+    ));
+    assert_eq!(w.entry.state, CheckState::Retry);
+    assert_eq!(w.entry.requeue_after_seconds, Some(60));
+    assert_eq!(w.retry_delay, Some(Duration::from_secs(60)));
+    assert_eq!(
+        w.entry.last_transition_time,
+        Some(Time(now())),
+        "the delay counts from this decision"
+    );
+    assert_eq!(
+        w.entry.message,
+        "over budget (attempt 1 of 4; next attempt not before 2026-11-22T12:01:00Z)"
+    );
+
+    let third = deciding().retry_count(CHECK, 2).build();
+    let w = written(plan_for(
+        &third,
+        Decision::retry("over budget"),
+        &RetryPolicy::default(),
+    ));
+    assert_eq!(w.entry.requeue_after_seconds, Some(240));
+    assert!(
+        w.entry.message.contains("attempt 3 of 4"),
+        "{}",
+        w.entry.message
+    );
+}
+
+#[test]
+fn retry_past_the_limit_becomes_rejected() {
+    let wl = deciding().retry_count(CHECK, 3).build();
+    let w = written(plan_for(
+        &wl,
+        Decision::retry_after("still over budget", Duration::from_secs(5)),
+        &RetryPolicy::default(),
+    ));
+    assert_eq!(w.entry.state, CheckState::Rejected);
+    assert!(w.gave_up);
+    assert_eq!(w.entry.requeue_after_seconds, None);
+    assert_eq!(
+        w.entry.message,
+        "still over budget (attempt 4: no retries left after 3)"
+    );
+}
+
+#[test]
+fn explicit_and_immediate_retry_delays() {
+    let wl = deciding().retry_count(CHECK, 1).build();
+    let w = written(plan_for(
+        &wl,
+        Decision::retry_after("window closed", Duration::from_millis(90_500)),
+        &RetryPolicy::default(),
+    ));
+    assert_eq!(
+        w.entry.requeue_after_seconds,
+        Some(91),
+        "rounded up, never shorter than asked"
+    );
+
+    let w = written(plan_for(
+        &wl,
+        Decision::retry("flaky"),
+        &RetryPolicy::immediate(),
+    ));
+    assert_eq!(
+        w.entry.requeue_after_seconds,
+        Some(0),
+        "explicit 0 so no earlier delay lingers"
+    );
+    assert!(
+        w.entry
+            .message
+            .ends_with("(attempt 2; next attempt as soon as Kueue requeues the workload)"),
+        "{}",
+        w.entry.message
+    );
+}
+
+/// The stuck-Workload hazard: nothing is written to a Workload that does not hold quota, is
+/// evicted, finished or deactivated, whatever the check answered.
+#[test]
+fn no_write_outside_a_quota_reservation() {
+    let policy = RetryPolicy::default();
+    let cases = [
+        (
+            deciding().evicted("Preempted").build(),
+            ReleaseReason::Evicted,
+        ),
+        (
+            WorkloadBuilder::new("ns", "wl")
+                .pod_set("main", 1, "1")
+                .check(CHECK, CheckState::Pending)
+                .build(),
+            ReleaseReason::QuotaReleased,
+        ),
+        (deciding().finished().build(), ReleaseReason::Finished),
+        (deciding().deactivated().build(), ReleaseReason::Deactivated),
+    ];
+    for (wl, reason) in cases {
+        for decision in [
+            Decision::retry("x"),
+            Decision::rejected("x"),
+            Decision::ready("x"),
+            Decision::pending("x"),
+        ] {
+            assert_eq!(
+                plan_for(&wl, decision.clone(), &policy),
+                Plan::Refused(Refusal::NotEligible(Eligibility::Idle(reason))),
+                "{decision:?} on a workload that is {reason:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn pending_writes_only_changes() {
+    let entry = AdmissionCheckState {
+        name: CHECK.into(),
+        state: CheckState::Pending,
+        last_transition_time: Some(Time("2026-11-22T11:00:00Z".parse().expect("ts"))),
+        message: "waiting for the budget service".into(),
+        ..Default::default()
+    };
+    let wl = deciding().check_entry(entry.clone()).build();
+    let again =
+        Decision::pending_recheck_after("waiting for the budget service", Duration::from_secs(30));
+    assert_eq!(
+        plan_for(&wl, again, &RetryPolicy::default()),
+        Plan::Unchanged {
+            recheck_after: Some(Duration::from_secs(30))
+        }
+    );
+
+    let w = written(plan_for(
+        &wl,
+        Decision::pending("budget service answered slowly"),
+        &RetryPolicy::default(),
+    ));
+    assert!(!w.state_changed);
+    assert_eq!(
+        w.entry.last_transition_time, entry.last_transition_time,
+        "same state keeps its transition time"
+    );
+}
+
+#[test]
+fn invalid_decisions_are_refused_with_a_reason() {
+    let wl = deciding().build();
+    let policy = RetryPolicy::default();
+    let refusal = |decision| match plan_for(&wl, decision, &policy) {
+        Plan::Refused(Refusal::InvalidDecision(why)) => why,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let update = |name: &str| PodSetUpdate {
+        name: name.into(),
+        ..Default::default()
+    };
+    assert!(refusal(Decision::ready_with_updates("", vec![update("nope")])).contains("\"nope\""));
+    assert!(
+        refusal(Decision::ready_with_updates(
+            "",
+            vec![update("main"), update("main")]
+        ))
+        .contains("two podSetUpdates")
+    );
+    assert!(
+        refusal(Decision::ready_with_updates("", vec![update("main"); 19])).contains("at most 18")
+    );
+}
+
+#[test]
+fn revalidation_may_keep_retry_or_reject_but_not_unready() {
+    let wl = deciding()
+        .check(CHECK, CheckState::Ready)
+        .admitted()
+        .build();
+    let policy = RetryPolicy::default();
+    let revalidate = |decision| {
+        plan(PlanInput {
+            workload: &wl,
+            check: CHECK,
+            decision,
+            policy: &policy,
+            revalidate_ready: true,
+            now: now(),
+            jitter_sample: 0.0,
+        })
+    };
+    assert_eq!(
+        revalidate(Decision::ready("")),
+        Plan::Unchanged {
+            recheck_after: None
+        }
+    );
+    assert!(matches!(
+        revalidate(Decision::pending("hm")),
+        Plan::Refused(Refusal::InvalidDecision(_))
+    ));
+    assert!(
+        matches!(revalidate(Decision::retry("budget ran out")), Plan::Write(w) if w.entry.state == CheckState::Retry)
+    );
+}
+
+#[test]
+fn long_messages_are_cut_to_kueues_limit() {
+    let wl = deciding().build();
+    let w = written(plan_for(
+        &wl,
+        Decision::rejected("é".repeat(40_000)),
+        &RetryPolicy::default(),
+    ));
+    assert_eq!(w.entry.message.chars().count(), MAX_MESSAGE_CHARS);
+    assert!(w.entry.message.ends_with('…'));
+}
+
+#[test]
+fn the_apply_patch_carries_the_resource_version_and_only_our_entry() {
+    let wl = deciding().check("someone-elses", CheckState::Ready).build();
+    let w = written(plan_for(
+        &wl,
+        Decision::ready("ok"),
+        &RetryPolicy::default(),
+    ));
+    let patch = status_apply_patch(&wl, &w.entry).expect("read from the API server");
+    assert_eq!(patch["metadata"]["resourceVersion"], "1");
+    assert_eq!(patch["metadata"]["namespace"], "team-a");
+    let entries = patch["status"]["admissionChecks"].as_array().expect("list");
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0]["name"], CHECK);
+    assert_eq!(entries[0]["message"], "ok");
+    assert_eq!(entries[0]["lastTransitionTime"], "2026-11-22T12:00:00Z");
+    assert!(entries[0].get("retryCount").is_none());
+
+    let mut unread = wl.clone();
+    unread.metadata.resource_version = None;
+    assert_eq!(
+        status_apply_patch(&unread, &w.entry),
+        None,
+        "never an unconditioned write"
+    );
+}
