@@ -233,7 +233,14 @@ pub enum Decision {
         /// Ask the check again after this long, even if nothing changes.
         recheck_after: Option<Duration>,
     },
-    /// Give the quota back and try again later. Kueue evicts the Workload and counts the retry.
+    /// Try again later. Kueue evicts the Workload, counts the retry in `retryCount` and requeues
+    /// it once the delay has passed.
+    ///
+    /// Observed with Kueue v0.15 to v0.19 (see `docs/kueue-behaviour.md`): while the delay runs,
+    /// the Workload **keeps its quota**; Kueue evicts it only when the delay ends, and requeues it
+    /// at once. A long delay therefore holds quota that other Workloads could use. Without a delay
+    /// ([`crate::retry::Backoff::Immediate`]) the quota is released at once, and the check is
+    /// asked again as soon as quota is reserved again.
     Retry {
         /// Tells the user why.
         message: String,

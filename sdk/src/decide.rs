@@ -185,7 +185,12 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                 RetryDelay::After(d) => d.min(crate::retry::MAX_DELAY),
             };
             retry_delay = Some(delay);
-            let secs = requeue_after_seconds(delay);
+            // Kueue stores lastTransitionTime at whole seconds and retries at that time plus
+            // requeueAfterSeconds; counting the dropped fraction keeps the delay from shrinking.
+            let dropped = Duration::from_nanos(u64::try_from(now.subsec_nanosecond()).unwrap_or(0));
+            let secs =
+                requeue_after_seconds(delay.saturating_add(dropped).min(crate::retry::MAX_DELAY))
+                    .filter(|_| !delay.is_zero());
             let of = policy
                 .retry_limit
                 .map(|l| format!(" of {}", l.saturating_add(1)))
@@ -269,9 +274,11 @@ fn validate_decision(wl: &Workload, decision: &Decision, revalidating: bool) -> 
     Ok(())
 }
 
-/// `now + secs`, formatted the way Kueue's API shows times (UTC, whole seconds).
+/// When Kueue will retry: `now` cut to whole seconds (as stored) plus `secs`, formatted the way
+/// Kueue's API shows times (UTC, whole seconds).
 fn at_seconds(now: Timestamp, secs: i32) -> String {
-    let at = now
+    let whole = Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let at = whole
         .checked_add(SignedDuration::from_secs(i64::from(secs)))
         .unwrap_or(Timestamp::MAX);
     at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()

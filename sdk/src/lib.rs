@@ -9,16 +9,21 @@
 //! - [`retry`]: retry delays (Kueue's formula, generalised) and the attempt limit;
 //! - [`check`]: the trait, the [`Decision`] it returns and the context it gets;
 //! - [`decide`]: the pure rules that turn a decision into a safe status write, or refuse it;
+//! - [`runtime`]: the thin I/O shell that watches, reconciles and writes;
 //! - [`testing`]: builders and an offline client to unit-test a check's decisions.
 
 pub mod api;
 pub mod check;
 pub mod decide;
+pub mod error;
 pub mod retry;
+pub mod runtime;
 pub mod testing;
 
 pub use check::{
     AdmissionCheckController, CheckContext, CheckParameters, Decision, NoParameters,
     ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
 };
+pub use error::Error;
 pub use retry::RetryPolicy;
+pub use runtime::{RuntimeConfig, run};

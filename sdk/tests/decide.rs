@@ -376,3 +376,30 @@ fn the_apply_patch_carries_the_resource_version_and_only_our_entry() {
         "never an unconditioned write"
     );
 }
+
+/// lastTransitionTime is stored at whole seconds; the delay must still be honoured in full.
+#[test]
+fn retry_delay_survives_whole_second_timestamps() {
+    let wl = deciding().build();
+    let policy = RetryPolicy::fixed(Duration::from_secs(10));
+    let at: Timestamp = "2026-11-22T12:00:00.700Z".parse().expect("ts");
+    let w = written(plan(PlanInput {
+        workload: &wl,
+        check: CHECK,
+        decision: Decision::retry("later"),
+        policy: &policy,
+        revalidate_ready: false,
+        now: at,
+        jitter_sample: 0.0,
+    }));
+    // Kueue retries at 12:00:00 (stored) + requeueAfterSeconds, which must be >= 12:00:10.7.
+    assert_eq!(w.entry.requeue_after_seconds, Some(11));
+    assert!(
+        w.entry
+            .message
+            .ends_with("next attempt not before 2026-11-22T12:00:11Z)"),
+        "{}",
+        w.entry.message
+    );
+    assert_eq!(w.retry_delay, Some(Duration::from_secs(10)));
+}

@@ -382,6 +382,19 @@ impl TestEnv {
         state: CheckState,
         message: &str,
     ) -> Result<Workload> {
+        self.answer_check_with_delay(workload, check, state, message, None)
+            .await
+    }
+
+    /// [`answer_check`](Self::answer_check) with `requeueAfterSeconds` on the entry.
+    pub async fn answer_check_with_delay(
+        &self,
+        workload: &str,
+        check: &str,
+        state: CheckState,
+        message: &str,
+        requeue_after_seconds: Option<i32>,
+    ) -> Result<Workload> {
         for _ in 0..10 {
             let wl = self.workloads().get(workload).await?;
             let pending = wl
@@ -393,7 +406,10 @@ impl TestEnv {
                     dump(&wl)
                 );
             }
-            match self.apply_check_state(&wl, check, state, message).await {
+            match self
+                .apply_entry(&wl, check, state, message, requeue_after_seconds)
+                .await
+            {
                 Ok(wl) => return Ok(wl),
                 Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(e),
@@ -413,6 +429,26 @@ impl TestEnv {
         state: CheckState,
         message: &str,
     ) -> Result<Workload> {
+        self.apply_entry(wl, check, state, message, None).await
+    }
+
+    async fn apply_entry(
+        &self,
+        wl: &Workload,
+        check: &str,
+        state: CheckState,
+        message: &str,
+        requeue_after_seconds: Option<i32>,
+    ) -> Result<Workload> {
+        let mut entry = json!({
+            "name": check,
+            "state": state,
+            "message": message,
+            "lastTransitionTime": Time(Timestamp::now()),
+        });
+        if let Some(secs) = requeue_after_seconds {
+            entry["requeueAfterSeconds"] = secs.into();
+        }
         let body = json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "Workload",
@@ -421,12 +457,7 @@ impl TestEnv {
                 "namespace": self.ns,
                 "resourceVersion": wl.resource_version(),
             },
-            "status": {"admissionChecks": [{
-                "name": check,
-                "state": state,
-                "message": message,
-                "lastTransitionTime": Time(Timestamp::now()),
-            }]},
+            "status": {"admissionChecks": [entry]},
         });
         let pp = PatchParams::apply(TEST_FIELD_MANAGER).force();
         self.workloads()

@@ -158,3 +158,75 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
     env.wait_job_unsuspended("job").await?;
     Ok(())
 }
+
+/// Contract section 5, "verify": a Retry with a delay, written while quota is reserved, keeps
+/// the quota reserved until `requeueAt` (no eviction meanwhile), then evicts and requeues at once.
+/// The opposite of KEP-3258's stated goal; the SDK documents it.
+#[tokio::test]
+async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
+    let env = TestEnv::new("delayed-retry").await?;
+    let q = queues(&env).await?;
+    env.set_admission_check_active(&q.check, true).await?;
+    let job = env.suspended_job("job", "lq", "1").await?;
+    let wl_name = env
+        .workload_for_job(&job)
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    env.wait_check_pending_with_quota(&wl_name, &q.check)
+        .await?;
+
+    const DELAY: i32 = 8;
+    let started = std::time::Instant::now();
+    env.answer_check_with_delay(&wl_name, &q.check, CheckState::Retry, "later", Some(DELAY))
+        .await?;
+    let wl = env
+        .wait_workload(&wl_name, "requeueState.requeueAt set", |wl| {
+            wl.status
+                .as_ref()
+                .and_then(|s| s.requeue_state.as_ref())
+                .is_some_and(|r| r.requeue_at.is_some())
+        })
+        .await?;
+    assert_eq!(
+        wl.evictions("AdmissionCheck"),
+        0,
+        "evicted before requeueAt:\n{}",
+        e2e::dump(&wl)
+    );
+
+    // Well inside the delay: still holding quota, still Retry, not evicted.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let wl = env.workloads().get(&wl_name).await?;
+    assert!(
+        wl.condition_is_true(cond::QUOTA_RESERVED),
+        "quota released during the delay:\n{}",
+        e2e::dump(&wl)
+    );
+    assert!(!wl.condition_is_true(cond::EVICTED), "{}", e2e::dump(&wl));
+    assert_eq!(entry_state(&wl, &q.check), Some(CheckState::Retry));
+
+    // At requeueAt: evicted once, entry reset with retryCount 1, quota reserved again.
+    let wl = env
+        .wait_workload(
+            &wl_name,
+            "evicted at requeueAt and quota reserved again",
+            |wl| {
+                wl.evictions("AdmissionCheck") == 1
+                    && wl.condition_is_true(cond::QUOTA_RESERVED)
+                    && wl
+                        .admission_check(&q.check)
+                        .is_some_and(|e| e.retry_count == Some(1))
+            },
+        )
+        .await?;
+    let waited = started.elapsed().as_secs_f64();
+    // lastTransitionTime is stored at whole seconds, so requeueAt may come up to 1 s early.
+    assert!(
+        waited >= f64::from(DELAY) - 1.0,
+        "requeued after {waited:.1}s:\n{}",
+        e2e::dump(&wl)
+    );
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! Our AdmissionChecks: which exist, their resolved parameters, and their `Active` condition.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::api::{ADMISSION_CHECK_ACTIVE, AdmissionCheck, find_condition};
+use crate::check::{AdmissionCheckController, CheckParameters};
+use crate::error::Error;
+use crate::retry::RetryPolicy;
+
+/// Condition reasons on our AdmissionChecks (the first two are Kueue's own).
+pub(crate) mod reason {
+    pub const ACTIVE: &str = "Active";
+    pub const BAD_PARAMETERS_REF: &str = "BadParametersRef";
+    pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+}
+
+/// A check whose parameters resolved and validated, ready to decide.
+#[derive(Debug)]
+pub(crate) struct ActiveCheck<P> {
+    pub parameters: P,
+    pub policy: RetryPolicy,
+}
+
+/// Why a check is not active: the `Active=False` reason and message.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Inactive {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The AdmissionChecks this controller answers, by name: active, or why not.
+pub(crate) type CheckMap<P> = BTreeMap<String, Result<Arc<ActiveCheck<P>>, Inactive>>;
+/// The map, shared by the AdmissionCheck loop (writer) and the Workload reconciles (readers).
+pub(crate) type Registry<P> = Arc<RwLock<CheckMap<P>>>;
+
+fn bad_ref(message: String) -> Inactive {
+    Inactive {
+        reason: reason::BAD_PARAMETERS_REF,
+        message,
+    }
+}
+
+/// Resolves and validates the parameters an AdmissionCheck names. `Err(Ok(..))` is a user
+/// error to show on the check; `Err(Err(..))` a transient API failure to retry.
+pub(crate) async fn resolve<C: AdmissionCheckController>(
+    client: &Client,
+    controller: &C,
+    ac: &AdmissionCheck,
+) -> Result<ActiveCheck<C::Parameters>, Result<Inactive, Error>> {
+    let wanted = <C::Parameters as CheckParameters>::reference();
+    let reference = ac.spec.parameters.as_ref();
+    let parameters: C::Parameters = match (wanted, reference) {
+        (None, None) => serde_json::from_value(serde_json::Value::Null).map_err(|e| {
+            Ok(bad_ref(format!(
+                "this controller's parameters type cannot be empty: {e}"
+            )))
+        })?,
+        (None, Some(r)) => {
+            return Err(Ok(bad_ref(format!(
+                "this check takes no parameters, but spec.parameters names {} {}",
+                r.kind, r.name
+            ))));
+        }
+        (Some(kind), None) => {
+            return Err(Ok(bad_ref(format!(
+                "spec.parameters must name a {} ({}) object",
+                kind.kind, kind.group
+            ))));
+        }
+        (Some(kind), Some(r)) if r.kind != kind.kind || r.api_group != kind.group => {
+            return Err(Ok(bad_ref(format!(
+                "spec.parameters names a {} ({}); this controller reads {} ({})",
+                r.kind, r.api_group, kind.kind, kind.group
+            ))));
+        }
+        (Some(kind), Some(r)) => {
+            let gvk = GroupVersionKind::gvk(kind.group, kind.version, kind.kind);
+            let resource = ApiResource::from_gvk_with_plural(&gvk, kind.plural);
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            let object = match api.get_opt(&r.name).await {
+                Ok(Some(o)) => o,
+                Ok(None) => {
+                    return Err(Ok(bad_ref(format!(
+                        "{} {:?} does not exist",
+                        kind.kind, r.name
+                    ))));
+                }
+                Err(e) => return Err(Err(Error::Api(e))),
+            };
+            serde_json::to_value(&object)
+                .and_then(serde_json::from_value)
+                .map_err(|e| {
+                    Ok(Inactive {
+                        reason: reason::INVALID_PARAMETERS,
+                        message: format!("{} {:?} cannot be read: {e}", kind.kind, r.name),
+                    })
+                })?
+        }
+    };
+    if let Err(message) = parameters.validate() {
+        return Err(Ok(Inactive {
+            reason: reason::INVALID_PARAMETERS,
+            message,
+        }));
+    }
+    let policy = controller.retry_policy(&parameters);
+    if let Err(e) = policy.validate() {
+        return Err(Ok(Inactive {
+            reason: reason::INVALID_PARAMETERS,
+            message: e.to_string(),
+        }));
+    }
+    Ok(ActiveCheck { parameters, policy })
+}
+
+/// The `Active` condition a check should carry, or `None` if it already does.
+pub(crate) fn desired_active_condition(
+    ac: &AdmissionCheck,
+    state: &Result<(), Inactive>,
+    now: Timestamp,
+) -> Option<Condition> {
+    let (status, reason, message) = match state {
+        Ok(()) => (
+            "True",
+            reason::ACTIVE,
+            "The admission check is active".to_string(),
+        ),
+        Err(i) => ("False", i.reason, i.message.clone()),
+    };
+    let current = ac
+        .status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE));
+    let generation = ac.metadata.generation;
+    if let Some(c) = current
+        && c.status == status
+        && c.reason == reason
+        && c.message == message
+        && c.observed_generation == generation
+    {
+        return None;
+    }
+    let last_transition_time = match current {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    Some(Condition {
+        type_: ADMISSION_CHECK_ACTIVE.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time,
+        observed_generation: generation,
+    })
+}
+
+/// Writes the `Active` condition with a server-side apply of that condition only.
+pub(crate) async fn apply_active_condition(
+    client: &Client,
+    field_manager: &str,
+    ac: &AdmissionCheck,
+    condition: Condition,
+) -> Result<(), Error> {
+    let body = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "AdmissionCheck",
+        "metadata": {"name": ac.name_any()},
+        "status": {"conditions": [condition]},
+    });
+    Api::<AdmissionCheck>::all(client.clone())
+        .patch_status(
+            &ac.name_any(),
+            &PatchParams::apply(field_manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! One Workload: ask each of our checks that may answer, and apply what the decision layer allows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Client, ResourceExt};
+use sha2::{Digest, Sha256};
+use tracing::{debug, info, warn};
+
+use super::ERROR_REQUEUE;
+use super::checks::{ActiveCheck, Registry};
+use crate::api::Workload;
+use crate::check::{AdmissionCheckController, CheckContext};
+use crate::decide::{Eligibility, Plan, PlanInput, Refusal, eligibility, plan, status_apply_patch};
+use crate::error::Error;
+
+/// How often one decision is recomputed after the API server refused it as stale (409) before
+/// the reconcile gives up and waits for the watch to deliver the newer Workload.
+const CONFLICT_ATTEMPTS: usize = 3;
+
+pub(crate) struct Context<C: AdmissionCheckController> {
+    pub client: Client,
+    pub controller: Arc<C>,
+    pub registry: Registry<C::Parameters>,
+    pub field_manager: String,
+}
+
+pub(crate) async fn reconcile<C: AdmissionCheckController>(
+    wl: Arc<Workload>,
+    ctx: Arc<Context<C>>,
+) -> Result<Action, Error> {
+    let ours: Vec<(String, Arc<ActiveCheck<C::Parameters>>)> = {
+        let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
+        registry
+            .iter()
+            .filter(|(name, _)| wl.admission_check(name).is_some())
+            .filter_map(|(name, state)| state.as_ref().ok().map(|a| (name.clone(), a.clone())))
+            .collect()
+    };
+    let mut requeue: Option<Duration> = None;
+    for (check, active) in ours {
+        let next = decide_one(&ctx, (*wl).clone(), &check, &active).await?;
+        requeue = match (requeue, next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Decides one check for one Workload; returns when to look again, if the check asked.
+async fn decide_one<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    mut wl: Workload,
+    check: &str,
+    active: &ActiveCheck<C::Parameters>,
+) -> Result<Option<Duration>, Error> {
+    let revalidate = ctx.controller.revalidate_ready_every();
+    let namespace = wl
+        .namespace()
+        .ok_or_else(|| Error::MalformedWorkload("no namespace".into()))?;
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let revalidating = match eligibility(&wl, check, revalidate.is_some()) {
+            Eligibility::Decide { revalidating } => revalidating,
+            _ => return Ok(None),
+        };
+        let Some(entry) = wl.admission_check(check) else {
+            return Ok(None);
+        };
+        let now = Timestamp::now();
+        let check_ctx = CheckContext {
+            workload: &wl,
+            entry,
+            parameters: &active.parameters,
+            client: &ctx.client,
+            now,
+        };
+        let decision = ctx
+            .controller
+            .decide(&check_ctx)
+            .await
+            .map_err(|e| Error::Check(Box::new(e)))?;
+        let input = PlanInput {
+            workload: &wl,
+            check,
+            decision,
+            policy: &active.policy,
+            revalidate_ready: revalidate.is_some(),
+            now,
+            jitter_sample: rand::random::<f64>(),
+        };
+        let revalidate_after = revalidate.filter(|_| revalidating);
+        let write = match plan(input) {
+            Plan::Write(w) => w,
+            Plan::Unchanged { recheck_after } => return Ok(recheck_after.or(revalidate_after)),
+            Plan::Refused(Refusal::NotEligible(why)) => {
+                debug!(workload = %wl.name_any(), check, ?why, "decision not written");
+                return Ok(None);
+            }
+            Plan::Refused(Refusal::InvalidDecision(why)) => {
+                warn!(workload = %wl.name_any(), check, %why, "the check returned a decision that cannot be written");
+                return Ok(Some(ERROR_REQUEUE));
+            }
+        };
+        let Some(body) = status_apply_patch(&wl, &write.entry) else {
+            return Err(Error::MalformedWorkload("no resourceVersion".into()));
+        };
+        let pp = PatchParams::apply(&field_manager_for(&ctx.field_manager, check)).force();
+        match api
+            .patch_status(&wl.name_any(), &pp, &Patch::Apply(&body))
+            .await
+        {
+            Ok(_) => {
+                info!(
+                    workload = %wl.name_any(), namespace, check, state = %write.entry.state,
+                    attempt = write.attempt, message = %write.entry.message, "check state written"
+                );
+                return Ok(write.recheck_after.or(revalidate_after));
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                // Decided from a stale Workload: read it again and decide again.
+                debug!(workload = %wl.name_any(), check, "conflict, deciding again on a fresh read");
+                match api.get_opt(&wl.name_any()).await? {
+                    Some(fresh) => wl = fresh,
+                    None => return Ok(None),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Some(Duration::from_secs(1)))
+}
+
+pub(crate) fn error_policy<C: AdmissionCheckController>(
+    wl: Arc<Workload>,
+    err: &Error,
+    _ctx: Arc<Context<C>>,
+) -> Action {
+    warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), error = %err, kind = err.label(), "reconcile failed");
+    Action::requeue(ERROR_REQUEUE)
+}
+
+/// The server-side apply field manager for one check: its own, so that entries of different
+/// checks served by one process never strip each other. At most 128 bytes, the API's limit;
+/// long names are shortened with a stable hash so the manager survives restarts and upgrades.
+pub(crate) fn field_manager_for(prefix: &str, check: &str) -> String {
+    const MAX: usize = 128;
+    let full = format!("{prefix}/{check}");
+    if full.len() <= MAX {
+        return full;
+    }
+    let digest = Sha256::digest(full.as_bytes());
+    let hash: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    let mut keep = MAX - hash.len() - 1;
+    while !full.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}-{hash}", &full[..keep])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::field_manager_for;
+
+    #[test]
+    fn field_managers_are_per_check_bounded_and_stable() {
+        assert_eq!(field_manager_for("sdk", "budget"), "sdk/budget");
+        assert_ne!(field_manager_for("sdk", "a"), field_manager_for("sdk", "b"));
+        let long_a = "a".repeat(253);
+        let long_b = format!("{}b", "a".repeat(252));
+        let (ma, mb) = (
+            field_manager_for("sdk", &long_a),
+            field_manager_for("sdk", &long_b),
+        );
+        assert_eq!(ma.len(), 128);
+        assert_ne!(
+            ma, mb,
+            "names sharing a long prefix still get distinct managers"
+        );
+        assert_eq!(ma, field_manager_for("sdk", &long_a), "stable");
+    }
+}

@@ -1,0 +1,237 @@
+//! The SDK runtime against the real Kueue: a scripted check served by `kueue_admission_sdk::run`.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use anyhow::Result;
+use e2e::TestEnv;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kueue_admission_sdk::api::{
+    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, find_condition, workload_condition as cond,
+};
+use kueue_admission_sdk::{
+    AdmissionCheckController, CheckContext, Decision, NoParameters, RetryPolicy, RuntimeConfig, run,
+};
+use serde_json::json;
+
+/// Answers from a script per Job: the n-th decision for attempt n (the last one repeats).
+struct ScriptedCheck {
+    controller_name: String,
+    scripts: BTreeMap<String, Vec<Decision>>,
+    policy: RetryPolicy,
+}
+
+impl AdmissionCheckController for ScriptedCheck {
+    type Parameters = NoParameters;
+    type Error = Infallible;
+
+    fn controller_name(&self) -> &str {
+        &self.controller_name
+    }
+
+    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
+        self.policy.clone()
+    }
+
+    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
+        let job = ctx
+            .workload
+            .owner_references()
+            .first()
+            .map(|o| o.name.clone())
+            .unwrap_or_default();
+        let script = self
+            .scripts
+            .get(&job)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let n = (ctx.attempt() as usize).min(script.len());
+        Ok(script
+            .get(n.wrapping_sub(1))
+            .cloned()
+            .unwrap_or_else(|| Decision::pending("no script for this job")))
+    }
+}
+
+/// Queues whose check is served by a runtime started for this test alone.
+async fn serve(
+    env: &TestEnv,
+    scripts: &[(&str, Vec<Decision>)],
+    policy: RetryPolicy,
+) -> Result<String> {
+    let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let check = env
+        .admission_check("check", &controller_name)
+        .await?
+        .name_any();
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    let scripts = scripts
+        .iter()
+        .map(|(job, s)| (job.to_string(), s.clone()))
+        .collect();
+    let controller = ScriptedCheck {
+        controller_name,
+        scripts,
+        policy,
+    };
+    let config = RuntimeConfig {
+        field_manager: format!("e2e-{}", env.ns),
+        concurrency: 4,
+    };
+    tokio::spawn(run(env.client.clone(), controller, config));
+    Ok(check)
+}
+
+fn active_condition(ac: &AdmissionCheck) -> Option<(String, String, String)> {
+    let conds = ac
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    find_condition(conds, ADMISSION_CHECK_ACTIVE)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> Result<()> {
+    let env = TestEnv::new("sdk-ready").await?;
+    let check = serve(
+        &env,
+        &[("job", vec![Decision::ready("approved")])],
+        RetryPolicy::default(),
+    )
+    .await?;
+
+    // Nobody but the runtime marks the check Active; without it no quota would be reserved.
+    let checks = Api::<AdmissionCheck>::all(env.client.clone());
+    e2e::wait_for(checks, &check, "Active=True set by the runtime", |ac| {
+        active_condition(ac)
+            .is_some_and(|(status, reason, _)| status == "True" && reason == "Active")
+    })
+    .await?;
+
+    let job = env.suspended_job("job", "lq", "1").await?;
+    let wl = env.workload_for_job(&job).await?.name_any();
+    let admitted = env.wait_admitted(&wl).await?;
+    let entry = admitted
+        .admission_check(&check)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(entry.state, CheckState::Ready);
+    assert_eq!(entry.message, "approved");
+    assert_eq!(entry.retry_count, None);
+    env.wait_job_unsuspended("job").await?;
+    Ok(())
+}
+
+/// Retry with the policy's delay, then Retry past the limit: evicted with requeueAt, retryCount
+/// grows, then Rejected and the Workload deactivated.
+#[tokio::test]
+async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Result<()> {
+    let env = TestEnv::new("sdk-retry").await?;
+    let policy = RetryPolicy::fixed(Duration::from_secs(3)).with_retry_limit(1);
+    let check = serve(&env, &[("job", vec![Decision::retry("not yet")])], policy).await?;
+    let job = env.suspended_job("job", "lq", "1").await?;
+    let wl_name = env.workload_for_job(&job).await?.name_any();
+
+    // The Retry lands with its delay: requeueAt is set (before the eviction; Kueue clears it
+    // once it requeues). The runtime adds the fraction of a second that Kueue's whole-second
+    // lastTransitionTime drops, so 3 s become 3 or 4.
+    let wl = env
+        .wait_workload(&wl_name, "Retry with requeueState.requeueAt set", |wl| {
+            wl.status
+                .as_ref()
+                .and_then(|s| s.requeue_state.as_ref())
+                .is_some_and(|r| r.requeue_at.is_some())
+        })
+        .await?;
+    let entry = wl.admission_check(&check).cloned().unwrap_or_default();
+    assert_eq!(entry.state, CheckState::Retry, "{}", e2e::dump(&wl));
+    assert!(
+        matches!(entry.requeue_after_seconds, Some(3 | 4)),
+        "{}",
+        e2e::dump(&wl)
+    );
+    assert!(
+        entry
+            .message
+            .starts_with("not yet (attempt 1 of 2; next attempt not before "),
+        "{}",
+        entry.message
+    );
+
+    env.wait_workload(
+        &wl_name,
+        "evicted for the first Retry, retryCount 1",
+        |wl| {
+            wl.evictions("AdmissionCheck") >= 1
+                && wl.admission_check(&check).and_then(|e| e.retry_count) == Some(1)
+        },
+    )
+    .await?;
+
+    let wl = env
+        .wait_workload(&wl_name, "Rejected on attempt 2 and deactivated", |wl| {
+            !wl.is_active()
+        })
+        .await?;
+    let entry = wl.admission_check(&check).cloned().unwrap_or_default();
+    assert!(
+        entry.message.contains("no retries left after 1"),
+        "{}",
+        e2e::dump(&wl)
+    );
+    assert!(!wl.condition_is_true(cond::ADMITTED));
+    Ok(())
+}
+
+/// A check that takes no parameters but names some is inactive with a clear message, and
+/// active again once fixed.
+#[tokio::test]
+async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
+    let env = TestEnv::new("sdk-params").await?;
+    let check = serve(&env, &[], RetryPolicy::default()).await?;
+    let checks = Api::<AdmissionCheck>::all(env.client.clone());
+    e2e::wait_for(checks.clone(), &check, "Active=True", |ac| {
+        active_condition(ac).is_some_and(|(s, _, _)| s == "True")
+    })
+    .await?;
+
+    let set = |params: serde_json::Value| json!({"spec": {"parameters": params}});
+    let bad = set(json!({"apiGroup": "example.com", "kind": "Budget", "name": "weekly"}));
+    checks
+        .patch(&check, &PatchParams::default(), &Patch::Merge(&bad))
+        .await?;
+    let ac = e2e::wait_for(
+        checks.clone(),
+        &check,
+        "Active=False BadParametersRef",
+        |ac| active_condition(ac).is_some_and(|(s, r, _)| s == "False" && r == "BadParametersRef"),
+    )
+    .await?;
+    let (_, _, message) = active_condition(&ac).unwrap_or_default();
+    assert_eq!(
+        message,
+        "this check takes no parameters, but spec.parameters names Budget weekly"
+    );
+
+    checks
+        .patch(
+            &check,
+            &PatchParams::default(),
+            &Patch::Merge(&set(serde_json::Value::Null)),
+        )
+        .await?;
+    e2e::wait_for(checks, &check, "Active=True again", |ac| {
+        active_condition(ac).is_some_and(|(s, _, _)| s == "True")
+    })
+    .await?;
+    Ok(())
+}
