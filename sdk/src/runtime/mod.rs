@@ -20,6 +20,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::mpsc;
@@ -81,11 +82,14 @@ pub async fn run<C: AdmissionCheckController>(
     .reflect(writer)
     .touched_objects();
     let trigger = tokio_stream::wrappers::ReceiverStream::new(trigger_rx);
+    let recorder = Recorder::new(client.clone(), Reporter::from(config.field_manager.clone()));
     let ctx = Arc::new(reconcile::Context {
         client,
         controller,
         registry,
         field_manager: config.field_manager,
+        recorder,
+        asked: Default::default(),
     });
     Controller::for_stream(workloads, reader)
         .with_config(ControllerConfig::default().concurrency(config.concurrency))

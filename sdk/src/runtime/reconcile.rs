@@ -1,19 +1,22 @@
 //! One Workload: ask each of our checks that may answer, and apply what the decision layer allows.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::{Client, ResourceExt};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
 use super::ERROR_REQUEUE;
 use super::checks::{ActiveCheck, Registry};
+use crate::api::CheckState;
 use crate::api::Workload;
-use crate::check::{AdmissionCheckController, CheckContext};
+use crate::check::{AdmissionCheckController, CheckContext, ReleaseContext, ReleaseReason};
 use crate::decide::{Eligibility, Plan, PlanInput, Refusal, eligibility, plan, status_apply_patch};
 use crate::error::Error;
 
@@ -26,20 +29,88 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     pub controller: Arc<C>,
     pub registry: Registry<C::Parameters>,
     pub field_manager: String,
+    pub recorder: Recorder,
+    /// (Workload uid, check) pairs this process asked the check about and has not released,
+    /// with where the Workload stood then: those get `release` once it goes idle, or when it
+    /// comes back with another attempt or more evictions (evicted and re-admitted in between).
+    pub asked: Mutex<HashMap<(String, String), AskedAt>>,
+}
+
+impl<C: AdmissionCheckController> Context<C> {
+    fn asked(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), AskedAt>> {
+        // Every critical section is a single insert, remove or lookup: a poisoned lock is sound.
+        self.asked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes an event on the Workload; a failure to publish is logged, never fatal.
+    async fn event(&self, wl: &Workload, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate_note(note)),
+            action: "Decide".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &wl.object_ref(&())).await {
+            warn!(workload = %wl.name_any(), error = %e, "publishing an event");
+        }
+    }
+}
+
+/// Where a Workload stood when the check was asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AskedAt {
+    attempt: u32,
+    evictions: i32,
+}
+
+impl AskedAt {
+    fn of(wl: &Workload, check: &str) -> Option<Self> {
+        let entry = wl.admission_check(check)?;
+        let evictions = wl
+            .status
+            .as_ref()
+            .and_then(|s| s.scheduling_stats.as_ref())
+            .map_or(0, |s| s.evictions.iter().map(|e| e.count).sum());
+        Some(Self {
+            attempt: crate::check::attempt_of(entry),
+            evictions,
+        })
+    }
+}
+
+/// Event notes are limited to 1 KiB by the API server.
+fn truncate_note(mut note: String) -> String {
+    const MAX: usize = 1024;
+    if note.len() > MAX {
+        let mut cut = MAX - '…'.len_utf8();
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push('…');
+    }
+    note
 }
 
 pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
-    let ours: Vec<(String, Arc<ActiveCheck<C::Parameters>>)> = {
+    // Checks to decide (active, with an entry on this Workload), and every check of ours (an
+    // inactive or removed one may still have something to release).
+    let mut ours = Vec::new();
+    let mut all_ours = Vec::new();
+    {
         let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
-        registry
-            .iter()
-            .filter(|(name, _)| wl.admission_check(name).is_some())
-            .filter_map(|(name, state)| state.as_ref().ok().map(|a| (name.clone(), a.clone())))
-            .collect()
-    };
+        for (name, state) in registry.iter() {
+            all_ours.push(name.clone());
+            if let (Ok(active), Some(_)) = (state, wl.admission_check(name)) {
+                ours.push((name.clone(), active.clone()));
+            }
+        }
+    }
+    release_idle(&ctx, &wl, &all_ours).await?;
     let mut requeue: Option<Duration> = None;
     for (check, active) in ours {
         let next = decide_one(&ctx, (*wl).clone(), &check, &active).await?;
@@ -49,6 +120,52 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
         };
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Calls `release` for every check this process asked about the Workload that it no longer
+/// needs. Idempotent: a pair is forgotten only once its release succeeded.
+async fn release_idle<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    checks: &[String],
+) -> Result<(), Error> {
+    let Some(uid) = wl.uid() else { return Ok(()) };
+    let revalidate = ctx.controller.revalidate_ready_every().is_some();
+    for check in checks {
+        let key = (uid.clone(), check.clone());
+        let Some(asked_at) = ctx.asked().get(&key).copied() else {
+            continue;
+        };
+        let reason = match eligibility(wl, check, revalidate) {
+            Eligibility::Idle(reason) => reason,
+            // Evicted and given quota again between two reconciles: the eviction was not seen,
+            // but the attempt or Kueue's eviction count moved on.
+            _ if AskedAt::of(wl, check).is_some_and(|now| now != asked_at) => {
+                ReleaseReason::Evicted
+            }
+            _ => continue,
+        };
+        let namespace = wl.namespace().unwrap_or_default();
+        let name = wl.name_any();
+        let release = ReleaseContext {
+            namespace: &namespace,
+            name: &name,
+            workload: Some(wl),
+            check_name: check,
+            reason,
+            client: &ctx.client,
+            now: Timestamp::now(),
+        };
+        if let Err(e) = ctx.controller.release(&release).await {
+            let note = format!("check {check}: releasing after {}: {e}", reason.as_str());
+            ctx.event(wl, EventType::Warning, "CheckReleaseFailed", note)
+                .await;
+            return Err(Error::Check(Box::new(e)));
+        }
+        info!(workload = %name, namespace, check, reason = reason.as_str(), "released");
+        ctx.asked().remove(&key);
+    }
+    Ok(())
 }
 
 /// Decides one check for one Workload; returns when to look again, if the check asked.
@@ -79,11 +196,22 @@ async fn decide_one<C: AdmissionCheckController>(
             client: &ctx.client,
             now,
         };
-        let decision = ctx
-            .controller
-            .decide(&check_ctx)
-            .await
-            .map_err(|e| Error::Check(Box::new(e)))?;
+        if let (Some(uid), Some(at)) = (wl.uid(), AskedAt::of(&wl, check)) {
+            ctx.asked().insert((uid, check.to_string()), at);
+        }
+        let decision = match ctx.controller.decide(&check_ctx).await {
+            Ok(d) => d,
+            Err(e) => {
+                ctx.event(
+                    &wl,
+                    EventType::Warning,
+                    "CheckFailed",
+                    format!("check {check}: {e}"),
+                )
+                .await;
+                return Err(Error::Check(Box::new(e)));
+            }
+        };
         let input = PlanInput {
             workload: &wl,
             check,
@@ -103,6 +231,13 @@ async fn decide_one<C: AdmissionCheckController>(
             }
             Plan::Refused(Refusal::InvalidDecision(why)) => {
                 warn!(workload = %wl.name_any(), check, %why, "the check returned a decision that cannot be written");
+                ctx.event(
+                    &wl,
+                    EventType::Warning,
+                    "InvalidDecision",
+                    format!("check {check}: {why}"),
+                )
+                .await;
                 return Ok(Some(ERROR_REQUEUE));
             }
         };
@@ -119,6 +254,21 @@ async fn decide_one<C: AdmissionCheckController>(
                     workload = %wl.name_any(), namespace, check, state = %write.entry.state,
                     attempt = write.attempt, message = %write.entry.message, "check state written"
                 );
+                if write.state_changed {
+                    let (type_, reason) = match write.entry.state {
+                        CheckState::Ready => (EventType::Normal, "CheckReady"),
+                        CheckState::Pending => (EventType::Normal, "CheckPending"),
+                        CheckState::Retry => (EventType::Warning, "CheckRetry"),
+                        CheckState::Rejected => (EventType::Warning, "CheckRejected"),
+                    };
+                    ctx.event(
+                        &wl,
+                        type_,
+                        reason,
+                        format!("check {check}: {}", write.entry.message),
+                    )
+                    .await;
+                }
                 return Ok(write.recheck_after.or(revalidate_after));
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {

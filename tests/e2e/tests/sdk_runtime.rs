@@ -2,25 +2,32 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
 use e2e::TestEnv;
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kueue_admission_sdk::api::{
     ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, find_condition, workload_condition as cond,
 };
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, NoParameters, RetryPolicy, RuntimeConfig, run,
+    AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
+    RetryPolicy, RuntimeConfig, run,
 };
 use serde_json::json;
 
-/// Answers from a script per Job: the n-th decision for attempt n (the last one repeats).
+type Releases = Arc<Mutex<Vec<ReleaseReason>>>;
+
+/// Answers from a script per Job: the n-th decision for attempt n (the last one repeats), and
+/// records every release.
 struct ScriptedCheck {
     controller_name: String,
     scripts: BTreeMap<String, Vec<Decision>>,
     policy: RetryPolicy,
+    releases: Releases,
 }
 
 impl AdmissionCheckController for ScriptedCheck {
@@ -53,14 +60,23 @@ impl AdmissionCheckController for ScriptedCheck {
             .cloned()
             .unwrap_or_else(|| Decision::pending("no script for this job")))
     }
+
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Infallible> {
+        self.releases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ctx.reason);
+        Ok(())
+    }
 }
 
-/// Queues whose check is served by a runtime started for this test alone.
+/// Queues whose check is served by a runtime started for this test alone (its own
+/// controllerName, so parallel tests' runtimes never answer each other's checks).
 async fn serve(
     env: &TestEnv,
     scripts: &[(&str, Vec<Decision>)],
     policy: RetryPolicy,
-) -> Result<String> {
+) -> Result<(String, Releases)> {
     let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
     let flavor = env.resource_flavor("default").await?.name_any();
     let check = env
@@ -76,17 +92,19 @@ async fn serve(
         .iter()
         .map(|(job, s)| (job.to_string(), s.clone()))
         .collect();
+    let releases = Releases::default();
     let controller = ScriptedCheck {
         controller_name,
         scripts,
         policy,
+        releases: releases.clone(),
     };
     let config = RuntimeConfig {
         field_manager: format!("e2e-{}", env.ns),
         concurrency: 4,
     };
     tokio::spawn(run(env.client.clone(), controller, config));
-    Ok(check)
+    Ok((check, releases))
 }
 
 fn active_condition(ac: &AdmissionCheck) -> Option<(String, String, String)> {
@@ -99,10 +117,38 @@ fn active_condition(ac: &AdmissionCheck) -> Option<(String, String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+/// Waits for an event with this reason on the Workload and returns its note.
+async fn event_note(env: &TestEnv, workload: &str, reason: &str) -> Result<String> {
+    let events: Api<KubeEvent> = Api::namespaced(env.client.clone(), &env.ns);
+    let what = format!("event {reason} on Workload {workload}");
+    let event = e2e::wait_for_any(events, &what, |e: &KubeEvent| {
+        e.reason.as_deref() == Some(reason)
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workload)
+    })
+    .await?;
+    Ok(event.note.unwrap_or_default())
+}
+
+/// Waits (bounded) until the check has recorded exactly these releases, in this order.
+async fn wait_releases(releases: &Releases, expected: &[ReleaseReason]) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
+    loop {
+        let seen = releases.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if seen == expected {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "releases {seen:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> Result<()> {
     let env = TestEnv::new("sdk-ready").await?;
-    let check = serve(
+    let (check, releases) = serve(
         &env,
         &[("job", vec![Decision::ready("approved")])],
         RetryPolicy::default(),
@@ -128,16 +174,28 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
     assert_eq!(entry.message, "approved");
     assert_eq!(entry.retry_count, None);
     env.wait_job_unsuspended("job").await?;
+    assert_eq!(
+        event_note(&env, &wl, "CheckReady").await?,
+        format!("check {check}: approved")
+    );
+    assert!(
+        releases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty(),
+        "released an admitted workload"
+    );
     Ok(())
 }
 
 /// Retry with the policy's delay, then Retry past the limit: evicted with requeueAt, retryCount
-/// grows, then Rejected and the Workload deactivated.
+/// grows, then Rejected and the Workload deactivated; the check is told to release both times.
 #[tokio::test]
 async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Result<()> {
     let env = TestEnv::new("sdk-retry").await?;
     let policy = RetryPolicy::fixed(Duration::from_secs(3)).with_retry_limit(1);
-    let check = serve(&env, &[("job", vec![Decision::retry("not yet")])], policy).await?;
+    let (check, releases) =
+        serve(&env, &[("job", vec![Decision::retry("not yet")])], policy).await?;
     let job = env.suspended_job("job", "lq", "1").await?;
     let wl_name = env.workload_for_job(&job).await?.name_any();
 
@@ -189,6 +247,22 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
         e2e::dump(&wl)
     );
     assert!(!wl.condition_is_true(cond::ADMITTED));
+
+    wait_releases(
+        &releases,
+        &[ReleaseReason::Evicted, ReleaseReason::Deactivated],
+    )
+    .await?;
+    let retry_note = event_note(&env, &wl_name, "CheckRetry").await?;
+    assert!(
+        retry_note.starts_with(&format!("check {check}: not yet (attempt 1 of 2;")),
+        "{retry_note}"
+    );
+    let rejected_note = event_note(&env, &wl_name, "CheckRejected").await?;
+    assert!(
+        rejected_note.contains("no retries left after 1"),
+        "{rejected_note}"
+    );
     Ok(())
 }
 
@@ -197,7 +271,7 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
 #[tokio::test]
 async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
     let env = TestEnv::new("sdk-params").await?;
-    let check = serve(&env, &[], RetryPolicy::default()).await?;
+    let (check, _) = serve(&env, &[], RetryPolicy::default()).await?;
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
     e2e::wait_for(checks.clone(), &check, "Active=True", |ac| {
         active_condition(ac).is_some_and(|(s, _, _)| s == "True")
