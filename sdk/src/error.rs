@@ -10,6 +10,9 @@ pub enum Error {
     /// The check's `decide` or `release` failed; it is retried with backoff.
     #[error("the check failed: {0}")]
     Check(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The metrics and health endpoints could not be served (e.g. the address is taken).
+    #[error("cannot serve metrics and health endpoints: {0}")]
+    Serve(#[source] std::io::Error),
     /// A Workload in the cache lacks what every Workload from the API server has.
     #[error("malformed Workload: {0}")]
     MalformedWorkload(String),
@@ -22,6 +25,7 @@ impl Error {
             Error::Api(_) => "api",
             Error::Check(_) => "check",
             Error::MalformedWorkload(_) => "malformed_workload",
+            Error::Serve(_) => "serve",
         }
     }
 }

@@ -12,6 +12,8 @@
 //! revalidation) and error backoff.
 
 mod checks;
+mod http;
+mod metrics;
 mod reconcile;
 
 use std::sync::Arc;
@@ -33,6 +35,8 @@ use crate::error::Error;
 /// How the runtime runs a check.
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` serves nothing.
+    pub metrics_address: Option<std::net::SocketAddr>,
     /// Prefix of the server-side apply field managers; each check gets its own manager, so one
     /// process serving several checks never strips another check's entry.
     pub field_manager: String,
@@ -43,6 +47,7 @@ pub struct RuntimeConfig {
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
+            metrics_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
             field_manager: "kueue-admission-sdk".into(),
             concurrency: 8,
         }
@@ -59,15 +64,62 @@ pub async fn run<C: AdmissionCheckController>(
     let controller = Arc::new(controller);
     let (trigger_tx, trigger_rx) = mpsc::channel::<()>(16);
 
+    let (reader, writer) = reflector::store::<Workload>();
+
+    let mut prometheus = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(metrics::Metrics::new(&mut prometheus));
+    let names = registry.clone();
+    prometheus
+        .sub_registry_with_prefix("kueue_ac")
+        .register_collector(Box::new(metrics::WaitingCollector {
+            store: reader.clone(),
+            checks: Arc::new(move || {
+                names
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .keys()
+                    .cloned()
+                    .collect()
+            }),
+        }));
+    let health = Arc::new(http::Health {
+        registry: prometheus,
+        ready: Default::default(),
+    });
+    // Bind before anything else starts, so a taken port fails the start with its reason.
+    let server = match config.metrics_address {
+        Some(addr) => Some(tokio::spawn(http::serve(
+            http::bind(addr).await.map_err(Error::Serve)?,
+            health.clone(),
+        ))),
+        None => None,
+    };
+
+    let checks_synced = Arc::new(tokio::sync::Notify::new());
     let checks_loop = tokio::spawn(watch_admission_checks(
         client.clone(),
         controller.clone(),
         registry.clone(),
         config.field_manager.clone(),
         trigger_tx,
+        metrics.clone(),
+        checks_synced.clone(),
     ));
+    // Ready once both watches delivered their first complete list (InitDone), seen on the
+    // streams themselves.
+    let workloads_synced = Arc::new(tokio::sync::Notify::new());
+    let readiness = {
+        let (workloads_synced, health) = (workloads_synced.clone(), health.clone());
+        tokio::spawn(async move {
+            workloads_synced.notified().await;
+            checks_synced.notified().await;
+            health
+                .ready
+                .store(true, std::sync::atomic::Ordering::Release);
+            info!("caches synced, ready");
+        })
+    };
 
-    let (reader, writer) = reflector::store::<Workload>();
     let workloads = watcher(
         Api::<Workload>::all(client.clone()),
         watcher::Config::default().any_semantic(),
@@ -78,6 +130,11 @@ pub async fn run<C: AdmissionCheckController>(
         wl.managed_fields_mut().clear();
         wl.annotations_mut()
             .remove("kubectl.kubernetes.io/last-applied-configuration");
+    })
+    .inspect(move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            workloads_synced.notify_one();
+        }
     })
     .reflect(writer)
     .touched_objects();
@@ -90,6 +147,7 @@ pub async fn run<C: AdmissionCheckController>(
         field_manager: config.field_manager,
         recorder,
         asked: Default::default(),
+        metrics,
     });
     Controller::for_stream(workloads, reader)
         .with_config(ControllerConfig::default().concurrency(config.concurrency))
@@ -103,6 +161,10 @@ pub async fn run<C: AdmissionCheckController>(
         })
         .await;
     checks_loop.abort();
+    readiness.abort();
+    if let Some(server) = server {
+        server.abort();
+    }
     info!("stopped");
     Ok(())
 }
@@ -114,6 +176,8 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     registry: checks::Registry<C::Parameters>,
     field_manager: String,
     trigger: mpsc::Sender<()>,
+    metrics: Arc<metrics::Metrics>,
+    synced: Arc<tokio::sync::Notify>,
 ) {
     let api = Api::<AdmissionCheck>::all(client.clone());
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
@@ -130,12 +194,22 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 if ac.spec.controller_name != controller.controller_name() {
                     continue;
                 }
-                sync_check(&client, controller.as_ref(), &registry, &field_manager, &ac).await;
+                sync_check(
+                    &client,
+                    controller.as_ref(),
+                    &registry,
+                    &field_manager,
+                    &ac,
+                    &metrics,
+                )
+                .await;
             }
             watcher::Event::Delete(ac) => {
                 write_registry(&registry).remove(&ac.name_any());
+                metrics.check_active(&ac.name_any(), None);
             }
-            watcher::Event::Init | watcher::Event::InitDone => {}
+            watcher::Event::InitDone => synced.notify_one(),
+            watcher::Event::Init => {}
         }
         // A check appeared, changed or went away: every Workload may now be decided differently.
         let _ = trigger.try_send(());
@@ -148,6 +222,7 @@ async fn sync_check<C: AdmissionCheckController>(
     registry: &checks::Registry<C::Parameters>,
     field_manager: &str,
     ac: &AdmissionCheck,
+    metrics: &metrics::Metrics,
 ) {
     let name = ac.name_any();
     let resolved = match checks::resolve(client, controller, ac).await {
@@ -163,6 +238,7 @@ async fn sync_check<C: AdmissionCheckController>(
         }
     };
     let state = resolved.as_ref().map(|_| ()).map_err(Clone::clone);
+    metrics.check_active(&name, Some(state.is_ok()));
     write_registry(registry).insert(name.clone(), resolved);
     if let Some(condition) =
         checks::desired_active_condition(ac, &state, k8s_openapi::jiff::Timestamp::now())

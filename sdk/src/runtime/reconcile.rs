@@ -34,6 +34,7 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     /// with where the Workload stood then: those get `release` once it goes idle, or when it
     /// comes back with another attempt or more evictions (evicted and re-admitted in between).
     pub asked: Mutex<HashMap<(String, String), AskedAt>>,
+    pub metrics: Arc<super::metrics::Metrics>,
 }
 
 impl<C: AdmissionCheckController> Context<C> {
@@ -254,6 +255,9 @@ async fn decide_one<C: AdmissionCheckController>(
                     workload = %wl.name_any(), namespace, check, state = %write.entry.state,
                     attempt = write.attempt, message = %write.entry.message, "check state written"
                 );
+                let delay = write.retry_delay.map(|d| d.as_secs_f64());
+                ctx.metrics
+                    .decision(&wl, check, write.entry.state, write.attempt, delay, now);
                 if write.state_changed {
                     let (type_, reason) = match write.entry.state {
                         CheckState::Ready => (EventType::Normal, "CheckReady"),
@@ -273,6 +277,7 @@ async fn decide_one<C: AdmissionCheckController>(
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 // Decided from a stale Workload: read it again and decide again.
+                ctx.metrics.conflict(check);
                 debug!(workload = %wl.name_any(), check, "conflict, deciding again on a fresh read");
                 match api.get_opt(&wl.name_any()).await? {
                     Some(fresh) => wl = fresh,
@@ -288,8 +293,9 @@ async fn decide_one<C: AdmissionCheckController>(
 pub(crate) fn error_policy<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     err: &Error,
-    _ctx: Arc<Context<C>>,
+    ctx: Arc<Context<C>>,
 ) -> Action {
+    ctx.metrics.error(err.label());
     warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), error = %err, kind = err.label(), "reconcile failed");
     Action::requeue(ERROR_REQUEUE)
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use kueue_admission_sdk::{
     RetryPolicy, RuntimeConfig, run,
 };
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Releases = Arc<Mutex<Vec<ReleaseReason>>>;
 
@@ -70,13 +72,20 @@ impl AdmissionCheckController for ScriptedCheck {
     }
 }
 
+/// What `serve` started: the check's name, its releases, and where its endpoints are served.
+struct Served {
+    check: String,
+    releases: Releases,
+    http: SocketAddr,
+}
+
 /// Queues whose check is served by a runtime started for this test alone (its own
 /// controllerName, so parallel tests' runtimes never answer each other's checks).
 async fn serve(
     env: &TestEnv,
     scripts: &[(&str, Vec<Decision>)],
     policy: RetryPolicy,
-) -> Result<(String, Releases)> {
+) -> Result<Served> {
     let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
     let flavor = env.resource_flavor("default").await?.name_any();
     let check = env
@@ -99,12 +108,47 @@ async fn serve(
         policy,
         releases: releases.clone(),
     };
+    // A free loopback port for this runtime's endpoints.
+    let http = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let config = RuntimeConfig {
+        metrics_address: Some(http),
         field_manager: format!("e2e-{}", env.ns),
         concurrency: 4,
     };
     tokio::spawn(run(env.client.clone(), controller, config));
-    Ok((check, releases))
+    Ok(Served {
+        check,
+        releases,
+        http,
+    })
+}
+
+/// GETs a path from the runtime's HTTP endpoint; returns the status code and body.
+async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, body.to_string()))
+}
+
+/// The value of one series in a Prometheus text exposition, e.g. `name{check="x"}`.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    })
 }
 
 fn active_condition(ac: &AdmissionCheck) -> Option<(String, String, String)> {
@@ -148,12 +192,15 @@ async fn wait_releases(releases: &Releases, expected: &[ReleaseReason]) -> Resul
 #[tokio::test]
 async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> Result<()> {
     let env = TestEnv::new("sdk-ready").await?;
-    let (check, releases) = serve(
-        &env,
-        &[("job", vec![Decision::ready("approved")])],
-        RetryPolicy::default(),
-    )
-    .await?;
+    let scripts = [
+        ("job", vec![Decision::ready("approved")]),
+        ("waits", vec![Decision::pending("waiting for approval")]),
+    ];
+    let Served {
+        check,
+        releases,
+        http,
+    } = serve(&env, &scripts, RetryPolicy::default()).await?;
 
     // Nobody but the runtime marks the check Active; without it no quota would be reserved.
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
@@ -185,6 +232,43 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
             .is_empty(),
         "released an admitted workload"
     );
+
+    // A second Workload holds quota and waits: the waiting gauge counts it.
+    let waits = env.suspended_job("waits", "lq", "1").await?;
+    let waits = env.workload_for_job(&waits).await?.name_any();
+    env.wait_workload(&waits, "Pending with the check's message", |wl| {
+        wl.admission_check(&check)
+            .is_some_and(|e| e.message == "waiting for approval")
+    })
+    .await?;
+    assert_eq!(get(http, "/readyz").await?.0, 200);
+    assert_eq!(get(http, "/healthz").await?.0, 200);
+    let (status, metrics) = get(http, "/metrics").await?;
+    assert_eq!(status, 200);
+    let c = format!("check=\"{check}\"");
+    let value = |series: String| sample(&metrics, &series);
+    assert_eq!(
+        value(format!("kueue_ac_decisions_total{{{c},state=\"Ready\"}}")),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(format!("kueue_ac_decisions_total{{{c},state=\"Pending\"}}")),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(format!("kueue_ac_workloads_waiting{{{c}}}")),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(format!("kueue_ac_check_active{{{c}}}")),
+        Some(1.0),
+        "{metrics}"
+    );
+    let ready_waits = format!("kueue_ac_time_to_decision_seconds_count{{{c},state=\"Ready\"}}");
+    assert_eq!(value(ready_waits), Some(1.0), "{metrics}");
     Ok(())
 }
 
@@ -194,8 +278,11 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
 async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Result<()> {
     let env = TestEnv::new("sdk-retry").await?;
     let policy = RetryPolicy::fixed(Duration::from_secs(3)).with_retry_limit(1);
-    let (check, releases) =
-        serve(&env, &[("job", vec![Decision::retry("not yet")])], policy).await?;
+    let Served {
+        check,
+        releases,
+        http,
+    } = serve(&env, &[("job", vec![Decision::retry("not yet")])], policy).await?;
     let job = env.suspended_job("job", "lq", "1").await?;
     let wl_name = env.workload_for_job(&job).await?.name_any();
 
@@ -263,6 +350,42 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
         rejected_note.contains("no retries left after 1"),
         "{rejected_note}"
     );
+
+    let (_, metrics) = get(http, "/metrics").await?;
+    let c = format!("check=\"{check}\"");
+    let value = |series: String| sample(&metrics, &series);
+    assert_eq!(
+        value(format!("kueue_ac_decisions_total{{{c},state=\"Retry\"}}")),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(format!(
+            "kueue_ac_decisions_total{{{c},state=\"Rejected\"}}"
+        )),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(format!("kueue_ac_retry_delay_seconds_count{{{c}}}")),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(format!("kueue_ac_retry_delay_seconds_sum{{{c}}}")),
+        Some(3.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(format!("kueue_ac_decision_attempt_sum{{{c}}}")),
+        Some(3.0),
+        "attempts 1 and 2\n{metrics}"
+    );
+    assert_eq!(
+        value(format!("kueue_ac_workloads_waiting{{{c}}}")),
+        Some(0.0),
+        "{metrics}"
+    );
     Ok(())
 }
 
@@ -271,7 +394,7 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
 #[tokio::test]
 async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
     let env = TestEnv::new("sdk-params").await?;
-    let (check, _) = serve(&env, &[], RetryPolicy::default()).await?;
+    let Served { check, http, .. } = serve(&env, &[], RetryPolicy::default()).await?;
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
     e2e::wait_for(checks.clone(), &check, "Active=True", |ac| {
         active_condition(ac).is_some_and(|(s, _, _)| s == "True")
@@ -294,6 +417,15 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
     assert_eq!(
         message,
         "this check takes no parameters, but spec.parameters names Budget weekly"
+    );
+    let (_, metrics) = get(http, "/metrics").await?;
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("kueue_ac_check_active{{check=\"{check}\"}}")
+        ),
+        Some(0.0),
+        "{metrics}"
     );
 
     checks
