@@ -230,3 +230,72 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
     );
     Ok(())
 }
+
+/// Two checks on one ClusterQueue answer Retry with different delays: Kueue waits for the
+/// larger (contract section 5: requeueAt = max over Retry entries of lastTransitionTime +
+/// requeueAfterSeconds, never moved backward).
+#[tokio::test]
+async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
+    let env = TestEnv::new("two-delays").await?;
+    let flavor = env
+        .resource_flavor("default")
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    let short = env
+        .admission_check("short", TEST_CONTROLLER)
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    let long = env
+        .admission_check("long", TEST_CONTROLLER)
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&short, &long])
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    env.local_queue("lq", &cq).await?;
+    env.set_admission_check_active(&short, true).await?;
+    env.set_admission_check_active(&long, true).await?;
+    let job = env.suspended_job("job", "lq", "1").await?;
+    let wl_name = env
+        .workload_for_job(&job)
+        .await?
+        .metadata
+        .name
+        .unwrap_or_default();
+    env.wait_check_pending_with_quota(&wl_name, &short).await?;
+    env.wait_check_pending_with_quota(&wl_name, &long).await?;
+
+    let started = std::time::Instant::now();
+    // The long one first, so that a requeueAt taken from the last write would be the short one.
+    env.answer_check_with_delay(&wl_name, &long, CheckState::Retry, "long", Some(7))
+        .await?;
+    env.answer_check_with_delay(&wl_name, &short, CheckState::Retry, "short", Some(2))
+        .await?;
+
+    let wl = env
+        .wait_workload(&wl_name, "evicted once both entries said Retry", |wl| {
+            wl.evictions("AdmissionCheck") >= 1
+        })
+        .await?;
+    let waited = started.elapsed().as_secs_f64();
+    // Whole-second lastTransitionTime: up to 1 s early; the short delay alone would be ~2 s.
+    assert!(
+        waited >= 6.0,
+        "evicted after {waited:.1}s, before the longer delay:\n{}",
+        e2e::dump(&wl)
+    );
+    for check in [&short, &long] {
+        let entry = wl.admission_check(check).cloned().unwrap_or_default();
+        assert_eq!(entry.retry_count, Some(1), "{check}:\n{}", e2e::dump(&wl));
+    }
+    Ok(())
+}
