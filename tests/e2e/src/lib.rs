@@ -40,7 +40,7 @@ use serde_json::json;
 /// second on an idle control plane; the margin absorbs a loaded 2-core CI machine.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Field manager the tests use when they play an admission check controller.
+/// Field manager (prefix) the tests use when they play an admission check controller.
 pub const TEST_FIELD_MANAGER: &str = "e2e-test-check-controller";
 
 /// Starts the shared control plane once per test process and returns its admin kubeconfig.
@@ -459,7 +459,10 @@ impl TestEnv {
             },
             "status": {"admissionChecks": [entry]},
         });
-        let pp = PatchParams::apply(TEST_FIELD_MANAGER).force();
+        // One field manager per check: server-side apply drops what a manager applied before
+        // and leaves out now, so one manager for two checks would strip the other's entry
+        // (observed: the API server then rejects the husk with 422).
+        let pp = PatchParams::apply(&format!("{TEST_FIELD_MANAGER}-{check}")).force();
         self.workloads()
             .patch_status(&wl.name_any(), &pp, &Patch::Apply(&body))
             .await
