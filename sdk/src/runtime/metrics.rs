@@ -63,9 +63,15 @@ impl fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them (prefixed `kueue_ac_`) in `registry`.
-    pub fn new(registry: &mut Registry) -> Self {
+    /// Creates the metrics and registers them (prefixed `kueue_ac_`) in `registry`, with the
+    /// waiting gauge counted from `store` for the checks `checks` names.
+    pub fn new(
+        registry: &mut Registry,
+        store: Store<Workload>,
+        checks: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
+    ) -> Self {
         let registry = registry.sub_registry_with_prefix("kueue_ac");
+        registry.register_collector(Box::new(WaitingCollector { store, checks }));
         let decisions = Family::<StateLabels, Counter>::default();
         let retry_delay =
             Family::<CheckLabels, Histogram>::new_with_constructor(seconds_histogram as fn() -> _);
@@ -190,9 +196,9 @@ impl Metrics {
 
 /// `kueue_ac_workloads_waiting{check}`: Workloads holding quota with the check's entry Pending,
 /// counted from the watch cache at scrape time, so it can never drift from the cluster.
-pub(crate) struct WaitingCollector {
-    pub store: Store<Workload>,
-    pub checks: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
+struct WaitingCollector {
+    store: Store<Workload>,
+    checks: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
 }
 
 impl fmt::Debug for WaitingCollector {

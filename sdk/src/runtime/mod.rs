@@ -67,21 +67,20 @@ pub async fn run<C: AdmissionCheckController>(
     let (reader, writer) = reflector::store::<Workload>();
 
     let mut prometheus = prometheus_client::registry::Registry::default();
-    let metrics = Arc::new(metrics::Metrics::new(&mut prometheus));
     let names = registry.clone();
-    prometheus
-        .sub_registry_with_prefix("kueue_ac")
-        .register_collector(Box::new(metrics::WaitingCollector {
-            store: reader.clone(),
-            checks: Arc::new(move || {
-                names
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .keys()
-                    .cloned()
-                    .collect()
-            }),
-        }));
+    let check_names = Arc::new(move || {
+        names
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    });
+    let metrics = Arc::new(metrics::Metrics::new(
+        &mut prometheus,
+        reader.clone(),
+        check_names,
+    ));
     let health = Arc::new(http::Health {
         registry: prometheus,
         ready: Default::default(),

@@ -1,5 +1,6 @@
 //! One Workload: ask each of our checks that may answer, and apply what the decision layer allows.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -114,7 +115,7 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     release_idle(&ctx, &wl, &all_ours).await?;
     let mut requeue: Option<Duration> = None;
     for (check, active) in ours {
-        let next = decide_one(&ctx, (*wl).clone(), &check, &active).await?;
+        let next = decide_one(&ctx, &wl, &check, &active).await?;
         requeue = match (requeue, next) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -172,11 +173,13 @@ async fn release_idle<C: AdmissionCheckController>(
 /// Decides one check for one Workload; returns when to look again, if the check asked.
 async fn decide_one<C: AdmissionCheckController>(
     ctx: &Context<C>,
-    mut wl: Workload,
+    cached: &Workload,
     check: &str,
     active: &ActiveCheck<C::Parameters>,
 ) -> Result<Option<Duration>, Error> {
     let revalidate = ctx.controller.revalidate_ready_every();
+    // The cached Workload is borrowed; an owned copy exists only after a 409 made us read again.
+    let mut wl = Cow::Borrowed(cached);
     let namespace = wl
         .namespace()
         .ok_or_else(|| Error::MalformedWorkload("no namespace".into()))?;
@@ -280,7 +283,7 @@ async fn decide_one<C: AdmissionCheckController>(
                 ctx.metrics.conflict(check);
                 debug!(workload = %wl.name_any(), check, "conflict, deciding again on a fresh read");
                 match api.get_opt(&wl.name_any()).await? {
-                    Some(fresh) => wl = fresh,
+                    Some(fresh) => wl = Cow::Owned(fresh),
                     None => return Ok(None),
                 }
             }
