@@ -307,6 +307,13 @@ impl TestEnv {
         create(self.jobs(), &job).await
     }
 
+    /// Submits a suspended Job (see [`suspended_job`](Self::suspended_job)) and returns the name
+    /// of the Workload Kueue creates for it.
+    pub async fn submit_job(&self, name: &str, local_queue: &str, cpu: &str) -> Result<String> {
+        let job = self.suspended_job(name, local_queue, cpu).await?;
+        Ok(self.workload_for_job(&job).await?.name_any())
+    }
+
     /// Waits until Kueue has created the Workload of a Job and returns it.
     pub async fn workload_for_job(&self, job: &Job) -> Result<Workload> {
         let uid = job.uid().ok_or_else(|| anyhow!("job has no uid"))?;

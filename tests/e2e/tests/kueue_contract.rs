@@ -55,9 +55,7 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
     )
     .await?;
 
-    let job = env.suspended_job("job", "lq", "1").await?;
-    let wl = env.workload_for_job(&job).await?;
-    let wl_name = wl.metadata.name.clone().unwrap_or_default();
+    let wl_name = env.submit_job("job", "lq", "1").await?;
     // The entry appears before any quota is reserved (contract section 3): a check must not
     // act on Pending alone.
     let wl = env
@@ -95,9 +93,7 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
     let q = queues(&env).await?;
     env.set_admission_check_active(&q.check, true).await?;
 
-    let job = env.suspended_job("job", "lq", "1").await?;
-    let wl = env.workload_for_job(&job).await?;
-    let wl_name = wl.metadata.name.clone().unwrap_or_default();
+    let wl_name = env.submit_job("job", "lq", "1").await?;
     let wl = env
         .wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
@@ -167,13 +163,7 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
     let env = TestEnv::new("delayed-retry").await?;
     let q = queues(&env).await?;
     env.set_admission_check_active(&q.check, true).await?;
-    let job = env.suspended_job("job", "lq", "1").await?;
-    let wl_name = env
-        .workload_for_job(&job)
-        .await?
-        .metadata
-        .name
-        .unwrap_or_default();
+    let wl_name = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
 
@@ -264,13 +254,7 @@ async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
     env.local_queue("lq", &cq).await?;
     env.set_admission_check_active(&short, true).await?;
     env.set_admission_check_active(&long, true).await?;
-    let job = env.suspended_job("job", "lq", "1").await?;
-    let wl_name = env
-        .workload_for_job(&job)
-        .await?
-        .metadata
-        .name
-        .unwrap_or_default();
+    let wl_name = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl_name, &short).await?;
     env.wait_check_pending_with_quota(&wl_name, &long).await?;
 

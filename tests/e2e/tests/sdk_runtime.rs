@@ -210,8 +210,7 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
     })
     .await?;
 
-    let job = env.suspended_job("job", "lq", "1").await?;
-    let wl = env.workload_for_job(&job).await?.name_any();
+    let wl = env.submit_job("job", "lq", "1").await?;
     let admitted = env.wait_admitted(&wl).await?;
     let entry = admitted
         .admission_check(&check)
@@ -234,8 +233,7 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
     );
 
     // A second Workload holds quota and waits: the waiting gauge counts it.
-    let waits = env.suspended_job("waits", "lq", "1").await?;
-    let waits = env.workload_for_job(&waits).await?.name_any();
+    let waits = env.submit_job("waits", "lq", "1").await?;
     env.wait_workload(&waits, "Pending with the check's message", |wl| {
         wl.admission_check(&check)
             .is_some_and(|e| e.message == "waiting for approval")
@@ -283,8 +281,7 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
         releases,
         http,
     } = serve(&env, &[("job", vec![Decision::retry("not yet")])], policy).await?;
-    let job = env.suspended_job("job", "lq", "1").await?;
-    let wl_name = env.workload_for_job(&job).await?.name_any();
+    let wl_name = env.submit_job("job", "lq", "1").await?;
 
     // The Retry lands with its delay: requeueAt is set (before the eviction; Kueue clears it
     // once it requeues). The runtime adds the fraction of a second that Kueue's whole-second
