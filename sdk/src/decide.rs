@@ -238,6 +238,62 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     })
 }
 
+/// A `Retry` with a delay that was never written because Kueue evicted the Workload (or moved
+/// it to another attempt) while the check was deciding: the status write carried the old
+/// `resourceVersion` and was refused. Writing it on the evicted Workload would strand it, and
+/// dropping it would let the next attempt start before the delay the check asked for. So the
+/// runtime keeps it and, when the Workload holds quota again, writes a `Retry` for what is left
+/// of the delay instead of asking the check again. Kept in memory only: after a restart the
+/// check is simply asked again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LateRetry {
+    /// The check's own message.
+    pub message: String,
+    /// The attempt it was decided for.
+    pub attempt: u32,
+    /// The earliest start of the next attempt that the check asked for.
+    pub not_before: Timestamp,
+}
+
+impl LateRetry {
+    /// Shortest remainder still worth a `Retry` of its own; Kueue counts whole seconds.
+    pub const MIN_REMAINING: Duration = Duration::from_secs(1);
+
+    /// The `Retry` a refused write stood for, if it was one with a delay; `message` is the
+    /// check's own, `decided_at` the time the delay started.
+    pub fn from_refused(write: &Write, message: &str, decided_at: Timestamp) -> Option<Self> {
+        if write.entry.state != CheckState::Retry {
+            return None;
+        }
+        let delay = write.retry_delay.filter(|d| !d.is_zero())?;
+        let not_before = SignedDuration::try_from(delay)
+            .ok()
+            .and_then(|d| decided_at.checked_add(d).ok())
+            .unwrap_or(Timestamp::MAX);
+        Some(Self {
+            message: message.to_string(),
+            attempt: write.attempt,
+            not_before,
+        })
+    }
+
+    /// The decision to write in place of asking the check, or `None` once the delay is over.
+    pub fn decision(&self, now: Timestamp) -> Option<Decision> {
+        let remaining = self.not_before.duration_since(now);
+        let remaining = Duration::try_from(remaining).ok()?;
+        if remaining < Self::MIN_REMAINING {
+            return None;
+        }
+        Some(Decision::retry_after(
+            format!(
+                "{} [decided for attempt {} while Kueue evicted the workload; its delay still applies]",
+                self.message, self.attempt
+            ),
+            remaining,
+        ))
+    }
+}
+
 fn validate_decision(wl: &Workload, decision: &Decision, revalidating: bool) -> Result<(), String> {
     if revalidating && matches!(decision, Decision::Pending { .. }) {
         return Err("a Ready entry can only stay Ready, or become Retry or Rejected; Pending would leave an admitted \

@@ -10,22 +10,40 @@ pub enum Error {
     /// The check's `decide` or `release` failed; it is retried with backoff.
     #[error("the check failed: {0}")]
     Check(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The check returned a decision that cannot be written (e.g. too many podSetUpdates); it
+    /// is asked again with backoff.
+    #[error("the check returned a decision that cannot be written: {0}")]
+    InvalidDecision(String),
     /// The metrics and health endpoints could not be served (e.g. the address is taken).
     #[error("cannot serve metrics and health endpoints: {0}")]
     Serve(#[source] std::io::Error),
     /// A Workload in the cache lacks what every Workload from the API server has.
     #[error("malformed Workload: {0}")]
     MalformedWorkload(String),
+    /// Flags, environment or kubeconfig do not describe a usable setup.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The leader Lease could not be read or created (often RBAC: get, create and patch on
+    /// `leases` in `coordination.k8s.io` are needed in the Lease's namespace).
+    #[error("leader election: {0}")]
+    LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
+    /// Another replica took the leader Lease; this one stopped writing and should restart.
+    #[error("lost the leader Lease to another replica")]
+    LeadershipLost,
 }
 
 impl Error {
-    /// A stable, low-cardinality label for metrics (`error_kind`).
+    /// A stable, low-cardinality label for metrics (`kind`).
     pub fn label(&self) -> &'static str {
         match self {
             Error::Api(_) => "api",
             Error::Check(_) => "check",
+            Error::InvalidDecision(_) => "invalid_decision",
             Error::MalformedWorkload(_) => "malformed_workload",
             Error::Serve(_) => "serve",
+            Error::Config(_) => "config",
+            Error::LeaderElection(_) => "leader_election",
+            Error::LeadershipLost => "leadership_lost",
         }
     }
 }

@@ -9,13 +9,15 @@
 //! - [`retry`]: retry delays (Kueue's formula, generalised) and the attempt limit;
 //! - [`check`]: the trait, the [`Decision`] it returns and the context it gets;
 //! - [`decide`]: the pure rules that turn a decision into a safe status write, or refuse it;
-//! - [`runtime`]: the thin I/O shell that watches, reconciles and writes;
+//! - [`runtime`]: the thin I/O shell that watches, reconciles and writes, with leader election;
+//! - [`options`]: the flags and environment variables of a check binary;
 //! - [`testing`]: builders and an offline client to unit-test a check's decisions.
 
 pub mod api;
 pub mod check;
 pub mod decide;
 pub mod error;
+pub mod options;
 pub mod retry;
 pub mod runtime;
 pub mod testing;
@@ -25,5 +27,6 @@ pub use check::{
     ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
 };
 pub use error::Error;
+pub use options::Options;
 pub use retry::RetryPolicy;
-pub use runtime::{RuntimeConfig, run};
+pub use runtime::{LeaderElection, RuntimeConfig, run, run_until};

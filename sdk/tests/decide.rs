@@ -6,11 +6,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kueue_admission_sdk::api::{AdmissionCheckState, CheckState, PodSetUpdate, Workload};
 use kueue_admission_sdk::decide::{
-    Eligibility, MAX_MESSAGE_CHARS, Plan, PlanInput, Refusal, Write, eligibility, plan,
+    Eligibility, LateRetry, MAX_MESSAGE_CHARS, Plan, PlanInput, Refusal, Write, eligibility, plan,
     status_apply_patch,
 };
 use kueue_admission_sdk::testing::WorkloadBuilder;
-use kueue_admission_sdk::{Decision, ReleaseReason, RetryPolicy};
+use kueue_admission_sdk::{Decision, ReleaseReason, RetryDelay, RetryPolicy};
 
 const CHECK: &str = "budget";
 
@@ -402,4 +402,65 @@ fn retry_delay_survives_whole_second_timestamps() {
         w.entry.message
     );
     assert_eq!(w.retry_delay, Some(Duration::from_secs(10)));
+}
+
+#[test]
+fn a_late_retry_keeps_what_is_left_of_its_delay() {
+    let wl = deciding().build();
+    let w = written(plan_for(
+        &wl,
+        Decision::retry_after("window full", Duration::from_secs(40)),
+        &RetryPolicy::default(),
+    ));
+    let late = LateRetry::from_refused(&w, "window full", now()).expect("a delayed Retry");
+    assert_eq!(late.attempt, 1);
+    assert_eq!(late.not_before, "2026-11-22T12:00:40Z".parse().expect("ts"));
+
+    let later: Timestamp = "2026-11-22T12:00:15Z".parse().expect("ts");
+    match late.decision(later) {
+        Some(Decision::Retry {
+            message,
+            delay: RetryDelay::After(d),
+        }) => {
+            assert_eq!(d, Duration::from_secs(25), "only what is left");
+            assert!(
+                message.starts_with("window full [decided for attempt 1"),
+                "{message}"
+            );
+        }
+        other => panic!("expected a Retry after 25 s, got {other:?}"),
+    }
+    // Once the delay is over (or under a second is left) the check is asked again.
+    assert_eq!(
+        late.decision("2026-11-22T12:00:39.5Z".parse().expect("ts")),
+        None
+    );
+    assert_eq!(
+        late.decision("2026-11-22T12:05:00Z".parse().expect("ts")),
+        None
+    );
+}
+
+#[test]
+fn only_delayed_retries_are_carried_over() {
+    let wl = deciding().build();
+    let policy = RetryPolicy::default();
+    for decision in [
+        Decision::ready("ok"),
+        Decision::pending("wait"),
+        Decision::rejected("no"),
+        Decision::retry_after("now", Duration::ZERO),
+    ] {
+        let w = written(plan_for(&wl, decision.clone(), &policy));
+        assert_eq!(
+            LateRetry::from_refused(&w, decision.message(), now()),
+            None,
+            "{decision:?}"
+        );
+    }
+    // Past the retry limit the Retry became Rejected: nothing to carry.
+    let last = deciding().retry_count(CHECK, 3).build();
+    let w = written(plan_for(&last, Decision::retry("again"), &policy));
+    assert_eq!(w.entry.state, CheckState::Rejected);
+    assert_eq!(LateRetry::from_refused(&w, "again", now()), None);
 }

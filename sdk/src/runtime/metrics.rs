@@ -54,6 +54,7 @@ pub(crate) struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     conflicts: Family<CheckLabels, Counter>,
     check_active: Family<CheckLabels, Gauge>,
+    leader: Gauge,
 }
 
 impl fmt::Debug for Metrics {
@@ -82,6 +83,7 @@ impl Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let conflicts = Family::<CheckLabels, Counter>::default();
         let check_active = Family::<CheckLabels, Gauge>::default();
+        let leader = Gauge::default();
         registry.register(
             "decisions",
             "Check states written, by check and state",
@@ -117,7 +119,13 @@ impl Metrics {
             "1 while the AdmissionCheck is Active, 0 while it is not",
             check_active.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this replica leads (holds the Lease, or runs without leader election), 0 while it stands by",
+            leader.clone(),
+        );
         Self {
+            leader,
             decisions,
             retry_delay,
             attempt,
@@ -126,6 +134,11 @@ impl Metrics {
             conflicts,
             check_active,
         }
+    }
+
+    /// This replica took or lost the lead.
+    pub fn leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     /// A state was written for a check.

@@ -13,23 +13,29 @@
 
 mod checks;
 mod http;
+mod leader;
 mod metrics;
 mod reconcile;
 
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::api::Api;
+use futures::{FutureExt, StreamExt};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+pub use leader::{LeaderElection, lease_name_for};
+
 use crate::api::{AdmissionCheck, Workload};
-use crate::check::AdmissionCheckController;
+use crate::check::{AdmissionCheckController, CheckParameters};
 use crate::error::Error;
 
 /// How the runtime runs a check.
@@ -42,6 +48,8 @@ pub struct RuntimeConfig {
     pub field_manager: String,
     /// How many Workloads are reconciled at once.
     pub concurrency: u16,
+    /// Elect a leader among replicas; `None` writes from this process unconditionally.
+    pub leader_election: Option<LeaderElection>,
 }
 
 impl Default for RuntimeConfig {
@@ -50,16 +58,69 @@ impl Default for RuntimeConfig {
             metrics_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
             field_manager: "kueue-admission-sdk".into(),
             concurrency: 8,
+            leader_election: None,
         }
     }
 }
 
-/// Runs `controller` until the process gets SIGTERM or Ctrl-C.
+/// Runs `controller` until the process gets SIGTERM or Ctrl-C; see [`run_until`].
 pub async fn run<C: AdmissionCheckController>(
     client: Client,
     controller: C,
     config: RuntimeConfig,
 ) -> Result<(), Error> {
+    run_until(client, controller, config, termination_signal()).await
+}
+
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
+async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => info!("SIGTERM: shutting down"),
+                    _ = tokio::signal::ctrl_c() => info!("interrupted: shutting down"),
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM; Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// How long a clean shutdown waits for the Lease to be released.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs `controller` until `shutdown` resolves.
+///
+/// Every replica watches AdmissionChecks and Workloads, so its caches are warm and `/readyz`
+/// reports ready once they have synced. Only the leader (every process, without
+/// [`RuntimeConfig::leader_election`]) writes: it reconciles Workloads and keeps the
+/// AdmissionChecks' `Active` condition.
+///
+/// On `shutdown`, no new reconcile starts, those in flight finish (their status writes land or
+/// fail, never half-done), and the Lease is released so that a standby takes over at once.
+/// Returns [`Error::LeadershipLost`] if another replica took the Lease: the caller should exit
+/// and restart as a standby, as Kubernetes does with a non-zero exit.
+pub async fn run_until<C, S>(
+    client: Client,
+    controller: C,
+    config: RuntimeConfig,
+    shutdown: S,
+) -> Result<(), Error>
+where
+    C: AdmissionCheckController,
+    S: Future<Output = ()> + Send + 'static,
+{
+    let shutdown = shutdown.boxed().shared();
     let registry: checks::Registry<C::Parameters> = Default::default();
     let controller = Arc::new(controller);
     let (trigger_tx, trigger_rx) = mpsc::channel::<()>(16);
@@ -93,34 +154,144 @@ pub async fn run<C: AdmissionCheckController>(
         ))),
         None => None,
     };
+    let leadership = match &config.leader_election {
+        None => leader::Leadership::always(),
+        Some(election) => match leader::Leadership::elect(client.clone(), election).await {
+            Ok(l) => l,
+            Err(e) => {
+                if let Some(server) = server {
+                    server.abort();
+                }
+                return Err(Error::LeaderElection(e));
+            }
+        },
+    };
 
+    let mut background = Vec::new();
+    background.push(tokio::spawn(report_leadership(
+        leadership.leading.clone(),
+        metrics.clone(),
+    )));
     let checks_synced = Arc::new(tokio::sync::Notify::new());
-    let checks_loop = tokio::spawn(watch_admission_checks(
+    background.push(tokio::spawn(watch_admission_checks(
         client.clone(),
         controller.clone(),
         registry.clone(),
         config.field_manager.clone(),
-        trigger_tx,
+        trigger_tx.clone(),
         metrics.clone(),
         checks_synced.clone(),
-    ));
+        leadership.leading.clone(),
+    )));
     // Ready once both watches delivered their first complete list (InitDone), seen on the
     // streams themselves.
     let workloads_synced = Arc::new(tokio::sync::Notify::new());
-    let readiness = {
+    background.push({
         let (workloads_synced, health) = (workloads_synced.clone(), health.clone());
         tokio::spawn(async move {
             workloads_synced.notified().await;
             checks_synced.notified().await;
-            health
-                .ready
-                .store(true, std::sync::atomic::Ordering::Release);
+            health.ready.store(true, Ordering::Release);
             info!("caches synced, ready");
         })
-    };
+    });
+    // The Workload cache is kept on every replica; changes reach the reconciler only while this
+    // replica leads (on taking the lead, everything cached is reconciled once).
+    let (changes_tx, changes_rx) = mpsc::channel::<Workload>(256);
+    // Unbounded: a burst of deletions must not lose a release; each entry is one Workload.
+    let (deleted_tx, mut deleted_rx) = mpsc::unbounded_channel::<Workload>();
+    background.push(tokio::spawn(watch_workloads(
+        client.clone(),
+        writer,
+        workloads_synced,
+        changes_tx,
+        deleted_tx,
+        leadership.leading.clone(),
+    )));
+    let recorder = Recorder::new(client.clone(), Reporter::from(config.field_manager.clone()));
+    let ctx = Arc::new(reconcile::Context::new(
+        client,
+        controller,
+        registry,
+        config.field_manager,
+        recorder,
+        metrics,
+    ));
+    // A deleted Workload never reaches the reconciler again: release what its checks hold here.
+    background.push({
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            while let Some(wl) = deleted_rx.recv().await {
+                reconcile::release_deleted(&ctx, &wl).await;
+            }
+        })
+    });
 
-    let workloads = watcher(
-        Api::<Workload>::all(client.clone()),
+    let mut leading = leadership.leading.clone();
+    let became_leader = tokio::select! {
+        led = leading.wait_for(|l| *l) => led.is_ok(),
+        () = shutdown.clone() => false,
+    };
+    let mut outcome = Ok(());
+    if became_leader {
+        info!("leading: reconciling Workloads");
+        let _ = trigger_tx.try_send(());
+        let lost = Arc::new(AtomicBool::new(false));
+        let stop = {
+            let (mut leading, lost, shutdown) = (leading.clone(), lost.clone(), shutdown.clone());
+            async move {
+                tokio::select! {
+                    () = shutdown => {}
+                    // A closed channel means the election task died: as good as lost.
+                    _ = leading.wait_for(|l| !*l) => lost.store(true, Ordering::Release),
+                }
+            }
+        };
+        let changes = tokio_stream::wrappers::ReceiverStream::new(changes_rx).map(Ok);
+        let trigger = tokio_stream::wrappers::ReceiverStream::new(trigger_rx);
+        Controller::for_stream(changes, reader)
+            .with_config(ControllerConfig::default().concurrency(config.concurrency))
+            .reconcile_all_on(trigger)
+            .graceful_shutdown_on(stop)
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(|res| async move {
+                if let Err(e) = res {
+                    warn!(error = %e, "workload reconcile failed");
+                }
+            })
+            .await;
+        if lost.load(Ordering::Acquire) {
+            outcome = Err(Error::LeadershipLost);
+        }
+    }
+    // Every receiver of the leadership channel must be gone before the Lease is released.
+    for task in &background {
+        task.abort();
+    }
+    for task in background {
+        let _ = task.await;
+    }
+    drop(leading);
+    leadership.release(RELEASE_TIMEOUT).await;
+    if let Some(server) = server {
+        server.abort();
+    }
+    info!("stopped");
+    outcome
+}
+
+/// Keeps the Workload cache and forwards changes to the reconciler while this replica leads.
+async fn watch_workloads(
+    client: Client,
+    writer: reflector::store::Writer<Workload>,
+    synced: Arc<tokio::sync::Notify>,
+    changes: mpsc::Sender<Workload>,
+    deleted: mpsc::UnboundedSender<Workload>,
+    leading: watch::Receiver<bool>,
+) {
+    let leading_on_delete = leading.clone();
+    let events = watcher(
+        Api::<Workload>::all(client),
         watcher::Config::default().any_semantic(),
     )
     .default_backoff()
@@ -130,45 +301,50 @@ pub async fn run<C: AdmissionCheckController>(
         wl.annotations_mut()
             .remove("kubectl.kubernetes.io/last-applied-configuration");
     })
-    .inspect(move |event| {
-        if matches!(event, Ok(watcher::Event::InitDone)) {
-            workloads_synced.notify_one();
+    .inspect(move |event| match event {
+        Ok(watcher::Event::InitDone) => synced.notify_one(),
+        Ok(watcher::Event::Delete(wl)) if *leading_on_delete.borrow() => {
+            // Fails only once the runtime is stopping.
+            let _ = deleted.send(wl.clone());
         }
+        _ => {}
     })
     .reflect(writer)
     .touched_objects();
-    let trigger = tokio_stream::wrappers::ReceiverStream::new(trigger_rx);
-    let recorder = Recorder::new(client.clone(), Reporter::from(config.field_manager.clone()));
-    let ctx = Arc::new(reconcile::Context {
-        client,
-        controller,
-        registry,
-        field_manager: config.field_manager,
-        recorder,
-        asked: Default::default(),
-        metrics,
-    });
-    Controller::for_stream(workloads, reader)
-        .with_config(ControllerConfig::default().concurrency(config.concurrency))
-        .reconcile_all_on(trigger)
-        .shutdown_on_signal()
-        .run(reconcile::reconcile, reconcile::error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                warn!(error = %e, "workload reconcile failed");
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(wl) if *leading.borrow() => {
+                if changes.send(wl).await.is_err() {
+                    // The reconciler stopped: keep the cache for metrics and readiness.
+                    continue;
+                }
             }
-        })
-        .await;
-    checks_loop.abort();
-    readiness.abort();
-    if let Some(server) = server {
-        server.abort();
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "watching Workloads"),
+        }
     }
-    info!("stopped");
-    Ok(())
 }
 
-/// Keeps the registry of our checks and their `Active` conditions in line with the cluster.
+/// Logs leadership changes and keeps the leader gauge.
+async fn report_leadership(mut leading: watch::Receiver<bool>, metrics: Arc<metrics::Metrics>) {
+    loop {
+        let now = *leading.borrow_and_update();
+        metrics.leader(now);
+        if !now {
+            info!("standing by: another replica holds the leader Lease");
+        }
+        if leading.changed().await.is_err() {
+            metrics.leader(false);
+            return;
+        }
+    }
+}
+
+/// Keeps the registry of our checks and their `Active` conditions in line with the cluster:
+/// reacts to AdmissionChecks, to the parameters objects they name, and to taking the lead
+/// (only the leader writes conditions, so a new leader writes them all once).
+#[allow(clippy::too_many_arguments)]
 async fn watch_admission_checks<C: AdmissionCheckController>(
     client: Client,
     controller: Arc<C>,
@@ -177,42 +353,109 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     trigger: mpsc::Sender<()>,
     metrics: Arc<metrics::Metrics>,
     synced: Arc<tokio::sync::Notify>,
+    mut leading: watch::Receiver<bool>,
 ) {
     let api = Api::<AdmissionCheck>::all(client.clone());
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
-    while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(e) => e,
-            Err(e) => {
-                warn!(error = %e, "watching AdmissionChecks");
-                continue;
-            }
-        };
-        match event {
-            watcher::Event::Apply(ac) | watcher::Event::InitApply(ac) => {
-                if ac.spec.controller_name != controller.controller_name() {
+    let mut parameters = std::pin::pin!(watch_parameters::<C::Parameters>(client.clone()));
+    // Ours, by name, as last seen.
+    let mut ours: BTreeMap<String, AdmissionCheck> = BTreeMap::new();
+    let mut election_over = false;
+    loop {
+        // Which checks to resolve again.
+        let to_sync: Vec<AdmissionCheck> = tokio::select! {
+            event = events.next() => match event {
+                None => return,
+                Some(Err(e)) => {
+                    warn!(error = %e, "watching AdmissionChecks");
                     continue;
                 }
-                sync_check(
-                    &client,
-                    controller.as_ref(),
-                    &registry,
-                    &field_manager,
-                    &ac,
-                    &metrics,
-                )
-                .await;
-            }
-            watcher::Event::Delete(ac) => {
-                write_registry(&registry).remove(&ac.name_any());
-                metrics.check_active(&ac.name_any(), None);
-            }
-            watcher::Event::InitDone => synced.notify_one(),
-            watcher::Event::Init => {}
+                Some(Ok(watcher::Event::Apply(ac) | watcher::Event::InitApply(ac))) => {
+                    if ac.spec.controller_name != controller.controller_name() {
+                        // Not (or no longer) ours: a check whose controllerName changed.
+                        if ours.remove(&ac.name_any()).is_some() {
+                            write_registry(&registry).remove(&ac.name_any());
+                            metrics.check_active(&ac.name_any(), None);
+                            let _ = trigger.try_send(());
+                        }
+                        continue;
+                    }
+                    ours.insert(ac.name_any(), ac.clone());
+                    vec![ac]
+                }
+                Some(Ok(watcher::Event::Delete(ac))) => {
+                    if ours.remove(&ac.name_any()).is_some() {
+                        write_registry(&registry).remove(&ac.name_any());
+                        metrics.check_active(&ac.name_any(), None);
+                        let _ = trigger.try_send(());
+                    }
+                    continue;
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    synced.notify_one();
+                    continue;
+                }
+                Some(Ok(watcher::Event::Init)) => continue,
+            },
+            changed = leading.changed(), if !election_over => {
+                if changed.is_err() {
+                    election_over = true;
+                    continue;
+                }
+                if !*leading.borrow_and_update() {
+                    continue;
+                }
+                ours.values().cloned().collect()
+            },
+            Some(name) = parameters.next() => ours
+                .values()
+                .filter(|ac| ac.spec.parameters.as_ref().is_some_and(|r| r.name == name))
+                .cloned()
+                .collect(),
+        };
+        let write = *leading.borrow();
+        for ac in &to_sync {
+            sync_check(
+                &client,
+                controller.as_ref(),
+                &registry,
+                &field_manager,
+                ac,
+                &metrics,
+                write,
+            )
+            .await;
         }
-        // A check appeared, changed or went away: every Workload may now be decided differently.
-        let _ = trigger.try_send(());
+        if !to_sync.is_empty() {
+            // A check appeared or changed: every Workload may now be decided differently.
+            let _ = trigger.try_send(());
+        }
     }
+}
+
+/// Names of the parameters objects of kind `P` as they change (none if `P` takes none).
+fn watch_parameters<P: CheckParameters>(
+    client: Client,
+) -> futures::stream::BoxStream<'static, String> {
+    let Some(kind) = P::reference() else {
+        return futures::stream::pending().boxed();
+    };
+    let gvk = GroupVersionKind::gvk(kind.group, kind.version, kind.kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, kind.plural);
+    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(|event| async move {
+            match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => Some(o.name_any()),
+                Ok(_) => None,
+                Err(e) => {
+                    warn!(error = %e, "watching the checks' parameters");
+                    None
+                }
+            }
+        })
+        .boxed()
 }
 
 async fn sync_check<C: AdmissionCheckController>(
@@ -222,6 +465,7 @@ async fn sync_check<C: AdmissionCheckController>(
     field_manager: &str,
     ac: &AdmissionCheck,
     metrics: &metrics::Metrics,
+    write_condition: bool,
 ) {
     let name = ac.name_any();
     let resolved = match checks::resolve(client, controller, ac).await {
@@ -239,6 +483,9 @@ async fn sync_check<C: AdmissionCheckController>(
     let state = resolved.as_ref().map(|_| ()).map_err(Clone::clone);
     metrics.check_active(&name, Some(state.is_ok()));
     write_registry(registry).insert(name.clone(), resolved);
+    if !write_condition {
+        return;
+    }
     if let Some(condition) =
         checks::desired_active_condition(ac, &state, k8s_openapi::jiff::Timestamp::now())
         && let Err(e) = checks::apply_active_condition(client, field_manager, ac, condition).await
@@ -254,6 +501,3 @@ fn write_registry<P>(
     // or remove. So a poisoned lock is still safe to use.
     registry.write().unwrap_or_else(|p| p.into_inner())
 }
-
-/// Delay before a Workload is reconciled again after an error.
-pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(5);

@@ -13,13 +13,15 @@ use kube::{Client, Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
-use super::ERROR_REQUEUE;
 use super::checks::{ActiveCheck, Registry};
 use crate::api::CheckState;
 use crate::api::Workload;
 use crate::check::{AdmissionCheckController, CheckContext, ReleaseContext, ReleaseReason};
-use crate::decide::{Eligibility, Plan, PlanInput, Refusal, eligibility, plan, status_apply_patch};
+use crate::decide::{
+    Eligibility, LateRetry, Plan, PlanInput, Refusal, eligibility, plan, status_apply_patch,
+};
 use crate::error::Error;
+use crate::retry::RetryPolicy;
 
 /// How often one decision is recomputed after the API server refused it as stale (409) before
 /// the reconcile gives up and waits for the watch to deliver the newer Workload.
@@ -34,14 +36,51 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     /// (Workload uid, check) pairs this process asked the check about and has not released,
     /// with where the Workload stood then: those get `release` once it goes idle, or when it
     /// comes back with another attempt or more evictions (evicted and re-admitted in between).
-    pub asked: Mutex<HashMap<(String, String), AskedAt>>,
+    asked: Mutex<HashMap<PairKey, AskedAt>>,
+    /// Retries refused because Kueue evicted the Workload while the check decided; honoured on
+    /// the next attempt (see [`LateRetry`]).
+    late: Mutex<HashMap<PairKey, LateRetry>>,
+    /// Consecutive failed reconciles per Workload uid, for the error backoff.
+    failures: Mutex<HashMap<String, u32>>,
     pub metrics: Arc<super::metrics::Metrics>,
 }
 
+/// (Workload uid, check name).
+type PairKey = (String, String);
+
+/// Every critical section is a single insert, remove or lookup: a poisoned lock is sound.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl<C: AdmissionCheckController> Context<C> {
-    fn asked(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), AskedAt>> {
-        // Every critical section is a single insert, remove or lookup: a poisoned lock is sound.
-        self.asked.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn new(
+        client: Client,
+        controller: Arc<C>,
+        registry: Registry<C::Parameters>,
+        field_manager: String,
+        recorder: Recorder,
+        metrics: Arc<super::metrics::Metrics>,
+    ) -> Self {
+        Self {
+            client,
+            controller,
+            registry,
+            field_manager,
+            recorder,
+            asked: Default::default(),
+            late: Default::default(),
+            failures: Default::default(),
+            metrics,
+        }
+    }
+
+    fn asked(&self) -> std::sync::MutexGuard<'_, HashMap<PairKey, AskedAt>> {
+        lock(&self.asked)
+    }
+
+    fn late(&self) -> std::sync::MutexGuard<'_, HashMap<PairKey, LateRetry>> {
+        lock(&self.late)
     }
 
     /// Publishes an event on the Workload; a failure to publish is logged, never fatal.
@@ -121,7 +160,54 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
             (a, b) => a.or(b),
         };
     }
+    if let Some(uid) = wl.uid() {
+        lock(&ctx.failures).remove(&uid);
+    }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Releases what the checks hold for a Workload that was deleted (the reconciler never sees
+/// it again) and forgets it. Retried a few times; a check must still tolerate a missed release
+/// (e.g. one that happened while no replica was running) by reconciling what it holds.
+pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C>, wl: &Workload) {
+    let Some(uid) = wl.uid() else { return };
+    let checks: Vec<String> = ctx
+        .asked()
+        .keys()
+        .filter(|(u, _)| *u == uid)
+        .map(|(_, c)| c.clone())
+        .collect();
+    let namespace = wl.namespace().unwrap_or_default();
+    let name = wl.name_any();
+    for check in checks {
+        let release = ReleaseContext {
+            namespace: &namespace,
+            name: &name,
+            workload: Some(wl),
+            check_name: &check,
+            reason: ReleaseReason::Deleted,
+            client: &ctx.client,
+            now: Timestamp::now(),
+        };
+        let mut pause = Duration::from_secs(1);
+        for attempt in 1..=3 {
+            match ctx.controller.release(&release).await {
+                Ok(()) => {
+                    info!(workload = %name, namespace, check, reason = "deleted", "released");
+                    break;
+                }
+                Err(e) => {
+                    ctx.metrics.error("check");
+                    warn!(workload = %name, namespace, check, attempt, error = %e, "releasing a deleted workload");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+        }
+        ctx.asked().remove(&(uid.clone(), check.clone()));
+        ctx.late().remove(&(uid.clone(), check));
+    }
+    lock(&ctx.failures).remove(&uid);
 }
 
 /// Calls `release` for every check this process asked about the Workload that it no longer
@@ -166,6 +252,15 @@ async fn release_idle<C: AdmissionCheckController>(
         }
         info!(workload = %name, namespace, check, reason = reason.as_str(), "released");
         ctx.asked().remove(&key);
+        if matches!(
+            reason,
+            ReleaseReason::Deleted
+                | ReleaseReason::Finished
+                | ReleaseReason::Deactivated
+                | ReleaseReason::CheckRemoved
+        ) {
+            ctx.late().remove(&key);
+        }
     }
     Ok(())
 }
@@ -183,6 +278,10 @@ async fn decide_one<C: AdmissionCheckController>(
     let namespace = wl
         .namespace()
         .ok_or_else(|| Error::MalformedWorkload("no namespace".into()))?;
+    let uid = wl
+        .uid()
+        .ok_or_else(|| Error::MalformedWorkload("no uid".into()))?;
+    let key: PairKey = (uid, check.to_string());
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
     for _ in 0..CONFLICT_ATTEMPTS {
         let revalidating = match eligibility(&wl, check, revalidate.is_some()) {
@@ -193,29 +292,43 @@ async fn decide_one<C: AdmissionCheckController>(
             return Ok(None);
         };
         let now = Timestamp::now();
-        let check_ctx = CheckContext {
-            workload: &wl,
-            entry,
-            parameters: &active.parameters,
-            client: &ctx.client,
-            now,
-        };
-        if let (Some(uid), Some(at)) = (wl.uid(), AskedAt::of(&wl, check)) {
-            ctx.asked().insert((uid, check.to_string()), at);
+        let asked_at = AskedAt::of(&wl, check);
+        if let Some(at) = asked_at {
+            ctx.asked().insert(key.clone(), at);
         }
-        let decision = match ctx.controller.decide(&check_ctx).await {
-            Ok(d) => d,
-            Err(e) => {
-                ctx.event(
-                    &wl,
-                    EventType::Warning,
-                    "CheckFailed",
-                    format!("check {check}: {e}"),
-                )
-                .await;
-                return Err(Error::Check(Box::new(e)));
+        // A Retry refused because Kueue evicted the Workload while the check decided is
+        // honoured now, instead of asking the check again.
+        let late = ctx.late().get(&key).cloned();
+        let carried = late
+            .as_ref()
+            .filter(|_| !revalidating)
+            .and_then(|l| l.decision(now));
+        if late.is_some() && carried.is_none() {
+            ctx.late().remove(&key);
+        }
+        let is_carried = carried.is_some();
+        let decision = match carried {
+            Some(d) => d,
+            None => {
+                let check_ctx = CheckContext {
+                    workload: &wl,
+                    entry,
+                    parameters: &active.parameters,
+                    client: &ctx.client,
+                    now,
+                };
+                match ctx.controller.decide(&check_ctx).await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let note = format!("check {check}: {e}");
+                        ctx.event(&wl, EventType::Warning, "CheckFailed", note)
+                            .await;
+                        return Err(Error::Check(Box::new(e)));
+                    }
+                }
             }
         };
+        let message = decision.message().to_string();
         let input = PlanInput {
             workload: &wl,
             check,
@@ -234,15 +347,10 @@ async fn decide_one<C: AdmissionCheckController>(
                 return Ok(None);
             }
             Plan::Refused(Refusal::InvalidDecision(why)) => {
-                warn!(workload = %wl.name_any(), check, %why, "the check returned a decision that cannot be written");
-                ctx.event(
-                    &wl,
-                    EventType::Warning,
-                    "InvalidDecision",
-                    format!("check {check}: {why}"),
-                )
-                .await;
-                return Ok(Some(ERROR_REQUEUE));
+                let why = format!("check {check}: {why}");
+                ctx.event(&wl, EventType::Warning, "InvalidDecision", why.clone())
+                    .await;
+                return Err(Error::InvalidDecision(why));
             }
         };
         let Some(body) = status_apply_patch(&wl, &write.entry) else {
@@ -254,43 +362,78 @@ async fn decide_one<C: AdmissionCheckController>(
             .await
         {
             Ok(_) => {
-                info!(
-                    workload = %wl.name_any(), namespace, check, state = %write.entry.state,
-                    attempt = write.attempt, message = %write.entry.message, "check state written"
-                );
-                let delay = write.retry_delay.map(|d| d.as_secs_f64());
-                ctx.metrics
-                    .decision(&wl, check, write.entry.state, write.attempt, delay, now);
-                if write.state_changed {
-                    let (type_, reason) = match write.entry.state {
-                        CheckState::Ready => (EventType::Normal, "CheckReady"),
-                        CheckState::Pending => (EventType::Normal, "CheckPending"),
-                        CheckState::Retry => (EventType::Warning, "CheckRetry"),
-                        CheckState::Rejected => (EventType::Warning, "CheckRejected"),
-                    };
-                    ctx.event(
-                        &wl,
-                        type_,
-                        reason,
-                        format!("check {check}: {}", write.entry.message),
-                    )
-                    .await;
+                if is_carried {
+                    ctx.late().remove(&key);
                 }
+                written(ctx, &wl, check, &write, now).await;
                 return Ok(write.recheck_after.or(revalidate_after));
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 // Decided from a stale Workload: read it again and decide again.
                 ctx.metrics.conflict(check);
                 debug!(workload = %wl.name_any(), check, "conflict, deciding again on a fresh read");
-                match api.get_opt(&wl.name_any()).await? {
-                    Some(fresh) => wl = Cow::Owned(fresh),
-                    None => return Ok(None),
+                let Some(fresh) = api.get_opt(&wl.name_any()).await? else {
+                    return Ok(None);
+                };
+                let moved_on = AskedAt::of(&fresh, check) != asked_at
+                    || !matches!(
+                        eligibility(&fresh, check, revalidate.is_some()),
+                        Eligibility::Decide { .. }
+                    );
+                if moved_on
+                    && !is_carried
+                    && let Some(late) = LateRetry::from_refused(&write, &message, now)
+                {
+                    let note = format!(
+                        "check {check}: Retry decided for attempt {} arrived after Kueue evicted the workload; \
+                         the next attempt waits until {}",
+                        late.attempt,
+                        late.not_before.strftime("%Y-%m-%dT%H:%M:%SZ")
+                    );
+                    info!(workload = %wl.name_any(), namespace, check, "late Retry kept for the next attempt");
+                    ctx.event(&fresh, EventType::Normal, "CheckRetryCarriedOver", note)
+                        .await;
+                    ctx.late().insert(key.clone(), late);
                 }
+                wl = Cow::Owned(fresh);
             }
             Err(e) => return Err(e.into()),
         }
     }
     Ok(Some(Duration::from_secs(1)))
+}
+
+/// Logs, counts and announces a state that was written.
+async fn written<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    write: &crate::decide::Write,
+    now: Timestamp,
+) {
+    info!(
+        workload = %wl.name_any(), namespace = ?wl.namespace(), check, state = %write.entry.state,
+        attempt = write.attempt, message = %write.entry.message, "check state written"
+    );
+    let delay = write.retry_delay.map(|d| d.as_secs_f64());
+    ctx.metrics
+        .decision(wl, check, write.entry.state, write.attempt, delay, now);
+    if write.state_changed {
+        let (type_, reason) = match write.entry.state {
+            CheckState::Ready => (EventType::Normal, "CheckReady"),
+            CheckState::Pending => (EventType::Normal, "CheckPending"),
+            CheckState::Retry => (EventType::Warning, "CheckRetry"),
+            CheckState::Rejected => (EventType::Warning, "CheckRejected"),
+        };
+        let note = format!("check {check}: {}", write.entry.message);
+        ctx.event(wl, type_, reason, note).await;
+    }
+}
+
+/// Backoff for a Workload whose reconciles keep failing: 1 s, 2 s, 4 s ... up to 5 min, with
+/// 20 % jitter so that many Workloads failing together (an API outage) do not retry in step.
+fn error_backoff() -> RetryPolicy {
+    RetryPolicy::exponential(Duration::from_secs(1), 2.0, Duration::from_secs(300), 0.2)
 }
 
 pub(crate) fn error_policy<C: AdmissionCheckController>(
@@ -299,8 +442,18 @@ pub(crate) fn error_policy<C: AdmissionCheckController>(
     ctx: Arc<Context<C>>,
 ) -> Action {
     ctx.metrics.error(err.label());
-    warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), error = %err, kind = err.label(), "reconcile failed");
-    Action::requeue(ERROR_REQUEUE)
+    let failures = {
+        let mut failures = lock(&ctx.failures);
+        let n = failures.entry(wl.uid().unwrap_or_default()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = error_backoff().delay(failures, rand::random::<f64>());
+    warn!(
+        workload = %wl.name_any(), namespace = ?wl.namespace(), error = %err, kind = err.label(),
+        failures, retry_in = ?delay, "reconcile failed"
+    );
+    Action::requeue(delay)
 }
 
 /// The server-side apply field manager for one check: its own, so that entries of different

@@ -111,6 +111,7 @@ async fn serve(
     // A free loopback port for this runtime's endpoints.
     let http = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let config = RuntimeConfig {
+        leader_election: None,
         metrics_address: Some(http),
         field_manager: format!("e2e-{}", env.ns),
         concurrency: 4,

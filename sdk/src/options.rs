@@ -1,0 +1,300 @@
+//! Command-line flags and environment variables of a check controller, the usual way for a
+//! Kubernetes controller: flatten [`Options`] into the binary's own `clap` parser and hand the
+//! check to [`Options::run`].
+//!
+//! ```no_run
+//! use clap::Parser;
+//! # use kueue_admission_sdk::{AdmissionCheckController, CheckContext, Decision, NoParameters};
+//! # struct AlwaysReady;
+//! # impl AdmissionCheckController for AlwaysReady {
+//! #     type Parameters = NoParameters;
+//! #     type Error = std::convert::Infallible;
+//! #     fn controller_name(&self) -> &str { "example.com/always-ready" }
+//! #     async fn decide(&self, _: &CheckContext<'_, NoParameters>) -> Result<Decision, Self::Error> {
+//! #         Ok(Decision::ready("fine"))
+//! #     }
+//! # }
+//!
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     runtime: kueue_admission_sdk::Options,
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> std::process::ExitCode {
+//!     Cli::parse().runtime.run(AlwaysReady).await
+//! }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tracing::error;
+use tracing_subscriber::EnvFilter;
+
+use crate::check::AdmissionCheckController;
+use crate::error::Error;
+use crate::runtime::{LeaderElection, RuntimeConfig, lease_name_for, run};
+
+/// Where the metrics and health endpoints listen, or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetricsAddress(pub Option<SocketAddr>);
+
+impl std::str::FromStr for MetricsAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("off") {
+            return Ok(Self(None));
+        }
+        s.parse()
+            .map(|a| Self(Some(a)))
+            .map_err(|e| format!("{s:?} is neither host:port nor \"off\": {e}"))
+    }
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Flags (and their environment variables) every check controller shares.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Kubeconfig file; without it, $KUBECONFIG, ~/.kube/config, or the in-cluster config.
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig context to use instead of the current one.
+    #[arg(long, env = "KUEUE_AC_CONTEXT")]
+    pub context: Option<String>,
+
+    /// Address of /metrics, /healthz and /readyz (host:port), or "off".
+    #[arg(long, env = "KUEUE_AC_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub metrics_address: MetricsAddress,
+
+    /// Workloads reconciled at once.
+    #[arg(long, env = "KUEUE_AC_CONCURRENCY", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+
+    /// Sustained requests per second to the API server (client-side rate limit).
+    #[arg(long, env = "KUEUE_AC_KUBE_API_QPS", default_value_t = 20.0, value_parser = positive_f64)]
+    pub kube_api_qps: f64,
+
+    /// Requests allowed in a burst above the sustained rate.
+    #[arg(long, env = "KUEUE_AC_KUBE_API_BURST", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub kube_api_burst: u64,
+
+    /// Elect a leader on a Lease so that several replicas can run and only one writes.
+    #[arg(long, env = "KUEUE_AC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader Lease; default $POD_NAMESPACE, the in-cluster namespace, or the
+    /// kubeconfig's namespace.
+    #[arg(long, env = "KUEUE_AC_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// Name of the leader Lease; default derived from the controller name.
+    #[arg(long, env = "KUEUE_AC_LEADER_ELECTION_ID")]
+    pub leader_election_id: Option<String>,
+
+    /// Seconds a leader's Lease stays valid without renewal (a standby takes over after that).
+    #[arg(long, env = "KUEUE_AC_LEASE_DURATION_SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(3..=3600))]
+    pub lease_duration_seconds: u64,
+
+    /// Prefix of the server-side apply field managers and the events' reporting controller.
+    #[arg(
+        long,
+        env = "KUEUE_AC_FIELD_MANAGER",
+        default_value = "kueue-admission-sdk"
+    )]
+    pub field_manager: String,
+
+    /// Log format.
+    #[arg(long, env = "KUEUE_AC_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log level or filter directives, e.g. "info" or "info,kueue_admission_sdk=debug".
+    #[arg(long, env = "KUEUE_AC_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
+}
+
+impl Options {
+    /// Sets up logging as the flags say. Fails on a malformed `--log-level`.
+    pub fn init_logging(&self) -> Result<(), Error> {
+        let filter = EnvFilter::try_new(&self.log_level)
+            .map_err(|e| Error::Config(format!("--log-level {:?}: {e}", self.log_level)))?;
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        // A subscriber set earlier (e.g. by a test) wins; that is not an error.
+        let _ = match self.log_format {
+            LogFormat::Text => builder.try_init(),
+            LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        };
+        Ok(())
+    }
+
+    /// The client the flags describe, with the client-side rate limit applied to every request.
+    pub async fn client(&self) -> Result<Client, Error> {
+        Ok(rate_limited(
+            self.kube_config().await?,
+            self.kube_api_qps,
+            self.kube_api_burst,
+        )?)
+    }
+
+    async fn kube_config(&self) -> Result<Config, Error> {
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        match &self.kubeconfig {
+            Some(path) => {
+                let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
+                    Error::Config(format!("reading kubeconfig {}: {e}", path.display()))
+                })?;
+                Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(|e| Error::Config(format!("kubeconfig {}: {e}", path.display())))
+            }
+            None if self.context.is_some() => Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| Error::Config(format!("kubeconfig: {e}"))),
+            None => Config::infer()
+                .await
+                .map_err(|e| Error::Config(format!("no kubeconfig and not in a cluster: {e}"))),
+        }
+    }
+
+    /// The runtime settings the flags describe, for the controller named `controller_name`;
+    /// `default_namespace` is where the Lease goes unless a flag or `$POD_NAMESPACE` says.
+    pub fn runtime_config(&self, controller_name: &str, default_namespace: &str) -> RuntimeConfig {
+        let leader_election = self.leader_elect.then(|| {
+            let namespace = self
+                .leader_election_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| default_namespace.to_string());
+            let lease = self
+                .leader_election_id
+                .clone()
+                .unwrap_or_else(|| lease_name_for(controller_name));
+            let mut election = LeaderElection::new(namespace, lease);
+            election.lease_duration = Duration::from_secs(self.lease_duration_seconds);
+            election.renew_grace = Duration::from_secs(self.lease_duration_seconds / 3);
+            election
+        });
+        RuntimeConfig {
+            metrics_address: self.metrics_address.0,
+            field_manager: self.field_manager.clone(),
+            concurrency: self.concurrency,
+            leader_election,
+        }
+    }
+
+    /// Sets up logging and the client, then runs `controller` until SIGTERM or Ctrl-C. Every
+    /// failure is logged with its reason; the exit code is non-zero if the controller did not
+    /// stop cleanly (e.g. it lost its leader Lease and must restart as a standby).
+    pub async fn run<C: AdmissionCheckController>(self, controller: C) -> ExitCode {
+        if let Err(e) = self.init_logging() {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+        let result = async {
+            let config = self.kube_config().await?;
+            let namespace = config.default_namespace.clone();
+            let client = rate_limited(config, self.kube_api_qps, self.kube_api_burst)?;
+            let runtime = self.runtime_config(controller.controller_name(), &namespace);
+            run(client, controller, runtime).await
+        }
+        .await;
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                error!(error = %e, kind = e.label(), "the controller stopped");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// A client that sends at most `burst` requests per `burst / qps` seconds: tower's own rate
+/// limit, so no hand-written token bucket. Requests over the limit wait in the client's buffer.
+fn rate_limited(config: Config, qps: f64, burst: u64) -> Result<Client, Error> {
+    let period = Duration::from_secs_f64(burst as f64 / qps);
+    let layer = tower::limit::RateLimitLayer::new(burst, period);
+    let builder = ClientBuilder::try_from(config)
+        .map_err(|e| Error::Config(format!("building the API client: {e}")))?;
+    Ok(builder.with_layer(&layer).build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        runtime: Options,
+    }
+
+    #[test]
+    fn defaults_elect_a_leader_named_after_the_controller() {
+        let cli = Cli::try_parse_from(["check"]).expect("defaults parse");
+        let config = cli.runtime.runtime_config("example.com/budget", "ops");
+        let election = config.leader_election.expect("on by default");
+        assert_eq!(election.lease_name, "example.com-budget");
+        assert_eq!(config.concurrency, 8);
+        assert_eq!(
+            config.metrics_address,
+            Some(SocketAddr::from(([0, 0, 0, 0], 8080)))
+        );
+    }
+
+    #[test]
+    fn flags_switch_things_off_and_bad_values_are_refused() {
+        let cli = Cli::try_parse_from([
+            "check",
+            "--leader-elect=false",
+            "--metrics-address=off",
+            "--log-format=json",
+        ])
+        .expect("parses");
+        let config = cli.runtime.runtime_config("x", "default");
+        assert!(config.leader_election.is_none());
+        assert!(config.metrics_address.is_none());
+        for bad in [
+            "--concurrency=0",
+            "--kube-api-qps=0",
+            "--kube-api-qps=-3",
+            "--kube-api-qps=NaN",
+            "--kube-api-burst=0",
+            "--lease-duration-seconds=1",
+            "--metrics-address=nowhere",
+        ] {
+            let err = Cli::try_parse_from(["check", bad]).expect_err(bad);
+            assert!(!err.to_string().is_empty());
+        }
+    }
+}
