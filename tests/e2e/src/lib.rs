@@ -43,6 +43,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Field manager (prefix) the tests use when they play an admission check controller.
 pub const TEST_FIELD_MANAGER: &str = "e2e-test-check-controller";
 
+/// The admin kubeconfig of the shared control plane (started if needed), for processes the
+/// tests spawn.
+pub fn kubeconfig_path() -> &'static Path {
+    control_plane_kubeconfig()
+}
+
 /// Starts the shared control plane once per test process and returns its admin kubeconfig.
 fn control_plane_kubeconfig() -> &'static Path {
     static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
