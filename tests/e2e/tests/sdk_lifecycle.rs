@@ -373,9 +373,10 @@ async fn a_decision_from_a_stale_workload_is_refused_and_recomputed() -> Result<
     gate.add_permits(100);
     env.wait_admitted(&wl).await?;
     let calls = s.script.calls_for("job");
+    // At least once more; Kueue's own write right after QuotaReserved can add another 409.
     ensure!(
-        calls.len() == calls_before + 1,
-        "asked again after the conflict, once: {calls:?}"
+        calls.len() > calls_before,
+        "asked again after the conflict: {calls:?}"
     );
     let conflicts = replica
         .metric(&format!(
@@ -434,8 +435,9 @@ async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> 
     let left = entry.requeue_after_seconds.unwrap_or(0);
     let elapsed = decided_at.elapsed().as_secs() as i32;
     ensure!(
-        (40 - elapsed - 3..=40).contains(&left),
-        "requeueAfterSeconds {left}, expected what is left of 40 s ({elapsed} s elapsed)"
+        (40 - elapsed - 3..=41).contains(&left),
+        "requeueAfterSeconds {left}, expected what is left of 40 s ({elapsed} s elapsed; the SDK \
+         adds back the sub-second part Kueue drops, so up to 41)"
     );
     ensure!(
         entry.message.contains("decided for attempt 1"),
