@@ -221,9 +221,8 @@ impl Options {
             return ExitCode::from(2);
         }
         let result = async {
-            let config = self.kube_config().await?;
-            let namespace = config.default_namespace.clone();
-            let client = rate_limited(config, self.kube_api_qps, self.kube_api_burst)?;
+            let client = self.client().await?;
+            let namespace = client.default_namespace().to_string();
             let runtime = self.runtime_config(controller.controller_name(), &namespace);
             run(client, controller, runtime).await
         }

@@ -275,6 +275,14 @@ impl Workload {
         })
     }
 
+    /// How many times the workload was evicted, for any reason.
+    pub fn total_evictions(&self) -> i32 {
+        self.status
+            .as_ref()
+            .and_then(|s| s.scheduling_stats.as_ref())
+            .map_or(0, |s| s.evictions.iter().map(|e| e.count).sum())
+    }
+
     /// `spec.active`, which defaults to true.
     pub fn is_active(&self) -> bool {
         self.spec.active.unwrap_or(true)

@@ -392,6 +392,14 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     let mut ours: BTreeMap<String, AdmissionCheck> = BTreeMap::new();
     let mut election_over = false;
     loop {
+        // A check of ours that went away: every Workload may now be decided differently.
+        let mut forget = |ac: &AdmissionCheck| {
+            if ours.remove(&ac.name_any()).is_some() {
+                write_registry(&registry).remove(&ac.name_any());
+                metrics.check_active(&ac.name_any(), None);
+                let _ = trigger.try_send(());
+            }
+        };
         // Which checks to resolve again.
         let to_sync: Vec<AdmissionCheck> = tokio::select! {
             event = events.next() => match event {
@@ -403,22 +411,14 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 Some(Ok(watcher::Event::Apply(ac) | watcher::Event::InitApply(ac))) => {
                     if ac.spec.controller_name != controller.controller_name() {
                         // Not (or no longer) ours: a check whose controllerName changed.
-                        if ours.remove(&ac.name_any()).is_some() {
-                            write_registry(&registry).remove(&ac.name_any());
-                            metrics.check_active(&ac.name_any(), None);
-                            let _ = trigger.try_send(());
-                        }
+                        forget(&ac);
                         continue;
                     }
                     ours.insert(ac.name_any(), ac.clone());
                     vec![ac]
                 }
                 Some(Ok(watcher::Event::Delete(ac))) => {
-                    if ours.remove(&ac.name_any()).is_some() {
-                        write_registry(&registry).remove(&ac.name_any());
-                        metrics.check_active(&ac.name_any(), None);
-                        let _ = trigger.try_send(());
-                    }
+                    forget(&ac);
                     continue;
                 }
                 Some(Ok(watcher::Event::InitDone)) => {

@@ -108,14 +108,9 @@ pub(crate) struct AskedAt {
 impl AskedAt {
     fn of(wl: &Workload, check: &str) -> Option<Self> {
         let entry = wl.admission_check(check)?;
-        let evictions = wl
-            .status
-            .as_ref()
-            .and_then(|s| s.scheduling_stats.as_ref())
-            .map_or(0, |s| s.evictions.iter().map(|e| e.count).sum());
         Some(Self {
             attempt: crate::check::attempt_of(entry),
-            evictions,
+            evictions: wl.total_evictions(),
         })
     }
 }

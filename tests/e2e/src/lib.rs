@@ -642,17 +642,19 @@ pub async fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<()> {
     Ok(())
 }
 
+/// Whether `event` has this reason and is about the named object.
+fn is_event_on(event: &k8s_openapi::api::events::v1::Event, name: &str, reason: &str) -> bool {
+    event.reason.as_deref() == Some(reason)
+        && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+}
+
 impl TestEnv {
     /// Waits for an event with this reason on the Workload and returns its note.
     pub async fn event_note(&self, workload: &str, reason: &str) -> Result<String> {
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(self.client.clone(), &self.ns);
         let what = format!("event {reason} on Workload {workload}");
-        let event = wait_for_any(events, &what, |e: &k8s_openapi::api::events::v1::Event| {
-            e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workload)
-        })
-        .await?;
+        let event = wait_for_any(events, &what, |e| is_event_on(e, workload, reason)).await?;
         Ok(event.note.unwrap_or_default())
     }
 
@@ -665,10 +667,7 @@ impl TestEnv {
             .await?
             .items
             .iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workload)
-            })
+            .filter(|e| is_event_on(e, workload, reason))
             .map(|e| e.series.as_ref().map_or(1, |s| s.count.max(1) as u32))
             .sum())
     }

@@ -412,12 +412,7 @@ async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> 
     env.answer_check(&wl, &other, CheckState::Retry, "try again")
         .await?;
     env.wait_workload(&wl, "evicted once and holding quota again", |w| {
-        let evictions: i32 = w
-            .status
-            .as_ref()
-            .and_then(|s| s.scheduling_stats.as_ref())
-            .map_or(0, |s| s.evictions.iter().map(|e| e.count).sum());
-        evictions >= 1
+        w.total_evictions() >= 1
             && w.condition_is_true(cond::QUOTA_RESERVED)
             && !w.condition_is_true(cond::EVICTED)
     })
@@ -478,10 +473,7 @@ async fn revalidation_withdraws_a_ready_answer() -> Result<()> {
     );
     let evicted = env
         .wait_workload(&wl, "evicted after the Ready was withdrawn", |w| {
-            w.status
-                .as_ref()
-                .and_then(|s| s.scheduling_stats.as_ref())
-                .is_some_and(|s| s.evictions.iter().any(|e| e.count >= 1))
+            w.total_evictions() >= 1
         })
         .await?;
     let revalidations = s.script.calls_for("job").len();
