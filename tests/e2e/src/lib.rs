@@ -348,9 +348,12 @@ impl TestEnv {
         workload: &str,
         check: &str,
     ) -> Result<Workload> {
-        let what = format!("QuotaReserved=True with check {check} Pending");
+        let what = format!("QuotaReserved=True, not Evicted, with check {check} Pending");
+        // Kueue resets the entry to Pending while the evicted Workload still holds quota for a
+        // moment; answering then races the release, so wait for a reservation that is not ending.
         self.wait_workload(workload, &what, |wl| {
             wl.condition_is_true(workload_condition::QUOTA_RESERVED)
+                && !wl.condition_is_true(workload_condition::EVICTED)
                 && wl
                     .admission_check(check)
                     .is_some_and(|e| e.state == CheckState::Pending)
