@@ -102,10 +102,10 @@ impl Window {
         start_of_day(self.end_day)
     }
 
-    /// How long from `now` until the window ends; zero if it already has.
+    /// How long from `now` until the window ends, to the nanosecond (a delay rounded here
+    /// would be rounded again by whoever turns it into whole seconds); zero if it has ended.
     pub fn remaining(&self, now: Timestamp) -> Duration {
-        let end = self.end().as_millisecond();
-        Duration::from_millis(u64::try_from(end - now.as_millisecond()).unwrap_or(0))
+        Duration::try_from(self.end().duration_since(now)).unwrap_or(Duration::ZERO)
     }
 }
 
@@ -176,6 +176,11 @@ mod tests {
         let day = Window::containing(Period::Day, now);
         assert_eq!(format_time(day.end()), "2026-11-27T00:00:00Z");
         assert_eq!(day.remaining(now), Duration::from_secs(8 * 3600 + 30 * 60));
+        let just_after = at("2026-11-26T15:30:00.000000001Z");
+        assert_eq!(
+            day.remaining(just_after),
+            Duration::from_nanos((8 * 3600 + 30 * 60) * 1_000_000_000 - 1)
+        );
         let week = Window::containing(Period::Week, now);
         assert_eq!(format_day(week.first_day), "2026-11-23");
         assert_eq!(format_time(week.end()), "2026-11-30T00:00:00Z");
