@@ -156,11 +156,11 @@ impl Options {
 
     /// The client the flags describe, with the client-side rate limit applied to every request.
     pub async fn client(&self) -> Result<Client, Error> {
-        Ok(rate_limited(
+        rate_limited(
             self.kube_config().await?,
             self.kube_api_qps,
             self.kube_api_burst,
-        )?)
+        )
     }
 
     async fn kube_config(&self) -> Result<Config, Error> {

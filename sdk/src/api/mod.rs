@@ -1,4 +1,5 @@
-//! Kueue `kueue.x-k8s.io/v1beta2` types, as an admission check controller sees them.
+//! Kueue `kueue.x-k8s.io/v1beta2` types, as an admission check controller sees them, and
+//! cluster-autoscaler's `autoscaling.x-k8s.io/v1` ProvisioningRequest.
 //!
 //! Only v1beta2 is modelled: it is the storage version since Kueue v0.16 and exists since v0.15,
 //! the oldest release this project supports. Fields a check never reads are left out; serde
@@ -7,11 +8,13 @@
 
 mod admissioncheck;
 mod conditions;
+mod provisioning;
 mod queues;
 mod workload;
 
 pub use admissioncheck::*;
 pub use conditions::*;
+pub use provisioning::*;
 pub use queues::*;
 pub use workload::*;
 

@@ -71,6 +71,8 @@ fn default_identity() -> String {
 }
 
 /// Whether this replica leads, as a watch channel; dropping every receiver releases the Lease.
+/// Dropped without [`Leadership::release`] (the runtime's future dropped mid-way), the election
+/// task is aborted and the Lease expires on its own, as after a crash.
 pub(crate) struct Leadership {
     pub leading: watch::Receiver<bool>,
     /// Keeps the channel open when there is no election (always leading).
@@ -114,15 +116,22 @@ impl Leadership {
     }
 
     /// Leaves the election, releasing the Lease if held, so a standby takes over at once.
-    pub async fn release(self, timeout: Duration) {
-        let Self { leading, task, .. } = self;
-        drop(leading);
-        let Some(task) = task else { return };
+    pub async fn release(mut self, timeout: Duration) {
+        let Some(task) = self.task.take() else { return };
+        drop(self);
         match tokio::time::timeout(timeout, task).await {
             Ok(Ok(Ok(_))) => info!("left the leader election"),
             Ok(Ok(Err(e))) => warn!(error = %e, "releasing the leader lease"),
             Ok(Err(e)) => warn!(error = %e, "the leader election task failed"),
             Err(_) => warn!("releasing the leader lease timed out; it expires on its own"),
+        }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
         }
     }
 }

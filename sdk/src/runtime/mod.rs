@@ -148,26 +148,22 @@ where
     });
     // Bind before anything else starts, so a taken port fails the start with its reason.
     let server = match config.metrics_address {
-        Some(addr) => Some(tokio::spawn(http::serve(
+        Some(addr) => Some(AbortOnDrop::new(tokio::spawn(http::serve(
             http::bind(addr).await.map_err(Error::Serve)?,
             health.clone(),
-        ))),
+        )))),
         None => None,
     };
     let leadership = match &config.leader_election {
         None => leader::Leadership::always(),
         Some(election) => match leader::Leadership::elect(client.clone(), election).await {
             Ok(l) => l,
-            Err(e) => {
-                if let Some(server) = server {
-                    server.abort();
-                }
-                return Err(Error::LeaderElection(e));
-            }
+            Err(e) => return Err(Error::LeaderElection(e)),
         },
     };
 
-    let mut background = Vec::new();
+    // Aborted when this function returns or its future is dropped: nothing it started outlives it.
+    let mut background = TaskGroup::default();
     background.push(tokio::spawn(report_leadership(
         leadership.leading.clone(),
         metrics.clone(),
@@ -265,19 +261,53 @@ where
         }
     }
     // Every receiver of the leadership channel must be gone before the Lease is released.
-    for task in &background {
-        task.abort();
-    }
-    for task in background {
-        let _ = task.await;
-    }
+    background.stop().await;
     drop(leading);
     leadership.release(RELEASE_TIMEOUT).await;
-    if let Some(server) = server {
-        server.abort();
-    }
+    drop(server);
     info!("stopped");
     outcome
+}
+
+/// A task aborted when dropped.
+struct AbortOnDrop<T>(Option<tokio::task::JoinHandle<T>>);
+
+impl<T> AbortOnDrop<T> {
+    fn new(task: tokio::task::JoinHandle<T>) -> Self {
+        Self(Some(task))
+    }
+
+    /// Aborts the task and waits until it is gone (and has dropped what it held).
+    async fn stop(mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Tasks that live exactly as long as the runtime.
+#[derive(Default)]
+struct TaskGroup(Vec<AbortOnDrop<()>>);
+
+impl TaskGroup {
+    fn push(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.0.push(AbortOnDrop::new(task));
+    }
+
+    async fn stop(self) {
+        for task in self.0 {
+            task.stop().await;
+        }
+    }
 }
 
 /// Keeps the Workload cache and forwards changes to the reconciler while this replica leads.

@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use sha2::{Digest, Sha256};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::checks::{ActiveCheck, Registry};
 use crate::api::CheckState;
@@ -154,7 +154,16 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     release_idle(&ctx, &wl, &all_ours).await?;
     let mut requeue: Option<Duration> = None;
     for (check, active) in ours {
-        let next = decide_one(&ctx, &wl, &check, &active).await?;
+        // One span per check and reconcile: every log line inside names the Workload and check.
+        let span = info_span!(
+            "decide",
+            workload = %wl.name_any(),
+            namespace = %wl.namespace().unwrap_or_default(),
+            check = %check,
+        );
+        let next = decide_one(&ctx, &wl, &check, &active)
+            .instrument(span)
+            .await?;
         requeue = match (requeue, next) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

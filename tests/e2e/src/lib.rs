@@ -43,6 +43,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Field manager (prefix) the tests use when they play an admission check controller.
 pub const TEST_FIELD_MANAGER: &str = "e2e-test-check-controller";
 
+/// The admin kubeconfig of the shared control plane (started if needed), for processes the
+/// tests spawn.
+pub fn kubeconfig_path() -> &'static Path {
+    control_plane_kubeconfig()
+}
+
 /// Starts the shared control plane once per test process and returns its admin kubeconfig.
 fn control_plane_kubeconfig() -> &'static Path {
     static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
@@ -585,5 +591,85 @@ where
                 "timed out after {DEFAULT_TIMEOUT:?} waiting for {what}\nexisting objects:\n{existing}"
             )
         }
+    }
+}
+
+/// GETs a path from a local HTTP endpoint (the runtime's metrics and probes); returns the status
+/// code and body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, body.to_string()))
+}
+
+/// The value of one series in a Prometheus text exposition, e.g. `name{check="x"}`.
+pub fn metric_sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// A free loopback address for a runtime's HTTP endpoints.
+pub fn free_local_address() -> Result<std::net::SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// Waits, for at most [`DEFAULT_TIMEOUT`], until `cond` holds for state kept in this test
+/// process (what a test check recorded); the cluster is waited on with watches instead.
+pub async fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+    while !cond() {
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {DEFAULT_TIMEOUT:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+impl TestEnv {
+    /// Waits for an event with this reason on the Workload and returns its note.
+    pub async fn event_note(&self, workload: &str, reason: &str) -> Result<String> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        let what = format!("event {reason} on Workload {workload}");
+        let event = wait_for_any(events, &what, |e: &k8s_openapi::api::events::v1::Event| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workload)
+        })
+        .await?;
+        Ok(event.note.unwrap_or_default())
+    }
+
+    /// Events with this reason on the Workload so far (each counted with its series count).
+    pub async fn event_count(&self, workload: &str, reason: &str) -> Result<u32> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        Ok(events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workload)
+            })
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count.max(1) as u32))
+            .sum())
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 use e2e::TestEnv;
-use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kueue_admission_sdk::api::{
@@ -19,7 +18,6 @@ use kueue_admission_sdk::{
     RetryPolicy, RuntimeConfig, run,
 };
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 type Releases = Arc<Mutex<Vec<ReleaseReason>>>;
 
@@ -109,7 +107,7 @@ async fn serve(
         releases: releases.clone(),
     };
     // A free loopback port for this runtime's endpoints.
-    let http = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let http = e2e::free_local_address()?;
     let config = RuntimeConfig {
         leader_election: None,
         metrics_address: Some(http),
@@ -124,34 +122,6 @@ async fn serve(
     })
 }
 
-/// GETs a path from the runtime's HTTP endpoint; returns the status code and body.
-async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_string()))
-}
-
-/// The value of one series in a Prometheus text exposition, e.g. `name{check="x"}`.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .split(' ')
-            .next()?
-            .parse()
-            .ok()
-    })
-}
-
 fn active_condition(ac: &AdmissionCheck) -> Option<(String, String, String)> {
     let conds = ac
         .status
@@ -160,18 +130,6 @@ fn active_condition(ac: &AdmissionCheck) -> Option<(String, String, String)> {
         .unwrap_or_default();
     find_condition(conds, ADMISSION_CHECK_ACTIVE)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-/// Waits for an event with this reason on the Workload and returns its note.
-async fn event_note(env: &TestEnv, workload: &str, reason: &str) -> Result<String> {
-    let events: Api<KubeEvent> = Api::namespaced(env.client.clone(), &env.ns);
-    let what = format!("event {reason} on Workload {workload}");
-    let event = e2e::wait_for_any(events, &what, |e: &KubeEvent| {
-        e.reason.as_deref() == Some(reason)
-            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workload)
-    })
-    .await?;
-    Ok(event.note.unwrap_or_default())
 }
 
 /// Waits (bounded) until the check has recorded exactly these releases, in this order.
@@ -222,7 +180,7 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
     assert_eq!(entry.retry_count, None);
     env.wait_job_unsuspended("job").await?;
     assert_eq!(
-        event_note(&env, &wl, "CheckReady").await?,
+        env.event_note(&wl, "CheckReady").await?,
         format!("check {check}: approved")
     );
     assert!(
@@ -240,12 +198,12 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
             .is_some_and(|e| e.message == "waiting for approval")
     })
     .await?;
-    assert_eq!(get(http, "/readyz").await?.0, 200);
-    assert_eq!(get(http, "/healthz").await?.0, 200);
-    let (status, metrics) = get(http, "/metrics").await?;
+    assert_eq!(e2e::http_get(http, "/readyz").await?.0, 200);
+    assert_eq!(e2e::http_get(http, "/healthz").await?.0, 200);
+    let (status, metrics) = e2e::http_get(http, "/metrics").await?;
     assert_eq!(status, 200);
     let c = format!("check=\"{check}\"");
-    let value = |series: String| sample(&metrics, &series);
+    let value = |series: String| e2e::metric_sample(&metrics, &series);
     assert_eq!(
         value(format!("kueue_ac_decisions_total{{{c},state=\"Ready\"}}")),
         Some(1.0),
@@ -338,20 +296,20 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
         &[ReleaseReason::Evicted, ReleaseReason::Deactivated],
     )
     .await?;
-    let retry_note = event_note(&env, &wl_name, "CheckRetry").await?;
+    let retry_note = env.event_note(&wl_name, "CheckRetry").await?;
     assert!(
         retry_note.starts_with(&format!("check {check}: not yet (attempt 1 of 2;")),
         "{retry_note}"
     );
-    let rejected_note = event_note(&env, &wl_name, "CheckRejected").await?;
+    let rejected_note = env.event_note(&wl_name, "CheckRejected").await?;
     assert!(
         rejected_note.contains("no retries left after 1"),
         "{rejected_note}"
     );
 
-    let (_, metrics) = get(http, "/metrics").await?;
+    let (_, metrics) = e2e::http_get(http, "/metrics").await?;
     let c = format!("check=\"{check}\"");
-    let value = |series: String| sample(&metrics, &series);
+    let value = |series: String| e2e::metric_sample(&metrics, &series);
     assert_eq!(
         value(format!("kueue_ac_decisions_total{{{c},state=\"Retry\"}}")),
         Some(1.0),
@@ -416,9 +374,9 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
         message,
         "this check takes no parameters, but spec.parameters names Budget weekly"
     );
-    let (_, metrics) = get(http, "/metrics").await?;
+    let (_, metrics) = e2e::http_get(http, "/metrics").await?;
     assert_eq!(
-        sample(
+        e2e::metric_sample(
             &metrics,
             &format!("kueue_ac_check_active{{check=\"{check}\"}}")
         ),

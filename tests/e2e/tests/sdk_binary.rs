@@ -1,0 +1,122 @@
+//! A check binary built on `Options::run`, started as a real process: flags and environment
+//! variables, JSON logs, leader election, and a clean exit on SIGTERM that releases the Lease.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use e2e::TestEnv;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::Api;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_always-ready");
+
+#[tokio::test]
+async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
+    let env = TestEnv::new("sdk-binary").await?;
+    let controller = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let check = env.admission_check("check", &controller).await?.name_any();
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+
+    let http = e2e::free_local_address()?;
+    let log = std::env::temp_dir().join(format!("{}.log", env.ns));
+    let mut child = Command::new(BINARY)
+        .arg("--kubeconfig")
+        .arg(e2e::kubeconfig_path())
+        .args(["--controller-name", &controller])
+        .args(["--metrics-address", &http.to_string()])
+        .args(["--log-format", "json"])
+        // Settings from the environment, as a Deployment would pass them.
+        .env("KUEUE_AC_LEADER_ELECTION_NAMESPACE", &env.ns)
+        .env("KUEUE_AC_LEADER_ELECTION_ID", "always-ready")
+        .env("POD_NAME", "always-ready-0")
+        .env("KUEUE_AC_LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting the always-ready binary")?;
+
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let held = e2e::wait_for(leases.clone(), "always-ready", "a holder", |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .is_some_and(|h| h.starts_with("always-ready-0_"))
+    })
+    .await;
+    if held.is_err() {
+        let _ = child.kill();
+    }
+    held?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_admitted(&wl).await?;
+    let (_, metrics) = e2e::http_get(http, "/metrics").await?;
+    ensure!(e2e::metric_sample(&metrics, "kueue_ac_leader") == Some(1.0));
+
+    let pid = child.id().to_string();
+    ensure!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()?
+            .success()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            anyhow::bail!("no exit within 30 s of SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let logs = std::fs::read_to_string(&log)?;
+    ensure!(
+        status.success(),
+        "exit {status} after SIGTERM; logs:\n{logs}"
+    );
+    let holder = leases
+        .get("always-ready")
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity);
+    ensure!(holder.is_none(), "Lease still held by {holder:?}");
+    // Every log line is a JSON object, and the shutdown is told.
+    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
+        serde_json::from_str::<serde_json::Value>(line)
+            .with_context(|| format!("not a JSON log line: {line}"))?;
+    }
+    ensure!(logs.contains("SIGTERM"), "{logs}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_flags_fail_at_once_with_a_reason() -> Result<()> {
+    let out = Command::new(BINARY)
+        .args(["--controller-name", "x", "--concurrency", "0"])
+        .output()?;
+    ensure!(out.status.code() == Some(2), "{:?}", out.status);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(stderr.contains("--concurrency"), "{stderr}");
+
+    let out = Command::new(BINARY)
+        .args([
+            "--controller-name",
+            "x",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+        ])
+        .args(["--metrics-address", "off"])
+        .output()?;
+    ensure!(out.status.code() == Some(1), "{:?}", out.status);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(stderr.contains("/nonexistent/kubeconfig"), "{stderr}");
+    Ok(())
+}

@@ -1,0 +1,523 @@
+//! The SDK runtime's harder moments against the real Kueue: two replicas, a crash in the middle
+//! of a decision, a decision computed from a stale Workload, a Retry that arrives after Kueue
+//! evicted the Workload, revalidation of a Ready answer, and a deleted Workload.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use e2e::TestEnv;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::{
+    AdmissionCheckController, CheckContext, Decision, LeaderElection, NoParameters, ReleaseContext,
+    ReleaseReason, RuntimeConfig, run_until,
+};
+use serde_json::json;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinHandle;
+
+/// What the probe check does and saw, shared between the test and every replica.
+#[derive(Default)]
+struct Script {
+    /// The answer per Job (default: Pending).
+    answers: Mutex<BTreeMap<String, Decision>>,
+    /// Jobs whose `decide` waits for a permit the test hands out.
+    gates: Mutex<BTreeMap<String, Arc<Semaphore>>>,
+    /// Every `decide` call, on entry: (replica, job, attempt).
+    calls: Mutex<Vec<(String, String, u32)>>,
+    /// Every release: (job, reason).
+    releases: Mutex<Vec<(String, ReleaseReason)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Script {
+    fn answer(&self, job: &str, decision: Decision) {
+        lock(&self.answers).insert(job.into(), decision);
+    }
+
+    /// From now on `decide` for `job` waits until [`Script::open`] hands out a permit.
+    fn gate(&self, job: &str) -> Arc<Semaphore> {
+        let gate = Arc::new(Semaphore::new(0));
+        lock(&self.gates).insert(job.into(), gate.clone());
+        gate
+    }
+
+    fn calls_for(&self, job: &str) -> Vec<(String, u32)> {
+        lock(&self.calls)
+            .iter()
+            .filter(|(_, j, _)| j == job)
+            .map(|(r, _, a)| (r.clone(), *a))
+            .collect()
+    }
+
+    fn releases_for(&self, job: &str) -> Vec<ReleaseReason> {
+        lock(&self.releases)
+            .iter()
+            .filter(|(j, _)| j == job)
+            .map(|(_, r)| *r)
+            .collect()
+    }
+}
+
+fn job_of(wl: &Workload) -> String {
+    wl.owner_references()
+        .first()
+        .map(|o| o.name.clone())
+        .unwrap_or_default()
+}
+
+struct Probe {
+    controller_name: String,
+    replica: String,
+    revalidate: Option<Duration>,
+    script: Arc<Script>,
+}
+
+impl AdmissionCheckController for Probe {
+    type Parameters = NoParameters;
+    type Error = Infallible;
+
+    fn controller_name(&self) -> &str {
+        &self.controller_name
+    }
+
+    fn revalidate_ready_every(&self) -> Option<Duration> {
+        self.revalidate
+    }
+
+    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
+        let job = job_of(ctx.workload);
+        lock(&self.script.calls).push((self.replica.clone(), job.clone(), ctx.attempt()));
+        let gate = lock(&self.script.gates).get(&job).cloned();
+        if let Some(gate) = gate
+            && let Ok(permit) = gate.acquire().await
+        {
+            permit.forget();
+        }
+        Ok(lock(&self.script.answers)
+            .get(&job)
+            .cloned()
+            .unwrap_or_else(|| Decision::pending("no answer yet")))
+    }
+
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Infallible> {
+        let job = ctx.workload.map(job_of).unwrap_or_default();
+        lock(&self.script.releases).push((job, ctx.reason));
+        Ok(())
+    }
+}
+
+/// One running replica of the probe's runtime.
+struct Replica {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), kueue_admission_sdk::Error>>,
+    http: SocketAddr,
+}
+
+impl Replica {
+    /// Stops it the way SIGTERM does and returns how the runtime ended.
+    async fn stop(mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(30), self.task).await??;
+        Ok(ended?)
+    }
+
+    /// Ends it without any clean-up, as a crash or `kill -9` would.
+    async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
+    async fn metric(&self, series: &str) -> Result<Option<f64>> {
+        let (_, body) = e2e::http_get(self.http, "/metrics").await?;
+        Ok(e2e::metric_sample(&body, series))
+    }
+}
+
+/// A ClusterQueue whose checks are `probe` (served by the runtime under test) and, if asked,
+/// `other` (answered by the test itself).
+struct Setup {
+    controller_name: String,
+    probe: String,
+    other: Option<String>,
+    script: Arc<Script>,
+}
+
+async fn setup(env: &TestEnv, with_other: bool) -> Result<Setup> {
+    let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let probe = env
+        .admission_check("probe", &controller_name)
+        .await?
+        .name_any();
+    let mut checks = vec![probe.clone()];
+    let other = if with_other {
+        let name = env
+            .admission_check("other", "e2e.kueue-admission-checks.dev/played-by-the-test")
+            .await?
+            .name_any();
+        env.set_admission_check_active(&name, true).await?;
+        checks.push(name.clone());
+        Some(name)
+    } else {
+        None
+    };
+    let refs: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &refs)
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    Ok(Setup {
+        controller_name,
+        probe,
+        other,
+        script: Default::default(),
+    })
+}
+
+impl Setup {
+    fn start(
+        &self,
+        env: &TestEnv,
+        replica: &str,
+        election: Option<LeaderElection>,
+        revalidate: Option<Duration>,
+    ) -> Result<Replica> {
+        let http = e2e::free_local_address()?;
+        let config = RuntimeConfig {
+            metrics_address: Some(http),
+            field_manager: format!("e2e-{}", env.ns),
+            concurrency: 4,
+            leader_election: election,
+        };
+        let probe = Probe {
+            controller_name: self.controller_name.clone(),
+            replica: replica.into(),
+            revalidate,
+            script: self.script.clone(),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run_until(env.client.clone(), probe, config, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Replica {
+            stop: Some(stop),
+            task,
+            http,
+        })
+    }
+}
+
+fn election(env: &TestEnv, identity: &str, lease_duration: Duration) -> LeaderElection {
+    LeaderElection {
+        namespace: env.ns.clone(),
+        lease_name: "probe".into(),
+        identity: identity.into(),
+        lease_duration,
+        renew_grace: lease_duration / 3,
+    }
+}
+
+async fn wait_holder(env: &TestEnv, holder: Option<&str>) -> Result<Lease> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let what = format!("Lease held by {holder:?}");
+    e2e::wait_for(leases, "probe", &what, |l: &Lease| {
+        l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == holder
+    })
+    .await
+}
+
+fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
+    wl.admission_check(check).map(|e| e.state)
+}
+
+#[tokio::test]
+async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Result<()> {
+    let env = TestEnv::new("sdk-two-replicas").await?;
+    let s = setup(&env, false).await?;
+    let lease = Duration::from_secs(6);
+    let a = s.start(&env, "a", Some(election(&env, "a", lease)), None)?;
+    wait_holder(&env, Some("a")).await?;
+    let b = s.start(&env, "b", Some(election(&env, "b", lease)), None)?;
+    // The standby keeps warm caches and reports ready, but does not lead.
+    let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
+    while e2e::http_get(b.http, "/readyz")
+        .await
+        .map_or(true, |(code, _)| code != 200)
+    {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "standby never ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
+
+    s.script.answer("first", Decision::ready("approved"));
+    let first = env.submit_job("first", "lq", "1").await?;
+    env.wait_admitted(&first).await?;
+    ensure!(
+        s.script.calls_for("first").iter().all(|(r, _)| r == "a"),
+        "only the leader decides: {:?}",
+        s.script.calls_for("first")
+    );
+    ensure!(a.metric("kueue_ac_leader").await? == Some(1.0));
+    ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
+    let (_, standby_metrics) = e2e::http_get(b.http, "/metrics").await?;
+    ensure!(
+        !standby_metrics.contains("kueue_ac_decisions_total{"),
+        "the standby wrote nothing"
+    );
+
+    // A clean stop releases the Lease (holder cleared) and the standby takes it over.
+    a.stop().await?;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let after_stop = leases.get("probe").await?;
+    let holder = after_stop.spec.and_then(|s| s.holder_identity);
+    ensure!(
+        holder.as_deref() != Some("a"),
+        "a clean stop releases the Lease, still held by {holder:?}"
+    );
+    wait_holder(&env, Some("b")).await?;
+    s.script.answer("second", Decision::ready("approved"));
+    let second = env.submit_job("second", "lq", "1").await?;
+    env.wait_admitted(&second).await?;
+    let calls = s.script.calls_for("second");
+    ensure!(
+        !calls.is_empty() && calls.iter().all(|(r, _)| r == "b"),
+        "the new leader decides: {calls:?}"
+    );
+    ensure!(b.metric("kueue_ac_leader").await? == Some(1.0));
+    b.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_replica_killed_mid_decision_is_replaced_and_nothing_is_lost_or_doubled() -> Result<()> {
+    let env = TestEnv::new("sdk-killed").await?;
+    let s = setup(&env, false).await?;
+    let lease = Duration::from_secs(4);
+    let gate = s.script.gate("job");
+    s.script.answer("job", Decision::ready("approved"));
+    let first = s.start(&env, "first", Some(election(&env, "first", lease)), None)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    let script = s.script.clone();
+    e2e::eventually("the first replica deciding", || {
+        !script.calls_for("job").is_empty()
+    })
+    .await?;
+    // Killed while the check is deciding: nothing written, the Lease left to expire.
+    first.kill().await;
+    let pending = env.wait_check_pending_with_quota(&wl, &s.probe).await?;
+    ensure!(entry_state(&pending, &s.probe) == Some(CheckState::Pending));
+
+    gate.add_permits(100);
+    let second = s.start(&env, "second", Some(election(&env, "second", lease)), None)?;
+    env.wait_admitted(&wl).await?;
+    let calls = s.script.calls_for("job");
+    ensure!(
+        calls.iter().filter(|(r, _)| r == "second").count() == 1,
+        "the new replica decided once: {calls:?}"
+    );
+    ensure!(calls.iter().all(|(_, attempt)| *attempt == 1), "{calls:?}");
+    ensure!(
+        env.event_count(&wl, "CheckReady").await? == 1,
+        "one Ready written, one event"
+    );
+    ensure!(
+        second
+            .metric(&format!(
+                "kueue_ac_decisions_total{{check=\"{}\",state=\"Ready\"}}",
+                s.probe
+            ))
+            .await?
+            == Some(1.0)
+    );
+    second.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_decision_from_a_stale_workload_is_refused_and_recomputed() -> Result<()> {
+    let env = TestEnv::new("sdk-stale").await?;
+    let s = setup(&env, false).await?;
+    let gate = s.script.gate("job");
+    s.script.answer("job", Decision::ready("approved"));
+    let replica = s.start(&env, "only", None, None)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&wl, &s.probe).await?;
+    let script = s.script.clone();
+    e2e::eventually("the check deciding", || !script.calls_for("job").is_empty()).await?;
+    let calls_before = s.script.calls_for("job").len();
+    // The Workload changes while the check decides: its answer now carries an old
+    // resourceVersion, which the API server must refuse.
+    env.workloads()
+        .patch(
+            &wl,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "by-the-test"}}})),
+        )
+        .await?;
+    gate.add_permits(100);
+    env.wait_admitted(&wl).await?;
+    let calls = s.script.calls_for("job");
+    ensure!(
+        calls.len() == calls_before + 1,
+        "asked again after the conflict, once: {calls:?}"
+    );
+    let conflicts = replica
+        .metric(&format!(
+            "kueue_ac_write_conflicts_total{{check=\"{}\"}}",
+            s.probe
+        ))
+        .await?
+        .unwrap_or(0.0);
+    ensure!(conflicts >= 1.0, "the refused write was counted");
+    ensure!(env.event_count(&wl, "CheckReady").await? == 1);
+    replica.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> Result<()> {
+    let env = TestEnv::new("sdk-late-retry").await?;
+    let s = setup(&env, true).await?;
+    let other = s.other.clone().expect("other check");
+    let gate = s.script.gate("job");
+    s.script.answer(
+        "job",
+        Decision::retry_after("licence server busy", Duration::from_secs(40)),
+    );
+    let replica = s.start(&env, "only", None, None)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&wl, &s.probe).await?;
+    let script = s.script.clone();
+    e2e::eventually("the probe deciding", || !script.calls_for("job").is_empty()).await?;
+
+    // While the probe decides, the other check asks for an immediate retry: Kueue evicts the
+    // Workload, resets every entry to Pending and reserves quota again at once.
+    env.answer_check(&wl, &other, CheckState::Retry, "try again")
+        .await?;
+    env.wait_workload(&wl, "evicted once and holding quota again", |w| {
+        let evictions: i32 = w
+            .status
+            .as_ref()
+            .and_then(|s| s.scheduling_stats.as_ref())
+            .map_or(0, |s| s.evictions.iter().map(|e| e.count).sum());
+        evictions >= 1
+            && w.condition_is_true(cond::QUOTA_RESERVED)
+            && !w.condition_is_true(cond::EVICTED)
+    })
+    .await?;
+    let decided_at = std::time::Instant::now();
+    gate.add_permits(100);
+
+    // The late Retry is not lost: written on the new attempt for what is left of its delay.
+    let retried = env
+        .wait_workload(&wl, "probe entry Retry", |w| {
+            entry_state(w, &s.probe) == Some(CheckState::Retry)
+        })
+        .await?;
+    let entry = retried.admission_check(&s.probe).expect("probe entry");
+    let left = entry.requeue_after_seconds.unwrap_or(0);
+    let elapsed = decided_at.elapsed().as_secs() as i32;
+    ensure!(
+        (40 - elapsed - 3..=40).contains(&left),
+        "requeueAfterSeconds {left}, expected what is left of 40 s ({elapsed} s elapsed)"
+    );
+    ensure!(
+        entry.message.contains("decided for attempt 1"),
+        "{}",
+        entry.message
+    );
+    ensure!(
+        s.script.calls_for("job").len() == 1,
+        "the check was not asked again: {:?}",
+        s.script.calls_for("job")
+    );
+    let note = env.event_note(&wl, "CheckRetryCarriedOver").await?;
+    ensure!(note.contains("arrived after Kueue evicted"), "{note}");
+    env.wait_workload(&wl, "Kueue scheduling the next attempt (requeueAt)", |w| {
+        w.status
+            .as_ref()
+            .and_then(|s| s.requeue_state.as_ref())
+            .is_some_and(|r| r.requeue_at.is_some())
+    })
+    .await?;
+    replica.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn revalidation_withdraws_a_ready_answer() -> Result<()> {
+    let env = TestEnv::new("sdk-revalidate").await?;
+    let s = setup(&env, false).await?;
+    s.script.answer("job", Decision::ready("within budget"));
+    let replica = s.start(&env, "only", None, Some(Duration::from_secs(1)))?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_admitted(&wl).await?;
+    // The check changes its mind about an admitted Workload: Kueue must evict it.
+    // An immediate Retry: a delayed one would keep the quota until the delay ends.
+    s.script.answer(
+        "job",
+        Decision::retry_after("budget withdrawn", Duration::ZERO),
+    );
+    let evicted = env
+        .wait_workload(&wl, "evicted after the Ready was withdrawn", |w| {
+            w.status
+                .as_ref()
+                .and_then(|s| s.scheduling_stats.as_ref())
+                .is_some_and(|s| s.evictions.iter().any(|e| e.count >= 1))
+        })
+        .await?;
+    let revalidations = s.script.calls_for("job").len();
+    ensure!(revalidations >= 2, "asked again while Ready");
+    ensure!(
+        evicted.admission_check(&s.probe).is_some_and(
+            |e| e.retry_count.unwrap_or(0) >= 1 || e.message.contains("budget withdrawn")
+        ),
+        "{}",
+        e2e::dump(&evicted)
+    );
+    replica.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_deleted_workload_is_released_once() -> Result<()> {
+    let env = TestEnv::new("sdk-deleted").await?;
+    let s = setup(&env, false).await?;
+    s.script.answer("job", Decision::ready("licence granted"));
+    let replica = s.start(&env, "only", None, None)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_admitted(&wl).await?;
+    env.workloads()
+        .delete(&wl, &DeleteParams::default())
+        .await?;
+    let script = s.script.clone();
+    e2e::eventually("the deleted workload released", || {
+        script.releases_for("job") == [ReleaseReason::Deleted]
+    })
+    .await?;
+    // And not again later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        s.script.releases_for("job") == [ReleaseReason::Deleted],
+        "{:?}",
+        s.script.releases_for("job")
+    );
+    replica.stop().await?;
+    Ok(())
+}
