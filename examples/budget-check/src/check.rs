@@ -1,0 +1,453 @@
+//! The check itself: the thin layer between the SDK runtime, the cost and ledger arithmetic and
+//! the [`Backend`].
+//!
+//! Why a namespace is never charged twice or beyond its budget: every charge is a
+//! read-modify-write of the namespace's ledger that carries the `resourceVersion` it was read at,
+//! so of two writers that read the same ledger only one lands; the other gets 409, reads again
+//! and decides again. Charges are keyed by Workload uid, so asking again (after a conflict or a
+//! restart) finds the charge instead of making another. A mutex makes the runtime's concurrent
+//! reconciles in one process take turns.
+//!
+//! Why nothing is lost: the runtime calls [`release`](AdmissionCheckController::release) when a
+//! Workload it asked about finishes or is evicted, and the charge is settled (what was not used
+//! is given back). The runtime forgets what it asked on restart, and a Workload can end while no
+//! controller runs, so open charges are also checked against the Workloads themselves
+//! ([`BudgetCheck::sweep`] at start and periodically, and before a Workload is told to wait for
+//! the next window): a charge whose Workload is gone, finished, evicted since, deactivated or no
+//! longer holds quota with this check `Pending` or `Ready` is settled as of when it ended.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::{Workload, workload_condition as cond};
+use kueue_admission_sdk::decide::{Eligibility, eligibility};
+use kueue_admission_sdk::{
+    AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, RetryPolicy,
+};
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+use crate::backend::{Backend, ConfigMapBackend, Saved};
+use crate::cost::{Estimate, Prices, estimate};
+use crate::error::Error;
+use crate::ledger::{BudgetLedger, Charge, Fit, Settlement};
+use crate::window::{Budget, Window, format_time};
+
+/// How often one ledger update is tried again after a conflict before giving up for now.
+const MAX_CONFLICTS: usize = 8;
+
+/// How the check behaves, beyond where its state lives.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The `spec.controllerName` of the AdmissionChecks this controller answers.
+    pub controller_name: String,
+    /// Credits per unit of each resource per hour.
+    pub prices: Prices,
+    /// Run time assumed for Workloads without `maximumExecutionTimeSeconds`.
+    pub default_runtime: Duration,
+    /// How soon to look again at a Workload left `Pending` because its budget is missing or bad.
+    pub budget_recheck: Duration,
+    /// Longest `Retry` delay; `None` waits until the window resets. Kueue keeps a Workload's
+    /// quota reserved while its retry delay runs, so a shorter wait frees the queue sooner (the
+    /// Workload is then asked again, and waits again if the budget is still spent).
+    pub max_wait: Option<Duration>,
+}
+
+/// The budget check. Cheap to clone: clones share the ledger lock.
+#[derive(Debug)]
+pub struct BudgetCheck<B = ConfigMapBackend> {
+    settings: Arc<Settings>,
+    backend: Arc<B>,
+    ledger_lock: Arc<Mutex<()>>,
+}
+
+impl<B> Clone for BudgetCheck<B> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: self.settings.clone(),
+            backend: self.backend.clone(),
+            ledger_lock: self.ledger_lock.clone(),
+        }
+    }
+}
+
+/// A charge settled because its Workload ended unnoticed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Swept {
+    /// Namespace of the Workload.
+    pub namespace: String,
+    /// What was settled.
+    pub settlement: Settlement,
+    /// Why: what became of the Workload.
+    pub reason: String,
+}
+
+impl<B: Backend> BudgetCheck<B> {
+    /// A check with these settings, keeping its state in `backend`.
+    pub fn new(settings: Settings, backend: B) -> Self {
+        Self {
+            settings: Arc::new(settings),
+            backend: Arc::new(backend),
+            ledger_lock: Arc::default(),
+        }
+    }
+
+    async fn decide_for(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
+        let wl = ctx.workload;
+        let (Some(uid), Some(ns)) = (wl.uid(), wl.namespace()) else {
+            return Err(Error::NotFromTheApiServer(wl.name_any()));
+        };
+        let s = &self.settings;
+        let estimate = match estimate(wl, &s.prices, s.default_runtime) {
+            Ok(e) => e,
+            Err(e) => return Ok(Decision::rejected(format!("cannot estimate the cost: {e}"))),
+        };
+        if estimate.cost.is_zero() {
+            return Ok(Decision::ready(format!(
+                "costs nothing: requests none of the priced resources ({})",
+                s.prices
+            )));
+        }
+        let budget = match self.backend.budget(ctx.client, &ns).await? {
+            Ok(b) => b,
+            Err(message) => return Ok(Decision::pending_recheck_after(message, s.budget_recheck)),
+        };
+        if estimate.cost > budget.limit {
+            return Ok(Decision::rejected(format!(
+                "the estimated cost of {} credits ({}) is more than the whole budget of namespace {ns}: {} credits per {}",
+                estimate.cost,
+                estimate.describe(),
+                budget.limit,
+                budget.period
+            )));
+        }
+        let now = ctx.now;
+        let window = Window::containing(budget.period, now);
+        let evictions = evictions_of(wl);
+
+        let _turn = self.ledger_lock.lock().await;
+        for _ in 0..MAX_CONFLICTS {
+            let loaded = self.backend.load(ctx.client, &ns).await?;
+            let mut ledger = loaded.value;
+            ledger.prune(now);
+            let mut changed = false;
+            let mut swept = Vec::new();
+            if let Some(charge) = ledger.open_charge(&uid) {
+                if charge.evictions == evictions {
+                    // Asked again for the admission already charged.
+                    return Ok(Decision::ready(charged(
+                        &ns, &estimate, &ledger, &budget, &window,
+                    )));
+                }
+                // Charged for an admission that ended (evicted) without a release reaching us.
+                let end = end_of_use(Some(wl), charge, now);
+                if let Some(settlement) = ledger.settle(&uid, end) {
+                    swept.push(Swept {
+                        namespace: ns.clone(),
+                        settlement,
+                        reason: "evicted since it was charged".into(),
+                    });
+                }
+                changed = true;
+            }
+            let mut fit = ledger.check_fit(estimate.cost, &budget, &window);
+            if matches!(fit, Fit::Exceeds { .. }) {
+                // Make it wait only for money really spent: settle what ended unnoticed first.
+                let stale = self.settle_stale(ctx.client, &ns, &mut ledger, now).await?;
+                if !stale.is_empty() {
+                    changed = true;
+                    swept.extend(stale);
+                    fit = ledger.check_fit(estimate.cost, &budget, &window);
+                }
+            }
+            let decision = match fit {
+                Fit::Fits { .. } => {
+                    ledger.charge(
+                        &uid,
+                        Charge {
+                            name: wl.name_any(),
+                            check: ctx.check_name().to_string(),
+                            cost: estimate.cost,
+                            runtime_seconds: estimate.runtime.as_secs(),
+                            charged_at: Time(now),
+                            evictions,
+                        },
+                    );
+                    changed = true;
+                    Decision::ready(charged(&ns, &estimate, &ledger, &budget, &window))
+                }
+                Fit::Exceeds { spent } => {
+                    let wait = window.remaining(now);
+                    let wait = s.max_wait.map_or(wait, |max| wait.min(max));
+                    Decision::retry_after(
+                        format!(
+                            "the estimated cost of {} credits ({}) would take namespace {ns} over its budget: {spent} of {} credits spent this {}; the budget starts again at {}",
+                            estimate.cost,
+                            estimate.describe(),
+                            budget.limit,
+                            budget.period,
+                            format_time(window.end())
+                        ),
+                        wait,
+                    )
+                }
+                Fit::Never => {
+                    Decision::rejected("the estimated cost is more than the whole budget")
+                }
+            };
+            if changed
+                && self
+                    .backend
+                    .save(ctx.client, &ns, &ledger, loaded.version.as_deref())
+                    .await?
+                    == Saved::Conflict
+            {
+                continue;
+            }
+            log_swept(&swept);
+            if let Decision::Ready { .. } = decision {
+                info!(workload = %wl.name_any(), namespace = %ns, cost = %estimate.cost, "charged");
+            }
+            return Ok(decision);
+        }
+        Err(Error::Contention(
+            self.backend.ledger_name(&ns),
+            MAX_CONFLICTS,
+        ))
+    }
+
+    /// Settles, in `ledger`, every open charge whose Workload no longer needs it, judged on
+    /// Workloads read after the ledger.
+    async fn settle_stale(
+        &self,
+        client: &Client,
+        namespace: &str,
+        ledger: &mut BudgetLedger,
+        now: Timestamp,
+    ) -> Result<Vec<Swept>, Error> {
+        let mut swept = Vec::new();
+        for (uid, charge) in ledger.open_charges().clone() {
+            let wl = self
+                .backend
+                .workload(client, namespace, &charge.name)
+                .await?;
+            let Some(reason) = stale_reason(&uid, &charge, wl.as_ref()) else {
+                continue;
+            };
+            let end = end_of_use(wl.as_ref(), &charge, now);
+            if let Some(settlement) = ledger.settle(&uid, end) {
+                swept.push(Swept {
+                    namespace: namespace.to_string(),
+                    settlement,
+                    reason,
+                });
+            }
+        }
+        Ok(swept)
+    }
+
+    /// Settles every open charge, in every ledger, whose Workload no longer needs it, and drops
+    /// settled days no window reaches any more. Returns what it settled. Safe to run at any time
+    /// and from any replica: it writes with each ledger's `resourceVersion` like a charge.
+    pub async fn sweep(&self, client: &Client) -> Result<Vec<Swept>, Error> {
+        let mut all = Vec::new();
+        for ns in self.backend.ledgers(client).await? {
+            all.extend(self.sweep_namespace(client, &ns).await?);
+        }
+        Ok(all)
+    }
+
+    async fn sweep_namespace(&self, client: &Client, ns: &str) -> Result<Vec<Swept>, Error> {
+        let _turn = self.ledger_lock.lock().await;
+        for _ in 0..MAX_CONFLICTS {
+            let loaded = self.backend.load(client, ns).await?;
+            let mut ledger = loaded.value;
+            let before = ledger.clone();
+            let now = Timestamp::now();
+            ledger.prune(now);
+            let swept = self.settle_stale(client, ns, &mut ledger, now).await?;
+            if ledger == before {
+                return Ok(swept);
+            }
+            if self
+                .backend
+                .save(client, ns, &ledger, loaded.version.as_deref())
+                .await?
+                == Saved::Written
+            {
+                log_swept(&swept);
+                return Ok(swept);
+            }
+        }
+        Err(Error::Contention(
+            self.backend.ledger_name(ns),
+            MAX_CONFLICTS,
+        ))
+    }
+
+    async fn release_for(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
+        let uid = ctx.workload.and_then(|wl| wl.uid());
+        let _turn = self.ledger_lock.lock().await;
+        for _ in 0..MAX_CONFLICTS {
+            let loaded = self.backend.load(ctx.client, ctx.namespace).await?;
+            let mut ledger = loaded.value;
+            // Without the Workload (and so its uid), every charge of that name is settled.
+            let uids: Vec<String> = ledger
+                .open_charges()
+                .iter()
+                .filter(|(u, c)| uid.as_ref().map_or(c.name == ctx.name, |uid| *u == uid))
+                .map(|(u, _)| u.clone())
+                .collect();
+            if uids.is_empty() {
+                return Ok(());
+            }
+            let settlements: Vec<Settlement> = uids
+                .iter()
+                .filter_map(|u| {
+                    let end = ledger
+                        .open_charge(u)
+                        .map(|c| end_of_use(ctx.workload, c, ctx.now))?;
+                    ledger.settle(u, end)
+                })
+                .collect();
+            match self
+                .backend
+                .save(
+                    ctx.client,
+                    ctx.namespace,
+                    &ledger,
+                    loaded.version.as_deref(),
+                )
+                .await?
+            {
+                Saved::Written => {
+                    for s in settlements {
+                        info!(workload = %ctx.name, namespace = ctx.namespace, reason = ctx.reason.as_str(),
+                              used = %s.used, refund = %s.refund, "charge settled");
+                    }
+                    return Ok(());
+                }
+                Saved::Conflict => continue,
+            }
+        }
+        Err(Error::Contention(
+            self.backend.ledger_name(ctx.namespace),
+            MAX_CONFLICTS,
+        ))
+    }
+}
+
+/// The `Ready` message: what was charged and where the namespace stands.
+fn charged(
+    ns: &str,
+    estimate: &Estimate,
+    ledger: &BudgetLedger,
+    budget: &Budget,
+    window: &Window,
+) -> String {
+    format!(
+        "charged {} credits ({}); namespace {ns} has spent {} of {} credits this {}, until {}",
+        estimate.cost,
+        estimate.describe(),
+        ledger.spent(window),
+        budget.limit,
+        budget.period,
+        format_time(window.end())
+    )
+}
+
+fn log_swept(swept: &[Swept]) {
+    for s in swept {
+        info!(workload = %s.settlement.charge.name, namespace = %s.namespace, reason = %s.reason,
+              used = %s.settlement.used, refund = %s.settlement.refund,
+              "charge settled for a workload that ended unnoticed");
+    }
+}
+
+/// Kueue's count of the Workload's evictions, whatever their reason.
+pub fn evictions_of(wl: &Workload) -> i32 {
+    wl.status
+        .as_ref()
+        .and_then(|s| s.scheduling_stats.as_ref())
+        .map_or(0, |s| s.evictions.iter().map(|e| e.count).sum())
+}
+
+/// Why an open charge is stale, judged on its Workload as read now (`None`: it no longer
+/// exists), or `None` if the Workload still runs on it: same uid, same admission (no eviction
+/// since), holding quota with this check `Pending` or `Ready`.
+pub fn stale_reason(uid: &str, charge: &Charge, wl: Option<&Workload>) -> Option<String> {
+    let Some(wl) = wl else {
+        return Some("deleted".into());
+    };
+    if wl.uid().as_deref() != Some(uid) {
+        return Some("deleted (a new workload has its name)".into());
+    }
+    if evictions_of(wl) != charge.evictions {
+        return Some("evicted since it was charged".into());
+    }
+    match eligibility(wl, &charge.check, true) {
+        Eligibility::Decide { .. } => None,
+        Eligibility::Wait(state) => Some(format!("its check is {state}")),
+        Eligibility::Idle(reason) => Some(reason.as_str().replace('_', " ")),
+    }
+}
+
+/// When the Workload stopped using what it was charged for: when it finished, else when it was
+/// evicted after the charge, else `now` (e.g. it is gone: the latest it can have ended).
+pub fn end_of_use(wl: Option<&Workload>, charge: &Charge, now: Timestamp) -> Timestamp {
+    let when = |type_: &str, must_be_true: bool| {
+        let c = wl?.condition(type_)?;
+        (!must_be_true || c.status == "True").then_some(c.last_transition_time.0)
+    };
+    let end = when(cond::FINISHED, true)
+        .or_else(|| when(cond::EVICTED, false).filter(|t| *t > charge.charged_at.0))
+        .unwrap_or(now);
+    end.min(now)
+}
+
+impl<B: Backend> AdmissionCheckController for BudgetCheck<B> {
+    type Parameters = NoParameters;
+    type Error = Error;
+
+    fn controller_name(&self) -> &str {
+        &self.settings.controller_name
+    }
+
+    /// The delay of every `Retry` is explicit (until the window resets), and waiting for money
+    /// is not a failure: no attempt limit.
+    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
+        RetryPolicy::immediate()
+    }
+
+    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
+        self.decide_for(ctx).await
+    }
+
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
+        self.release_for(ctx).await
+    }
+}
+
+/// Sweeps now and then every `every`, until the future is dropped. Failures are logged and
+/// tried again at the next tick.
+pub async fn sweep_periodically<B: Backend>(
+    check: BudgetCheck<B>,
+    client: Client,
+    every: Duration,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(e) = check.sweep(&client).await {
+            warn!(error = %e, "sweeping the budget ledgers");
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "check_tests.rs"]
+mod tests;

@@ -1,0 +1,470 @@
+//! The check's decisions against an in-memory backend: no cluster, but the same read, decide,
+//! write-if-unchanged cycle as against ConfigMaps, with conflicts when writers interleave.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::jiff::Timestamp;
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::{CheckState, EvictionCount, SchedulingStats, Workload};
+use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once, offline_client};
+use kueue_admission_sdk::{
+    AdmissionCheckController, Decision, NoParameters, ReleaseContext, ReleaseReason, RetryDelay,
+};
+
+use super::*;
+use crate::backend::Versioned;
+use crate::money::Credits;
+use crate::window::Period;
+
+const CHECK: &str = "budget";
+const NS: &str = "team-a";
+
+#[derive(Debug, Default)]
+struct FakeState {
+    budgets: BTreeMap<String, Result<Budget, String>>,
+    ledgers: BTreeMap<String, (BudgetLedger, u64)>,
+    workloads: BTreeMap<(String, String), Workload>,
+    saves: usize,
+    conflicts: usize,
+}
+
+/// Ledgers in memory with a version that every save must match, like `resourceVersion`. Reads
+/// yield to other tasks so that concurrent deciders interleave between read and write.
+#[derive(Clone, Debug, Default)]
+struct FakeBackend(Arc<Mutex<FakeState>>);
+
+impl FakeBackend {
+    fn with_budget(budget: &str) -> Self {
+        let fake = Self::default();
+        fake.state()
+            .budgets
+            .insert(NS.into(), Ok(budget.parse().expect("budget")));
+        fake
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.0.lock().expect("not poisoned")
+    }
+
+    fn ledger(&self) -> BudgetLedger {
+        self.state()
+            .ledgers
+            .get(NS)
+            .map(|(l, _)| l.clone())
+            .unwrap_or_default()
+    }
+
+    fn put_workload(&self, wl: &Workload) {
+        let key = (wl.namespace().unwrap_or_default(), wl.name_any());
+        self.state().workloads.insert(key, wl.clone());
+    }
+}
+
+impl Backend for FakeBackend {
+    async fn budget(&self, _: &Client, namespace: &str) -> Result<Result<Budget, String>, Error> {
+        let budget = self.state().budgets.get(namespace).cloned();
+        Ok(budget.unwrap_or_else(|| Err(format!("namespace {namespace} has no budget"))))
+    }
+
+    async fn load(&self, _: &Client, namespace: &str) -> Result<Versioned<BudgetLedger>, Error> {
+        let loaded = match self.state().ledgers.get(namespace) {
+            Some((l, v)) => Versioned {
+                value: l.clone(),
+                version: Some(v.to_string()),
+            },
+            None => Versioned {
+                value: BudgetLedger::default(),
+                version: None,
+            },
+        };
+        tokio::task::yield_now().await;
+        Ok(loaded)
+    }
+
+    async fn save(
+        &self,
+        _: &Client,
+        namespace: &str,
+        ledger: &BudgetLedger,
+        version: Option<&str>,
+    ) -> Result<Saved, Error> {
+        let mut state = self.state();
+        let current = state.ledgers.get(namespace).map(|(_, v)| v.to_string());
+        if current.as_deref() != version {
+            state.conflicts += 1;
+            return Ok(Saved::Conflict);
+        }
+        let next = state.ledgers.get(namespace).map_or(1, |(_, v)| v + 1);
+        state
+            .ledgers
+            .insert(namespace.into(), (ledger.clone(), next));
+        state.saves += 1;
+        Ok(Saved::Written)
+    }
+
+    async fn ledgers(&self, _: &Client) -> Result<Vec<String>, Error> {
+        Ok(self.state().ledgers.keys().cloned().collect())
+    }
+
+    async fn workload(
+        &self,
+        _: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Workload>, Error> {
+        let key = (namespace.to_string(), name.to_string());
+        Ok(self.state().workloads.get(&key).cloned())
+    }
+
+    fn ledger_name(&self, namespace: &str) -> String {
+        format!("ns/ledger-{namespace}")
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        controller_name: "example.com/budget".into(),
+        prices: "cpu=1".parse().expect("prices"),
+        default_runtime: Duration::from_secs(3600),
+        budget_recheck: Duration::from_secs(30),
+        max_wait: None,
+    }
+}
+
+fn at(s: &str) -> Timestamp {
+    s.parse().expect("timestamp")
+}
+
+/// 10:00 UTC on a Thursday: the day has 14 hours left.
+const NOW: &str = "2026-11-26T10:00:00Z";
+
+/// A Workload of one pod requesting `cpu` cores, holding quota with the check Pending, as seen
+/// at `now` (decide_once decides at the time of its newest condition).
+fn asking_at(name: &str, cpu: &str, now: &str) -> Workload {
+    WorkloadBuilder::new(NS, name)
+        .at(at(now))
+        .pod_set("main", 1, cpu)
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "default")
+        .build()
+}
+
+fn asking(name: &str, cpu: &str) -> Workload {
+    asking_at(name, cpu, NOW)
+}
+
+async fn decide(check: &BudgetCheck<FakeBackend>, wl: &Workload) -> Decision {
+    decide_once(check, wl, CHECK, &NoParameters)
+        .await
+        .expect("decides")
+}
+
+async fn release(
+    check: &BudgetCheck<FakeBackend>,
+    wl: &Workload,
+    reason: ReleaseReason,
+    now: &str,
+) {
+    let client = offline_client();
+    let ctx = ReleaseContext {
+        namespace: NS,
+        name: &wl.name_any(),
+        workload: Some(wl),
+        check_name: CHECK,
+        reason,
+        client: &client,
+        now: at(now),
+    };
+    check.release(&ctx).await.expect("releases");
+}
+
+fn spent_today(fake: &FakeBackend) -> Credits {
+    fake.ledger()
+        .spent(&Window::containing(Period::Day, at(NOW)))
+}
+
+fn credits(s: &str) -> Credits {
+    s.parse().expect("credits")
+}
+
+#[tokio::test]
+async fn a_fitting_workload_is_charged_once_however_often_it_is_asked() {
+    let fake = FakeBackend::with_budget("10/day");
+    let check = BudgetCheck::new(settings(), fake.clone());
+    let wl = asking("a", "4");
+    let first = decide(&check, &wl).await;
+    assert_eq!(
+        first,
+        Decision::ready(
+            "charged 4 credits (4 cpu for 1h); namespace team-a has spent 4 of 10 credits this day, until 2026-11-27T00:00:00Z"
+        )
+    );
+    assert_eq!(decide(&check, &wl).await, first);
+    assert_eq!(spent_today(&fake), credits("4"));
+    assert_eq!(fake.state().saves, 1);
+}
+
+#[tokio::test]
+async fn over_budget_waits_exactly_until_the_window_resets() {
+    let fake = FakeBackend::with_budget("10/day");
+    let check = BudgetCheck::new(settings(), fake.clone());
+    let a = asking("a", "8");
+    fake.put_workload(&a);
+    decide(&check, &a).await;
+    let Decision::Retry { message, delay } = decide(&check, &asking("b", "4")).await else {
+        panic!("not a retry");
+    };
+    assert_eq!(delay, RetryDelay::After(Duration::from_secs(14 * 3600)));
+    assert_eq!(
+        message,
+        "the estimated cost of 4 credits (4 cpu for 1h) would take namespace team-a over its budget: 8 of 10 credits spent this day; the budget starts again at 2026-11-27T00:00:00Z"
+    );
+    assert_eq!(
+        spent_today(&fake),
+        credits("8"),
+        "a refusal charges nothing"
+    );
+
+    let mut capped = settings();
+    capped.max_wait = Some(Duration::from_secs(600));
+    let check = BudgetCheck::new(capped, fake.clone());
+    let Decision::Retry { delay, .. } = decide(&check, &asking("b", "4")).await else {
+        panic!("not a retry");
+    };
+    assert_eq!(delay, RetryDelay::After(Duration::from_secs(600)));
+}
+
+#[tokio::test]
+async fn what_can_never_fit_is_rejected_and_what_cannot_be_priced_too() {
+    let fake = FakeBackend::with_budget("10/week");
+    let check = BudgetCheck::new(settings(), fake.clone());
+    assert_eq!(
+        decide(&check, &asking("big", "11")).await,
+        Decision::rejected(
+            "the estimated cost of 11 credits (11 cpu for 1h) is more than the whole budget of namespace team-a: 10 credits per week"
+        )
+    );
+    let Decision::Rejected { message } = decide(&check, &asking("odd", "two")).await else {
+        panic!("not rejected");
+    };
+    assert!(
+        message.starts_with(
+            "cannot estimate the cost: podset \"main\": container \"main\" request cpu"
+        ),
+        "{message}"
+    );
+    assert_eq!(fake.state().saves, 0);
+}
+
+#[tokio::test]
+async fn a_missing_budget_keeps_the_workload_pending_and_free_workloads_pass() {
+    let check = BudgetCheck::new(settings(), FakeBackend::default());
+    assert_eq!(
+        decide(&check, &asking("a", "1")).await,
+        Decision::pending_recheck_after("namespace team-a has no budget", Duration::from_secs(30))
+    );
+    let mut gpu_only = settings();
+    gpu_only.prices = "nvidia.com/gpu=10".parse().expect("prices");
+    let check = BudgetCheck::new(gpu_only, FakeBackend::default());
+    assert_eq!(
+        decide(&check, &asking("a", "1")).await,
+        Decision::ready("costs nothing: requests none of the priced resources (nvidia.com/gpu=10)")
+    );
+}
+
+#[tokio::test]
+async fn finishing_early_gives_back_the_unused_part() {
+    let fake = FakeBackend::with_budget("10/day");
+    let check = BudgetCheck::new(settings(), fake.clone());
+    let a = asking("a", "8");
+    decide(&check, &a).await;
+    // It ran 15 of its 60 minutes: 2 credits used, 6 given back.
+    let done = WorkloadBuilder::new(NS, "a")
+        .at(at("2026-11-26T10:15:00Z"))
+        .check(CHECK, CheckState::Ready)
+        .finished()
+        .build();
+    release(
+        &check,
+        &done,
+        ReleaseReason::Finished,
+        "2026-11-26T10:20:00Z",
+    )
+    .await;
+    release(
+        &check,
+        &done,
+        ReleaseReason::Finished,
+        "2026-11-26T10:20:00Z",
+    )
+    .await;
+    assert_eq!(spent_today(&fake), credits("2"));
+    assert!(fake.ledger().open_charges().is_empty());
+    assert!(matches!(
+        decide(&check, &asking("b", "8")).await,
+        Decision::Ready { .. }
+    ));
+}
+
+#[tokio::test]
+async fn an_eviction_nobody_reported_is_settled_before_charging_the_new_admission() {
+    let fake = FakeBackend::with_budget("10/day");
+    let check = BudgetCheck::new(settings(), fake.clone());
+    decide(&check, &asking("a", "4")).await;
+    // Evicted and admitted again half an hour later; the release never came (a restart).
+    let mut again = asking_at("a", "4", "2026-11-26T10:30:00Z");
+    again
+        .status
+        .get_or_insert_with(Default::default)
+        .scheduling_stats = Some(SchedulingStats {
+        evictions: vec![EvictionCount {
+            reason: "Preempted".into(),
+            underlying_cause: String::new(),
+            count: 1,
+        }],
+    });
+    assert!(matches!(
+        decide(&check, &again).await,
+        Decision::Ready { .. }
+    ));
+    assert!(matches!(
+        decide(&check, &again).await,
+        Decision::Ready { .. }
+    ));
+    // 2 used by the first admission (30 of 60 minutes), 4 charged for the second.
+    assert_eq!(spent_today(&fake), credits("6"));
+    assert_eq!(fake.ledger().open_charges().len(), 1);
+}
+
+#[tokio::test]
+async fn before_making_a_workload_wait_it_settles_what_ended_unnoticed() {
+    for (why, gone) in [
+        (
+            "finished",
+            Some(
+                WorkloadBuilder::new(NS, "a")
+                    .at(at("2026-11-26T10:30:00Z"))
+                    .check(CHECK, CheckState::Ready)
+                    .finished()
+                    .build(),
+            ),
+        ),
+        ("deleted", None),
+        (
+            "replaced",
+            Some(asking("a", "8")).map(|mut wl| {
+                wl.metadata.uid = Some("new".into());
+                wl
+            }),
+        ),
+    ] {
+        let fake = FakeBackend::with_budget("10/day");
+        let check = BudgetCheck::new(settings(), fake.clone());
+        decide(&check, &asking("a", "8")).await;
+        if let Some(wl) = &gone {
+            fake.put_workload(wl);
+        }
+        assert!(
+            matches!(
+                decide(&check, &asking("b", "4")).await,
+                Decision::Ready { .. }
+            ),
+            "{why}"
+        );
+        let open: Vec<String> = fake
+            .ledger()
+            .open_charges()
+            .values()
+            .map(|c| c.name.clone())
+            .collect();
+        assert_eq!(open, vec!["b"], "{why}");
+    }
+}
+
+#[tokio::test]
+async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
+    let fake = FakeBackend::with_budget("100/day");
+    fake.state()
+        .budgets
+        .insert("team-b".into(), Ok("100/day".parse().expect("budget")));
+    let check = BudgetCheck::new(settings(), fake.clone());
+    let live = asking("live", "1");
+    fake.put_workload(&live);
+    decide(&check, &live).await;
+    decide(&check, &asking("gone", "1")).await;
+    let other = WorkloadBuilder::new("team-b", "gone-too")
+        .at(at(NOW))
+        .pod_set("main", 1, "1")
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "f")
+        .build();
+    decide(&check, &other).await;
+    let swept = check.sweep(&offline_client()).await.expect("sweeps");
+    let mut names: Vec<(String, String)> = swept
+        .iter()
+        .map(|s| (s.namespace.clone(), s.settlement.charge.name.clone()))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            ("team-a".into(), "gone".into()),
+            ("team-b".into(), "gone-too".into())
+        ]
+    );
+    let open: Vec<String> = fake
+        .ledger()
+        .open_charges()
+        .values()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(open, vec!["live"]);
+    assert_eq!(
+        check.sweep(&offline_client()).await.expect("sweeps"),
+        vec![],
+        "nothing left to settle"
+    );
+}
+
+/// Two controllers sharing nothing but the ledgers decide for many Workloads at once: the
+/// version check alone keeps the namespace within its budget, and every Workload told `Ready`
+/// has its charge.
+#[tokio::test]
+async fn concurrent_deciders_without_a_common_lock_never_overspend() {
+    let fake = FakeBackend::with_budget("10/day");
+    let replicas = [
+        BudgetCheck::new(settings(), fake.clone()),
+        BudgetCheck::new(settings(), fake.clone()),
+    ];
+    let workloads: Vec<Workload> = (0..8).map(|i| asking(&format!("wl-{i}"), "3")).collect();
+    for wl in &workloads {
+        fake.put_workload(wl);
+    }
+    let decisions = join_all(
+        workloads
+            .iter()
+            .enumerate()
+            .map(|(i, wl)| decide(&replicas[i % 2], wl)),
+    )
+    .await;
+    let ready: Vec<String> = workloads
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| matches!(d, Decision::Ready { .. }))
+        .map(|(wl, _)| wl.name_any())
+        .collect();
+    let mut charged: Vec<String> = fake
+        .ledger()
+        .open_charges()
+        .values()
+        .map(|c| c.name.clone())
+        .collect();
+    charged.sort();
+    assert_eq!(ready.len(), 3, "{decisions:?}");
+    assert_eq!(ready, charged);
+    assert_eq!(spent_today(&fake), credits("9"));
+    assert!(fake.state().conflicts > 0, "the deciders did interleave");
+}

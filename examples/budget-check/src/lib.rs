@@ -1,0 +1,57 @@
+//! A Kueue admission check that keeps each namespace within a daily or weekly budget.
+//!
+//! A budget (`500/week`, `40/day`, per namespace, in a ConfigMap) caps what a namespace may spend
+//! in a window. A Workload's cost is estimated from its resource requests, its pods, and its
+//! `maximumExecutionTimeSeconds` (or a default run time), at per-resource hourly prices. One that
+//! fits is `Ready` and charged; one that would take the namespace over its budget gets `Retry`
+//! until the window resets; one that costs more than the whole budget is `Rejected`. When a
+//! Workload finishes or is evicted, what it did not use is given back. See the README for how to
+//! run it.
+//!
+//! Layers, from pure to I/O:
+//! - [`money`], [`quantity`], [`cost`]: credits, resource quantities, and a Workload's cost;
+//! - [`window`]: budgets and the days and weeks they apply to;
+//! - [`ledger`]: what a namespace has spent: charges, settlements, refunds;
+//! - [`backend`]: where budgets and ledgers live (ConfigMaps, with optimistic concurrency);
+//! - [`check`]: the [`AdmissionCheckController`](kueue_admission_sdk::AdmissionCheckController)
+//!   that ties them to the SDK runtime, and the sweep that settles what nobody released.
+
+pub mod backend;
+pub mod check;
+pub mod cost;
+pub mod error;
+pub mod ledger;
+pub mod money;
+pub mod quantity;
+pub mod window;
+
+use std::future::Future;
+use std::time::Duration;
+
+use kube::Client;
+use kueue_admission_sdk::RuntimeConfig;
+
+pub use backend::{Backend, ConfigMapBackend};
+pub use check::{BudgetCheck, Settings};
+pub use error::Error;
+
+/// The controller name the binary answers by default.
+pub const DEFAULT_CONTROLLER_NAME: &str = "kueue-admission-checks.dev/budget";
+
+/// Runs the budget check until `shutdown` resolves: the SDK runtime, plus a sweep of the
+/// ledgers at start and every `sweep_every` that settles charges of Workloads that ended while
+/// no controller was running. Dropping the returned future stops both.
+pub async fn run_until<B: Backend>(
+    client: Client,
+    check: BudgetCheck<B>,
+    runtime: RuntimeConfig,
+    sweep_every: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let sweeper = check::sweep_periodically(check.clone(), client.clone(), sweep_every);
+    let runtime = kueue_admission_sdk::run_until(client, check, runtime, shutdown);
+    tokio::select! {
+        result = runtime => Ok(result?),
+        () = sweeper => Ok(()),
+    }
+}

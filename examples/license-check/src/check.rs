@@ -1,0 +1,317 @@
+//! The check itself: the thin layer between the SDK runtime, the ledger arithmetic and the
+//! [`Backend`].
+//!
+//! Why licenses are never handed out twice: every grant is a read-modify-write of the one ledger
+//! object that carries the `resourceVersion` it was read at, so of two writers that read the
+//! same ledger only one lands; the other gets 409, reads again and decides again. A mutex in the
+//! check makes the runtime's concurrent reconciles in one process take turns, so 409s come only
+//! from other processes (e.g. two replicas during a leader hand-over).
+//!
+//! Why none leak: the runtime calls [`release`](AdmissionCheckController::release) when a
+//! Workload it asked about goes idle, but forgets what it asked on restart, and a Workload can be
+//! deleted while no controller runs. So holdings are also checked against the Workloads
+//! themselves ([`LicenseCheck::sweep`] at start and periodically, and before any request is
+//! refused for lack of licenses): a holding whose Workload is gone, replaced, finished, evicted,
+//! deactivated or no longer holds quota with this check `Pending` or `Ready` is dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::Workload;
+use kueue_admission_sdk::decide::{Eligibility, eligibility};
+use kueue_admission_sdk::{
+    AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, RetryPolicy,
+};
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+use crate::backend::{Backend, ConfigMapBackend, Saved};
+use crate::error::Error;
+use crate::ledger::{Acquired, Holding, Ledger, describe_holding};
+use crate::request::{format_licenses, requested_licenses};
+
+/// How often one ledger update is tried again after a conflict before giving up for now.
+const MAX_CONFLICTS: usize = 8;
+
+/// How the check behaves, beyond where its state lives.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The `spec.controllerName` of the AdmissionChecks this controller answers.
+    pub controller_name: String,
+    /// Delays between attempts while licenses are short (`Retry`), and the attempt limit.
+    pub retry_policy: RetryPolicy,
+    /// How soon to look again at a Workload left `Pending` because the pool is missing or bad.
+    pub pool_recheck: Duration,
+}
+
+/// The license check. Cheap to clone: clones share the ledger lock, so a sweeper task and
+/// the runtime take turns.
+#[derive(Debug)]
+pub struct LicenseCheck<B = ConfigMapBackend> {
+    settings: Arc<Settings>,
+    backend: Arc<B>,
+    ledger_lock: Arc<Mutex<()>>,
+}
+
+impl<B> Clone for LicenseCheck<B> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: self.settings.clone(),
+            backend: self.backend.clone(),
+            ledger_lock: self.ledger_lock.clone(),
+        }
+    }
+}
+
+/// A holding dropped because its Workload no longer needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Swept {
+    /// The Workload's uid.
+    pub uid: String,
+    /// What it held.
+    pub holding: Holding,
+    /// Why it no longer needs it.
+    pub reason: String,
+}
+
+impl<B: Backend> LicenseCheck<B> {
+    /// A check with these settings, keeping its state in `backend`.
+    pub fn new(settings: Settings, backend: B) -> Self {
+        Self {
+            settings: Arc::new(settings),
+            backend: Arc::new(backend),
+            ledger_lock: Arc::default(),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    async fn decide_for(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
+        let wl = ctx.workload;
+        let request = match requested_licenses(wl) {
+            Ok(r) => r,
+            Err(e) => return Ok(Decision::rejected(e)),
+        };
+        if request.is_empty() {
+            return Ok(Decision::ready("no licenses requested"));
+        }
+        let pool = match self.backend.pool(ctx.client).await? {
+            Ok(pool) => pool,
+            Err(message) => {
+                return Ok(Decision::pending_recheck_after(
+                    message,
+                    self.settings.pool_recheck,
+                ));
+            }
+        };
+        if let Some(why) = pool.never_fits(&request) {
+            return Ok(Decision::rejected(why));
+        }
+        let uid = wl.uid().ok_or_else(|| Error::NoUid(wl.name_any()))?;
+        let wanted = Holding {
+            namespace: wl.namespace().unwrap_or_default(),
+            name: wl.name_any(),
+            check: ctx.check_name().to_string(),
+            licenses: request,
+            since: Time(ctx.now),
+        };
+
+        let _turn = self.ledger_lock.lock().await;
+        for _ in 0..MAX_CONFLICTS {
+            let loaded = self.backend.load(ctx.client).await?;
+            let mut ledger = loaded.value;
+            let mut result = ledger.acquire(&uid, wanted.clone(), &pool);
+            let mut swept = Vec::new();
+            if result.is_err() {
+                // Refuse only for licenses really in use: drop what finished or vanished first.
+                swept = self.stale_holdings(ctx.client, &ledger).await?;
+                if !swept.is_empty() {
+                    for s in &swept {
+                        ledger.release(&s.uid);
+                    }
+                    result = ledger.acquire(&uid, wanted.clone(), &pool);
+                }
+            }
+            let changed = matches!(result, Ok(Acquired::Granted)) || !swept.is_empty();
+            if changed
+                && self
+                    .backend
+                    .save(ctx.client, &ledger, loaded.version.as_deref())
+                    .await?
+                    == Saved::Conflict
+            {
+                continue;
+            }
+            log_swept(&swept);
+            return Ok(match result {
+                Ok(acquired) => {
+                    let held = ledger.holding(&uid).unwrap_or(&wanted);
+                    if acquired == Acquired::Granted {
+                        info!(workload = %held.workload(), licenses = %format_licenses(&held.licenses), "licenses granted");
+                    }
+                    Decision::ready(format!(
+                        "holds {} until the workload finishes or is evicted",
+                        format_licenses(&held.licenses)
+                    ))
+                }
+                Err(shortage) => Decision::retry(ledger.describe_shortage(&shortage, &pool)),
+            });
+        }
+        Err(Error::Contention(self.backend.ledger_name(), MAX_CONFLICTS))
+    }
+
+    /// Holdings whose Workload no longer needs them, judged on Workloads read after the ledger:
+    /// a holding present in that ledger was granted while its Workload held quota, so a later
+    /// read that shows otherwise means the Workload really moved on.
+    async fn stale_holdings(&self, client: &Client, ledger: &Ledger) -> Result<Vec<Swept>, Error> {
+        let mut stale = Vec::new();
+        for (uid, holding) in ledger.holdings() {
+            let wl = self
+                .backend
+                .workload(client, &holding.namespace, &holding.name)
+                .await?;
+            if let Some(reason) = stale_reason(uid, holding, wl.as_ref()) {
+                stale.push(Swept {
+                    uid: uid.clone(),
+                    holding: holding.clone(),
+                    reason,
+                });
+            }
+        }
+        Ok(stale)
+    }
+
+    /// Drops every holding whose Workload no longer needs it and returns them. Safe to run at
+    /// any time and from any replica: it writes with the ledger's `resourceVersion` like a grant.
+    pub async fn sweep(&self, client: &Client) -> Result<Vec<Swept>, Error> {
+        let _turn = self.ledger_lock.lock().await;
+        for _ in 0..MAX_CONFLICTS {
+            let loaded = self.backend.load(client).await?;
+            let mut ledger = loaded.value;
+            let swept = self.stale_holdings(client, &ledger).await?;
+            if swept.is_empty() {
+                return Ok(swept);
+            }
+            for s in &swept {
+                ledger.release(&s.uid);
+            }
+            if self
+                .backend
+                .save(client, &ledger, loaded.version.as_deref())
+                .await?
+                == Saved::Written
+            {
+                log_swept(&swept);
+                return Ok(swept);
+            }
+        }
+        Err(Error::Contention(self.backend.ledger_name(), MAX_CONFLICTS))
+    }
+
+    async fn release_for(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
+        let uid = ctx.workload.and_then(|wl| wl.uid());
+        let _turn = self.ledger_lock.lock().await;
+        for _ in 0..MAX_CONFLICTS {
+            let loaded = self.backend.load(ctx.client).await?;
+            let mut ledger = loaded.value;
+            let released: Vec<Holding> = match &uid {
+                Some(uid) => ledger.release(uid).into_iter().collect(),
+                None => {
+                    let before = ledger.clone();
+                    ledger
+                        .release_by_name(ctx.namespace, ctx.name)
+                        .iter()
+                        .filter_map(|uid| before.holding(uid).cloned())
+                        .collect()
+                }
+            };
+            if released.is_empty() {
+                return Ok(());
+            }
+            match self
+                .backend
+                .save(ctx.client, &ledger, loaded.version.as_deref())
+                .await?
+            {
+                Saved::Written => {
+                    for h in &released {
+                        info!(holding = %describe_holding(h), reason = ctx.reason.as_str(), "licenses released");
+                    }
+                    return Ok(());
+                }
+                Saved::Conflict => continue,
+            }
+        }
+        Err(Error::Contention(self.backend.ledger_name(), MAX_CONFLICTS))
+    }
+}
+
+fn log_swept(swept: &[Swept]) {
+    for s in swept {
+        info!(holding = %describe_holding(&s.holding), reason = %s.reason, "licenses reclaimed from a workload that no longer needs them");
+    }
+}
+
+/// Why a holding is stale, judged on its Workload as read now (`None`: it no longer exists),
+/// or `None` if the Workload still needs it: same uid, holding quota, active, not evicted or
+/// finished, with this check's entry `Pending` or `Ready`.
+pub fn stale_reason(uid: &str, holding: &Holding, wl: Option<&Workload>) -> Option<String> {
+    let Some(wl) = wl else {
+        return Some("deleted".into());
+    };
+    if wl.uid().as_deref() != Some(uid) {
+        return Some("deleted (a new workload has its name)".into());
+    }
+    match eligibility(wl, &holding.check, true) {
+        Eligibility::Decide { .. } => None,
+        Eligibility::Wait(state) => Some(format!("its check is {state}")),
+        Eligibility::Idle(reason) => Some(reason.as_str().replace('_', " ")),
+    }
+}
+
+impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
+    type Parameters = NoParameters;
+    type Error = Error;
+
+    fn controller_name(&self) -> &str {
+        &self.settings.controller_name
+    }
+
+    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
+        self.settings.retry_policy.clone()
+    }
+
+    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
+        self.decide_for(ctx).await
+    }
+
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
+        self.release_for(ctx).await
+    }
+}
+
+/// Sweeps now and then every `every`, until the future is dropped. Failures are logged and
+/// tried again at the next tick: the sweep before each refusal keeps decisions correct anyway.
+pub async fn sweep_periodically<B: Backend>(
+    check: LicenseCheck<B>,
+    client: Client,
+    every: Duration,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(e) = check.sweep(&client).await {
+            warn!(error = %e, "sweeping the license ledger");
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "check_tests.rs"]
+mod tests;

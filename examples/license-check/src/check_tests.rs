@@ -1,0 +1,396 @@
+//! The check's decisions against an in-memory backend: no cluster, but the same read, decide,
+//! write-if-unchanged cycle as against ConfigMaps, with conflicts when writers interleave.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::{CheckState, Workload};
+use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once, offline_client};
+use kueue_admission_sdk::{
+    AdmissionCheckController, Decision, NoParameters, ReleaseContext, ReleaseReason, RetryDelay,
+    RetryPolicy,
+};
+
+use super::*;
+use crate::backend::Versioned;
+use crate::pool::Pool;
+use crate::request::LICENSES_ANNOTATION;
+
+const CHECK: &str = "licenses";
+
+#[derive(Debug, Default)]
+struct FakeState {
+    pool: Option<Result<Pool, String>>,
+    ledger: Ledger,
+    version: u64,
+    workloads: BTreeMap<(String, String), Workload>,
+    saves: usize,
+    conflicts: usize,
+}
+
+/// The ledger in memory with a version that every save must match, like `resourceVersion`.
+/// Reads yield to other tasks so that concurrent deciders interleave between read and write.
+#[derive(Clone, Debug, Default)]
+struct FakeBackend(Arc<Mutex<FakeState>>);
+
+impl FakeBackend {
+    fn with_pool(items: &[(&str, u32)]) -> Self {
+        let fake = Self::default();
+        fake.state().pool = Some(Ok(Pool {
+            total: items.iter().map(|(f, n)| (f.to_string(), *n)).collect(),
+        }));
+        fake
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.0.lock().expect("not poisoned")
+    }
+
+    fn held(&self) -> BTreeMap<String, u32> {
+        self.state().ledger.in_use()
+    }
+
+    fn holders(&self) -> Vec<String> {
+        let state = self.state();
+        state
+            .ledger
+            .holdings()
+            .values()
+            .map(|h| h.name.clone())
+            .collect()
+    }
+
+    fn put_workload(&self, wl: &Workload) {
+        let key = (wl.namespace().unwrap_or_default(), wl.name_any());
+        self.state().workloads.insert(key, wl.clone());
+    }
+}
+
+impl Backend for FakeBackend {
+    async fn pool(&self, _: &Client) -> Result<Result<Pool, String>, Error> {
+        let pool = self.state().pool.clone();
+        Ok(pool.unwrap_or_else(|| Err("the license pool ConfigMap ns/pool does not exist".into())))
+    }
+
+    async fn load(&self, _: &Client) -> Result<Versioned<Ledger>, Error> {
+        let loaded = {
+            let state = self.state();
+            Versioned {
+                value: state.ledger.clone(),
+                version: Some(state.version.to_string()),
+            }
+        };
+        tokio::task::yield_now().await;
+        Ok(loaded)
+    }
+
+    async fn save(
+        &self,
+        _: &Client,
+        ledger: &Ledger,
+        version: Option<&str>,
+    ) -> Result<Saved, Error> {
+        let mut state = self.state();
+        if version != Some(state.version.to_string().as_str()) {
+            state.conflicts += 1;
+            return Ok(Saved::Conflict);
+        }
+        state.ledger = ledger.clone();
+        state.version += 1;
+        state.saves += 1;
+        Ok(Saved::Written)
+    }
+
+    async fn workload(
+        &self,
+        _: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Workload>, Error> {
+        let key = (namespace.to_string(), name.to_string());
+        Ok(self.state().workloads.get(&key).cloned())
+    }
+
+    fn ledger_name(&self) -> String {
+        "ns/ledger".into()
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        controller_name: "example.com/licenses".into(),
+        retry_policy: RetryPolicy::exponential(
+            Duration::from_secs(10),
+            2.0,
+            Duration::from_secs(300),
+            0.0,
+        ),
+        pool_recheck: Duration::from_secs(30),
+    }
+}
+
+/// A Workload holding quota with the check Pending, asking for `licenses` on its pod template.
+fn asking(name: &str, licenses: &str) -> Workload {
+    let mut wl = WorkloadBuilder::new("team-a", name)
+        .pod_set("main", 1, "1")
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "default")
+        .build();
+    wl.spec.pod_sets[0]
+        .template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations = Some(BTreeMap::from([(
+        LICENSES_ANNOTATION.to_string(),
+        licenses.to_string(),
+    )]));
+    wl
+}
+
+async fn decide(check: &LicenseCheck<FakeBackend>, wl: &Workload) -> Decision {
+    decide_once(check, wl, CHECK, &NoParameters)
+        .await
+        .expect("decides")
+}
+
+async fn release(check: &LicenseCheck<FakeBackend>, wl: &Workload, reason: ReleaseReason) {
+    let client = offline_client();
+    let ctx = ReleaseContext {
+        namespace: "team-a",
+        name: &wl.name_any(),
+        workload: Some(wl),
+        check_name: CHECK,
+        reason,
+        client: &client,
+        now: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    };
+    check.release(&ctx).await.expect("releases");
+}
+
+#[tokio::test]
+async fn a_workload_without_the_annotation_passes_without_touching_the_ledger() {
+    let fake = FakeBackend::default();
+    let check = LicenseCheck::new(settings(), fake.clone());
+    let wl = WorkloadBuilder::new("team-a", "plain")
+        .pod_set("main", 1, "1")
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "default")
+        .build();
+    assert_eq!(
+        decide(&check, &wl).await,
+        Decision::ready("no licenses requested")
+    );
+    assert_eq!(fake.state().saves, 0);
+}
+
+#[tokio::test]
+async fn bad_requests_are_rejected_with_what_is_wrong() {
+    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
+    let check = LicenseCheck::new(settings(), fake.clone());
+    for (value, expected) in [
+        (
+            "matlab=-1",
+            "matlab=-1: the count must be a whole number from 1",
+        ),
+        (
+            "abaqus=1",
+            "unknown license feature abaqus; the pool has: matlab",
+        ),
+        (
+            "matlab=3",
+            "asks for more licenses than exist: 3 matlab (the pool has 2)",
+        ),
+    ] {
+        let Decision::Rejected { message } = decide(&check, &asking("wl", value)).await else {
+            panic!("{value}: not rejected");
+        };
+        assert!(message.ends_with(expected), "{value}: {message}");
+    }
+    assert_eq!(fake.state().saves, 0);
+}
+
+#[tokio::test]
+async fn a_missing_or_broken_pool_keeps_the_workload_pending_and_says_why() {
+    let fake = FakeBackend::default();
+    let check = LicenseCheck::new(settings(), fake.clone());
+    assert_eq!(
+        decide(&check, &asking("wl", "matlab=1")).await,
+        Decision::pending_recheck_after(
+            "the license pool ConfigMap ns/pool does not exist",
+            Duration::from_secs(30)
+        )
+    );
+}
+
+#[tokio::test]
+async fn grants_once_and_recognises_the_holder_when_asked_again() {
+    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
+    let check = LicenseCheck::new(settings(), fake.clone());
+    let wl = asking("a", "matlab=2");
+    let first = decide(&check, &wl).await;
+    assert_eq!(
+        first,
+        Decision::ready("holds matlab=2 until the workload finishes or is evicted")
+    );
+    // A conflict or a restart makes the runtime ask again for the same attempt.
+    assert_eq!(decide(&check, &wl).await, first);
+    assert_eq!(fake.held(), BTreeMap::from([("matlab".into(), 2)]));
+    assert_eq!(fake.state().saves, 1, "the second answer wrote nothing");
+}
+
+#[tokio::test]
+async fn a_shortage_retries_with_the_policy_and_names_the_holder() {
+    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
+    let check = LicenseCheck::new(settings(), fake.clone());
+    let holder = asking("a", "matlab=2");
+    fake.put_workload(&holder);
+    decide(&check, &holder).await;
+    assert_eq!(
+        decide(&check, &asking("b", "matlab=1")).await,
+        Decision::Retry {
+            message: "waiting for licenses: matlab: needs 1, 0 of 2 free, held by team-a/a (2)"
+                .into(),
+            delay: RetryDelay::Policy,
+        }
+    );
+    assert_eq!(fake.holders(), vec!["a"]);
+}
+
+#[tokio::test]
+async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
+    for (why, gone) in [
+        (
+            "finished",
+            Some(
+                WorkloadBuilder::new("team-a", "a")
+                    .check(CHECK, CheckState::Ready)
+                    .finished()
+                    .build(),
+            ),
+        ),
+        (
+            "evicted",
+            Some(
+                WorkloadBuilder::new("team-a", "a")
+                    .check(CHECK, CheckState::Pending)
+                    .quota_reserved("cq", "f")
+                    .evicted("Preempted")
+                    .build(),
+            ),
+        ),
+        ("deleted", None),
+        // Kueue recreated the Workload of a still existing Job: same name, new uid.
+        (
+            "replaced",
+            Some(asking("a", "matlab=2")).map(|mut wl| {
+                wl.metadata.uid = Some("new".into());
+                wl
+            }),
+        ),
+    ] {
+        let fake = FakeBackend::with_pool(&[("matlab", 2)]);
+        let check = LicenseCheck::new(settings(), fake.clone());
+        decide(&check, &asking("a", "matlab=2")).await;
+        if let Some(wl) = &gone {
+            fake.put_workload(wl);
+        }
+        assert_eq!(
+            decide(&check, &asking("b", "matlab=1")).await,
+            Decision::ready("holds matlab=1 until the workload finishes or is evicted"),
+            "{why}"
+        );
+        assert_eq!(fake.holders(), vec!["b"], "{why}");
+    }
+}
+
+#[tokio::test]
+async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
+    let fake = FakeBackend::with_pool(&[("matlab", 3)]);
+    let check = LicenseCheck::new(settings(), fake.clone());
+    let (a, b) = (asking("a", "matlab=1"), asking("b", "matlab=2"));
+    decide(&check, &a).await;
+    decide(&check, &b).await;
+    release(&check, &b, ReleaseReason::Finished).await;
+    release(&check, &b, ReleaseReason::Deleted).await;
+    assert_eq!(fake.held(), BTreeMap::from([("matlab".into(), 1)]));
+    assert_eq!(fake.holders(), vec!["a"]);
+}
+
+#[tokio::test]
+async fn sweep_drops_only_holdings_whose_workload_moved_on() {
+    let fake = FakeBackend::with_pool(&[("matlab", 3)]);
+    let check = LicenseCheck::new(settings(), fake.clone());
+    let (live, finished) = (asking("live", "matlab=1"), asking("done", "matlab=1"));
+    decide(&check, &live).await;
+    decide(&check, &finished).await;
+    decide(&check, &asking("deleted", "matlab=1")).await;
+    fake.put_workload(&live);
+    let mut done = finished.clone();
+    done.status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Finished".into(),
+            status: "True".into(),
+            reason: "Succeeded".into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: None,
+        });
+    fake.put_workload(&done);
+    let swept = check.sweep(&offline_client()).await.expect("sweeps");
+    let mut reasons: Vec<(String, String)> = swept
+        .into_iter()
+        .map(|s| (s.holding.name, s.reason))
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        vec![
+            ("deleted".into(), "deleted".into()),
+            ("done".into(), "finished".into())
+        ]
+    );
+    assert_eq!(fake.holders(), vec!["live"]);
+}
+
+/// Two controllers that share nothing but the ledger (two replicas, no common lock) decide for
+/// many Workloads at once: the version check alone keeps the grants within the pool, and every
+/// Workload told `Ready` is in the ledger.
+#[tokio::test]
+async fn concurrent_deciders_without_a_common_lock_never_exceed_the_pool() {
+    let fake = FakeBackend::with_pool(&[("matlab", 3)]);
+    let replicas = [
+        LicenseCheck::new(settings(), fake.clone()),
+        LicenseCheck::new(settings(), fake.clone()),
+    ];
+    let workloads: Vec<Workload> = (0..10)
+        .map(|i| asking(&format!("wl-{i}"), "matlab=1"))
+        .collect();
+    for wl in &workloads {
+        fake.put_workload(wl);
+    }
+    let decisions = join_all(
+        workloads
+            .iter()
+            .enumerate()
+            .map(|(i, wl)| decide(&replicas[i % 2], wl)),
+    )
+    .await;
+    let ready: Vec<String> = workloads
+        .iter()
+        .zip(&decisions)
+        .filter(|(_, d)| matches!(d, Decision::Ready { .. }))
+        .map(|(wl, _)| wl.name_any())
+        .collect();
+    let mut holders = fake.holders();
+    holders.sort();
+    assert_eq!(ready.len(), 3, "{decisions:?}");
+    assert_eq!(ready, holders);
+    assert!(fake.state().conflicts > 0, "the deciders did interleave");
+}

@@ -1,0 +1,52 @@
+//! A Kueue admission check that hands out floating licenses.
+//!
+//! A pool (a ConfigMap of feature → count) says how many licenses exist. A Workload asks for
+//! some with the [`LICENSES_ANNOTATION`](request::LICENSES_ANNOTATION) annotation; it is `Ready`
+//! once they are all free and holds them until it finishes or is evicted. While they are not
+//! free it gets `Retry` with exponential backoff; a request the pool can never satisfy (an
+//! unknown feature, more than exist) is `Rejected`. See the crate's README for how to run it.
+//!
+//! Layers, from pure to I/O:
+//! - [`request`] and [`pool`]: reading what a Workload asks for and what exists;
+//! - [`ledger`]: who holds what, and the rule that nothing beyond the pool is ever granted;
+//! - [`backend`]: where the pool and the ledger live (ConfigMaps, with optimistic concurrency);
+//! - [`check`]: the [`AdmissionCheckController`](kueue_admission_sdk::AdmissionCheckController)
+//!   that ties them to the SDK runtime, and the sweep that reclaims what nobody released.
+
+pub mod backend;
+pub mod check;
+pub mod error;
+pub mod ledger;
+pub mod pool;
+pub mod request;
+
+use std::future::Future;
+use std::time::Duration;
+
+use kube::Client;
+use kueue_admission_sdk::RuntimeConfig;
+
+pub use backend::{Backend, ConfigMapBackend};
+pub use check::{LicenseCheck, Settings};
+pub use error::Error;
+
+/// The controller name the binary answers by default.
+pub const DEFAULT_CONTROLLER_NAME: &str = "kueue-admission-checks.dev/license";
+
+/// Runs the license check until `shutdown` resolves: the SDK runtime, plus a sweep of the
+/// ledger at start and every `sweep_every` that reclaims licenses of Workloads that went away
+/// while no controller was running. Dropping the returned future stops both.
+pub async fn run_until<B: Backend>(
+    client: Client,
+    check: LicenseCheck<B>,
+    runtime: RuntimeConfig,
+    sweep_every: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let sweeper = check::sweep_periodically(check.clone(), client.clone(), sweep_every);
+    let runtime = kueue_admission_sdk::run_until(client, check, runtime, shutdown);
+    tokio::select! {
+        result = runtime => Ok(result?),
+        () = sweeper => Ok(()),
+    }
+}

@@ -1,0 +1,479 @@
+//! The budget-check example against the real Kueue: its controller runs in this process, one
+//! instance per test, answering only that test's AdmissionCheck. Budgets and ledgers live in the
+//! test's namespace, which is also the namespace being budgeted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Result, bail, ensure};
+use budget_check::ledger::BudgetLedger;
+use budget_check::money::Credits;
+use budget_check::window::{Period, Window};
+use budget_check::{Backend, BudgetCheck, ConfigMapBackend, Settings};
+use e2e::{DEFAULT_TIMEOUT, TestEnv};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::RuntimeConfig;
+use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+const BUDGETS: &str = "budgets";
+
+/// One test's queue, check and the ConfigMaps its controller uses.
+struct Budgeted {
+    env: TestEnv,
+    check: String,
+    controller_name: String,
+    backend: ConfigMapBackend,
+}
+
+async fn setup(test: &str) -> Result<Budgeted> {
+    let env = TestEnv::new(test).await?;
+    let controller_name = format!("e2e.kueue-admission-checks.dev/budget-{}", env.ns);
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let check = env
+        .admission_check("budget", &controller_name)
+        .await?
+        .name_any();
+    let cq = env
+        .cluster_queue("cq", &flavor, "20", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    let backend = ConfigMapBackend {
+        namespace: env.ns.clone(),
+        budgets: BUDGETS.into(),
+        ledger_prefix: "budget-ledger-".into(),
+    };
+    Ok(Budgeted {
+        env,
+        check,
+        controller_name,
+        backend,
+    })
+}
+
+fn credits(s: &str) -> Credits {
+    s.parse().unwrap_or_else(|e| panic!("{e}"))
+}
+
+impl Budgeted {
+    /// Starts a controller instance on `client`: 1 credit per core-hour, one hour by default,
+    /// a ledger sweep at start (and not again during the test).
+    fn start(&self, client: Client) -> JoinHandle<Result<(), budget_check::Error>> {
+        let settings = Settings {
+            controller_name: self.controller_name.clone(),
+            prices: "cpu=1".parse().unwrap_or_default(),
+            default_runtime: Duration::from_secs(3600),
+            budget_recheck: Duration::from_secs(1),
+            max_wait: None,
+        };
+        let runtime = RuntimeConfig {
+            metrics_address: None,
+            field_manager: format!("e2e-{}", self.env.ns),
+            concurrency: 4,
+            leader_election: None,
+        };
+        tokio::spawn(budget_check::run_until(
+            client,
+            BudgetCheck::new(settings, self.backend.clone()),
+            runtime,
+            Duration::from_secs(3600),
+            std::future::pending(),
+        ))
+    }
+
+    /// Sets (creates or replaces) the budgets ConfigMap.
+    async fn set_budgets(&self, data: &[(&str, &str)]) -> Result<()> {
+        let api: Api<ConfigMap> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        let data: BTreeMap<String, String> = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": BUDGETS, "namespace": self.env.ns},
+            "data": data,
+        }))?;
+        match api.get_opt(BUDGETS).await? {
+            None => {
+                api.create(&PostParams::default(), &cm).await?;
+            }
+            Some(old) => {
+                cm.metadata.resource_version = old.resource_version();
+                api.replace(BUDGETS, &PostParams::default(), &cm).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the test's namespace this budget.
+    async fn set_budget(&self, budget: &str) -> Result<()> {
+        self.set_budgets(&[(&self.env.ns, budget)]).await
+    }
+
+    /// Submits a suspended Job of one pod requesting `cpu` cores, limited to `max_seconds` if
+    /// given (Kueue copies the label into `maximumExecutionTimeSeconds`); returns its Workload.
+    async fn submit(&self, job: &str, cpu: &str, max_seconds: Option<u32>) -> Result<String> {
+        let mut labels = json!({"kueue.x-k8s.io/queue-name": "lq"});
+        if let Some(s) = max_seconds {
+            labels["kueue.x-k8s.io/max-exec-time-seconds"] = s.to_string().into();
+        }
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": job, "labels": labels},
+            "spec": {
+                "suspend": true,
+                "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "main",
+                        "image": "registry.invalid/no-pod-runs-here:1",
+                        "resources": {"requests": {"cpu": cpu}},
+                    }],
+                }},
+            },
+        }))?;
+        let job = self.env.jobs().create(&PostParams::default(), &job).await?;
+        Ok(self.env.workload_for_job(&job).await?.name_any())
+    }
+
+    /// Deletes the Job: Kueue marks its Workload `Finished`, as when a job ends. Waits for that.
+    async fn finish(&self, job: &str, workload: &str) -> Result<Workload> {
+        self.env
+            .jobs()
+            .delete(job, &DeleteParams::default())
+            .await?;
+        self.env
+            .wait_workload(workload, "Finished=True", |wl| {
+                wl.condition_is_true(cond::FINISHED)
+            })
+            .await
+    }
+
+    async fn ledger(&self) -> Result<BudgetLedger> {
+        Ok(self
+            .backend
+            .load(&self.env.client, &self.env.ns)
+            .await?
+            .value)
+    }
+
+    /// Polls the ledger until `cond` holds.
+    async fn wait_ledger(
+        &self,
+        what: &str,
+        cond: impl Fn(&BudgetLedger) -> bool,
+    ) -> Result<BudgetLedger> {
+        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+        loop {
+            let ledger = self.ledger().await?;
+            if cond(&ledger) {
+                return Ok(ledger);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("timed out waiting for the ledger: {what}\nledger: {ledger:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn entry(&self, wl: &Workload) -> (CheckState, String, Option<i32>) {
+        let e = wl.admission_check(&self.check).cloned().unwrap_or_default();
+        (e.state, e.message, e.requeue_after_seconds)
+    }
+
+    async fn uid(&self, workload: &str) -> Result<String> {
+        let wl = self.env.workloads().get(workload).await?;
+        wl.uid().ok_or_else(|| anyhow::anyhow!("no uid"))
+    }
+}
+
+/// Open charges in the ledger, by Workload name.
+fn open(ledger: &BudgetLedger) -> Vec<String> {
+    let mut names: Vec<String> = ledger
+        .open_charges()
+        .values()
+        .map(|c| c.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+fn today() -> Window {
+    Window::containing(Period::Day, Timestamp::now())
+}
+
+/// A client that can be cut like a crashed process's connection (see example_license.rs).
+fn severable(client: Client) -> (Client, Arc<AtomicBool>) {
+    let cut = Arc::new(AtomicBool::new(false));
+    let flag = cut.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (client, flag) = (client.clone(), flag.clone());
+        async move {
+            if flag.load(Ordering::SeqCst) {
+                return Err(tower::BoxError::from(
+                    "connection cut: this instance is dead",
+                ));
+            }
+            client.send(req).await.map_err(tower::BoxError::from)
+        }
+    });
+    (Client::new(service, "default"), cut)
+}
+
+#[tokio::test]
+async fn a_fitting_workload_is_admitted_and_charged_its_estimate() -> Result<()> {
+    let t = setup("budget-fits").await?;
+    t.set_budget("10/day").await?;
+    let _controller = t.start(t.env.client.clone());
+
+    let wl = t.submit("job", "2", Some(1800)).await?;
+    let admitted = t.env.wait_admitted(&wl).await?;
+    t.env.wait_job_unsuspended("job").await?;
+    assert_eq!(admitted.spec.maximum_execution_time_seconds, Some(1800));
+    let (state, message, _) = t.entry(&admitted);
+    assert_eq!(state, CheckState::Ready);
+    let midnight = budget_check::window::format_time(today().end());
+    assert_eq!(
+        message,
+        format!(
+            "charged 1 credits (2 cpu for 30m); namespace {} has spent 1 of 10 credits this day, until {midnight}",
+            t.env.ns
+        )
+    );
+    let ledger = t.ledger().await?;
+    let charge = ledger
+        .open_charge(&t.uid(&wl).await?)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no charge for the uid: {ledger:#?}"))?;
+    assert_eq!(
+        (charge.cost, charge.runtime_seconds, charge.check),
+        (credits("1"), 1800, t.check.clone())
+    );
+    assert_eq!(ledger.spent(&today()), credits("1"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<()> {
+    let t = setup("budget-exceeds").await?;
+    t.set_budget("3/day").await?;
+    let _controller = t.start(t.env.client.clone());
+    let a = t.submit("job-a", "2", None).await?;
+    t.env.wait_admitted(&a).await?;
+
+    let b = t.submit("job-b", "2", None).await?;
+    let waiting = t
+        .env
+        .wait_workload(&b, "Retry, and Kueue's requeueAt set", |wl| {
+            let requeue_at = wl.status.as_ref().and_then(|s| s.requeue_state.as_ref());
+            t.entry(wl).0 == CheckState::Retry && requeue_at.is_some_and(|r| r.requeue_at.is_some())
+        })
+        .await?;
+    let (_, message, delay) = t.entry(&waiting);
+    let entry = waiting
+        .admission_check(&t.check)
+        .cloned()
+        .unwrap_or_default();
+    let decided = entry
+        .last_transition_time
+        .map(|t| t.0)
+        .ok_or_else(|| anyhow::anyhow!("no lastTransitionTime"))?;
+    let window = Window::containing(Period::Day, decided);
+    let until_reset = window.end().as_second() - decided.as_second();
+    let delay = i64::from(delay.unwrap_or_default());
+    ensure!(
+        (until_reset..=until_reset + 1).contains(&delay),
+        "requeueAfterSeconds {delay}, {until_reset} s to the reset\n{}",
+        e2e::dump(&waiting)
+    );
+    let midnight = budget_check::window::format_time(window.end());
+    assert!(
+        message.starts_with(&format!(
+            "the estimated cost of 2 credits (2 cpu for 1h) would take namespace {} over its budget: 2 of 3 credits spent this day; the budget starts again at {midnight} (attempt 1; next attempt not before {midnight})",
+            t.env.ns
+        )),
+        "{message}"
+    );
+    // Kueue holds the quota through a delayed Retry (docs/kueue-behaviour.md), until the reset.
+    let requeue_at = waiting
+        .status
+        .as_ref()
+        .and_then(|s| s.requeue_state.as_ref())
+        .and_then(|r| r.requeue_at.as_ref())
+        .map(|t| t.0.as_second());
+    assert_eq!(
+        requeue_at,
+        Some(window.end().as_second()),
+        "{}",
+        e2e::dump(&waiting)
+    );
+    assert!(waiting.condition_is_true(cond::QUOTA_RESERVED));
+    assert!(!waiting.condition_is_true(cond::ADMITTED));
+    assert_eq!(open(&t.ledger().await?), vec![a]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_workload_costlier_than_the_whole_budget_is_rejected_and_deactivated() -> Result<()> {
+    let t = setup("budget-never").await?;
+    t.set_budget("3/week").await?;
+    let _controller = t.start(t.env.client.clone());
+    let wl = t.submit("job", "4", None).await?;
+    let rejected = t
+        .env
+        .wait_workload(&wl, "deactivated", |wl| !wl.is_active())
+        .await?;
+    let (state, message, _) = t.entry(&rejected);
+    assert_eq!(state, CheckState::Rejected);
+    assert_eq!(
+        message,
+        format!(
+            "the estimated cost of 4 credits (4 cpu for 1h) is more than the whole budget of namespace {}: 3 credits per week",
+            t.env.ns
+        )
+    );
+    assert!(t.ledger().await?.open_charges().is_empty());
+    Ok(())
+}
+
+/// With nobody waiting (so no sweep runs), only the runtime's release hook can settle charges:
+/// a finished Workload and a deactivated (evicted) one give back what they did not use, and the
+/// budget they free admits the next.
+#[tokio::test]
+async fn finishing_or_evicting_gives_back_what_was_not_used() -> Result<()> {
+    let t = setup("budget-refund").await?;
+    t.set_budget("5/day").await?;
+    let _controller = t.start(t.env.client.clone());
+    let a = t.submit("job-a", "2", None).await?;
+    let b = t.submit("job-b", "2", None).await?;
+    t.env.wait_admitted(&a).await?;
+    t.env.wait_admitted(&b).await?;
+    assert_eq!(t.ledger().await?.spent(&today()), credits("4"));
+
+    t.finish("job-a", &a).await?;
+    let ledger = t
+        .wait_ledger("A settled after it finished", |l| open(l) == [b.clone()])
+        .await?;
+    // A ran seconds of its hour (Kueue's whole-second Finished time may even make it none):
+    // 2 cores for a minute would be 0.034.
+    let spent = ledger.spent(&today());
+    ensure!(
+        spent >= credits("2") && spent < credits("2.034"),
+        "spent {spent}"
+    );
+
+    let deactivate = json!({"spec": {"active": false}});
+    t.env
+        .workloads()
+        .patch(&b, &PatchParams::default(), &Patch::Merge(&deactivate))
+        .await?;
+    let ledger = t
+        .wait_ledger("B settled after its eviction", |l| {
+            l.open_charges().is_empty()
+        })
+        .await?;
+    let spent = ledger.spent(&today());
+    ensure!(spent < credits("0.067"), "spent {spent}");
+
+    // 4 credits would not have fitted without the refunds.
+    let c = t.submit("job-c", "4", None).await?;
+    t.env.wait_admitted(&c).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_or_malformed_budget_keeps_workloads_pending_with_the_reason() -> Result<()> {
+    let t = setup("budget-config").await?;
+    let _controller = t.start(t.env.client.clone());
+    let wl = t.submit("job", "1", None).await?;
+    let ns = t.env.ns.clone();
+    let where_ = format!("the budgets ConfigMap {ns}/{BUDGETS}");
+    for (budgets, expected) in [
+        (None, format!("{where_} does not exist")),
+        (
+            Some(vec![("other-team", "5/day")]),
+            format!("namespace {ns} has no budget: {where_} has no key {ns:?}"),
+        ),
+        (
+            Some(vec![(ns.as_str(), "ten/day")]),
+            format!(
+                "the budget of namespace {ns} in {where_} is invalid: \"ten\" is not an amount of credits (e.g. 500 or 12.5, at most 3 decimals)"
+            ),
+        ),
+    ] {
+        if let Some(data) = budgets {
+            t.set_budgets(&data).await?;
+        }
+        let pending = t
+            .env
+            .wait_workload(&wl, &format!("Pending: {expected}"), |wl| {
+                t.entry(wl).1 == expected
+            })
+            .await?;
+        assert_eq!(t.entry(&pending).0, CheckState::Pending);
+    }
+    t.set_budgets(&[(ns.as_str(), "10/week")]).await?;
+    t.env.wait_admitted(&wl).await?;
+    Ok(())
+}
+
+/// The controller dies while a Workload is charged; the Workload finishes while nothing runs,
+/// so no release can happen. The next instance settles the charge as of when the Workload
+/// finished (not when it noticed), and the refund admits the Workload that waited.
+#[tokio::test]
+async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()> {
+    let t = setup("budget-restart").await?;
+    t.set_budget("3/day").await?;
+    let (client, cut) = severable(t.env.client.clone());
+    let first = t.start(client);
+    let a = t.submit("job-a", "2", None).await?;
+    t.env.wait_admitted(&a).await?;
+    let a_uid = t.uid(&a).await?;
+
+    first.abort();
+    cut.store(true, Ordering::SeqCst);
+    let _ = first.await;
+
+    let finished = t.finish("job-a", &a).await?;
+    let b = t.submit("job-b", "2", None).await?;
+    t.env.wait_check_pending_with_quota(&b, &t.check).await?;
+    let a_charge = t
+        .ledger()
+        .await?
+        .open_charge(&a_uid)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("nobody may have settled A while no controller ran"))?;
+    // Finishing is what counts, not when the next controller notices.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let _second = t.start(t.env.client.clone());
+    t.env.wait_admitted(&b).await?;
+    let ledger = t.ledger().await?;
+    assert_eq!(open(&ledger), vec![b]);
+    let charge = ledger
+        .open_charges()
+        .values()
+        .next()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no open charge"))?;
+    let finished_at = finished
+        .condition(cond::FINISHED)
+        .map(|c| c.last_transition_time.0)
+        .unwrap_or_else(Timestamp::now);
+    let ran = finished_at.as_second() - a_charge.charged_at.0.as_second();
+    let a_used = ledger.spent(&today()).saturating_sub(charge.cost);
+    // 2 cores for `ran` seconds at 1 credit per core-hour, rounded up to a thousandth: a
+    // settlement as of the restart would be at least 5 s × 2 cores later (0.0027 more).
+    let expected_max = Credits::from_milli(u64::try_from((ran + 1) * 2000 / 3600 + 1)?);
+    ensure!(
+        a_used <= expected_max,
+        "A used {a_used} for ~{ran} s, more than {expected_max}: {ledger:#?}"
+    );
+    Ok(())
+}

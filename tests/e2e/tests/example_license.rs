@@ -1,0 +1,549 @@
+//! The license-check example against the real Kueue: its controller runs in this process, one
+//! instance (or two) per test, answering only that test's AdmissionCheck.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Result, bail, ensure};
+use e2e::{DEFAULT_TIMEOUT, TestEnv};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::{RetryPolicy, RuntimeConfig};
+use license_check::backend::{Saved, Versioned};
+use license_check::ledger::Ledger;
+use license_check::pool::Pool;
+use license_check::request::LICENSES_ANNOTATION;
+use license_check::{Backend, ConfigMapBackend, LicenseCheck, Settings};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+const POOL: &str = "license-pool";
+const LEDGER: &str = "license-ledger";
+
+/// One test's queue, check and the ConfigMaps its controller uses.
+struct Licensed {
+    env: TestEnv,
+    check: String,
+    controller_name: String,
+    backend: ConfigMapBackend,
+}
+
+async fn setup(test: &str) -> Result<Licensed> {
+    let env = TestEnv::new(test).await?;
+    let controller_name = format!("e2e.kueue-admission-checks.dev/license-{}", env.ns);
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let check = env
+        .admission_check("licenses", &controller_name)
+        .await?
+        .name_any();
+    let cq = env
+        .cluster_queue("cq", &flavor, "20", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    let backend = ConfigMapBackend {
+        namespace: env.ns.clone(),
+        pool: POOL.into(),
+        ledger: LEDGER.into(),
+    };
+    Ok(Licensed {
+        env,
+        check,
+        controller_name,
+        backend,
+    })
+}
+
+impl Licensed {
+    /// Starts a controller instance on `client`: backoff 1 s doubling to 4 s, no retry limit,
+    /// a ledger sweep at start (and not again during the test).
+    fn start(&self, client: Client) -> JoinHandle<Result<(), license_check::Error>> {
+        self.start_with(client, self.backend.clone())
+    }
+
+    fn start_with<B: Backend>(
+        &self,
+        client: Client,
+        backend: B,
+    ) -> JoinHandle<Result<(), license_check::Error>> {
+        let settings = Settings {
+            controller_name: self.controller_name.clone(),
+            retry_policy: RetryPolicy::exponential(
+                Duration::from_secs(1),
+                2.0,
+                Duration::from_secs(4),
+                0.0,
+            ),
+            pool_recheck: Duration::from_secs(1),
+        };
+        let runtime = RuntimeConfig {
+            metrics_address: None,
+            field_manager: format!("e2e-{}", self.env.ns),
+            concurrency: 4,
+            leader_election: None,
+        };
+        tokio::spawn(license_check::run_until(
+            client,
+            LicenseCheck::new(settings, backend),
+            runtime,
+            Duration::from_secs(3600),
+            std::future::pending(),
+        ))
+    }
+
+    async fn set_pool(&self, data: &[(&str, &str)]) -> Result<()> {
+        let api: Api<ConfigMap> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        let data: BTreeMap<String, String> = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": POOL, "namespace": self.env.ns},
+            "data": data,
+        }))?;
+        match api.get_opt(POOL).await? {
+            None => {
+                api.create(&PostParams::default(), &cm).await?;
+            }
+            Some(old) => {
+                cm.metadata.resource_version = old.resource_version();
+                api.replace(POOL, &PostParams::default(), &cm).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits a suspended Job of one pod whose template asks for `licenses`; returns the name
+    /// of its Workload.
+    async fn submit(&self, job: &str, licenses: &str) -> Result<String> {
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": job, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+            "spec": {
+                "suspend": true,
+                "template": {
+                    "metadata": {"annotations": {LICENSES_ANNOTATION: licenses}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{
+                            "name": "main",
+                            "image": "registry.invalid/no-pod-runs-here:1",
+                            "resources": {"requests": {"cpu": "100m"}},
+                        }],
+                    },
+                },
+            },
+        }))?;
+        let job = self.env.jobs().create(&PostParams::default(), &job).await?;
+        Ok(self.env.workload_for_job(&job).await?.name_any())
+    }
+
+    /// Deletes the Job: Kueue marks its Workload `Finished` (reason OwnerNotFound), as when a
+    /// job ends, and drops its finalizer. Waits for that.
+    async fn finish(&self, job: &str, workload: &str) -> Result<()> {
+        self.env
+            .jobs()
+            .delete(job, &DeleteParams::default())
+            .await?;
+        self.env
+            .wait_workload(workload, "Finished=True", |wl| {
+                wl.condition_is_true(cond::FINISHED)
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn ledger(&self) -> Result<Ledger> {
+        Ok(self.backend.load(&self.env.client).await?.value)
+    }
+
+    /// Polls the ledger until `cond` holds.
+    async fn wait_ledger(&self, what: &str, cond: impl Fn(&Ledger) -> bool) -> Result<Ledger> {
+        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+        loop {
+            let ledger = self.ledger().await?;
+            if cond(&ledger) {
+                return Ok(ledger);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("timed out waiting for the ledger: {what}\nledger: {ledger:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn entry(&self, wl: &Workload) -> (CheckState, String, Option<i32>, Option<i32>) {
+        let e = wl.admission_check(&self.check).cloned().unwrap_or_default();
+        (e.state, e.message, e.retry_count, e.requeue_after_seconds)
+    }
+
+    async fn uid(&self, workload: &str) -> Result<String> {
+        let wl = self.env.workloads().get(workload).await?;
+        wl.uid().ok_or_else(|| anyhow::anyhow!("no uid"))
+    }
+
+    async fn admitted(&self) -> Result<Vec<String>> {
+        let list = self.env.workloads().list(&ListParams::default()).await?;
+        Ok(list
+            .items
+            .iter()
+            .filter(|wl| wl.condition_is_true(cond::ADMITTED))
+            .map(|wl| wl.name_any())
+            .collect())
+    }
+}
+
+/// Holders in the ledger, by Workload name.
+fn holders(ledger: &Ledger) -> Vec<String> {
+    let mut names: Vec<String> = ledger.holdings().values().map(|h| h.name.clone()).collect();
+    names.sort();
+    names
+}
+
+fn matlab_in_use(ledger: &Ledger) -> u32 {
+    ledger.in_use().get("matlab").copied().unwrap_or(0)
+}
+
+/// The real ConfigMap backend, with a pause between reading the ledger and writing it back.
+/// Two instances with different pauses get out of step, so one writes from a version the other
+/// has already replaced.
+#[derive(Clone, Debug)]
+struct Dawdling(ConfigMapBackend, Duration);
+
+impl Backend for Dawdling {
+    async fn pool(&self, client: &Client) -> Result<Result<Pool, String>, license_check::Error> {
+        self.0.pool(client).await
+    }
+
+    async fn load(&self, client: &Client) -> Result<Versioned<Ledger>, license_check::Error> {
+        let loaded = self.0.load(client).await?;
+        tokio::time::sleep(self.1).await;
+        Ok(loaded)
+    }
+
+    async fn save(
+        &self,
+        client: &Client,
+        ledger: &Ledger,
+        version: Option<&str>,
+    ) -> Result<Saved, license_check::Error> {
+        self.0.save(client, ledger, version).await
+    }
+
+    async fn workload(
+        &self,
+        client: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Workload>, license_check::Error> {
+        self.0.workload(client, namespace, name).await
+    }
+
+    fn ledger_name(&self) -> String {
+        self.0.ledger_name()
+    }
+}
+
+/// A client that can be cut like a crashed process's connection: once `cut` is set every new
+/// request fails, so nothing left of an aborted controller instance (its runtime's background
+/// tasks outlive an aborted future) can still write.
+fn severable(client: Client) -> (Client, Arc<AtomicBool>) {
+    let cut = Arc::new(AtomicBool::new(false));
+    let flag = cut.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (client, flag) = (client.clone(), flag.clone());
+        async move {
+            if flag.load(Ordering::SeqCst) {
+                return Err(tower::BoxError::from(
+                    "connection cut: this instance is dead",
+                ));
+            }
+            client.send(req).await.map_err(tower::BoxError::from)
+        }
+    });
+    (Client::new(service, "default"), cut)
+}
+
+#[tokio::test]
+async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_released() -> Result<()>
+{
+    let t = setup("license-hold").await?;
+    t.set_pool(&[("matlab", "1")]).await?;
+    let _controller = t.start(t.env.client.clone());
+
+    let a = t.submit("job-a", "matlab=1").await?;
+    let admitted = t.env.wait_admitted(&a).await?;
+    let (state, message, _, _) = t.entry(&admitted);
+    assert_eq!(state, CheckState::Ready);
+    assert_eq!(
+        message,
+        "holds matlab=1 until the workload finishes or is evicted"
+    );
+    t.env.wait_job_unsuspended("job-a").await?;
+    let a_uid = t.uid(&a).await?;
+    let ledger = t.ledger().await?;
+    assert_eq!(holders(&ledger), vec![a.clone()]);
+    assert!(
+        ledger.holding(&a_uid).is_some(),
+        "keyed by uid: {ledger:#?}"
+    );
+
+    // The second Workload finds the license taken: Retry, and Kueue counts the attempts; the
+    // policy's delay grows with them.
+    let b = t.submit("job-b", "matlab=1").await?;
+    let waiting = t
+        .env
+        .wait_workload(&b, "Retry on its second attempt", |wl| {
+            let (state, message, _, _) = t.entry(wl);
+            state == CheckState::Retry && message.contains("(attempt 2;")
+        })
+        .await?;
+    let (_, message, retry_count, delay) = t.entry(&waiting);
+    assert!(
+        message.starts_with(&format!(
+            "waiting for licenses: matlab: needs 1, 0 of 1 free, held by {}/{a} (1)",
+            t.env.ns
+        )),
+        "{message}"
+    );
+    assert_eq!(retry_count, Some(1), "{}", e2e::dump(&waiting));
+    // Attempt 2 waits 2 s (the SDK rounds the dropped sub-second part up).
+    assert!(matches!(delay, Some(2 | 3)), "{}", e2e::dump(&waiting));
+    assert!(!waiting.condition_is_true(cond::ADMITTED));
+    assert_eq!(holders(&t.ledger().await?), vec![a.clone()]);
+
+    // The first job ends: its license goes back, and the second gets it on its next attempt.
+    t.finish("job-a", &a).await?;
+    t.env.wait_admitted(&b).await?;
+    let ledger = t.ledger().await?;
+    assert_eq!(holders(&ledger), vec![b.clone()]);
+    assert_eq!(matlab_in_use(&ledger), 1);
+    Ok(())
+}
+
+/// With nobody waiting (so no sweep runs), only the runtime's release hook can free licenses:
+/// a finished Workload and a deactivated (evicted) one give theirs back.
+#[tokio::test]
+async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
+    let t = setup("license-release").await?;
+    t.set_pool(&[("matlab", "2")]).await?;
+    let _controller = t.start(t.env.client.clone());
+    let a = t.submit("job-a", "matlab=1").await?;
+    let b = t.submit("job-b", "matlab=1").await?;
+    t.env.wait_admitted(&a).await?;
+    t.env.wait_admitted(&b).await?;
+    assert_eq!(holders(&t.ledger().await?), vec![a.clone(), b.clone()]);
+
+    t.finish("job-a", &a).await?;
+    t.wait_ledger("A released after it finished", |l| {
+        holders(l) == [b.clone()]
+    })
+    .await?;
+
+    let deactivate = json!({"spec": {"active": false}});
+    t.env
+        .workloads()
+        .patch(&b, &PatchParams::default(), &Patch::Merge(&deactivate))
+        .await?;
+    t.env
+        .wait_workload(&b, "evicted", |wl| wl.condition_is_true(cond::EVICTED))
+        .await?;
+    t.wait_ledger("B released after its eviction", |l| l.holdings().is_empty())
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn requests_the_pool_can_never_satisfy_are_rejected_and_deactivated() -> Result<()> {
+    let t = setup("license-reject").await?;
+    t.set_pool(&[("matlab", "2")]).await?;
+    let _controller = t.start(t.env.client.clone());
+
+    for (job, licenses, expected) in [
+        (
+            "unknown",
+            "abaqus=1",
+            "unknown license feature abaqus; the pool has: matlab",
+        ),
+        (
+            "too-many",
+            "matlab=3",
+            "asks for more licenses than exist: 3 matlab (the pool has 2)",
+        ),
+        (
+            "malformed",
+            "matlab=two",
+            "matlab=two: the count must be a whole number from 1",
+        ),
+    ] {
+        let wl = t.submit(job, licenses).await?;
+        let rejected = t
+            .env
+            .wait_workload(&wl, "deactivated", |wl| !wl.is_active())
+            .await?;
+        let (state, message, _, _) = t.entry(&rejected);
+        assert_eq!(state, CheckState::Rejected, "{job}");
+        assert!(message.ends_with(expected), "{job}: {message}");
+    }
+    assert!(t.ledger().await?.holdings().is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_or_malformed_pool_keeps_workloads_pending_with_the_reason() -> Result<()> {
+    let t = setup("license-pool").await?;
+    let _controller = t.start(t.env.client.clone());
+    let wl = t.submit("job", "matlab=1").await?;
+    let missing = format!(
+        "the license pool ConfigMap {}/{POOL} does not exist",
+        t.env.ns
+    );
+    t.env
+        .wait_workload(&wl, "Pending: the pool does not exist", |wl| {
+            t.entry(wl).1 == missing
+        })
+        .await?;
+
+    t.set_pool(&[("matlab", "-1"), ("ansys", "2")]).await?;
+    let invalid = format!(
+        "the license pool ConfigMap {}/{POOL} is invalid: matlab: \"-1\" is not a number of licenses (a whole number from 0)",
+        t.env.ns
+    );
+    let pending = t
+        .env
+        .wait_workload(&wl, "Pending: the pool is invalid", |wl| {
+            t.entry(wl).1 == invalid
+        })
+        .await?;
+    assert_eq!(t.entry(&pending).0, CheckState::Pending);
+    assert!(pending.condition_is_true(cond::QUOTA_RESERVED));
+
+    t.set_pool(&[("matlab", "1"), ("ansys", "2")]).await?;
+    t.env.wait_admitted(&wl).await?;
+    Ok(())
+}
+
+/// The controller dies while a Workload holds the only license; that Workload is deleted
+/// while nothing runs, so no release can happen. The next instance reclaims the license from
+/// the ledger (no leak) and grants it to exactly one of the two Workloads waiting for it (no
+/// double booking).
+#[tokio::test]
+async fn a_restart_neither_leaks_nor_double_books() -> Result<()> {
+    let t = setup("license-restart").await?;
+    t.set_pool(&[("matlab", "1")]).await?;
+    let (client, cut) = severable(t.env.client.clone());
+    let first = t.start(client);
+
+    let a = t.submit("job-a", "matlab=1").await?;
+    t.env.wait_admitted(&a).await?;
+    let a_uid = t.uid(&a).await?;
+    let b = t.submit("job-b", "matlab=1").await?;
+    t.env
+        .wait_workload(&b, "Retry: the license is taken", |wl| {
+            t.entry(wl).0 == CheckState::Retry
+        })
+        .await?;
+
+    // Crash: the task is aborted and its connection cut.
+    first.abort();
+    cut.store(true, Ordering::SeqCst);
+    let _ = first.await;
+
+    // While nothing runs: A's Job and Workload go away, and a third Workload asks too.
+    t.finish("job-a", &a).await?;
+    t.env
+        .workloads()
+        .delete(&a, &DeleteParams::default())
+        .await?;
+    let c = t.submit("job-c", "matlab=1").await?;
+    t.env.wait_check_pending_with_quota(&c, &t.check).await?;
+    let ledger = t.ledger().await?;
+    ensure!(
+        ledger.holding(&a_uid).is_some(),
+        "nobody may have released A's license while no controller ran: {ledger:#?}"
+    );
+
+    let _second = t.start(t.env.client.clone());
+    let ledger = t
+        .wait_ledger("A's holding reclaimed, one new holder", |l| {
+            l.holding(&a_uid).is_none() && l.holdings().len() == 1
+        })
+        .await?;
+    let winner = holders(&ledger).remove(0);
+    ensure!(winner == b || winner == c, "holder {winner}");
+    let loser = if winner == b { c } else { b };
+    t.env.wait_admitted(&winner).await?;
+    // The other keeps asking (it goes through more attempts) and never gets in.
+    t.env
+        .wait_workload(&loser, "asked again and told to retry", |wl| {
+            let (state, _, retry_count, _) = t.entry(wl);
+            state == CheckState::Retry && retry_count >= Some(2)
+        })
+        .await?;
+    assert_eq!(t.admitted().await?, vec![winner.clone()]);
+    let ledger = t.ledger().await?;
+    assert_eq!(holders(&ledger), vec![winner]);
+    assert_eq!(matlab_in_use(&ledger), 1);
+    Ok(())
+}
+
+/// Two instances answering the same check at once (two replicas without leader election),
+/// each pausing differently between reading and writing the ledger, and nine Workloads asking
+/// for a pool of three: never more than three admitted, and the ledger
+/// names exactly those.
+#[tokio::test]
+async fn two_instances_deciding_at_once_never_exceed_the_pool() -> Result<()> {
+    let t = setup("license-race").await?;
+    t.set_pool(&[("matlab", "3")]).await?;
+    // An existing (empty) ledger: the grants race on updates, not on who creates it first.
+    let created = t
+        .backend
+        .save(&t.env.client, &Ledger::default(), None)
+        .await?;
+    assert_eq!(created, Saved::Written);
+    let _one = t.start_with(
+        t.env.client.clone(),
+        Dawdling(t.backend.clone(), Duration::from_millis(400)),
+    );
+    let _two = t.start_with(
+        t.env.client.clone(),
+        Dawdling(t.backend.clone(), Duration::from_millis(30)),
+    );
+    // All at once, so that Kueue reserves quota for them in one burst.
+    let jobs: Vec<String> = (0..9).map(|i| format!("job-{i}")).collect();
+    futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "matlab=1"))).await?;
+
+    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+    let mut settled_since = None;
+    loop {
+        let admitted = t.admitted().await?;
+        let ledger = t.ledger().await?;
+        ensure!(
+            admitted.len() <= 3 && matlab_in_use(&ledger) <= 3,
+            "admitted {admitted:?}, ledger {ledger:#?}"
+        );
+        for name in &admitted {
+            ensure!(
+                holders(&ledger).contains(name),
+                "{name} admitted without a holding: {ledger:#?}"
+            );
+        }
+        if admitted.len() == 3 {
+            // Keep watching while the other six go through their retries.
+            let since = *settled_since.get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() > Duration::from_secs(8) {
+                break;
+            }
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "never 3 admitted: {admitted:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    Ok(())
+}
