@@ -146,6 +146,7 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
             }
         }
     }
+    remember_earlier_answers(&ctx, &wl, &all_ours);
     release_idle(&ctx, &wl, &all_ours).await?;
     let mut requeue: Option<Duration> = None;
     for (check, active) in ours {
@@ -168,6 +169,27 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
         lock(&ctx.failures).remove(&uid);
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// A Workload that holds quota with our answer on it was asked by an earlier process (before a
+/// restart or a leader change): remember it, so that its release is not missed when it finishes,
+/// is evicted or deleted. (One that went idle while no replica ran is never seen holding; a
+/// check that holds resources reconciles them itself.)
+fn remember_earlier_answers<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    checks: &[String],
+) {
+    let Some(uid) = wl.uid() else { return };
+    let revalidate = ctx.controller.revalidate_ready_every().is_some();
+    for check in checks {
+        if let Eligibility::Wait(_) | Eligibility::Decide { revalidating: true } =
+            eligibility(wl, check, revalidate)
+            && let Some(at) = AskedAt::of(wl, check)
+        {
+            ctx.asked().entry((uid.clone(), check.clone())).or_insert(at);
+        }
+    }
 }
 
 /// Releases what the checks hold for a Workload that was deleted (the reconciler never sees

@@ -139,6 +139,19 @@ impl Replica {
         let _ = self.task.await;
     }
 
+    /// Waits until `/readyz` answers 200 (caches synced).
+    async fn wait_ready(&self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
+        while e2e::http_get(self.http, "/readyz")
+            .await
+            .map_or(true, |(code, _)| code != 200)
+        {
+            ensure!(tokio::time::Instant::now() < deadline, "never ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
     async fn metric(&self, series: &str) -> Result<Option<f64>> {
         let (_, body) = e2e::http_get(self.http, "/metrics").await?;
         Ok(e2e::metric_sample(&body, series))
@@ -252,17 +265,7 @@ async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Re
     wait_holder(&env, Some("a")).await?;
     let b = s.start(&env, "b", Some(election(&env, "b", lease)), None)?;
     // The standby keeps warm caches and reports ready, but does not lead.
-    let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
-    while e2e::http_get(b.http, "/readyz")
-        .await
-        .map_or(true, |(code, _)| code != 200)
-    {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "standby never ready"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    b.wait_ready().await?;
     ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
 
     s.script.answer("first", Decision::ready("approved"));
@@ -513,5 +516,44 @@ async fn a_deleted_workload_is_released_once() -> Result<()> {
         s.script.releases_for("job")
     );
     replica.stop().await?;
+    Ok(())
+}
+
+/// A process that starts after another answered `Ready` still releases the Workload when it
+/// finishes: the runtime remembers answers it finds on Workloads that hold quota.
+#[tokio::test]
+async fn a_workload_admitted_before_a_restart_is_released_when_it_finishes() -> Result<()> {
+    let env = TestEnv::new("sdk-restart-release").await?;
+    let s = setup(&env, false).await?;
+    s.script.answer("job", Decision::ready("granted"));
+    let first = s.start(&env, "first", None, None)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_admitted(&wl).await?;
+    first.stop().await?;
+
+    let second = s.start(&env, "second", None, None)?;
+    // Ready: caches synced, and everything cached is queued for one reconcile on taking the
+    // lead; give that queue a moment before the Workload finishes.
+    second.wait_ready().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Deleting the Job makes Kueue mark the Workload Finished (reason OwnerNotFound).
+    env.jobs()
+        .delete("job", &DeleteParams::background())
+        .await?;
+    env.wait_workload(&wl, "Finished=True", |w| w.condition_is_true(cond::FINISHED))
+        .await?;
+    let script = s.script.clone();
+    e2e::eventually("the finished workload released", || {
+        script.releases_for("job") == [ReleaseReason::Finished]
+    })
+    .await?;
+    // (The first replica may have been asked twice: Kueue's own write right after the quota
+    // reservation often refuses the first answer with 409.)
+    ensure!(
+        s.script.calls_for("job").iter().all(|(r, _)| r == "first"),
+        "the second replica asked the check again: {:?}",
+        s.script.calls_for("job")
+    );
+    second.stop().await?;
     Ok(())
 }
