@@ -32,4 +32,7 @@ pub use check::{
 pub use error::Error;
 pub use options::Options;
 pub use retry::RetryPolicy;
-pub use runtime::{LeaderElection, RuntimeConfig, run, run_until};
+pub use runtime::{
+    Extensions, LeaderContext, LeaderElection, RuntimeConfig, WorkloadWaker, run, run_until,
+    run_until_with, termination_signal,
+};

@@ -40,7 +40,9 @@ use tracing_subscriber::EnvFilter;
 
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
-use crate::runtime::{LeaderElection, RuntimeConfig, lease_name_for, run};
+use crate::runtime::{
+    Extensions, LeaderElection, RuntimeConfig, lease_name_for, run_until_with, termination_signal,
+};
 
 /// Where the metrics and health endpoints listen, or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,6 +218,16 @@ impl Options {
     /// failure is logged with its reason; the exit code is non-zero if the controller did not
     /// stop cleanly (e.g. it lost its leader Lease and must restart as a standby).
     pub async fn run<C: AdmissionCheckController>(self, controller: C) -> ExitCode {
+        self.run_with(controller, Extensions::new()).await
+    }
+
+    /// [`Options::run`], with `extensions` running beside the runtime while this replica leads
+    /// (see [`run_until_with`]).
+    pub async fn run_with<C: AdmissionCheckController>(
+        self,
+        controller: C,
+        extensions: Extensions,
+    ) -> ExitCode {
         if let Err(e) = self.init_logging() {
             eprintln!("error: {e}");
             return ExitCode::from(2);
@@ -224,7 +236,14 @@ impl Options {
             let client = self.client().await?;
             let namespace = client.default_namespace().to_string();
             let runtime = self.runtime_config(controller.controller_name(), &namespace);
-            run(client, controller, runtime).await
+            run_until_with(
+                client,
+                controller,
+                runtime,
+                extensions,
+                termination_signal(),
+            )
+            .await
         }
         .await;
         match result {

@@ -201,6 +201,59 @@ impl WorkloadBuilder {
         self
     }
 
+    /// `metadata.uid` (default: derived from namespace and name).
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.wl.metadata.uid = Some(uid.into());
+        self
+    }
+
+    /// Adds an annotation (e.g. one the check reads its request from).
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.wl
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds a label.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.wl
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(key.into(), value.into());
+        self
+    }
+
+    /// Kueue counted `count` evictions for `reason` in `status.schedulingStats`.
+    pub fn eviction_count(mut self, reason: &str, count: i32) -> Self {
+        let stats = self
+            .status()
+            .scheduling_stats
+            .get_or_insert_with(Default::default);
+        stats.evictions.retain(|e| e.reason != reason);
+        stats.evictions.push(crate::api::EvictionCount {
+            reason: reason.into(),
+            underlying_cause: String::new(),
+            count,
+        });
+        self
+    }
+
+    /// `spec.maximumExecutionTimeSeconds`.
+    pub fn maximum_execution_time_seconds(mut self, seconds: i32) -> Self {
+        self.wl.spec.maximum_execution_time_seconds = Some(seconds);
+        self
+    }
+
+    /// Any other change, for fields this builder has no method for.
+    pub fn with(mut self, change: impl FnOnce(&mut Workload)) -> Self {
+        change(&mut self.wl);
+        self
+    }
+
     /// The Workload.
     pub fn build(self) -> Workload {
         self.wl
@@ -252,4 +305,31 @@ pub async fn decide_once<C: AdmissionCheckController>(
         now,
     };
     controller.decide(&ctx).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::ResourceExt;
+
+    #[test]
+    fn setters_shape_the_workload_the_way_the_api_helpers_read_it() {
+        let wl = WorkloadBuilder::new("team", "wl")
+            .uid("u-1")
+            .annotation("example.com/licenses", "matlab=1")
+            .label("team", "a")
+            .eviction_count("AdmissionCheck", 2)
+            .eviction_count("Preempted", 1)
+            .eviction_count("AdmissionCheck", 3)
+            .maximum_execution_time_seconds(600)
+            .with(|wl| wl.spec.priority = Some(7))
+            .build();
+        assert_eq!(wl.uid().as_deref(), Some("u-1"));
+        assert_eq!(wl.annotations()["example.com/licenses"], "matlab=1");
+        assert_eq!(wl.labels()["team"], "a");
+        assert_eq!(wl.evictions("AdmissionCheck"), 3);
+        assert_eq!(wl.total_evictions(), 4);
+        assert_eq!(wl.spec.maximum_execution_time_seconds, Some(600));
+        assert_eq!(wl.spec.priority, Some(7));
+    }
 }

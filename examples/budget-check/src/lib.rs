@@ -29,7 +29,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use kube::Client;
-use kueue_admission_sdk::RuntimeConfig;
+use kueue_admission_sdk::{Extensions, RuntimeConfig};
 
 pub use backend::{Backend, ConfigMapBackend};
 pub use check::{BudgetCheck, Settings};
@@ -48,10 +48,14 @@ pub async fn run_until<B: Backend>(
     sweep_every: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let sweeper = check::sweep_periodically(check.clone(), client.clone(), sweep_every);
-    let runtime = kueue_admission_sdk::run_until(client, check, runtime, shutdown);
-    tokio::select! {
-        result = runtime => Ok(result?),
-        () = sweeper => Ok(()),
-    }
+    let extensions = extensions(check.clone(), sweep_every);
+    Ok(kueue_admission_sdk::run_until_with(client, check, runtime, extensions, shutdown).await?)
+}
+
+/// The sweep, run by the replica that leads: once when it takes the lead, then every
+/// `sweep_every`.
+pub fn extensions<B: Backend>(check: BudgetCheck<B>, sweep_every: Duration) -> Extensions {
+    Extensions::new().while_leading("budget-ledger-sweep", move |ctx| {
+        check::sweep_periodically(check, ctx.client, sweep_every)
+    })
 }

@@ -102,7 +102,7 @@ async fn main() -> ExitCode {
             check,
             runtime,
             Duration::from_secs(cli.sweep_interval_seconds),
-            termination(),
+            kueue_admission_sdk::termination_signal(),
         )
         .await
     }
@@ -114,22 +114,6 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn termination() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 #[cfg(test)]

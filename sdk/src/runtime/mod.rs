@@ -12,6 +12,7 @@
 //! revalidation) and error backoff.
 
 mod checks;
+mod extensions;
 mod http;
 mod leader;
 mod metrics;
@@ -32,6 +33,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+pub use extensions::{Extensions, LeaderContext, WorkloadWaker};
 pub use leader::{LeaderElection, lease_name_for};
 
 use crate::api::{AdmissionCheck, Workload};
@@ -72,8 +74,9 @@ pub async fn run<C: AdmissionCheckController>(
     run_until(client, controller, config, termination_signal()).await
 }
 
-/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
-async fn termination_signal() {
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C: the `shutdown` a binary that calls
+/// [`run_until_with`] itself passes.
+pub async fn termination_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -114,6 +117,21 @@ pub async fn run_until<C, S>(
     client: Client,
     controller: C,
     config: RuntimeConfig,
+    shutdown: S,
+) -> Result<(), Error>
+where
+    C: AdmissionCheckController,
+    S: Future<Output = ()> + Send + 'static,
+{
+    run_until_with(client, controller, config, Extensions::new(), shutdown).await
+}
+
+/// [`run_until`], with `extensions` running beside the reconciler while this replica leads.
+pub async fn run_until_with<C, S>(
+    client: Client,
+    controller: C,
+    config: RuntimeConfig,
+    extensions: Extensions,
     shutdown: S,
 ) -> Result<(), Error>
 where
@@ -182,10 +200,16 @@ where
     // Ready once both watches delivered their first complete list (InitDone), seen on the
     // streams themselves.
     let workloads_synced = Arc::new(tokio::sync::Notify::new());
+    // Our own "Workload cache complete" flag: kube's `Store::wait_until_ready` can miss its
+    // wake-up when several tasks wait on it at once (one waker is kept), so tasks wait on this.
+    let (cache_ready_tx, cache_ready) = watch::channel(false);
     background.push({
         let (workloads_synced, health) = (workloads_synced.clone(), health.clone());
         tokio::spawn(async move {
             workloads_synced.notified().await;
+            let _ = cache_ready_tx.send(true);
+            // Kept until the runtime stops, so waiters never see the channel closed.
+            let _keep = cache_ready_tx;
             checks_synced.notified().await;
             health.ready.store(true, Ordering::Release);
             info!("caches synced, ready");
@@ -205,6 +229,7 @@ where
         leadership.leading.clone(),
     )));
     let recorder = Recorder::new(client.clone(), Reporter::from(config.field_manager.clone()));
+    let extension_client = client.clone();
     let ctx = Arc::new(reconcile::Context::new(
         client,
         controller,
@@ -229,9 +254,29 @@ where
         () = shutdown.clone() => false,
     };
     let mut outcome = Ok(());
+    let mut leader_tasks = TaskGroup::default();
     if became_leader {
         info!("leading: reconciling Workloads");
         let _ = trigger_tx.try_send(());
+        let (wake_tx, wake_rx) = mpsc::channel(1024);
+        let leader_ctx = LeaderContext {
+            client: extension_client,
+            workloads: reader.clone(),
+            waker: WorkloadWaker(wake_tx),
+        };
+        for (name, task) in extensions.tasks {
+            let fut = task(leader_ctx.clone());
+            let mut cache_ready = cache_ready.clone();
+            leader_tasks.push(tokio::spawn(async move {
+                // A task starts with a complete cache, so a Workload missing from it is gone.
+                if cache_ready.wait_for(|r| *r).await.is_err() {
+                    return;
+                }
+                fut.await;
+                warn!(task = %name, "a task running beside the runtime returned");
+            }));
+        }
+        drop(leader_ctx);
         let lost = Arc::new(AtomicBool::new(false));
         let stop = {
             let (mut leading, lost, shutdown) = (leading.clone(), lost.clone(), shutdown.clone());
@@ -248,6 +293,7 @@ where
         Controller::for_stream(changes, reader)
             .with_config(ControllerConfig::default().concurrency(config.concurrency))
             .reconcile_all_on(trigger)
+            .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(wake_rx))
             .graceful_shutdown_on(stop)
             .run(reconcile::reconcile, reconcile::error_policy, ctx)
             .for_each(|res| async move {
@@ -260,7 +306,9 @@ where
             outcome = Err(Error::LeadershipLost);
         }
     }
-    // Every receiver of the leadership channel must be gone before the Lease is released.
+    // Every receiver of the leadership channel must be gone before the Lease is released, and
+    // nothing may write after it.
+    leader_tasks.stop().await;
     background.stop().await;
     drop(leading);
     leadership.release(RELEASE_TIMEOUT).await;

@@ -187,7 +187,9 @@ fn remember_earlier_answers<C: AdmissionCheckController>(
             eligibility(wl, check, revalidate)
             && let Some(at) = AskedAt::of(wl, check)
         {
-            ctx.asked().entry((uid.clone(), check.clone())).or_insert(at);
+            ctx.asked()
+                .entry((uid.clone(), check.clone()))
+                .or_insert(at);
         }
     }
 }

@@ -15,8 +15,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, LeaderElection, NoParameters, ReleaseContext,
-    ReleaseReason, RuntimeConfig, run_until,
+    AdmissionCheckController, CheckContext, Decision, Extensions, LeaderContext, LeaderElection,
+    NoParameters, ReleaseContext, ReleaseReason, RuntimeConfig, run_until_with,
 };
 use serde_json::json;
 use tokio::sync::{Semaphore, oneshot};
@@ -208,6 +208,17 @@ impl Setup {
         election: Option<LeaderElection>,
         revalidate: Option<Duration>,
     ) -> Result<Replica> {
+        self.start_with(env, replica, election, revalidate, Extensions::new())
+    }
+
+    fn start_with(
+        &self,
+        env: &TestEnv,
+        replica: &str,
+        election: Option<LeaderElection>,
+        revalidate: Option<Duration>,
+        extensions: Extensions,
+    ) -> Result<Replica> {
         let http = e2e::free_local_address()?;
         let config = RuntimeConfig {
             metrics_address: Some(http),
@@ -222,9 +233,15 @@ impl Setup {
             script: self.script.clone(),
         };
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run_until(env.client.clone(), probe, config, async move {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(run_until_with(
+            env.client.clone(),
+            probe,
+            config,
+            extensions,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         Ok(Replica {
             stop: Some(stop),
             task,
@@ -540,8 +557,10 @@ async fn a_workload_admitted_before_a_restart_is_released_when_it_finishes() -> 
     env.jobs()
         .delete("job", &DeleteParams::background())
         .await?;
-    env.wait_workload(&wl, "Finished=True", |w| w.condition_is_true(cond::FINISHED))
-        .await?;
+    env.wait_workload(&wl, "Finished=True", |w| {
+        w.condition_is_true(cond::FINISHED)
+    })
+    .await?;
     let script = s.script.clone();
     e2e::eventually("the finished workload released", || {
         script.releases_for("job") == [ReleaseReason::Finished]
@@ -555,5 +574,60 @@ async fn a_workload_admitted_before_a_restart_is_released_when_it_finishes() -> 
         s.script.calls_for("job")
     );
     second.stop().await?;
+    Ok(())
+}
+
+/// A task beside the runtime sees the Workload cache and wakes a Workload when something outside
+/// it changed: the check is asked again at once, with no recheck timer.
+#[tokio::test]
+async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
+    let env = TestEnv::new("sdk-wake").await?;
+    let s = setup(&env, false).await?;
+    // The check says Pending without asking to be asked again; only a wake can move it on.
+    s.script
+        .answer("job", Decision::pending("waiting for the outside world"));
+    let (go, mut gone) = tokio::sync::mpsc::channel::<()>(1);
+    let cached = Arc::new(Mutex::new(None::<String>));
+    let seen = cached.clone();
+    let namespace = env.ns.clone();
+    let extensions =
+        Extensions::new().while_leading("waker", move |ctx: LeaderContext| async move {
+            while gone.recv().await.is_some() {
+                // The task finds the Workload in the runtime's cache and wakes it.
+                let Some(wl) = ctx
+                    .workloads
+                    .state()
+                    .into_iter()
+                    .find(|w| w.namespace().as_deref() == Some(namespace.as_str()))
+                else {
+                    continue;
+                };
+                *lock(&seen) = Some(wl.name_any());
+                ctx.waker.wake(&namespace, &wl.name_any()).await;
+            }
+        });
+    let replica = s.start_with(&env, "only", None, None, extensions)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_workload(&wl, "the check's Pending message", |w| {
+        w.admission_check(&s.probe)
+            .is_some_and(|e| e.message == "waiting for the outside world")
+    })
+    .await?;
+    // The runtime's own write is a change too and asks once more (same answer, nothing
+    // written); after that, nothing changes on the Workload and nothing asks the check again...
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = s.script.calls_for("job").len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        s.script.calls_for("job").len() == asked,
+        "asked again without a wake"
+    );
+    // ...until the outside world changes and the task wakes it.
+    s.script
+        .answer("job", Decision::ready("the outside world agreed"));
+    go.send(()).await?;
+    env.wait_admitted(&wl).await?;
+    ensure!(lock(&cached).as_deref() == Some(wl.as_str()));
+    replica.stop().await?;
     Ok(())
 }
