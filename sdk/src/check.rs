@@ -42,6 +42,18 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         None
     }
 
+    /// Ask again about Workloads already `Ready` whenever they are reconciled: on a change of
+    /// the Workload, or a wake from a task beside the runtime ([`crate::runtime::WorkloadWaker`]),
+    /// without a timer. For a check whose answer can be withdrawn by an outside event, e.g. a
+    /// ProvisioningRequest whose capacity was revoked. `false` by default.
+    fn revalidate_ready_on_change(&self) -> bool {
+        false
+    }
+
+    /// Registers the check's own metrics beside the runtime's, on the same `/metrics`
+    /// endpoint. Use a prefix of the check's own.
+    fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
+
     /// Decides for one Workload that holds quota and waits for this check.
     fn decide(
         &self,
@@ -161,7 +173,7 @@ impl<P> CheckContext<'_, P> {
 }
 
 /// The attempt an entry stands for: Kueue's `retryCount + 1`.
-pub(crate) fn attempt_of(entry: &AdmissionCheckState) -> u32 {
+pub fn attempt_of(entry: &AdmissionCheckState) -> u32 {
     u32::try_from(entry.retry_count.unwrap_or(0))
         .unwrap_or(0)
         .saturating_add(1)

@@ -25,6 +25,9 @@ pub mod retry;
 pub mod runtime;
 pub mod testing;
 
+/// The metrics library the runtime serves, for [`AdmissionCheckController::register_metrics`].
+pub use prometheus_client;
+
 pub use check::{
     AdmissionCheckController, CheckContext, CheckParameters, Decision, NoParameters,
     ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,

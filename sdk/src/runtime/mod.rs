@@ -160,6 +160,7 @@ where
         reader.clone(),
         check_names,
     ));
+    controller.register_metrics(&mut prometheus);
     let health = Arc::new(http::Health {
         registry: prometheus,
         ready: Default::default(),

@@ -75,6 +75,12 @@ impl<C: AdmissionCheckController> Context<C> {
         }
     }
 
+    /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).
+    fn revalidates(&self) -> bool {
+        self.controller.revalidate_ready_every().is_some()
+            || self.controller.revalidate_ready_on_change()
+    }
+
     fn asked(&self) -> std::sync::MutexGuard<'_, HashMap<PairKey, AskedAt>> {
         lock(&self.asked)
     }
@@ -181,7 +187,7 @@ fn remember_earlier_answers<C: AdmissionCheckController>(
     checks: &[String],
 ) {
     let Some(uid) = wl.uid() else { return };
-    let revalidate = ctx.controller.revalidate_ready_every().is_some();
+    let revalidate = ctx.revalidates();
     for check in checks {
         if let Eligibility::Wait(_) | Eligibility::Decide { revalidating: true } =
             eligibility(wl, check, revalidate)
@@ -246,7 +252,7 @@ async fn release_idle<C: AdmissionCheckController>(
     checks: &[String],
 ) -> Result<(), Error> {
     let Some(uid) = wl.uid() else { return Ok(()) };
-    let revalidate = ctx.controller.revalidate_ready_every().is_some();
+    let revalidate = ctx.revalidates();
     for check in checks {
         let key = (uid.clone(), check.clone());
         let Some(asked_at) = ctx.asked().get(&key).copied() else {
@@ -301,6 +307,7 @@ async fn decide_one<C: AdmissionCheckController>(
     active: &ActiveCheck<C::Parameters>,
 ) -> Result<Option<Duration>, Error> {
     let revalidate = ctx.controller.revalidate_ready_every();
+    let revalidates = ctx.revalidates();
     // The cached Workload is borrowed; an owned copy exists only after a 409 made us read again.
     let mut wl = Cow::Borrowed(cached);
     let namespace = wl
@@ -312,7 +319,7 @@ async fn decide_one<C: AdmissionCheckController>(
     let key: PairKey = (uid, check.to_string());
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
     for _ in 0..CONFLICT_ATTEMPTS {
-        let revalidating = match eligibility(&wl, check, revalidate.is_some()) {
+        let revalidating = match eligibility(&wl, check, revalidates) {
             Eligibility::Decide { revalidating } => revalidating,
             _ => return Ok(None),
         };
@@ -362,7 +369,7 @@ async fn decide_one<C: AdmissionCheckController>(
             check,
             decision,
             policy: &active.policy,
-            revalidate_ready: revalidate.is_some(),
+            revalidate_ready: revalidates,
             now,
             jitter_sample: rand::random::<f64>(),
         };
@@ -405,7 +412,7 @@ async fn decide_one<C: AdmissionCheckController>(
                 };
                 let moved_on = AskedAt::of(&fresh, check) != asked_at
                     || !matches!(
-                        eligibility(&fresh, check, revalidate.is_some()),
+                        eligibility(&fresh, check, revalidates),
                         Eligibility::Decide { .. }
                     );
                 if moved_on
