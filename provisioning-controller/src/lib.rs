@@ -1,7 +1,57 @@
-//! The reference ProvisioningRequest admission check (work in progress).
+//! The reference ProvisioningRequest admission check, built on `kueue-admission-sdk`.
 //!
-//! It will admit a Workload only once cluster-autoscaler has provisioned capacity for all of its
-//! pods, accepting Kueue's own `ProvisioningRequestConfig` as parameters.
+//! A Workload is admitted only once cluster-autoscaler has provisioned capacity for all of its
+//! pods. The check accepts Kueue's own `ProvisioningRequestConfig` as its AdmissionCheck's
+//! parameters, so switching from Kueue's built-in check means changing only the
+//! `controllerName`.
+//!
+//! Layers, from pure to I/O:
+//! - [`names`]: names of requests and PodTemplates, within 253 characters, that parse back;
+//! - [`plan`]: which podsets need capacity, merge policies, the PodTemplates and the request;
+//! - [`outcome`]: a request's conditions (and the clock) → the check's decision;
+//! - [`config`]: the parameters (Kueue's ProvisioningRequestConfig) and this controller's extras;
+//! - [`check`]: the SDK trait implementation, creating and reading requests;
+//! - [`cleanup`]: watching our requests, waking their Workloads, removing what nobody needs;
+//! - [`simulator`]: plays cluster-autoscaler's part for tests and the demo.
+
+pub mod check;
+pub mod cleanup;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod names;
+pub mod outcome;
+pub mod plan;
+pub mod simulator;
+
+use std::future::Future;
+
+use kube::Client;
+use kueue_admission_sdk::{Extensions, RuntimeConfig};
+
+pub use check::{ProvisioningCheck, Settings};
+pub use config::ProvisioningParameters;
+pub use error::Error;
+
+/// The task that runs beside the SDK runtime on the leading replica: it watches this
+/// instance's requests, wakes their Workloads, counts their transitions and removes orphans.
+pub fn extensions(check: &ProvisioningCheck) -> Extensions {
+    let (instance, metrics) = (check.instance().to_string(), check.metrics());
+    Extensions::new().while_leading("provisioning-requests", move |ctx| {
+        cleanup::watch_requests(ctx, instance, metrics)
+    })
+}
+
+/// Runs the check until `shutdown` resolves (what the binary does, for tests and embedding).
+pub async fn run_until(
+    client: Client,
+    check: ProvisioningCheck,
+    runtime: RuntimeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let extensions = extensions(&check);
+    Ok(kueue_admission_sdk::run_until_with(client, check, runtime, extensions, shutdown).await?)
+}
 
 /// The controllerName this controller answers by default.
 ///

@@ -1,0 +1,413 @@
+//! Tying requests to Workloads without an ownerReference, and removing what nobody needs.
+//!
+//! Kueue's built-in check deletes every ProvisioningRequest whose ownerReferences name the
+//! Workload, so ours carry labels instead: this instance's label and the Workload's uid (plus
+//! annotations with the Workload's name, the check and the attempt). Three paths remove them:
+//! - `release` (called by the SDK when a Workload finishes, is evicted, is deactivated, loses
+//!   the check or is deleted) deletes the Workload's requests and their templates;
+//! - each new attempt deletes the earlier attempts' requests first;
+//! - the task below watches this instance's requests while the replica leads: on taking the
+//!   lead it sees every existing request, and deletes those whose Workload is gone or no longer
+//!   needs them (also after this controller was down while the Workload was deleted). The same
+//!   watch wakes a request's Workload on every change, so the check answers at once.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PodTemplate;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::LeaderContext;
+use kueue_admission_sdk::api::{
+    ProvisioningRequest, Workload, find_condition, provisioning_condition as pr,
+};
+use kueue_admission_sdk::check::attempt_of;
+use kueue_admission_sdk::decide::{Eligibility, eligibility};
+use sha2::{Digest, Sha256};
+use tracing::{info, warn};
+
+use crate::check::is_not_found;
+use crate::error::Error;
+use crate::metrics::{Metrics, Transition};
+use crate::names;
+use crate::plan;
+
+/// `app.kubernetes.io/managed-by` on every request and template this controller creates.
+pub const MANAGED_BY: &str = "kueue-provisioning-controller";
+
+/// Label naming the controller instance (a hash of its controllerName) that owns an object,
+/// so that two instances with different controllerNames never touch each other's requests.
+pub const INSTANCE_LABEL: &str = "kueue-admission-checks.dev/instance";
+
+/// Templates younger than this are never swept as orphans: a template is created just before
+/// its request.
+const TEMPLATE_GRACE: Duration = Duration::from_secs(60);
+
+/// The value of [`INSTANCE_LABEL`] for a controllerName: short, stable, a valid label value.
+pub fn instance_label(controller_name: &str) -> String {
+    let digest = Sha256::digest(controller_name.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("pr-{hex}")
+}
+
+/// Why a request is no longer needed, or `None` while its Workload may still use it. Pure;
+/// `workload` is the Workload named by the request's annotation, if it exists.
+pub fn orphan_reason(request: &ProvisioningRequest, workload: Option<&Workload>) -> Option<String> {
+    let Some(wl) = workload else {
+        return Some("its Workload no longer exists".into());
+    };
+    let uid = request.labels().get(plan::WORKLOAD_UID_LABEL);
+    if uid.is_none() || uid != wl.uid().as_ref() {
+        return Some(
+            "its Workload was deleted (a Workload of the same name is another one)".into(),
+        );
+    }
+    let check = request
+        .annotations()
+        .get(plan::CHECK_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or_default();
+    match eligibility(wl, check, true) {
+        Eligibility::Idle(reason) => Some(format!(
+            "its Workload no longer needs it ({})",
+            reason.as_str()
+        )),
+        _ => {
+            let current = wl.admission_check(check).map(attempt_of).unwrap_or(1);
+            match names::attempt_of(&request.name_any()) {
+                Some(a) if a < current => {
+                    Some(format!("attempt {a} was superseded by attempt {current}"))
+                }
+                _ => None,
+            }
+        }
+    }
+}
+
+/// Deletes the requests of `wl` for `check` that `which` selects, with their templates.
+/// Returns how many requests it deleted.
+pub async fn delete_requests_of(
+    client: &Client,
+    instance: &str,
+    wl: &Workload,
+    check: &str,
+    which: impl Fn(&ProvisioningRequest) -> bool,
+) -> Result<usize, Error> {
+    let namespace = wl
+        .namespace()
+        .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "namespace"))?;
+    let uid = wl
+        .uid()
+        .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "uid"))?;
+    let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
+    let selector = format!(
+        "{INSTANCE_LABEL}={instance},{}={uid}",
+        plan::WORKLOAD_UID_LABEL
+    );
+    let requests = api.list(&ListParams::default().labels(&selector)).await?;
+    let mut deleted = 0;
+    for r in requests.items.iter().filter(|r| {
+        r.annotations()
+            .get(plan::CHECK_ANNOTATION)
+            .map(String::as_str)
+            == Some(check)
+            && which(r)
+    }) {
+        delete_request(client, r).await?;
+        deleted += 1;
+    }
+    Ok(deleted)
+}
+
+/// Deletes a request and the PodTemplates it names. Objects already gone are fine.
+pub async fn delete_request(client: &Client, request: &ProvisioningRequest) -> Result<(), Error> {
+    let namespace = request.namespace().unwrap_or_default();
+    let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
+    match api
+        .delete(&request.name_any(), &DeleteParams::background())
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if is_not_found(&e) => {}
+        Err(e) => return Err(e.into()),
+    }
+    delete_templates(client, request).await
+}
+
+async fn delete_templates(client: &Client, request: &ProvisioningRequest) -> Result<(), Error> {
+    let namespace = request.namespace().unwrap_or_default();
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
+    for p in &request.spec.pod_sets {
+        match templates
+            .delete(&p.pod_template_ref.name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The conditions counted in metrics that are true on a request.
+fn counted_conditions(r: &ProvisioningRequest) -> BTreeSet<&'static str> {
+    let conditions = r
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    [
+        pr::PROVISIONED,
+        pr::FAILED,
+        pr::BOOKING_EXPIRED,
+        pr::CAPACITY_REVOKED,
+    ]
+    .into_iter()
+    .filter(|t| find_condition(conditions, t).is_some_and(|c| c.status == "True"))
+    .collect()
+}
+
+fn transition(r: &ProvisioningRequest, condition: &str) -> Option<Transition> {
+    Some(match condition {
+        pr::PROVISIONED => {
+            let conditions = r.status.as_ref().map(|s| s.conditions.as_slice())?;
+            let at = find_condition(conditions, pr::PROVISIONED)?
+                .last_transition_time
+                .0;
+            let created = r.metadata.creation_timestamp.as_ref()?.0;
+            let secs = at.duration_since(created).as_secs_f64().max(0.0);
+            Transition::Provisioned(secs)
+        }
+        pr::FAILED => Transition::Failed,
+        pr::BOOKING_EXPIRED => Transition::BookingExpired,
+        pr::CAPACITY_REVOKED => Transition::CapacityRevoked,
+        _ => return None,
+    })
+}
+
+/// The task beside the runtime: watches this instance's requests, wakes their Workloads,
+/// counts their transitions and deletes orphans. Runs until dropped.
+pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<Metrics>) {
+    let api: Api<ProvisioningRequest> = Api::all(ctx.client.clone());
+    let config = watcher::Config::default().labels(&format!("{INSTANCE_LABEL}={instance}"));
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    // Conditions already counted, by request uid: a restart counts only what changes after it.
+    let mut counted: HashMap<String, BTreeSet<&'static str>> = HashMap::new();
+    // Requests listed while (re)starting the watch, for the template sweep.
+    let mut listed: HashSet<(String, String)> = HashSet::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitApply(r)) => {
+                counted.insert(r.uid().unwrap_or_default(), counted_conditions(&r));
+                listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
+                sweep_one(&ctx, &r).await;
+                wake(&ctx, &r).await;
+            }
+            Ok(watcher::Event::InitDone) => sweep_templates(&ctx, &instance, &listed).await,
+            Ok(watcher::Event::Apply(r)) => {
+                let now = counted_conditions(&r);
+                let before = counted.insert(r.uid().unwrap_or_default(), now.clone());
+                let check = r
+                    .annotations()
+                    .get(plan::CHECK_ANNOTATION)
+                    .cloned()
+                    .unwrap_or_default();
+                for c in now.difference(&before.unwrap_or_default()) {
+                    if let Some(t) = transition(&r, c) {
+                        metrics.transition(&check, t);
+                    }
+                }
+                sweep_one(&ctx, &r).await;
+                wake(&ctx, &r).await;
+            }
+            Ok(watcher::Event::Delete(r)) => {
+                counted.remove(&r.uid().unwrap_or_default());
+                if let Err(e) = delete_templates(&ctx.client, &r).await {
+                    warn!(request = %r.name_any(), error = %e, "deleting the templates of a deleted request");
+                }
+                wake(&ctx, &r).await;
+            }
+            Err(e) => warn!(error = %e, "watching ProvisioningRequests"),
+        }
+    }
+}
+
+async fn wake(ctx: &LeaderContext, r: &ProvisioningRequest) {
+    if let (Some(ns), Some(wl)) = (
+        r.namespace(),
+        r.annotations().get(plan::WORKLOAD_ANNOTATION),
+    ) {
+        ctx.waker.wake(&ns, wl).await;
+    }
+}
+
+/// Deletes `r` if it is an orphan, confirming with a fresh read of the Workload: the cache may
+/// not have seen a Workload created a moment ago.
+async fn sweep_one(ctx: &LeaderContext, r: &ProvisioningRequest) {
+    if r.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    let Some(namespace) = r.namespace() else {
+        return;
+    };
+    let Some(name) = r.annotations().get(plan::WORKLOAD_ANNOTATION) else {
+        return;
+    };
+    let cached = ctx.workloads.get(&ObjectRef::new(name).within(&namespace));
+    if orphan_reason(r, cached.as_deref()).is_none() {
+        return;
+    }
+    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
+    let fresh = match api.get_opt(name).await {
+        Ok(w) => w,
+        Err(e) => {
+            warn!(request = %r.name_any(), error = %e, "reading the Workload of a request");
+            return;
+        }
+    };
+    let Some(reason) = orphan_reason(r, fresh.as_ref()) else {
+        return;
+    };
+    match delete_request(&ctx.client, r).await {
+        Ok(()) => {
+            info!(request = %r.name_any(), namespace, reason, "deleted an orphaned ProvisioningRequest")
+        }
+        Err(e) => {
+            warn!(request = %r.name_any(), error = %e, "deleting an orphaned ProvisioningRequest")
+        }
+    }
+}
+
+/// Deletes this instance's templates whose request does not exist (a crash between creating
+/// the templates and the request, or a request deleted while no replica ran).
+async fn sweep_templates(
+    ctx: &LeaderContext,
+    instance: &str,
+    requests: &HashSet<(String, String)>,
+) {
+    let api: Api<PodTemplate> = Api::all(ctx.client.clone());
+    let list = match api
+        .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={instance}")))
+        .await
+    {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(error = %e, "listing PodTemplates to sweep");
+            return;
+        }
+    };
+    let now = Timestamp::now();
+    for t in list.items {
+        let namespace = t.namespace().unwrap_or_default();
+        let request = t.annotations().get(plan::REQUEST_ANNOTATION).cloned();
+        let young = t
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .is_none_or(|c| now.duration_since(c.0).unsigned_abs() < TEMPLATE_GRACE);
+        let orphan = request.is_none_or(|r| !requests.contains(&(namespace.clone(), r)));
+        if !orphan || young {
+            continue;
+        }
+        let templates: Api<PodTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
+        match templates
+            .delete(&t.name_any(), &DeleteParams::background())
+            .await
+        {
+            Ok(_) => info!(template = %t.name_any(), namespace, "deleted an orphaned PodTemplate"),
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                warn!(template = %t.name_any(), error = %e, "deleting an orphaned PodTemplate")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kueue_admission_sdk::api::{CheckState, ProvisioningRequestSpec};
+    use kueue_admission_sdk::testing::WorkloadBuilder;
+
+    fn request(name: &str, uid: &str, check: &str) -> ProvisioningRequest {
+        let mut r = ProvisioningRequest::new(name, ProvisioningRequestSpec::default());
+        r.metadata.namespace = Some("team".into());
+        r.labels_mut()
+            .insert(plan::WORKLOAD_UID_LABEL.into(), uid.into());
+        r.annotations_mut()
+            .insert(plan::CHECK_ANNOTATION.into(), check.into());
+        r.annotations_mut()
+            .insert(plan::WORKLOAD_ANNOTATION.into(), "wl".into());
+        r
+    }
+
+    fn holding(retry_count: Option<i32>) -> Workload {
+        let mut b = WorkloadBuilder::new("team", "wl")
+            .uid("u1")
+            .pod_set("main", 1, "1")
+            .check("prov", CheckState::Pending)
+            .quota_reserved("cq", "default");
+        if let Some(n) = retry_count {
+            b = b.retry_count("prov", n);
+        }
+        b.build()
+    }
+
+    #[test]
+    fn a_request_of_a_live_workload_on_its_current_attempt_is_kept() {
+        let r = request("wl-prov-2", "u1", "prov");
+        assert_eq!(orphan_reason(&r, Some(&holding(Some(1)))), None);
+        // A request ahead of a stale cache is kept too.
+        let ahead = request("wl-prov-3", "u1", "prov");
+        assert_eq!(orphan_reason(&ahead, Some(&holding(Some(1)))), None);
+    }
+
+    #[test]
+    fn gone_recreated_idle_or_superseded_is_an_orphan() {
+        let r = request("wl-prov-1", "u1", "prov");
+        assert!(orphan_reason(&r, None).is_some_and(|m| m.contains("no longer exists")));
+        let other = WorkloadBuilder::new("team", "wl")
+            .uid("u2")
+            .check("prov", CheckState::Pending)
+            .quota_reserved("cq", "default")
+            .build();
+        assert!(orphan_reason(&r, Some(&other)).is_some_and(|m| m.contains("another one")));
+        let finished = WorkloadBuilder::new("team", "wl")
+            .uid("u1")
+            .check("prov", CheckState::Ready)
+            .quota_reserved("cq", "default")
+            .finished()
+            .build();
+        assert!(orphan_reason(&r, Some(&finished)).is_some_and(|m| m.contains("finished")));
+        let no_quota = WorkloadBuilder::new("team", "wl")
+            .uid("u1")
+            .check("prov", CheckState::Pending)
+            .build();
+        assert!(orphan_reason(&r, Some(&no_quota)).is_some());
+        assert!(
+            orphan_reason(&r, Some(&holding(Some(1))))
+                .is_some_and(|m| m.contains("superseded by attempt 2"))
+        );
+        // The check was removed from the Workload's ClusterQueue.
+        let other_check = request("wl-gone-1", "u1", "gone");
+        assert!(orphan_reason(&other_check, Some(&holding(None))).is_some());
+    }
+
+    #[test]
+    fn instance_labels_are_valid_label_values() {
+        let v = instance_label("kueue-admission-checks.dev/provisioning-request");
+        assert!(v.len() <= 63);
+        assert!(v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        assert_eq!(
+            v,
+            instance_label("kueue-admission-checks.dev/provisioning-request")
+        );
+    }
+}

@@ -1,0 +1,344 @@
+//! The check's parameters: Kueue's own `ProvisioningRequestConfig`, read whole (so the extras
+//! this controller adds can live in its annotations instead of a forked CRD).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kueue_admission_sdk::api::{
+    ProvisioningRequestConfigSpec, ProvisioningRequestPodSetUpdatesNodeSelector,
+};
+use kueue_admission_sdk::retry::{Backoff, ExponentialBackoff, MAX_DELAY};
+use kueue_admission_sdk::{CheckParameters, ParametersKind, RetryPolicy};
+use serde::Deserialize;
+
+/// Annotation on a `ProvisioningRequestConfig`: a request not `Provisioned` this many seconds
+/// after it was created counts as a failed attempt. Overrides the controller's
+/// `--provisioning-timeout-seconds`; `0` turns the timeout off for this config.
+pub const TIMEOUT_ANNOTATION: &str = "kueue-admission-checks.dev/provisioning-timeout-seconds";
+
+/// Kueue's defaults for an absent `retryStrategy` field.
+pub const DEFAULT_BACKOFF_LIMIT_COUNT: i32 = 3;
+/// Seconds before the second attempt.
+pub const DEFAULT_BACKOFF_BASE_SECONDS: i32 = 60;
+/// Upper bound of any delay, in seconds.
+pub const DEFAULT_BACKOFF_MAX_SECONDS: i32 = 1800;
+
+/// The two merge policies Kueue knows.
+pub const MERGE_POLICIES: [&str; 2] = [
+    "IdenticalPodTemplates",
+    "IdenticalWorkloadSchedulingRequirements",
+];
+
+/// A `ProvisioningRequestConfig` as the AdmissionCheck's `spec.parameters` names it.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct ProvisioningParameters {
+    /// Only the name and annotations are read.
+    #[serde(default)]
+    pub metadata: ConfigMetadata,
+    /// Kueue's schema, unchanged.
+    #[serde(default)]
+    pub spec: ProvisioningRequestConfigSpec,
+}
+
+/// The part of the config's metadata this controller reads.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct ConfigMetadata {
+    /// The config's name, for messages.
+    #[serde(default)]
+    pub name: String,
+    /// Where this controller's extra settings live.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl CheckParameters for ProvisioningParameters {
+    fn reference() -> Option<ParametersKind> {
+        Some(ParametersKind {
+            group: "kueue.x-k8s.io",
+            version: "v1beta2",
+            kind: "ProvisioningRequestConfig",
+            plural: "provisioningrequestconfigs",
+        })
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let spec = &self.spec;
+        if spec.provisioning_class_name.is_empty() {
+            return Err("spec.provisioningClassName is empty".into());
+        }
+        if spec.parameters.len() > 100 {
+            return Err(format!(
+                "spec.parameters has {} entries; a ProvisioningRequest takes at most 100",
+                spec.parameters.len()
+            ));
+        }
+        if let Some((key, _)) = spec.parameters.iter().find(|(_, v)| v.len() > 255) {
+            return Err(format!(
+                "spec.parameters[{key:?}] is longer than the 255 characters a ProvisioningRequest allows"
+            ));
+        }
+        if let Some(policy) = &spec.pod_set_merge_policy
+            && !MERGE_POLICIES.contains(&policy.as_str())
+        {
+            return Err(format!(
+                "spec.podSetMergePolicy {policy:?} is not one of {}",
+                MERGE_POLICIES.join(", ")
+            ));
+        }
+        if let Some(s) = &spec.retry_strategy {
+            for (field, value) in [
+                ("backoffLimitCount", s.backoff_limit_count),
+                ("backoffBaseSeconds", s.backoff_base_seconds),
+                ("backoffMaxSeconds", s.backoff_max_seconds),
+            ] {
+                if let Some(v) = value
+                    && v < 0
+                {
+                    return Err(format!(
+                        "spec.retryStrategy.{field} is {v}; it cannot be negative"
+                    ));
+                }
+            }
+        }
+        if let Some(e) = self
+            .node_selector_updates()
+            .iter()
+            .find(|e| e.key.is_empty() || e.value_from_provisioning_class_detail.is_empty())
+        {
+            return Err(format!(
+                "spec.podSetUpdates.nodeSelector has an entry with an empty key or \
+                 valueFromProvisioningClassDetail: {e:?}"
+            ));
+        }
+        self.timeout_override()?;
+        Ok(())
+    }
+}
+
+impl ProvisioningParameters {
+    /// The retry strategy with Kueue's defaults for absent fields: `min(base · 2^(n−1), max)`
+    /// seconds after attempt `n`, a base of 0 meaning no delay and a max of 0 no cap, and at
+    /// most `backoffLimitCount` retries.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        let s = self.spec.retry_strategy.clone().unwrap_or_default();
+        let limit = s.backoff_limit_count.unwrap_or(DEFAULT_BACKOFF_LIMIT_COUNT);
+        let base = s
+            .backoff_base_seconds
+            .unwrap_or(DEFAULT_BACKOFF_BASE_SECONDS);
+        let max = s.backoff_max_seconds.unwrap_or(DEFAULT_BACKOFF_MAX_SECONDS);
+        let backoff = if base <= 0 {
+            Backoff::Immediate
+        } else {
+            let max = if max <= 0 { MAX_DELAY } else { secs(max) };
+            let mut e = ExponentialBackoff::kueue_default();
+            e.base = secs(base);
+            e.factor = 2.0;
+            e.max = max;
+            Backoff::Exponential(e)
+        };
+        RetryPolicy {
+            backoff,
+            retry_limit: Some(limit.max(0) as u32),
+        }
+    }
+
+    /// `spec.podSetUpdates.nodeSelector`, empty when absent.
+    pub fn node_selector_updates(&self) -> &[ProvisioningRequestPodSetUpdatesNodeSelector] {
+        self.spec
+            .pod_set_updates
+            .as_ref()
+            .map(|u| u.node_selector.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// The timeout the config's annotation sets: `Ok(None)` without the annotation,
+    /// `Ok(Some(None))` for `0` (off).
+    pub fn timeout_override(&self) -> Result<Option<Option<Duration>>, String> {
+        let Some(raw) = self.metadata.annotations.get(TIMEOUT_ANNOTATION) else {
+            return Ok(None);
+        };
+        match raw.trim().parse::<u32>() {
+            Ok(0) => Ok(Some(None)),
+            Ok(s) => Ok(Some(Some(Duration::from_secs(u64::from(s))))),
+            Err(_) => Err(format!(
+                "annotation {TIMEOUT_ANNOTATION} is {raw:?}; expected whole seconds \
+                 (0 turns the timeout off)"
+            )),
+        }
+    }
+
+    /// The provisioning timeout for requests made with this config.
+    pub fn timeout(&self, controller_default: Option<Duration>) -> Option<Duration> {
+        match self.timeout_override() {
+            Ok(Some(t)) => t,
+            _ => controller_default,
+        }
+    }
+}
+
+fn secs(s: i32) -> Duration {
+    Duration::from_secs(u64::try_from(s).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kueue_admission_sdk::api::{
+        ProvisioningRequestPodSetUpdates, ProvisioningRequestRetryStrategy,
+    };
+
+    fn params(spec: ProvisioningRequestConfigSpec) -> ProvisioningParameters {
+        ProvisioningParameters {
+            metadata: ConfigMetadata::default(),
+            spec,
+        }
+    }
+
+    fn class() -> ProvisioningRequestConfigSpec {
+        ProvisioningRequestConfigSpec {
+            provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn absent_retry_strategy_gives_kueues_defaults_60_120_240_then_rejected() {
+        let p = params(class()).retry_policy();
+        assert_eq!(p.retry_limit, Some(3));
+        let delays: Vec<u64> = (1..=3).map(|n| p.delay(n, 0.0).as_secs()).collect();
+        assert_eq!(delays, [60, 120, 240]);
+        assert!(!p.exhausted(3));
+        assert!(p.exhausted(4));
+        // The cap.
+        assert_eq!(p.delay(10, 0.0).as_secs(), 1800);
+    }
+
+    #[test]
+    fn partial_retry_strategy_defaults_the_missing_fields() {
+        let mut spec = class();
+        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: Some(1),
+            backoff_base_seconds: None,
+            backoff_max_seconds: Some(90),
+        });
+        let p = params(spec).retry_policy();
+        assert_eq!(p.retry_limit, Some(1));
+        assert_eq!(p.delay(1, 0.0).as_secs(), 60);
+        assert_eq!(p.delay(2, 0.0).as_secs(), 90);
+    }
+
+    #[test]
+    fn base_zero_means_no_delay_and_max_zero_no_cap() {
+        let mut spec = class();
+        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: Some(0),
+            backoff_base_seconds: Some(0),
+            backoff_max_seconds: Some(10),
+        });
+        let p = params(spec).retry_policy();
+        assert_eq!(p.backoff, Backoff::Immediate);
+        assert!(p.exhausted(1), "a limit of 0 rejects the first failure");
+        let mut spec = class();
+        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: Some(30),
+            backoff_base_seconds: Some(10),
+            backoff_max_seconds: Some(0),
+        });
+        let p = params(spec).retry_policy();
+        assert_eq!(p.delay(11, 0.0).as_secs(), 10 * 1024);
+        assert!(p.validate().is_ok());
+    }
+
+    #[test]
+    fn validation_explains_what_is_wrong() {
+        assert!(
+            params(ProvisioningRequestConfigSpec::default())
+                .validate()
+                .expect_err("invalid")
+                .contains("provisioningClassName")
+        );
+        let mut spec = class();
+        spec.pod_set_merge_policy = Some("Sometimes".into());
+        assert!(
+            params(spec)
+                .validate()
+                .expect_err("invalid")
+                .contains("Sometimes")
+        );
+        let mut spec = class();
+        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: Some(-1),
+            ..Default::default()
+        });
+        assert!(
+            params(spec)
+                .validate()
+                .expect_err("invalid")
+                .contains("backoffLimitCount")
+        );
+        let mut spec = class();
+        spec.parameters.insert("k".into(), "x".repeat(256));
+        assert!(
+            params(spec)
+                .validate()
+                .expect_err("invalid")
+                .contains("255")
+        );
+        let mut spec = class();
+        spec.pod_set_updates = Some(ProvisioningRequestPodSetUpdates {
+            node_selector: vec![ProvisioningRequestPodSetUpdatesNodeSelector {
+                key: "zone".into(),
+                value_from_provisioning_class_detail: String::new(),
+            }],
+        });
+        assert!(
+            params(spec)
+                .validate()
+                .expect_err("invalid")
+                .contains("nodeSelector")
+        );
+        let mut p = params(class());
+        p.metadata
+            .annotations
+            .insert(TIMEOUT_ANNOTATION.into(), "ten minutes".into());
+        assert!(
+            p.validate()
+                .expect_err("invalid")
+                .contains(TIMEOUT_ANNOTATION)
+        );
+        assert!(params(class()).validate().is_ok());
+    }
+
+    #[test]
+    fn the_timeout_annotation_overrides_the_controller_default() {
+        let default = Some(Duration::from_secs(600));
+        let mut p = params(class());
+        assert_eq!(p.timeout(default), default);
+        p.metadata
+            .annotations
+            .insert(TIMEOUT_ANNOTATION.into(), "30".into());
+        assert_eq!(p.timeout(default), Some(Duration::from_secs(30)));
+        p.metadata
+            .annotations
+            .insert(TIMEOUT_ANNOTATION.into(), "0".into());
+        assert_eq!(p.timeout(default), None);
+    }
+
+    #[test]
+    fn reads_a_whole_config_object_and_ignores_unknown_fields() {
+        let p: ProvisioningParameters = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ProvisioningRequestConfig",
+            "metadata": {"name": "prc", "annotations": {TIMEOUT_ANNOTATION: "120"}, "uid": "x"},
+            "spec": {
+                "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+                "managedResources": ["nvidia.com/gpu"],
+                "somethingNew": true
+            }
+        }))
+        .expect("parses");
+        assert_eq!(p.metadata.name, "prc");
+        assert_eq!(p.spec.managed_resources, ["nvidia.com/gpu"]);
+        assert_eq!(p.timeout(None), Some(Duration::from_secs(120)));
+    }
+}

@@ -1,0 +1,75 @@
+//! `kueue-provisioning-controller`: flags and environment → the SDK runtime.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use kueue_admission_sdk::Options;
+use kueue_provisioning_controller::{DEFAULT_CONTROLLER_NAME, ProvisioningCheck, Settings};
+
+/// Kueue admission check that admits a Workload once cluster-autoscaler has provisioned the
+/// capacity for all of its pods, through a ProvisioningRequest. Accepts Kueue's own
+/// ProvisioningRequestConfig as the AdmissionCheck's parameters.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// The spec.controllerName of the AdmissionChecks this controller answers. Never Kueue's
+    /// own kueue.x-k8s.io/provisioning-request, which Kueue's built-in controller serves.
+    #[arg(long, env = "PROVISIONING_CONTROLLER_NAME", default_value = DEFAULT_CONTROLLER_NAME,
+          value_parser = controller_name)]
+    controller_name: String,
+
+    /// A request not Provisioned this many seconds after its creation counts as a failed
+    /// attempt (retried with the config's backoff). Unset waits forever, as Kueue does. A
+    /// ProvisioningRequestConfig can override it with the annotation
+    /// kueue-admission-checks.dev/provisioning-timeout-seconds.
+    #[arg(long, env = "PROVISIONING_TIMEOUT_SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..=2_147_483_647))]
+    provisioning_timeout_seconds: Option<u64>,
+
+    #[command(flatten)]
+    runtime: Options,
+}
+
+fn controller_name(value: &str) -> Result<String, String> {
+    if value == "kueue.x-k8s.io/provisioning-request" {
+        return Err(
+            "that name belongs to Kueue's built-in controller, which always serves it; pick another"
+                .into(),
+        );
+    }
+    if value.is_empty() || value.len() > 253 {
+        return Err("must be 1 to 253 characters".into());
+    }
+    Ok(value.to_string())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let check = ProvisioningCheck::new(Settings {
+        controller_name: cli.controller_name,
+        default_timeout: cli.provisioning_timeout_seconds.map(Duration::from_secs),
+    });
+    let extensions = kueue_provisioning_controller::extensions(&check);
+    cli.runtime.run_with(check, extensions).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_refusals() {
+        let cli = Cli::try_parse_from(["c"]).expect("defaults parse");
+        assert_eq!(cli.controller_name, DEFAULT_CONTROLLER_NAME);
+        assert_eq!(cli.provisioning_timeout_seconds, None);
+        for bad in [
+            "--controller-name=kueue.x-k8s.io/provisioning-request",
+            "--provisioning-timeout-seconds=0",
+            "--provisioning-timeout-seconds=ten",
+        ] {
+            assert!(Cli::try_parse_from(["c", bad]).is_err(), "{bad}");
+        }
+    }
+}

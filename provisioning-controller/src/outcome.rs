@@ -1,0 +1,337 @@
+//! Pure: what a ProvisioningRequest's conditions (and the clock) mean for the check.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kueue_admission_sdk::Decision;
+use kueue_admission_sdk::api::{
+    PodSetUpdate, ProvisioningRequest, ProvisioningRequestPodSetUpdatesNodeSelector,
+    find_condition, provisioning_condition as pr,
+};
+
+/// Pod annotation naming the request whose capacity the pod consumes.
+pub const CONSUME_ANNOTATION: &str = "autoscaling.x-k8s.io/consume-provisioning-request";
+/// Pod annotation naming the request's provisioning class.
+pub const CLASS_ANNOTATION: &str = "autoscaling.x-k8s.io/provisioning-class-name";
+
+/// What the request says, in the order Kueue's built-in check reads it (first match wins).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// `Failed`: this attempt is over.
+    Failed(String),
+    /// `CapacityRevoked`: the capacity is gone, also after admission.
+    Revoked(String),
+    /// `BookingExpired` before the Workload was admitted: the booking is gone.
+    BookingExpired(String),
+    /// `Provisioned` (a `BookingExpired` after admission changes nothing).
+    Provisioned,
+    /// Not provisioned within the timeout, counted from the request's creation.
+    TimedOut(Duration),
+    /// Still waiting; the request's latest message (e.g. an ETA) and when the timeout falls due.
+    Waiting {
+        /// The message of the request's most recent condition, if any.
+        message: Option<String>,
+        /// Time left before the timeout, if one is set.
+        timeout_in: Option<Duration>,
+    },
+}
+
+/// Reads `request` for a Workload that is `admitted` or not, at `now`.
+pub fn outcome(
+    request: &ProvisioningRequest,
+    admitted: bool,
+    timeout: Option<Duration>,
+    now: Timestamp,
+) -> Outcome {
+    let conditions = request
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let is_true = |type_: &str| find_condition(conditions, type_).filter(|c| c.status == "True");
+    let text = |c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition| {
+        if c.message.is_empty() {
+            c.reason.clone()
+        } else {
+            c.message.clone()
+        }
+    };
+    if let Some(c) = is_true(pr::FAILED) {
+        return Outcome::Failed(text(c));
+    }
+    if let Some(c) = is_true(pr::CAPACITY_REVOKED) {
+        return Outcome::Revoked(text(c));
+    }
+    if let Some(c) = is_true(pr::BOOKING_EXPIRED)
+        && !admitted
+    {
+        return Outcome::BookingExpired(text(c));
+    }
+    if is_true(pr::PROVISIONED).is_some() {
+        return Outcome::Provisioned;
+    }
+    let created = request
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or(now);
+    let age = now.duration_since(created).unsigned_abs();
+    let timeout_in = match timeout {
+        Some(limit) if age >= limit => return Outcome::TimedOut(limit),
+        Some(limit) => Some(limit - age),
+        None => None,
+    };
+    let message = conditions
+        .iter()
+        .filter(|c| !c.message.is_empty())
+        .max_by_key(|c| c.last_transition_time.0)
+        .map(|c| c.message.clone());
+    Outcome::Waiting {
+        message,
+        timeout_in,
+    }
+}
+
+/// The podSetUpdates of a provisioned request: for every podset it covers (merged ones
+/// included), the two autoscaler annotations, and a node selector per configured entry whose
+/// detail the request carries.
+pub fn pod_set_updates(
+    request: &ProvisioningRequest,
+    pod_sets: &[String],
+    node_selector: &[ProvisioningRequestPodSetUpdatesNodeSelector],
+) -> Vec<PodSetUpdate> {
+    let name = request.metadata.name.clone().unwrap_or_default();
+    let details = request
+        .status
+        .as_ref()
+        .map(|s| &s.provisioning_class_details);
+    let selector: BTreeMap<String, String> = node_selector
+        .iter()
+        .filter_map(|e| {
+            details
+                .and_then(|d| d.get(&e.value_from_provisioning_class_detail))
+                .map(|v| (e.key.clone(), v.clone()))
+        })
+        .collect();
+    pod_sets
+        .iter()
+        .map(|pod_set| PodSetUpdate {
+            name: pod_set.clone(),
+            annotations: BTreeMap::from([
+                (CONSUME_ANNOTATION.to_string(), name.clone()),
+                (
+                    CLASS_ANNOTATION.to_string(),
+                    request.spec.provisioning_class_name.clone(),
+                ),
+            ]),
+            node_selector: selector.clone(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The check's answer for an outcome. `Retry` carries no delay: the SDK applies the config's
+/// retry strategy and turns it into `Rejected` past `backoffLimitCount`.
+pub fn decision(
+    outcome: &Outcome,
+    request: &str,
+    attempt: u32,
+    updates: impl FnOnce() -> Vec<PodSetUpdate>,
+) -> Decision {
+    match outcome {
+        Outcome::Failed(m) => Decision::retry(format!("ProvisioningRequest {request} failed: {m}")),
+        Outcome::BookingExpired(m) => Decision::retry(format!(
+            "ProvisioningRequest {request}: the booking expired before admission: {m}"
+        )),
+        Outcome::TimedOut(limit) => Decision::retry(format!(
+            "ProvisioningRequest {request} was not provisioned within {}s",
+            limit.as_secs()
+        )),
+        Outcome::Revoked(m) => Decision::rejected(format!(
+            "ProvisioningRequest {request}: capacity revoked: {m}"
+        )),
+        Outcome::Provisioned => Decision::ready_with_updates(
+            format!("ProvisioningRequest {request} provisioned"),
+            updates(),
+        ),
+        Outcome::Waiting {
+            message,
+            timeout_in,
+        } => {
+            let mut text = format!(
+                "waiting for ProvisioningRequest {request} (attempt {attempt}) to be provisioned"
+            );
+            if let Some(m) = message {
+                text.push_str(": ");
+                text.push_str(m);
+            }
+            match timeout_in {
+                // Asked again when the timeout falls due, even if the request never changes.
+                Some(left) => Decision::pending_recheck_after(text, *left),
+                None => Decision::pending(text),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kueue_admission_sdk::api::{ProvisioningRequestSpec, ProvisioningRequestStatus};
+
+    const T0: i64 = 1_800_000_000;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(T0 + secs).expect("valid")
+    }
+
+    fn request(conditions: &[(&str, i64, &str)]) -> ProvisioningRequest {
+        let mut r = ProvisioningRequest::new(
+            "wl-check-1",
+            ProvisioningRequestSpec {
+                provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
+                ..Default::default()
+            },
+        );
+        r.metadata.creation_timestamp = Some(Time(at(0)));
+        r.status = Some(ProvisioningRequestStatus {
+            conditions: conditions
+                .iter()
+                .map(|(t, when, msg)| Condition {
+                    type_: t.to_string(),
+                    status: "True".into(),
+                    reason: format!("{t}Reason"),
+                    message: msg.to_string(),
+                    last_transition_time: Time(at(*when)),
+                    observed_generation: None,
+                })
+                .collect(),
+            provisioning_class_details: BTreeMap::from([("zone".into(), "zone-a".into())]),
+        });
+        r
+    }
+
+    #[test]
+    fn first_match_wins_in_kueues_order() {
+        let now = at(10);
+        let all = request(&[
+            (pr::PROVISIONED, 1, ""),
+            (pr::BOOKING_EXPIRED, 2, "expired"),
+            (pr::CAPACITY_REVOKED, 3, "revoked"),
+            (pr::FAILED, 4, "no nodes"),
+        ]);
+        assert_eq!(
+            outcome(&all, false, None, now),
+            Outcome::Failed("no nodes".into())
+        );
+        let revoked = request(&[
+            (pr::PROVISIONED, 1, ""),
+            (pr::BOOKING_EXPIRED, 2, "expired"),
+            (pr::CAPACITY_REVOKED, 3, "revoked"),
+        ]);
+        assert_eq!(
+            outcome(&revoked, true, None, now),
+            Outcome::Revoked("revoked".into())
+        );
+        let expired = request(&[(pr::PROVISIONED, 1, ""), (pr::BOOKING_EXPIRED, 2, "")]);
+        assert_eq!(
+            outcome(&expired, false, None, now),
+            Outcome::BookingExpired("BookingExpiredReason".into()),
+            "an empty message falls back to the reason"
+        );
+        assert_eq!(
+            outcome(&expired, true, None, now),
+            Outcome::Provisioned,
+            "an expired booking after admission changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_false_condition_is_not_a_match() {
+        let mut r = request(&[(pr::FAILED, 1, "no")]);
+        if let Some(s) = r.status.as_mut() {
+            s.conditions[0].status = "False".into();
+        }
+        assert!(matches!(
+            outcome(&r, false, None, at(5)),
+            Outcome::Waiting { .. }
+        ));
+    }
+
+    #[test]
+    fn waiting_carries_the_latest_message_and_the_time_left() {
+        let r = request(&[(pr::ACCEPTED, 1, "ETA 10 minutes")]);
+        assert_eq!(
+            outcome(&r, false, Some(Duration::from_secs(60)), at(20)),
+            Outcome::Waiting {
+                message: Some("ETA 10 minutes".into()),
+                timeout_in: Some(Duration::from_secs(40)),
+            }
+        );
+        let d = decision(
+            &outcome(&r, false, Some(Duration::from_secs(60)), at(20)),
+            "ns/wl-check-1",
+            1,
+            Vec::new,
+        );
+        assert_eq!(
+            d,
+            Decision::pending_recheck_after(
+                "waiting for ProvisioningRequest ns/wl-check-1 (attempt 1) to be provisioned: ETA 10 minutes",
+                Duration::from_secs(40)
+            )
+        );
+    }
+
+    #[test]
+    fn the_timeout_counts_from_creation_and_is_a_failed_attempt() {
+        let r = request(&[(pr::ACCEPTED, 1, "")]);
+        let limit = Duration::from_secs(60);
+        assert_eq!(
+            outcome(&r, false, Some(limit), at(60)),
+            Outcome::TimedOut(limit)
+        );
+        assert!(matches!(
+            decision(&Outcome::TimedOut(limit), "r", 2, Vec::new),
+            Decision::Retry { .. }
+        ));
+        // Provisioned in time wins over a timeout that fell due later.
+        let done = request(&[(pr::ACCEPTED, 1, ""), (pr::PROVISIONED, 30, "")]);
+        assert_eq!(
+            outcome(&done, false, Some(limit), at(600)),
+            Outcome::Provisioned
+        );
+    }
+
+    #[test]
+    fn every_pod_set_gets_the_updates_and_missing_details_are_skipped() {
+        let r = request(&[(pr::PROVISIONED, 1, "")]);
+        let selector = [
+            ProvisioningRequestPodSetUpdatesNodeSelector {
+                key: "topology.kubernetes.io/zone".into(),
+                value_from_provisioning_class_detail: "zone".into(),
+            },
+            ProvisioningRequestPodSetUpdatesNodeSelector {
+                key: "pool".into(),
+                value_from_provisioning_class_detail: "absent".into(),
+            },
+        ];
+        let updates = pod_set_updates(&r, &["launcher".into(), "workers".into()], &selector);
+        assert_eq!(updates.len(), 2);
+        for (u, name) in updates.iter().zip(["launcher", "workers"]) {
+            assert_eq!(u.name, name);
+            assert_eq!(u.annotations[CONSUME_ANNOTATION], "wl-check-1");
+            assert_eq!(
+                u.annotations[CLASS_ANNOTATION],
+                "check-capacity.autoscaling.x-k8s.io"
+            );
+            assert_eq!(
+                u.node_selector,
+                BTreeMap::from([("topology.kubernetes.io/zone".into(), "zone-a".into())])
+            );
+        }
+    }
+}

@@ -1,0 +1,1048 @@
+//! Plays cluster-autoscaler's part on `autoscaling.x-k8s.io/v1` ProvisioningRequests, for the
+//! tests and the demo.
+//!
+//! Every request follows a [`Script`]: the annotation [`SCRIPT_ANNOTATION`] on the pod template
+//! of the request's first podset (read from the PodTemplate the podset references), or the
+//! configured default. A script is a comma-separated list of steps; attempt `n` of a request
+//! (the trailing `-<n>` of its name, see [`attempt_of_name`]) plays the `n`-th step, and the last
+//! step repeats for every later attempt. So `fail,provision` fails the first attempt and
+//! provisions the retry.
+//!
+//! | step              | what the simulator writes                                             |
+//! |-------------------|-----------------------------------------------------------------------|
+//! | `provision`       | `Accepted`, then at once `Provisioned`                                |
+//! | `provision:<s>`   | `Accepted`, then `Provisioned` `s` seconds after `Accepted`           |
+//! | `fail`            | `Accepted` and `Failed`                                               |
+//! | `accept`          | `Accepted` only (a stuck request)                                     |
+//! | `ignore`          | nothing at all                                                        |
+//! | `expire:<s>`      | as `provision`, then `BookingExpired` `s` seconds after `Provisioned` |
+//! | `revoke:<s>`      | as `provision`, then `CapacityRevoked` `s` seconds after `Provisioned`|
+//!
+//! `Provisioned` comes with the `status.provisioningClassDetails` given by the pod template's
+//! [`CLASS_DETAILS_ANNOTATION`] (`key=value,key2=value2`).
+//!
+//! What to write is decided by the pure [`decide`] from the request's conditions and the clock
+//! alone, so the simulator is idempotent and restart-safe: a condition already present is never
+//! written again, and a delayed step is due at a time computed from the lastTransitionTime of
+//! the condition it follows. [`run`] drives it with a kube-runtime controller on a watch of all
+//! requests: at most one reconcile per request at a time, and a delayed step is one scheduled
+//! wake-up per request (the earliest wins) that is dropped if the request is deleted meanwhile.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PodTemplate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::provisioning_condition::{
+    ACCEPTED, BOOKING_EXPIRED, CAPACITY_REVOKED, FAILED, PROVISIONED,
+};
+use kueue_admission_sdk::api::{ProvisioningRequest, ProvisioningRequestStatus, find_condition};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+/// Pod-template annotation holding a request's [`Script`].
+pub const SCRIPT_ANNOTATION: &str = "simulator.kueue-admission-checks.dev/script";
+
+/// Pod-template annotation holding the `provisioningClassDetails` to report, as
+/// `key=value,key2=value2`.
+pub const CLASS_DETAILS_ANNOTATION: &str = "simulator.kueue-admission-checks.dev/class-details";
+
+/// The field manager of the simulator's status writes.
+pub const FIELD_MANAGER: &str = "autoscaler-simulator";
+
+/// cluster-autoscaler's check-capacity class, whose `Provisioned` reason differs from the
+/// scale-up classes'.
+const CHECK_CAPACITY_CLASS: &str = "check-capacity.autoscaling.x-k8s.io";
+
+/// What the simulator serves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// Only requests whose `spec.provisioningClassName` is one of these; empty means all.
+    pub classes: Vec<String>,
+    /// The script of requests whose pod template has no [`SCRIPT_ANNOTATION`].
+    pub default_script: Script,
+}
+
+impl Settings {
+    /// Whether requests of this provisioning class are simulated.
+    pub fn serves(&self, class: &str) -> bool {
+        self.classes.is_empty() || self.classes.iter().any(|c| c == class)
+    }
+}
+
+/// What the simulated autoscaler does with one attempt of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `provision[:<secs>]`: `Accepted` now, `Provisioned` `after` the acceptance.
+    Provision {
+        /// Delay between `Accepted` and `Provisioned`.
+        after: Duration,
+    },
+    /// `fail`: `Accepted` and `Failed`.
+    Fail,
+    /// `accept`: `Accepted` only, nothing ever after.
+    Accept,
+    /// `ignore`: nothing at all.
+    Ignore,
+    /// `expire:<secs>`: provisioned at once, `BookingExpired` `after` the provisioning.
+    Expire {
+        /// Delay between `Provisioned` and `BookingExpired`.
+        after: Duration,
+    },
+    /// `revoke:<secs>`: provisioned at once, `CapacityRevoked` `after` the provisioning.
+    Revoke {
+        /// Delay between `Provisioned` and `CapacityRevoked`.
+        after: Duration,
+    },
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Provision { after } if after.is_zero() => f.write_str("provision"),
+            Step::Provision { after } => write!(f, "provision:{}", after.as_secs()),
+            Step::Fail => f.write_str("fail"),
+            Step::Accept => f.write_str("accept"),
+            Step::Ignore => f.write_str("ignore"),
+            Step::Expire { after } => write!(f, "expire:{}", after.as_secs()),
+            Step::Revoke { after } => write!(f, "revoke:{}", after.as_secs()),
+        }
+    }
+}
+
+impl FromStr for Step {
+    type Err = ScriptError;
+
+    /// One step, surrounding whitespace ignored; step names are case-insensitive, delays are
+    /// whole seconds.
+    fn from_str(text: &str) -> Result<Self, ScriptError> {
+        let step = text.trim();
+        let (name, argument) = match step.split_once(':') {
+            Some((name, argument)) => (name.trim(), Some(argument.trim())),
+            None => (step, None),
+        };
+        let bad = |reason: &'static str| ScriptError::BadArgument {
+            step: step.to_string(),
+            reason,
+        };
+        let seconds = |argument: &str| {
+            if !argument.is_empty() && argument.bytes().all(|b| b.is_ascii_digit()) {
+                argument
+                    .parse::<u64>()
+                    .map(Duration::from_secs)
+                    .map_err(|_| bad("too many seconds"))
+            } else {
+                Err(bad("the delay must be a whole number of seconds"))
+            }
+        };
+        let name = name.to_ascii_lowercase();
+        match (name.as_str(), argument) {
+            ("provision", None) => Ok(Step::Provision {
+                after: Duration::ZERO,
+            }),
+            ("provision", Some(a)) => Ok(Step::Provision { after: seconds(a)? }),
+            ("expire", Some(a)) => Ok(Step::Expire { after: seconds(a)? }),
+            ("revoke", Some(a)) => Ok(Step::Revoke { after: seconds(a)? }),
+            ("expire" | "revoke", None) => Err(bad("a delay in seconds is required")),
+            ("fail", None) => Ok(Step::Fail),
+            ("accept", None) => Ok(Step::Accept),
+            ("ignore", None) => Ok(Step::Ignore),
+            ("fail" | "accept" | "ignore", Some(_)) => Err(bad("this step takes no delay")),
+            ("", _) => Err(ScriptError::EmptyStep),
+            _ => Err(ScriptError::UnknownStep {
+                step: step.to_string(),
+            }),
+        }
+    }
+}
+
+/// Why a script does not parse. Each variant names the offending step.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScriptError {
+    /// The script, or one of its comma-separated steps, is blank.
+    #[error("empty step (a script is one or more comma-separated steps)")]
+    EmptyStep,
+    /// Not one of the known steps.
+    #[error(
+        "unknown step {step:?} (expected provision, provision:<secs>, fail, accept, ignore, \
+         expire:<secs> or revoke:<secs>)"
+    )]
+    UnknownStep {
+        /// The step as written.
+        step: String,
+    },
+    /// A known step with a missing, unexpected or malformed delay.
+    #[error("step {step:?}: {reason}")]
+    BadArgument {
+        /// The step as written.
+        step: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// A non-empty list of steps, one per attempt, the last one repeating.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Script(Vec<Step>);
+
+impl Script {
+    /// The script of these steps; `None` if there are none.
+    pub fn new(steps: Vec<Step>) -> Option<Self> {
+        (!steps.is_empty()).then_some(Self(steps))
+    }
+
+    /// The steps, in attempt order.
+    pub fn steps(&self) -> &[Step] {
+        &self.0
+    }
+
+    /// The step of attempt `attempt` (1-based; 0 counts as 1); the last step repeats.
+    pub fn step(&self, attempt: u32) -> &Step {
+        let index = usize::try_from(attempt.saturating_sub(1)).unwrap_or(usize::MAX);
+        let last = self.0.len().saturating_sub(1);
+        &self.0[index.min(last)]
+    }
+}
+
+impl Default for Script {
+    /// `provision`.
+    fn default() -> Self {
+        Self(vec![Step::Provision {
+            after: Duration::ZERO,
+        }])
+    }
+}
+
+impl fmt::Display for Script {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, step) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{step}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Script {
+    type Err = ScriptError;
+
+    /// Comma-separated steps, e.g. `fail,provision:5`.
+    fn from_str(text: &str) -> Result<Self, ScriptError> {
+        text.split(',')
+            .map(Step::from_str)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self)
+    }
+}
+
+/// The attempt number of a request: the trailing `-<number>` of its name (Kueue's controller
+/// and ours both name requests `<...>-<attempt>`). No such suffix, or `-0`, counts as attempt 1;
+/// a number too large for `u32` as `u32::MAX`.
+pub fn attempt_of_name(request_name: &str) -> u32 {
+    let Some((_, suffix)) = request_name.rsplit_once('-') else {
+        return 1;
+    };
+    if suffix.is_empty() || !suffix.bytes().all(|b| b.is_ascii_digit()) {
+        return 1;
+    }
+    suffix.parse::<u32>().unwrap_or(u32::MAX).max(1)
+}
+
+/// Parses [`CLASS_DETAILS_ANNOTATION`]: `key=value` entries separated by commas, whitespace
+/// around keys and values ignored, blank entries skipped. Returns the details and the entries
+/// that are not `key=value` with a non-empty key.
+pub fn parse_class_details(text: &str) -> (BTreeMap<String, String>, Vec<String>) {
+    let mut details = BTreeMap::new();
+    let mut bad = Vec::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        match entry.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                details.insert(key.trim().to_string(), value.trim().to_string());
+            }
+            _ => bad.push(entry.to_string()),
+        }
+    }
+    (details, bad)
+}
+
+/// What [`decide`] says to do with a request now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Condition types to set to `True` now, in order (build them with [`new_condition`]).
+    pub add: Vec<&'static str>,
+    /// When the next delayed step is due, if one is pending once `add` is written. Always
+    /// after `now`.
+    pub wake_at: Option<Timestamp>,
+}
+
+impl Decision {
+    /// Whether `Provisioned` is among the conditions to add (then the class details go too).
+    pub fn provisions(&self) -> bool {
+        self.add.contains(&PROVISIONED)
+    }
+}
+
+/// When a condition of this type became `True`, if it is `True`.
+fn true_since(conditions: &[Condition], type_: &str) -> Option<Timestamp> {
+    find_condition(conditions, type_)
+        .filter(|c| c.status == "True")
+        .map(|c| c.last_transition_time.0)
+}
+
+/// Whether the request reached an end: `Failed`, `BookingExpired` or `CapacityRevoked`.
+pub fn is_finished(status: Option<&ProvisioningRequestStatus>) -> bool {
+    let conditions = status.map_or(&[][..], |s| &s.conditions[..]);
+    [FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED]
+        .iter()
+        .any(|t| true_since(conditions, t).is_some())
+}
+
+/// `since + after`, or `None` if that is past the end of time (never due).
+fn due(since: Timestamp, after: Duration) -> Option<Timestamp> {
+    since.checked_add(after).ok()
+}
+
+/// What to write now on a request in `status` playing `step`, at `now`.
+///
+/// Only conditions not already `True` are added; a finished request (see [`is_finished`]) gets
+/// nothing. Delays count from the lastTransitionTime of the condition they follow (or from
+/// `now` if that condition is being added now), so a restarted simulator keeps the schedule.
+pub fn decide(status: Option<&ProvisioningRequestStatus>, step: &Step, now: Timestamp) -> Decision {
+    let conditions = status.map_or(&[][..], |s| &s.conditions[..]);
+    let mut decision = Decision::default();
+    if is_finished(status) {
+        return decision;
+    }
+    let set_now = |type_: &'static str, decision: &mut Decision| {
+        true_since(conditions, type_).unwrap_or_else(|| {
+            decision.add.push(type_);
+            now
+        })
+    };
+    let (provision_after, last) = match step {
+        Step::Ignore => return decision,
+        Step::Accept => {
+            set_now(ACCEPTED, &mut decision);
+            return decision;
+        }
+        Step::Fail => {
+            set_now(ACCEPTED, &mut decision);
+            set_now(FAILED, &mut decision);
+            return decision;
+        }
+        Step::Provision { after } => (*after, None),
+        Step::Expire { after } => (Duration::ZERO, Some((BOOKING_EXPIRED, *after))),
+        Step::Revoke { after } => (Duration::ZERO, Some((CAPACITY_REVOKED, *after))),
+    };
+    let accepted_at = set_now(ACCEPTED, &mut decision);
+    let provisioned_at = match true_since(conditions, PROVISIONED) {
+        Some(at) => at,
+        None => match due(accepted_at, provision_after) {
+            Some(at) if at <= now => set_now(PROVISIONED, &mut decision),
+            wake_at => {
+                decision.wake_at = wake_at;
+                return decision;
+            }
+        },
+    };
+    if let Some((type_, after)) = last {
+        match due(provisioned_at, after) {
+            Some(at) if at <= now => {
+                set_now(type_, &mut decision);
+            }
+            wake_at => decision.wake_at = wake_at,
+        }
+    }
+    decision
+}
+
+/// The `True` condition of type `type_` the simulator writes on a request of `class` at
+/// `generation`, with cluster-autoscaler's reasons.
+pub fn new_condition(
+    type_: &str,
+    class: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let (reason, message) = match type_ {
+        ACCEPTED => ("Accepted", "simulated: the autoscaler took the request"),
+        PROVISIONED if class == CHECK_CAPACITY_CLASS => {
+            ("CapacityIsFound", "simulated: the capacity exists")
+        }
+        PROVISIONED => (
+            "CapacityIsProvisioned",
+            "simulated: the capacity was provisioned",
+        ),
+        FAILED => ("CapacityIsNotFound", "simulated: no capacity"),
+        BOOKING_EXPIRED => (
+            "CapacityReservationTimeExpired",
+            "simulated: the booking expired",
+        ),
+        CAPACITY_REVOKED => ("CapacityRevoked", "simulated: the capacity was revoked"),
+        _ => ("Simulated", "simulated"),
+    };
+    Condition {
+        type_: type_.to_string(),
+        status: "True".to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        last_transition_time: Time(now),
+        observed_generation: generation,
+    }
+}
+
+/// `existing` with every condition of `added` replacing the one of its type, or appended.
+pub fn merged_conditions(existing: &[Condition], added: Vec<Condition>) -> Vec<Condition> {
+    let mut merged = existing.to_vec();
+    for condition in added {
+        match merged.iter_mut().find(|c| c.type_ == condition.type_) {
+            Some(slot) => *slot = condition,
+            None => merged.push(condition),
+        }
+    }
+    merged
+}
+
+/// How long to wait before retrying a request whose reconcile failed: a tenth of its age,
+/// between 1 and 30 seconds (a young request's PodTemplate may be on its way; an old one's is
+/// likely gone for good).
+fn retry_delay(age: Duration) -> Duration {
+    (age / 10).clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
+/// `now`, to the second: what the API server keeps of a condition's lastTransitionTime.
+fn whole_seconds(now: Timestamp) -> Timestamp {
+    Timestamp::from_second(now.as_second()).unwrap_or(now)
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ReconcileError {
+    #[error("PodTemplate {namespace}/{name} of the first podset does not exist")]
+    PodTemplateMissing { namespace: String, name: String },
+    #[error("reading PodTemplate {namespace}/{name}: {source}")]
+    PodTemplate {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("writing the status: {0}")]
+    Write(kube::Error),
+}
+
+struct Context {
+    client: Client,
+    settings: Settings,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The annotations of a request's first pod template, read from its PodTemplate: the pod
+/// template's own (`template.metadata.annotations`), falling back to the PodTemplate object's.
+/// `None` if the request has no podset.
+async fn template_annotations(
+    client: &Client,
+    request: &ProvisioningRequest,
+) -> Result<Option<BTreeMap<String, String>>, ReconcileError> {
+    let Some(podset) = request.spec.pod_sets.first() else {
+        return Ok(None);
+    };
+    let namespace = request.namespace().unwrap_or_default();
+    let name = podset.pod_template_ref.name.clone();
+    let api: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
+    let template = match api.get_opt(&name).await {
+        Ok(Some(template)) => template,
+        Ok(None) => return Err(ReconcileError::PodTemplateMissing { namespace, name }),
+        Err(source) => {
+            return Err(ReconcileError::PodTemplate {
+                namespace,
+                name,
+                source,
+            });
+        }
+    };
+    let mut annotations = template.metadata.annotations.unwrap_or_default();
+    annotations.extend(
+        template
+            .template
+            .and_then(|t| t.metadata)
+            .and_then(|m| m.annotations)
+            .unwrap_or_default(),
+    );
+    Ok(Some(annotations))
+}
+
+async fn reconcile(
+    request: Arc<ProvisioningRequest>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let key = format!(
+        "{}/{}",
+        request.namespace().unwrap_or_default(),
+        request.name_any()
+    );
+    if !ctx.settings.serves(&request.spec.provisioning_class_name)
+        || request.metadata.deletion_timestamp.is_some()
+        || is_finished(request.status.as_ref())
+    {
+        return Ok(Action::await_change());
+    }
+    let annotations = template_annotations(&ctx.client, &request)
+        .await?
+        .unwrap_or_default();
+    let attempt = attempt_of_name(&request.name_any());
+    let script = match annotations.get(SCRIPT_ANNOTATION) {
+        None => ctx.settings.default_script.clone(),
+        Some(text) => match text.parse::<Script>() {
+            Ok(script) => script,
+            Err(error) => {
+                warn!(request = %key, script = %text, %error, "bad simulator script: ignoring the request");
+                return Ok(Action::await_change());
+            }
+        },
+    };
+    let step = script.step(attempt);
+    let now = whole_seconds(Timestamp::now());
+    let decision = decide(request.status.as_ref(), step, now);
+    debug!(request = %key, attempt, %step, ?decision, "simulating");
+    if !decision.add.is_empty() {
+        write(&ctx.client, &request, &annotations, &decision, now, &key).await?;
+    }
+    Ok(match decision.wake_at {
+        Some(at) => {
+            let wait =
+                Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
+            Action::requeue(wait)
+        }
+        None => Action::await_change(),
+    })
+}
+
+/// Writes the decided conditions (and, with `Provisioned`, the class details) by a JSON merge
+/// patch of the status, guarded by the resourceVersion the decision was made on.
+async fn write(
+    client: &Client,
+    request: &ProvisioningRequest,
+    annotations: &BTreeMap<String, String>,
+    decision: &Decision,
+    now: Timestamp,
+    key: &str,
+) -> Result<(), ReconcileError> {
+    let generation = request.metadata.generation;
+    let class = &request.spec.provisioning_class_name;
+    let added = decision
+        .add
+        .iter()
+        .map(|t| new_condition(t, class, generation, now))
+        .collect();
+    let existing = request
+        .status
+        .as_ref()
+        .map_or(&[][..], |s| &s.conditions[..]);
+    let mut status = json!({ "conditions": merged_conditions(existing, added) });
+    if decision.provisions() {
+        let text = annotations
+            .get(CLASS_DETAILS_ANNOTATION)
+            .map_or("", String::as_str);
+        let (details, bad) = parse_class_details(text);
+        if !bad.is_empty() {
+            warn!(request = %key, entries = ?bad, "class details entries that are not key=value are left out");
+        }
+        if !details.is_empty() {
+            status["provisioningClassDetails"] = json!(details);
+        }
+    }
+    let patch = json!({
+        "metadata": { "resourceVersion": request.resource_version() },
+        "status": status,
+    });
+    let api: Api<ProvisioningRequest> =
+        Api::namespaced(client.clone(), &request.namespace().unwrap_or_default());
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch_status(&request.name_any(), &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            info!(request = %key, conditions = ?decision.add, "simulated");
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            info!(request = %key, "the request was deleted meanwhile");
+            Ok(())
+        }
+        Err(error) => Err(ReconcileError::Write(error)),
+    }
+}
+
+fn error_policy(
+    request: Arc<ProvisioningRequest>,
+    error: &ReconcileError,
+    _: Arc<Context>,
+) -> Action {
+    let age = request
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| Duration::try_from(Timestamp::now().duration_since(t.0)).ok())
+        .unwrap_or(Duration::ZERO);
+    let delay = retry_delay(age);
+    let key = format!(
+        "{}/{}",
+        request.namespace().unwrap_or_default(),
+        request.name_any()
+    );
+    let conflict = matches!(error, ReconcileError::Write(kube::Error::Api(s)) if s.code == 409);
+    if conflict {
+        info!(request = %key, "the request changed meanwhile; retrying");
+    } else {
+        warn!(request = %key, %error, retry_in = ?delay, "simulating the request failed");
+    }
+    Action::requeue(delay)
+}
+
+/// Simulates cluster-autoscaler on every ProvisioningRequest of the cluster that `settings`
+/// serves, until the future is dropped. API errors are logged and retried, never fatal.
+pub async fn run(client: Client, settings: Settings) {
+    let api: Api<ProvisioningRequest> = Api::all(client.clone());
+    info!(
+        classes = ?settings.classes,
+        default_script = %settings.default_script,
+        "autoscaler simulator starting"
+    );
+    let ctx = Arc::new(Context { client, settings });
+    Controller::new(api, watcher::Config::default())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok(_) => {}
+                // Already logged by error_policy.
+                Err(controller::Error::ReconcilerFailed(..)) => {}
+                Err(controller::Error::ObjectNotFound(object)) => {
+                    debug!(%object, "the request is gone");
+                }
+                Err(error) => warn!(%error, "watching ProvisioningRequests"),
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + second).expect("in range")
+    }
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    fn status(conditions: &[(&str, &str, i64)]) -> ProvisioningRequestStatus {
+        ProvisioningRequestStatus {
+            conditions: conditions
+                .iter()
+                .map(|(type_, status, second)| Condition {
+                    type_: type_.to_string(),
+                    status: status.to_string(),
+                    reason: "R".into(),
+                    message: String::new(),
+                    last_transition_time: Time(at(*second)),
+                    observed_generation: Some(1),
+                })
+                .collect(),
+            provisioning_class_details: BTreeMap::new(),
+        }
+    }
+
+    fn decision(add: &[&'static str], wake_at: Option<i64>) -> Decision {
+        Decision {
+            add: add.to_vec(),
+            wake_at: wake_at.map(at),
+        }
+    }
+
+    #[test]
+    fn scripts_parse() {
+        let script: Script = " fail , provision:5,EXPIRE:0,revoke:30,accept,ignore,provision"
+            .parse()
+            .expect("valid");
+        assert_eq!(
+            script.steps(),
+            &[
+                Step::Fail,
+                Step::Provision { after: secs(5) },
+                Step::Expire { after: secs(0) },
+                Step::Revoke { after: secs(30) },
+                Step::Accept,
+                Step::Ignore,
+                Step::Provision { after: secs(0) },
+            ]
+        );
+        assert_eq!(
+            script.to_string(),
+            "fail,provision:5,expire:0,revoke:30,accept,ignore,provision"
+        );
+        assert_eq!("provision".parse::<Script>(), Ok(Script::default()));
+    }
+
+    #[test]
+    fn bad_scripts_name_the_bad_step() {
+        assert_eq!("".parse::<Script>(), Err(ScriptError::EmptyStep));
+        assert_eq!(
+            "provision,,fail".parse::<Script>(),
+            Err(ScriptError::EmptyStep)
+        );
+        assert_eq!("fail,".parse::<Script>(), Err(ScriptError::EmptyStep));
+        assert_eq!(
+            "provision,boom".parse::<Script>(),
+            Err(ScriptError::UnknownStep {
+                step: "boom".into()
+            })
+        );
+        for (script, step) in [
+            ("expire", "expire"),
+            ("revoke:", "revoke:"),
+            ("provision:-1", "provision:-1"),
+            ("provision:1.5", "provision:1.5"),
+            ("provision:5s", "provision:5s"),
+            ("fail:3", "fail:3"),
+            ("accept:", "accept:"),
+            (
+                "expire:99999999999999999999999",
+                "expire:99999999999999999999999",
+            ),
+        ] {
+            match script.parse::<Script>() {
+                Err(ScriptError::BadArgument { step: s, .. }) => assert_eq!(s, step, "{script}"),
+                other => panic!("{script}: {other:?}"),
+            }
+        }
+        let message = "ok,boom".parse::<Script>().expect_err("bad").to_string();
+        assert!(message.contains("\"ok\""), "{message}");
+    }
+
+    #[test]
+    fn attempts_pick_steps_and_the_last_repeats() {
+        let script: Script = "fail,accept,provision".parse().expect("valid");
+        assert_eq!(script.step(0), &Step::Fail);
+        assert_eq!(script.step(1), &Step::Fail);
+        assert_eq!(script.step(2), &Step::Accept);
+        assert_eq!(script.step(3), &Step::Provision { after: secs(0) });
+        assert_eq!(script.step(u32::MAX), &Step::Provision { after: secs(0) });
+        assert!(Script::new(vec![]).is_none());
+    }
+
+    #[test]
+    fn attempts_come_from_the_name() {
+        assert_eq!(attempt_of_name("job-abc12-prov-1"), 1);
+        assert_eq!(attempt_of_name("job-abc12-prov-3"), 3);
+        assert_eq!(attempt_of_name("job-abc12-prov-12"), 12);
+        assert_eq!(attempt_of_name("job"), 1);
+        assert_eq!(attempt_of_name("job-"), 1);
+        assert_eq!(attempt_of_name("job-x3"), 1);
+        assert_eq!(attempt_of_name("job-0"), 1);
+        assert_eq!(attempt_of_name("job-99999999999"), u32::MAX);
+        assert_eq!(attempt_of_name("3"), 1);
+    }
+
+    #[test]
+    fn class_details_parse() {
+        let (details, bad) = parse_class_details(" pool = gpu-a ,zone=eu=1,,oops,=x");
+        assert_eq!(
+            details,
+            BTreeMap::from([
+                ("pool".to_string(), "gpu-a".to_string()),
+                ("zone".to_string(), "eu=1".to_string()),
+            ])
+        );
+        assert_eq!(bad, ["oops", "=x"]);
+        assert_eq!(parse_class_details(""), (BTreeMap::new(), vec![]));
+    }
+
+    #[test]
+    fn provision_accepts_and_provisions_at_once() {
+        let step = Step::Provision { after: secs(0) };
+        assert_eq!(
+            decide(None, &step, at(0)),
+            decision(&[ACCEPTED, PROVISIONED], None)
+        );
+        let done = status(&[(ACCEPTED, "True", 0), (PROVISIONED, "True", 0)]);
+        assert_eq!(decide(Some(&done), &step, at(100)), Decision::default());
+        // A Provisioned=False (capacity not found yet) is overwritten.
+        let waiting = status(&[(ACCEPTED, "True", 0), (PROVISIONED, "False", 0)]);
+        assert_eq!(
+            decide(Some(&waiting), &step, at(1)),
+            decision(&[PROVISIONED], None)
+        );
+    }
+
+    #[test]
+    fn delayed_provision_counts_from_acceptance() {
+        let step = Step::Provision { after: secs(10) };
+        assert_eq!(decide(None, &step, at(0)), decision(&[ACCEPTED], Some(10)));
+        let accepted = status(&[(ACCEPTED, "True", 0)]);
+        assert_eq!(
+            decide(Some(&accepted), &step, at(4)),
+            decision(&[], Some(10))
+        );
+        assert_eq!(
+            decide(Some(&accepted), &step, at(10)),
+            decision(&[PROVISIONED], None)
+        );
+        // A restart long after the due time provisions at once.
+        assert_eq!(
+            decide(Some(&accepted), &step, at(1000)),
+            decision(&[PROVISIONED], None)
+        );
+    }
+
+    #[test]
+    fn fail_and_accept_and_ignore() {
+        assert_eq!(
+            decide(None, &Step::Fail, at(0)),
+            decision(&[ACCEPTED, FAILED], None)
+        );
+        let accepted = status(&[(ACCEPTED, "True", 0)]);
+        assert_eq!(
+            decide(Some(&accepted), &Step::Fail, at(1)),
+            decision(&[FAILED], None)
+        );
+        assert_eq!(
+            decide(None, &Step::Accept, at(0)),
+            decision(&[ACCEPTED], None)
+        );
+        assert_eq!(
+            decide(Some(&accepted), &Step::Accept, at(9)),
+            Decision::default()
+        );
+        assert_eq!(decide(None, &Step::Ignore, at(0)), Decision::default());
+    }
+
+    #[test]
+    fn expire_and_revoke_count_from_provisioning() {
+        for (step, last) in [
+            (Step::Expire { after: secs(30) }, BOOKING_EXPIRED),
+            (Step::Revoke { after: secs(30) }, CAPACITY_REVOKED),
+        ] {
+            assert_eq!(
+                decide(None, &step, at(0)),
+                decision(&[ACCEPTED, PROVISIONED], Some(30))
+            );
+            let provisioned = status(&[(ACCEPTED, "True", 0), (PROVISIONED, "True", 5)]);
+            assert_eq!(
+                decide(Some(&provisioned), &step, at(20)),
+                decision(&[], Some(35))
+            );
+            assert_eq!(
+                decide(Some(&provisioned), &step, at(35)),
+                decision(&[last], None)
+            );
+            let finished = status(&[
+                (ACCEPTED, "True", 0),
+                (PROVISIONED, "True", 5),
+                (last, "True", 35),
+            ]);
+            assert_eq!(decide(Some(&finished), &step, at(99)), Decision::default());
+        }
+        assert_eq!(
+            decide(None, &Step::Expire { after: secs(0) }, at(0)),
+            decision(&[ACCEPTED, PROVISIONED, BOOKING_EXPIRED], None)
+        );
+    }
+
+    #[test]
+    fn finished_requests_are_left_alone() {
+        let failed = status(&[(ACCEPTED, "True", 0), (FAILED, "True", 0)]);
+        for step in [
+            Step::Provision { after: secs(0) },
+            Step::Fail,
+            Step::Expire { after: secs(1) },
+        ] {
+            assert_eq!(decide(Some(&failed), &step, at(5)), Decision::default());
+        }
+    }
+
+    #[test]
+    fn huge_delays_are_never_due() {
+        let step = Step::Provision {
+            after: Duration::from_secs(u64::MAX),
+        };
+        assert_eq!(decide(None, &step, at(0)), decision(&[ACCEPTED], None));
+    }
+
+    #[test]
+    fn conditions_carry_cluster_autoscaler_reasons() {
+        let c = new_condition(PROVISIONED, CHECK_CAPACITY_CLASS, Some(3), at(7));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.observed_generation),
+            ("True", "CapacityIsFound", Some(3))
+        );
+        assert_eq!(c.last_transition_time, Time(at(7)));
+        let c = new_condition(PROVISIONED, "queued-provisioning.gke.io", None, at(7));
+        assert_eq!(c.reason, "CapacityIsProvisioned");
+        let c = new_condition(FAILED, CHECK_CAPACITY_CLASS, None, at(7));
+        assert_eq!(
+            (c.reason.as_str(), c.message.as_str()),
+            ("CapacityIsNotFound", "simulated: no capacity")
+        );
+        assert_eq!(
+            new_condition(BOOKING_EXPIRED, "", None, at(0)).reason,
+            "CapacityReservationTimeExpired"
+        );
+        assert_eq!(
+            new_condition(CAPACITY_REVOKED, "", None, at(0)).reason,
+            "CapacityRevoked"
+        );
+        assert_eq!(new_condition(ACCEPTED, "", None, at(0)).reason, "Accepted");
+    }
+
+    #[test]
+    fn merging_replaces_by_type_and_keeps_the_rest() {
+        let existing = status(&[("Other", "True", 0), (PROVISIONED, "False", 0)]).conditions;
+        let merged = merged_conditions(
+            &existing,
+            vec![
+                new_condition(PROVISIONED, "", None, at(5)),
+                new_condition(ACCEPTED, "", None, at(5)),
+            ],
+        );
+        let types: Vec<_> = merged
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect();
+        assert_eq!(
+            types,
+            [("Other", "True"), (PROVISIONED, "True"), (ACCEPTED, "True")]
+        );
+    }
+
+    #[test]
+    fn settings_filter_classes_and_retries_back_off() {
+        let all = Settings::default();
+        assert!(all.serves("anything"));
+        let some = Settings {
+            classes: vec!["a".into(), "b".into()],
+            ..Settings::default()
+        };
+        assert!(some.serves("b") && !some.serves("c"));
+        assert_eq!(retry_delay(Duration::ZERO), secs(1));
+        assert_eq!(retry_delay(secs(50)), secs(5));
+        assert_eq!(retry_delay(secs(3600)), secs(30));
+        let now = Timestamp::from_second(1_700_000_000).expect("in range");
+        assert_eq!(
+            whole_seconds(
+                now.checked_add(Duration::from_millis(900))
+                    .expect("in range")
+            ),
+            now
+        );
+    }
+
+    fn step_strategy() -> impl Strategy<Value = Step> {
+        let after = (0u64..100_000).prop_map(Duration::from_secs);
+        prop_oneof![
+            after.clone().prop_map(|after| Step::Provision { after }),
+            Just(Step::Fail),
+            Just(Step::Accept),
+            Just(Step::Ignore),
+            after.clone().prop_map(|after| Step::Expire { after }),
+            after.prop_map(|after| Step::Revoke { after }),
+        ]
+    }
+
+    fn apply(status: &mut ProvisioningRequestStatus, decision: &Decision, now: Timestamp) {
+        let added = decision
+            .add
+            .iter()
+            .map(|t| new_condition(t, "", Some(1), now))
+            .collect();
+        status.conditions = merged_conditions(&status.conditions, added);
+    }
+
+    proptest! {
+        #[test]
+        fn scripts_round_trip(steps in prop::collection::vec(step_strategy(), 1..8)) {
+            let script = Script::new(steps).expect("non-empty");
+            prop_assert_eq!(script.to_string().parse::<Script>(), Ok(script));
+        }
+
+        #[test]
+        fn parsing_never_panics(text in ".{0,40}") {
+            let _ = text.parse::<Script>();
+            let _ = parse_class_details(&text);
+            let _ = attempt_of_name(&text);
+        }
+
+        #[test]
+        fn names_give_back_their_attempt(prefix in "[a-z0-9][a-z0-9.-]{0,40}", n in 1u32..) {
+            prop_assert_eq!(attempt_of_name(&format!("{prefix}-{n}")), n);
+        }
+
+        #[test]
+        fn steps_follow_the_attempts(
+            steps in prop::collection::vec(step_strategy(), 1..8),
+            attempt in 1u32..20,
+        ) {
+            let script = Script::new(steps.clone()).expect("non-empty");
+            let index = (attempt as usize - 1).min(steps.len() - 1);
+            prop_assert_eq!(script.step(attempt), &steps[index]);
+        }
+
+        /// Following the decisions, each waking when told, reaches the step's final state;
+        /// deciding again at any time then writes nothing; wake-ups are always in the future.
+        #[test]
+        fn decisions_converge(step in step_strategy(), start in 0i64..1_000_000, late in 0i64..200_000) {
+            let mut status = ProvisioningRequestStatus::default();
+            let mut now = at(start);
+            for _ in 0..4 {
+                let decision = decide(Some(&status), &step, now);
+                if let Some(wake_at) = decision.wake_at {
+                    prop_assert!(wake_at > now);
+                }
+                apply(&mut status, &decision, now);
+                // Deciding again at once writes nothing new.
+                prop_assert!(decide(Some(&status), &step, now).add.is_empty());
+                match decision.wake_at {
+                    Some(wake_at) => now = wake_at,
+                    None => break,
+                }
+            }
+            let again = decide(Some(&status), &step, now.checked_add(Duration::from_secs(late as u64)).expect("in range"));
+            prop_assert_eq!(again, Decision::default());
+            let mut types: Vec<&str> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
+            types.sort_unstable();
+            let mut expected: Vec<&str> = match step {
+                Step::Ignore => vec![],
+                Step::Accept => vec![ACCEPTED],
+                Step::Fail => vec![ACCEPTED, FAILED],
+                Step::Provision { .. } => vec![ACCEPTED, PROVISIONED],
+                Step::Expire { .. } => vec![ACCEPTED, PROVISIONED, BOOKING_EXPIRED],
+                Step::Revoke { .. } => vec![ACCEPTED, PROVISIONED, CAPACITY_REVOKED],
+            };
+            expected.sort_unstable();
+            prop_assert_eq!(types, expected);
+        }
+    }
+}
