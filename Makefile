@@ -1,7 +1,7 @@
 # Entry points; each is a thin wrapper around a script under tests/.
 .PHONY: demo test up down status build-control-plane
 
-demo: ## Start the local control plane and run the demo
+demo: ## Start the control plane, the provisioning controller and the simulator; narrate two Jobs
 	bash tests/demo.sh
 
 test: ## fmt, clippy, docs, unit tests and the end-to-end suite against a real Kueue

@@ -1,7 +1,54 @@
 #!/usr/bin/env bash
-# Starts the local control plane (building it on first use) and runs the demo against it.
-# The control plane keeps running afterwards so you can look around; `make down` stops it.
+# The demo: starts the local control plane (building it on first use), the provisioning
+# controller and the autoscaler simulator, then submits two Jobs through a ProvisioningRequest
+# check and narrates their admission (one provisioned at once, one after a failed request and a
+# retry with backoff). The control plane keeps running afterwards so you can look around;
+# `make down` stops it. The controller and the simulator stop with the demo; their logs stay in
+# the control plane's run directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+CONTROLLER_NAME="demo.kueue-admission-checks.dev/provisioning-request"
+CLASS="demo.kueue-admission-checks.dev"
+METRICS="127.0.0.1:${DEMO_METRICS_PORT:-9464}"
+
 bash tests/control-plane/control-plane.sh start
-cargo run --quiet --locked -p e2e --bin demo
+eval "$(bash tests/control-plane/control-plane.sh env)"
+cargo build --quiet --locked -p kueue-provisioning-controller --bins -p e2e --bin demo
+logs="$KUEUE_AC_RUN_DIR/logs"
+mkdir -p "$logs"
+
+pids=()
+stop() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap stop EXIT
+
+target/debug/kueue-provisioning-controller \
+  --controller-name "$CONTROLLER_NAME" \
+  --metrics-address "$METRICS" \
+  --leader-election-namespace default \
+  >"$logs/demo-provisioning-controller.log" 2>&1 &
+pids+=("$!")
+target/debug/autoscaler-simulator --class "$CLASS" \
+  >"$logs/demo-autoscaler-simulator.log" 2>&1 &
+pids+=("$!")
+echo "[demo] kueue-provisioning-controller (log: $logs/demo-provisioning-controller.log)"
+echo "[demo] autoscaler-simulator serving class $CLASS (log: $logs/demo-autoscaler-simulator.log)"
+
+# Ready once its caches have synced and it holds the leader Lease.
+for _ in $(seq 1 120); do
+  if curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 &&
+    curl -fsS "http://$METRICS/metrics" 2>/dev/null | grep -q '^kueue_ac_leader 1'; then
+    break
+  fi
+  if ! kill -0 "${pids[0]}" 2>/dev/null; then
+    echo "[demo] the controller exited:" >&2
+    tail -20 "$logs/demo-provisioning-controller.log" >&2
+    exit 1
+  fi
+  sleep 0.5
+done
+
+target/debug/demo --controller-name "$CONTROLLER_NAME" --class "$CLASS" --metrics-address "$METRICS"

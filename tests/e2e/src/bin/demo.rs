@@ -1,60 +1,200 @@
-//! The demo behind `make demo`: a batch/v1 Job admitted by the real Kueue through an admission
-//! check, with this program playing the check's controller and narrating every step.
+//! The demo behind `make demo`: batch/v1 Jobs admitted by the real Kueue through the
+//! provisioning controller, with the autoscaler simulator playing cluster-autoscaler.
 //!
-//! It creates its own namespace and queues, so it can run any number of times.
+//! `tests/demo.sh` starts the control plane and the two binaries (`kueue-provisioning-controller`
+//! and `autoscaler-simulator`); this program creates the queues and the check, submits two Jobs
+//! and narrates what Kueue, the controller and the simulator do until both are admitted. It
+//! creates its own namespace, so it can run any number of times.
 
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
+use clap::Parser;
 use e2e::TestEnv;
-use kueue_admission_sdk::api::CheckState;
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kueue_admission_sdk::api::{ProvisioningRequest, Workload, workload_condition as cond};
+use kueue_provisioning_controller::simulator::SCRIPT_ANNOTATION;
+use serde_json::json;
 
-const CONTROLLER: &str = "demo.kueue-admission-checks.dev/approve-all";
+#[derive(Parser)]
+struct Cli {
+    /// The controllerName the running kueue-provisioning-controller serves.
+    #[arg(long)]
+    controller_name: String,
+    /// The provisioning class the running autoscaler-simulator serves.
+    #[arg(long)]
+    class: String,
+    /// Where the controller serves /metrics.
+    #[arg(long)]
+    metrics_address: std::net::SocketAddr,
+}
+
+/// What the narrator last said about an object, so it speaks only of changes.
+type Said = BTreeMap<String, String>;
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    let cli = Cli::parse();
     let started = Instant::now();
     let say = |msg: &str| println!("[{:>5.1}s] {msg}", started.elapsed().as_secs_f32());
 
     let env = TestEnv::new("demo").await?;
     say(&format!("namespace {}", env.ns));
-    let flavor = env.resource_flavor("default").await?;
-    let flavor = flavor.metadata.name.unwrap_or_default();
-    let check = env.admission_check("approval", CONTROLLER).await?;
-    let check = check.metadata.name.unwrap_or_default();
-    let cq = env.cluster_queue("cq", &flavor, "4", &[&check]).await?;
-    env.local_queue("lq", cq.metadata.name.as_deref().unwrap_or_default())
+    let config = env
+        .provisioning_config(
+            "prc",
+            json!({
+                "provisioningClassName": cli.class,
+                "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 5, "backoffMaxSeconds": 60},
+            }),
+        )
         .await?;
+    let check = env
+        .admission_check_with_parameters(
+            "capacity",
+            &cli.controller_name,
+            "ProvisioningRequestConfig",
+            &config,
+        )
+        .await?;
+    let flavor = env.provisioning_flavor("pool").await?;
+    let cq = env.cluster_queue("cq", &flavor, "8", &[&check]).await?;
+    env.local_queue("lq", &cq.name_any()).await?;
     say(&format!(
-        "AdmissionCheck {check} (controllerName {CONTROLLER}) guards ClusterQueue {}",
-        cq.metadata.name.unwrap_or_default()
+        "ProvisioningRequestConfig {config} (class {}, retries after 5 s, 10 s, 20 s), \
+         AdmissionCheck {check} ({}), ClusterQueue {}, LocalQueue lq",
+        cli.class,
+        cli.controller_name,
+        cq.name_any()
     ));
 
-    env.set_admission_check_active(&check, true).await?;
-    say("the check's controller marked it Active");
+    let jobs = [
+        ("train", "provision", "the simulator provisions at once"),
+        (
+            "burst",
+            "fail,provision",
+            "the simulator fails the first request, then provisions",
+        ),
+    ];
+    let mut waiting = Vec::new();
+    for (name, script, what) in jobs {
+        let job = env
+            .job_with_pod_annotations(name, "lq", "1", 2, &[(SCRIPT_ANNOTATION, script)])
+            .await?;
+        let wl = env.workload_for_job(&job).await?.name_any();
+        say(&format!(
+            "submitted Job {name} (2 pods, 1 cpu each; {what}): Workload {wl}"
+        ));
+        waiting.push(wl);
+    }
 
-    let job = env.suspended_job("hello", "lq", "1").await?;
-    say("submitted Job hello (suspended, 1 cpu) to LocalQueue lq");
-    let wl = env.workload_for_job(&job).await?;
-    let wl_name = wl.metadata.name.clone().unwrap_or_default();
-    say(&format!("Kueue created Workload {wl_name}"));
+    // Narrate every change of the Workloads' check entries and of the requests, until both
+    // Workloads are admitted.
+    let workloads = watcher(
+        Api::<Workload>::namespaced(env.client.clone(), &env.ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(|r| r.map(Seen::Workload));
+    let requests = watcher(
+        Api::<ProvisioningRequest>::namespaced(env.client.clone(), &env.ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(|r| r.map(Seen::Request));
+    let mut events = std::pin::pin!(futures::stream::select(workloads, requests));
+    let mut said = Said::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    while !waiting.is_empty() {
+        let event = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .context("the Jobs were not admitted within 3 minutes; see the controller's log")?;
+        let Some(event) = event else {
+            bail!("the watch ended");
+        };
+        match event? {
+            Seen::Workload(wl) => {
+                let name = wl.name_any();
+                if let Some(e) = wl.admission_check(&check) {
+                    let mut line = format!("{:?}: {}", e.state, e.message);
+                    if let Some(d) = e.requeue_after_seconds {
+                        line.push_str(&format!(" (requeueAfterSeconds {d})"));
+                    }
+                    if let Some(n) = e.retry_count {
+                        line.push_str(&format!(" (retryCount {n})"));
+                    }
+                    if said.insert(format!("wl/{name}"), line.clone()).as_ref() != Some(&line) {
+                        say(&format!("Workload {name}: check {line}"));
+                    }
+                }
+                if wl.condition_is_true(cond::ADMITTED) && waiting.contains(&name) {
+                    say(&format!(
+                        "Workload {name} admitted: Kueue unsuspends its Job with the podSetUpdates"
+                    ));
+                    waiting.retain(|w| w != &name);
+                }
+            }
+            Seen::Request(r) => {
+                let conditions: Vec<String> = r
+                    .status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter())
+                    .filter(|c| c.status == "True")
+                    .map(|c| c.type_.clone())
+                    .collect();
+                let line = if conditions.is_empty() {
+                    "created".to_string()
+                } else {
+                    conditions.join(", ")
+                };
+                let key = format!("pr/{}", r.name_any());
+                if said.insert(key, line.clone()).as_ref() != Some(&line) {
+                    say(&format!("ProvisioningRequest {}: {line}", r.name_any()));
+                }
+            }
+        }
+    }
 
-    env.wait_check_pending_with_quota(&wl_name, &check).await?;
-    say("Kueue reserved quota; the check entry is Pending: the Job waits for our answer");
-
-    env.answer_check(&wl_name, &check, CheckState::Ready, "approved by the demo")
-        .await?;
-    say(
-        "the check answered Ready (server-side apply of our entry, with a resourceVersion precondition)",
-    );
-
-    env.wait_admitted(&wl_name).await?;
-    say("Kueue admitted the Workload");
-    env.wait_job_unsuspended("hello").await?;
-    say("Kueue unsuspended Job hello: it would start now");
+    for job in ["train", "burst"] {
+        let j = env.jobs().get(job).await?;
+        let annotations = j
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .unwrap_or_default();
+        say(&format!(
+            "Job {job}: suspend=false, pod template annotated consume-provisioning-request={}",
+            annotations
+                .get("autoscaling.x-k8s.io/consume-provisioning-request")
+                .map(String::as_str)
+                .unwrap_or("?")
+        ));
+    }
+    let (_, metrics) = e2e::http_get(cli.metrics_address, "/metrics").await?;
     println!(
-        "\ninspect it: KUBECONFIG from `tests/control-plane/control-plane.sh env`, namespace {}",
+        "\nthe controller's metrics (http://{}/metrics):",
+        cli.metrics_address
+    );
+    for line in metrics.lines().filter(|l| {
+        (l.starts_with("kueue_provisioning_requests_") || l.starts_with("kueue_ac_decisions_total"))
+            && l.contains(&check)
+    }) {
+        println!("  {line}");
+    }
+    println!(
+        "\ninspect it: eval \"$(bash tests/control-plane/control-plane.sh env)\"; namespace {}",
         env.ns
     );
     Ok(())
+}
+
+enum Seen {
+    Workload(Workload),
+    Request(ProvisioningRequest),
 }
