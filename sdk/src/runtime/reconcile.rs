@@ -91,11 +91,12 @@ impl<C: AdmissionCheckController> Context<C> {
 
     /// Publishes an event on the Workload; a failure to publish is logged, never fatal.
     async fn event(&self, wl: &Workload, type_: EventType, reason: &str, note: String) {
+        let note = truncate_note(note);
         let event = Event {
             type_,
             reason: reason.into(),
-            note: Some(truncate_note(note)),
-            action: "Decide".into(),
+            action: event_action(&note),
+            note: Some(note),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, &wl.object_ref(&())).await {
@@ -119,6 +120,17 @@ impl AskedAt {
             evictions: wl.total_evictions(),
         })
     }
+}
+
+/// kube-runtime's `Recorder` merges events by type, action and reason (not by note): a second
+/// `CheckRetry` with a new attempt and time would only raise the first one's count, and its
+/// message would be lost. A short digest of the note in the action keeps distinct messages
+/// apart, while repeats of the same message still merge.
+fn event_action(note: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(note.as_bytes());
+    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    format!("Decide-{hex}")
 }
 
 /// Event notes are limited to 1 KiB by the API server.
