@@ -118,7 +118,14 @@ impl ProvisioningCheck {
                 .insert(cleanup::INSTANCE_LABEL.into(), self.instance.clone());
             match templates.create(&PostParams::default(), t).await {
                 Ok(_) => {}
-                Err(e) if is_already_exists(&e) => {}
+                Err(e) if is_already_exists(&e) => {
+                    // Ours from an interrupted earlier pass is kept; a predecessor's is replaced.
+                    let existing = templates.get(&t.name_any()).await?;
+                    if !made_for(&existing, wl) {
+                        cleanup::delete_exactly(&templates, &existing).await?;
+                        templates.create(&PostParams::default(), t).await?;
+                    }
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -132,10 +139,18 @@ impl ProvisioningCheck {
                 info!(request = %plan.name, attempt, "created ProvisioningRequest");
                 r
             }
-            Err(e) if is_already_exists(&e) => requests.get(&plan.name).await?,
+            Err(e) if is_already_exists(&e) => {
+                // Created meanwhile; decide() checks whose it is on the next pass.
+                requests.get(&plan.name).await?
+            }
             Err(e) => return Err(e.into()),
         };
-        if let Some(owner) = created.controller_owner_ref(&()) {
+        // Never make a predecessor's request (same name, another Workload) the owner: the
+        // garbage collector would take our templates with it.
+        if let Some(owner) = created
+            .controller_owner_ref(&())
+            .filter(|_| made_for(&created, wl))
+        {
             let owner = OwnerReference {
                 controller: Some(false),
                 block_owner_deletion: Some(false),
@@ -172,7 +187,11 @@ impl ProvisioningCheck {
         };
         let name = names::request_name(&ctx.workload.name_any(), &ctx.entry.name, ctx.attempt());
         let api: Api<ProvisioningRequest> = Api::namespaced(ctx.client.clone(), namespace);
-        let Some(request) = api.get_opt(&name).await? else {
+        let Some(request) = api
+            .get_opt(&name)
+            .await?
+            .filter(|r| made_for(r, ctx.workload))
+        else {
             return Ok(keep);
         };
         let admitted = ctx.workload.condition_is_true(cond::ADMITTED);
@@ -203,6 +222,16 @@ fn matches_plan(plan: &RequestPlan, request: &ProvisioningRequest) -> bool {
 
 pub(crate) fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
+}
+
+pub(crate) fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// Whether an object of ours was made for this Workload (same uid), not for a predecessor of
+/// the same name.
+fn made_for(object: &impl ResourceExt, wl: &Workload) -> bool {
+    object.labels().get(plan::WORKLOAD_UID_LABEL) == wl.uid().as_ref()
 }
 
 pub(crate) fn is_not_found(e: &kube::Error) -> bool {
@@ -280,6 +309,14 @@ impl AdmissionCheckController for ProvisioningCheck {
             Some(r) if r.metadata.deletion_timestamp.is_some() => {
                 return Ok(Decision::pending(format!(
                     "waiting for the old ProvisioningRequest {qualified} to be deleted"
+                )));
+            }
+            Some(r) if !made_for(&r, wl) => {
+                // Left by a deleted Workload of the same name: never adopt its capacity.
+                cleanup::delete_request(ctx.client, &r).await?;
+                return Ok(Decision::pending(format!(
+                    "replacing ProvisioningRequest {qualified}, left by an earlier Workload of the \
+                     same name"
                 )));
             }
             Some(r) => r,

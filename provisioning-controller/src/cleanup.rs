@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -31,7 +31,7 @@ use kueue_admission_sdk::decide::{Eligibility, eligibility};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::check::is_not_found;
+use crate::check::{is_conflict, is_not_found};
 use crate::error::Error;
 use crate::metrics::{Metrics, Transition};
 use crate::names;
@@ -128,31 +128,60 @@ pub async fn delete_requests_of(
 pub async fn delete_request(client: &Client, request: &ProvisioningRequest) -> Result<(), Error> {
     let namespace = request.namespace().unwrap_or_default();
     let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
-    match api
-        .delete(&request.name_any(), &DeleteParams::background())
-        .await
-    {
+    // With a uid precondition: `request` may be a stale copy, and a successor's request may
+    // already exist under the same name (a Workload re-created with the same name).
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: request.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&request.name_any(), &params).await {
         Ok(_) => {}
-        Err(e) if is_not_found(&e) => {}
+        Err(e) if is_not_found(&e) || is_conflict(&e) => {}
         Err(e) => return Err(e.into()),
     }
     delete_templates(client, request).await
 }
 
+/// Deletes the PodTemplates a request names, but only those of the same Workload (uid): a
+/// Workload re-created under the same name gets templates of the same names, which must survive
+/// the clean-up of its predecessor's request.
 async fn delete_templates(client: &Client, request: &ProvisioningRequest) -> Result<(), Error> {
     let namespace = request.namespace().unwrap_or_default();
     let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
+    let owner = request.labels().get(plan::WORKLOAD_UID_LABEL);
     for p in &request.spec.pod_sets {
-        match templates
-            .delete(&p.pod_template_ref.name, &DeleteParams::background())
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if is_not_found(&e) => {}
-            Err(e) => return Err(e.into()),
+        let Some(t) = templates.get_opt(&p.pod_template_ref.name).await? else {
+            continue;
+        };
+        if t.labels().get(plan::WORKLOAD_UID_LABEL) != owner {
+            continue;
         }
+        delete_exactly(&templates, &t).await?;
     }
     Ok(())
+}
+
+/// Deletes this very object (a uid precondition), not one re-created under its name meanwhile.
+pub(crate) async fn delete_exactly(
+    api: &Api<PodTemplate>,
+    template: &PodTemplate,
+) -> Result<(), Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: template.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&template.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        // Gone, or replaced by another object of the same name (precondition failed).
+        Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The conditions counted in metrics that are true on a request.
