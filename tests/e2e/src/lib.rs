@@ -9,6 +9,8 @@
 //! Set `E2E_KUBECONFIG` to run against a control plane managed elsewhere. If the control plane
 //! cannot start, the tests fail with its reason: they never skip.
 
+pub mod provisioning;
+
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::process::Command;

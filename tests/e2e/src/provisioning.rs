@@ -1,0 +1,599 @@
+//! Harness for the provisioning controller's end-to-end tests: a ProvisioningRequestConfig, an
+//! AdmissionCheck naming it, a ClusterQueue and LocalQueue, the controller under test and the
+//! autoscaler simulator, all started for one test.
+//!
+//! Each test gets its own controllerName and its own provisioning class, and the simulator it
+//! starts serves only that class, so tests running in parallel never act on each other's
+//! requests.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::PodTemplate;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use kueue_admission_sdk::RuntimeConfig;
+use kueue_admission_sdk::api::{
+    AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, ProvisioningRequest,
+    ProvisioningRequestConfig, Workload,
+};
+use kueue_provisioning_controller::simulator::{self, Script};
+use kueue_provisioning_controller::{ProvisioningCheck, Settings, cleanup};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::TestEnv;
+
+/// What [`TestEnv::provisioning`] set up.
+#[derive(Debug)]
+pub struct Provisioning {
+    /// The controllerName served by this test's controller.
+    pub controller_name: String,
+    /// The provisioning class of this test's config (served by this test's simulator only).
+    pub class: String,
+    /// The AdmissionCheck (cluster-scoped name).
+    pub check: String,
+    /// The ProvisioningRequestConfig (cluster-scoped name).
+    pub config: String,
+    /// The ClusterQueue (cluster-scoped name).
+    pub cluster_queue: String,
+    /// The ResourceFlavor (cluster-scoped name).
+    pub flavor: String,
+}
+
+/// A process started for a test, stopped like SIGTERM does (or killed).
+#[derive(Debug)]
+pub struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    /// Where its `/metrics`, `/healthz`, `/readyz` are served (the controller only).
+    pub http: Option<std::net::SocketAddr>,
+}
+
+impl Running {
+    /// Stops it and waits until it has.
+    pub async fn stop(mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .context("stopping")??;
+        Ok(())
+    }
+
+    /// Ends it without clean-up, as a crash would.
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+impl TestEnv {
+    /// This test's controllerName.
+    pub fn provisioning_controller_name(&self) -> String {
+        format!("e2e.kueue-admission-checks.dev/prov-{}", self.ns)
+    }
+
+    /// A ProvisioningRequestConfig with this spec (merged over this test's class name).
+    pub async fn provisioning_config(&self, name: &str, spec: Value) -> Result<String> {
+        self.provisioning_config_with_annotations(name, spec, &[])
+            .await
+    }
+
+    /// [`provisioning_config`](Self::provisioning_config) with these annotations on the config
+    /// (e.g. the controller's timeout annotation).
+    pub async fn provisioning_config_with_annotations(
+        &self,
+        name: &str,
+        spec: Value,
+        annotations: &[(&str, &str)],
+    ) -> Result<String> {
+        let annotations: serde_json::Map<String, Value> = annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect();
+        let mut full = json!({"provisioningClassName": self.provisioning_class()});
+        if let (Some(full), Some(spec)) = (full.as_object_mut(), spec.as_object()) {
+            for (k, v) in spec {
+                full.insert(k.clone(), v.clone());
+            }
+        }
+        let config: ProvisioningRequestConfig = serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ProvisioningRequestConfig",
+            "metadata": {"name": self.cluster_name(name), "annotations": annotations},
+            "spec": full,
+        }))?;
+        let created = Api::<ProvisioningRequestConfig>::all(self.client.clone())
+            .create(&PostParams::default(), &config)
+            .await
+            .context("creating the ProvisioningRequestConfig")?;
+        Ok(created.name_any())
+    }
+
+    /// This test's provisioning class.
+    pub fn provisioning_class(&self) -> String {
+        format!("{}.e2e.kueue-admission-checks.dev", self.ns)
+    }
+
+    /// An AdmissionCheck answered by `controller_name` with a parameters reference of `kind`
+    /// (`ProvisioningRequestConfig` unless testing a wrong kind) named `parameters`.
+    pub async fn admission_check_with_parameters(
+        &self,
+        name: &str,
+        controller_name: &str,
+        kind: &str,
+        parameters: &str,
+    ) -> Result<String> {
+        let spec = AdmissionCheckSpec {
+            controller_name: controller_name.into(),
+            parameters: Some(AdmissionCheckParametersReference {
+                api_group: "kueue.x-k8s.io".into(),
+                kind: kind.into(),
+                name: parameters.into(),
+            }),
+        };
+        let ac = Api::<AdmissionCheck>::all(self.client.clone())
+            .create(
+                &PostParams::default(),
+                &AdmissionCheck::new(&self.cluster_name(name), spec),
+            )
+            .await
+            .context("creating the AdmissionCheck")?;
+        Ok(ac.name_any())
+    }
+
+    /// Config `spec` (over this test's class), an AdmissionCheck of this test's controller naming
+    /// it, a flavor with node labels and a toleration, a ClusterQueue with `cpu` quota guarded
+    /// by the check, and LocalQueue `lq`.
+    pub async fn provisioning(&self, spec: Value, cpu: &str) -> Result<Provisioning> {
+        self.provisioning_with(spec, &[], cpu, &[]).await
+    }
+
+    /// [`provisioning`](Self::provisioning) with `annotations` on the config and `extra_checks`
+    /// (cluster-scoped AdmissionCheck names, created by the caller) guarding the ClusterQueue
+    /// beside this test's provisioning check.
+    pub async fn provisioning_with(
+        &self,
+        spec: Value,
+        annotations: &[(&str, &str)],
+        cpu: &str,
+        extra_checks: &[&str],
+    ) -> Result<Provisioning> {
+        let controller_name = self.provisioning_controller_name();
+        let config = self
+            .provisioning_config_with_annotations("prc", spec, annotations)
+            .await?;
+        let check = self
+            .admission_check_with_parameters(
+                "prov",
+                &controller_name,
+                "ProvisioningRequestConfig",
+                &config,
+            )
+            .await?;
+        let flavor = self.provisioning_flavor("pool").await?;
+        let mut checks = vec![check.as_str()];
+        checks.extend_from_slice(extra_checks);
+        let cq = self
+            .cluster_queue("cq", &flavor, cpu, &checks)
+            .await?
+            .name_any();
+        self.local_queue("lq", &cq).await?;
+        Ok(Provisioning {
+            controller_name,
+            class: self.provisioning_class(),
+            check,
+            config,
+            cluster_queue: cq,
+            flavor,
+        })
+    }
+
+    /// A ResourceFlavor with node label `pool=<name>` and a `dedicated=<name>:NoSchedule`
+    /// toleration, which the PodTemplates must carry.
+    pub async fn provisioning_flavor(&self, name: &str) -> Result<String> {
+        let rf: kueue_admission_sdk::api::ResourceFlavor = serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": self.cluster_name(name)},
+            "spec": {
+                "nodeLabels": {"pool": name},
+                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": name, "effect": "NoSchedule"}],
+            },
+        }))?;
+        let created = Api::<kueue_admission_sdk::api::ResourceFlavor>::all(self.client.clone())
+            .create(&PostParams::default(), &rf)
+            .await
+            .context("creating the ResourceFlavor")?;
+        Ok(created.name_any())
+    }
+
+    /// A suspended Job of `parallelism` pods requesting `cpu` each, whose pod template carries
+    /// `annotations` (e.g. the simulator's script), submitted to `local_queue`.
+    pub async fn job_with_pod_annotations(
+        &self,
+        name: &str,
+        local_queue: &str,
+        cpu: &str,
+        parallelism: i32,
+        annotations: &[(&str, &str)],
+    ) -> Result<Job> {
+        let annotations: serde_json::Map<String, Value> = annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+            .collect();
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": local_queue}},
+            "spec": {
+                "suspend": true,
+                "parallelism": parallelism,
+                "completions": parallelism,
+                "template": {
+                    "metadata": {"annotations": annotations},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{
+                            "name": "main",
+                            "image": "registry.invalid/no-pod-runs-here:1",
+                            "resources": {"requests": {"cpu": cpu}},
+                        }],
+                    },
+                },
+            },
+        }))?;
+        Ok(self.jobs().create(&PostParams::default(), &job).await?)
+    }
+
+    /// Submits a Job whose requests the simulator answers with `script`; returns its Workload.
+    pub async fn job_with_script(&self, name: &str, script: &str) -> Result<String> {
+        let job = self
+            .job_with_pod_annotations(
+                name,
+                "lq",
+                "1",
+                1,
+                &[(simulator::SCRIPT_ANNOTATION, script)],
+            )
+            .await?;
+        Ok(self.workload_for_job(&job).await?.name_any())
+    }
+
+    /// Starts this test's controller (its own controllerName, no leader election).
+    pub fn start_provisioning_controller(
+        &self,
+        default_timeout: Option<Duration>,
+    ) -> Result<Running> {
+        let http = crate::free_local_address()?;
+        let check = ProvisioningCheck::new(Settings {
+            controller_name: self.provisioning_controller_name(),
+            default_timeout,
+        });
+        let config = RuntimeConfig {
+            metrics_address: Some(http),
+            field_manager: format!("e2e-prov-{}", self.ns),
+            concurrency: 4,
+            leader_election: None,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let client = self.client.clone();
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(e) =
+                kueue_provisioning_controller::run_until(client, check, config, shutdown).await
+            {
+                eprintln!("the provisioning controller stopped: {e}");
+            }
+        });
+        Ok(Running {
+            stop: Some(stop),
+            task,
+            http: Some(http),
+        })
+    }
+
+    /// Starts a simulator serving only this test's class, answering `provision` by default.
+    pub fn start_simulator(&self) -> Result<Running> {
+        let settings = simulator::Settings {
+            classes: vec![self.provisioning_class()],
+            default_script: "provision"
+                .parse::<Script>()
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let client = self.client.clone();
+        let task = tokio::spawn(async move {
+            tokio::select! {
+                () = simulator::run(client, settings) => {}
+                _ = stopped => {}
+            }
+        });
+        Ok(Running {
+            stop: Some(stop),
+            task,
+            http: None,
+        })
+    }
+
+    /// The ProvisioningRequests of this test's namespace.
+    pub fn provisioning_requests(&self) -> Api<ProvisioningRequest> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Names of this test's ProvisioningRequests made by the controller under test.
+    pub async fn our_requests(&self) -> Result<Vec<String>> {
+        let selector = format!(
+            "{}={}",
+            cleanup::INSTANCE_LABEL,
+            cleanup::instance_label(&self.provisioning_controller_name())
+        );
+        let list = self
+            .provisioning_requests()
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        let mut names: Vec<String> = list.items.iter().map(|r| r.name_any()).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Names of this test namespace's PodTemplates made by the controller under test.
+    pub async fn our_pod_templates(&self) -> Result<Vec<String>> {
+        let selector = format!(
+            "{}={}",
+            cleanup::INSTANCE_LABEL,
+            cleanup::instance_label(&self.provisioning_controller_name())
+        );
+        let list = Api::<PodTemplate>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        let mut names: Vec<String> = list.items.iter().map(|r| r.name_any()).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Waits until nothing of the controller under test is left in this namespace.
+    pub async fn wait_nothing_left(&self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + crate::DEFAULT_TIMEOUT;
+        loop {
+            let (requests, templates) =
+                (self.our_requests().await?, self.our_pod_templates().await?);
+            if requests.is_empty() && templates.is_empty() {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "left behind: requests {requests:?}, templates {templates:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until the requests of the controller under test in this namespace are exactly
+    /// `requests` and its PodTemplates exactly theirs (named `ppt-<request>-<podset>`).
+    pub async fn wait_only_left(&self, requests: &[String]) -> Result<()> {
+        let mut want = requests.to_vec();
+        want.sort();
+        let deadline = tokio::time::Instant::now() + crate::DEFAULT_TIMEOUT;
+        loop {
+            let (have, templates) = (self.our_requests().await?, self.our_pod_templates().await?);
+            let templates_ok = templates.len() == want.len()
+                && templates
+                    .iter()
+                    .all(|t| want.iter().any(|r| t.starts_with(&format!("ppt-{r}-"))));
+            if have == want && templates_ok {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "expected only {want:?} and their templates; left: requests {have:?}, templates {templates:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The entry of `check` on the Workload, as last read.
+    pub async fn check_entry(
+        &self,
+        workload: &str,
+        check: &str,
+    ) -> Result<Option<kueue_admission_sdk::api::AdmissionCheckState>> {
+        let wl: Workload = self.workloads().get(workload).await?;
+        Ok(wl.admission_check(check).cloned())
+    }
+}
+
+/// One change a [`History`] saw.
+#[derive(Clone, Debug)]
+pub enum Seen<K> {
+    /// Created or changed (or listed when the watch started).
+    Applied(K),
+    /// Deleted.
+    Deleted(K),
+}
+
+/// Every version of the objects of one kind in a test namespace, as a watch delivered them, in
+/// order: what a test asserts on when a state lasts too briefly to be waited for (a `Retry`
+/// entry, the first attempt's request). Started before the objects exist, it sees each change.
+#[derive(Debug)]
+pub struct History<K> {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen<K>>>>,
+    task: JoinHandle<()>,
+}
+
+impl<K> Drop for History<K> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<K: Clone> History<K> {
+    /// Everything seen so far.
+    pub fn seen(&self) -> Vec<Seen<K>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The versions applied so far (deletions left out).
+    pub fn applied(&self) -> Vec<K> {
+        self.seen()
+            .into_iter()
+            .filter_map(|s| match s {
+                Seen::Applied(k) => Some(k),
+                Seen::Deleted(_) => None,
+            })
+            .collect()
+    }
+}
+
+impl<K: kube::Resource> History<K> {
+    /// Names of the objects deleted so far.
+    pub fn deleted(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Deleted(k) => Some(k.meta().name.clone().unwrap_or_default()),
+                Seen::Applied(_) => None,
+            })
+            .collect()
+    }
+
+    /// `(name, uid)` of every object seen, each once, in the order they first appeared.
+    pub fn objects(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for s in self.seen.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let (Seen::Applied(k) | Seen::Deleted(k)) = s;
+            let id = (
+                k.meta().name.clone().unwrap_or_default(),
+                k.meta().uid.clone().unwrap_or_default(),
+            );
+            if !out.contains(&id) {
+                out.push(id);
+            }
+        }
+        out
+    }
+}
+
+/// Starts recording every change of the objects of `api`.
+pub fn history<K>(api: Api<K>) -> History<K>
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Clone + Eq + std::hash::Hash,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            let seen = match event {
+                Ok(watcher::Event::Apply(k) | watcher::Event::InitApply(k)) => Seen::Applied(k),
+                Ok(watcher::Event::Delete(k)) => Seen::Deleted(k),
+                _ => continue,
+            };
+            sink.lock().unwrap_or_else(|p| p.into_inner()).push(seen);
+        }
+    });
+    History { seen, task }
+}
+
+impl TestEnv {
+    /// Records every version of this test namespace's Workloads.
+    pub fn workload_history(&self) -> History<Workload> {
+        history(self.workloads())
+    }
+
+    /// Records every version of this test namespace's ProvisioningRequests.
+    pub fn request_history(&self) -> History<ProvisioningRequest> {
+        history(self.provisioning_requests())
+    }
+
+    /// The notes of the events with this reason on the Workload so far, oldest first.
+    pub async fn event_notes(&self, workload: &str, reason: &str) -> Result<Vec<String>> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        let mut events: Vec<_> = events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workload)
+            })
+            .collect();
+        events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        Ok(events
+            .into_iter()
+            .map(|e| e.note.unwrap_or_default())
+            .collect())
+    }
+
+    /// Waits until the named ProvisioningRequest of this namespace satisfies `cond`.
+    pub async fn wait_request(
+        &self,
+        name: &str,
+        what: &str,
+        cond: impl Fn(&ProvisioningRequest) -> bool,
+    ) -> Result<ProvisioningRequest> {
+        crate::wait_for(self.provisioning_requests(), name, what, cond).await
+    }
+
+    /// Creates a Workload of one podset `main` of one pod requesting 1 cpu, owned by no job,
+    /// submitted to LocalQueue `lq`, whose request the simulator answers with `script`. Unlike
+    /// a Job's, it can be deleted without Kueue creating it again.
+    pub async fn standalone_workload(&self, name: &str, script: &str) -> Result<Workload> {
+        let wl: Workload = serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "queueName": "lq",
+                "podSets": [{
+                    "name": "main",
+                    "count": 1,
+                    "template": {
+                        "metadata": {"annotations": {simulator::SCRIPT_ANNOTATION: script}},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [{
+                                "name": "main",
+                                "image": "registry.invalid/no-pod-runs-here:1",
+                                "resources": {"requests": {"cpu": "1"}},
+                            }],
+                        },
+                    },
+                }],
+            },
+        }))?;
+        self.workloads()
+            .create(&PostParams::default(), &wl)
+            .await
+            .with_context(|| format!("creating Workload {name}"))
+    }
+}
+
+impl Running {
+    /// The controller's `/metrics` text.
+    pub async fn metrics(&self) -> Result<String> {
+        let addr = self
+            .http
+            .context("this process serves no metrics (the simulator?)")?;
+        let (status, body) = crate::http_get(addr, "/metrics").await?;
+        anyhow::ensure!(status == 200, "GET /metrics answered {status}: {body}");
+        Ok(body)
+    }
+}

@@ -1,0 +1,1066 @@
+//! The provisioning controller's ProvisioningRequestConfig features against the real Kueue, with
+//! the autoscaler simulator playing cluster-autoscaler: merge policies on multi-podset
+//! Workloads, `managedResources`, parameter overrides from Workload annotations, missing or
+//! invalid parameters, coexistence with Kueue's built-in check, and names longer than 253.
+//!
+//! batch/v1 Jobs have a single podset, so the multi-podset cases submit plain Kueue Workloads
+//! (Kueue admits a standalone Workload with `spec.queueName` like any other).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, ensure};
+use e2e::provisioning::Running;
+use e2e::{TestEnv, dump, wait_for};
+use k8s_openapi::api::core::v1::PodTemplate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kueue_admission_sdk::api::{
+    ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckState, AdmissionCheckStrategyRule,
+    AdmissionChecksStrategy, CheckState, ClusterQueue, ClusterQueueSpec, FlavorQuotas,
+    ProvisioningRequest, ProvisioningRequestConfig, ResourceGroup, ResourceQuota, Workload,
+    find_condition, workload_condition as cond,
+};
+use kueue_provisioning_controller::outcome::{CLASS_ANNOTATION, CONSUME_ANNOTATION};
+use kueue_provisioning_controller::{cleanup, names, plan, simulator};
+use serde_json::{Value, json};
+
+/// Kueue's built-in ProvisioningRequest check.
+const KUEUE_CONTROLLER_NAME: &str = "kueue.x-k8s.io/provisioning-request";
+
+// --- helpers ---------------------------------------------------------------------------------
+
+/// A container of a podset template: `image`, `requests` (and the same `limits` for extended
+/// resources, which Kubernetes requires to equal their requests), extra fields merged in.
+fn container(image: &str, requests: Value, extra: Value) -> Value {
+    let mut c = json!({
+        "name": "main",
+        "image": image,
+        "resources": {"requests": requests},
+    });
+    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            c.insert(k.clone(), v.clone());
+        }
+    }
+    c
+}
+
+/// A podset of `count` pods running `container`, the template annotated with `annotations`.
+fn pod_set(name: &str, count: i32, container: Value, annotations: Value) -> Value {
+    json!({
+        "name": name,
+        "count": count,
+        "template": {
+            "metadata": {"annotations": annotations},
+            "spec": {"restartPolicy": "Never", "containers": [container]},
+        },
+    })
+}
+
+/// Creates a plain Kueue Workload in `queue` with these podsets and annotations.
+async fn plain_workload(
+    env: &TestEnv,
+    name: &str,
+    queue: &str,
+    annotations: Value,
+    pod_sets: Vec<Value>,
+) -> Result<Workload> {
+    let wl: Workload = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": env.ns, "annotations": annotations},
+        "spec": {"queueName": queue, "podSets": pod_sets},
+    }))?;
+    env.workloads()
+        .create(&PostParams::default(), &wl)
+        .await
+        .with_context(|| format!("creating Workload {name}"))
+}
+
+/// Waits until the Workload is Admitted with `check` Ready; returns the Workload and the entry.
+async fn wait_admitted_ready(
+    env: &TestEnv,
+    workload: &str,
+    check: &str,
+) -> Result<(Workload, AdmissionCheckState)> {
+    let wl = env
+        .wait_workload(
+            workload,
+            &format!("Admitted=True with {check} Ready"),
+            |w| {
+                w.condition_is_true(cond::ADMITTED)
+                    && w.admission_check(check)
+                        .is_some_and(|e| e.state == CheckState::Ready)
+            },
+        )
+        .await?;
+    let entry = wl
+        .admission_check(check)
+        .cloned()
+        .ok_or_else(|| anyhow!("no entry for {check}"))?;
+    Ok((wl, entry))
+}
+
+/// Waits until the named ProvisioningRequest exists.
+async fn wait_request(env: &TestEnv, name: &str) -> Result<ProvisioningRequest> {
+    wait_for(env.provisioning_requests(), name, "to exist", |_| true).await
+}
+
+/// (template name, count) of each podset of a request.
+fn request_pod_sets(r: &ProvisioningRequest) -> Vec<(String, i32)> {
+    r.spec
+        .pod_sets
+        .iter()
+        .map(|p| (p.pod_template_ref.name.clone(), p.count))
+        .collect()
+}
+
+/// Checks the podSetUpdates of a Ready entry: exactly `pod_sets` (in any order), each with the
+/// two autoscaler annotations naming `request` and `class`, and nothing else.
+fn assert_pod_set_updates(
+    entry: &AdmissionCheckState,
+    pod_sets: &[&str],
+    request: &str,
+    class: &str,
+) -> Result<()> {
+    let mut names: Vec<&str> = entry
+        .pod_set_updates
+        .iter()
+        .map(|u| u.name.as_str())
+        .collect();
+    names.sort_unstable();
+    let mut want = pod_sets.to_vec();
+    want.sort_unstable();
+    ensure!(
+        names == want,
+        "podSetUpdates are for {names:?}, expected one for each of {want:?}: {entry:?}"
+    );
+    let annotations = BTreeMap::from([
+        (CONSUME_ANNOTATION.to_string(), request.to_string()),
+        (CLASS_ANNOTATION.to_string(), class.to_string()),
+    ]);
+    for u in &entry.pod_set_updates {
+        ensure!(
+            u.annotations == annotations,
+            "podset {}: annotations {:?}, expected {annotations:?}",
+            u.name,
+            u.annotations
+        );
+        ensure!(
+            u.labels.is_empty() && u.node_selector.is_empty() && u.tolerations.is_empty(),
+            "podset {}: unexpected updates {u:?}",
+            u.name
+        );
+    }
+    Ok(())
+}
+
+/// Waits until the AdmissionCheck's `Active` condition has this status and reason.
+async fn wait_active(env: &TestEnv, check: &str, status: &str, reason: &str) -> Result<Condition> {
+    let ac = wait_for(
+        Api::<AdmissionCheck>::all(env.client.clone()),
+        check,
+        &format!("Active={status} with reason {reason}"),
+        |ac: &AdmissionCheck| {
+            active_condition(ac).is_some_and(|c| c.status == status && c.reason == reason)
+        },
+    )
+    .await?;
+    active_condition(&ac)
+        .cloned()
+        .ok_or_else(|| anyhow!("no Active condition"))
+}
+
+fn active_condition(ac: &AdmissionCheck) -> Option<&Condition> {
+    ac.status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+}
+
+/// A ClusterQueue for all namespaces with quotas for several resources in one flavor.
+async fn cluster_queue_with(
+    env: &TestEnv,
+    name: &str,
+    flavor: &str,
+    quotas: &[(&str, &str)],
+    checks: &[&str],
+) -> Result<String> {
+    let spec = ClusterQueueSpec {
+        namespace_selector: Some(Default::default()),
+        resource_groups: vec![ResourceGroup {
+            covered_resources: quotas.iter().map(|(r, _)| r.to_string()).collect(),
+            flavors: vec![FlavorQuotas {
+                name: flavor.into(),
+                resources: quotas
+                    .iter()
+                    .map(|(r, q)| ResourceQuota {
+                        name: r.to_string(),
+                        nominal_quota: k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                            q.to_string(),
+                        ),
+                    })
+                    .collect(),
+            }],
+        }],
+        admission_checks_strategy: Some(AdmissionChecksStrategy {
+            admission_checks: checks
+                .iter()
+                .map(|c| AdmissionCheckStrategyRule {
+                    name: c.to_string(),
+                    on_flavors: vec![],
+                })
+                .collect(),
+        }),
+    };
+    let cq = Api::<ClusterQueue>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &ClusterQueue::new(&env.cluster_name(name), spec),
+        )
+        .await
+        .with_context(|| format!("creating ClusterQueue {name}"))?;
+    Ok(cq.name_any())
+}
+
+/// A ProvisioningRequestConfig of this test's class with annotations on it.
+async fn annotated_config(
+    env: &TestEnv,
+    name: &str,
+    annotations: Value,
+    spec: Value,
+) -> Result<String> {
+    let mut full = json!({"provisioningClassName": env.provisioning_class()});
+    if let (Some(full), Some(spec)) = (full.as_object_mut(), spec.as_object()) {
+        for (k, v) in spec {
+            full.insert(k.clone(), v.clone());
+        }
+    }
+    let config: ProvisioningRequestConfig = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ProvisioningRequestConfig",
+        "metadata": {"name": env.cluster_name(name), "annotations": annotations},
+        "spec": full,
+    }))?;
+    let created = Api::<ProvisioningRequestConfig>::all(env.client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .with_context(|| format!("creating ProvisioningRequestConfig {name}"))?;
+    Ok(created.name_any())
+}
+
+/// Requests created by a controller so far (its `kueue_provisioning_requests_created_total`).
+async fn created_count(controller: &Running, check: &str) -> Result<f64> {
+    let addr = controller
+        .http
+        .ok_or_else(|| anyhow!("the controller serves no metrics"))?;
+    let (status, body) = e2e::http_get(addr, "/metrics").await?;
+    ensure!(status == 200, "/metrics answered {status}");
+    let series = format!("kueue_provisioning_requests_created_total{{check=\"{check}\"}}");
+    Ok(e2e::metric_sample(&body, &series).unwrap_or(0.0))
+}
+
+/// (name, uid) of every ProvisioningRequest of the test namespace, sorted.
+async fn all_requests(env: &TestEnv) -> Result<Vec<(String, String)>> {
+    let mut all: Vec<(String, String)> = env
+        .provisioning_requests()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|r| (r.name_any(), r.uid().unwrap_or_default()))
+        .collect();
+    all.sort();
+    Ok(all)
+}
+
+/// Asserts, for `duration`, polling, that the namespace holds exactly `expected` requests
+/// (names and uids): nothing deleted, recreated or added.
+async fn assert_requests_stay(
+    env: &TestEnv,
+    expected: &[(String, String)],
+    duration: Duration,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + duration;
+    while tokio::time::Instant::now() < deadline {
+        let now = all_requests(env).await?;
+        ensure!(
+            now == expected,
+            "the requests changed: {now:?}, expected them to stay {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Asserts, for `duration`, that the Workload neither holds quota nor is admitted.
+async fn assert_not_admitted(env: &TestEnv, workload: &str, duration: Duration) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + duration;
+    while tokio::time::Instant::now() < deadline {
+        let wl = env.workloads().get(workload).await?;
+        ensure!(
+            !wl.condition_is_true(cond::QUOTA_RESERVED) && !wl.condition_is_true(cond::ADMITTED),
+            "Workload {workload} got quota on an inactive check:\n{}",
+            dump(&wl)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(())
+}
+
+/// Waits until Kueue reports the ClusterQueue inactive because of its admission check.
+async fn wait_cluster_queue_inactive(env: &TestEnv, cq: &str) -> Result<()> {
+    wait_for(
+        Api::<ClusterQueue>::all(env.client.clone()),
+        cq,
+        "Active=False with reason AdmissionCheckInactive",
+        |cq: &ClusterQueue| {
+            cq.status
+                .as_ref()
+                .and_then(|s| find_condition(&s.conditions, "Active"))
+                .is_some_and(|c| c.status == "False" && c.reason == "AdmissionCheckInactive")
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+// --- 1. merge policies ---------------------------------------------------------------------
+
+/// Four podsets: `a`; `b` with other CPU requests (a scheduling requirement); `c` differing from
+/// `a` only in its image and an env var (not scheduling requirements); `d` identical to `a`.
+fn four_pod_sets() -> Vec<Value> {
+    let one_cpu = || json!({"cpu": "1"});
+    vec![
+        pod_set(
+            "a",
+            1,
+            container("registry.invalid/app:1", one_cpu(), json!({})),
+            json!({}),
+        ),
+        pod_set(
+            "b",
+            2,
+            container("registry.invalid/app:1", json!({"cpu": "2"}), json!({})),
+            json!({}),
+        ),
+        pod_set(
+            "c",
+            3,
+            container(
+                "registry.invalid/other:2",
+                one_cpu(),
+                json!({"env": [{"name": "MODE", "value": "other"}]}),
+            ),
+            json!({}),
+        ),
+        pod_set(
+            "d",
+            4,
+            container("registry.invalid/app:1", one_cpu(), json!({})),
+            json!({}),
+        ),
+    ]
+}
+
+/// Runs the four-podset Workload through a config with `policy` and checks the request has
+/// exactly `groups` (first member, count) in order, every podset gets its updates, the
+/// Workload is admitted, and deleting it leaves nothing behind.
+async fn merge_case(test: &str, policy: Option<&str>, groups: &[(&str, i32)]) -> Result<()> {
+    let env = TestEnv::new(test).await?;
+    let spec = match policy {
+        Some(p) => json!({"podSetMergePolicy": p}),
+        None => json!({}),
+    };
+    let p = env.provisioning(spec, "20").await?;
+    let controller = env.start_provisioning_controller(None)?;
+    let simulator = env.start_simulator()?;
+    plain_workload(&env, "multi", "lq", json!({}), four_pod_sets()).await?;
+    let (_, entry) = wait_admitted_ready(&env, "multi", &p.check).await?;
+
+    let request = names::request_name("multi", &p.check, 1);
+    assert_eq!(request, format!("multi-{}-1", p.check));
+    assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
+    let r = env.provisioning_requests().get(&request).await?;
+    let want: Vec<(String, i32)> = groups
+        .iter()
+        .map(|(first, count)| (format!("ppt-{request}-{first}"), *count))
+        .collect();
+    assert_eq!(request_pod_sets(&r), want, "policy {policy:?}");
+    assert_eq!(r.spec.provisioning_class_name, p.class);
+
+    // One PodTemplate per group: the first member's template plus the flavor's additions.
+    let mut templates = env.our_pod_templates().await?;
+    templates.sort();
+    let mut want_templates: Vec<String> = want.iter().map(|(t, _)| t.clone()).collect();
+    want_templates.sort();
+    assert_eq!(templates, want_templates);
+    let pts: Api<PodTemplate> = Api::namespaced(env.client.clone(), &env.ns);
+    let first = pts.get(&format!("ppt-{request}-a")).await?;
+    let spec = first
+        .template
+        .and_then(|t| t.spec)
+        .ok_or_else(|| anyhow!("template without spec"))?;
+    assert_eq!(
+        spec.containers[0].image.as_deref(),
+        Some("registry.invalid/app:1")
+    );
+    assert_eq!(
+        spec.node_selector,
+        Some(BTreeMap::from([("pool".to_string(), "pool".to_string())]))
+    );
+    let tolerations = spec.tolerations.unwrap_or_default();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some("dedicated")
+                && t.value.as_deref() == Some("pool")
+                && t.effect.as_deref() == Some("NoSchedule")),
+        "{tolerations:?}"
+    );
+
+    // Every podset gets its updates, merged ones included.
+    assert_eq!(
+        entry.message,
+        format!("ProvisioningRequest {}/{request} provisioned", env.ns)
+    );
+    assert_pod_set_updates(&entry, &["a", "b", "c", "d"], &request, &p.class)?;
+
+    // A deleted Workload leaves nothing behind.
+    env.workloads()
+        .delete("multi", &DeleteParams::background())
+        .await?;
+    env.wait_nothing_left().await?;
+    controller.stop().await?;
+    simulator.stop().await?;
+    Ok(())
+}
+
+/// Without a podSetMergePolicy nothing is merged: one request podset per Workload podset.
+#[tokio::test]
+async fn without_a_merge_policy_every_podset_is_its_own() -> Result<()> {
+    merge_case(
+        "prc-merge-none",
+        None,
+        &[("a", 1), ("b", 2), ("c", 3), ("d", 4)],
+    )
+    .await
+}
+
+/// `IdenticalPodTemplates` merges only the identical `a` and `d` (counts 1 + 4).
+#[tokio::test]
+async fn identical_pod_templates_merge_identical_podsets() -> Result<()> {
+    merge_case(
+        "prc-merge-templates",
+        Some("IdenticalPodTemplates"),
+        &[("a", 5), ("b", 2), ("c", 3)],
+    )
+    .await
+}
+
+/// `IdenticalWorkloadSchedulingRequirements` also merges `c`, which differs from `a` only in its
+/// image and env (counts 1 + 3 + 4), but not `b`, whose requests differ.
+#[tokio::test]
+async fn identical_scheduling_requirements_ignore_image_and_env() -> Result<()> {
+    merge_case(
+        "prc-merge-sched",
+        Some("IdenticalWorkloadSchedulingRequirements"),
+        &[("a", 8), ("b", 2)],
+    )
+    .await
+}
+
+// --- 2. managedResources -------------------------------------------------------------------
+
+const GPU: &str = "example.com/gpu";
+
+/// With `managedResources: [example.com/gpu]`: a Job without GPUs needs no request and is
+/// admitted at once; a Workload with a GPU podset and a CPU podset gets a request for the GPU
+/// podset only.
+#[tokio::test]
+async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()> {
+    let env = TestEnv::new("prc-managed").await?;
+    let p = env
+        .provisioning(json!({"managedResources": [GPU]}), "10")
+        .await?;
+    let gpu_cq = cluster_queue_with(
+        &env,
+        "cq-gpu",
+        &p.flavor,
+        &[("cpu", "10"), (GPU, "4")],
+        &[&p.check],
+    )
+    .await?;
+    env.local_queue("lq-gpu", &gpu_cq).await?;
+    let controller = env.start_provisioning_controller(None)?;
+    let simulator = env.start_simulator()?;
+
+    // No GPU: Ready without a request.
+    let job = env
+        .job_with_pod_annotations("cpu-only", "lq", "1", 1, &[])
+        .await?;
+    let cpu_wl = env.workload_for_job(&job).await?.name_any();
+    let (_, entry) = wait_admitted_ready(&env, &cpu_wl, &p.check).await?;
+    assert_eq!(
+        entry.message,
+        "no podset needs capacity: the provisioning request is not needed"
+    );
+    assert!(entry.pod_set_updates.is_empty(), "{entry:?}");
+    env.wait_job_unsuspended("cpu-only").await?;
+    assert_eq!(env.our_requests().await?, Vec::<String>::new());
+    assert_eq!(all_requests(&env).await?, []);
+
+    // One GPU podset (listed second) and one CPU podset: only the GPU one is requested.
+    plain_workload(
+        &env,
+        "mixed",
+        "lq-gpu",
+        json!({}),
+        vec![
+            pod_set(
+                "cpu",
+                1,
+                container("registry.invalid/app:1", json!({"cpu": "1"}), json!({})),
+                json!({}),
+            ),
+            pod_set(
+                "gpu",
+                2,
+                container(
+                    "registry.invalid/app:1",
+                    json!({"cpu": "1", GPU: "1"}),
+                    json!({"resources": {"requests": {"cpu": "1", GPU: "1"}, "limits": {GPU: "1"}}}),
+                ),
+                json!({}),
+            ),
+        ],
+    )
+    .await?;
+    let (_, entry) = wait_admitted_ready(&env, "mixed", &p.check).await?;
+    let request = format!("mixed-{}-1", p.check);
+    assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
+    let r = env.provisioning_requests().get(&request).await?;
+    assert_eq!(
+        request_pod_sets(&r),
+        [(format!("ppt-{request}-gpu"), 2)],
+        "only the GPU podset needs capacity"
+    );
+    assert_eq!(
+        env.our_pod_templates().await?,
+        [format!("ppt-{request}-gpu")]
+    );
+    assert_pod_set_updates(&entry, &["gpu"], &request, &p.class)?;
+    controller.stop().await?;
+    simulator.stop().await?;
+    Ok(())
+}
+
+// --- 3. parameter overrides ----------------------------------------------------------------
+
+/// Config parameters `{a, b}` and a Job annotated `provreq.kueue.x-k8s.io/b`: Kueue copies the
+/// annotation to the Workload, the request gets `{a: from-config, b: from-workload}`, and the
+/// request is never judged out of date and recreated (upstream's loop): one request, one uid,
+/// one creation, while it waits to be provisioned and after admission.
+#[tokio::test]
+async fn workload_annotations_override_parameters_without_a_recreate_loop() -> Result<()> {
+    let env = TestEnv::new("prc-overrides").await?;
+    let p = env
+        .provisioning(
+            json!({"parameters": {"a": "from-config", "b": "from-config"}}),
+            "4",
+        )
+        .await?;
+    let controller = env.start_provisioning_controller(None)?;
+    let simulator = env.start_simulator()?;
+    // The annotation goes on the Job: Kueue copies `provreq.kueue.x-k8s.io/` annotations of the
+    // job to its Workload (jobframework.NewWorkload). The simulator provisions after 3 s, so
+    // the controller looks at the pending request several times first.
+    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+        "metadata": {
+            "name": "job",
+            "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+            "annotations": {"provreq.kueue.x-k8s.io/b": "from-workload"},
+        },
+        "spec": {
+            "suspend": true,
+            "template": {
+                "metadata": {"annotations": {simulator::SCRIPT_ANNOTATION: "provision:3"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "main",
+                        "image": "registry.invalid/no-pod-runs-here:1",
+                        "resources": {"requests": {"cpu": "1"}},
+                    }],
+                },
+            },
+        },
+    }))?;
+    let job = env.jobs().create(&PostParams::default(), &job).await?;
+    let wl = env.workload_for_job(&job).await?;
+    let wl_name = wl.name_any();
+    assert_eq!(
+        wl.annotations()
+            .get("provreq.kueue.x-k8s.io/b")
+            .map(String::as_str),
+        Some("from-workload"),
+        "Kueue copies the Job's provreq annotations to the Workload:\n{}",
+        dump(&wl)
+    );
+
+    let request = format!("{wl_name}-{}-1", p.check);
+    let first = wait_request(&env, &request).await?;
+    let uid = first.uid().unwrap_or_default();
+    assert_eq!(
+        first.spec.parameters,
+        BTreeMap::from([
+            ("a".to_string(), "from-config".to_string()),
+            ("b".to_string(), "from-workload".to_string()),
+        ])
+    );
+    let (_, entry) = wait_admitted_ready(&env, &wl_name, &p.check).await?;
+    assert_pod_set_updates(&entry, &["main"], &request, &p.class)?;
+    // And it stays: no deletion, no second request.
+    assert_requests_stay(
+        &env,
+        &[(request.clone(), uid.clone())],
+        Duration::from_secs(4),
+    )
+    .await?;
+    assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
+    assert_eq!(created_count(&controller, &p.check).await?, 1.0);
+    let wl = env.workloads().get(&wl_name).await?;
+    ensure!(
+        wl.condition_is_true(cond::ADMITTED),
+        "no longer admitted:\n{}",
+        dump(&wl)
+    );
+    controller.stop().await?;
+    simulator.stop().await?;
+    Ok(())
+}
+
+// --- 4. missing or wrong parameters --------------------------------------------------------
+
+/// Parameters naming a config that does not exist: `Active=False` (`BadParametersRef`) naming
+/// it, the ClusterQueue inactive and the Job not admitted; creating the config makes the check
+/// active and the Job admitted.
+#[tokio::test]
+async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Result<()> {
+    let env = TestEnv::new("prc-missing").await?;
+    let controller_name = env.provisioning_controller_name();
+    let config = env.cluster_name("prc");
+    let check = env
+        .admission_check_with_parameters(
+            "prov",
+            &controller_name,
+            "ProvisioningRequestConfig",
+            &config,
+        )
+        .await?;
+    let flavor = env.provisioning_flavor("pool").await?;
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    let controller = env.start_provisioning_controller(None)?;
+    let simulator = env.start_simulator()?;
+
+    let c = wait_active(&env, &check, "False", "BadParametersRef").await?;
+    ensure!(
+        c.message.contains(&format!("{config:?}")) && c.message.contains("does not exist"),
+        "the message should name the missing ProvisioningRequestConfig: {c:?}"
+    );
+    wait_cluster_queue_inactive(&env, &cq).await?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    assert_not_admitted(&env, &wl, Duration::from_secs(2)).await?;
+
+    // Creating the config fixes it.
+    let created = env.provisioning_config("prc", json!({})).await?;
+    assert_eq!(created, config);
+    let c = wait_active(&env, &check, "True", "Active").await?;
+    ensure!(!c.message.is_empty(), "{c:?}");
+    wait_admitted_ready(&env, &wl, &check).await?;
+    assert_eq!(env.our_requests().await?, [format!("{wl}-{check}-1")]);
+    controller.stop().await?;
+    simulator.stop().await?;
+    Ok(())
+}
+
+/// Parameters of another kind: `Active=False` (`BadParametersRef`) naming both kinds, and the
+/// Job is not admitted.
+#[tokio::test]
+async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
+    let env = TestEnv::new("prc-wrong-kind").await?;
+    let check = env
+        .admission_check_with_parameters(
+            "prov",
+            &env.provisioning_controller_name(),
+            "ConfigMap",
+            "settings",
+        )
+        .await?;
+    let flavor = env.provisioning_flavor("pool").await?;
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    let controller = env.start_provisioning_controller(None)?;
+
+    let c = wait_active(&env, &check, "False", "BadParametersRef").await?;
+    ensure!(
+        c.message.contains("ConfigMap") && c.message.contains("ProvisioningRequestConfig"),
+        "the message should name the wrong kind and the expected one: {c:?}"
+    );
+    wait_cluster_queue_inactive(&env, &cq).await?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    assert_not_admitted(&env, &wl, Duration::from_secs(2)).await?;
+    assert_eq!(all_requests(&env).await?, []);
+    controller.stop().await?;
+    Ok(())
+}
+
+/// Configs the API server accepts but that cannot work (the CRD itself rejects an empty
+/// provisioningClassName and an unknown podSetMergePolicy): a timeout annotation that is not a
+/// number, and a negative backoffLimitCount. Each check is `Active=False`
+/// (`InvalidParameters`) naming the problem and its Job is not admitted; fixing the annotation
+/// makes that check active and its Job admitted.
+#[tokio::test]
+async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> {
+    let env = TestEnv::new("prc-invalid").await?;
+    // The CRD's own validation, which is why the cases below are what reaches the controller.
+    let empty_class = annotated_config(
+        &env,
+        "empty-class",
+        json!({}),
+        json!({"provisioningClassName": ""}),
+    )
+    .await;
+    ensure!(
+        empty_class.is_err(),
+        "the API server accepted an empty provisioningClassName"
+    );
+    let bad_policy = annotated_config(
+        &env,
+        "bad-policy",
+        json!({}),
+        json!({"podSetMergePolicy": "Sometimes"}),
+    )
+    .await;
+    ensure!(
+        bad_policy.is_err(),
+        "the API server accepted an unknown podSetMergePolicy"
+    );
+
+    let controller_name = env.provisioning_controller_name();
+    let flavor = env.provisioning_flavor("pool").await?;
+    let soon = annotated_config(
+        &env,
+        "prc-soon",
+        json!({kueue_provisioning_controller::config::TIMEOUT_ANNOTATION: "soon"}),
+        json!({}),
+    )
+    .await?;
+    let negative = annotated_config(
+        &env,
+        "prc-negative",
+        json!({}),
+        json!({"retryStrategy": {"backoffLimitCount": -1}}),
+    )
+    .await?;
+    let mut cases = Vec::new();
+    for (name, config) in [("soon", &soon), ("negative", &negative)] {
+        let check = env
+            .admission_check_with_parameters(
+                &format!("prov-{name}"),
+                &controller_name,
+                "ProvisioningRequestConfig",
+                config,
+            )
+            .await?;
+        let cq = env
+            .cluster_queue(&format!("cq-{name}"), &flavor, "4", &[&check])
+            .await?
+            .name_any();
+        env.local_queue(&format!("lq-{name}"), &cq).await?;
+        cases.push((name, check, cq));
+    }
+    let controller = env.start_provisioning_controller(None)?;
+    let simulator = env.start_simulator()?;
+
+    let c = wait_active(&env, &cases[0].1, "False", "InvalidParameters").await?;
+    ensure!(
+        c.message
+            .contains(kueue_provisioning_controller::config::TIMEOUT_ANNOTATION)
+            && c.message.contains("\"soon\""),
+        "the message should name the annotation and its value: {c:?}"
+    );
+    let c = wait_active(&env, &cases[1].1, "False", "InvalidParameters").await?;
+    ensure!(
+        c.message.contains("backoffLimitCount") && c.message.contains("-1"),
+        "the message should name the field and its value: {c:?}"
+    );
+    let mut workloads = Vec::new();
+    for (name, _, cq) in &cases {
+        wait_cluster_queue_inactive(&env, cq).await?;
+        workloads.push(
+            env.submit_job(&format!("job-{name}"), &format!("lq-{name}"), "1")
+                .await?,
+        );
+    }
+    for wl in &workloads {
+        assert_not_admitted(&env, wl, Duration::from_secs(1)).await?;
+    }
+    assert_eq!(all_requests(&env).await?, []);
+
+    // Fixing the annotation makes that check active; the other stays inactive.
+    let patch = json!({"metadata": {"annotations": {
+        kueue_provisioning_controller::config::TIMEOUT_ANNOTATION: "30"
+    }}});
+    Api::<ProvisioningRequestConfig>::all(env.client.clone())
+        .patch(&soon, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    wait_active(&env, &cases[0].1, "True", "Active").await?;
+    wait_admitted_ready(&env, &workloads[0], &cases[0].1).await?;
+    assert_not_admitted(&env, &workloads[1], Duration::from_secs(1)).await?;
+    controller.stop().await?;
+    simulator.stop().await?;
+    Ok(())
+}
+
+// --- 5. coexistence with Kueue's built-in check --------------------------------------------
+
+/// Our check and Kueue's built-in one on two ClusterQueues, one Job each, in one namespace:
+/// both admitted, each request only for its own Workload (ours labelled and without owner,
+/// Kueue's owned by its Workload), and neither controller deletes the other's request while
+/// both reconcile both Workloads. Deleting the Jobs leaves nothing of ours.
+#[tokio::test]
+async fn coexists_with_kueues_built_in_check() -> Result<()> {
+    let env = TestEnv::new("prc-coexist").await?;
+    let p = env.provisioning(json!({}), "4").await?;
+    // Kueue's check, with a config of the class our simulator serves.
+    let kueue_config = env.provisioning_config("kueue-prc", json!({})).await?;
+    let kueue_check = env
+        .admission_check_with_parameters(
+            "kueue-prov",
+            KUEUE_CONTROLLER_NAME,
+            "ProvisioningRequestConfig",
+            &kueue_config,
+        )
+        .await?;
+    let kueue_cq = env
+        .cluster_queue("kueue-cq", &p.flavor, "4", &[&kueue_check])
+        .await?
+        .name_any();
+    env.local_queue("kueue-lq", &kueue_cq).await?;
+    let controller = env.start_provisioning_controller(None)?;
+    let simulator = env.start_simulator()?;
+    wait_active(&env, &kueue_check, "True", "Active").await?;
+
+    let ours_job = env
+        .job_with_pod_annotations("ours", "lq", "1", 1, &[])
+        .await?;
+    let theirs_job = env
+        .job_with_pod_annotations("theirs", "kueue-lq", "1", 1, &[])
+        .await?;
+    let ours = env.workload_for_job(&ours_job).await?;
+    let theirs = env.workload_for_job(&theirs_job).await?;
+    let (ours_wl, theirs_wl) = (ours.name_any(), theirs.name_any());
+    let (_, ours_entry) = wait_admitted_ready(&env, &ours_wl, &p.check).await?;
+    let (_, theirs_entry) = wait_admitted_ready(&env, &theirs_wl, &kueue_check).await?;
+
+    let ours_req = format!("{ours_wl}-{}-1", p.check);
+    let theirs_req = format!("{theirs_wl}-{kueue_check}-1");
+    assert_pod_set_updates(&ours_entry, &["main"], &ours_req, &p.class)?;
+    assert_pod_set_updates(&theirs_entry, &["main"], &theirs_req, &p.class)?;
+    assert_eq!(env.our_requests().await?, std::slice::from_ref(&ours_req));
+
+    // Ours: our labels, the Workload's uid, no ownerReference (Kueue would delete it).
+    let r = env.provisioning_requests().get(&ours_req).await?;
+    let labels = r.labels();
+    assert_eq!(
+        labels.get(cleanup::INSTANCE_LABEL),
+        Some(&cleanup::instance_label(&p.controller_name))
+    );
+    assert_eq!(
+        labels.get(plan::WORKLOAD_UID_LABEL),
+        ours.uid().as_ref(),
+        "{}",
+        dump(&r)
+    );
+    assert_eq!(
+        labels.get(plan::MANAGED_BY_LABEL).map(String::as_str),
+        Some(cleanup::MANAGED_BY)
+    );
+    assert!(r.owner_references().is_empty(), "{}", dump(&r));
+    assert_eq!(
+        r.annotations().get(plan::WORKLOAD_ANNOTATION),
+        Some(&ours_wl)
+    );
+
+    // Kueue's: owned by its Workload, labelled by Kueue, none of our labels.
+    let k = env.provisioning_requests().get(&theirs_req).await?;
+    assert!(
+        k.owner_references().iter().any(|o| o.kind == "Workload"
+            && o.name == theirs_wl
+            && Some(&o.uid) == theirs.uid().as_ref()),
+        "{}",
+        dump(&k)
+    );
+    assert_eq!(
+        k.labels().get("kueue.x-k8s.io/managed").map(String::as_str),
+        Some("true")
+    );
+    assert!(!k.labels().contains_key(cleanup::INSTANCE_LABEL));
+    assert!(!k.labels().contains_key(plan::WORKLOAD_UID_LABEL));
+
+    // Exactly these two requests; they survive while both controllers reconcile both
+    // Workloads (a label change wakes each controller for each Workload).
+    let both = all_requests(&env).await?;
+    let mut want = vec![
+        (ours_req.clone(), r.uid().unwrap_or_default()),
+        (theirs_req.clone(), k.uid().unwrap_or_default()),
+    ];
+    want.sort();
+    assert_eq!(both, want);
+    for wl in [&ours_wl, &theirs_wl] {
+        let patch = json!({"metadata": {"labels": {"e2e.kueue-admission-checks.dev/poke": "1"}}});
+        env.workloads()
+            .patch(wl, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    assert_requests_stay(&env, &want, Duration::from_secs(4)).await?;
+    for (wl, check) in [(&ours_wl, &p.check), (&theirs_wl, &kueue_check)] {
+        let w = env.workloads().get(wl).await?;
+        ensure!(
+            w.condition_is_true(cond::ADMITTED)
+                && w.admission_check(check)
+                    .is_some_and(|e| e.state == CheckState::Ready),
+            "{wl} no longer admitted with {check} Ready:\n{}",
+            dump(&w)
+        );
+    }
+    // Each Job runs on its own request.
+    for (job, req) in [("ours", &ours_req), ("theirs", &theirs_req)] {
+        let j = env.wait_job_unsuspended(job).await?;
+        let annotations = j
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .unwrap_or_default();
+        assert_eq!(annotations.get(CONSUME_ANNOTATION), Some(req), "job {job}");
+    }
+
+    // Deleting the Jobs finishes both Workloads; nothing of ours remains (Kueue's requests are
+    // Kueue's business).
+    for job in ["ours", "theirs"] {
+        env.jobs().delete(job, &DeleteParams::background()).await?;
+    }
+    for wl in [&ours_wl, &theirs_wl] {
+        env.wait_workload(wl, "Finished=True", |w| w.condition_is_true(cond::FINISHED))
+            .await?;
+    }
+    env.wait_nothing_left().await?;
+    controller.stop().await?;
+    simulator.stop().await?;
+    Ok(())
+}
+
+// --- 6. long names -------------------------------------------------------------------------
+
+/// A 240-character Workload and a long check name: `<workload>-<check>-<attempt>` would exceed
+/// 253, so the request gets a shortened name that still ends with `-1`; the Workload is
+/// admitted, and controllers restarted while the request is pending and after admission find
+/// that request again instead of making another.
+#[tokio::test]
+async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()> {
+    let env = TestEnv::new("prc-long").await?;
+    let controller_name = env.provisioning_controller_name();
+    let config = env.provisioning_config("prc", json!({})).await?;
+    let check = env
+        .admission_check_with_parameters(
+            "provisioning-check-with-a-name-long-enough-to-matter",
+            &controller_name,
+            "ProvisioningRequestConfig",
+            &config,
+        )
+        .await?;
+    let flavor = env.provisioning_flavor("pool").await?;
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+
+    let workload = format!("long-{}", "w".repeat(235));
+    assert_eq!(workload.len(), 240);
+    let full = format!("{workload}-{check}-1");
+    assert!(full.len() > 253, "{} characters only", full.len());
+    let request = names::request_name(&workload, &check, 1);
+    assert!(request.len() <= 253 && request.ends_with("-1"), "{request}");
+    assert!(request.starts_with(&workload[..200]), "{request}");
+    let template = names::pod_template_name(&request, "main");
+    assert!(template.len() <= 253, "{template}");
+
+    let mut controller = env.start_provisioning_controller(None)?;
+    let simulator = env.start_simulator()?;
+    // Provisioned 4 s after acceptance: the first restart happens while the request is pending.
+    plain_workload(
+        &env,
+        &workload,
+        "lq",
+        json!({}),
+        vec![pod_set(
+            "main",
+            1,
+            container("registry.invalid/app:1", json!({"cpu": "1"}), json!({})),
+            json!({simulator::SCRIPT_ANNOTATION: "provision:4"}),
+        )],
+    )
+    .await?;
+    let created = wait_request(&env, &request).await?;
+    let uid = created.uid().unwrap_or_default();
+    assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
+    assert_eq!(
+        env.our_pod_templates().await?,
+        std::slice::from_ref(&template)
+    );
+    assert_eq!(
+        request_pod_sets(&created),
+        [(template.clone(), 1)],
+        "{}",
+        dump(&created)
+    );
+
+    // Restart while pending.
+    controller.stop().await?;
+    controller = env.start_provisioning_controller(None)?;
+    let (_, entry) = wait_admitted_ready(&env, &workload, &check).await?;
+    assert_pod_set_updates(&entry, &["main"], &request, &env.provisioning_class())?;
+    assert_eq!(created_count(&controller, &check).await?, 0.0);
+    assert_eq!(all_requests(&env).await?, [(request.clone(), uid.clone())]);
+
+    // Restart after admission: still the one request, still admitted with the same answer.
+    controller.stop().await?;
+    let controller = env.start_provisioning_controller(None)?;
+    assert_requests_stay(
+        &env,
+        &[(request.clone(), uid.clone())],
+        Duration::from_secs(3),
+    )
+    .await?;
+    assert_eq!(created_count(&controller, &check).await?, 0.0);
+    assert_eq!(env.our_pod_templates().await?, [template]);
+    let wl = env.workloads().get(&workload).await?;
+    ensure!(
+        wl.condition_is_true(cond::ADMITTED) && wl.admission_check(&check) == Some(&entry),
+        "the answer changed after the restart:\n{}",
+        dump(&wl)
+    );
+    controller.stop().await?;
+    simulator.stop().await?;
+    Ok(())
+}
