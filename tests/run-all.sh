@@ -9,7 +9,7 @@ step() { printf '\n=== %s\n' "$*"; }
 
 step "shellcheck"
 command -v shellcheck >/dev/null || { echo "shellcheck is required (Debian: apt-get install shellcheck)"; exit 1; }
-shellcheck -x tests/control-plane/*.sh tests/*.sh .ci/run
+shellcheck -x tests/control-plane/*.sh tests/helm/*.sh tests/*.sh .ci/run
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -33,6 +33,12 @@ fi
 cleanup() { if $started_here; then bash "$cp" stop; fi; }
 trap cleanup EXIT
 bash "$cp" status
+
+step "Helm charts: lint, render, assertions, alerts, restricted Pod Security Standard on the apiserver"
+bash tests/helm/check-chart.sh
+
+step "the container image's static binary"
+bash tests/helm/static-binary.sh
 
 step "end-to-end tests against etcd, kube-apiserver and Kueue"
 # Tests share the control plane; each uses its own namespace, so they may run in parallel.

@@ -1,0 +1,119 @@
+{{/*
+Names, labels and computed values shared by the templates (the same as the
+kueue-provisioning-controller chart's, prefixed kac).
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "kac.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of every object: fullnameOverride, else "<release>-<chart>", or just "<release>"
+when the release name already contains the chart name. 63 characters at most (a DNS label).
+*/}}
+{{- define "kac.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "name-version" for the helm.sh/chart label. */}}
+{{- define "kac.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "kac.labels" -}}
+helm.sh/chart: {{ include "kac.chart" . }}
+{{ include "kac.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: admission-check-controller
+app.kubernetes.io/part-of: kueue
+{{- end }}
+
+{{/* Labels that select the pods: never change them in an upgrade (a selector is immutable). */}}
+{{- define "kac.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kac.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The ServiceAccount the controller runs as. */}}
+{{- define "kac.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kac.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* repository:tag, or repository@digest. */}}
+{{- define "kac.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (required "image.tag is required" .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The leader Lease's name: leaderElection.leaseName, else derived from the controller name exactly
+as the SDK's lease_name_for does, for a binary that does not set --leader-election-id itself (lowercase; characters other than a-z, 0-9, '-' and '.' become
+'-'; at most 253 characters; leading and trailing non-alphanumerics trimmed).
+*/}}
+{{- define "kac.leaseName" -}}
+{{- if .Values.leaderElection.leaseName }}
+{{- .Values.leaderElection.leaseName }}
+{{- else }}
+{{- $name := regexReplaceAll "[^a-z0-9.-]" (lower .Values.controllerName) "-" | trunc 253 }}
+{{- $name = regexReplaceAll "^[^a-z0-9]+|[^a-z0-9]+$" $name "" }}
+{{- default "kueue-admission-check" $name }}
+{{- end }}
+{{- end }}
+
+{{/* PromQL label matchers selecting this release's series (see metrics.prometheusRule.selector). */}}
+{{- define "kac.metricSelector" -}}
+{{- if .Values.metrics.prometheusRule.selector }}
+{{- .Values.metrics.prometheusRule.selector }}
+{{- else }}
+{{- printf "job=%q,namespace=%q" (include "kac.fullname" .) .Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{/*
+How much a counter grew within a window, counting series that appeared within it from zero. The
+metrics library creates a labelled series at its first event, so `increase()` alone never sees a
+check's first retry or timeout (a series' first sample is not an increase).
+Usage: include "kac.increase" (list "<metric>{<matchers>}" "<window>")
+*/}}
+{{- define "kac.increase" -}}
+{{- $m := index . 0 }}
+{{- $w := index . 1 -}}
+(({{ $m }} unless {{ $m }} offset {{ $w }}) or increase({{ $m }}[{{ $w }}]))
+{{- end }}
+
+{{/* Refuses values that would run a broken controller. */}}
+{{- define "kac.validate" -}}
+{{- if not .Values.image.repository }}
+{{- fail "image.repository is required: the image of your check (see the repository's Dockerfile)" }}
+{{- end }}
+{{- if not .Values.controllerName }}
+{{- fail "controllerName is required: the spec.controllerName your check answers" }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail "replicaCount > 1 needs leaderElection.enabled: replicas without an election would all write" }}
+{{- end }}
+{{- if and .Values.rbac.parameters.apiGroup (not .Values.rbac.parameters.resource) }}
+{{- fail "rbac.parameters.resource is required with rbac.parameters.apiGroup (the plural, e.g. podlimits)" }}
+{{- end }}
+{{- end }}
