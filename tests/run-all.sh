@@ -41,5 +41,8 @@ step "the container image's static binary"
 bash tests/helm/static-binary.sh
 
 step "end-to-end tests against etcd, kube-apiserver and Kueue"
+# chart_rbac renders the chart with this helm (built and cached by the chart checks above).
+E2E_HELM="$(bash tests/helm/install-helm.sh)"
+export E2E_HELM
 # Tests share the control plane; each uses its own namespace, so they may run in parallel.
 cargo test -p e2e --locked -- --test-threads "${E2E_THREADS:-4}"

@@ -1,0 +1,1025 @@
+//! The provisioning chart's RBAC under the API server's real RBAC: sufficient (the controller,
+//! run as the chart's ServiceAccount, provisions, retries, cleans up and reports without one
+//! failed reconcile) and minimal (without any single verb the chart grants, a step of the same
+//! scenario fails).
+//!
+//! Every run is a release of charts/kueue-provisioning-controller of its own: its namespace
+//! (the release namespace), controllerName, Lease, ClusterRole and provisioning class, so runs go
+//! on at the same time without seeing each other. A run renders the chart with helm, applies the
+//! ServiceAccount, ClusterRole, Role and their bindings (a variant with one verb taken out of
+//! one rule), waits until the authorizer grants exactly that, then runs the controller
+//! in-process as the Deployment runs it (the container's arguments, so leader election on the
+//! Lease the Role names in the release namespace; a TokenRequest token of the ServiceAccount)
+//! beside the autoscaler simulator (admin), and drives the [`Step`]s in order, each waited for
+//! at most [`STEP_TIMEOUT`] ([`LEADING_TIMEOUT`] for the start). The last step needs a restart
+//! after 60 s, so the whole test takes about 90 s.
+//!
+//! The base run must pass every step; each variant must fail one, or be listed in [`JUSTIFIED`]
+//! with the reason no scenario can see it. The variants come from the rendered roles, so a verb
+//! added to the chart is tried without a change here (and fails this test until a step needs
+//! it or it is justified).
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::TestEnv;
+use e2e::chart::{self, Controller, Grant, PROVISIONING_CHART};
+use k8s_openapi::api::core::v1::PodTemplate;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::{
+    ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec,
+    ProvisioningRequest, Workload, find_condition, workload_condition as cond,
+};
+use kueue_admission_sdk::runtime::lease_name_for;
+use kueue_provisioning_controller::plan::{
+    CHECK_ANNOTATION, MANAGED_BY_LABEL, PARAMETER_ANNOTATION_PREFIX, REQUEST_ANNOTATION,
+    WORKLOAD_ANNOTATION, WORKLOAD_UID_LABEL,
+};
+use kueue_provisioning_controller::{cleanup, names};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+/// The longest any step may take. Each takes 0.1 to 6 s on an idle machine, up to 9 s seen
+/// with other end-to-end tests running beside; a variant waits this long before it counts as
+/// failed, and the base run must pass within it too.
+const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The bound of [`Step::Leading`]: every run's controller starts at about the same time, and
+/// each lists every Workload and AdmissionCheck of the shared cluster before it is ready, which
+/// took up to 20 s on 2 cores with 400 Workloads left by earlier runs (0.5 to 5 s on a fresh
+/// control plane).
+const LEADING_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often a step looks again.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Verbs of the chart whose removal no scenario can observe, each with the reason:
+/// (role kind, API group, resource, verb, why). A verb listed here whose removal does fail a
+/// step fails the test too, so that the list stays true.
+const JUSTIFIED: &[(&str, &str, &str, &str, &str)] = &[];
+
+/// The finalizer Kueue adds to AdmissionChecks.
+const KUEUE_FINALIZER: &str = "kueue.x-k8s.io/resource-in-use";
+
+/// Field manager of what the test applies.
+const FIELD_MANAGER: &str = "e2e-chart-rbac";
+
+/// What a run waits for, in order: behaviours of the controller. Each names the verbs whose
+/// removal makes it the first step to fail (a verb may be needed by later steps too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Leases create, get, patch (the election); admissionchecks and workloads list (readiness).
+    Leading,
+    /// admissionchecks watch (the check is created after the start), admissionchecks/status
+    /// patch, provisioningrequestconfigs get.
+    CheckInactive,
+    /// provisioningrequestconfigs list and watch (the config is created after the check).
+    CheckActive,
+    /// workloads get (the sweep reads the Workload afresh), provisioningrequests list (the
+    /// leader's watch of its requests lists first) and delete.
+    OrphanRequestRemoved,
+    /// workloads watch, workloads/status patch, resourceflavors get, provisioningrequests get
+    /// and create, podtemplates create.
+    Admitted,
+    /// provisioningrequests watch (transitions are counted from the watch).
+    TransitionsCounted,
+    /// podtemplates patch (the ownerReference).
+    TemplatesOwned,
+    /// events create.
+    EventsPublished,
+    /// podtemplates get and delete.
+    JobCleanedUp,
+    /// Any forbidden call in a reconcile.
+    NoReconcileErrors,
+    /// events patch (a repeat is counted into the first event's series).
+    RepeatedEventCounted,
+    /// podtemplates list (the sweep of templates whose request is gone).
+    OrphanTemplateSwept,
+}
+
+impl Step {
+    fn what(self) -> &'static str {
+        match self {
+            Step::Leading => "the controller is ready and holds the Lease",
+            Step::CheckInactive => {
+                "an AdmissionCheck created after the start, naming a config that does not exist \
+                 yet, gets Active=False, and the controller handles all its events"
+            }
+            Step::CheckActive => "creating the config makes the check Active=True",
+            Step::OrphanRequestRemoved => {
+                "a request left by a Workload deleted while no controller ran is deleted"
+            }
+            Step::Admitted => "a \"fail,provision\" Job is retried once, then admitted",
+            Step::TransitionsCounted => "the requests' Failed and Provisioned are counted",
+            Step::TemplatesOwned => "the request owns its PodTemplates (garbage collection)",
+            Step::EventsPublished => "CheckRetry and CheckReady events are on the Workload",
+            Step::JobCleanedUp => "deleting the Job deletes its request and PodTemplates",
+            Step::NoReconcileErrors => "kueue_ac_reconcile_errors_total has no series",
+            Step::RepeatedEventCounted => "a repeated CheckFailed event is counted in its series",
+            Step::OrphanTemplateSwept => {
+                "after a restart, a PodTemplate orphaned over 60 s ago is deleted"
+            }
+        }
+    }
+}
+
+/// One verb taken out of one rule of the rendered ClusterRole or Role.
+#[derive(Clone, Debug)]
+struct Removal {
+    role_kind: &'static str,
+    rule: usize,
+    verb: String,
+}
+
+/// A step that did not happen.
+#[derive(Debug)]
+struct Failure {
+    step: Step,
+    why: String,
+    after: Duration,
+}
+
+/// What one run saw.
+#[derive(Debug)]
+struct Report {
+    /// The verb taken away (`None`: the base run), as the authorizer was asked about it.
+    removed: Option<Vec<Grant>>,
+    removal: Option<Removal>,
+    namespace: String,
+    passed: Vec<(Step, Duration)>,
+    failure: Option<Failure>,
+    total: Duration,
+}
+
+/// The outcome of a step: `Ok(Err(why))` when it did not happen, `Err` when the test itself
+/// could not go on (then the whole test fails: that is no evidence about a verb).
+type Waited<T> = Result<std::result::Result<T, String>>;
+
+/// Probes until `probe` answers `Ok(Ok(..))`, the controller stops, or `bound` passes. A probe
+/// answers `Ok(Err(state))` to go on waiting; the last state explains a timeout.
+async fn poll<T, F, Fut>(controller: &Controller, bound: Duration, mut probe: F) -> Waited<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Waited<T>>,
+{
+    let deadline = Instant::now() + bound;
+    let mut last = "never probed".to_string();
+    loop {
+        if let Some(exit) = controller.exited() {
+            return Ok(Err(format!("the controller {exit} (last seen: {last})")));
+        }
+        match probe().await? {
+            Ok(v) => return Ok(Ok(v)),
+            Err(state) => last = state,
+        }
+        if Instant::now() >= deadline {
+            return Ok(Err(format!("not within {bound:?}; last seen: {last}")));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A run's cluster objects and processes.
+struct Run {
+    env: TestEnv,
+    started: Instant,
+    /// When the orphaned PodTemplate was created.
+    template_created: Instant,
+    objects: Vec<Value>,
+    client: Client,
+    instance: String,
+    check: String,
+    orphan_template: String,
+    orphan_request: String,
+    /// The base run also admits a plain "provision" Job.
+    base: bool,
+}
+
+impl Run {
+    /// Everything before the controller starts. Errors here are the test's, not a verb's.
+    async fn setup(label: &str, removal: Option<&Removal>) -> Result<(Self, Option<Vec<Grant>>)> {
+        let env = TestEnv::new(&format!("chart-rbac-{label}")).await?;
+        let started = Instant::now();
+        let controller_name = env.provisioning_controller_name();
+        let instance = cleanup::instance_label(&controller_name);
+        // First, since the sweep spares PodTemplates younger than 60 s: one of this controller
+        // instance's, left by a request that no longer exists.
+        let orphan_template = "ppt-leftover-main".to_string();
+        let template: PodTemplate = serde_json::from_value(json!({
+            "metadata": {
+                "name": orphan_template,
+                "labels": {cleanup::INSTANCE_LABEL: instance, MANAGED_BY_LABEL: cleanup::MANAGED_BY},
+                "annotations": {REQUEST_ANNOTATION: "leftover"},
+            },
+            "template": {"spec": {"containers": [{"name": "main", "image": "registry.invalid/x:1"}]}},
+        }))?;
+        Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
+            .create(&PostParams::default(), &template)
+            .await
+            .context("creating the orphaned PodTemplate")?;
+        let template_created = Instant::now();
+
+        let set = format!("controllerName={controller_name}");
+        let mut objects = chart::render(
+            PROVISIONING_CHART,
+            &env.ns,
+            &env.ns,
+            &["--set-string", &set],
+        )?;
+        // The Role names the Lease the binary derives from the controller name.
+        let role = chart::the(&objects, "Role")?;
+        let lease = lease_name_for(&controller_name);
+        ensure!(
+            chart::grants(role)
+                .iter()
+                .any(|g| g.name.as_deref() == Some(lease.as_str())),
+            "the Role does not name the Lease {lease}: {role:#}"
+        );
+        let removed = match removal {
+            None => None,
+            Some(r) => Some(remove(&mut objects, r)?),
+        };
+        for kind in [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ] {
+            chart::apply(&env.client, chart::the(&objects, kind)?, FIELD_MANAGER).await?;
+        }
+        let service_account = chart::name_of(chart::the(&objects, "ServiceAccount")?)?.to_string();
+        let mut allowed = chart::grants(chart::the(&objects, "ClusterRole")?);
+        allowed.extend(chart::grants(chart::the(&objects, "Role")?));
+        chart::wait_for_authorizer(
+            &env.client,
+            &env.ns,
+            &service_account,
+            &allowed,
+            removed.as_deref().unwrap_or_default(),
+        )
+        .await?;
+
+        let flavor = env.provisioning_flavor("pool").await?;
+        let check = env.cluster_name("prov");
+        let cq = env.cluster_queue("cq", &flavor, "4", &[&check]).await?;
+        env.local_queue("lq", &cq.name_any()).await?;
+        // A request of this instance whose Workload is gone, as one deleted while no replica ran
+        // leaves it; its class is one no simulator serves.
+        let orphan_request = "gone-prov-1".to_string();
+        let request: ProvisioningRequest = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1",
+            "kind": "ProvisioningRequest",
+            "metadata": {
+                "name": orphan_request,
+                "labels": {
+                    cleanup::INSTANCE_LABEL: instance,
+                    MANAGED_BY_LABEL: cleanup::MANAGED_BY,
+                    WORKLOAD_UID_LABEL: "00000000-0000-0000-0000-000000000000",
+                },
+                "annotations": {WORKLOAD_ANNOTATION: "gone", CHECK_ANNOTATION: check},
+            },
+            "spec": {
+                "provisioningClassName": format!("{}.orphan", env.ns),
+                "podSets": [{"podTemplateRef": {"name": "ppt-gone-prov-1-main"}, "count": 1}],
+            },
+        }))?;
+        env.provisioning_requests()
+            .create(&PostParams::default(), &request)
+            .await
+            .context("creating the orphaned ProvisioningRequest")?;
+
+        let client = e2e::service_account_client(&env.ns, &service_account).await?;
+        let run = Self {
+            env,
+            started,
+            template_created,
+            objects,
+            client,
+            instance,
+            check,
+            orphan_template,
+            orphan_request,
+            base: removal.is_none(),
+        };
+        Ok((run, removed))
+    }
+
+    /// The controller as the rendered Deployment runs it, authenticated as the ServiceAccount.
+    fn start_controller(&self) -> Result<Controller> {
+        let (settings, runtime) = chart::provisioning_config_from_deployment(
+            &self.objects,
+            &self.env.ns,
+            e2e::free_local_address()?,
+        )?;
+        let lease = runtime
+            .leader_election
+            .as_ref()
+            .map(|e| e.lease_name.clone());
+        ensure!(
+            lease == Some(lease_name_for(&settings.controller_name)),
+            "the Deployment elects on {lease:?}, not the Lease the Role grants"
+        );
+        Controller::start(self.client.clone(), settings, runtime)
+    }
+
+    /// The steps, in order; `Ok(Some(..))` at the first that does not happen.
+    async fn scenario(&self, passed: &mut Vec<(Step, Duration)>) -> Result<Option<Failure>> {
+        let simulator = self.env.start_simulator()?;
+        let outcome = self.both_controllers(passed).await;
+        simulator.stop().await?;
+        outcome
+    }
+
+    /// The first controller's steps, then, once the orphaned PodTemplate is over 60 s old, a
+    /// second controller's (a restart: the template sweep runs when a replica takes the lead).
+    async fn both_controllers(
+        &self,
+        passed: &mut Vec<(Step, Duration)>,
+    ) -> Result<Option<Failure>> {
+        let controller = self.start_controller()?;
+        let outcome = self.steps(&controller, passed).await;
+        if outcome.as_ref().map_or(true, Option::is_some) {
+            controller.kill().await;
+            return outcome;
+        }
+        // Stopped cleanly, it releases the Lease: the next one leads at once.
+        controller.stop().await?;
+        // The template sweep runs when a replica takes the lead, on templates over 60 s old.
+        let age = self.template_created.elapsed();
+        if age < Duration::from_secs(61) {
+            tokio::time::sleep(Duration::from_secs(61) - age).await;
+        }
+        let at = Instant::now();
+        let controller = self.start_controller()?;
+        let outcome = self.swept(&controller).await;
+        match outcome {
+            Ok(Ok(())) => {
+                controller.stop().await?;
+                passed.push((Step::OrphanTemplateSwept, at.elapsed()));
+                Ok(None)
+            }
+            Ok(Err(why)) => {
+                controller.kill().await;
+                Ok(Some(Failure {
+                    step: Step::OrphanTemplateSwept,
+                    why,
+                    after: at.elapsed(),
+                }))
+            }
+            Err(e) => {
+                controller.kill().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// After a restart: the orphaned PodTemplate, now over 60 s old, is deleted.
+    async fn swept(&self, controller: &Controller) -> Waited<()> {
+        if let Err(why) = leading(controller).await? {
+            return Ok(Err(format!("after the restart: {why}")));
+        }
+        let templates = Api::<PodTemplate>::namespaced(self.env.client.clone(), &self.env.ns);
+        let (templates, name) = (&templates, self.orphan_template.as_str());
+        poll(controller, STEP_TIMEOUT, || async move {
+            Ok(match templates.get_opt(name).await? {
+                None => Ok(()),
+                Some(_) => Err(format!("{name} still exists")),
+            })
+        })
+        .await
+    }
+
+    /// The steps with the first controller, up to the restart.
+    async fn steps(
+        &self,
+        controller: &Controller,
+        passed: &mut Vec<(Step, Duration)>,
+    ) -> Result<Option<Failure>> {
+        let env = &self.env;
+        let check = self.check.as_str();
+        let field_manager = self.field_manager()?;
+        macro_rules! step {
+            ($step:expr, $wait:expr) => {{
+                let at = Instant::now();
+                match $wait.await? {
+                    Ok(v) => {
+                        passed.push(($step, at.elapsed()));
+                        v
+                    }
+                    Err(why) => {
+                        return Ok(Some(Failure {
+                            step: $step,
+                            why,
+                            after: at.elapsed(),
+                        }));
+                    }
+                }
+            }};
+        }
+
+        step!(Step::Leading, leading(controller));
+
+        let controller_name = &env.provisioning_controller_name();
+        let config = env.cluster_name("prc");
+        env.admission_check_with_parameters(
+            "prov",
+            controller_name,
+            "ProvisioningRequestConfig",
+            &config,
+        )
+        .await?;
+        step!(Step::CheckInactive, async {
+            let inactive = "BadParametersRef";
+            if let Err(why) =
+                check_active(env, controller, check, &field_manager, "False", inactive).await?
+            {
+                return Ok(Err(why));
+            }
+            settled(env, controller, controller_name, check, &field_manager).await
+        });
+        env.provisioning_config(
+            "prc",
+            json!({"retryStrategy": {"backoffLimitCount": 1, "backoffBaseSeconds": 1, "backoffMaxSeconds": 10}}),
+        )
+        .await?;
+        step!(
+            Step::CheckActive,
+            check_active(env, controller, check, &field_manager, "True", "Active")
+        );
+
+        step!(
+            Step::OrphanRequestRemoved,
+            poll(controller, STEP_TIMEOUT, || async {
+                Ok(
+                    match env
+                        .provisioning_requests()
+                        .get_opt(&self.orphan_request)
+                        .await?
+                    {
+                        None => Ok(()),
+                        Some(_) => Err(format!("{} still exists", self.orphan_request)),
+                    },
+                )
+            })
+        );
+
+        let wl = env.job_with_script("job", "fail,provision").await?;
+        let plain = match self.base {
+            true => Some(env.job_with_script("plain", "provision").await?),
+            false => None,
+        };
+        let admitted = step!(
+            Step::Admitted,
+            poll(controller, STEP_TIMEOUT, || async {
+                if let Some(plain) = &plain {
+                    let p = env.workloads().get(plain).await?;
+                    if !p.condition_is_true(cond::ADMITTED) {
+                        return Ok(Err(format!(
+                            "the \"provision\" Job's {plain} is not admitted: {:?}",
+                            p.admission_check(check)
+                        )));
+                    }
+                }
+                let w = env.workloads().get(&wl).await?;
+                let entry = w.admission_check(check).cloned();
+                let retried = entry.as_ref().and_then(|e| e.retry_count) == Some(1);
+                Ok(if w.condition_is_true(cond::ADMITTED) && retried {
+                    Ok(w)
+                } else {
+                    Err(format!("{wl}: {entry:?}"))
+                })
+            })
+        );
+        let uid = admitted.uid().unwrap_or_default();
+
+        step!(
+            Step::TransitionsCounted,
+            poll(controller, STEP_TIMEOUT, || async {
+                let text = match controller.metrics().await {
+                    Ok(text) => text,
+                    Err(e) => return Ok(Err(format!("no metrics: {e}"))),
+                };
+                let counted = |what: &str| {
+                    e2e::metric_sample(
+                        &text,
+                        &format!("kueue_provisioning_requests_{what}_total{{check=\"{check}\"}}"),
+                    )
+                    .unwrap_or_default()
+                };
+                let (failed, provisioned) = (counted("failed"), counted("provisioned"));
+                Ok(if failed >= 1.0 && provisioned >= 1.0 {
+                    Ok(())
+                } else {
+                    Err(format!("failed {failed}, provisioned {provisioned}"))
+                })
+            })
+        );
+
+        let request = names::request_name(&wl, check, 2);
+        step!(
+            Step::TemplatesOwned,
+            poll(controller, STEP_TIMEOUT, || async {
+                let Some(r) = env.provisioning_requests().get_opt(&request).await? else {
+                    return Ok(Err(format!("no request {request}")));
+                };
+                let templates = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns);
+                let mut unowned = Vec::new();
+                for p in &r.spec.pod_sets {
+                    let name = &p.pod_template_ref.name;
+                    let owned = templates.get_opt(name).await?.is_some_and(|t| {
+                        t.owner_references()
+                            .iter()
+                            .any(|o| Some(&o.uid) == r.uid().as_ref())
+                    });
+                    if !owned {
+                        unowned.push(name.clone());
+                    }
+                }
+                Ok(if unowned.is_empty() && !r.spec.pod_sets.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("not owned by {request}: {unowned:?}"))
+                })
+            })
+        );
+
+        step!(
+            Step::EventsPublished,
+            poll(controller, STEP_TIMEOUT, || async {
+                let reasons = event_reasons(env, &wl, &field_manager).await?;
+                let missing: Vec<&str> = ["CheckRetry", "CheckReady"]
+                    .into_iter()
+                    .filter(|r| !reasons.iter().any(|(have, _)| have == r))
+                    .collect();
+                Ok(if missing.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("missing {missing:?}; published: {reasons:?}"))
+                })
+            })
+        );
+
+        env.jobs()
+            .delete("job", &DeleteParams::background())
+            .await?;
+        let selector = format!(
+            "{}={},{WORKLOAD_UID_LABEL}={uid}",
+            cleanup::INSTANCE_LABEL,
+            self.instance
+        );
+        step!(
+            Step::JobCleanedUp,
+            poll(controller, STEP_TIMEOUT, || async {
+                let lp = ListParams::default().labels(&selector);
+                let requests: Vec<String> = env
+                    .provisioning_requests()
+                    .list(&lp)
+                    .await?
+                    .items
+                    .iter()
+                    .map(|r| r.name_any())
+                    .collect();
+                let templates: Vec<String> =
+                    Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
+                        .list(&lp)
+                        .await?
+                        .items
+                        .iter()
+                        .map(|t| t.name_any())
+                        .collect();
+                Ok(if requests.is_empty() && templates.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "left: requests {requests:?}, templates {templates:?}"
+                    ))
+                })
+            })
+        );
+
+        step!(Step::NoReconcileErrors, async {
+            let text = match controller.metrics().await {
+                Ok(text) => text,
+                Err(e) => return Ok(Err(format!("no metrics: {e}"))),
+            };
+            let errors: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("kueue_ac_reconcile_errors_total"))
+                .collect();
+            Ok::<_, anyhow::Error>(if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(errors.join(", "))
+            })
+        });
+
+        // A Workload whose request cannot be planned (a parameter over 255 characters): the
+        // same CheckFailed on the same Workload at every retry of the error backoff, which the
+        // event recorder counts into the first event's series with a patch.
+        let failing = "toolong";
+        env.workloads()
+            .create(
+                &PostParams::default(),
+                &too_long_workload(&env.ns, failing)?,
+            )
+            .await
+            .context("creating the Workload that cannot be planned")?;
+        step!(
+            Step::RepeatedEventCounted,
+            poll(controller, STEP_TIMEOUT, || async {
+                let counts: Vec<i32> = Api::<Event>::namespaced(env.client.clone(), &env.ns)
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .iter()
+                    .filter(|e| {
+                        e.reason.as_deref() == Some("CheckFailed")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(failing)
+                    })
+                    .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+                    .collect();
+                Ok(if counts.iter().any(|c| *c >= 2) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "CheckFailed events on {failing}, by count: {counts:?}"
+                    ))
+                })
+            })
+        );
+        env.workloads()
+            .delete(failing, &DeleteParams::background())
+            .await?;
+
+        Ok(None)
+    }
+
+    /// The events' reporting controller: the field manager the Deployment's args give.
+    fn field_manager(&self) -> Result<String> {
+        let (_, runtime) = chart::provisioning_config_from_deployment(
+            &self.objects,
+            &self.env.ns,
+            e2e::free_local_address()?,
+        )?;
+        Ok(runtime.field_manager)
+    }
+}
+
+/// Ready (caches synced) and leading (holds the Lease).
+async fn leading(controller: &Controller) -> Waited<()> {
+    poll(controller, LEADING_TIMEOUT, || async {
+        let ready = controller.readyz().await;
+        // Nothing answers before the server is up, nor after the controller stopped.
+        let leader = match controller.metrics().await {
+            Ok(text) => e2e::metric_sample(&text, "kueue_ac_leader"),
+            Err(_) => None,
+        };
+        Ok(if ready == Some(200) && leader == Some(1.0) {
+            Ok(())
+        } else {
+            Err(format!("/readyz {ready:?}, kueue_ac_leader {leader:?}"))
+        })
+    })
+    .await
+}
+
+/// Waits until the controller has handled every event of AdmissionCheck `check` so far.
+///
+/// Each event of a check of ours (Kueue adding its finalizer, the controller's own status
+/// writes) makes the controller resolve the check's config again: were the config created before
+/// such an event is handled, it would be found without the config watch, and the variants
+/// without `list` or `watch` on configs would pass (seen under load). The controller handles the
+/// events of all AdmissionChecks one at a time, in the order of one watch, so once a check of
+/// ours created after the last change of `check` has its condition, every event of `check` has
+/// been handled. Which change came first is told by resourceVersion: etcd revisions on this
+/// apiserver (the API does not promise that they compare; a test of a known apiserver may).
+async fn settled(
+    env: &TestEnv,
+    controller: &Controller,
+    controller_name: &str,
+    check: &str,
+    field_manager: &str,
+) -> Waited<()> {
+    let checks = Api::<AdmissionCheck>::all(env.client.clone());
+    let revision = |ac: &AdmissionCheck| -> Result<u64> {
+        let rv = ac.resource_version().unwrap_or_default();
+        rv.parse()
+            .with_context(|| format!("resourceVersion {rv:?} is not an etcd revision"))
+    };
+    let mut last = String::new();
+    for attempt in 1..=5 {
+        let spec = AdmissionCheckSpec {
+            controller_name: controller_name.into(),
+            parameters: Some(AdmissionCheckParametersReference {
+                api_group: "kueue.x-k8s.io".into(),
+                kind: "ProvisioningRequestConfig".into(),
+                name: env.cluster_name("missing"),
+            }),
+        };
+        let name = env.cluster_name(&format!("barrier-{attempt}"));
+        let barrier = checks
+            .create(&PostParams::default(), &AdmissionCheck::new(&name, spec))
+            .await
+            .context("creating a barrier AdmissionCheck")?;
+        let wait = check_active(
+            env,
+            controller,
+            &name,
+            field_manager,
+            "False",
+            "BadParametersRef",
+        );
+        if let Err(why) = wait.await? {
+            return Ok(Err(format!("{name}, created after {check}: {why}")));
+        }
+        let current = checks.get(check).await?;
+        if revision(&current)? < revision(&barrier)? {
+            return Ok(Ok(()));
+        }
+        last = format!(
+            "{check} changed at {} after {name} at {}",
+            current.resource_version().unwrap_or_default(),
+            barrier.resource_version().unwrap_or_default()
+        );
+    }
+    Ok(Err(format!("{check} kept changing: {last}")))
+}
+
+/// The check's Active condition has this status and reason, applied by the controller (its
+/// field manager owns status fields), and Kueue has added its finalizer (both writes are done).
+async fn check_active(
+    env: &TestEnv,
+    controller: &Controller,
+    check: &str,
+    field_manager: &str,
+    status: &str,
+    reason: &str,
+) -> Waited<()> {
+    poll(controller, STEP_TIMEOUT, || async {
+        let ac = Api::<AdmissionCheck>::all(env.client.clone())
+            .get(check)
+            .await?;
+        let finalized = ac.finalizers().iter().any(|f| f == KUEUE_FINALIZER);
+        let by_us = ac.managed_fields().iter().any(|m| {
+            m.manager.as_deref() == Some(field_manager)
+                && m.subresource.as_deref() == Some("status")
+        });
+        let conditions = ac.status.map(|s| s.conditions).unwrap_or_default();
+        let c = find_condition(&conditions, ADMISSION_CHECK_ACTIVE);
+        Ok(
+            if by_us && finalized && c.is_some_and(|c| c.status == status && c.reason == reason) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "Active: {c:?}, status applied by {field_manager}: {by_us}, Kueue's finalizer: {finalized}"
+                ))
+            },
+        )
+    })
+    .await
+}
+
+/// (reason, note) of the events our controller published on the Workload.
+async fn event_reasons(
+    env: &TestEnv,
+    workload: &str,
+    reporter: &str,
+) -> Result<Vec<(String, String)>> {
+    Ok(Api::<Event>::namespaced(env.client.clone(), &env.ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workload)
+                && e.reporting_controller.as_deref() == Some(reporter)
+        })
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect())
+}
+
+/// A standalone Workload in LocalQueue `lq` whose request cannot be planned: a provisioning
+/// parameter longer than a ProvisioningRequest accepts.
+fn too_long_workload(namespace: &str, name: &str) -> Result<Workload> {
+    let parameter = format!("{PARAMETER_ANNOTATION_PREFIX}too-long");
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {parameter: "x".repeat(300)},
+        },
+        "spec": {
+            "queueName": "lq",
+            "podSets": [{
+                "name": "main",
+                "count": 1,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{
+                            "name": "main",
+                            "image": "registry.invalid/no-pod-runs-here:1",
+                            "resources": {"requests": {"cpu": "1"}},
+                        }],
+                    },
+                },
+            }],
+        },
+    }))?)
+}
+
+/// Takes `removal`'s verb out of its rule (the rule goes when no verb is left); returns what
+/// the ServiceAccount must no longer be allowed.
+fn remove(objects: &mut [Value], removal: &Removal) -> Result<Vec<Grant>> {
+    let role = objects
+        .iter_mut()
+        .find(|o| o["kind"] == removal.role_kind)
+        .with_context(|| format!("no {} rendered", removal.role_kind))?;
+    let denied = chart::rule_grants(
+        role,
+        removal.rule,
+        Some(std::slice::from_ref(&removal.verb)),
+    );
+    ensure!(!denied.is_empty(), "nothing to remove for {removal:?}");
+    let rules = role["rules"]
+        .as_array_mut()
+        .context("a role without rules")?;
+    let verbs = rules[removal.rule]["verbs"]
+        .as_array_mut()
+        .context("a rule without verbs")?;
+    verbs.retain(|v| v.as_str() != Some(removal.verb.as_str()));
+    if verbs.is_empty() {
+        rules.remove(removal.rule);
+    }
+    Ok(denied)
+}
+
+/// One run from setup to teardown.
+async fn run(label: String, removal: Option<Removal>) -> Result<Report> {
+    let (r, removed) = Run::setup(&label, removal.as_ref())
+        .await
+        .with_context(|| format!("setting up run {label}"))?;
+    let mut passed = Vec::new();
+    let failure = r
+        .scenario(&mut passed)
+        .await
+        .with_context(|| format!("run {label} ({})", r.env.ns))?;
+    Ok(Report {
+        removed,
+        removal,
+        namespace: r.env.ns.clone(),
+        passed,
+        failure,
+        total: r.started.elapsed(),
+    })
+}
+
+fn justified(g: &Grant) -> Option<&'static str> {
+    JUSTIFIED
+        .iter()
+        .find(|(kind, group, resource, verb, _)| {
+            *kind == g.role_kind && *group == g.group && *resource == g.resource && *verb == g.verb
+        })
+        .map(|(.., why)| *why)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result<()> {
+    let started = Instant::now();
+    // The variants: every verb of every rule of a rendering with default values.
+    let sample = chart::render(PROVISIONING_CHART, "sample", "sample", &[])?;
+    let mut removals = Vec::new();
+    let mut sample_grants = Vec::new();
+    for role_kind in ["ClusterRole", "Role"] {
+        let role = chart::the(&sample, role_kind)?;
+        sample_grants.extend(chart::grants(role));
+        let rules = role["rules"].as_array().context("rules")?;
+        for (rule, r) in rules.iter().enumerate() {
+            for verb in r["verbs"].as_array().context("verbs")? {
+                removals.push(Removal {
+                    role_kind,
+                    rule,
+                    verb: verb.as_str().context("a verb")?.to_string(),
+                });
+            }
+        }
+    }
+    for (kind, group, resource, verb, _) in JUSTIFIED {
+        ensure!(
+            sample_grants.iter().any(|g| g.role_kind == *kind
+                && g.group == *group
+                && g.resource == *resource
+                && g.verb == *verb),
+            "JUSTIFIED lists {kind} {resource} ({group}): {verb}, which the chart no longer grants"
+        );
+    }
+
+    let runs = std::iter::once(run("base".into(), None)).chain(
+        removals
+            .iter()
+            .enumerate()
+            .map(|(i, r)| run(format!("v{i:02}"), Some(r.clone()))),
+    );
+    let reports: Vec<Report> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+
+    let mut table = String::new();
+    let mut problems = Vec::new();
+    for report in &reports {
+        let name = match &report.removed {
+            None => "base (the chart's rules)".to_string(),
+            Some(grants) => grants
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        let verdict = match (&report.removed, &report.failure) {
+            (None, None) => "sufficient: every step passed".to_string(),
+            (None, Some(f)) => {
+                problems.push(format!(
+                    "the base run failed step {:?} ({}) after {:.1?}: {}",
+                    f.step,
+                    f.step.what(),
+                    f.after,
+                    f.why
+                ));
+                format!("FAILED {:?}: {}", f.step, f.why)
+            }
+            (Some(grants), None) => match grants.iter().find_map(justified) {
+                Some(why) => format!("not observable, justified: {why}"),
+                None => {
+                    problems.push(format!(
+                        "without {name} every step still passed: the chart grants more than the \
+                         controller needs, or no step covers the code that uses it (add one, or \
+                         justify it in JUSTIFIED)"
+                    ));
+                    "NOT NEEDED by any step".to_string()
+                }
+            },
+            (Some(grants), Some(f)) => {
+                if grants.iter().any(|g| justified(g).is_some()) {
+                    problems.push(format!(
+                        "{name} is in JUSTIFIED, but without it step {:?} fails: {}",
+                        f.step, f.why
+                    ));
+                }
+                format!(
+                    "needed: {:?} ({}) failed after {:.1?}: {}",
+                    f.step,
+                    f.step.what(),
+                    f.after,
+                    truncate(&f.why, 300)
+                )
+            }
+        };
+        let steps: Vec<String> = report
+            .passed
+            .iter()
+            .map(|(s, d)| format!("{s:?} {:.1}s", d.as_secs_f64()))
+            .collect();
+        let _ = writeln!(
+            table,
+            "- {name}{} [{}, {:.0}s]\n    {verdict}\n    passed: {}",
+            report
+                .removal
+                .as_ref()
+                .map(|r| format!(" (rule {} of the {})", r.rule, r.role_kind))
+                .unwrap_or_default(),
+            report.namespace,
+            report.total.as_secs_f64(),
+            steps.join(", ")
+        );
+    }
+    let _ = writeln!(
+        table,
+        "{} runs in {:.0}s",
+        reports.len(),
+        started.elapsed().as_secs_f64()
+    );
+    println!("{table}");
+    if !problems.is_empty() {
+        bail!("{}\n\nall runs:\n{table}", problems.join("\n"));
+    }
+    Ok(())
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &s[..cut])
+}
