@@ -128,20 +128,9 @@ pub async fn delete_requests_of(
 pub async fn delete_request(client: &Client, request: &ProvisioningRequest) -> Result<(), Error> {
     let namespace = request.namespace().unwrap_or_default();
     let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
-    // With a uid precondition: `request` may be a stale copy, and a successor's request may
-    // already exist under the same name (a Workload re-created with the same name).
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: request.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match api.delete(&request.name_any(), &params).await {
-        Ok(_) => {}
-        Err(e) if is_not_found(&e) || is_conflict(&e) => {}
-        Err(e) => return Err(e.into()),
-    }
+    // `request` may be a stale copy, and a successor's request may already exist under the same
+    // name (a Workload re-created with the same name).
+    delete_exactly(&api, request).await?;
     delete_templates(client, request).await
 }
 
@@ -165,18 +154,18 @@ async fn delete_templates(client: &Client, request: &ProvisioningRequest) -> Res
 }
 
 /// Deletes this very object (a uid precondition), not one re-created under its name meanwhile.
-pub(crate) async fn delete_exactly(
-    api: &Api<PodTemplate>,
-    template: &PodTemplate,
-) -> Result<(), Error> {
+pub(crate) async fn delete_exactly<K>(api: &Api<K>, object: &K) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: template.uid(),
+            uid: object.uid(),
             resource_version: None,
         }),
         ..DeleteParams::background()
     };
-    match api.delete(&template.name_any(), &params).await {
+    match api.delete(&object.name_any(), &params).await {
         Ok(_) => Ok(()),
         // Gone, or replaced by another object of the same name (precondition failed).
         Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
