@@ -19,6 +19,8 @@ pub(crate) mod reason {
     pub const ACTIVE: &str = "Active";
     pub const BAD_PARAMETERS_REF: &str = "BadParametersRef";
     pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+    /// The controller's RBAC does not let it read the parameters object.
+    pub const PARAMETERS_FORBIDDEN: &str = "ParametersForbidden";
 }
 
 /// A check whose parameters resolved and validated, ready to decide.
@@ -118,6 +120,26 @@ pub(crate) async fn resolve<C: AdmissionCheckController>(
         }));
     }
     Ok(ActiveCheck { parameters, policy })
+}
+
+/// The `Active=False` to show for an API error while reading a check's parameters that only
+/// the cluster's operator can fix (the controller's own RBAC), or `None` for a transient one.
+pub(crate) fn unreadable<P: CheckParameters>(
+    ac: &AdmissionCheck,
+    error: &Error,
+) -> Option<Inactive> {
+    let (Error::Api(kube::Error::Api(status)), Some(kind), Some(r)) =
+        (error, P::reference(), ac.spec.parameters.as_ref())
+    else {
+        return None;
+    };
+    status.is_forbidden().then(|| Inactive {
+        reason: reason::PARAMETERS_FORBIDDEN,
+        message: format!(
+            "the controller may not read {} {:?} ({}); its RBAC must allow get, list and watch on {}.{}",
+            kind.kind, r.name, status.message, kind.plural, kind.group
+        ),
+    })
 }
 
 /// The `Active` condition a check should carry, or `None` if it already does.

@@ -41,6 +41,29 @@ fn seconds_histogram() -> Histogram {
     ])
 }
 
+/// A reconcile takes milliseconds (cache reads, one status write) to seconds (a slow check).
+fn reconcile_histogram() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ])
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+/// Error kinds counted from the start, at zero (see [`crate::Error::label`]).
+const RECONCILE_ERROR_KINDS: [&str; 4] = ["api", "check", "invalid_decision", "malformed_workload"];
+
+/// States a check writes, for series that exist from the start.
+const STATES: [CheckState; 4] = [
+    CheckState::Pending,
+    CheckState::Ready,
+    CheckState::Retry,
+    CheckState::Rejected,
+];
+
 fn attempt_histogram() -> Histogram {
     Histogram::new([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0])
 }
@@ -54,6 +77,7 @@ pub(crate) struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     conflicts: Family<CheckLabels, Counter>,
     check_active: Family<CheckLabels, Gauge>,
+    reconcile_duration: Family<ResultLabels, Histogram>,
     leader: Gauge,
 }
 
@@ -83,7 +107,20 @@ impl Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let conflicts = Family::<CheckLabels, Counter>::default();
         let check_active = Family::<CheckLabels, Gauge>::default();
+        let reconcile_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
+            reconcile_histogram as fn() -> _,
+        );
         let leader = Gauge::default();
+        // Series that exist from the start, so that `rate()` and `increase()` see their first
+        // increment (a series born at 1 hides it).
+        for kind in RECONCILE_ERROR_KINDS {
+            let _ = errors.get_or_create(&ErrorLabels { kind: kind.into() });
+        }
+        for result in ["ok", "error"] {
+            let _ = reconcile_duration.get_or_create(&ResultLabels {
+                result: result.into(),
+            });
+        }
         registry.register(
             "decisions",
             "Check states written, by check and state",
@@ -120,6 +157,11 @@ impl Metrics {
             check_active.clone(),
         );
         registry.register(
+            "reconcile_duration_seconds",
+            "Time one Workload reconcile took (every check of this controller asked, status written), by result",
+            reconcile_duration.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica leads (holds the Lease, or runs without leader election), 0 while it stands by",
             leader.clone(),
@@ -133,7 +175,18 @@ impl Metrics {
             errors,
             conflicts,
             check_active,
+            reconcile_duration,
         }
+    }
+
+    /// A reconcile finished.
+    pub fn reconciled(&self, took: std::time::Duration, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reconcile_duration
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// This replica took or lost the lead.
@@ -151,10 +204,7 @@ impl Metrics {
         retry_delay: Option<f64>,
         now: Timestamp,
     ) {
-        let labels = StateLabels {
-            check: check.into(),
-            state: state.to_string(),
-        };
+        let labels = state_labels(check, state);
         self.decisions.get_or_create(&labels).inc();
         let check_labels = CheckLabels {
             check: check.into(),
@@ -192,18 +242,47 @@ impl Metrics {
             .inc();
     }
 
-    pub fn check_active(&self, check: &str, active: Option<bool>) {
+    /// A check of ours was resolved: active or not. Its series exist from then on, at zero.
+    pub fn check_active(&self, check: &str, active: bool) {
         let labels = CheckLabels {
             check: check.into(),
         };
-        match active {
-            Some(a) => {
-                self.check_active.get_or_create(&labels).set(i64::from(a));
-            }
-            None => {
-                self.check_active.remove(&labels);
-            }
+        self.check_active
+            .get_or_create(&labels)
+            .set(i64::from(active));
+        for state in STATES {
+            let _ = self.decisions.get_or_create(&state_labels(check, state));
         }
+        for state in &STATES[1..] {
+            let _ = self
+                .time_to_decision
+                .get_or_create(&state_labels(check, *state));
+        }
+        let _ = self.conflicts.get_or_create(&labels);
+        let _ = self.retry_delay.get_or_create(&labels);
+        let _ = self.attempt.get_or_create(&labels);
+    }
+
+    /// A check of ours went away: its series go too.
+    pub fn forget_check(&self, check: &str) {
+        let labels = CheckLabels {
+            check: check.into(),
+        };
+        self.check_active.remove(&labels);
+        for state in STATES {
+            self.decisions.remove(&state_labels(check, state));
+            self.time_to_decision.remove(&state_labels(check, state));
+        }
+        self.conflicts.remove(&labels);
+        self.retry_delay.remove(&labels);
+        self.attempt.remove(&labels);
+    }
+}
+
+fn state_labels(check: &str, state: CheckState) -> StateLabels {
+    StateLabels {
+        check: check.into(),
+        state: state.to_string(),
     }
 }
 
@@ -240,5 +319,79 @@ impl Collector for WaitingCollector {
                 .encode(family.encode_family(&labels)?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).expect("encodes");
+        out
+    }
+
+    #[test]
+    fn a_checks_series_exist_at_zero_from_its_first_sync_until_it_goes() {
+        let mut registry = Registry::default();
+        let (store, _writer) = kube::runtime::reflector::store::<Workload>();
+        let metrics = Metrics::new(&mut registry, store, Arc::new(Vec::new));
+        let before = scrape(&registry);
+        assert!(
+            before.contains("kueue_ac_reconcile_errors_total{kind=\"api\"} 0"),
+            "{before}"
+        );
+        assert!(
+            before.contains("kueue_ac_reconcile_duration_seconds_count{result=\"error\"} 0"),
+            "{before}"
+        );
+        assert!(!before.contains("check=\"budget\""), "{before}");
+
+        metrics.check_active("budget", false);
+        let synced = scrape(&registry);
+        for series in [
+            "kueue_ac_check_active{check=\"budget\"} 0",
+            "kueue_ac_decisions_total{check=\"budget\",state=\"Pending\"} 0",
+            "kueue_ac_decisions_total{check=\"budget\",state=\"Rejected\"} 0",
+            "kueue_ac_write_conflicts_total{check=\"budget\"} 0",
+            "kueue_ac_retry_delay_seconds_count{check=\"budget\"} 0",
+            "kueue_ac_time_to_decision_seconds_count{check=\"budget\",state=\"Retry\"} 0",
+        ] {
+            assert!(synced.contains(series), "{series} missing from:\n{synced}");
+        }
+        // Resolving again keeps counts.
+        metrics.conflict("budget");
+        metrics.check_active("budget", true);
+        let again = scrape(&registry);
+        assert!(
+            again.contains("kueue_ac_write_conflicts_total{check=\"budget\"} 1"),
+            "{again}"
+        );
+        assert!(again.contains("kueue_ac_check_active{check=\"budget\"} 1"));
+
+        metrics.forget_check("budget");
+        let gone = scrape(&registry);
+        assert!(!gone.contains("check=\"budget\""), "{gone}");
+    }
+
+    #[test]
+    fn reconcile_durations_are_observed_by_result() {
+        let mut registry = Registry::default();
+        let (store, _writer) = kube::runtime::reflector::store::<Workload>();
+        let metrics = Metrics::new(&mut registry, store, Arc::new(Vec::new));
+        metrics.reconciled(std::time::Duration::from_millis(30), true);
+        metrics.reconciled(std::time::Duration::from_millis(3), true);
+        let out = scrape(&registry);
+        assert!(
+            out.contains("kueue_ac_reconcile_duration_seconds_count{result=\"ok\"} 2"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "kueue_ac_reconcile_duration_seconds_bucket{le=\"0.025\",result=\"ok\"} 1"
+            ),
+            "{out}"
+        );
     }
 }

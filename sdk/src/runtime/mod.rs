@@ -17,6 +17,7 @@ mod http;
 mod leader;
 mod metrics;
 mod reconcile;
+mod relist;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -289,9 +290,26 @@ where
                 }
             }
         };
+        // kube's controller starts reconciling only once the Workload cache is complete, and
+        // until then does not end on a graceful stop either. A stop before that (the cache may
+        // never fill: RBAC, a missing CRD) has nothing in flight to finish, so it ends at once.
+        let stop_unsynced = {
+            let (mut leading, lost, shutdown) = (leading.clone(), lost.clone(), shutdown.clone());
+            let cache_ready = cache_ready.clone();
+            async move {
+                tokio::select! {
+                    () = shutdown => {}
+                    _ = leading.wait_for(|l| !*l) => lost.store(true, Ordering::Release),
+                }
+                if *cache_ready.borrow() {
+                    std::future::pending::<()>().await;
+                }
+                warn!("stopping before the Workload cache was ever complete");
+            }
+        };
         let changes = tokio_stream::wrappers::ReceiverStream::new(changes_rx).map(Ok);
         let trigger = tokio_stream::wrappers::ReceiverStream::new(trigger_rx);
-        Controller::for_stream(changes, reader)
+        let reconciler = Controller::for_stream(changes, reader)
             .with_config(ControllerConfig::default().concurrency(config.concurrency))
             .reconcile_all_on(trigger)
             .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(wake_rx))
@@ -301,8 +319,11 @@ where
                 if let Err(e) = res {
                     warn!(error = %e, "workload reconcile failed");
                 }
-            })
-            .await;
+            });
+        tokio::select! {
+            () = reconciler => {}
+            () = stop_unsynced => {}
+        }
         if lost.load(Ordering::Acquire) {
             outcome = Err(Error::LeadershipLost);
         }
@@ -422,7 +443,9 @@ async fn report_leadership(mut leading: watch::Receiver<bool>, metrics: Arc<metr
 
 /// Keeps the registry of our checks and their `Active` conditions in line with the cluster:
 /// reacts to AdmissionChecks, to the parameters objects they name, and to taking the lead
-/// (only the leader writes conditions, so a new leader writes them all once).
+/// (only the leader writes conditions, so a new leader writes them all once). A check whose
+/// parameters could not be read, or whose condition could not be written, is tried again with
+/// backoff: nothing else would bring it back (an RBAC fix, say, changes no watched object).
 #[allow(clippy::too_many_arguments)]
 async fn watch_admission_checks<C: AdmissionCheckController>(
     client: Client,
@@ -439,42 +462,38 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     let mut parameters = std::pin::pin!(watch_parameters::<C::Parameters>(client.clone()));
     // Ours, by name, as last seen.
     let mut ours: BTreeMap<String, AdmissionCheck> = BTreeMap::new();
+    let mut names = relist::NameTracker::default();
+    // Checks to sync again after a failure: when, and after how many failures in a row.
+    let mut retries: BTreeMap<String, (tokio::time::Instant, u32)> = BTreeMap::new();
     let mut election_over = false;
     loop {
-        // A check of ours that went away: every Workload may now be decided differently.
-        let mut forget = |ac: &AdmissionCheck| {
-            if ours.remove(&ac.name_any()).is_some() {
-                write_registry(&registry).remove(&ac.name_any());
-                metrics.check_active(&ac.name_any(), None);
-                let _ = trigger.try_send(());
-            }
-        };
-        // Which checks to resolve again.
-        let to_sync: Vec<AdmissionCheck> = tokio::select! {
+        let next_retry = retries.values().map(|(at, _)| *at).min();
+        // Which checks to resolve again, and which went away.
+        let (to_sync, gone): (Vec<AdmissionCheck>, Vec<String>) = tokio::select! {
             event = events.next() => match event {
                 None => return,
                 Some(Err(e)) => {
                     warn!(error = %e, "watching AdmissionChecks");
                     continue;
                 }
-                Some(Ok(watcher::Event::Apply(ac) | watcher::Event::InitApply(ac))) => {
-                    if ac.spec.controller_name != controller.controller_name() {
-                        // Not (or no longer) ours: a check whose controllerName changed.
-                        forget(&ac);
-                        continue;
+                Some(Ok(event)) => {
+                    let touched = names.observe(&event);
+                    match event {
+                        watcher::Event::Apply(ac) | watcher::Event::InitApply(ac)
+                            if ac.spec.controller_name == controller.controller_name() =>
+                        {
+                            ours.insert(ac.name_any(), ac.clone());
+                            (vec![ac], Vec::new())
+                        }
+                        watcher::Event::InitDone => {
+                            synced.notify_one();
+                            // Those a re-list no longer has were deleted while the watch was down.
+                            (Vec::new(), touched)
+                        }
+                        // Deleted, not (or no longer) ours, or a list beginning.
+                        _ => (Vec::new(), touched),
                     }
-                    ours.insert(ac.name_any(), ac.clone());
-                    vec![ac]
                 }
-                Some(Ok(watcher::Event::Delete(ac))) => {
-                    forget(&ac);
-                    continue;
-                }
-                Some(Ok(watcher::Event::InitDone)) => {
-                    synced.notify_one();
-                    continue;
-                }
-                Some(Ok(watcher::Event::Init)) => continue,
             },
             changed = leading.changed(), if !election_over => {
                 if changed.is_err() {
@@ -484,17 +503,43 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 if !*leading.borrow_and_update() {
                     continue;
                 }
-                ours.values().cloned().collect()
+                (ours.values().cloned().collect(), Vec::new())
             },
-            Some(name) = parameters.next() => ours
-                .values()
-                .filter(|ac| ac.spec.parameters.as_ref().is_some_and(|r| r.name == name))
-                .cloned()
-                .collect(),
+            Some(name) = parameters.next() => (
+                ours
+                    .values()
+                    .filter(|ac| ac.spec.parameters.as_ref().is_some_and(|r| r.name == name))
+                    .cloned()
+                    .collect(),
+                Vec::new(),
+            ),
+            () = sleep_until_or_never(next_retry) => {
+                let now = tokio::time::Instant::now();
+                // Each due one is synced below, and then forgotten or rescheduled (keeping its
+                // count of failures, so the backoff grows).
+                retries.retain(|name, _| ours.contains_key(name));
+                let due: Vec<AdmissionCheck> = retries
+                    .iter()
+                    .filter(|(_, (at, _))| *at <= now)
+                    .filter_map(|(name, _)| ours.get(name).cloned())
+                    .collect();
+                (due, Vec::new())
+            },
         };
+        let mut changed = false;
+        for name in gone {
+            // A check of ours that went away: every Workload may now be decided differently.
+            if ours.remove(&name).is_some() {
+                write_registry(&registry).remove(&name);
+                metrics.forget_check(&name);
+                retries.remove(&name);
+                changed = true;
+            }
+        }
         let write = *leading.borrow();
         for ac in &to_sync {
-            sync_check(
+            let name = ac.name_any();
+            match sync_check(
                 &client,
                 controller.as_ref(),
                 &registry,
@@ -503,16 +548,46 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 &metrics,
                 write,
             )
-            .await;
+            .await
+            {
+                Ok(()) => {
+                    retries.remove(&name);
+                }
+                Err(e) => {
+                    let failures = retries.get(&name).map_or(0, |(_, n)| *n).saturating_add(1);
+                    let delay = check_retry_backoff().delay(failures, rand::random::<f64>());
+                    warn!(check = %name, error = %e, failures, retry_in = ?delay, "syncing the admission check");
+                    retries.insert(name, (tokio::time::Instant::now() + delay, failures));
+                }
+            }
         }
-        if !to_sync.is_empty() {
-            // A check appeared or changed: every Workload may now be decided differently.
+        if changed || !to_sync.is_empty() {
+            // A check appeared, changed or went away: every Workload may now be decided
+            // differently.
             let _ = trigger.try_send(());
         }
     }
 }
 
-/// Names of the parameters objects of kind `P` as they change (none if `P` takes none).
+/// Backoff for syncing one AdmissionCheck again after a failure: 1 s, 2 s, 4 s ... up to 1 min.
+fn check_retry_backoff() -> crate::retry::RetryPolicy {
+    crate::retry::RetryPolicy::exponential(
+        Duration::from_secs(1),
+        2.0,
+        Duration::from_secs(60),
+        0.2,
+    )
+}
+
+async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Names of the parameters objects of kind `P` as they change or go away, re-lists included
+/// (none if `P` takes none).
 fn watch_parameters<P: CheckParameters>(
     client: Client,
 ) -> futures::stream::BoxStream<'static, String> {
@@ -522,21 +597,25 @@ fn watch_parameters<P: CheckParameters>(
     let gvk = GroupVersionKind::gvk(kind.group, kind.version, kind.kind);
     let resource = ApiResource::from_gvk_with_plural(&gvk, kind.plural);
     let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let mut names = relist::NameTracker::default();
     watcher(api, watcher::Config::default())
         .default_backoff()
-        .filter_map(|event| async move {
-            match event {
-                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => Some(o.name_any()),
-                Ok(_) => None,
+        .flat_map(move |event| {
+            let touched = match event {
+                Ok(event) => names.observe(&event),
                 Err(e) => {
                     warn!(error = %e, "watching the checks' parameters");
-                    None
+                    Vec::new()
                 }
-            }
+            };
+            futures::stream::iter(touched)
         })
         .boxed()
 }
 
+/// Resolves a check's parameters, records the result, and (on the leader) writes its `Active`
+/// condition. Fails only for what may pass if tried again: an API error reading the
+/// parameters (kept: what was known before stays), or writing the condition.
 async fn sync_check<C: AdmissionCheckController>(
     client: &Client,
     controller: &C,
@@ -545,32 +624,33 @@ async fn sync_check<C: AdmissionCheckController>(
     ac: &AdmissionCheck,
     metrics: &metrics::Metrics,
     write_condition: bool,
-) {
+) -> Result<(), Error> {
     let name = ac.name_any();
-    let resolved = match checks::resolve(client, controller, ac).await {
-        Ok(active) => Ok(Arc::new(active)),
+    let (resolved, failure) = match checks::resolve(client, controller, ac).await {
+        Ok(active) => (Ok(Arc::new(active)), None),
         Err(Ok(inactive)) => {
             warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
-            Err(inactive)
+            (Err(inactive), None)
         }
-        Err(Err(e)) => {
-            // Transient: keep what we knew; the watch's next event or resync retries.
-            warn!(check = %name, error = %e, "resolving parameters");
-            return;
-        }
+        Err(Err(e)) => match checks::unreadable::<C::Parameters>(ac, &e) {
+            // Our own RBAC: shown on the check, and tried again until it is fixed.
+            Some(inactive) => {
+                warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
+                (Err(inactive), Some(e))
+            }
+            None => return Err(e),
+        },
     };
     let state = resolved.as_ref().map(|_| ()).map_err(Clone::clone);
-    metrics.check_active(&name, Some(state.is_ok()));
+    metrics.check_active(&name, state.is_ok());
     write_registry(registry).insert(name.clone(), resolved);
-    if !write_condition {
-        return;
-    }
-    if let Some(condition) =
-        checks::desired_active_condition(ac, &state, k8s_openapi::jiff::Timestamp::now())
-        && let Err(e) = checks::apply_active_condition(client, field_manager, ac, condition).await
+    if write_condition
+        && let Some(condition) =
+            checks::desired_active_condition(ac, &state, k8s_openapi::jiff::Timestamp::now())
     {
-        warn!(check = %name, error = %e, "writing the Active condition");
+        checks::apply_active_condition(client, field_manager, ac, condition).await?;
     }
+    failure.map_or(Ok(()), Err)
 }
 
 fn write_registry<P>(

@@ -151,6 +151,16 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_workload(&wl, &ctx).await;
+    ctx.metrics.reconciled(started.elapsed(), result.is_ok());
+    result
+}
+
+async fn reconcile_workload<C: AdmissionCheckController>(
+    wl: &Arc<Workload>,
+    ctx: &Arc<Context<C>>,
+) -> Result<Action, Error> {
     // Checks to decide (active, with an entry on this Workload), and every check of ours (an
     // inactive or removed one may still have something to release).
     let mut ours = Vec::new();
@@ -164,8 +174,8 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
             }
         }
     }
-    remember_earlier_answers(&ctx, &wl, &all_ours);
-    release_idle(&ctx, &wl, &all_ours).await?;
+    remember_earlier_answers(ctx, wl, &all_ours);
+    release_idle(ctx, wl, &all_ours).await?;
     let mut requeue: Option<Duration> = None;
     for (check, active) in ours {
         // One span per check and reconcile: every log line inside names the Workload and check.
@@ -175,7 +185,7 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
             namespace = %wl.namespace().unwrap_or_default(),
             check = %check,
         );
-        let next = decide_one(&ctx, &wl, &check, &active)
+        let next = decide_one(ctx, wl, &check, &active)
             .instrument(span)
             .await?;
         requeue = match (requeue, next) {

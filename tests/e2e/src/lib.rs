@@ -630,6 +630,30 @@ pub fn metric_sample(metrics: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// Scrapes `/metrics` at `addr` until `series` has the value `expected` (a write is seen by a
+/// watch before the runtime has counted it), for at most [`DEFAULT_TIMEOUT`]; returns the
+/// exposition that had it.
+pub async fn wait_metric(
+    addr: std::net::SocketAddr,
+    series: &str,
+    expected: f64,
+) -> Result<String> {
+    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+    loop {
+        let (_, metrics) = http_get(addr, "/metrics").await?;
+        let value = metric_sample(&metrics, series);
+        if value == Some(expected) {
+            return Ok(metrics);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "{series} is {value:?} after {DEFAULT_TIMEOUT:?}, expected {expected}:\n{metrics}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A free loopback address for a runtime's HTTP endpoints.
 pub fn free_local_address() -> Result<std::net::SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)

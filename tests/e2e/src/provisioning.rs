@@ -267,6 +267,15 @@ impl TestEnv {
         &self,
         default_timeout: Option<Duration>,
     ) -> Result<Running> {
+        self.start_provisioning_controller_as(self.client.clone(), default_timeout)
+    }
+
+    /// [`Self::start_provisioning_controller`], acting with `client` (e.g. a ServiceAccount's).
+    pub fn start_provisioning_controller_as(
+        &self,
+        client: kube::Client,
+        default_timeout: Option<Duration>,
+    ) -> Result<Running> {
         let http = crate::free_local_address()?;
         let check = ProvisioningCheck::new(Settings {
             controller_name: self.provisioning_controller_name(),
@@ -279,7 +288,6 @@ impl TestEnv {
             leader_election: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
-        let client = self.client.clone();
         let task = tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stopped.await;

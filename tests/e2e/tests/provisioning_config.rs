@@ -689,6 +689,113 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     Ok(())
 }
 
+/// A ClusterRole with what the controller needs to resolve its checks and watch, except `get`
+/// on ProvisioningRequestConfigs unless `may_get_configs`.
+fn limited_role(name: &str, may_get_configs: bool) -> Value {
+    let config_verbs: &[&str] = if may_get_configs {
+        &["get", "list", "watch"]
+    } else {
+        &["list", "watch"]
+    };
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks", "workloads", "resourceflavors"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks/status"], "verbs": ["patch"]},
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["provisioningrequestconfigs"], "verbs": config_verbs},
+            {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["podtemplates"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ],
+    })
+}
+
+fn config_grant(verb: &str) -> e2e::chart::Grant {
+    e2e::chart::Grant {
+        role_kind: "ClusterRole".into(),
+        namespace: None,
+        group: "kueue.x-k8s.io".into(),
+        resource: "provisioningrequestconfigs".into(),
+        name: None,
+        verb: verb.into(),
+    }
+}
+
+/// A controller whose RBAC does not let it read its config says so on the check
+/// (`ParametersForbidden`, naming the config and the grant it lacks), and becomes active once
+/// the grant is added, with no change to the check or the config to wake it: it tries again by
+/// itself (an RBAC change is no event it watches).
+#[tokio::test]
+async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowed() -> Result<()> {
+    let env = TestEnv::new("prc-forbidden").await?;
+    let role = env.cluster_name("limited");
+    let field_manager = "e2e-prc-forbidden";
+    e2e::chart::apply(&env.client, &limited_role(&role, false), field_manager).await?;
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "controller", "namespace": env.ns}],
+    });
+    e2e::chart::apply(&env.client, &binding, field_manager).await?;
+    let client = env.service_account("controller").await?;
+    e2e::chart::wait_for_authorizer(
+        &env.client,
+        &env.ns,
+        "controller",
+        &[config_grant("list"), config_grant("watch")],
+        &[config_grant("get")],
+    )
+    .await?;
+
+    let config = env.provisioning_config("prc", json!({})).await?;
+    let check = env
+        .admission_check_with_parameters(
+            "prov",
+            &env.provisioning_controller_name(),
+            "ProvisioningRequestConfig",
+            &config,
+        )
+        .await?;
+    let controller = env.start_provisioning_controller_as(client, None)?;
+    let c = wait_active(&env, &check, "False", "ParametersForbidden").await?;
+    ensure!(
+        c.message.starts_with(&format!(
+            "the controller may not read ProvisioningRequestConfig {config:?} ("
+        )) && c.message.ends_with(
+            "); its RBAC must allow get, list and watch on provisioningrequestconfigs.kueue.x-k8s.io"
+        ) && c.message.contains("forbidden"),
+        "the message should name the config and the missing grant: {c:?}"
+    );
+    let metrics = e2e::http_get(controller.http.context("no metrics address")?, "/metrics")
+        .await?
+        .1;
+    assert_eq!(
+        e2e::metric_sample(
+            &metrics,
+            &format!("kueue_ac_check_active{{check=\"{check}\"}}")
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+
+    // It stays so (by then the controller's watch of configs has listed them: a change to the
+    // config would wake it, an RBAC fix does not).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = wait_active(&env, &check, "False", "ParametersForbidden").await?;
+    ensure!(still == c, "{still:?}");
+
+    // The operator fixes the RBAC; nothing the controller watches changes.
+    e2e::chart::apply(&env.client, &limited_role(&role, true), field_manager).await?;
+    let c = wait_active(&env, &check, "True", "Active").await?;
+    ensure!(c.message == "The admission check is active", "{c:?}");
+    controller.stop().await?;
+    Ok(())
+}
+
 /// Parameters of another kind: `Active=False` (`BadParametersRef`) naming both kinds, and the
 /// Job is not admitted.
 #[tokio::test]

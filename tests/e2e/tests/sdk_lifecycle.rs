@@ -219,6 +219,26 @@ impl Setup {
         revalidate: Option<Duration>,
         extensions: Extensions,
     ) -> Result<Replica> {
+        self.start_as(
+            env,
+            env.client.clone(),
+            replica,
+            election,
+            revalidate,
+            extensions,
+        )
+    }
+
+    /// A replica acting with `client` (e.g. a ServiceAccount's).
+    fn start_as(
+        &self,
+        env: &TestEnv,
+        client: kube::Client,
+        replica: &str,
+        election: Option<LeaderElection>,
+        revalidate: Option<Duration>,
+        extensions: Extensions,
+    ) -> Result<Replica> {
         let http = e2e::free_local_address()?;
         let config = RuntimeConfig {
             metrics_address: Some(http),
@@ -234,7 +254,7 @@ impl Setup {
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(run_until_with(
-            env.client.clone(),
+            client,
             probe,
             config,
             extensions,
@@ -296,9 +316,14 @@ async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Re
     ensure!(a.metric("kueue_ac_leader").await? == Some(1.0));
     ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
     let (_, standby_metrics) = e2e::http_get(b.http, "/metrics").await?;
+    // Its decision series exist (at 0 from the check's first sync), and stay at 0.
+    let decided: Vec<&str> = standby_metrics
+        .lines()
+        .filter(|l| l.starts_with("kueue_ac_decisions_total{"))
+        .collect();
     ensure!(
-        !standby_metrics.contains("kueue_ac_decisions_total{"),
-        "the standby wrote nothing"
+        decided.len() == 4 && decided.iter().all(|l| l.ends_with(" 0")),
+        "the standby wrote nothing: {decided:?}"
     );
 
     // A clean stop releases the Lease (holder cleared) and the standby takes it over.
@@ -629,5 +654,81 @@ async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
     env.wait_admitted(&wl).await?;
     ensure!(lock(&cached).as_deref() == Some(wl.as_str()));
     replica.stop().await?;
+    Ok(())
+}
+
+/// A replica whose Workload cache cannot fill (its RBAC forbids listing Workloads) never reports
+/// ready, and still stops at once on SIGTERM: with nothing reconciled there is nothing to finish
+/// (Kubernetes would otherwise kill it only after the grace period, at every rollout).
+#[tokio::test]
+async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
+    let env = TestEnv::new("sdk-unsynced").await?;
+    let s = setup(&env, false).await?;
+    let role = env.cluster_name("no-workloads");
+    let role_object = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": role},
+        "rules": [
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks/status"], "verbs": ["patch"]},
+        ],
+    });
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "probe", "namespace": env.ns}],
+    });
+    for object in [&role_object, &binding] {
+        e2e::chart::apply(&env.client, object, "e2e-sdk-unsynced").await?;
+    }
+    let client = env.service_account("probe").await?;
+    let grant = |resource: &str, verb: &str| e2e::chart::Grant {
+        role_kind: "ClusterRole".into(),
+        namespace: None,
+        group: "kueue.x-k8s.io".into(),
+        resource: resource.into(),
+        name: None,
+        verb: verb.into(),
+    };
+    e2e::chart::wait_for_authorizer(
+        &env.client,
+        &env.ns,
+        "probe",
+        &[grant("admissionchecks", "list")],
+        &[grant("workloads", "list")],
+    )
+    .await?;
+
+    let replica = s.start_as(&env, client, "a", None, None, Extensions::new())?;
+    // The check is resolved and kept active (that needs no Workload), but the replica is not ready.
+    let active = e2e::wait_for(
+        Api::<kueue_admission_sdk::api::AdmissionCheck>::all(env.client.clone()),
+        &s.probe,
+        "Active=True",
+        |ac| {
+            ac.status.as_ref().is_some_and(|st| {
+                kueue_admission_sdk::api::find_condition(
+                    &st.conditions,
+                    kueue_admission_sdk::api::ADMISSION_CHECK_ACTIVE,
+                )
+                .is_some_and(|c| c.status == "True")
+            })
+        },
+    );
+    active.await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (code, _) = e2e::http_get(replica.http, "/readyz").await?;
+    ensure!(code == 503, "not ready without a Workload cache: {code}");
+
+    let started = tokio::time::Instant::now();
+    replica.stop().await?;
+    let took = started.elapsed();
+    ensure!(
+        took < Duration::from_secs(5),
+        "a replica with nothing in flight stops at once, took {took:?}"
+    );
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use e2e::TestEnv;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -200,9 +200,13 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
     .await?;
     assert_eq!(e2e::http_get(http, "/readyz").await?.0, 200);
     assert_eq!(e2e::http_get(http, "/healthz").await?.0, 200);
-    let (status, metrics) = e2e::http_get(http, "/metrics").await?;
-    assert_eq!(status, 200);
     let c = format!("check=\"{check}\"");
+    let metrics = e2e::wait_metric(
+        http,
+        &format!("kueue_ac_decisions_total{{{c},state=\"Pending\"}}"),
+        1.0,
+    )
+    .await?;
     let value = |series: String| e2e::metric_sample(&metrics, &series);
     assert_eq!(
         value(format!("kueue_ac_decisions_total{{{c},state=\"Ready\"}}")),
@@ -395,5 +399,110 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
         active_condition(ac).is_some_and(|(s, _, _)| s == "True")
     })
     .await?;
+    Ok(())
+}
+
+/// A check whose backend is down for its first `failures` calls, recording each call's time and
+/// the Workload's resourceVersion (to tell a retry of the same Workload from a reaction to a
+/// change).
+struct FlakyCheck {
+    controller_name: String,
+    failures: Mutex<u32>,
+    calls: Arc<Mutex<Vec<(tokio::time::Instant, String)>>>,
+}
+
+impl AdmissionCheckController for FlakyCheck {
+    type Parameters = NoParameters;
+    type Error = std::io::Error;
+
+    fn controller_name(&self) -> &str {
+        &self.controller_name
+    }
+
+    async fn decide(
+        &self,
+        ctx: &CheckContext<'_, NoParameters>,
+    ) -> Result<Decision, std::io::Error> {
+        let version = ctx.workload.resource_version().unwrap_or_default();
+        self.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((tokio::time::Instant::now(), version));
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        if *failures > 0 {
+            *failures -= 1;
+            return Err(std::io::Error::other("the backend is down"));
+        }
+        Ok(Decision::ready("the backend is back"))
+    }
+}
+
+/// A failing `decide` is retried with growing delays (1 s, 2 s, 4 s ... with 20 % jitter), each
+/// failure counted and shown as a `CheckFailed` event, and the Workload is admitted once the
+/// check answers: the backoff spares a failing backend without losing the Workload.
+#[tokio::test]
+async fn a_failing_check_is_retried_with_growing_delays_until_it_answers() -> Result<()> {
+    let env = TestEnv::new("sdk-flaky").await?;
+    let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let check = env
+        .admission_check("check", &controller_name)
+        .await?
+        .name_any();
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let flaky = FlakyCheck {
+        controller_name,
+        failures: Mutex::new(3),
+        calls: calls.clone(),
+    };
+    let http = e2e::free_local_address()?;
+    let config = RuntimeConfig {
+        leader_election: None,
+        metrics_address: Some(http),
+        field_manager: format!("e2e-{}", env.ns),
+        concurrency: 4,
+    };
+    tokio::spawn(run(env.client.clone(), flaky, config));
+
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_admitted(&wl).await?;
+    let note = env.event_note(&wl, "CheckFailed").await?;
+    ensure!(
+        note.contains(&check) && note.contains("the backend is down"),
+        "{note}"
+    );
+    let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    // Each failure n (from 1) delays the next call by 2^(n-1) s ± 20 %, unless the Workload
+    // itself changed meanwhile (which is reconciled at once).
+    let mut backoffs = 0;
+    for (n, pair) in calls.windows(2).enumerate().take(3) {
+        let ((t0, v0), (t1, v1)) = (&pair[0], &pair[1]);
+        if v0 != v1 {
+            continue;
+        }
+        let nominal = Duration::from_secs(1 << n);
+        let gap = *t1 - *t0;
+        ensure!(
+            gap >= nominal.mul_f64(0.8),
+            "after failure {}, the next call came {gap:?} later, expected about {nominal:?}: {calls:?}",
+            n + 1
+        );
+        backoffs += 1;
+    }
+    ensure!(
+        backoffs >= 2 && calls.len() >= 4,
+        "the retries should mostly be the backoff's, not reactions to Workload changes: {calls:?}"
+    );
+    let (_, metrics) = e2e::http_get(http, "/metrics").await?;
+    assert_eq!(
+        e2e::metric_sample(&metrics, "kueue_ac_reconcile_errors_total{kind=\"check\"}"),
+        Some(3.0),
+        "{metrics}"
+    );
     Ok(())
 }
