@@ -1,0 +1,348 @@
+//! `bench`: how long an SDK check takes to answer, and how many Workloads it answers per second,
+//! against the local control plane (etcd, kube-apiserver, Kueue).
+//!
+//! It starts the `always-ready` binary (the smallest check built on the SDK, answering `Ready`
+//! at once) as a real process with the flags given after `--`, creates `--workloads` Workloads
+//! in a fresh namespace, and watches each one through Kueue's stages: quota reserved, the
+//! check's `Ready` written, admitted. The middle stage is the SDK runtime's own latency, as Kueue
+//! sees it; the others are Kueue's. It fails (exit 1) unless every Workload is admitted with
+//! exactly one `Ready` written for it. See docs/benchmark.md.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Parser;
+use e2e::TestEnv;
+use futures::{StreamExt, TryStreamExt};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kueue_admission_sdk::api::{
+    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, Workload, find_condition,
+    workload_condition as cond,
+};
+use serde_json::json;
+use tokio::time::Instant;
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "Measures an SDK check's answer latency and throughput against the local control plane"
+)]
+struct Cli {
+    /// Workloads to create.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    workloads: u32,
+    /// Workloads created at once by the benchmark.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    create_concurrency: u16,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout_seconds: u64,
+    /// Leave the namespace and its Workloads in place.
+    #[arg(long)]
+    keep: bool,
+    /// Flags for the always-ready binary, e.g. `-- --concurrency 16 --kube-api-qps 50`.
+    #[arg(last = true)]
+    check_args: Vec<String>,
+}
+
+/// When the benchmark saw each stage of one Workload.
+#[derive(Clone, Copy, Debug, Default)]
+struct Marks {
+    created: Option<Instant>,
+    reserved: Option<Instant>,
+    ready: Option<Instant>,
+    admitted: Option<Instant>,
+}
+
+type Seen = Arc<Mutex<BTreeMap<String, Marks>>>;
+
+/// Where one stage of a Workload began and ended.
+type Stage = fn(&Marks) -> Option<(Instant, Instant)>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match bench(&cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The always-ready binary, built beside this one.
+fn always_ready() -> Result<PathBuf> {
+    let path = std::env::current_exe()?.with_file_name("always-ready");
+    ensure!(
+        path.exists(),
+        "{} is not built: cargo build --release -p e2e --bins (or make bench)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// Stops the check process on every way out.
+struct CheckProcess(Child);
+
+impl Drop for CheckProcess {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+async fn bench(cli: &Cli) -> Result<()> {
+    let n = cli.workloads as usize;
+    let env = TestEnv::new("bench").await?;
+    let controller = format!("bench.kueue-admission-checks.dev/{}", env.ns);
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let check = env.admission_check("check", &controller).await?.name_any();
+    // Room for every Workload (100m each) at once: quota is never what they wait for.
+    let quota = format!("{}", n / 10 + 1);
+    let cq = env
+        .cluster_queue("cq", &flavor, &quota, &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+
+    let http = e2e::free_local_address()?;
+    let log = std::env::temp_dir().join(format!("{}.log", env.ns));
+    let mut process = CheckProcess(
+        Command::new(always_ready()?)
+            .arg("--kubeconfig")
+            .arg(e2e::kubeconfig_path())
+            .args(["--controller-name", &controller])
+            .args(["--metrics-address", &http.to_string()])
+            .args(["--leader-elect", "false"])
+            .args(&cli.check_args)
+            // Quiet unless the flags say otherwise (a flag wins over the environment).
+            .env("KUEUE_AC_LOG_LEVEL", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting always-ready")?,
+    );
+    let deadline = Instant::now() + e2e::DEFAULT_TIMEOUT;
+    while e2e::http_get(http, "/readyz")
+        .await
+        .map_or(true, |(code, _)| code != 200)
+    {
+        if let Some(status) = process.0.try_wait()? {
+            bail!("always-ready exited ({status}); its log: {}", log.display());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "always-ready never became ready; its log: {}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    e2e::wait_for(
+        Api::<AdmissionCheck>::all(env.client.clone()),
+        &check,
+        "Active=True",
+        |ac: &AdmissionCheck| {
+            ac.status.as_ref().is_some_and(|s| {
+                find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE)
+                    .is_some_and(|c| c.status == "True")
+            })
+        },
+    )
+    .await?;
+
+    let seen: Seen = Arc::default();
+    let watch = tokio::spawn(watch_stages(env.workloads(), check.clone(), seen.clone()));
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let (api, seen, ns) = (env.workloads(), seen.clone(), env.ns.clone());
+            async move {
+                let name = format!("wl-{i:05}");
+                let before = Instant::now();
+                api.create(&PostParams::default(), &workload(&ns, &name)?)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
+                lock(&seen).entry(name).or_default().created = Some(before);
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(usize::from(cli.create_concurrency))
+        .try_collect::<()>()
+        .await?;
+    let created_in = started.elapsed();
+
+    let deadline = Instant::now() + Duration::from_secs(cli.timeout_seconds);
+    loop {
+        let admitted = lock(&seen)
+            .values()
+            .filter(|m| m.admitted.is_some())
+            .count();
+        if admitted == n {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("{admitted} of {n} admitted after {:?}", started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    watch.abort();
+    let marks: Vec<Marks> = lock(&seen).values().copied().collect();
+    let last_admitted = marks.iter().filter_map(|m| m.admitted).max();
+    let (_, metrics) = e2e::http_get(http, "/metrics").await?;
+    drop(process);
+
+    let settings = if cli.check_args.is_empty() {
+        "defaults".to_string()
+    } else {
+        cli.check_args.join(" ")
+    };
+    println!(
+        "{n} Workloads; always-ready with {settings}; namespace {}",
+        env.ns
+    );
+    println!();
+    println!("| stage (as the benchmark's watch saw it) | p50 | p95 | max |");
+    println!("|---|---|---|---|");
+    let stages: [(&str, Stage); 4] = [
+        ("created → quota reserved (Kueue)", |m| {
+            Some((m.created?, m.reserved?))
+        }),
+        ("quota reserved → Ready written (the check)", |m| {
+            Some((m.reserved?, m.ready?))
+        }),
+        ("Ready written → admitted (Kueue)", |m| {
+            Some((m.ready?, m.admitted?))
+        }),
+        ("created → admitted", |m| Some((m.created?, m.admitted?))),
+    ];
+    for (what, span) in stages {
+        let mut took: Vec<Duration> = marks
+            .iter()
+            .filter_map(span)
+            .map(|(a, b)| b.saturating_duration_since(a))
+            .collect();
+        ensure!(
+            took.len() == n,
+            "{what}: seen for {} of {n} Workloads",
+            took.len()
+        );
+        took.sort();
+        println!(
+            "| {what} | {} | {} | {} |",
+            ms(quantile(&took, 0.5)),
+            ms(quantile(&took, 0.95)),
+            ms(took[n - 1]),
+        );
+    }
+    let total = last_admitted.map_or(Duration::ZERO, |t| t - started);
+    println!();
+    println!(
+        "created in {:.1} s; all admitted {:.1} s after the first was created: {:.1} Workloads/s",
+        created_in.as_secs_f64(),
+        total.as_secs_f64(),
+        n as f64 / total.as_secs_f64().max(f64::EPSILON)
+    );
+
+    let sample = |series: &str| e2e::metric_sample(&metrics, series).unwrap_or(0.0);
+    let c = format!("check=\"{check}\"");
+    let ready = sample(&format!("kueue_ac_decisions_total{{{c},state=\"Ready\"}}"));
+    let pending = sample(&format!(
+        "kueue_ac_decisions_total{{{c},state=\"Pending\"}}"
+    ));
+    let conflicts = sample(&format!("kueue_ac_write_conflicts_total{{{c}}}"));
+    let reconciles = sample("kueue_ac_reconcile_duration_seconds_count{result=\"ok\"}");
+    let reconcile_time = sample("kueue_ac_reconcile_duration_seconds_sum{result=\"ok\"}");
+    let errors: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kueue_ac_reconcile_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!(
+        "the runtime: {ready} Ready and {pending} Pending written, {conflicts} write conflicts, \
+         {errors} errors; {reconciles} reconciles, {:.1} ms each on average",
+        1000.0 * reconcile_time / reconciles.max(1.0)
+    );
+    ensure!(
+        ready == n as f64,
+        "expected exactly one Ready written per Workload, got {ready}"
+    );
+
+    if !cli.keep {
+        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone());
+        namespaces
+            .delete(&env.ns, &DeleteParams::background())
+            .await?;
+    }
+    Ok(())
+}
+
+/// Records when each Workload first reached each stage.
+async fn watch_stages(api: Api<Workload>, check: String, seen: Seen) {
+    let events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut events = std::pin::pin!(events);
+    while let Some(Ok(wl)) = events.next().await {
+        let now = Instant::now();
+        let mut seen = lock(&seen);
+        let m = seen.entry(wl.name_any()).or_default();
+        let is_true = |c: &str| wl.condition(c).is_some_and(|c| c.status == "True");
+        if m.reserved.is_none() && is_true(cond::QUOTA_RESERVED) {
+            m.reserved = Some(now);
+        }
+        if m.ready.is_none()
+            && wl
+                .admission_check(&check)
+                .is_some_and(|e| e.state == CheckState::Ready)
+        {
+            m.ready = Some(now);
+        }
+        if m.admitted.is_none() && is_true(cond::ADMITTED) {
+            m.admitted = Some(now);
+        }
+    }
+}
+
+fn workload(namespace: &str, name: &str) -> Result<Workload> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "queueName": "lq",
+            "podSets": [{
+                "name": "main",
+                "count": 1,
+                "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "main",
+                        "image": "registry.invalid/no-pod-runs-here:1",
+                        "resources": {"requests": {"cpu": "100m"}},
+                    }],
+                }},
+            }],
+        },
+    }))?)
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
