@@ -27,7 +27,7 @@ def check(cond, msg):
 # The ClusterRole rules, exactly: what the code calls (see templates/clusterrole.yaml). A change
 # here must be a change of the code's calls.
 SDK_RULES = {
-    ("kueue.x-k8s.io", "admissionchecks"): {"list", "watch"},
+    ("kueue.x-k8s.io", "admissionchecks"): {"get", "list", "watch"},
     ("kueue.x-k8s.io", "admissionchecks/status"): {"patch"},
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},
     ("kueue.x-k8s.io", "workloads/status"): {"patch"},

@@ -92,8 +92,8 @@ as the SDK's lease_name_for does, for a binary that does not set --leader-electi
 
 {{/*
 How much a counter grew within a window, counting series that appeared within it from zero. The
-metrics library creates a labelled series at its first event, so `increase()` alone never sees a
-check's first retry or timeout (a series' first sample is not an increase).
+SDK's own series exist at 0 from a check's first sync, but a check's own counters may begin at
+their first event, and `increase()` alone never sees a series' first sample as an increase.
 Usage: include "kac.increase" (list "<metric>{<matchers>}" "<window>")
 */}}
 {{- define "kac.increase" -}}

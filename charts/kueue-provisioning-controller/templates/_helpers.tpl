@@ -91,8 +91,9 @@ as the SDK's lease_name_for does (lowercase; characters other than a-z, 0-9, '-'
 
 {{/*
 How much a counter grew within a window, counting series that appeared within it from zero. The
-metrics library creates a labelled series at its first event, so `increase()` alone never sees a
-check's first retry or timeout (a series' first sample is not an increase).
+SDK's own series exist at 0 from a check's first sync, but the provisioning controller's
+request counters begin at their first event, and `increase()` alone never sees a series' first
+sample as an increase (its first timeout, say).
 Usage: include "kpc.increase" (list "<metric>{<matchers>}" "<window>")
 */}}
 {{- define "kpc.increase" -}}

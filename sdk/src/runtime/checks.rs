@@ -122,6 +122,13 @@ pub(crate) async fn resolve<C: AdmissionCheckController>(
     Ok(ActiveCheck { parameters, policy })
 }
 
+/// What the registry holds for a check, without its parameters: absent, active, or why not.
+pub(crate) fn summary<P>(registry: &Registry<P>, check: &str) -> Option<Result<(), Inactive>> {
+    let map = registry.read().unwrap_or_else(|p| p.into_inner());
+    map.get(check)
+        .map(|state| state.as_ref().map(|_| ()).map_err(Clone::clone))
+}
+
 /// The `Active=False` to show for an API error while reading a check's parameters that only
 /// the cluster's operator can fix (the controller's own RBAC), or `None` for a transient one.
 pub(crate) fn unreadable<P: CheckParameters>(
@@ -136,8 +143,15 @@ pub(crate) fn unreadable<P: CheckParameters>(
     status.is_forbidden().then(|| Inactive {
         reason: reason::PARAMETERS_FORBIDDEN,
         message: format!(
-            "the controller may not read {} {:?} ({}); its RBAC must allow get, list and watch on {}.{}",
-            kind.kind, r.name, status.message, kind.plural, kind.group
+            "the controller may not read {} {:?} ({}); its RBAC must allow get, list and watch on {}",
+            kind.kind,
+            r.name,
+            status.message,
+            if kind.group.is_empty() {
+                kind.plural.to_string()
+            } else {
+                format!("{}.{}", kind.plural, kind.group)
+            }
         ),
     })
 }

@@ -77,8 +77,12 @@ pub(crate) struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     conflicts: Family<CheckLabels, Counter>,
     check_active: Family<CheckLabels, Gauge>,
+    check_sync_errors: Family<CheckLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram>,
     leader: Gauge,
+    /// Checks whose series exist: a reconcile that finishes after its check went away must not
+    /// bring a few of them back.
+    live: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl fmt::Debug for Metrics {
@@ -107,6 +111,7 @@ impl Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let conflicts = Family::<CheckLabels, Counter>::default();
         let check_active = Family::<CheckLabels, Gauge>::default();
+        let check_sync_errors = Family::<CheckLabels, Counter>::default();
         let reconcile_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
             reconcile_histogram as fn() -> _,
         );
@@ -157,6 +162,11 @@ impl Metrics {
             check_active.clone(),
         );
         registry.register(
+            "check_sync_errors",
+            "Failed attempts to read an AdmissionCheck's parameters or write its Active condition (each retried with backoff)",
+            check_sync_errors.clone(),
+        );
+        registry.register(
             "reconcile_duration_seconds",
             "Time one Workload reconcile took (every check of this controller asked, status written), by result",
             reconcile_duration.clone(),
@@ -175,8 +185,17 @@ impl Metrics {
             errors,
             conflicts,
             check_active,
+            check_sync_errors,
             reconcile_duration,
+            live: Default::default(),
         }
+    }
+
+    fn is_live(&self, check: &str) -> bool {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(check)
     }
 
     /// A reconcile finished.
@@ -204,6 +223,9 @@ impl Metrics {
         retry_delay: Option<f64>,
         now: Timestamp,
     ) {
+        if !self.is_live(check) {
+            return;
+        }
         let labels = state_labels(check, state);
         self.decisions.get_or_create(&labels).inc();
         let check_labels = CheckLabels {
@@ -235,7 +257,22 @@ impl Metrics {
     }
 
     pub fn conflict(&self, check: &str) {
+        if !self.is_live(check) {
+            return;
+        }
         self.conflicts
+            .get_or_create(&CheckLabels {
+                check: check.into(),
+            })
+            .inc();
+    }
+
+    /// Resolving or writing a check failed; it is tried again.
+    pub fn check_sync_error(&self, check: &str) {
+        if !self.is_live(check) {
+            return;
+        }
+        self.check_sync_errors
             .get_or_create(&CheckLabels {
                 check: check.into(),
             })
@@ -244,6 +281,10 @@ impl Metrics {
 
     /// A check of ours was resolved: active or not. Its series exist from then on, at zero.
     pub fn check_active(&self, check: &str, active: bool) {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(check.into());
         let labels = CheckLabels {
             check: check.into(),
         };
@@ -259,12 +300,17 @@ impl Metrics {
                 .get_or_create(&state_labels(check, *state));
         }
         let _ = self.conflicts.get_or_create(&labels);
+        let _ = self.check_sync_errors.get_or_create(&labels);
         let _ = self.retry_delay.get_or_create(&labels);
         let _ = self.attempt.get_or_create(&labels);
     }
 
     /// A check of ours went away: its series go too.
     pub fn forget_check(&self, check: &str) {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(check);
         let labels = CheckLabels {
             check: check.into(),
         };
@@ -274,6 +320,7 @@ impl Metrics {
             self.time_to_decision.remove(&state_labels(check, state));
         }
         self.conflicts.remove(&labels);
+        self.check_sync_errors.remove(&labels);
         self.retry_delay.remove(&labels);
         self.attempt.remove(&labels);
     }
@@ -355,6 +402,7 @@ mod tests {
             "kueue_ac_decisions_total{check=\"budget\",state=\"Pending\"} 0",
             "kueue_ac_decisions_total{check=\"budget\",state=\"Rejected\"} 0",
             "kueue_ac_write_conflicts_total{check=\"budget\"} 0",
+            "kueue_ac_check_sync_errors_total{check=\"budget\"} 0",
             "kueue_ac_retry_delay_seconds_count{check=\"budget\"} 0",
             "kueue_ac_time_to_decision_seconds_count{check=\"budget\",state=\"Retry\"} 0",
         ] {
@@ -371,8 +419,24 @@ mod tests {
         assert!(again.contains("kueue_ac_check_active{check=\"budget\"} 1"));
 
         metrics.forget_check("budget");
+        // A reconcile that finishes after the check went away brings nothing back.
+        metrics.conflict("budget");
+        metrics.check_sync_error("budget");
         let gone = scrape(&registry);
         assert!(!gone.contains("check=\"budget\""), "{gone}");
+    }
+
+    #[test]
+    fn the_error_kinds_counted_from_the_start_are_the_errors_labels() {
+        let api = crate::Error::Api(kube::Error::LinesCodecMaxLineLengthExceeded);
+        let check = crate::Error::Check("x".into());
+        let invalid = crate::Error::InvalidDecision("x".into());
+        let malformed = crate::Error::MalformedWorkload("x".into());
+        let labels: Vec<&str> = [api, check, invalid, malformed]
+            .iter()
+            .map(crate::Error::label)
+            .collect();
+        assert_eq!(labels, RECONCILE_ERROR_KINDS);
     }
 
     #[test]

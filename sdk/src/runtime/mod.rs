@@ -142,7 +142,8 @@ where
     let shutdown = shutdown.boxed().shared();
     let registry: checks::Registry<C::Parameters> = Default::default();
     let controller = Arc::new(controller);
-    let (trigger_tx, trigger_rx) = mpsc::channel::<()>(16);
+    // One pending "reconcile everything" is enough: more would only repeat it.
+    let (trigger_tx, trigger_rx) = mpsc::channel::<()>(1);
 
     let (reader, writer) = reflector::store::<Workload>();
 
@@ -463,13 +464,14 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     // Ours, by name, as last seen.
     let mut ours: BTreeMap<String, AdmissionCheck> = BTreeMap::new();
     let mut names = relist::NameTracker::default();
-    // Checks to sync again after a failure: when, and after how many failures in a row.
-    let mut retries: BTreeMap<String, (tokio::time::Instant, u32)> = BTreeMap::new();
+    // Checks to sync again after a failure: when, after how many failures in a row, and
+    // whether a change of the check or its parameters is still to be taken in.
+    let mut retries: BTreeMap<String, Retry> = BTreeMap::new();
     let mut election_over = false;
     loop {
-        let next_retry = retries.values().map(|(at, _)| *at).min();
-        // Which checks to resolve again, and which went away.
-        let (to_sync, gone): (Vec<AdmissionCheck>, Vec<String>) = tokio::select! {
+        let next_retry = retries.values().map(|r| r.at).min();
+        // Which checks to resolve again, why, and which went away.
+        let (to_sync, why, gone): (Vec<AdmissionCheck>, SyncCause, Vec<String>) = tokio::select! {
             event = events.next() => match event {
                 None => return,
                 Some(Err(e)) => {
@@ -482,16 +484,36 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                         watcher::Event::Apply(ac) | watcher::Event::InitApply(ac)
                             if ac.spec.controller_name == controller.controller_name() =>
                         {
-                            ours.insert(ac.name_any(), ac.clone());
-                            (vec![ac], Vec::new())
+                            let before = ours.insert(ac.name_any(), ac.clone());
+                            // Its spec changed (or it is new): resolve it again. Only its status
+                            // changed (our own condition coming back, Kueue's finalizer): write
+                            // the condition again only if it is not what it should be. A re-list
+                            // showing it unchanged: nothing.
+                            let spec_changed = before.is_none_or(|b| {
+                                b.metadata.generation != ac.metadata.generation || b.spec != ac.spec
+                            });
+                            let condition_off = checks::summary(&registry, &ac.name_any())
+                                .is_none_or(|state| {
+                                    checks::desired_active_condition(
+                                        &ac,
+                                        &state,
+                                        k8s_openapi::jiff::Timestamp::now(),
+                                    )
+                                    .is_some()
+                                });
+                            match (touched.is_empty(), spec_changed, condition_off) {
+                                (false, true, _) => (vec![ac], SyncCause::Changed, Vec::new()),
+                                (false, false, true) => (vec![ac], SyncCause::Rewrite, Vec::new()),
+                                _ => (Vec::new(), SyncCause::Rewrite, Vec::new()),
+                            }
                         }
                         watcher::Event::InitDone => {
                             synced.notify_one();
                             // Those a re-list no longer has were deleted while the watch was down.
-                            (Vec::new(), touched)
+                            (Vec::new(), SyncCause::Changed, touched)
                         }
                         // Deleted, not (or no longer) ours, or a list beginning.
-                        _ => (Vec::new(), touched),
+                        _ => (Vec::new(), SyncCause::Changed, touched),
                     }
                 }
             },
@@ -503,7 +525,8 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 if !*leading.borrow_and_update() {
                     continue;
                 }
-                (ours.values().cloned().collect(), Vec::new())
+                // To write every condition; taking the lead reconciles every Workload anyway.
+                (ours.values().cloned().collect(), SyncCause::Rewrite, Vec::new())
             },
             Some(name) = parameters.next() => (
                 ours
@@ -511,6 +534,7 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                     .filter(|ac| ac.spec.parameters.as_ref().is_some_and(|r| r.name == name))
                     .cloned()
                     .collect(),
+                SyncCause::Changed,
                 Vec::new(),
             ),
             () = sleep_until_or_never(next_retry) => {
@@ -520,10 +544,10 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 retries.retain(|name, _| ours.contains_key(name));
                 let due: Vec<AdmissionCheck> = retries
                     .iter()
-                    .filter(|(_, (at, _))| *at <= now)
+                    .filter(|(_, r)| r.at <= now)
                     .filter_map(|(name, _)| ours.get(name).cloned())
                     .collect();
-                (due, Vec::new())
+                (due, SyncCause::Rewrite, Vec::new())
             },
         };
         let mut changed = false;
@@ -539,7 +563,8 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
         let write = *leading.borrow();
         for ac in &to_sync {
             let name = ac.name_any();
-            match sync_check(
+            let before = checks::summary(&registry, &name);
+            let result = sync_check(
                 &client,
                 controller.as_ref(),
                 &registry,
@@ -548,20 +573,36 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 &metrics,
                 write,
             )
-            .await
-            {
+            .await;
+            let after = checks::summary(&registry, &name);
+            let earlier = retries.get(&name).copied();
+            // A change of the check or its parameters not taken in yet (this one, or one whose
+            // sync failed before).
+            let pending_change =
+                why == SyncCause::Changed || earlier.is_some_and(|r| r.pending_change);
+            match result {
                 Ok(()) => {
                     retries.remove(&name);
+                    // New parameters leave an active check active: only a change that was seen
+                    // can have brought them.
+                    changed |= before != after || (pending_change && after == Some(Ok(())));
                 }
                 Err(e) => {
-                    let failures = retries.get(&name).map_or(0, |(_, n)| *n).saturating_add(1);
+                    changed |= before != after;
+                    metrics.check_sync_error(&name);
+                    let failures = earlier.map_or(0, |r| r.failures).saturating_add(1);
                     let delay = check_retry_backoff().delay(failures, rand::random::<f64>());
                     warn!(check = %name, error = %e, failures, retry_in = ?delay, "syncing the admission check");
-                    retries.insert(name, (tokio::time::Instant::now() + delay, failures));
+                    let retry = Retry {
+                        at: tokio::time::Instant::now() + delay,
+                        failures,
+                        pending_change,
+                    };
+                    retries.insert(name, retry);
                 }
             }
         }
-        if changed || !to_sync.is_empty() {
+        if changed {
             // A check appeared, changed or went away: every Workload may now be decided
             // differently.
             let _ = trigger.try_send(());
@@ -569,7 +610,28 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     }
 }
 
-/// Backoff for syncing one AdmissionCheck again after a failure: 1 s, 2 s, 4 s ... up to 1 min.
+/// What made the AdmissionCheck loop sync checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SyncCause {
+    /// The check's spec or its parameters object changed (or appeared): Workloads may now be
+    /// decided differently.
+    Changed,
+    /// To write the condition again or try again: this replica took the lead, the condition
+    /// is not what it should be, an earlier sync failed.
+    Rewrite,
+}
+
+/// A check whose sync failed, to try again.
+#[derive(Clone, Copy, Debug)]
+struct Retry {
+    at: tokio::time::Instant,
+    failures: u32,
+    /// A change of the check or its parameters is among what failed.
+    pending_change: bool,
+}
+
+/// Backoff for syncing one AdmissionCheck again after a failure: 1 s, 2 s, 4 s ... up to 1 min
+/// (plus up to 20 % jitter).
 fn check_retry_backoff() -> crate::retry::RetryPolicy {
     crate::retry::RetryPolicy::exponential(
         Duration::from_secs(1),
@@ -633,22 +695,40 @@ async fn sync_check<C: AdmissionCheckController>(
             (Err(inactive), None)
         }
         Err(Err(e)) => match checks::unreadable::<C::Parameters>(ac, &e) {
-            // Our own RBAC: shown on the check, and tried again until it is fixed.
-            Some(inactive) => {
+            // Our own RBAC: shown on a check that is not active anyway, and tried again until it
+            // is fixed. An active check keeps its last parameters meanwhile (turning it inactive
+            // would stop its ClusterQueues for what may be a passing authorizer fault).
+            Some(inactive) if checks::summary(registry, &name) != Some(Ok(())) => {
                 warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
                 (Err(inactive), Some(e))
             }
-            None => return Err(e),
+            Some(_) | None => {
+                if checks::summary(registry, &name).is_none() {
+                    // Never resolved: not active, as far as the gauge can tell.
+                    metrics.check_active(&name, false);
+                }
+                return Err(e);
+            }
         },
     };
     let state = resolved.as_ref().map(|_| ()).map_err(Clone::clone);
     metrics.check_active(&name, state.is_ok());
     write_registry(registry).insert(name.clone(), resolved);
-    if write_condition
-        && let Some(condition) =
-            checks::desired_active_condition(ac, &state, k8s_openapi::jiff::Timestamp::now())
-    {
-        checks::apply_active_condition(client, field_manager, ac, condition).await?;
+    if write_condition {
+        // Compared with the check as it is now, not as cached: the watch may not have brought
+        // back a condition written a moment ago, and writing it again would move its
+        // lastTransitionTime.
+        let Some(current) = Api::<AdmissionCheck>::all(client.clone())
+            .get_opt(&name)
+            .await?
+        else {
+            return Ok(());
+        };
+        if let Some(condition) =
+            checks::desired_active_condition(&current, &state, k8s_openapi::jiff::Timestamp::now())
+        {
+            checks::apply_active_condition(client, field_manager, &current, condition).await?;
+        }
     }
     failure.map_or(Ok(()), Err)
 }

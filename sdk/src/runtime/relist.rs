@@ -1,22 +1,24 @@
-//! What a watch's re-list implies. A watch that restarts (a dropped connection, an expired
-//! resourceVersion) lists everything again: objects changed meanwhile arrive as `InitApply`,
-//! and objects deleted meanwhile get no `Delete` at all; they are only missing from the list.
+//! What a watch's re-list implies. A watch that must list again (its resourceVersion expired, a
+//! list failed) gets every object as `InitApply`, changed or not, and objects deleted meanwhile
+//! get no `Delete` at all: they are only missing from the new list.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
-/// Follows the names a watch has shown, to tell which ones a re-list no longer has.
+/// Follows the objects a watch has shown (name and resourceVersion), to tell which ones a
+/// re-list shows changed and which it no longer has.
 #[derive(Debug, Default)]
 pub(crate) struct NameTracker {
-    known: BTreeSet<String>,
+    known: BTreeMap<String, Option<String>>,
     /// Names seen since the current list began, while one is under way.
     listing: Option<BTreeSet<String>>,
 }
 
 impl NameTracker {
-    /// Feeds one event; returns the names whose objects changed or went away with it.
+    /// Feeds one event; returns the names whose objects changed or went away with it (an
+    /// object a re-list shows unchanged is not among them).
     pub fn observe<K: ResourceExt>(&mut self, event: &Event<K>) -> Vec<String> {
         match event {
             Event::Init => {
@@ -28,17 +30,28 @@ impl NameTracker {
                 self.listing
                     .get_or_insert_with(BTreeSet::new)
                     .insert(name.clone());
-                vec![name]
+                let version = o.resource_version();
+                match self.known.insert(name.clone(), version.clone()) {
+                    Some(before) if before.is_some() && before == version => Vec::new(),
+                    _ => vec![name],
+                }
             }
             Event::InitDone => {
                 let listed = self.listing.take().unwrap_or_default();
-                let gone = self.known.difference(&listed).cloned().collect();
-                self.known = listed;
+                let gone: Vec<String> = self
+                    .known
+                    .keys()
+                    .filter(|n| !listed.contains(*n))
+                    .cloned()
+                    .collect();
+                for name in &gone {
+                    self.known.remove(name);
+                }
                 gone
             }
             Event::Apply(o) => {
                 let name = o.name_any();
-                self.known.insert(name.clone());
+                self.known.insert(name.clone(), o.resource_version());
                 vec![name]
             }
             Event::Delete(o) => {
@@ -58,9 +71,14 @@ mod tests {
     use super::*;
 
     fn cm(name: &str) -> ConfigMap {
+        cm_at(name, "1")
+    }
+
+    fn cm_at(name: &str, version: &str) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
+                resource_version: Some(version.into()),
                 ..Default::default()
             },
             ..Default::default()
@@ -85,23 +103,27 @@ mod tests {
             ],
         );
         assert_eq!(first, ["a", "b", "c"], "the first list deletes nothing");
-        // The watch restarts: "b" was deleted and "a" changed while it was down.
+        // The watch lists again: "b" was deleted and "a" changed while it was down; "c" did not.
         let relist = feed(
             &mut t,
             vec![
                 Event::Init,
-                Event::InitApply(cm("a")),
+                Event::InitApply(cm_at("a", "2")),
                 Event::InitApply(cm("c")),
                 Event::InitDone,
             ],
         );
-        assert_eq!(relist, ["a", "c", "b"]);
-        // Nothing is reported gone twice.
+        assert_eq!(relist, ["a", "b"]);
+        // Nothing is reported gone twice; an unchanged object is not reported.
         let again = feed(
             &mut t,
-            vec![Event::Init, Event::InitApply(cm("a")), Event::InitDone],
+            vec![
+                Event::Init,
+                Event::InitApply(cm_at("a", "2")),
+                Event::InitDone,
+            ],
         );
-        assert_eq!(again, ["a", "c"]);
+        assert_eq!(again, ["c"]);
     }
 
     #[test]

@@ -638,17 +638,25 @@ pub async fn wait_metric(
     series: &str,
     expected: f64,
 ) -> Result<String> {
+    wait_metric_where(addr, series, &format!("{expected}"), |v| v == expected).await
+}
+
+/// [`wait_metric`] for a value that satisfies `cond` (described by `what`).
+pub async fn wait_metric_where(
+    addr: std::net::SocketAddr,
+    series: &str,
+    what: &str,
+    cond: impl Fn(f64) -> bool,
+) -> Result<String> {
     let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
     loop {
         let (_, metrics) = http_get(addr, "/metrics").await?;
         let value = metric_sample(&metrics, series);
-        if value == Some(expected) {
+        if value.is_some_and(&cond) {
             return Ok(metrics);
         }
         if tokio::time::Instant::now() >= deadline {
-            bail!(
-                "{series} is {value:?} after {DEFAULT_TIMEOUT:?}, expected {expected}:\n{metrics}"
-            );
+            bail!("{series} is {value:?} after {DEFAULT_TIMEOUT:?}, expected {what}:\n{metrics}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -74,8 +74,9 @@ const FIELD_MANAGER: &str = "e2e-chart-rbac";
 enum Step {
     /// Leases create, get, patch (the election); admissionchecks and workloads list (readiness).
     Leading,
-    /// admissionchecks watch (the check is created after the start), admissionchecks/status
-    /// patch, provisioningrequestconfigs get.
+    /// admissionchecks watch (the check is created after the start) and get (read afresh
+    /// before its condition is written), admissionchecks/status patch,
+    /// provisioningrequestconfigs get.
     CheckInactive,
     /// provisioningrequestconfigs list and watch (the config is created after the check).
     CheckActive,

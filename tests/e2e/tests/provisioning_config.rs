@@ -770,28 +770,54 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
         ) && c.message.contains("forbidden"),
         "the message should name the config and the missing grant: {c:?}"
     );
-    let metrics = e2e::http_get(controller.http.context("no metrics address")?, "/metrics")
-        .await?
-        .1;
-    assert_eq!(
-        e2e::metric_sample(
-            &metrics,
-            &format!("kueue_ac_check_active{{check=\"{check}\"}}")
-        ),
-        Some(0.0),
-        "{metrics}"
-    );
+    let http = controller.http.context("no metrics address")?;
+    let sync_errors = format!("kueue_ac_check_sync_errors_total{{check=\"{check}\"}}");
+    let active_gauge = format!("kueue_ac_check_active{{check=\"{check}\"}}");
 
     // It stays so (by then the controller's watch of configs has listed them: a change to the
-    // config would wake it, an RBAC fix does not).
+    // config would wake it, an RBAC fix does not), each failed try counted.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let still = wait_active(&env, &check, "False", "ParametersForbidden").await?;
     ensure!(still == c, "{still:?}");
+    let metrics = e2e::http_get(http, "/metrics").await?.1;
+    ensure!(
+        e2e::metric_sample(&metrics, &active_gauge) == Some(0.0)
+            && e2e::metric_sample(&metrics, &sync_errors).is_some_and(|n| n >= 2.0),
+        "inactive, and the first try and at least one retry counted:\n{metrics}"
+    );
 
     // The operator fixes the RBAC; nothing the controller watches changes.
     e2e::chart::apply(&env.client, &limited_role(&role, true), field_manager).await?;
     let c = wait_active(&env, &check, "True", "Active").await?;
     ensure!(c.message == "The admission check is active", "{c:?}");
+
+    // Once active, a 403 (the grant taken away again, then the config changed) does not stop
+    // the check: it keeps its last config, counts the failure and tries again.
+    e2e::chart::apply(&env.client, &limited_role(&role, false), field_manager).await?;
+    e2e::chart::wait_for_authorizer(
+        &env.client,
+        &env.ns,
+        "controller",
+        &[config_grant("list")],
+        &[config_grant("get")],
+    )
+    .await?;
+    let before = e2e::metric_sample(&e2e::http_get(http, "/metrics").await?.1, &sync_errors)
+        .unwrap_or_default();
+    Api::<ProvisioningRequestConfig>::all(env.client.clone())
+        .patch(
+            &config,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"retryStrategy": {"backoffLimitCount": 2}}})),
+        )
+        .await?;
+    let metrics = e2e::wait_metric_where(http, &sync_errors, "one more", |n| n > before).await?;
+    ensure!(
+        e2e::metric_sample(&metrics, &active_gauge) == Some(1.0),
+        "{metrics}"
+    );
+    let kept = wait_active(&env, &check, "True", "Active").await?;
+    ensure!(kept == c, "the condition is untouched: {kept:?}");
     controller.stop().await?;
     Ok(())
 }

@@ -18,12 +18,13 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use e2e::TestEnv;
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kueue_admission_sdk::api::{
-    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, Workload, find_condition,
-    workload_condition as cond,
+    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, ClusterQueue, LocalQueue, ResourceFlavor,
+    Workload, find_condition, workload_condition as cond,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -42,7 +43,7 @@ struct Cli {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_seconds: u64,
-    /// Leave the namespace and its Workloads in place.
+    /// Leave what the run created in place (by default it is deleted after a successful run).
     #[arg(long)]
     keep: bool,
     /// Flags for the always-ready binary, e.g. `-- --concurrency 16 --kube-api-qps 50`.
@@ -280,11 +281,34 @@ async fn bench(cli: &Cli) -> Result<()> {
     );
 
     if !cli.keep {
-        let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone());
-        namespaces
-            .delete(&env.ns, &DeleteParams::background())
-            .await?;
+        clean_up(&env, &cq, &check, &flavor).await?;
     }
+    Ok(())
+}
+
+/// Deletes what the run created, so that the next run starts on the same cluster state (Kueue
+/// removes its finalizers; with no namespace controller here, the namespace itself stays).
+async fn clean_up(env: &TestEnv, cq: &str, check: &str, flavor: &str) -> Result<()> {
+    let dp = DeleteParams::background();
+    env.workloads()
+        .delete_collection(&dp, &ListParams::default())
+        .await
+        .context("deleting the Workloads")?;
+    Api::<LocalQueue>::namespaced(env.client.clone(), &env.ns)
+        .delete("lq", &dp)
+        .await?;
+    Api::<ClusterQueue>::all(env.client.clone())
+        .delete(cq, &dp)
+        .await?;
+    Api::<AdmissionCheck>::all(env.client.clone())
+        .delete(check, &dp)
+        .await?;
+    Api::<ResourceFlavor>::all(env.client.clone())
+        .delete(flavor, &dp)
+        .await?;
+    Api::<Namespace>::all(env.client.clone())
+        .delete(&env.ns, &dp)
+        .await?;
     Ok(())
 }
 
@@ -294,7 +318,9 @@ async fn watch_stages(api: Api<Workload>, check: String, seen: Seen) {
         .default_backoff()
         .applied_objects();
     let mut events = std::pin::pin!(events);
-    while let Some(Ok(wl)) = events.next().await {
+    while let Some(event) = events.next().await {
+        // The watcher retries by itself (with backoff); a re-list may make a stage look later.
+        let Ok(wl) = event else { continue };
         let now = Instant::now();
         let mut seen = lock(&seen);
         let m = seen.entry(wl.name_any()).or_default();
