@@ -122,6 +122,14 @@ pub(crate) async fn resolve<C: AdmissionCheckController>(
     Ok(ActiveCheck { parameters, policy })
 }
 
+/// Whether the check carries `Active=True` for its current spec (written for this generation).
+pub(crate) fn active_for_current_spec(ac: &AdmissionCheck) -> bool {
+    ac.status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+        .is_some_and(|c| c.status == "True" && c.observed_generation == ac.metadata.generation)
+}
+
 /// What the registry holds for a check, without its parameters: absent, active, or why not.
 pub(crate) fn summary<P>(registry: &Registry<P>, check: &str) -> Option<Result<(), Inactive>> {
     let map = registry.read().unwrap_or_else(|p| p.into_inner());

@@ -564,7 +564,7 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
         for ac in &to_sync {
             let name = ac.name_any();
             let before = checks::summary(&registry, &name);
-            let result = sync_check(
+            let Synced { recorded, result } = sync_check(
                 &client,
                 controller.as_ref(),
                 &registry,
@@ -577,18 +577,18 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
             let after = checks::summary(&registry, &name);
             let earlier = retries.get(&name).copied();
             // A change of the check or its parameters not taken in yet (this one, or one whose
-            // sync failed before).
+            // sync failed before it was recorded).
             let pending_change =
                 why == SyncCause::Changed || earlier.is_some_and(|r| r.pending_change);
+            // New parameters leave an active check active: only a change that was seen can have
+            // brought them.
+            changed |= before != after || (recorded && pending_change && after == Some(Ok(())));
+            let pending_change = pending_change && !recorded;
             match result {
                 Ok(()) => {
                     retries.remove(&name);
-                    // New parameters leave an active check active: only a change that was seen
-                    // can have brought them.
-                    changed |= before != after || (pending_change && after == Some(Ok(())));
                 }
                 Err(e) => {
-                    changed |= before != after;
                     metrics.check_sync_error(&name);
                     let failures = earlier.map_or(0, |r| r.failures).saturating_add(1);
                     let delay = check_retry_backoff().delay(failures, rand::random::<f64>());
@@ -630,8 +630,8 @@ struct Retry {
     pending_change: bool,
 }
 
-/// Backoff for syncing one AdmissionCheck again after a failure: 1 s, 2 s, 4 s ... up to 1 min
-/// (plus up to 20 % jitter).
+/// Backoff for syncing one AdmissionCheck again after a failure: 1 s, 2 s, 4 s ... (each up to
+/// 20 % longer) and never over 1 min.
 fn check_retry_backoff() -> crate::retry::RetryPolicy {
     crate::retry::RetryPolicy::exponential(
         Duration::from_secs(1),
@@ -675,9 +675,17 @@ fn watch_parameters<P: CheckParameters>(
         .boxed()
 }
 
+/// What one sync of a check did.
+struct Synced {
+    /// Its state (active with new parameters, or inactive) was recorded in the registry.
+    recorded: bool,
+    /// Ok, or what is worth trying again: an API error reading the parameters (what was known
+    /// before stays), or writing the condition.
+    result: Result<(), Error>,
+}
+
 /// Resolves a check's parameters, records the result, and (on the leader) writes its `Active`
-/// condition. Fails only for what may pass if tried again: an API error reading the
-/// parameters (kept: what was known before stays), or writing the condition.
+/// condition.
 async fn sync_check<C: AdmissionCheckController>(
     client: &Client,
     controller: &C,
@@ -686,7 +694,7 @@ async fn sync_check<C: AdmissionCheckController>(
     ac: &AdmissionCheck,
     metrics: &metrics::Metrics,
     write_condition: bool,
-) -> Result<(), Error> {
+) -> Synced {
     let name = ac.name_any();
     let (resolved, failure) = match checks::resolve(client, controller, ac).await {
         Ok(active) => (Ok(Arc::new(active)), None),
@@ -695,42 +703,69 @@ async fn sync_check<C: AdmissionCheckController>(
             (Err(inactive), None)
         }
         Err(Err(e)) => match checks::unreadable::<C::Parameters>(ac, &e) {
-            // Our own RBAC: shown on a check that is not active anyway, and tried again until it
-            // is fixed. An active check keeps its last parameters meanwhile (turning it inactive
-            // would stop its ClusterQueues for what may be a passing authorizer fault).
-            Some(inactive) if checks::summary(registry, &name) != Some(Ok(())) => {
+            // Our own RBAC: shown on the check, and tried again until it is fixed; but a check
+            // that is Active for its current spec stays so (turning it inactive would stop its
+            // ClusterQueues for what may be a passing authorizer fault), with the parameters
+            // this process last read, if any.
+            Some(inactive) if !checks::active_for_current_spec(ac) => {
                 warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
                 (Err(inactive), Some(e))
             }
             Some(_) | None => {
                 if checks::summary(registry, &name).is_none() {
-                    // Never resolved: not active, as far as the gauge can tell.
+                    // Never resolved here: not served, whatever the condition says.
                     metrics.check_active(&name, false);
                 }
-                return Err(e);
+                return Synced {
+                    recorded: false,
+                    result: Err(e),
+                };
             }
         },
     };
     let state = resolved.as_ref().map(|_| ()).map_err(Clone::clone);
     metrics.check_active(&name, state.is_ok());
     write_registry(registry).insert(name.clone(), resolved);
-    if write_condition {
-        // Compared with the check as it is now, not as cached: the watch may not have brought
-        // back a condition written a moment ago, and writing it again would move its
-        // lastTransitionTime.
-        let Some(current) = Api::<AdmissionCheck>::all(client.clone())
-            .get_opt(&name)
-            .await?
-        else {
-            return Ok(());
-        };
-        if let Some(condition) =
-            checks::desired_active_condition(&current, &state, k8s_openapi::jiff::Timestamp::now())
-        {
-            checks::apply_active_condition(client, field_manager, &current, condition).await?;
-        }
+    let written = if write_condition {
+        write_active_condition(client, field_manager, ac, &state).await
+    } else {
+        Ok(())
+    };
+    Synced {
+        recorded: true,
+        result: written.and(failure.map_or(Ok(()), Err)),
     }
-    failure.map_or(Ok(()), Err)
+}
+
+/// Writes the `Active` condition for `state`, resolved from `ac`, unless it is already there.
+async fn write_active_condition(
+    client: &Client,
+    field_manager: &str,
+    ac: &AdmissionCheck,
+    state: &Result<(), checks::Inactive>,
+) -> Result<(), Error> {
+    // Compared with the check as it is now, not as cached: the watch may not have brought back
+    // a condition written a moment ago, and writing it again would move its lastTransitionTime.
+    let Some(current) = Api::<AdmissionCheck>::all(client.clone())
+        .get_opt(&ac.name_any())
+        .await?
+    else {
+        return Ok(());
+    };
+    // Changed since it was resolved (re-created, a new spec, another controllerName): the
+    // watch event for that change syncs it again.
+    if current.uid() != ac.uid()
+        || current.metadata.generation != ac.metadata.generation
+        || current.spec.controller_name != ac.spec.controller_name
+    {
+        return Ok(());
+    }
+    if let Some(condition) =
+        checks::desired_active_condition(&current, state, k8s_openapi::jiff::Timestamp::now())
+    {
+        checks::apply_active_condition(client, field_manager, &current, condition).await?;
+    }
+    Ok(())
 }
 
 fn write_registry<P>(

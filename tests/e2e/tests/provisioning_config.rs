@@ -818,6 +818,19 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
     );
     let kept = wait_active(&env, &check, "True", "Active").await?;
     ensure!(kept == c, "the condition is untouched: {kept:?}");
+
+    // A new spec is another matter: the check names another config, which it may not read
+    // either; it is not active for that spec, so it says so.
+    let other = env.provisioning_config("prc-other", json!({})).await?;
+    Api::<AdmissionCheck>::all(env.client.clone())
+        .patch(
+            &check,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"parameters": {"name": other}}})),
+        )
+        .await?;
+    let c = wait_active(&env, &check, "False", "ParametersForbidden").await?;
+    ensure!(c.message.contains(&format!("{other:?}")), "{c:?}");
     controller.stop().await?;
     Ok(())
 }
