@@ -183,6 +183,20 @@ pub struct Grant {
     pub verb: String,
 }
 
+impl Grant {
+    /// `verb` on `resource` of API group `group`, granted cluster-wide by a ClusterRole.
+    pub fn cluster(group: &str, resource: &str, verb: &str) -> Self {
+        Self {
+            role_kind: "ClusterRole".into(),
+            namespace: None,
+            group: group.into(),
+            resource: resource.into(),
+            name: None,
+            verb: verb.into(),
+        }
+    }
+}
+
 impl std::fmt::Display for Grant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let group = if self.group.is_empty() {

@@ -130,6 +130,49 @@ fn unique_suffix() -> String {
     format!("{:05x}", (nanos ^ (std::process::id() << 8) ^ n) & 0xfffff)
 }
 
+/// A suspended batch/v1 Job for [`TestEnv::create_job`]: one container requesting `cpu` per
+/// pod, submitted to `local_queue`. No pod ever runs (there is no kube-controller-manager).
+#[derive(Clone, Copy, Debug)]
+pub struct SuspendedJob<'a> {
+    /// The Job's name.
+    pub name: &'a str,
+    /// The LocalQueue (label `kueue.x-k8s.io/queue-name`).
+    pub local_queue: &'a str,
+    /// cpu request of each pod.
+    pub cpu: &'a str,
+    /// Pods (parallelism and completions); unset leaves both to the API's defaults.
+    pub parallelism: Option<i32>,
+    /// More labels on the Job.
+    pub labels: &'a [(&'a str, &'a str)],
+    /// Annotations on its pod template.
+    pub pod_annotations: &'a [(&'a str, &'a str)],
+}
+
+impl<'a> SuspendedJob<'a> {
+    /// One pod requesting `cpu`, nothing else set.
+    pub fn new(name: &'a str, local_queue: &'a str, cpu: &'a str) -> Self {
+        Self {
+            name,
+            local_queue,
+            cpu,
+            parallelism: None,
+            labels: &[],
+            pod_annotations: &[],
+        }
+    }
+}
+
+/// What [`TestEnv::guarded_queue`] created (cluster-scoped names); the LocalQueue is `lq`.
+#[derive(Debug)]
+pub struct GuardedQueue {
+    /// The ResourceFlavor.
+    pub flavor: String,
+    /// The AdmissionCheck.
+    pub check: String,
+    /// The ClusterQueue.
+    pub cluster_queue: String,
+}
+
 /// One test's slice of the cluster: its namespace and a prefix for cluster-scoped names.
 #[derive(Clone)]
 pub struct TestEnv {
@@ -181,6 +224,35 @@ impl TestEnv {
         let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
         create(Api::namespaced(self.client.clone(), &self.ns), &sa).await?;
         service_account_client(&self.ns, name).await
+    }
+
+    /// Grants ServiceAccount `service_account` of the test namespace exactly `rules`
+    /// (ClusterRole rules, cluster-wide) through a ClusterRole and ClusterRoleBinding named after
+    /// it; applying again replaces the rules. The authorizer may take a moment to follow: see
+    /// [`chart::wait_for_authorizer`].
+    pub async fn grant_cluster_rules(
+        &self,
+        service_account: &str,
+        rules: serde_json::Value,
+    ) -> Result<()> {
+        let name = self.cluster_name(service_account);
+        let role = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": rules,
+        });
+        let binding = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": self.ns}],
+        });
+        for object in [&role, &binding] {
+            chart::apply(&self.client, object, "e2e-rbac").await?;
+        }
+        Ok(())
     }
 
     /// Workloads of this test's namespace.
@@ -284,6 +356,32 @@ impl TestEnv {
         .await
     }
 
+    /// The usual setup of a test of one check: ResourceFlavor `default`, AdmissionCheck `check`
+    /// answered by `controller_name`, ClusterQueue `cq` with `cpu` quota guarded by it, and
+    /// LocalQueue `lq`.
+    pub async fn guarded_queue(
+        &self,
+        check: &str,
+        controller_name: &str,
+        cpu: &str,
+    ) -> Result<GuardedQueue> {
+        let flavor = self.resource_flavor("default").await?.name_any();
+        let check = self
+            .admission_check(check, controller_name)
+            .await?
+            .name_any();
+        let cluster_queue = self
+            .cluster_queue("cq", &flavor, cpu, &[&check])
+            .await?
+            .name_any();
+        self.local_queue("lq", &cluster_queue).await?;
+        Ok(GuardedQueue {
+            flavor,
+            check,
+            cluster_queue,
+        })
+    }
+
     /// Creates a LocalQueue in the test namespace feeding `cluster_queue`.
     pub async fn local_queue(&self, name: &str, cluster_queue: &str) -> Result<LocalQueue> {
         let mut lq = LocalQueue::new(
@@ -299,19 +397,43 @@ impl TestEnv {
     /// Creates a suspended batch/v1 Job of one pod requesting `cpu`, submitted to `local_queue`.
     /// No pod ever runs (there is no kube-controller-manager); Kueue still manages the Job.
     pub async fn suspended_job(&self, name: &str, local_queue: &str, cpu: &str) -> Result<Job> {
-        let job: Job = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": local_queue}},
-            "spec": {
-                "suspend": true,
-                "template": {"spec": {
+        self.create_job(&SuspendedJob::new(name, local_queue, cpu))
+            .await
+    }
+
+    /// Creates the Job `job` describes.
+    pub async fn create_job(&self, job: &SuspendedJob<'_>) -> Result<Job> {
+        let mut labels = serde_json::Map::new();
+        labels.insert("kueue.x-k8s.io/queue-name".into(), job.local_queue.into());
+        for (k, v) in job.labels {
+            labels.insert((*k).into(), (*v).into());
+        }
+        let annotations: serde_json::Map<String, serde_json::Value> = job
+            .pod_annotations
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
+        let mut spec = json!({
+            "suspend": true,
+            "template": {
+                "metadata": {"annotations": annotations},
+                "spec": {
                     "restartPolicy": "Never",
                     "containers": [{
                         "name": "main",
                         "image": "registry.invalid/no-pod-runs-here:1",
-                        "resources": {"requests": {"cpu": cpu}},
+                        "resources": {"requests": {"cpu": job.cpu}},
                     }],
-                }},
+                },
             },
+        });
+        if let Some(n) = job.parallelism {
+            spec["parallelism"] = n.into();
+            spec["completions"] = n.into();
+        }
+        let job: Job = serde_json::from_value(json!({
+            "metadata": {"name": job.name, "labels": labels},
+            "spec": spec,
         }))?;
         create(self.jobs(), &job).await
     }

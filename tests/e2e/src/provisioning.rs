@@ -222,30 +222,12 @@ impl TestEnv {
         parallelism: i32,
         annotations: &[(&str, &str)],
     ) -> Result<Job> {
-        let annotations: serde_json::Map<String, Value> = annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
-            .collect();
-        let job: Job = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": local_queue}},
-            "spec": {
-                "suspend": true,
-                "parallelism": parallelism,
-                "completions": parallelism,
-                "template": {
-                    "metadata": {"annotations": annotations},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{
-                            "name": "main",
-                            "image": "registry.invalid/no-pod-runs-here:1",
-                            "resources": {"requests": {"cpu": cpu}},
-                        }],
-                    },
-                },
-            },
-        }))?;
-        Ok(self.jobs().create(&PostParams::default(), &job).await?)
+        self.create_job(&crate::SuspendedJob {
+            parallelism: Some(parallelism),
+            pod_annotations: annotations,
+            ..crate::SuspendedJob::new(name, local_queue, cpu)
+        })
+        .await
     }
 
     /// Submits a Job whose requests the simulator answers with `script`; returns its Workload.

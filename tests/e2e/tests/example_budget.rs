@@ -12,8 +12,7 @@ use budget_check::ledger::BudgetLedger;
 use budget_check::money::Credits;
 use budget_check::window::{Period, Window};
 use budget_check::{Backend, BudgetCheck, ConfigMapBackend, Settings};
-use e2e::{DEFAULT_TIMEOUT, TestEnv};
-use k8s_openapi::api::batch::v1::Job;
+use e2e::{DEFAULT_TIMEOUT, SuspendedJob, TestEnv};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -36,16 +35,10 @@ struct Budgeted {
 async fn setup(test: &str) -> Result<Budgeted> {
     let env = TestEnv::new(test).await?;
     let controller_name = format!("e2e.kueue-admission-checks.dev/budget-{}", env.ns);
-    let flavor = env.resource_flavor("default").await?.name_any();
     let check = env
-        .admission_check("budget", &controller_name)
+        .guarded_queue("budget", &controller_name, "20")
         .await?
-        .name_any();
-    let cq = env
-        .cluster_queue("cq", &flavor, "20", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+        .check;
     let backend = ConfigMapBackend {
         namespace: env.ns.clone(),
         budgets: BUDGETS.into(),
@@ -120,25 +113,18 @@ impl Budgeted {
     /// Submits a suspended Job of one pod requesting `cpu` cores, limited to `max_seconds` if
     /// given (Kueue copies the label into `maximumExecutionTimeSeconds`); returns its Workload.
     async fn submit(&self, job: &str, cpu: &str, max_seconds: Option<u32>) -> Result<String> {
-        let mut labels = json!({"kueue.x-k8s.io/queue-name": "lq"});
-        if let Some(s) = max_seconds {
-            labels["kueue.x-k8s.io/max-exec-time-seconds"] = s.to_string().into();
-        }
-        let job: Job = serde_json::from_value(json!({
-            "metadata": {"name": job, "labels": labels},
-            "spec": {
-                "suspend": true,
-                "template": {"spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "main",
-                        "image": "registry.invalid/no-pod-runs-here:1",
-                        "resources": {"requests": {"cpu": cpu}},
-                    }],
-                }},
-            },
-        }))?;
-        let job = self.env.jobs().create(&PostParams::default(), &job).await?;
+        let max_seconds = max_seconds.map(|s| s.to_string());
+        let labels: Vec<(&str, &str)> = max_seconds
+            .iter()
+            .map(|s| ("kueue.x-k8s.io/max-exec-time-seconds", s.as_str()))
+            .collect();
+        let job = self
+            .env
+            .create_job(&SuspendedJob {
+                labels: &labels,
+                ..SuspendedJob::new(job, "lq", cpu)
+            })
+            .await?;
         Ok(self.env.workload_for_job(&job).await?.name_any())
     }
 

@@ -36,16 +36,10 @@ struct Licensed {
 async fn setup(test: &str) -> Result<Licensed> {
     let env = TestEnv::new(test).await?;
     let controller_name = format!("e2e.kueue-admission-checks.dev/license-{}", env.ns);
-    let flavor = env.resource_flavor("default").await?.name_any();
     let check = env
-        .admission_check("licenses", &controller_name)
+        .guarded_queue("licenses", &controller_name, "20")
         .await?
-        .name_any();
-    let cq = env
-        .cluster_queue("cq", &flavor, "20", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+        .check;
     let backend = ConfigMapBackend {
         namespace: env.ns.clone(),
         pool: POOL.into(),

@@ -2,29 +2,14 @@
 //! the check controller. These pin down what every later layer relies on.
 
 use anyhow::Result;
-use e2e::TestEnv;
+use e2e::{GuardedQueue, TestEnv};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 
 const TEST_CONTROLLER: &str = "e2e.kueue-admission-checks.dev/test-controller";
 
 /// A ResourceFlavor, an AdmissionCheck, a ClusterQueue using it and a LocalQueue.
-struct Queues {
-    check: String,
-    cluster_queue: String,
-}
-
-async fn queues(env: &TestEnv) -> Result<Queues> {
-    let flavor = env.resource_flavor("default").await?;
-    let check = env.admission_check("check", TEST_CONTROLLER).await?;
-    let check = check.metadata.name.clone().unwrap_or_default();
-    let flavor = flavor.metadata.name.clone().unwrap_or_default();
-    let cq = env.cluster_queue("cq", &flavor, "4", &[&check]).await?;
-    let cluster_queue = cq.metadata.name.clone().unwrap_or_default();
-    env.local_queue("lq", &cluster_queue).await?;
-    Ok(Queues {
-        check,
-        cluster_queue,
-    })
+async fn queues(env: &TestEnv) -> Result<GuardedQueue> {
+    env.guarded_queue("check", TEST_CONTROLLER, "4").await
 }
 
 fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {

@@ -224,32 +224,6 @@ async fn cluster_queue_with(
     Ok(cq.name_any())
 }
 
-/// A ProvisioningRequestConfig of this test's class with annotations on it.
-async fn annotated_config(
-    env: &TestEnv,
-    name: &str,
-    annotations: Value,
-    spec: Value,
-) -> Result<String> {
-    let mut full = json!({"provisioningClassName": env.provisioning_class()});
-    if let (Some(full), Some(spec)) = (full.as_object_mut(), spec.as_object()) {
-        for (k, v) in spec {
-            full.insert(k.clone(), v.clone());
-        }
-    }
-    let config: ProvisioningRequestConfig = serde_json::from_value(json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "ProvisioningRequestConfig",
-        "metadata": {"name": env.cluster_name(name), "annotations": annotations},
-        "spec": full,
-    }))?;
-    let created = Api::<ProvisioningRequestConfig>::all(env.client.clone())
-        .create(&PostParams::default(), &config)
-        .await
-        .with_context(|| format!("creating ProvisioningRequestConfig {name}"))?;
-    Ok(created.name_any())
-}
-
 /// Requests created by a controller so far (its `kueue_provisioning_requests_created_total`).
 async fn created_count(controller: &Running, check: &str) -> Result<f64> {
     let addr = controller
@@ -689,38 +663,26 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     Ok(())
 }
 
-/// A ClusterRole with what the controller needs to resolve its checks and watch, except `get`
-/// on ProvisioningRequestConfigs unless `may_get_configs`.
-fn limited_role(name: &str, may_get_configs: bool) -> Value {
+/// ClusterRole rules with what the controller needs to resolve its checks and watch, except
+/// `get` on ProvisioningRequestConfigs unless `may_get_configs`.
+fn limited_rules(may_get_configs: bool) -> Value {
     let config_verbs: &[&str] = if may_get_configs {
         &["get", "list", "watch"]
     } else {
         &["list", "watch"]
     };
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": name},
-        "rules": [
-            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks", "workloads", "resourceflavors"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks/status"], "verbs": ["patch"]},
-            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["provisioningrequestconfigs"], "verbs": config_verbs},
-            {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["podtemplates"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        ],
-    })
+    json!([
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks", "workloads", "resourceflavors"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks/status"], "verbs": ["patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["provisioningrequestconfigs"], "verbs": config_verbs},
+        {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["podtemplates"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    ])
 }
 
 fn config_grant(verb: &str) -> e2e::chart::Grant {
-    e2e::chart::Grant {
-        role_kind: "ClusterRole".into(),
-        namespace: None,
-        group: "kueue.x-k8s.io".into(),
-        resource: "provisioningrequestconfigs".into(),
-        name: None,
-        verb: verb.into(),
-    }
+    e2e::chart::Grant::cluster("kueue.x-k8s.io", "provisioningrequestconfigs", verb)
 }
 
 /// A controller whose RBAC does not let it read its config says so on the check
@@ -730,17 +692,8 @@ fn config_grant(verb: &str) -> e2e::chart::Grant {
 #[tokio::test]
 async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowed() -> Result<()> {
     let env = TestEnv::new("prc-forbidden").await?;
-    let role = env.cluster_name("limited");
-    let field_manager = "e2e-prc-forbidden";
-    e2e::chart::apply(&env.client, &limited_role(&role, false), field_manager).await?;
-    let binding = json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": "controller", "namespace": env.ns}],
-    });
-    e2e::chart::apply(&env.client, &binding, field_manager).await?;
+    env.grant_cluster_rules("controller", limited_rules(false))
+        .await?;
     let client = env.service_account("controller").await?;
     e2e::chart::wait_for_authorizer(
         &env.client,
@@ -787,13 +740,15 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
     );
 
     // The operator fixes the RBAC; nothing the controller watches changes.
-    e2e::chart::apply(&env.client, &limited_role(&role, true), field_manager).await?;
+    env.grant_cluster_rules("controller", limited_rules(true))
+        .await?;
     let c = wait_active(&env, &check, "True", "Active").await?;
     ensure!(c.message == "The admission check is active", "{c:?}");
 
     // Once active, a 403 (the grant taken away again, then the config changed) does not stop
     // the check: it keeps its last config, counts the failure and tries again.
-    e2e::chart::apply(&env.client, &limited_role(&role, false), field_manager).await?;
+    env.grant_cluster_rules("controller", limited_rules(false))
+        .await?;
     e2e::chart::wait_for_authorizer(
         &env.client,
         &env.ns,
@@ -878,24 +833,16 @@ async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
 async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> {
     let env = TestEnv::new("prc-invalid").await?;
     // The CRD's own validation, which is why the cases below are what reaches the controller.
-    let empty_class = annotated_config(
-        &env,
-        "empty-class",
-        json!({}),
-        json!({"provisioningClassName": ""}),
-    )
-    .await;
+    let empty_class = env
+        .provisioning_config("empty-class", json!({"provisioningClassName": ""}))
+        .await;
     ensure!(
         empty_class.is_err(),
         "the API server accepted an empty provisioningClassName"
     );
-    let bad_policy = annotated_config(
-        &env,
-        "bad-policy",
-        json!({}),
-        json!({"podSetMergePolicy": "Sometimes"}),
-    )
-    .await;
+    let bad_policy = env
+        .provisioning_config("bad-policy", json!({"podSetMergePolicy": "Sometimes"}))
+        .await;
     ensure!(
         bad_policy.is_err(),
         "the API server accepted an unknown podSetMergePolicy"
@@ -903,20 +850,22 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
 
     let controller_name = env.provisioning_controller_name();
     let flavor = env.provisioning_flavor("pool").await?;
-    let soon = annotated_config(
-        &env,
-        "prc-soon",
-        json!({kueue_provisioning_controller::config::TIMEOUT_ANNOTATION: "soon"}),
-        json!({}),
-    )
-    .await?;
-    let negative = annotated_config(
-        &env,
-        "prc-negative",
-        json!({}),
-        json!({"retryStrategy": {"backoffLimitCount": -1}}),
-    )
-    .await?;
+    let soon = env
+        .provisioning_config_with_annotations(
+            "prc-soon",
+            json!({}),
+            &[(
+                kueue_provisioning_controller::config::TIMEOUT_ANNOTATION,
+                "soon",
+            )],
+        )
+        .await?;
+    let negative = env
+        .provisioning_config(
+            "prc-negative",
+            json!({"retryStrategy": {"backoffLimitCount": -1}}),
+        )
+        .await?;
     let mut cases = Vec::new();
     for (name, config) in [("soon", &soon), ("negative", &negative)] {
         let check = env

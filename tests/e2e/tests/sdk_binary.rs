@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use e2e::TestEnv;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::ResourceExt;
 use kube::api::Api;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_always-ready");
@@ -16,13 +15,7 @@ const BINARY: &str = env!("CARGO_BIN_EXE_always-ready");
 async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
     let env = TestEnv::new("sdk-binary").await?;
     let controller = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
-    let flavor = env.resource_flavor("default").await?.name_any();
-    let check = env.admission_check("check", &controller).await?.name_any();
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    env.guarded_queue("check", &controller, "4").await?;
 
     let http = e2e::free_local_address()?;
     let log = std::env::temp_dir().join(format!("{}.log", env.ns));

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use e2e::TestEnv;
+use e2e::chart::Grant;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -664,41 +665,22 @@ async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
 async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
     let env = TestEnv::new("sdk-unsynced").await?;
     let s = setup(&env, false).await?;
-    let role = env.cluster_name("no-workloads");
-    let role_object = json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": role},
-        "rules": [
+    env.grant_cluster_rules(
+        "probe",
+        json!([
             {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks/status"], "verbs": ["patch"]},
-        ],
-    });
-    let binding = json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": "probe", "namespace": env.ns}],
-    });
-    for object in [&role_object, &binding] {
-        e2e::chart::apply(&env.client, object, "e2e-sdk-unsynced").await?;
-    }
+        ]),
+    )
+    .await?;
     let client = env.service_account("probe").await?;
-    let grant = |resource: &str, verb: &str| e2e::chart::Grant {
-        role_kind: "ClusterRole".into(),
-        namespace: None,
-        group: "kueue.x-k8s.io".into(),
-        resource: resource.into(),
-        name: None,
-        verb: verb.into(),
-    };
+    let kueue = |resource: &str, verb: &str| Grant::cluster("kueue.x-k8s.io", resource, verb);
     e2e::chart::wait_for_authorizer(
         &env.client,
         &env.ns,
         "probe",
-        &[grant("admissionchecks", "list")],
-        &[grant("workloads", "list")],
+        &[kueue("admissionchecks", "list")],
+        &[kueue("workloads", "list")],
     )
     .await?;
 

@@ -85,16 +85,10 @@ async fn serve(
     policy: RetryPolicy,
 ) -> Result<Served> {
     let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
-    let flavor = env.resource_flavor("default").await?.name_any();
     let check = env
-        .admission_check("check", &controller_name)
+        .guarded_queue("check", &controller_name, "4")
         .await?
-        .name_any();
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+        .check;
     let scripts = scripts
         .iter()
         .map(|(job, s)| (job.to_string(), s.clone()))
@@ -444,16 +438,10 @@ impl AdmissionCheckController for FlakyCheck {
 async fn a_failing_check_is_retried_with_growing_delays_until_it_answers() -> Result<()> {
     let env = TestEnv::new("sdk-flaky").await?;
     let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
-    let flavor = env.resource_flavor("default").await?.name_any();
     let check = env
-        .admission_check("check", &controller_name)
+        .guarded_queue("check", &controller_name, "4")
         .await?
-        .name_any();
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+        .check;
     let calls = Arc::new(Mutex::new(Vec::new()));
     let flaky = FlakyCheck {
         controller_name,

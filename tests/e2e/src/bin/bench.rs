@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
-use e2e::TestEnv;
+use e2e::{GuardedQueue, TestEnv};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
@@ -108,15 +108,10 @@ async fn bench(cli: &Cli) -> Result<()> {
     let n = cli.workloads as usize;
     let env = TestEnv::new("bench").await?;
     let controller = format!("bench.kueue-admission-checks.dev/{}", env.ns);
-    let flavor = env.resource_flavor("default").await?.name_any();
-    let check = env.admission_check("check", &controller).await?.name_any();
     // Room for every Workload (100m each) at once: quota is never what they wait for.
     let quota = format!("{}", n / 10 + 1);
-    let cq = env
-        .cluster_queue("cq", &flavor, &quota, &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    let queue = env.guarded_queue("check", &controller, &quota).await?;
+    let check = queue.check.clone();
 
     let http = e2e::free_local_address()?;
     let log = std::env::temp_dir().join(format!("{}.log", env.ns));
@@ -281,14 +276,14 @@ async fn bench(cli: &Cli) -> Result<()> {
     );
 
     if !cli.keep {
-        clean_up(&env, &cq, &check, &flavor).await?;
+        clean_up(&env, &queue).await?;
     }
     Ok(())
 }
 
 /// Deletes what the run created, so that the next run starts on the same cluster state (Kueue
 /// removes its finalizers; with no namespace controller here, the namespace itself stays).
-async fn clean_up(env: &TestEnv, cq: &str, check: &str, flavor: &str) -> Result<()> {
+async fn clean_up(env: &TestEnv, queue: &GuardedQueue) -> Result<()> {
     let dp = DeleteParams::background();
     env.workloads()
         .delete_collection(&dp, &ListParams::default())
@@ -298,13 +293,13 @@ async fn clean_up(env: &TestEnv, cq: &str, check: &str, flavor: &str) -> Result<
         .delete("lq", &dp)
         .await?;
     Api::<ClusterQueue>::all(env.client.clone())
-        .delete(cq, &dp)
+        .delete(&queue.cluster_queue, &dp)
         .await?;
     Api::<AdmissionCheck>::all(env.client.clone())
-        .delete(check, &dp)
+        .delete(&queue.check, &dp)
         .await?;
     Api::<ResourceFlavor>::all(env.client.clone())
-        .delete(flavor, &dp)
+        .delete(&queue.flavor, &dp)
         .await?;
     Api::<Namespace>::all(env.client.clone())
         .delete(&env.ns, &dp)
