@@ -26,7 +26,7 @@ use kueue_admission_sdk::LeaderContext;
 use kueue_admission_sdk::api::{
     ProvisioningRequest, Workload, find_condition, provisioning_condition as pr,
 };
-use kueue_admission_sdk::check::attempt_of;
+use kueue_admission_sdk::attempts;
 use kueue_admission_sdk::decide::{Eligibility, eligibility};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
@@ -78,7 +78,7 @@ pub fn orphan_reason(request: &ProvisioningRequest, workload: Option<&Workload>)
             reason.as_str()
         )),
         _ => {
-            let current = wl.admission_check(check).map(attempt_of).unwrap_or(1);
+            let current = attempts::attempt(wl, check);
             match names::attempt_of(&request.name_any()) {
                 Some(a) if a < current => {
                     Some(format!("attempt {a} was superseded by attempt {current}"))

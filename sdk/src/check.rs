@@ -50,6 +50,24 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         false
     }
 
+    /// Whether an error of [`decide`](Self::decide) can get better by trying again. The
+    /// default looks for an API server refusal in the error's source chain
+    /// ([`ErrorClass::of`]): a request the server found invalid (400, 422 and the like) is
+    /// permanent, everything else transient. Override it to say more: a permanent failure's
+    /// message is written on the Workload's entry for the user, so name what was refused and
+    /// how to fix it.
+    ///
+    /// A transient error is retried with backoff (1 s doubling to 5 min) and never written on the
+    /// Workload. A permanent one is written on the entry at once (`Pending`, with the message);
+    /// the Workload keeps its quota for
+    /// [`RuntimeConfig::permanent_failure_hold`](crate::RuntimeConfig::permanent_failure_hold)
+    /// while the user may fix it (any change of the Workload asks the check again), then the
+    /// runtime answers `Retry` (quota given back; the next attempt asks again), and past the
+    /// retry limit `Rejected`.
+    fn classify_error(&self, error: &Self::Error) -> ErrorClass {
+        ErrorClass::of(error)
+    }
+
     /// Registers the check's own metrics beside the runtime's, on the same `/metrics`
     /// endpoint. Use a prefix of the check's own.
     fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
@@ -149,9 +167,11 @@ impl<P> CheckContext<'_, P> {
         &self.entry.name
     }
 
-    /// The attempt being decided: 1 for the first, then Kueue's `retryCount + 1`.
+    /// The attempt being decided: 1 for the first, then one more after each `Retry` of this
+    /// check. Counted by the check itself on the Workload (see [`crate::attempts`]), so it
+    /// never goes back, whatever other checks' evictions do to Kueue's `retryCount`.
     pub fn attempt(&self) -> u32 {
-        attempt_of(self.entry)
+        crate::attempts::attempt(self.workload, &self.entry.name)
     }
 
     /// The ResourceFlavor assigned to each resource of each podset: podset → resource → flavor.
@@ -172,11 +192,53 @@ impl<P> CheckContext<'_, P> {
     }
 }
 
-/// The attempt an entry stands for: Kueue's `retryCount + 1`.
-pub fn attempt_of(entry: &AdmissionCheckState) -> u32 {
-    u32::try_from(entry.retry_count.unwrap_or(0))
-        .unwrap_or(0)
-        .saturating_add(1)
+/// How a failure is handled: tried again, or shown to the user. See
+/// [`AdmissionCheckController::classify_error`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// May succeed if tried again (an outage, a conflict, a timeout, a rate limit).
+    Transient,
+    /// Will not get better by retrying; `message` tells the user what was refused and the fix.
+    Permanent {
+        /// Written on the Workload's entry and in an Event: no secrets, plain words.
+        message: String,
+    },
+}
+
+impl ErrorClass {
+    /// A permanent failure with this message.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        ErrorClass::Permanent {
+            message: message.into(),
+        }
+    }
+
+    /// Classifies an error by the first Kubernetes API answer in its source chain: the API
+    /// server refusing a request as malformed or invalid (400, 405, 413, 415, 422) is permanent,
+    /// with the server's message; everything else (and an error without an API answer) is
+    /// transient. Forbidden (403) stays transient: the operator fixes RBAC, not the user, and
+    /// the Workload must not be rejected for it.
+    pub fn of(error: &(dyn std::error::Error + 'static)) -> Self {
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(e) = next {
+            if let Some(kube::Error::Api(status)) = e.downcast_ref::<kube::Error>() {
+                return Self::of_status(status.code, &status.reason, &status.message);
+            }
+            next = e.source();
+        }
+        ErrorClass::Transient
+    }
+
+    /// Classifies an API server answer by its HTTP code; see [`ErrorClass::of`].
+    pub fn of_status(code: u16, reason: &str, message: &str) -> Self {
+        match code {
+            400 | 405 | 413 | 415 | 422 => ErrorClass::permanent(format!(
+                "the API server refused a request as {} ({code}): {message}",
+                if reason.is_empty() { "invalid" } else { reason }
+            )),
+            _ => ErrorClass::Transient,
+        }
+    }
 }
 
 /// Why a Workload no longer needs what a check gave it.

@@ -19,7 +19,8 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::api::{AdmissionCheckState, CheckState, Workload, workload_condition as cond};
-use crate::check::{Decision, ReleaseReason, RetryDelay, attempt_of};
+use crate::attempts::{self, AttemptRecord};
+use crate::check::{Decision, ReleaseReason, RetryDelay};
 use crate::retry::{RetryPolicy, requeue_after_seconds};
 
 /// Kueue's limit on `status.admissionChecks[].message` (characters).
@@ -81,8 +82,14 @@ pub struct PlanInput<'a> {
     pub check: &'a str,
     /// The check's answer.
     pub decision: Decision,
+    /// The attempt decided: [`attempts::attempt`] of the Workload, or the attempt a carried
+    /// [`LateRetry`] was decided for.
+    pub attempt: u32,
     /// The check's retry policy.
     pub policy: &'a RetryPolicy,
+    /// The longest retry delay written; longer ones (from the policy or an explicit
+    /// [`RetryDelay::After`]) are cut to it. At most [`crate::retry::MAX_DELAY`].
+    pub max_retry_delay: Duration,
     /// Whether the check revalidates `Ready` entries.
     pub revalidate_ready: bool,
     /// The time of the decision: `lastTransitionTime` of a new state, start of a retry delay.
@@ -111,8 +118,13 @@ pub struct Write {
     /// The complete entry: name, state, message, lastTransitionTime, and the optional fields
     /// this check owns. Never `retryCount`, which belongs to Kueue.
     pub entry: AdmissionCheckState,
-    /// The attempt decided (Kueue's `retryCount + 1`).
+    /// The attempt decided (see [`crate::attempts`]).
     pub attempt: u32,
+    /// The attempt record to write on the Workload first (with the same `resourceVersion`
+    /// precondition): a `Retry` is counted before it can land.
+    pub record: Option<AttemptRecord>,
+    /// For a `Retry` whose delay was cut to the ceiling: the delay asked for.
+    pub clamped_from: Option<Duration>,
     /// The state changed (the moment for an event).
     pub state_changed: bool,
     /// For a `Retry`: the delay asked for.
@@ -138,11 +150,14 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         workload: wl,
         check,
         decision,
+        attempt,
         policy,
+        max_retry_delay,
         revalidate_ready,
         now,
         jitter_sample,
     } = input;
+    let ceiling = max_retry_delay.min(crate::retry::MAX_DELAY);
     let revalidating = match eligibility(wl, check, revalidate_ready) {
         Eligibility::Decide { revalidating } => revalidating,
         other => return Plan::Refused(Refusal::NotEligible(other)),
@@ -155,8 +170,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     if let Err(why) = validate_decision(wl, &decision, revalidating) {
         return Plan::Refused(Refusal::InvalidDecision(why));
     }
-    let attempt = attempt_of(current);
-
+    let mut clamped_from = None;
     let mut gave_up = false;
     let mut retry_delay = None;
     let mut recheck_after = None;
@@ -180,17 +194,20 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             (CheckState::Rejected, message, vec![], None)
         }
         Decision::Retry { message, delay } => {
-            let delay = match delay {
+            let mut delay = match delay {
                 RetryDelay::Policy => policy.delay(attempt, jitter_sample),
-                RetryDelay::After(d) => d.min(crate::retry::MAX_DELAY),
+                RetryDelay::After(d) => d,
             };
+            if delay > ceiling {
+                clamped_from = Some(delay);
+                delay = ceiling;
+            }
             retry_delay = Some(delay);
             // Kueue stores lastTransitionTime at whole seconds and retries at that time plus
             // requeueAfterSeconds; counting the dropped fraction keeps the delay from shrinking.
             let dropped = Duration::from_nanos(u64::try_from(now.subsec_nanosecond()).unwrap_or(0));
-            let secs =
-                requeue_after_seconds(delay.saturating_add(dropped).min(crate::retry::MAX_DELAY))
-                    .filter(|_| !delay.is_zero());
+            let secs = requeue_after_seconds(delay.saturating_add(dropped).min(ceiling))
+                .filter(|_| !delay.is_zero());
             let of = policy
                 .retry_limit
                 .map(|l| format!(" of {}", l.saturating_add(1)))
@@ -199,7 +216,15 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
                 Some(s) => format!("next attempt not before {}", at_seconds(now, s)),
                 None => "next attempt as soon as Kueue requeues the workload".to_string(),
             };
-            let message = format!("{message} (attempt {attempt}{of}; {when})");
+            let capped = match clamped_from {
+                Some(asked) => format!(
+                    "; the delay asked for, {}, is capped at {}",
+                    crate::retry::human(asked),
+                    crate::retry::human(ceiling)
+                ),
+                None => String::new(),
+            };
+            let message = format!("{message} (attempt {attempt}{of}; {when}{capped})");
             // 0 rather than absent: an earlier delay must not linger on the entry.
             (CheckState::Retry, message, vec![], Some(secs.unwrap_or(0)))
         }
@@ -219,6 +244,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     } else {
         current.last_transition_time.clone().or(Some(Time(now)))
     };
+    let record = attempts::record_to_write(wl, check, attempt, state == CheckState::Retry);
     let entry = AdmissionCheckState {
         name: check.to_string(),
         state,
@@ -231,6 +257,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     Plan::Write(Write {
         entry,
         attempt,
+        record,
+        clamped_from,
         state_changed,
         retry_delay,
         gave_up,

@@ -6,6 +6,7 @@
 //! crate's layers are:
 //!
 //! - [`api`]: the Kueue v1beta2 types a check reads;
+//! - [`attempts`]: the check's own attempt count, kept on the Workload so it never goes back;
 //! - [`retry`]: retry delays (Kueue's formula, generalised) and the attempt limit;
 //! - [`check`]: the trait, the [`Decision`] it returns and the context it gets;
 //! - [`decide`]: the pure rules that turn a decision into a safe status write, or refuse it;
@@ -17,6 +18,7 @@
 //! and `docs/state-machine.md` shows the states the runtime moves an entry through.
 
 pub mod api;
+pub mod attempts;
 pub mod check;
 pub mod decide;
 pub mod error;
@@ -29,7 +31,7 @@ pub mod testing;
 pub use prometheus_client;
 
 pub use check::{
-    AdmissionCheckController, CheckContext, CheckParameters, Decision, NoParameters,
+    AdmissionCheckController, CheckContext, CheckParameters, Decision, ErrorClass, NoParameters,
     ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
 };
 pub use error::Error;

@@ -89,6 +89,19 @@ pub struct Options {
           value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
 
+    /// Longest retry delay written, in seconds; longer ones (an absurd backoff in a parameters
+    /// object, an explicit delay) are written as this, counted and shown on the check. Kueue
+    /// keeps a Workload's quota for the whole delay.
+    #[arg(long, env = "KUEUE_AC_MAX_RETRY_DELAY_SECONDS", default_value_t = 86_400,
+          value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64))]
+    pub max_retry_delay_seconds: u64,
+
+    /// Seconds a Workload keeps its quota after its check failed in a way retrying cannot fix
+    /// (the reason is on its entry) before the check answers Retry and gives the quota back.
+    #[arg(long, env = "KUEUE_AC_PERMANENT_FAILURE_HOLD_SECONDS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub permanent_failure_hold_seconds: u64,
+
     /// Sustained requests per second to the API server (client-side rate limit).
     #[arg(long, env = "KUEUE_AC_KUBE_API_QPS", default_value_t = 20.0, value_parser = positive_f64)]
     pub kube_api_qps: f64,
@@ -211,6 +224,8 @@ impl Options {
             field_manager: self.field_manager.clone(),
             concurrency: self.concurrency,
             leader_election,
+            max_retry_delay: Duration::from_secs(self.max_retry_delay_seconds),
+            permanent_failure_hold: Duration::from_secs(self.permanent_failure_hold_seconds),
         }
     }
 
@@ -284,6 +299,8 @@ mod tests {
         let election = config.leader_election.expect("on by default");
         assert_eq!(election.lease_name, "example.com-budget");
         assert_eq!(config.concurrency, 8);
+        assert_eq!(config.max_retry_delay, Duration::from_secs(86_400));
+        assert_eq!(config.permanent_failure_hold, Duration::from_secs(120));
         assert_eq!(
             config.metrics_address,
             Some(SocketAddr::from(([0, 0, 0, 0], 8080)))
@@ -310,6 +327,10 @@ mod tests {
             "--kube-api-burst=0",
             "--lease-duration-seconds=1",
             "--metrics-address=nowhere",
+            "--max-retry-delay-seconds=0",
+            "--max-retry-delay-seconds=2147483648",
+            "--permanent-failure-hold-seconds=86401",
+            "--permanent-failure-hold-seconds=-1",
         ] {
             let err = Cli::try_parse_from(["check", bad]).expect_err(bad);
             assert!(!err.to_string().is_empty());

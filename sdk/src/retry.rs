@@ -15,6 +15,51 @@ use std::time::Duration;
 /// The longest delay Kueue can carry: `requeueAfterSeconds` is an `int32` of seconds (~68 years).
 pub const MAX_DELAY: Duration = Duration::from_secs(i32::MAX as u64);
 
+/// The default ceiling of any retry delay the runtime writes (see
+/// [`crate::RuntimeConfig::max_retry_delay`]): a day. Kueue keeps a Workload's quota for the
+/// whole delay of a `Retry`, so a delay of years (an absurd configuration) would hold it for
+/// years.
+pub const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(24 * 3600);
+
+/// A duration in the largest whole unit that fits, for messages: `90s`, `2m30s`, `24h`, `68y`.
+pub fn human(d: Duration) -> String {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let (h, m, s) = (secs / 3600, secs % 3600 / 60, secs % 60);
+    let with = |big: u64, unit: &str, small: u64, small_unit: &str| {
+        if small == 0 {
+            format!("{big}{unit}")
+        } else {
+            format!("{big}{unit}{small}{small_unit}")
+        }
+    };
+    match secs {
+        s if s >= 365 * 86_400 => format!("{}y", s / (365 * 86_400)),
+        s if s >= 2 * 86_400 => format!("{}d", s / 86_400),
+        s if s >= 3600 => with(h, "h", m, "m"),
+        s if s >= 60 => with(secs / 60, "m", s % 60, "s"),
+        _ => format!("{s}s"),
+    }
+}
+
+/// A policy in a few words, for messages: `exponential from 60s, doubling, at most 30m, 3
+/// retries`.
+pub fn describe(policy: &RetryPolicy) -> String {
+    let backoff = match &policy.backoff {
+        Backoff::Immediate => "no delay".to_string(),
+        Backoff::Fixed(d) => format!("{} between attempts", human(*d)),
+        Backoff::Exponential(e) => format!(
+            "exponential from {}, factor {}, at most {}",
+            human(e.base),
+            e.factor,
+            human(e.max)
+        ),
+    };
+    match policy.retry_limit {
+        Some(limit) => format!("{backoff}, {limit} retries"),
+        None => format!("{backoff}, no retry limit"),
+    }
+}
+
 /// When and how often a check may answer `Retry`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
@@ -173,6 +218,13 @@ impl RetryPolicy {
         }
     }
 
+    /// The longest delay this policy can produce before its retry limit (with the largest
+    /// jitter): what a ceiling must be compared with.
+    pub fn longest_delay(&self) -> Duration {
+        let last = self.retry_limit.unwrap_or(u32::MAX).max(1);
+        self.delay(last, 1.0 - f64::EPSILON)
+    }
+
     /// Whether a `Retry` on this attempt (1-based) is beyond the limit and must become `Rejected`.
     pub fn exhausted(&self, attempt: u32) -> bool {
         self.retry_limit.is_some_and(|limit| attempt > limit)
@@ -306,6 +358,28 @@ mod tests {
             let err = policy.validate().expect_err("must be refused").to_string();
             assert!(err.contains(needle), "{policy:?}: {err}");
         }
+    }
+
+    #[test]
+    fn longest_delay_stops_at_the_retry_limit() {
+        assert_eq!(RetryPolicy::default().longest_delay().as_secs(), 240);
+        assert_eq!(
+            RetryPolicy::exponential(S(60), 2.0, S(1800), 0.0).longest_delay(),
+            S(1800),
+            "without a limit the cap is reached"
+        );
+        assert_eq!(RetryPolicy::immediate().longest_delay(), Duration::ZERO);
+        assert_eq!(RetryPolicy::fixed(S(9)).longest_delay(), S(9));
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human(Duration::ZERO), "0s");
+        assert_eq!(human(S(90)), "1m30s");
+        assert_eq!(human(S(24 * 3600)), "24h");
+        assert_eq!(human(S(3 * 86_400 + 5)), "3d");
+        assert_eq!(human(MAX_DELAY), "68y");
+        assert_eq!(human(Duration::from_millis(1500)), "2s");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use kueue_admission_sdk::decide::{
 };
 use kueue_admission_sdk::testing::WorkloadBuilder;
 use kueue_admission_sdk::{Decision, ReleaseReason, RetryDelay, RetryPolicy};
+use kueue_admission_sdk::{attempts, retry};
 
 const CHECK: &str = "budget";
 
@@ -32,7 +33,9 @@ fn plan_for(wl: &Workload, decision: Decision, policy: &RetryPolicy) -> Plan {
         workload: wl,
         check: CHECK,
         decision,
+        attempt: attempts::attempt(wl, CHECK),
         policy,
+        max_retry_delay: retry::MAX_DELAY,
         revalidate_ready: false,
         now: now(),
         jitter_sample: 0.0,
@@ -317,7 +320,9 @@ fn revalidation_may_keep_retry_or_reject_but_not_unready() {
             workload: &wl,
             check: CHECK,
             decision,
+            attempt: attempts::attempt(&wl, CHECK),
             policy: &policy,
+            max_retry_delay: retry::MAX_DELAY,
             revalidate_ready: true,
             now: now(),
             jitter_sample: 0.0,
@@ -387,7 +392,9 @@ fn retry_delay_survives_whole_second_timestamps() {
         workload: &wl,
         check: CHECK,
         decision: Decision::retry("later"),
+        attempt: attempts::attempt(&wl, CHECK),
         policy: &policy,
+        max_retry_delay: retry::MAX_DELAY,
         revalidate_ready: false,
         now: at,
         jitter_sample: 0.0,

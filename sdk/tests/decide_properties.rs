@@ -11,6 +11,7 @@ use kueue_admission_sdk::api::{CheckState, workload_condition as cond};
 use kueue_admission_sdk::decide::{Plan, PlanInput, plan};
 use kueue_admission_sdk::testing::WorkloadBuilder;
 use kueue_admission_sdk::{Decision, RetryPolicy};
+use kueue_admission_sdk::{attempts, retry};
 use proptest::prelude::*;
 
 fn any_state() -> impl Strategy<Value = CheckState> {
@@ -88,7 +89,8 @@ proptest! {
 
         let policy = RetryPolicy::default();
         let result = plan(PlanInput {
-            workload: &wl, check: "c", decision, policy: &policy,
+            workload: &wl, check: "c", decision, attempt: attempts::attempt(&wl, "c"),
+            policy: &policy, max_retry_delay: retry::MAX_DELAY,
             revalidate_ready: s.revalidate, now, jitter_sample: u,
         });
         if let Plan::Write(w) = result {

@@ -28,6 +28,26 @@ pub(crate) mod reason {
 pub(crate) struct ActiveCheck<P> {
     pub parameters: P,
     pub policy: RetryPolicy,
+    /// The `Active=True` message: that it is active, and what the runtime changes about its
+    /// configuration (a retry delay cut to the ceiling).
+    pub message: String,
+}
+
+/// The message of `Active=True` for a check whose policy is `policy`, under `ceiling`.
+pub(crate) fn active_message(policy: &RetryPolicy, ceiling: std::time::Duration) -> String {
+    const ACTIVE: &str = "The admission check is active";
+    let longest = policy.longest_delay();
+    if longest <= ceiling {
+        return ACTIVE.to_string();
+    }
+    format!(
+        "{ACTIVE}; its retry policy ({}) would wait up to {} before an attempt, more than the \
+         ceiling of {} (--max-retry-delay-seconds): such delays are written as {}",
+        crate::retry::describe(policy),
+        crate::retry::human(longest),
+        crate::retry::human(ceiling),
+        crate::retry::human(ceiling),
+    )
 }
 
 /// Why a check is not active: the `Active=False` reason and message.
@@ -55,6 +75,7 @@ pub(crate) async fn resolve<C: AdmissionCheckController>(
     client: &Client,
     controller: &C,
     ac: &AdmissionCheck,
+    max_retry_delay: std::time::Duration,
 ) -> Result<ActiveCheck<C::Parameters>, Result<Inactive, Error>> {
     let wanted = <C::Parameters as CheckParameters>::reference();
     let reference = ac.spec.parameters.as_ref();
@@ -119,7 +140,12 @@ pub(crate) async fn resolve<C: AdmissionCheckController>(
             message: e.to_string(),
         }));
     }
-    Ok(ActiveCheck { parameters, policy })
+    let message = active_message(&policy, max_retry_delay);
+    Ok(ActiveCheck {
+        parameters,
+        policy,
+        message,
+    })
 }
 
 /// Whether the check carries `Active=True` for its current spec (written for this generation).
@@ -130,11 +156,16 @@ pub(crate) fn active_for_current_spec(ac: &AdmissionCheck) -> bool {
         .is_some_and(|c| c.status == "True" && c.observed_generation == ac.metadata.generation)
 }
 
-/// What the registry holds for a check, without its parameters: absent, active, or why not.
-pub(crate) fn summary<P>(registry: &Registry<P>, check: &str) -> Option<Result<(), Inactive>> {
+/// What the registry holds for a check, without its parameters: absent, active (with its
+/// `Active` message), or why not.
+pub(crate) fn summary<P>(registry: &Registry<P>, check: &str) -> Option<Result<String, Inactive>> {
     let map = registry.read().unwrap_or_else(|p| p.into_inner());
-    map.get(check)
-        .map(|state| state.as_ref().map(|_| ()).map_err(Clone::clone))
+    map.get(check).map(|state| {
+        state
+            .as_ref()
+            .map(|a| a.message.clone())
+            .map_err(Clone::clone)
+    })
 }
 
 /// The `Active=False` to show for an API error while reading a check's parameters that only
@@ -167,15 +198,11 @@ pub(crate) fn unreadable<P: CheckParameters>(
 /// The `Active` condition a check should carry, or `None` if it already does.
 pub(crate) fn desired_active_condition(
     ac: &AdmissionCheck,
-    state: &Result<(), Inactive>,
+    state: &Result<String, Inactive>,
     now: Timestamp,
 ) -> Option<Condition> {
     let (status, reason, message) = match state {
-        Ok(()) => (
-            "True",
-            reason::ACTIVE,
-            "The admission check is active".to_string(),
-        ),
+        Ok(message) => ("True", reason::ACTIVE, message.clone()),
         Err(i) => ("False", i.reason, i.message.clone()),
     };
     let current = ac

@@ -78,6 +78,8 @@ pub(crate) struct Metrics {
     conflicts: Family<CheckLabels, Counter>,
     check_active: Family<CheckLabels, Gauge>,
     check_sync_errors: Family<CheckLabels, Counter>,
+    retry_delays_clamped: Family<CheckLabels, Counter>,
+    permanent_failures: Family<CheckLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram>,
     leader: Gauge,
     /// Checks whose series exist: a reconcile that finishes after its check went away must not
@@ -112,6 +114,8 @@ impl Metrics {
         let conflicts = Family::<CheckLabels, Counter>::default();
         let check_active = Family::<CheckLabels, Gauge>::default();
         let check_sync_errors = Family::<CheckLabels, Counter>::default();
+        let retry_delays_clamped = Family::<CheckLabels, Counter>::default();
+        let permanent_failures = Family::<CheckLabels, Counter>::default();
         let reconcile_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
             reconcile_histogram as fn() -> _,
         );
@@ -138,7 +142,7 @@ impl Metrics {
         );
         registry.register(
             "decision_attempt",
-            "Attempt number (Kueue's retryCount + 1) of each decision written",
+            "Attempt number of each decision written (the check's own count of its Retries + 1, never reset by other checks' evictions)",
             attempt.clone(),
         );
         registry.register(
@@ -167,6 +171,16 @@ impl Metrics {
             check_sync_errors.clone(),
         );
         registry.register(
+            "retry_delays_clamped",
+            "Retry delays longer than the ceiling (--max-retry-delay) that were written as the ceiling",
+            retry_delays_clamped.clone(),
+        );
+        registry.register(
+            "permanent_failures",
+            "Decisions that failed in a way retrying cannot fix (shown on the Workload's entry)",
+            permanent_failures.clone(),
+        );
+        registry.register(
             "reconcile_duration_seconds",
             "Time one Workload reconcile took (every check of this controller asked, status written), by result",
             reconcile_duration.clone(),
@@ -186,6 +200,8 @@ impl Metrics {
             conflicts,
             check_active,
             check_sync_errors,
+            retry_delays_clamped,
+            permanent_failures,
             reconcile_duration,
             live: Default::default(),
         }
@@ -279,6 +295,28 @@ impl Metrics {
             .inc();
     }
 
+    /// A Retry delay was cut to the ceiling.
+    pub fn retry_delay_clamped(&self, check: &str) {
+        if self.is_live(check) {
+            self.retry_delays_clamped
+                .get_or_create(&CheckLabels {
+                    check: check.into(),
+                })
+                .inc();
+        }
+    }
+
+    /// A decision failed permanently.
+    pub fn permanent_failure(&self, check: &str) {
+        if self.is_live(check) {
+            self.permanent_failures
+                .get_or_create(&CheckLabels {
+                    check: check.into(),
+                })
+                .inc();
+        }
+    }
+
     /// A check of ours was resolved: active or not. Its series exist from then on, at zero.
     pub fn check_active(&self, check: &str, active: bool) {
         self.live
@@ -301,6 +339,8 @@ impl Metrics {
         }
         let _ = self.conflicts.get_or_create(&labels);
         let _ = self.check_sync_errors.get_or_create(&labels);
+        let _ = self.retry_delays_clamped.get_or_create(&labels);
+        let _ = self.permanent_failures.get_or_create(&labels);
         let _ = self.retry_delay.get_or_create(&labels);
         let _ = self.attempt.get_or_create(&labels);
     }
@@ -321,6 +361,8 @@ impl Metrics {
         }
         self.conflicts.remove(&labels);
         self.check_sync_errors.remove(&labels);
+        self.retry_delays_clamped.remove(&labels);
+        self.permanent_failures.remove(&labels);
         self.retry_delay.remove(&labels);
         self.attempt.remove(&labels);
     }

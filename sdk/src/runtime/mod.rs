@@ -16,6 +16,7 @@ mod extensions;
 mod http;
 mod leader;
 mod metrics;
+mod own_writes;
 mod reconcile;
 mod relist;
 
@@ -53,7 +54,19 @@ pub struct RuntimeConfig {
     pub concurrency: u16,
     /// Elect a leader among replicas; `None` writes from this process unconditionally.
     pub leader_election: Option<LeaderElection>,
+    /// The longest retry delay written; a longer one (from a policy or an explicit delay) is
+    /// written as this, counted and announced. Kueue keeps the Workload's quota for the whole
+    /// delay, so an absurd configuration must not hold it for years.
+    pub max_retry_delay: std::time::Duration,
+    /// How long a Workload keeps its quota after its check failed permanently (see
+    /// [`crate::check::ErrorClass`]) before the runtime answers `Retry` for it: the time the
+    /// user has to fix what the entry's message says without losing the reservation.
+    pub permanent_failure_hold: std::time::Duration,
 }
+
+/// The default of [`RuntimeConfig::permanent_failure_hold`]: two minutes, enough to read the
+/// message and fix an annotation, short enough not to starve a queue.
+pub const DEFAULT_PERMANENT_FAILURE_HOLD: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
@@ -62,6 +75,8 @@ impl Default for RuntimeConfig {
             field_manager: "kueue-admission-sdk".into(),
             concurrency: 8,
             leader_election: None,
+            max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
+            permanent_failure_hold: DEFAULT_PERMANENT_FAILURE_HOLD,
         }
     }
 }
@@ -199,6 +214,7 @@ where
         metrics.clone(),
         checks_synced.clone(),
         leadership.leading.clone(),
+        config.max_retry_delay,
     )));
     // Ready once both watches delivered their first complete list (InitDone), seen on the
     // streams themselves.
@@ -223,6 +239,7 @@ where
     let (changes_tx, changes_rx) = mpsc::channel::<Workload>(256);
     // Unbounded: a burst of deletions must not lose a release; each entry is one Workload.
     let (deleted_tx, mut deleted_rx) = mpsc::unbounded_channel::<Workload>();
+    let own_writes = Arc::new(own_writes::OwnWrites::default());
     background.push(tokio::spawn(watch_workloads(
         client.clone(),
         writer,
@@ -230,16 +247,12 @@ where
         changes_tx,
         deleted_tx,
         leadership.leading.clone(),
+        own_writes.clone(),
     )));
     let recorder = Recorder::new(client.clone(), Reporter::from(config.field_manager.clone()));
     let extension_client = client.clone();
     let ctx = Arc::new(reconcile::Context::new(
-        client,
-        controller,
-        registry,
-        config.field_manager,
-        recorder,
-        metrics,
+        client, controller, registry, &config, recorder, metrics, own_writes,
     ));
     // A deleted Workload never reaches the reconciler again: release what its checks hold here.
     background.push({
@@ -317,8 +330,14 @@ where
             .graceful_shutdown_on(stop)
             .run(reconcile::reconcile, reconcile::error_policy, ctx)
             .for_each(|res| async move {
-                if let Err(e) = res {
-                    warn!(error = %e, "workload reconcile failed");
+                match res {
+                    Ok(_) => {}
+                    // A Workload deleted while a reconcile of it was queued: normal, and its
+                    // release runs on the deletion itself.
+                    Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                        tracing::debug!(workload = %obj.name, "workload gone before its reconcile");
+                    }
+                    Err(e) => warn!(error = %e, "workload reconcile failed"),
                 }
             });
         tokio::select! {
@@ -389,6 +408,7 @@ async fn watch_workloads(
     changes: mpsc::Sender<Workload>,
     deleted: mpsc::UnboundedSender<Workload>,
     leading: watch::Receiver<bool>,
+    own_writes: Arc<own_writes::OwnWrites>,
 ) {
     let leading_on_delete = leading.clone();
     let events = watcher(
@@ -414,6 +434,12 @@ async fn watch_workloads(
     .touched_objects();
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
+        // The cache holds this version now: a reconcile waiting for our own write may go on.
+        if let Ok(wl) = &event
+            && let (Some(uid), Some(rv)) = (wl.uid(), wl.resource_version())
+        {
+            own_writes.seen(&uid, &rv, tokio::time::Instant::now());
+        }
         match event {
             Ok(wl) if *leading.borrow() => {
                 if changes.send(wl).await.is_err() {
@@ -457,6 +483,7 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     metrics: Arc<metrics::Metrics>,
     synced: Arc<tokio::sync::Notify>,
     mut leading: watch::Receiver<bool>,
+    max_retry_delay: Duration,
 ) {
     let api = Api::<AdmissionCheck>::all(client.clone());
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
@@ -572,6 +599,7 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 ac,
                 &metrics,
                 write,
+                max_retry_delay,
             )
             .await;
             let after = checks::summary(&registry, &name);
@@ -582,7 +610,8 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 why == SyncCause::Changed || earlier.is_some_and(|r| r.pending_change);
             // New parameters leave an active check active: only a change that was seen can have
             // brought them.
-            changed |= before != after || (recorded && pending_change && after == Some(Ok(())));
+            changed |=
+                before != after || (recorded && pending_change && matches!(after, Some(Ok(_))));
             let pending_change = pending_change && !recorded;
             match result {
                 Ok(()) => {
@@ -686,6 +715,7 @@ struct Synced {
 
 /// Resolves a check's parameters, records the result, and (on the leader) writes its `Active`
 /// condition.
+#[allow(clippy::too_many_arguments)] // one call site; the restructuring issue gives it a struct
 async fn sync_check<C: AdmissionCheckController>(
     client: &Client,
     controller: &C,
@@ -694,9 +724,10 @@ async fn sync_check<C: AdmissionCheckController>(
     ac: &AdmissionCheck,
     metrics: &metrics::Metrics,
     write_condition: bool,
+    max_retry_delay: Duration,
 ) -> Synced {
     let name = ac.name_any();
-    let (resolved, failure) = match checks::resolve(client, controller, ac).await {
+    let (resolved, failure) = match checks::resolve(client, controller, ac, max_retry_delay).await {
         Ok(active) => (Ok(Arc::new(active)), None),
         Err(Ok(inactive)) => {
             warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
@@ -723,7 +754,10 @@ async fn sync_check<C: AdmissionCheckController>(
             }
         },
     };
-    let state = resolved.as_ref().map(|_| ()).map_err(Clone::clone);
+    let state = resolved
+        .as_ref()
+        .map(|a| a.message.clone())
+        .map_err(Clone::clone);
     metrics.check_active(&name, state.is_ok());
     write_registry(registry).insert(name.clone(), resolved);
     let written = if write_condition {
@@ -742,7 +776,7 @@ async fn write_active_condition(
     client: &Client,
     field_manager: &str,
     ac: &AdmissionCheck,
-    state: &Result<(), checks::Inactive>,
+    state: &Result<String, checks::Inactive>,
 ) -> Result<(), Error> {
     // Compared with the check as it is now, not as cached: the watch may not have brought back
     // a condition written a moment ago, and writing it again would move its lastTransitionTime.

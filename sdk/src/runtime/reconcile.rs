@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -14,9 +14,13 @@ use sha2::{Digest, Sha256};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::checks::{ActiveCheck, Registry};
+use super::own_writes::OwnWrites;
 use crate::api::CheckState;
 use crate::api::Workload;
-use crate::check::{AdmissionCheckController, CheckContext, ReleaseContext, ReleaseReason};
+use crate::attempts;
+use crate::check::{
+    AdmissionCheckController, CheckContext, Decision, ErrorClass, ReleaseContext, ReleaseReason,
+};
 use crate::decide::{
     Eligibility, LateRetry, Plan, PlanInput, Refusal, eligibility, plan, status_apply_patch,
 };
@@ -42,7 +46,13 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     late: Mutex<HashMap<PairKey, LateRetry>>,
     /// Consecutive failed reconciles per Workload uid, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Permanent failures being shown on entries, with the time the hold started.
+    permanent: Mutex<HashMap<PairKey, PermanentFailure>>,
+    /// Status writes the Workload cache does not show yet.
+    pub own_writes: Arc<OwnWrites>,
     pub metrics: Arc<super::metrics::Metrics>,
+    max_retry_delay: Duration,
+    permanent_failure_hold: Duration,
 }
 
 /// (Workload uid, check name).
@@ -58,20 +68,25 @@ impl<C: AdmissionCheckController> Context<C> {
         client: Client,
         controller: Arc<C>,
         registry: Registry<C::Parameters>,
-        field_manager: String,
+        config: &super::RuntimeConfig,
         recorder: Recorder,
         metrics: Arc<super::metrics::Metrics>,
+        own_writes: Arc<OwnWrites>,
     ) -> Self {
         Self {
             client,
             controller,
             registry,
-            field_manager,
+            field_manager: config.field_manager.clone(),
             recorder,
             asked: Default::default(),
             late: Default::default(),
             failures: Default::default(),
+            permanent: Default::default(),
+            own_writes,
             metrics,
+            max_retry_delay: config.max_retry_delay,
+            permanent_failure_hold: config.permanent_failure_hold,
         }
     }
 
@@ -99,7 +114,13 @@ impl<C: AdmissionCheckController> Context<C> {
             note: Some(note),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &wl.object_ref(&())).await {
+        let reference = wl.object_ref(&());
+        let published = if fits_recorder_event_name(&wl.name_any()) {
+            self.recorder.publish(&event, &reference).await
+        } else {
+            publish_long_named(&self.client, &self.field_manager, &event, reference).await
+        };
+        if let Err(e) = published {
             warn!(workload = %wl.name_any(), error = %e, "publishing an event");
         }
     }
@@ -116,7 +137,7 @@ impl AskedAt {
     fn of(wl: &Workload, check: &str) -> Option<Self> {
         let entry = wl.admission_check(check)?;
         Some(Self {
-            attempt: crate::check::attempt_of(entry),
+            attempt: attempts::attempt(wl, &entry.name),
             evictions: wl.total_evictions(),
         })
     }
@@ -131,6 +152,67 @@ fn event_action(note: &str) -> String {
     let digest = sha2::Sha256::digest(note.as_bytes());
     let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
     format!("Decide-{hex}")
+}
+
+/// Event names are at most 253 characters. kube-runtime's `Recorder` names an event
+/// `<object>.<nanoseconds in hex>` (up to 16 digits), which does not fit for Workloads with
+/// names near the limit.
+fn fits_recorder_event_name(object: &str) -> bool {
+    object.len() + 1 + 16 <= 253
+}
+
+/// The name of an event about an object whose own name is too long for the `Recorder`'s
+/// scheme: its start (cut to end in a letter or digit), a dot and the time in hex.
+fn long_event_name(object: &str, nanos: i128) -> String {
+    let suffix = format!(".{:x}", nanos.max(0));
+    let mut keep = 253 - suffix.len();
+    while !object.is_char_boundary(keep.min(object.len())) {
+        keep -= 1;
+    }
+    let start =
+        object[..keep.min(object.len())].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{start}{suffix}")
+}
+
+/// Publishes an event about an object with a long name as the `Recorder` would (same fields),
+/// under a name that fits; repeats are not merged into a series.
+async fn publish_long_named(
+    client: &Client,
+    reporter: &str,
+    event: &Event,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    let now = Timestamp::now();
+    let object = reference.name.clone().unwrap_or_default();
+    let namespace = reference
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let body = K8sEvent {
+        action: Some(event.action.clone()),
+        reason: Some(event.reason.clone()),
+        note: event.note.clone(),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(reference),
+        metadata: ObjectMeta {
+            name: Some(long_event_name(&object, now.as_nanosecond())),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        },
+        reporting_controller: Some(reporter.to_string()),
+        reporting_instance: Some(reporter.to_string()),
+        type_: Some(match event.type_ {
+            EventType::Normal => "Normal".into(),
+            EventType::Warning => "Warning".into(),
+        }),
+        ..Default::default()
+    };
+    Api::<K8sEvent>::namespaced(client.clone(), &namespace)
+        .create(&Default::default(), &body)
+        .await
+        .map(|_| ())
 }
 
 /// Event notes are limited to 1 KiB by the API server.
@@ -261,9 +343,11 @@ pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C
             }
         }
         ctx.asked().remove(&(uid.clone(), check.clone()));
-        ctx.late().remove(&(uid.clone(), check));
+        ctx.late().remove(&(uid.clone(), check.clone()));
+        lock(&ctx.permanent).remove(&(uid.clone(), check));
     }
     lock(&ctx.failures).remove(&uid);
+    ctx.own_writes.forget(&uid);
 }
 
 /// Calls `release` for every check this process asked about the Workload that it no longer
@@ -321,6 +405,48 @@ async fn release_idle<C: AdmissionCheckController>(
     Ok(())
 }
 
+/// A decision kept across a conflict: written again on the fresh Workload if that is still
+/// the same attempt, instead of asking the check a second time.
+struct Decided {
+    decision: Decision,
+    /// The attempt it was decided for.
+    attempt: u32,
+    /// Where the Workload stood when it was decided.
+    at: Option<AskedAt>,
+    /// A carried-over late `Retry`, not the check's answer for this attempt.
+    carried: bool,
+    /// The check's own message (before the runtime adds attempt and timing).
+    message: String,
+    /// What the check read that Kueue does not change within an attempt.
+    inputs: Inputs,
+}
+
+/// The parts of a Workload a check decides on that only users and job controllers change: its
+/// spec (by generation), labels and annotations (less the attempt records the runtime writes).
+/// A conflict caused by anything else (Kueue's own status bookkeeping) leaves a decision valid.
+#[derive(Clone, Debug, PartialEq)]
+struct Inputs {
+    generation: Option<i64>,
+    labels: std::collections::BTreeMap<String, String>,
+    annotations: Vec<(String, String)>,
+}
+
+impl Inputs {
+    fn of(wl: &Workload) -> Self {
+        let prefix = format!("{}/", attempts::ANNOTATION_PREFIX);
+        Self {
+            generation: wl.metadata.generation,
+            labels: wl.labels().clone(),
+            annotations: wl
+                .annotations()
+                .iter()
+                .filter(|(k, _)| !k.starts_with(&prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+}
+
 /// Decides one check for one Workload; returns when to look again, if the check asked.
 async fn decide_one<C: AdmissionCheckController>(
     ctx: &Context<C>,
@@ -330,67 +456,55 @@ async fn decide_one<C: AdmissionCheckController>(
 ) -> Result<Option<Duration>, Error> {
     let revalidate = ctx.controller.revalidate_ready_every();
     let revalidates = ctx.revalidates();
-    // The cached Workload is borrowed; an owned copy exists only after a 409 made us read again.
-    let mut wl = Cow::Borrowed(cached);
-    let namespace = wl
+    let namespace = cached
         .namespace()
         .ok_or_else(|| Error::MalformedWorkload("no namespace".into()))?;
-    let uid = wl
+    let uid = cached
         .uid()
         .ok_or_else(|| Error::MalformedWorkload("no uid".into()))?;
-    let key: PairKey = (uid, check.to_string());
+    // Our last write for this check is not in the cache yet: the Workload we have is older than
+    // it, and asking the check on it would answer the same attempt twice.
+    if let Some(wait) = ctx.own_writes.wait_for(
+        &uid,
+        check,
+        cached.resource_version().as_deref(),
+        tokio::time::Instant::now(),
+    ) {
+        debug!(workload = %cached.name_any(), check, "own write not in the cache yet");
+        return Ok(Some(wait));
+    }
+    // The cached Workload is borrowed; an owned copy exists only after a 409 made us read again.
+    let mut wl = Cow::Borrowed(cached);
+    let key: PairKey = (uid.clone(), check.to_string());
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut kept: Option<Decided> = None;
     for _ in 0..CONFLICT_ATTEMPTS {
         let revalidating = match eligibility(&wl, check, revalidates) {
             Eligibility::Decide { revalidating } => revalidating,
             _ => return Ok(None),
-        };
-        let Some(entry) = wl.admission_check(check) else {
-            return Ok(None);
         };
         let now = Timestamp::now();
         let asked_at = AskedAt::of(&wl, check);
         if let Some(at) = asked_at {
             ctx.asked().insert(key.clone(), at);
         }
-        // A Retry refused because Kueue evicted the Workload while the check decided is
-        // honoured now, instead of asking the check again.
-        let late = ctx.late().get(&key).cloned();
-        let carried = late
-            .as_ref()
-            .filter(|_| !revalidating)
-            .and_then(|l| l.decision(now));
-        if late.is_some() && carried.is_none() {
-            ctx.late().remove(&key);
-        }
-        let is_carried = carried.is_some();
-        let decision = match carried {
+        let decided = match kept
+            .take()
+            .filter(|d| d.at == asked_at && d.inputs == Inputs::of(&wl))
+        {
             Some(d) => d,
-            None => {
-                let check_ctx = CheckContext {
-                    workload: &wl,
-                    entry,
-                    parameters: &active.parameters,
-                    client: &ctx.client,
-                    now,
-                };
-                match ctx.controller.decide(&check_ctx).await {
-                    Ok(d) => d,
-                    Err(e) => {
-                        let note = format!("check {check}: {e}");
-                        ctx.event(&wl, EventType::Warning, "CheckFailed", note)
-                            .await;
-                        return Err(Error::Check(Box::new(e)));
-                    }
-                }
-            }
+            None => match ask(ctx, &wl, check, active, &key, revalidating, now).await? {
+                Some(d) => d,
+                None => return Ok(None),
+            },
         };
-        let message = decision.message().to_string();
         let input = PlanInput {
             workload: &wl,
             check,
-            decision,
+            decision: decided.decision.clone(),
+            attempt: decided.attempt,
             policy: &active.policy,
+            max_retry_delay: ctx.max_retry_delay,
             revalidate_ready: revalidates,
             now,
             jitter_sample: rand::random::<f64>(),
@@ -410,54 +524,292 @@ async fn decide_one<C: AdmissionCheckController>(
                 return Err(Error::InvalidDecision(why));
             }
         };
-        let Some(body) = status_apply_patch(&wl, &write.entry) else {
-            return Err(Error::MalformedWorkload("no resourceVersion".into()));
-        };
         let pp = PatchParams::apply(&field_manager_for(&ctx.field_manager, check)).force();
-        match api
-            .patch_status(&wl.name_any(), &pp, &Patch::Apply(&body))
-            .await
-        {
-            Ok(_) => {
-                if is_carried {
+        match apply(&api, &wl, check, &write, &pp).await {
+            Ok(written_rv) => {
+                if decided.carried {
                     ctx.late().remove(&key);
+                }
+                if let Some(rv) = written_rv {
+                    ctx.own_writes
+                        .wrote(&uid, check, rv, tokio::time::Instant::now());
                 }
                 written(ctx, &wl, check, &write, now).await;
                 return Ok(write.recheck_after.or(revalidate_after));
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                // Decided from a stale Workload: read it again and decide again.
+                // Decided from a stale Workload: read it again.
                 ctx.metrics.conflict(check);
-                debug!(workload = %wl.name_any(), check, "conflict, deciding again on a fresh read");
+                debug!(workload = %wl.name_any(), check, "conflict, reading the workload again");
                 let Some(fresh) = api.get_opt(&wl.name_any()).await? else {
                     return Ok(None);
                 };
-                let moved_on = AskedAt::of(&fresh, check) != asked_at
-                    || !matches!(
-                        eligibility(&fresh, check, revalidates),
-                        Eligibility::Decide { .. }
-                    );
-                if moved_on
-                    && !is_carried
-                    && let Some(late) = LateRetry::from_refused(&write, &message, now)
-                {
-                    let note = format!(
-                        "check {check}: Retry decided for attempt {} arrived after Kueue evicted the workload; \
-                         the next attempt waits until {}",
-                        late.attempt,
-                        late.not_before.strftime("%Y-%m-%dT%H:%M:%SZ")
-                    );
-                    info!(workload = %wl.name_any(), namespace, check, "late Retry kept for the next attempt");
-                    ctx.event(&fresh, EventType::Normal, "CheckRetryCarriedOver", note)
-                        .await;
-                    ctx.late().insert(key.clone(), late);
+                let fresh_at = AskedAt::of(&fresh, check);
+                match eligibility(&fresh, check, revalidates) {
+                    // Same attempt, still undecided: the same decision is written on the fresh
+                    // read, unless what the check decided on changed (then it is asked again).
+                    Eligibility::Decide { .. } if fresh_at == asked_at => kept = Some(decided),
+                    // Same attempt, already answered (our own earlier write, which the cache had
+                    // not shown): nothing is lost, and nothing to carry over.
+                    Eligibility::Wait(_) if fresh_at == asked_at => {
+                        debug!(workload = %wl.name_any(), check, "already answered for this attempt");
+                        return Ok(None);
+                    }
+                    // Kueue moved on (evicted, another attempt): a delayed Retry still holds.
+                    _ => {
+                        if !decided.carried
+                            && let Some(late) =
+                                LateRetry::from_refused(&write, &decided.message, now)
+                        {
+                            carry_over(ctx, &fresh, check, &key, late).await;
+                        }
+                    }
                 }
                 wl = Cow::Owned(fresh);
+            }
+            Err(kube::Error::Api(status))
+                if matches!(
+                    ErrorClass::of_status(status.code, &status.reason, &status.message),
+                    ErrorClass::Permanent { .. }
+                ) && !decided.decision.message().starts_with(PERMANENT_MARK) =>
+            {
+                // The API server will never take this answer (e.g. a podSetUpdate it finds
+                // invalid): say so on the entry instead, and keep the quota only for a while.
+                let message = format!(
+                    "the {} answer of check {check} cannot be written: {}",
+                    write.entry.state, status.message
+                );
+                warn!(workload = %wl.name_any(), namespace, check, %message, "status write refused");
+                let decision = permanent_decision(ctx, &wl, check, &key, message, now).await;
+                kept = Some(Decided {
+                    message: decision.message().to_string(),
+                    decision,
+                    ..decided
+                });
             }
             Err(e) => return Err(e.into()),
         }
     }
     Ok(Some(Duration::from_secs(1)))
+}
+
+/// Marks the messages of permanent failures, so a refused write of one is not turned into
+/// another.
+const PERMANENT_MARK: &str = "Permanent failure: ";
+
+/// Asks the check (or takes a carried-over late `Retry`); `None` when nothing is to be written.
+async fn ask<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    active: &ActiveCheck<C::Parameters>,
+    key: &PairKey,
+    revalidating: bool,
+    now: Timestamp,
+) -> Result<Option<Decided>, Error> {
+    let at = AskedAt::of(wl, check);
+    // A Retry refused because Kueue evicted the Workload while the check decided is honoured
+    // now, for what is left of its delay, instead of asking the check again.
+    let late = ctx.late().get(key).cloned();
+    if let Some(late) = late {
+        match late.decision(now).filter(|_| !revalidating) {
+            Some(decision) => {
+                return Ok(Some(Decided {
+                    message: decision.message().to_string(),
+                    decision,
+                    attempt: late.attempt,
+                    at,
+                    carried: true,
+                    inputs: Inputs::of(wl),
+                }));
+            }
+            None => {
+                ctx.late().remove(key);
+            }
+        }
+    }
+    let entry = wl
+        .admission_check(check)
+        .ok_or_else(|| Error::MalformedWorkload("no entry".into()))?;
+    let check_ctx = CheckContext {
+        workload: wl,
+        entry,
+        parameters: &active.parameters,
+        client: &ctx.client,
+        now,
+    };
+    let attempt = check_ctx.attempt();
+    let decision = match ctx.controller.decide(&check_ctx).await {
+        Ok(d) => {
+            lock(&ctx.permanent).remove(key);
+            d
+        }
+        Err(e) => match ctx.controller.classify_error(&e) {
+            ErrorClass::Transient => {
+                let note = format!("check {check}: {e}");
+                ctx.event(wl, EventType::Warning, "CheckFailed", note).await;
+                return Err(Error::Check(Box::new(e)));
+            }
+            ErrorClass::Permanent { message } => {
+                if revalidating {
+                    // An admitted answer is not taken back for an error; it is tried again.
+                    let note = format!("check {check} (revalidating): {message}");
+                    ctx.event(wl, EventType::Warning, "CheckFailed", note).await;
+                    return Err(Error::Check(Box::new(e)));
+                }
+                permanent_decision(ctx, wl, check, key, message, now).await
+            }
+        },
+    };
+    Ok(Some(Decided {
+        message: decision.message().to_string(),
+        decision,
+        attempt,
+        at,
+        carried: false,
+        inputs: Inputs::of(wl),
+    }))
+}
+
+/// What to write for a permanent failure: `Pending` with the reason while the Workload may keep
+/// its quota ([`crate::RuntimeConfig::permanent_failure_hold`], from the first failure of this
+/// attempt), then `Retry` without delay, which gives the quota back (Kueue keeps quota for the
+/// whole delay of a delayed `Retry`, so a delay would only hold it longer); past the retry
+/// limit that `Retry` becomes `Rejected`. Any change of the Workload (the user's fix) asks the
+/// check again meanwhile.
+async fn permanent_decision<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    key: &PairKey,
+    message: String,
+    now: Timestamp,
+) -> Decision {
+    let evictions = wl.total_evictions();
+    let (since, first) = {
+        let mut failures = lock(&ctx.permanent);
+        let failure = failures.entry(key.clone()).or_insert(PermanentFailure {
+            since: now,
+            evictions,
+            message: String::new(),
+        });
+        if failure.evictions != evictions {
+            *failure = PermanentFailure {
+                since: now,
+                evictions,
+                message: String::new(),
+            };
+        }
+        let first = failure.message != message;
+        failure.message.clone_from(&message);
+        (failure.since, first)
+    };
+    let message = truncate_chars(&message, MAX_PERMANENT_MESSAGE);
+    if first {
+        ctx.metrics.permanent_failure(check);
+        warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %message, "permanent failure");
+        let note = format!("check {check}: {message}");
+        ctx.event(wl, EventType::Warning, "CheckFailedPermanently", note)
+            .await;
+    }
+    let hold = ctx.permanent_failure_hold;
+    let held = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+    match hold.checked_sub(held).filter(|left| !left.is_zero()) {
+        Some(left) => {
+            let until = SignedDuration::try_from(hold)
+                .ok()
+                .and_then(|h| since.checked_add(h).ok())
+                .unwrap_or(now);
+            Decision::pending_recheck_after(
+                format!(
+                    "{PERMANENT_MARK}{message}. Retrying will not fix this; once it is fixed \
+                     the check answers again. The workload keeps its quota until {} and then \
+                     gives it back (Retry).",
+                    until.strftime("%Y-%m-%dT%H:%M:%SZ")
+                ),
+                left,
+            )
+        }
+        None => Decision::retry_after(
+            format!(
+                "{PERMANENT_MARK}{message}. Not fixed within {}: the quota is given back; the \
+                 next attempt asks the check again",
+                crate::retry::human(hold)
+            ),
+            Duration::ZERO,
+        ),
+    }
+}
+
+/// How much of a permanent failure's reason goes on the entry (and into the Event).
+const MAX_PERMANENT_MESSAGE: usize = 600;
+
+fn truncate_chars(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut cut: String = s.chars().take(max - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// A permanent failure seen for a (Workload, check): since when, in which attempt (eviction
+/// count), with which message.
+#[derive(Clone, Debug)]
+pub(crate) struct PermanentFailure {
+    since: Timestamp,
+    evictions: i32,
+    message: String,
+}
+
+/// Keeps a refused delayed `Retry` for the next attempt and says so.
+async fn carry_over<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    fresh: &Workload,
+    check: &str,
+    key: &PairKey,
+    late: LateRetry,
+) {
+    let note = format!(
+        "check {check}: Retry decided for attempt {} arrived after Kueue evicted the workload; \
+         the next attempt waits until {}",
+        late.attempt,
+        late.not_before.strftime("%Y-%m-%dT%H:%M:%SZ")
+    );
+    info!(workload = %fresh.name_any(), namespace = ?fresh.namespace(), check, "late Retry kept for the next attempt");
+    ctx.event(fresh, EventType::Normal, "CheckRetryCarriedOver", note)
+        .await;
+    ctx.late().insert(key.clone(), late);
+}
+
+/// Writes the attempt record (when the plan has one) and then the entry, both conditioned on
+/// the `resourceVersion` the decision was made on; returns the `resourceVersion` of the
+/// Workload after the write.
+async fn apply(
+    api: &Api<Workload>,
+    wl: &Workload,
+    check: &str,
+    write: &crate::decide::Write,
+    pp: &PatchParams,
+) -> Result<Option<String>, kube::Error> {
+    let mut base = Cow::Borrowed(wl);
+    if let Some(record) = write.record {
+        // Counted before it can land: a Retry never reaches Kueue uncounted.
+        let body = attempts::annotation_apply_patch(wl, check, record)
+            .ok_or_else(|| missing_resource_version(wl))?;
+        let updated = api.patch(&wl.name_any(), pp, &Patch::Apply(&body)).await?;
+        base = Cow::Owned(updated);
+    }
+    let body =
+        status_apply_patch(&base, &write.entry).ok_or_else(|| missing_resource_version(wl))?;
+    let updated = api
+        .patch_status(&wl.name_any(), pp, &Patch::Apply(&body))
+        .await?;
+    Ok(updated.resource_version())
+}
+
+fn missing_resource_version(wl: &Workload) -> kube::Error {
+    kube::Error::Service(format!("workload {} has no resourceVersion", wl.name_any()).into())
 }
 
 /// Logs, counts and announces a state that was written.
@@ -475,6 +827,18 @@ async fn written<C: AdmissionCheckController>(
     let delay = write.retry_delay.map(|d| d.as_secs_f64());
     ctx.metrics
         .decision(wl, check, write.entry.state, write.attempt, delay, now);
+    if let (Some(asked), Some(written)) = (write.clamped_from, write.retry_delay) {
+        ctx.metrics.retry_delay_clamped(check);
+        let note = format!(
+            "check {check}: a retry delay of {} was asked for; written as {}, the ceiling \
+             (--max-retry-delay-seconds)",
+            crate::retry::human(asked),
+            crate::retry::human(written)
+        );
+        warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %note, "retry delay clamped");
+        ctx.event(wl, EventType::Warning, "RetryDelayClamped", note)
+            .await;
+    }
     if write.state_changed {
         let (type_, reason) = match write.entry.state {
             CheckState::Ready => (EventType::Normal, "CheckReady"),
@@ -534,6 +898,23 @@ pub(crate) fn field_manager_for(prefix: &str, check: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::field_manager_for;
+
+    #[test]
+    fn events_about_long_named_workloads_get_names_that_fit() {
+        use super::{fits_recorder_event_name, long_event_name};
+        assert!(fits_recorder_event_name(&"a".repeat(236)));
+        assert!(!fits_recorder_event_name(&"a".repeat(237)));
+        let object = format!("{}-x", "a".repeat(250));
+        let name = long_event_name(&object, i128::from(i64::MAX));
+        assert!(name.len() <= 253, "{}", name.len());
+        assert!(name.starts_with("aaaa"));
+        assert!(name.ends_with(".7fffffffffffffff"));
+        let before_dot = name.rsplit_once('.').map(|(a, _)| a).unwrap_or_default();
+        assert!(
+            before_dot.ends_with('a'),
+            "ends in a letter or digit: {name}"
+        );
+    }
 
     #[test]
     fn field_managers_are_per_check_bounded_and_stable() {

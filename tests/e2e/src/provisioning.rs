@@ -268,6 +268,7 @@ impl TestEnv {
             field_manager: format!("e2e-prov-{}", self.ns),
             concurrency: 4,
             leader_election: None,
+            ..Default::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {

@@ -72,6 +72,7 @@ impl Budgeted {
             field_manager: format!("e2e-{}", self.env.ns),
             concurrency: 4,
             leader_election: None,
+            ..Default::default()
         };
         tokio::spawn(budget_check::run_until(
             client,

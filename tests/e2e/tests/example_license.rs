@@ -80,6 +80,7 @@ impl Licensed {
             field_manager: format!("e2e-{}", self.env.ns),
             concurrency: 4,
             leader_election: None,
+            ..Default::default()
         };
         tokio::spawn(license_check::run_until(
             client,

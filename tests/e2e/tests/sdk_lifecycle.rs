@@ -246,6 +246,7 @@ impl Setup {
             field_manager: format!("e2e-{}", env.ns),
             concurrency: 4,
             leader_election: election,
+            ..Default::default()
         };
         let probe = Probe {
             controller_name: self.controller_name.clone(),

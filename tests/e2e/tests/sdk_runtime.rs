@@ -107,6 +107,7 @@ async fn serve(
         metrics_address: Some(http),
         field_manager: format!("e2e-{}", env.ns),
         concurrency: 4,
+        ..Default::default()
     };
     tokio::spawn(run(env.client.clone(), controller, config));
     Ok(Served {
@@ -454,6 +455,7 @@ async fn a_failing_check_is_retried_with_growing_delays_until_it_answers() -> Re
         metrics_address: Some(http),
         field_manager: format!("e2e-{}", env.ns),
         concurrency: 4,
+        ..Default::default()
     };
     tokio::spawn(run(env.client.clone(), flaky, config));
     // Started, with the check resolved: its activation reconciles every Workload once, which
