@@ -11,6 +11,7 @@
 
 pub mod chart;
 pub mod provisioning;
+pub mod scripted;
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
