@@ -21,6 +21,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kueue_admission_sdk::api::{CheckState, ClusterQueue, Workload, workload_condition as cond};
+use kueue_admission_sdk::attempts;
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, RetryPolicy,
     RuntimeConfig, run_until_with,
@@ -575,15 +576,10 @@ fn holds_quota(wl: &Workload) -> bool {
     wl.condition_is_true(cond::QUOTA_RESERVED) || wl.condition_is_true(cond::ADMITTED)
 }
 
-/// The attempt the SDK stored on the Workload for `check`.
-///
-/// TODO(sdk-attempts): the SDK is moving a check's attempt into a per-check annotation on the
-/// Workload (`kueue_admission_sdk::attempts`, not in this tree yet; the work in progress has
-/// `attempts::attempt(wl, check)`). Once it lands, return it here, so that (2) covers what is
-/// stored on the Workload and not only what `decide` was told. Until then nothing is read and
-/// `Counts::stored_attempts` stays 0.
-fn stored_attempt(_wl: &Workload, _check: &str) -> Option<u32> {
-    None
+/// The attempt the SDK stored on the Workload for `check` (its attempt record, see
+/// `kueue_admission_sdk::attempts`), once the check has written one.
+fn stored_attempt(wl: &Workload, check: &str) -> Option<u32> {
+    attempts::record(wl, check).map(|_| attempts::attempt(wl, check))
 }
 
 impl Recorder {
@@ -1168,6 +1164,7 @@ pub async fn run(test: &str, config: RunConfig) -> Result<Report> {
             // another one's sleep.
             concurrency: u16::try_from(config.in_flight * 2).unwrap_or(u16::MAX),
             leader_election: None,
+            ..Default::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(run_until_with(
