@@ -28,6 +28,9 @@ use crate::names;
 use crate::outcome::{self, Outcome};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
 
+/// How often a Workload whose request names are all held by foreign objects looks again.
+const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
+
 /// Settings that are not in Kueue's `ProvisioningRequestConfig`.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -314,13 +317,17 @@ impl ProvisioningCheck {
             }
             return Ok(Decision::pending(message));
         }
-        Ok(Decision::pending(format!(
-            "cannot create a ProvisioningRequest for attempt {attempt}: every name this check \
+        // Nothing of ours changes when the holder goes away, so no watch wakes the Workload.
+        Ok(Decision::pending_recheck_after(
+            format!(
+                "cannot create a ProvisioningRequest for attempt {attempt}: every name this check \
              may use is taken: {}. This check never deletes or adopts objects it did not make: \
              delete them if they are stale, or give the Workload or the AdmissionCheck another \
              name",
-            taken.join("; ")
-        )))
+                taken.join("; ")
+            ),
+            BLOCKED_RECHECK,
+        ))
     }
 
     /// The AdmissionChecks of Kueue's built-in provisioning check whose requests can take the
