@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use kueue_admission_sdk::api::{
-    CheckState, ProvisioningRequest, ResourceFlavor, ResourceFlavorSpec, Workload,
+    AdmissionCheck, CheckState, ProvisioningRequest, ResourceFlavor, ResourceFlavorSpec, Workload,
     workload_condition as cond,
 };
 use kueue_admission_sdk::prometheus_client::registry::Registry;
@@ -22,10 +22,14 @@ use tracing::{info, warn};
 use crate::cleanup;
 use crate::config::ProvisioningParameters;
 use crate::error::Error;
+use crate::identity::{self, Identity, Ownership, ownership};
 use crate::metrics::Metrics;
 use crate::names;
 use crate::outcome::{self, Outcome};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
+
+/// How often a Workload whose request names are all held by foreign objects looks again.
+const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
 
 /// Settings that are not in Kueue's `ProvisioningRequestConfig`.
 #[derive(Clone, Debug)]
@@ -98,13 +102,14 @@ impl ProvisioningCheck {
     }
 
     /// Creates the attempt's PodTemplates, then its request, then makes the request the
-    /// templates' owner (so that deleting the request collects them). Existing objects of the
-    /// same names (a restart between two steps) are kept.
+    /// templates' owner (so that deleting the request collects them). Objects of ours under the
+    /// same names (a restart between two steps) are kept; a name taken meanwhile by anything
+    /// else is an error, and the next pass picks another name.
     async fn create(
         &self,
         client: &Client,
         wl: &Workload,
-        check: &str,
+        me: &Identity<'_>,
         attempt: u32,
         plan: &RequestPlan,
     ) -> Result<ProvisioningRequest, Error> {
@@ -112,52 +117,48 @@ impl ProvisioningCheck {
         let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
         let requests: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
         let mut template_objects =
-            plan::pod_template_objects(plan, wl, check, attempt, cleanup::MANAGED_BY);
+            plan::pod_template_objects(plan, wl, me.check, attempt, cleanup::MANAGED_BY);
+        let mut made = Vec::with_capacity(template_objects.len());
         for t in &mut template_objects {
             t.labels_mut()
                 .insert(cleanup::INSTANCE_LABEL.into(), self.instance.clone());
-            match templates.create(&PostParams::default(), t).await {
-                Ok(_) => {}
+            let t = match templates.create(&PostParams::default(), t).await {
+                Ok(t) => t,
                 Err(e) if is_already_exists(&e) => {
-                    // Ours from an interrupted earlier pass is kept; a predecessor's is replaced.
                     let existing = templates.get(&t.name_any()).await?;
-                    if !made_for(&existing, wl) {
-                        cleanup::delete_exactly(&templates, &existing).await?;
-                        templates.create(&PostParams::default(), t).await?;
-                    }
+                    ours_or_taken(existing, me, "PodTemplate", &namespace)?
                 }
                 Err(e) => return Err(e.into()),
-            }
+            };
+            made.push(t);
         }
-        let mut request = plan::request_object(plan, wl, check, attempt, cleanup::MANAGED_BY);
+        let mut request = plan::request_object(plan, wl, me.check, attempt, cleanup::MANAGED_BY);
         request
             .labels_mut()
             .insert(cleanup::INSTANCE_LABEL.into(), self.instance.clone());
         let created = match requests.create(&PostParams::default(), &request).await {
             Ok(r) => {
-                self.metrics.created(check, attempt);
+                self.metrics.created(me.check, attempt);
                 info!(request = %plan.name, attempt, "created ProvisioningRequest");
                 r
             }
             Err(e) if is_already_exists(&e) => {
-                // Created meanwhile; decide() checks whose it is on the next pass.
-                requests.get(&plan.name).await?
+                let existing = requests.get(&plan.name).await?;
+                ours_or_taken(existing, me, "ProvisioningRequest", &namespace)?
             }
             Err(e) => return Err(e.into()),
         };
-        // Never make a predecessor's request (same name, another Workload) the owner: the
-        // garbage collector would take our templates with it.
-        if let Some(owner) = created
-            .controller_owner_ref(&())
-            .filter(|_| made_for(&created, wl))
-        {
+        if let Some(owner) = created.controller_owner_ref(&()) {
             let owner = OwnerReference {
                 controller: Some(false),
                 block_owner_deletion: Some(false),
                 ..owner
             };
-            for t in &template_objects {
-                let patch = serde_json::json!({"metadata": {"ownerReferences": [owner]}});
+            for t in &made {
+                // The uid makes the patch fail if the name now holds another object.
+                let patch = serde_json::json!({
+                    "metadata": {"uid": t.uid(), "ownerReferences": [owner]}
+                });
                 if let Err(e) = templates
                     .patch(
                         &t.name_any(),
@@ -174,6 +175,182 @@ impl ProvisioningCheck {
         Ok(created)
     }
 
+    /// Our request for this attempt, under whichever of its names it has, or what holds each
+    /// name (`None`: free). Both names are looked at, so a restart finds the request again even
+    /// when the first name was freed after it was made under the second.
+    async fn locate(
+        &self,
+        api: &Api<ProvisioningRequest>,
+        me: &Identity<'_>,
+        attempt: u32,
+    ) -> Result<Located, Error> {
+        let mut holders = Vec::new();
+        for name in names::request_names(me.workload, me.workload_uid, me.check, attempt) {
+            let holder = api.get_opt(&name).await?;
+            if let Some(r) = holder.as_ref()
+                && ownership(&r.metadata, me) == Ownership::Ours
+            {
+                return Ok(Located::Ours(Box::new(r.clone())));
+            }
+            holders.push((name, holder));
+        }
+        Ok(Located::Absent(holders))
+    }
+
+    /// Whether the Workload named `me.workload` still has uid `me.workload_uid`, read fresh:
+    /// the Workload being decided may come from a cache that has not seen a re-creation.
+    async fn workload_is_current(
+        &self,
+        client: &Client,
+        namespace: &str,
+        me: &Identity<'_>,
+    ) -> Result<bool, Error> {
+        let api: Api<Workload> = Api::namespaced(client.clone(), namespace);
+        Ok(api
+            .get_opt(me.workload)
+            .await?
+            .is_some_and(|w| w.uid().as_deref() == Some(me.workload_uid)))
+    }
+
+    /// Whether the PodTemplates of `plan` can be created: each name is free or holds ours (an
+    /// interrupted earlier pass). A predecessor's template is deleted; a foreign one makes the
+    /// name unusable, described in the `Err`.
+    async fn templates_usable(
+        &self,
+        client: &Client,
+        namespace: &str,
+        me: &Identity<'_>,
+        plan: &RequestPlan,
+    ) -> Result<Result<(), String>, Error> {
+        let templates: Api<PodTemplate> = Api::namespaced(client.clone(), namespace);
+        for ps in &plan.pod_sets {
+            let Some(t) = templates.get_opt(&ps.template_name).await? else {
+                continue;
+            };
+            match ownership(&t.metadata, me) {
+                Ownership::Ours => {}
+                Ownership::Predecessor
+                    if self.workload_is_current(client, namespace, me).await? =>
+                {
+                    cleanup::delete_exactly(&templates, &t).await?;
+                }
+                _ => {
+                    return Ok(Err(format!(
+                        "PodTemplate {namespace}/{} exists, {}",
+                        ps.template_name,
+                        identity::describe_owner(&t.metadata, me)
+                    )));
+                }
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// No request of ours exists for this attempt: clear what earlier attempts left, then create
+    /// the request under the first name whose request and templates are free (or ours). Names
+    /// held by anything else are skipped, never deleted; when all are held, the answer is
+    /// `Pending` with a message naming what holds them.
+    async fn start_attempt(
+        &self,
+        client: &Client,
+        wl: &Workload,
+        me: &Identity<'_>,
+        attempt: u32,
+        plan: &RequestPlan,
+        holders: &[(String, Option<ProvisioningRequest>)],
+    ) -> Result<Decision, Error> {
+        let namespace = wl.namespace().unwrap_or_default();
+        // Left by a deleted Workload of the same name: never adopt its capacity, and free the
+        // name for this one (as before names could collide).
+        if let Some((name, Some(old))) = holders.iter().find(|(_, h)| {
+            h.as_ref()
+                .is_some_and(|r| ownership(&r.metadata, me) == Ownership::Predecessor)
+        }) && self.workload_is_current(client, &namespace, me).await?
+        {
+            cleanup::delete_request(client, &self.instance, old).await?;
+            return Ok(Decision::pending(format!(
+                "replacing ProvisioningRequest {namespace}/{name}, left by an earlier Workload of \
+                 the same name"
+            )));
+        }
+        cleanup::delete_requests_of(client, &self.instance, wl, me.check, |r| {
+            names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt)
+        })
+        .await?;
+        let mut taken: Vec<String> = Vec::new();
+        // Kueue's built-in check never steps aside: a name it may want for one of its own
+        // Workloads is left to it, whoever comes first.
+        let kueue_checks = self.kueue_checks_sharing_names(client, me.check).await?;
+        for (i, (name, holder)) in holders.iter().enumerate() {
+            if i == 0 && !kueue_checks.is_empty() {
+                taken.push(format!(
+                    "ProvisioningRequest {namespace}/{name} may be wanted by Kueue's built-in \
+                     check {} (AdmissionCheck {}), which names its requests the same way",
+                    identity::KUEUE_CONTROLLER_NAME,
+                    kueue_checks.join(", ")
+                ));
+                continue;
+            }
+            if let Some(r) = holder {
+                taken.push(format!(
+                    "ProvisioningRequest {namespace}/{name} exists, {}",
+                    identity::describe_owner(&r.metadata, me)
+                ));
+                continue;
+            }
+            let plan = plan.renamed(name);
+            if let Err(why) = self.templates_usable(client, &namespace, me, &plan).await? {
+                taken.push(why);
+                continue;
+            }
+            self.create(client, wl, me, attempt, &plan).await?;
+            let mut message = format!(
+                "created ProvisioningRequest {namespace}/{name} (attempt {attempt}); waiting for \
+                 it to be provisioned"
+            );
+            if !taken.is_empty() {
+                warn!(request = %name, taken = ?taken, "the first choice of name is taken; using another");
+                message.push_str(&format!(
+                    " (not the usual name: {}; this check never touches objects it did not make)",
+                    taken.join("; ")
+                ));
+            }
+            return Ok(Decision::pending(message));
+        }
+        // Nothing of ours changes when the holder goes away, so no watch wakes the Workload.
+        Ok(Decision::pending_recheck_after(
+            format!(
+                "cannot create a ProvisioningRequest for attempt {attempt}: every name this check \
+             may use is taken: {}. This check never deletes or adopts objects it did not make: \
+             delete them if they are stale, or give the Workload or the AdmissionCheck another \
+             name",
+                taken.join("; ")
+            ),
+            BLOCKED_RECHECK,
+        ))
+    }
+
+    /// The AdmissionChecks of Kueue's built-in provisioning check whose requests can take the
+    /// names of `check`'s ([`names::checks_may_share_names`]).
+    async fn kueue_checks_sharing_names(
+        &self,
+        client: &Client,
+        check: &str,
+    ) -> Result<Vec<String>, Error> {
+        let api: Api<AdmissionCheck> = Api::all(client.clone());
+        let mut found: Vec<String> = api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|ac| ac.spec.controller_name == identity::KUEUE_CONTROLLER_NAME)
+            .map(|ac| ac.name_any())
+            .filter(|k| names::checks_may_share_names(check, k))
+            .collect();
+        found.sort();
+        Ok(found)
+    }
+
     /// For a `Ready` entry: withdraw it only if the capacity was revoked, or the booking expired
     /// before admission. Anything else keeps the answer exactly as written (no write).
     async fn revalidate(
@@ -185,15 +362,21 @@ impl ProvisioningCheck {
             message: ctx.entry.message.clone(),
             pod_set_updates: ctx.entry.pod_set_updates.clone(),
         };
-        let name = names::request_name(&ctx.workload.name_any(), &ctx.entry.name, ctx.attempt());
+        let (workload, uid) = (
+            ctx.workload.name_any(),
+            ctx.workload.uid().unwrap_or_default(),
+        );
+        let me = Identity {
+            instance: &self.instance,
+            workload: &workload,
+            workload_uid: &uid,
+            check: &ctx.entry.name,
+        };
         let api: Api<ProvisioningRequest> = Api::namespaced(ctx.client.clone(), namespace);
-        let Some(request) = api
-            .get_opt(&name)
-            .await?
-            .filter(|r| made_for(r, ctx.workload))
-        else {
+        let Located::Ours(request) = self.locate(&api, &me, ctx.attempt()).await? else {
             return Ok(keep);
         };
+        let name = request.name_any();
         let admitted = ctx.workload.condition_is_true(cond::ADMITTED);
         let o = outcome::outcome(&request, admitted, None, ctx.now);
         Ok(match o {
@@ -228,10 +411,29 @@ pub(crate) fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
-/// Whether an object of ours was made for this Workload (same uid), not for a predecessor of
-/// the same name.
-fn made_for(object: &impl ResourceExt, wl: &Workload) -> bool {
-    object.labels().get(plan::WORKLOAD_UID_LABEL) == wl.uid().as_ref()
+/// `object` when it is ours, else the error saying who holds the name.
+fn ours_or_taken<K: ResourceExt>(
+    object: K,
+    me: &Identity<'_>,
+    kind: &str,
+    namespace: &str,
+) -> Result<K, Error> {
+    if ownership(object.meta(), me) == Ownership::Ours {
+        return Ok(object);
+    }
+    Err(Error::NameTaken(format!(
+        "{kind} {namespace}/{} was created meanwhile, {}; another name is tried next",
+        object.name_any(),
+        identity::describe_owner(object.meta(), me)
+    )))
+}
+
+/// What the names an attempt's request may take hold.
+enum Located {
+    /// Our request, under one of them.
+    Ours(Box<ProvisioningRequest>),
+    /// None of ours: each name with what holds it (`None`: free), in order of preference.
+    Absent(Vec<(String, Option<ProvisioningRequest>)>),
 }
 
 pub(crate) fn is_not_found(e: &kube::Error) -> bool {
@@ -290,42 +492,40 @@ impl AdmissionCheckController for ProvisioningCheck {
             }
             Plan::Request(p) => p,
         };
-        let qualified = format!("{namespace}/{}", plan.name);
-        let api: Api<ProvisioningRequest> = Api::namespaced(ctx.client.clone(), &namespace);
-        let existing = api.get_opt(&plan.name).await?;
-        let request = match existing {
-            None => {
-                // A new attempt: what earlier attempts left behind goes first.
-                cleanup::delete_requests_of(ctx.client, &self.instance, wl, check, |r| {
-                    names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt)
-                })
-                .await?;
-                self.create(ctx.client, wl, check, attempt, &plan).await?;
-                return Ok(Decision::pending(format!(
-                    "created ProvisioningRequest {qualified} (attempt {attempt}); waiting for it to \
-                     be provisioned"
-                )));
-            }
-            Some(r) if r.metadata.deletion_timestamp.is_some() => {
-                return Ok(Decision::pending(format!(
-                    "waiting for the old ProvisioningRequest {qualified} to be deleted"
-                )));
-            }
-            Some(r) if !made_for(&r, wl) => {
-                // Left by a deleted Workload of the same name: never adopt its capacity.
-                cleanup::delete_request(ctx.client, &r).await?;
-                return Ok(Decision::pending(format!(
-                    "replacing ProvisioningRequest {qualified}, left by an earlier Workload of the \
-                     same name"
-                )));
-            }
-            Some(r) => r,
+        let (workload, uid) = (
+            wl.name_any(),
+            wl.uid()
+                .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "uid"))?,
+        );
+        let me = Identity {
+            instance: &self.instance,
+            workload: &workload,
+            workload_uid: &uid,
+            check,
         };
+        let api: Api<ProvisioningRequest> = Api::namespaced(ctx.client.clone(), &namespace);
+        let request = match self.locate(&api, &me, attempt).await? {
+            Located::Ours(r) if r.metadata.deletion_timestamp.is_some() => {
+                return Ok(Decision::pending(format!(
+                    "waiting for the old ProvisioningRequest {namespace}/{} to be deleted",
+                    r.name_any()
+                )));
+            }
+            Located::Ours(r) => *r,
+            Located::Absent(holders) => {
+                return self
+                    .start_attempt(ctx.client, wl, &me, attempt, &plan, &holders)
+                    .await;
+            }
+        };
+        // The request is ours (the rule in `locate`): only now may its name reach podSetUpdates.
+        let plan = plan.renamed(&request.name_any());
+        let qualified = format!("{namespace}/{}", plan.name);
         if !matches_plan(&plan, &request) {
             // The config changed since the request was made (the request spec is immutable).
             // The desired request already includes the Workload's annotation overrides, so a
             // request made from them is never judged out of date: no recreate loop.
-            cleanup::delete_request(ctx.client, &request).await?;
+            cleanup::delete_request(ctx.client, &self.instance, &request).await?;
             return Ok(Decision::pending(format!(
                 "ProvisioningRequest {qualified} no longer matches ProvisioningRequestConfig {}; \
                  recreating it",

@@ -33,6 +33,7 @@ use tracing::{info, warn};
 
 use crate::check::{is_conflict, is_not_found};
 use crate::error::Error;
+use crate::identity::{Identity, Ownership, ownership};
 use crate::metrics::{Metrics, Transition};
 use crate::names;
 use crate::plan;
@@ -89,8 +90,9 @@ pub fn orphan_reason(request: &ProvisioningRequest, workload: Option<&Workload>)
     }
 }
 
-/// Deletes the requests of `wl` for `check` that `which` selects, with their templates.
-/// Returns how many requests it deleted.
+/// Deletes the requests of `wl` for `check` that `which` selects, with their templates: only
+/// those this instance made for this Workload and check ([`Ownership::Ours`]). Returns how many
+/// requests it deleted.
 pub async fn delete_requests_of(
     client: &Client,
     instance: &str,
@@ -104,48 +106,77 @@ pub async fn delete_requests_of(
     let uid = wl
         .uid()
         .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "uid"))?;
+    let name = wl.name_any();
+    let me = Identity {
+        instance,
+        workload: &name,
+        workload_uid: &uid,
+        check,
+    };
     let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
+    // The selector only narrows the list; the rule decides.
     let selector = format!(
         "{INSTANCE_LABEL}={instance},{}={uid}",
         plan::WORKLOAD_UID_LABEL
     );
     let requests = api.list(&ListParams::default().labels(&selector)).await?;
     let mut deleted = 0;
-    for r in requests.items.iter().filter(|r| {
-        r.annotations()
-            .get(plan::CHECK_ANNOTATION)
-            .map(String::as_str)
-            == Some(check)
-            && which(r)
-    }) {
-        delete_request(client, r).await?;
-        deleted += 1;
+    for r in requests
+        .items
+        .iter()
+        .filter(|r| ownership(&r.metadata, &me) == Ownership::Ours && which(r))
+    {
+        if delete_request(client, instance, r).await? {
+            deleted += 1;
+        }
     }
     Ok(deleted)
 }
 
-/// Deletes a request and the PodTemplates it names. Objects already gone are fine.
-pub async fn delete_request(client: &Client, request: &ProvisioningRequest) -> Result<(), Error> {
+/// Deletes a request this instance made (for whichever Workload its labels record) and the
+/// PodTemplates it names that were made with it. Anything else is left alone and `false`
+/// returned; callers decide first whether the Workload still needs the request. Objects
+/// already gone are fine.
+pub async fn delete_request(
+    client: &Client,
+    instance: &str,
+    request: &ProvisioningRequest,
+) -> Result<bool, Error> {
+    let Some(recorded) = Identity::recorded_on(&request.metadata, instance) else {
+        return Ok(false);
+    };
+    if ownership(&request.metadata, &recorded) != Ownership::Ours {
+        return Ok(false);
+    }
     let namespace = request.namespace().unwrap_or_default();
     let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
+    // Templates first: while the request still holds its name, nobody else (Kueue's built-in
+    // check waiting for that name) can take our templates for a request of its own.
+    delete_templates(client, instance, request).await?;
     // `request` may be a stale copy, and a successor's request may already exist under the same
     // name (a Workload re-created with the same name).
     delete_exactly(&api, request).await?;
-    delete_templates(client, request).await
+    Ok(true)
 }
 
-/// Deletes the PodTemplates a request names, but only those of the same Workload (uid): a
-/// Workload re-created under the same name gets templates of the same names, which must survive
-/// the clean-up of its predecessor's request.
-async fn delete_templates(client: &Client, request: &ProvisioningRequest) -> Result<(), Error> {
+/// Deletes the PodTemplates a request names, but only those made with it (this instance, the
+/// same Workload uid and check): a template of that name may be Kueue's, a user's, or that of a
+/// Workload re-created under the same name.
+async fn delete_templates(
+    client: &Client,
+    instance: &str,
+    request: &ProvisioningRequest,
+) -> Result<(), Error> {
+    let Some(recorded) = Identity::recorded_on(&request.metadata, instance) else {
+        return Ok(());
+    };
     let namespace = request.namespace().unwrap_or_default();
     let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
-    let owner = request.labels().get(plan::WORKLOAD_UID_LABEL);
     for p in &request.spec.pod_sets {
         let Some(t) = templates.get_opt(&p.pod_template_ref.name).await? else {
             continue;
         };
-        if t.labels().get(plan::WORKLOAD_UID_LABEL) != owner {
+        if ownership(&t.metadata, &recorded) != Ownership::Ours {
             continue;
         }
         delete_exactly(&templates, &t).await?;
@@ -225,7 +256,7 @@ pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<M
             Ok(watcher::Event::InitApply(r)) => {
                 counted.insert(r.uid().unwrap_or_default(), counted_conditions(&r));
                 listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
-                sweep_one(&ctx, &r).await;
+                sweep_one(&ctx, &instance, &r).await;
                 wake(&ctx, &r).await;
             }
             Ok(watcher::Event::InitDone) => sweep_templates(&ctx, &instance, &listed).await,
@@ -242,12 +273,12 @@ pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<M
                         metrics.transition(&check, t);
                     }
                 }
-                sweep_one(&ctx, &r).await;
+                sweep_one(&ctx, &instance, &r).await;
                 wake(&ctx, &r).await;
             }
             Ok(watcher::Event::Delete(r)) => {
                 counted.remove(&r.uid().unwrap_or_default());
-                if let Err(e) = delete_templates(&ctx.client, &r).await {
+                if let Err(e) = delete_templates(&ctx.client, &instance, &r).await {
                     warn!(request = %r.name_any(), error = %e, "deleting the templates of a deleted request");
                 }
                 wake(&ctx, &r).await;
@@ -268,7 +299,7 @@ async fn wake(ctx: &LeaderContext, r: &ProvisioningRequest) {
 
 /// Deletes `r` if it is an orphan, confirming with a fresh read of the Workload: the cache may
 /// not have seen a Workload created a moment ago.
-async fn sweep_one(ctx: &LeaderContext, r: &ProvisioningRequest) {
+async fn sweep_one(ctx: &LeaderContext, instance: &str, r: &ProvisioningRequest) {
     if r.metadata.deletion_timestamp.is_some() {
         return;
     }
@@ -293,10 +324,11 @@ async fn sweep_one(ctx: &LeaderContext, r: &ProvisioningRequest) {
     let Some(reason) = orphan_reason(r, fresh.as_ref()) else {
         return;
     };
-    match delete_request(&ctx.client, r).await {
-        Ok(()) => {
+    match delete_request(&ctx.client, instance, r).await {
+        Ok(true) => {
             info!(request = %r.name_any(), namespace, reason, "deleted an orphaned ProvisioningRequest")
         }
+        Ok(false) => {}
         Err(e) => {
             warn!(request = %r.name_any(), error = %e, "deleting an orphaned ProvisioningRequest")
         }
@@ -331,16 +363,15 @@ async fn sweep_templates(
             .as_ref()
             .is_none_or(|c| now.duration_since(c.0).unsigned_abs() < TEMPLATE_GRACE);
         let orphan = request.is_none_or(|r| !requests.contains(&(namespace.clone(), r)));
-        if !orphan || young {
+        // The selector only narrows the list: a template without our full identity stays.
+        let this_instances = Identity::recorded_on(&t.metadata, instance)
+            .is_some_and(|id| ownership(&t.metadata, &id) == Ownership::Ours);
+        if !orphan || young || !this_instances {
             continue;
         }
         let templates: Api<PodTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
-        match templates
-            .delete(&t.name_any(), &DeleteParams::background())
-            .await
-        {
-            Ok(_) => info!(template = %t.name_any(), namespace, "deleted an orphaned PodTemplate"),
-            Err(e) if is_not_found(&e) => {}
+        match delete_exactly(&templates, &t).await {
+            Ok(()) => info!(template = %t.name_any(), namespace, "deleted an orphaned PodTemplate"),
             Err(e) => {
                 warn!(template = %t.name_any(), error = %e, "deleting an orphaned PodTemplate")
             }

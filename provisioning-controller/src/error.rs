@@ -15,6 +15,10 @@ pub enum Error {
     /// A Workload without a uid or namespace: not one read from the API server.
     #[error("workload {0} has no {1}")]
     MalformedWorkload(String, &'static str),
+    /// A name this controller was about to use was taken meanwhile by an object it did not
+    /// make; the next pass picks another name.
+    #[error("{0}")]
+    NameTaken(String),
     /// The SDK runtime stopped with an error.
     #[error(transparent)]
     Runtime(#[from] kueue_admission_sdk::Error),
@@ -27,6 +31,7 @@ impl Error {
             Error::Api(_) => "api",
             Error::Plan(_) => "plan",
             Error::MalformedWorkload(..) => "malformed_workload",
+            Error::NameTaken(_) => "name_taken",
             Error::Runtime(e) => e.label(),
         }
     }

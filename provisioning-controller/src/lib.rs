@@ -11,6 +11,7 @@
 //! - [`outcome`]: a request's conditions (and the clock) → the check's decision;
 //! - [`config`]: the parameters (Kueue's ProvisioningRequestConfig) and this controller's extras;
 //! - [`check`]: the SDK trait implementation, creating and reading requests;
+//! - [`identity`]: which objects are ours (the rule checked before any delete, patch or use);
 //! - [`cleanup`]: watching our requests, waking their Workloads, removing what nobody needs;
 //! - [`simulator`]: plays cluster-autoscaler's part for tests and the demo.
 
@@ -18,6 +19,7 @@ pub mod check;
 pub mod cleanup;
 pub mod config;
 pub mod error;
+pub mod identity;
 pub mod metrics;
 pub mod names;
 pub mod outcome;

@@ -32,7 +32,7 @@ struct Cli {
 }
 
 fn controller_name(value: &str) -> Result<String, String> {
-    if value == "kueue.x-k8s.io/provisioning-request" {
+    if value == kueue_provisioning_controller::identity::KUEUE_CONTROLLER_NAME {
         return Err(
             "that name belongs to Kueue's built-in controller, which always serves it; pick another"
                 .into(),

@@ -37,6 +37,48 @@ pub fn request_name(workload: &str, check: &str, attempt: u32) -> String {
     name
 }
 
+/// The names a request of `check` for the Workload `workload` (uid `workload_uid`) may take on
+/// attempt `attempt`, in order of preference: [`request_name`], then [`alternative_request_name`].
+/// The controller uses the first that no foreign object holds, and looks for its own request
+/// under both, so the choice survives restarts.
+pub fn request_names(workload: &str, workload_uid: &str, check: &str, attempt: u32) -> [String; 2] {
+    [
+        request_name(workload, check, attempt),
+        alternative_request_name(workload, workload_uid, check, attempt),
+    ]
+}
+
+/// The name used when [`request_name`] is held by an object that is not ours (Kueue's built-in
+/// check, another controller, a user, or another Workload whose name and check concatenate to
+/// the same string): `<workload>-<check>-<hash>-<attempt>`, the hash of the Workload's uid and
+/// the check. Shortened like [`request_name`], always ending with `-<attempt>` (so [`attempt_of`]
+/// reads it). Deterministic: a restarted controller computes the same name.
+pub fn alternative_request_name(
+    workload: &str,
+    workload_uid: &str,
+    check: &str,
+    attempt: u32,
+) -> String {
+    let base = format!(
+        "{workload}-{check}-{}",
+        short_hash(&format!("{workload_uid}/{check}"))
+    );
+    let suffix = format!("-{attempt}");
+    if base.len() + suffix.len() <= MAX_NAME_LEN {
+        return base + &suffix;
+    }
+    let mut name = shorten(&base, MAX_NAME_LEN - suffix.len());
+    name.push_str(&suffix);
+    name
+}
+
+/// Whether two checks can give two Workloads the same request name: `<w1>-<a>-<n>` equals
+/// `<w2>-<b>-<n>` for some Workload names exactly when the checks differ and one name ends with
+/// `-` and the other (`a` with Workload `x-b`, `b-a` with Workload `x`).
+pub fn checks_may_share_names(a: &str, b: &str) -> bool {
+    a != b && (a.ends_with(&format!("-{b}")) || b.ends_with(&format!("-{a}")))
+}
+
 /// The attempt number a request name ends with (`-<attempt>`), for names made by
 /// [`request_name`], shortened or not. `None` when the name does not end that way.
 pub fn attempt_of(request_name: &str) -> Option<u32> {
@@ -189,6 +231,40 @@ mod tests {
         assert_ne!(name, pod_template_name(&request, "driver"));
         let other_attempt = request_name(&"r".repeat(250), "check", 4);
         assert_ne!(name, pod_template_name(&other_attempt, "workers"));
+    }
+
+    #[test]
+    fn alternative_names_differ_per_workload_uid_and_keep_their_attempt() {
+        // `a` + `b-c` and `a-b` + `c` share the first choice, never the alternative.
+        assert_eq!(request_name("a", "b-c", 1), request_name("a-b", "c", 1));
+        let one = alternative_request_name("a", "uid-1", "b-c", 1);
+        let two = alternative_request_name("a-b", "uid-2", "c", 1);
+        assert_ne!(one, two);
+        assert!(one.starts_with("a-b-c-") && one.ends_with("-1"), "{one}");
+        assert_eq!(one, alternative_request_name("a", "uid-1", "b-c", 1));
+        // Another uid under the same names (a re-created Workload) gets another one.
+        assert_ne!(one, alternative_request_name("a", "uid-3", "b-c", 1));
+        assert_eq!(attempt_of(&one), Some(1));
+        assert_ne!(one, request_name("a", "b-c", 1));
+        let [first, second] = request_names("a", "uid-1", "b-c", 7);
+        assert_eq!(first, "a-b-c-7");
+        assert_eq!(second, alternative_request_name("a", "uid-1", "b-c", 7));
+        // Long names stay within the limit and still end with the attempt.
+        let long = alternative_request_name(&"w".repeat(253), "uid", &"c".repeat(253), 12);
+        assert!(long.len() <= MAX_NAME_LEN, "{long}");
+        assert_eq!(attempt_of(&long), Some(12));
+        assert_ne!(long, request_name(&"w".repeat(253), &"c".repeat(253), 12));
+    }
+
+    #[test]
+    fn checks_share_names_only_when_one_ends_with_the_other() {
+        assert!(checks_may_share_names("c", "b-c"));
+        assert!(checks_may_share_names("b-c", "c"));
+        assert_eq!(request_name("a-b", "c", 1), request_name("a", "b-c", 1));
+        assert!(!checks_may_share_names("c", "c"));
+        assert!(!checks_may_share_names("c", "bc"));
+        assert!(!checks_may_share_names("c", "c-b"));
+        assert!(!checks_may_share_names("prov", "kueue-prov2"));
     }
 
     #[test]

@@ -90,6 +90,19 @@ pub struct RequestPlan {
     pub pod_sets: Vec<PlannedPodSet>,
 }
 
+impl RequestPlan {
+    /// The same request under another name (and its PodTemplates under the matching names).
+    pub fn renamed(&self, name: &str) -> RequestPlan {
+        let mut plan = self.clone();
+        plan.name = name.to_string();
+        for ps in &mut plan.pod_sets {
+            let owner = ps.members.first().map(String::as_str).unwrap_or_default();
+            ps.template_name = names::pod_template_name(name, owner);
+        }
+        plan
+    }
+}
+
 /// One podset of the request, standing for one or more (merged) podsets of the Workload.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlannedPodSet {

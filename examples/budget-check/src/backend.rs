@@ -17,6 +17,12 @@ use crate::window::Budget;
 /// Label on each ledger ConfigMap; its value is the namespace whose spending it records.
 pub const LEDGER_LABEL: &str = "kueue-admission-checks.dev/budget-ledger-for";
 
+/// Whether a ConfigMap is the ledger of `namespace` (the label this check writes on it), and
+/// so may be read as one and overwritten.
+pub fn is_ledger_of(cm: &ConfigMap, namespace: &str) -> bool {
+    cm.labels().get(LEDGER_LABEL).map(String::as_str) == Some(namespace)
+}
+
 /// A value with the version it was read at (`None`: the object does not exist yet).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Versioned<T> {
@@ -130,6 +136,13 @@ impl Backend for ConfigMapBackend {
                 version: None,
             });
         };
+        // Found by name only: it is ours only if labelled as this namespace's ledger.
+        if !is_ledger_of(&cm, namespace) {
+            return Err(Error::NotALedger(
+                self.ledger_name(namespace),
+                format!("{LEDGER_LABEL}={namespace}"),
+            ));
+        }
         let version = cm.resource_version();
         let ledger =
             BudgetLedger::from_config_map_data(&cm.data.unwrap_or_default()).map_err(|source| {
@@ -184,10 +197,14 @@ impl Backend for ConfigMapBackend {
             .api(client)
             .list(&ListParams::default().labels(LEDGER_LABEL))
             .await?;
+        // Only ledgers under this check's names: another prefix's are another instance's.
         Ok(list
             .items
             .iter()
-            .filter_map(|cm| cm.labels().get(LEDGER_LABEL).cloned())
+            .filter_map(|cm| {
+                let ns = cm.labels().get(LEDGER_LABEL)?;
+                (cm.name_any() == self.ledger_of(ns)).then(|| ns.clone())
+            })
             .collect())
     }
 
@@ -204,5 +221,39 @@ impl Backend for ConfigMapBackend {
 
     fn ledger_name(&self, namespace: &str) -> String {
         format!("{}/{}", self.namespace, self.ledger_of(namespace))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_map(labels: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("budget-ledger-team".into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_labelled_ledger_of_that_namespace_is_ours() {
+        assert!(is_ledger_of(&config_map(&[(LEDGER_LABEL, "team")]), "team"));
+        // The right name, someone else's ConfigMap.
+        assert!(!is_ledger_of(&config_map(&[]), "team"));
+        assert!(!is_ledger_of(&config_map(&[("app", "x")]), "team"));
+        // Another namespace's ledger (prefixes that make names meet).
+        assert!(!is_ledger_of(
+            &config_map(&[(LEDGER_LABEL, "other")]),
+            "team"
+        ));
     }
 }

@@ -26,6 +26,14 @@ pub enum Error {
     /// error backoff.
     #[error("ledger ConfigMap {0} changed under each of {1} attempts to update it")]
     Contention(String, usize),
+    /// A ConfigMap has the ledger's name but is not a ledger of this check (someone else's, or
+    /// another instance's with another label): it is never read as one nor overwritten.
+    #[error(
+        "ConfigMap {0} is not a ledger of this check (label {1} is missing or names another \
+         namespace); it is left alone: rename or delete it, or give the check another \
+         --ledger-prefix"
+    )]
+    NotALedger(String, String),
     /// A Workload without a uid or namespace: not one read from the API server.
     #[error("workload {0} has no uid or namespace")]
     NotFromTheApiServer(String),

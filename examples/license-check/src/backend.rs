@@ -70,6 +70,12 @@ pub trait Backend: Send + Sync + 'static {
     fn ledger_name(&self) -> String;
 }
 
+/// Whether a ConfigMap is a ledger (the label this check writes on it), and so may be read as
+/// one and overwritten.
+pub fn is_ledger(cm: &ConfigMap) -> bool {
+    cm.labels().get(LEDGER_LABEL).map(String::as_str) == Some("true")
+}
+
 /// The pool and the ledger as ConfigMaps in one namespace.
 #[derive(Clone, Debug)]
 pub struct ConfigMapBackend {
@@ -107,6 +113,13 @@ impl Backend for ConfigMapBackend {
                 version: None,
             });
         };
+        // Found by name only: it is ours only if labelled as a ledger.
+        if !is_ledger(&cm) {
+            return Err(Error::NotALedger(
+                self.ledger_name(),
+                format!("{LEDGER_LABEL}=true"),
+            ));
+        }
         let version = cm.resource_version();
         let ledger =
             Ledger::from_config_map_data(&cm.data.unwrap_or_default()).map_err(|source| {
@@ -167,5 +180,22 @@ impl Backend for ConfigMapBackend {
 
     fn ledger_name(&self) -> String {
         format!("{}/{}", self.namespace, self.ledger)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_labelled_ledger_is_ours() {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("license-ledger".into());
+        // The right name, someone else's ConfigMap.
+        assert!(!is_ledger(&cm));
+        cm.labels_mut().insert(LEDGER_LABEL.into(), "false".into());
+        assert!(!is_ledger(&cm));
+        cm.labels_mut().insert(LEDGER_LABEL.into(), "true".into());
+        assert!(is_ledger(&cm));
     }
 }

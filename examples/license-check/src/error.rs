@@ -25,6 +25,13 @@ pub enum Error {
     /// runtime asks again after its error backoff.
     #[error("ledger ConfigMap {0} changed under each of {1} attempts to update it")]
     Contention(String, usize),
+    /// A ConfigMap has the ledger's name but is not a ledger (someone else's): it is never
+    /// read as one nor overwritten.
+    #[error(
+        "ConfigMap {0} is not a license ledger (label {1} is missing); it is left alone: \
+         rename or delete it, or give the check another --ledger name"
+    )]
+    NotALedger(String, String),
     /// A Workload without a uid: not one read from the API server.
     #[error("workload {0} has no uid")]
     NoUid(String),
