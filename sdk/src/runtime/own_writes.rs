@@ -6,11 +6,13 @@
 //! second time for an attempt it already answered. So every successful write is remembered with
 //! the `resourceVersion` the API server gave it until the watch delivers exactly that version;
 //! meanwhile the check is not asked about that Workload again. The watch delivers versions in
-//! order, so seeing ours means the cache holds it (or something newer). A re-list can skip a
-//! version, so a remembered write also expires after [`OwnWrites::PATIENCE`]: then the check is
-//! asked, and a stale write is refused with 409 as always.
+//! order, so seeing ours means the cache holds it (or something newer). The watch can deliver
+//! the version before the writer gets the API server's answer, so the versions seen last are
+//! kept for a while too. A re-list can skip a version, so a remembered write also expires after
+//! [`OwnWrites::PATIENCE`]: then the check is asked, and a stale write is refused with 409 as
+//! always.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -20,6 +22,14 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 pub(crate) struct OwnWrites {
     unseen: Mutex<HashMap<String, Vec<Unseen>>>,
+    /// The (uid, resourceVersion) pairs the watch delivered last, oldest first.
+    recent: Mutex<Recent>,
+}
+
+#[derive(Debug, Default)]
+struct Recent {
+    order: VecDeque<(String, String)>,
+    set: HashSet<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -32,6 +42,8 @@ struct Unseen {
 impl OwnWrites {
     /// How long a write may stay unseen before the check is asked again all the same.
     pub const PATIENCE: Duration = Duration::from_secs(30);
+    /// How many delivered versions are remembered for a writer that learns of its write late.
+    const RECENT: usize = 8192;
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Unseen>>> {
         self.unseen.lock().unwrap_or_else(|p| p.into_inner())
@@ -40,7 +52,19 @@ impl OwnWrites {
     /// `check`'s entry was written on the Workload `uid`, which the API server then had at
     /// `resource_version`.
     pub fn wrote(&self, uid: &str, check: &str, resource_version: String, now: Instant) {
+        let seen_already = {
+            let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            recent
+                .set
+                .contains(&(uid.to_string(), resource_version.clone()))
+        };
         let mut unseen = self.lock();
+        if seen_already {
+            if let Some(writes) = unseen.get_mut(uid) {
+                writes.retain(|w| w.check != check);
+            }
+            return;
+        }
         let writes = unseen.entry(uid.to_string()).or_default();
         writes.retain(|w| w.check != check);
         writes.push(Unseen {
@@ -52,6 +76,18 @@ impl OwnWrites {
 
     /// The watch delivered the Workload `uid` at `resource_version` (and the cache holds it).
     pub fn seen(&self, uid: &str, resource_version: &str, now: Instant) {
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            let pair = (uid.to_string(), resource_version.to_string());
+            if recent.set.insert(pair.clone()) {
+                recent.order.push_back(pair);
+                if recent.order.len() > Self::RECENT
+                    && let Some(old) = recent.order.pop_front()
+                {
+                    recent.set.remove(&old);
+                }
+            }
+        }
         let mut unseen = self.lock();
         if let Some(writes) = unseen.get_mut(uid) {
             writes.retain(|w| w.resource_version != resource_version && w.expires > now);
@@ -120,6 +156,17 @@ mod tests {
         assert!(writes.wait_for("uid", "a", Some("10"), t0).is_some());
         writes.seen("uid", "11", t0);
         assert_eq!(writes.wait_for("uid", "a", Some("10"), t0), None);
+    }
+
+    #[test]
+    fn a_version_delivered_before_the_writer_heard_back_counts_as_seen() {
+        let writes = OwnWrites::default();
+        let t0 = Instant::now();
+        writes.seen("uid", "11", t0);
+        writes.wrote("uid", "a", "11".into(), t0);
+        assert_eq!(writes.wait_for("uid", "a", Some("10"), t0), None);
+        writes.wrote("uid", "a", "12".into(), t0);
+        assert!(writes.wait_for("uid", "a", Some("11"), t0).is_some());
     }
 
     #[test]

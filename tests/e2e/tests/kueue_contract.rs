@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use e2e::{GuardedQueue, TestEnv};
+use kube::ResourceExt;
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 
 const TEST_CONTROLLER: &str = "e2e.kueue-admission-checks.dev/test-controller";
@@ -266,5 +267,70 @@ async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
         let entry = wl.admission_check(check).cloned().unwrap_or_default();
         assert_eq!(entry.retry_count, Some(1), "{check}:\n{}", e2e::dump(&wl));
     }
+    Ok(())
+}
+
+/// Contract section 4 (`resetChecksOnEviction`, v0.19.2 `pkg/workload/evict`): an eviction keeps
+/// and increments `retryCount` only on entries that say `Retry`; an entry that says `Ready` is
+/// reset to `Pending` **without** its `retryCount`. So one check's count is wiped when another
+/// check evicts: `retryCount + 1` is no attempt number (the SDK keeps its own).
+#[tokio::test]
+async fn another_checks_eviction_drops_the_retry_count_of_a_ready_entry() -> Result<()> {
+    let env = TestEnv::new("reset-ready").await?;
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let a = env.admission_check("a", TEST_CONTROLLER).await?.name_any();
+    let b = env.admission_check("b", TEST_CONTROLLER).await?.name_any();
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&a, &b])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    env.set_admission_check_active(&a, true).await?;
+    env.set_admission_check_active(&b, true).await?;
+    let wl_name = env.submit_job("job", "lq", "1").await?;
+
+    // Check a retries once: its entry comes back Pending with retryCount 1.
+    env.wait_check_pending_with_quota(&wl_name, &a).await?;
+    env.answer_check(&wl_name, &a, CheckState::Retry, "a retries")
+        .await?;
+    env.wait_workload(&wl_name, "a's retry counted", |wl| {
+        wl.admission_check(&a)
+            .is_some_and(|e| e.state == CheckState::Pending && e.retry_count == Some(1))
+    })
+    .await?;
+    // Then a passes (its retryCount stays 1) while b retries: Kueue evicts again.
+    env.wait_check_pending_with_quota(&wl_name, &a).await?;
+    env.answer_check(&wl_name, &a, CheckState::Ready, "a passes")
+        .await?;
+    let wl = env
+        .wait_workload(&wl_name, "a Ready with retryCount 1", |wl| {
+            wl.admission_check(&a)
+                .is_some_and(|e| e.state == CheckState::Ready && e.retry_count == Some(1))
+        })
+        .await?;
+    let evictions = wl.total_evictions();
+    env.answer_check(&wl_name, &b, CheckState::Retry, "b retries")
+        .await?;
+    let wl = env
+        .wait_workload(&wl_name, "evicted by b's Retry", |wl| {
+            wl.total_evictions() > evictions
+        })
+        .await?;
+    let a_entry = wl.admission_check(&a).cloned().unwrap_or_default();
+    let b_entry = wl.admission_check(&b).cloned().unwrap_or_default();
+    assert_eq!(a_entry.state, CheckState::Pending, "{}", e2e::dump(&wl));
+    assert_eq!(
+        a_entry.message,
+        "Reset to Pending after eviction. Previously: Ready",
+        "{}",
+        e2e::dump(&wl)
+    );
+    assert_eq!(
+        a_entry.retry_count,
+        None,
+        "a's retryCount survived another check's eviction:\n{}",
+        e2e::dump(&wl)
+    );
+    assert_eq!(b_entry.retry_count, Some(1), "{}", e2e::dump(&wl));
     Ok(())
 }

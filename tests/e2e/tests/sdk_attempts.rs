@@ -1,0 +1,471 @@
+//! Attempt numbers with several checks on one ClusterQueue, against the real Kueue.
+//!
+//! Kueue drops the `retryCount` of a `Ready` entry when another check's `Retry` evicts the
+//! Workload (`kueue_contract::another_checks_eviction_drops_the_retry_count_of_a_ready_entry`).
+//! The SDK counts each check's own retries on the Workload instead: here every check's attempt
+//! must never go back, backoff must grow with it, the retry limit must deactivate the Workload,
+//! a restarted controller must keep the count, and the Workload must be admitted once every
+//! check answers `Ready`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use e2e::TestEnv;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::{
+    AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, RetryPolicy,
+    RuntimeConfig, attempts, run_until_with,
+};
+use serde_json::json;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinHandle;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One scripted answer; a gated one waits for a permit from the test first.
+struct Step {
+    decision: Decision,
+    gate: Option<Arc<Semaphore>>,
+}
+
+/// What one check answers and what it was asked.
+struct Script {
+    /// Answers, in order; once empty, the answer for the attempt, or `otherwise`.
+    steps: Mutex<VecDeque<Step>>,
+    by_attempt: Mutex<std::collections::BTreeMap<u32, Decision>>,
+    otherwise: Mutex<Decision>,
+    /// The attempt of every call, in order.
+    attempts: Mutex<Vec<u32>>,
+}
+
+impl Script {
+    fn new(otherwise: Decision) -> Arc<Self> {
+        Arc::new(Self {
+            steps: Mutex::default(),
+            by_attempt: Mutex::default(),
+            otherwise: Mutex::new(otherwise),
+            attempts: Mutex::default(),
+        })
+    }
+
+    fn then(&self, decision: Decision) {
+        lock(&self.steps).push_back(Step {
+            decision,
+            gate: None,
+        });
+    }
+
+    /// The next answer waits until the returned gate gets a permit.
+    fn then_gated(&self, decision: Decision) -> Arc<Semaphore> {
+        let gate = Arc::new(Semaphore::new(0));
+        lock(&self.steps).push_back(Step {
+            decision,
+            gate: Some(gate.clone()),
+        });
+        gate
+    }
+
+    /// Whenever asked about `attempt` (and no step is left), answer `decision`.
+    fn on_attempt(&self, attempt: u32, decision: Decision) {
+        lock(&self.by_attempt).insert(attempt, decision);
+    }
+
+    fn otherwise(&self, decision: Decision) {
+        *lock(&self.otherwise) = decision;
+    }
+
+    fn attempts(&self) -> Vec<u32> {
+        lock(&self.attempts).clone()
+    }
+}
+
+struct Scripted {
+    controller_name: String,
+    policy: RetryPolicy,
+    revalidate: Option<Duration>,
+    script: Arc<Script>,
+}
+
+impl AdmissionCheckController for Scripted {
+    type Parameters = NoParameters;
+    type Error = Infallible;
+
+    fn controller_name(&self) -> &str {
+        &self.controller_name
+    }
+
+    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
+        self.policy.clone()
+    }
+
+    fn revalidate_ready_every(&self) -> Option<Duration> {
+        self.revalidate
+    }
+
+    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
+        let attempt = ctx.attempt();
+        lock(&self.script.attempts).push(attempt);
+        let step = lock(&self.script.steps).pop_front();
+        let Some(step) = step else {
+            let by_attempt = lock(&self.script.by_attempt).get(&attempt).cloned();
+            return Ok(by_attempt.unwrap_or_else(|| lock(&self.script.otherwise).clone()));
+        };
+        if let Some(gate) = step.gate
+            && let Ok(permit) = gate.acquire().await
+        {
+            permit.forget();
+        }
+        Ok(step.decision)
+    }
+}
+
+/// One check: its AdmissionCheck, script, and the runtime serving it (while it runs).
+struct Check {
+    name: String,
+    controller_name: String,
+    policy: RetryPolicy,
+    revalidate: Option<Duration>,
+    script: Arc<Script>,
+    running: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+}
+
+impl Check {
+    fn start(&mut self, env: &TestEnv) {
+        let controller = Scripted {
+            controller_name: self.controller_name.clone(),
+            policy: self.policy.clone(),
+            revalidate: self.revalidate,
+            script: self.script.clone(),
+        };
+        let config = RuntimeConfig {
+            metrics_address: None,
+            field_manager: format!("e2e-{}", env.ns),
+            concurrency: 4,
+            leader_election: None,
+            ..Default::default()
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let client = env.client.clone();
+        let task = tokio::spawn(async move {
+            let _ = run_until_with(client, controller, config, Extensions::new(), async {
+                let _ = stopped.await;
+            })
+            .await;
+        });
+        self.running = Some((stop, task));
+    }
+
+    /// Ends the runtime without any clean-up, as `kill -9` would.
+    async fn kill(&mut self) {
+        if let Some((_stop, task)) = self.running.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    async fn stop(&mut self) {
+        if let Some((stop, task)) = self.running.take() {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
+    }
+}
+
+/// A ClusterQueue with one check per `(short name, policy, revalidate, otherwise)`, each served
+/// by its own runtime, and a LocalQueue `lq`.
+async fn checks_on_one_queue(
+    env: &TestEnv,
+    specs: Vec<(&str, RetryPolicy, Option<Duration>, Decision)>,
+) -> Result<Vec<Check>> {
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let mut checks = Vec::new();
+    for (short, policy, revalidate, otherwise) in specs {
+        let controller_name = format!("e2e.kueue-admission-checks.dev/{}-{short}", env.ns);
+        let name = env
+            .admission_check(short, &controller_name)
+            .await?
+            .name_any();
+        checks.push(Check {
+            name,
+            controller_name,
+            policy,
+            revalidate,
+            script: Script::new(otherwise),
+            running: None,
+        });
+    }
+    let names: Vec<&str> = checks.iter().map(|c| c.name.as_str()).collect();
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &names)
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    for check in &mut checks {
+        check.start(env);
+    }
+    Ok(checks)
+}
+
+fn ensure_never_decreasing(check: &str, attempts: &[u32]) -> Result<()> {
+    ensure!(
+        attempts.windows(2).all(|w| w[0] <= w[1]),
+        "check {check}'s attempt went back: {attempts:?}"
+    );
+    Ok(())
+}
+
+fn entry_of<'a>(
+    wl: &'a Workload,
+    check: &str,
+) -> Option<&'a kueue_admission_sdk::api::AdmissionCheckState> {
+    wl.admission_check(check)
+}
+
+/// Changes the Workload so that every controller reconciles it (and asks a Pending check).
+async fn touch(env: &TestEnv, wl: &str, value: &str) -> Result<()> {
+    env.workloads()
+        .patch(
+            wl,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"e2e-touch": value}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Two checks: `a` retries, passes, loses its `Ready` (and Kueue's count) to `b`'s eviction
+/// while its controller is down, and, restarted, goes on from the attempt it had reached: its
+/// backoff grows and its retry limit rejects the Workload.
+#[tokio::test]
+async fn attempts_survive_other_checks_evictions_and_restarts_and_the_limit_rejects() -> Result<()>
+{
+    let env = TestEnv::new("attempts-two").await?;
+    // a: 2 s, then 4 s; at most 2 retries, so a Retry on attempt 3 rejects.
+    let a_policy =
+        RetryPolicy::exponential(Duration::from_secs(2), 2.0, Duration::from_secs(60), 0.0)
+            .with_retry_limit(2);
+    let mut checks = checks_on_one_queue(
+        &env,
+        vec![
+            ("a", a_policy, None, Decision::pending("unscripted")),
+            (
+                "b",
+                RetryPolicy::immediate(),
+                None,
+                Decision::pending("b has not made up its mind"),
+            ),
+        ],
+    )
+    .await?;
+    let (a, b) = (checks[0].name.clone(), checks[1].name.clone());
+    let (a_script, b_script) = (checks[0].script.clone(), checks[1].script.clone());
+    a_script.then(Decision::retry("a: not yet"));
+    a_script.then(Decision::ready("a: passes"));
+    a_script.then(Decision::retry("a: not yet again"));
+    a_script.then(Decision::retry("a: still not"));
+
+    let wl = env.submit_job("job", "lq", "1").await?;
+    let first = env
+        .wait_workload(&wl, "a's first Retry", |w| {
+            entry_of(w, &a).is_some_and(|e| e.state == CheckState::Retry)
+        })
+        .await?;
+    let first_delay = entry_of(&first, &a)
+        .and_then(|e| e.requeue_after_seconds)
+        .unwrap_or(0);
+    env.wait_workload(&wl, "a Ready on its second attempt", |w| {
+        entry_of(w, &a).is_some_and(|e| e.state == CheckState::Ready)
+    })
+    .await?;
+    ensure!(a_script.attempts() == [1, 2], "{:?}", a_script.attempts());
+
+    // a's controller dies; b now retries: Kueue evicts and resets a's Ready without its count.
+    checks[0].kill().await;
+    let before = env.workloads().get(&wl).await?.total_evictions();
+    // Asked again on a change of the Workload, b gives the same answer for the same attempt.
+    b_script.on_attempt(1, Decision::retry("b: try again"));
+    b_script.otherwise(Decision::ready("b: passes"));
+    touch(&env, &wl, "b-retries").await?;
+    let reset = env
+        .wait_workload(&wl, "evicted by b, a reset to Pending", |w| {
+            w.total_evictions() > before
+                && entry_of(w, &a).is_some_and(|e| e.state == CheckState::Pending)
+        })
+        .await?;
+    ensure!(
+        entry_of(&reset, &a).and_then(|e| e.retry_count).is_none(),
+        "Kueue kept a's retryCount; the scenario needs it dropped:\n{}",
+        e2e::dump(&reset)
+    );
+    ensure!(
+        attempts::attempt(&reset, &a) == 2,
+        "a's attempt read from the Workload: {}\n{}",
+        attempts::attempt(&reset, &a),
+        e2e::dump(&reset)
+    );
+
+    // Restarted, a goes on at attempt 2: its second Retry waits twice as long.
+    checks[0].start(&env);
+    let second = env
+        .wait_workload(&wl, "a's second Retry", |w| {
+            entry_of(w, &a).is_some_and(|e| e.state == CheckState::Retry)
+        })
+        .await?;
+    let entry = entry_of(&second, &a).cloned().unwrap_or_default();
+    ensure!(
+        entry.message.contains("attempt 2 of 3"),
+        "{}",
+        entry.message
+    );
+    let second_delay = entry.requeue_after_seconds.unwrap_or(0);
+    ensure!(
+        second_delay > first_delay
+            && (4..=5).contains(&second_delay)
+            && (2..=3).contains(&first_delay),
+        "backoff did not grow with the attempt: {first_delay}s then {second_delay}s"
+    );
+
+    // Attempt 3: a Retry past the limit becomes Rejected, and Kueue deactivates the Workload.
+    let rejected = env
+        .wait_workload(&wl, "deactivated after a's Rejected", |w| !w.is_active())
+        .await?;
+    let note = env.event_note(&wl, "CheckRejected").await?;
+    ensure!(
+        note.contains("attempt 3: no retries left after 2"),
+        "{note}"
+    );
+    ensure!(
+        a_script.attempts() == [1, 2, 2, 3],
+        "a was asked at attempts {:?}",
+        a_script.attempts()
+    );
+    ensure_never_decreasing(&b, &b_script.attempts())?;
+    ensure!(
+        attempts::record(&rejected, &a).is_some_and(|r| r.retries == 2),
+        "{}",
+        e2e::dump(&rejected)
+    );
+    for check in &mut checks {
+        check.stop().await;
+    }
+    Ok(())
+}
+
+/// Three checks: `c`'s delayed `Retry` arrives after `b`'s eviction (carried over, counted
+/// once); all pass and the Workload is admitted; then `a` withdraws its `Ready`, Kueue evicts
+/// the admitted Workload and drops `b`'s and `c`'s counts, and each goes on from its attempt
+/// until the Workload is admitted again.
+#[tokio::test]
+async fn three_checks_a_late_retry_and_a_withdrawn_ready_keep_every_attempt() -> Result<()> {
+    let env = TestEnv::new("attempts-three").await?;
+    let mut checks = checks_on_one_queue(
+        &env,
+        vec![
+            (
+                "a",
+                RetryPolicy::immediate(),
+                Some(Duration::from_secs(1)),
+                Decision::ready("a: passes"),
+            ),
+            (
+                "b",
+                RetryPolicy::immediate(),
+                None,
+                Decision::pending("b has not made up its mind"),
+            ),
+            (
+                "c",
+                RetryPolicy::immediate(),
+                None,
+                Decision::ready("c: passes"),
+            ),
+        ],
+    )
+    .await?;
+    let names: Vec<String> = checks.iter().map(|c| c.name.clone()).collect();
+    let (a, b, c) = (&names[0], &names[1], &names[2]);
+    let scripts: Vec<Arc<Script>> = checks.iter().map(|c| c.script.clone()).collect();
+    let c_gate = scripts[2].then_gated(Decision::retry_after(
+        "c: the licence server is busy",
+        Duration::from_secs(10),
+    ));
+
+    let wl = env.submit_job("job", "lq", "1").await?;
+    let c_script = scripts[2].clone();
+    e2e::eventually("c deciding", || !c_script.attempts().is_empty()).await?;
+    env.wait_workload(&wl, "a Ready", |w| {
+        entry_of(w, a).is_some_and(|e| e.state == CheckState::Ready)
+    })
+    .await?;
+
+    // While c decides, b retries: Kueue evicts and reserves quota again.
+    scripts[1].on_attempt(1, Decision::retry("b: try again"));
+    scripts[1].otherwise(Decision::ready("b: passes"));
+    touch(&env, &wl, "b-retries").await?;
+    env.wait_workload(&wl, "evicted by b and holding quota again", |w| {
+        w.total_evictions() >= 1
+            && w.condition_is_true(cond::QUOTA_RESERVED)
+            && !w.condition_is_true(cond::EVICTED)
+    })
+    .await?;
+    // c's answer arrives late: refused, carried over to this attempt for what is left of it.
+    c_gate.add_permits(1);
+    env.wait_workload(&wl, "c's carried-over Retry written", |w| {
+        entry_of(w, c).is_some_and(|e| e.state == CheckState::Retry)
+    })
+    .await?;
+    let note = env.event_note(&wl, "CheckRetryCarriedOver").await?;
+    ensure!(note.contains(c.as_str()), "{note}");
+
+    // After c's delay every check passes.
+    let admitted = env.wait_admitted(&wl).await?;
+    ensure!(
+        attempts::attempt(&admitted, c) == 2,
+        "c's carried Retry counted once: attempt {}\n{}",
+        attempts::attempt(&admitted, c),
+        e2e::dump(&admitted)
+    );
+    ensure!(
+        scripts[2].attempts() == [1, 2],
+        "c is asked once per attempt, not for the carried Retry: {:?}",
+        scripts[2].attempts()
+    );
+
+    // a withdraws its Ready: Kueue evicts the admitted Workload and resets b's and c's Ready
+    // entries without their retryCount.
+    let evictions = admitted.total_evictions();
+    scripts[0].then(Decision::retry_after("a: withdrawn", Duration::ZERO));
+    let again = env
+        .wait_workload(&wl, "admitted again after a's withdrawal", |w| {
+            w.total_evictions() > evictions && w.condition_is_true(cond::ADMITTED)
+        })
+        .await?;
+    for (check, script) in names.iter().zip(&scripts) {
+        ensure_never_decreasing(check, &script.attempts())?;
+        ensure!(
+            attempts::attempt(&again, check) == 2,
+            "check {check} ends at attempt {} (each retried once):\n{}",
+            attempts::attempt(&again, check),
+            e2e::dump(&again)
+        );
+    }
+    // Asked after the withdrawal's eviction, b and c were still at attempt 2.
+    for (check, script) in [(b, &scripts[1]), (c, &scripts[2])] {
+        ensure!(
+            script.attempts().last() == Some(&2),
+            "check {check}: {:?}",
+            script.attempts()
+        );
+    }
+    for check in &mut checks {
+        check.stop().await;
+    }
+    Ok(())
+}
