@@ -147,9 +147,8 @@ pub fn attempt(wl: &Workload, check: &str) -> u32 {
 /// The record to write before a status write of `check` for attempt `attempt`, or `None` when
 /// the Workload already carries it.
 ///
-/// - `retry`: the write is a `Retry`: it is counted as retry number `attempt`, at the current
-///   eviction count (a `Retry` carried over from an earlier attempt passes that attempt: it is
-///   the same decision, counted once).
+/// - `retry`: the write is a `Retry`: it is counted as retry number `attempt` (at least one
+///   more than the record holds for an earlier attempt), at the current eviction count.
 /// - otherwise the record only catches up with Kueue's `retryCount` when that is ahead (a
 ///   Workload that retried before the record existed), so that a later reset of `retryCount`
 ///   cannot take the attempt back.

@@ -82,8 +82,7 @@ pub struct PlanInput<'a> {
     pub check: &'a str,
     /// The check's answer.
     pub decision: Decision,
-    /// The attempt decided: [`attempts::attempt`] of the Workload, or the attempt a carried
-    /// [`LateRetry`] was decided for.
+    /// The attempt decided: [`attempts::attempt`] of the Workload.
     pub attempt: u32,
     /// The check's retry policy.
     pub policy: &'a RetryPolicy,

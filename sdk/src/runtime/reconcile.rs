@@ -614,10 +614,13 @@ async fn ask<C: AdmissionCheckController>(
     if let Some(late) = late {
         match late.decision(now).filter(|_| !revalidating) {
             Some(decision) => {
+                // Counted as this attempt's Retry: usually the refused one was never counted
+                // (its attempt record was refused too); if it was, counting it again costs a
+                // retry but keeps the stored attempt from ever going back.
                 return Ok(Some(Decided {
                     message: decision.message().to_string(),
                     decision,
-                    attempt: late.attempt,
+                    attempt: attempts::attempt(wl, check),
                     at,
                     carried: true,
                     inputs: Inputs::of(wl),
@@ -894,6 +897,10 @@ pub(crate) fn field_manager_for(prefix: &str, check: &str) -> String {
     }
     format!("{}-{hash}", &full[..keep])
 }
+
+#[cfg(test)]
+#[path = "reconcile_scripted_api.rs"]
+mod scripted_api;
 
 #[cfg(test)]
 mod tests {

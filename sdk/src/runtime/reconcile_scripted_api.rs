@@ -1,0 +1,390 @@
+//! The reconcile's write path against a scripted API server: every request the runtime sends is
+//! answered the way a test says (a status, a body), and recorded. Deterministic, in
+//! milliseconds: the races of a loaded machine (a cache behind the runtime's own write, a 409
+//! whose fresh read shows that write, Kueue moving on meanwhile) are set up exactly.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector;
+
+use super::super::checks::ActiveCheck;
+use super::super::own_writes::OwnWrites;
+use super::super::{RuntimeConfig, metrics::Metrics};
+use super::{Context, decide_one};
+use crate::api::{AdmissionCheckState, CheckState, Workload};
+use crate::check::{AdmissionCheckController, CheckContext, Decision, NoParameters};
+use crate::retry::RetryPolicy;
+use crate::testing::WorkloadBuilder;
+
+const CHECK: &str = "probe";
+
+/// A request as the scripted server saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    path: String,
+    body: serde_json::Value,
+}
+
+/// What the server answers, in order, for requests that are not Events (those are accepted).
+type Answers = Arc<Mutex<VecDeque<(u16, serde_json::Value)>>>;
+
+fn scripted_client(answers: Answers, seen: Arc<Mutex<Vec<Seen>>>) -> Client {
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (answers, seen) = (answers.clone(), seen.clone());
+        async move {
+            let method = req.method().to_string();
+            let path = req.uri().path().to_string();
+            let bytes = req.into_body().collect().await?.to_bytes();
+            let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+            let (code, answer) = if path.contains("/events") {
+                (201, body.clone())
+            } else {
+                let next = answers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .pop_front();
+                next.unwrap_or((
+                    500,
+                    status_body(500, "InternalError", "no answer scripted for this request"),
+                ))
+            };
+            seen.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Seen { method, path, body });
+            let response = http::Response::builder()
+                .status(code)
+                .header("content-type", "application/json")
+                .body(kube::client::Body::from(
+                    serde_json::to_vec(&answer).unwrap_or_default(),
+                ))
+                .map_err(|e| kube::Error::Service(e.into()))?;
+            Ok::<_, kube::Error>(response)
+        }
+    });
+    Client::new(service, "default")
+}
+
+fn status_body(code: u16, reason: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "code": code, "reason": reason, "message": message,
+    })
+}
+
+/// A check that answers `answer` and counts how often it was asked.
+struct Probe {
+    answer: Decision,
+    asked: AtomicU32,
+}
+
+impl AdmissionCheckController for Probe {
+    type Parameters = NoParameters;
+    type Error = Infallible;
+
+    fn controller_name(&self) -> &str {
+        "example.com/probe"
+    }
+
+    async fn decide(&self, _: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        Ok(self.answer.clone())
+    }
+}
+
+struct Harness {
+    ctx: Context<Probe>,
+    active: ActiveCheck<NoParameters>,
+    answers: Answers,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Harness {
+    fn new(answer: Decision) -> Self {
+        let answers: Answers = Arc::default();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let client = scripted_client(answers.clone(), seen.clone());
+        let (store, _writer) = reflector::store::<Workload>();
+        let names: Arc<dyn Fn() -> Vec<String> + Send + Sync> =
+            Arc::new(|| vec![CHECK.to_string()]);
+        let metrics = Arc::new(Metrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+            store,
+            names,
+        ));
+        metrics.check_active(CHECK, true);
+        let config = RuntimeConfig {
+            field_manager: "test".into(),
+            ..Default::default()
+        };
+        let ctx = Context::new(
+            client.clone(),
+            Arc::new(Probe {
+                answer,
+                asked: AtomicU32::new(0),
+            }),
+            Arc::default(),
+            &config,
+            Recorder::new(client, Reporter::from("test".to_string())),
+            metrics,
+            Arc::new(OwnWrites::default()),
+        );
+        let active = ActiveCheck {
+            parameters: NoParameters,
+            policy: RetryPolicy::default(),
+            message: String::new(),
+        };
+        Self {
+            ctx,
+            active,
+            answers,
+            seen,
+        }
+    }
+
+    fn answer(&self, code: u16, body: serde_json::Value) {
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back((code, body));
+    }
+
+    fn conflict(&self) {
+        self.answer(
+            409,
+            status_body(409, "Conflict", "the object has been modified"),
+        );
+    }
+
+    fn asked(&self) -> u32 {
+        self.ctx.controller.asked.load(Ordering::SeqCst)
+    }
+
+    fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Requests other than Events.
+    fn api_requests(&self) -> Vec<Seen> {
+        self.requests()
+            .into_iter()
+            .filter(|s| !s.path.contains("/events"))
+            .collect()
+    }
+
+    /// Requests other than Events, as `METHOD path-end`.
+    fn calls(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter(|s| !s.path.contains("/events"))
+            .map(|s| {
+                let end = if s.path.ends_with("/status") {
+                    "status"
+                } else {
+                    "workload"
+                };
+                format!("{} {end}", s.method)
+            })
+            .collect()
+    }
+
+    fn events(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter(|s| s.path.contains("/events"))
+            .map(|s| s.body["reason"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    async fn decide(&self, wl: &Workload) -> Result<Option<Duration>, crate::Error> {
+        decide_one(&self.ctx, wl, CHECK, &self.active).await
+    }
+}
+
+fn at(rv: &str, b: WorkloadBuilder) -> Workload {
+    b.with(|w| w.metadata.resource_version = Some(rv.into()))
+        .build()
+}
+
+fn deciding() -> WorkloadBuilder {
+    WorkloadBuilder::new("ns", "wl")
+        .pod_set("main", 1, "1")
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "flavor")
+}
+
+fn json(wl: &Workload) -> serde_json::Value {
+    serde_json::to_value(wl).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_cache_behind_the_runtimes_own_write_does_not_ask_the_check_again() {
+    let h = Harness::new(Decision::ready("fine"));
+    let t0 = tokio::time::Instant::now();
+    // The runtime wrote at rv 11; the cache still has rv 10, where the entry is Pending.
+    h.ctx.own_writes.wrote("uid-ns-wl", CHECK, "11".into(), t0);
+    let wait = h.decide(&at("10", deciding())).await.expect("no error");
+    assert!(wait.is_some(), "looks again once the write is due");
+    assert_eq!(h.asked(), 0, "the check was asked about a stale Workload");
+    assert!(h.calls().is_empty(), "{:?}", h.calls());
+
+    // The watch delivers rv 11 (and Kueue's rv 12 after it): now the check is asked.
+    h.ctx.own_writes.seen("uid-ns-wl", "11", t0);
+    h.answer(200, json(&at("13", deciding())));
+    h.decide(&at("12", deciding())).await.expect("no error");
+    assert_eq!(h.asked(), 1);
+    assert_eq!(h.calls(), ["PATCH status"]);
+    assert!(
+        h.ctx
+            .own_writes
+            .wait_for("uid-ns-wl", CHECK, Some("12"), t0)
+            .is_some(),
+        "the new write (rv 13) is awaited in its turn"
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_whose_fresh_read_shows_our_own_answer_is_already_written() {
+    let h = Harness::new(Decision::retry_after("busy", Duration::from_secs(40)));
+    // The attempt record lands, the status write meets our own earlier Retry (the cache was
+    // behind it): the fresh read shows this attempt already answered.
+    h.answer(200, json(&at("11", deciding())));
+    h.conflict();
+    let answered = deciding().check_entry(AdmissionCheckState {
+        name: CHECK.into(),
+        state: CheckState::Retry,
+        message: "busy (attempt 1 of 4; ...)".into(),
+        ..Default::default()
+    });
+    h.answer(200, json(&at("12", answered)));
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(next, None);
+    assert_eq!(h.asked(), 1);
+    assert_eq!(
+        h.calls(),
+        ["PATCH workload", "PATCH status", "GET workload"]
+    );
+    assert!(
+        h.ctx
+            .late
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty(),
+        "our own Retry was taken for a late one"
+    );
+    assert!(
+        !h.events().iter().any(|r| r == "CheckRetryCarriedOver"),
+        "{:?}",
+        h.events()
+    );
+}
+
+#[tokio::test]
+async fn a_conflict_after_kueue_moved_on_carries_a_delayed_retry_over_once() {
+    let h = Harness::new(Decision::retry_after("busy", Duration::from_secs(40)));
+    h.answer(200, json(&at("11", deciding())));
+    h.conflict();
+    // Another check's Retry evicted the Workload meanwhile; it holds quota again.
+    let moved_on = at("14", deciding().eviction_count("AdmissionCheck", 1));
+    h.answer(200, json(&moved_on));
+    // The carried Retry: its attempt record, then its entry.
+    h.answer(
+        200,
+        json(&at("15", deciding().eviction_count("AdmissionCheck", 1))),
+    );
+    h.answer(
+        200,
+        json(&at("16", deciding().eviction_count("AdmissionCheck", 1))),
+    );
+    h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(h.asked(), 1, "the carried Retry is not a new question");
+    assert_eq!(
+        h.calls(),
+        [
+            "PATCH workload",
+            "PATCH status",
+            "GET workload",
+            "PATCH workload",
+            "PATCH status"
+        ]
+    );
+    let requests = h.api_requests();
+    let record = &requests[3].body["metadata"]["annotations"];
+    assert_eq!(
+        record[crate::attempts::annotation_key(CHECK)],
+        "retries=1,evictions=1",
+        "counted once, as the first attempt's Retry, at the new attempt"
+    );
+    let entry = &requests[4].body["status"]["admissionChecks"][0];
+    assert_eq!(entry["state"], "Retry");
+    assert!(
+        entry["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("decided for attempt 1")),
+        "{entry}"
+    );
+    assert_eq!(requests[4].body["metadata"]["resourceVersion"], "15");
+    assert!(h.events().iter().any(|r| r == "CheckRetryCarriedOver"));
+}
+
+#[tokio::test]
+async fn a_conflict_from_kueues_bookkeeping_writes_the_same_answer_without_asking_again() {
+    let h = Harness::new(Decision::ready("fine"));
+    h.conflict();
+    // Kueue touched only its own status fields: same attempt, same inputs.
+    let touched = deciding().with(|w| {
+        if let Some(s) = w.status.as_mut() {
+            s.requeue_state = Some(Default::default());
+        }
+    });
+    h.answer(200, json(&at("11", touched)));
+    h.answer(200, json(&at("12", deciding())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(h.asked(), 1);
+    assert_eq!(h.calls(), ["PATCH status", "GET workload", "PATCH status"]);
+    assert_eq!(h.api_requests()[2].body["metadata"]["resourceVersion"], "11");
+}
+
+#[tokio::test]
+async fn a_conflict_from_a_changed_label_asks_the_check_again() {
+    let h = Harness::new(Decision::ready("fine"));
+    h.conflict();
+    let relabelled = deciding().label("team", "b");
+    h.answer(200, json(&at("11", relabelled)));
+    h.answer(200, json(&at("12", deciding())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(h.asked(), 2, "the check decided on a label that changed");
+}
+
+#[tokio::test]
+async fn a_write_the_api_server_refuses_as_invalid_becomes_a_permanent_failure_on_the_entry() {
+    let h = Harness::new(Decision::ready("fine"));
+    h.answer(
+        422,
+        status_body(
+            422,
+            "Invalid",
+            "status.admissionChecks[0].podSetUpdates[0].labels: Invalid value",
+        ),
+    );
+    h.answer(200, json(&at("11", deciding())));
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(h.asked(), 1);
+    assert_eq!(h.calls(), ["PATCH status", "PATCH status"]);
+    let entry = &h.api_requests()[1].body["status"]["admissionChecks"][0];
+    assert_eq!(entry["state"], "Pending");
+    let message = entry["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("Permanent failure: ") && message.contains("Invalid value"),
+        "{message}"
+    );
+    assert!(next.is_some(), "looked at again when the hold ends");
+    assert!(h.events().iter().any(|r| r == "CheckFailedPermanently"));
+}
