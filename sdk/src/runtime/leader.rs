@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use kube::Client;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -38,6 +40,94 @@ impl LeaderElection {
             lease_duration: Duration::from_secs(15),
             renew_grace: Duration::from_secs(5),
         }
+    }
+}
+
+/// The annotation naming the controller a Lease elects for. A Lease without it, or naming
+/// another controller, is not joined: the runtime never takes over another program's Lease,
+/// and two controllers whose names map to the same Lease name fail loudly instead of one of
+/// them standing by forever.
+pub const LEASE_OWNER_ANNOTATION: &str = "kueue-admission-checks.dev/controller-name";
+
+/// The field manager prefix of the SDK's Lease writes; a Lease written by an SDK controller
+/// from before [`LEASE_OWNER_ANNOTATION`] existed is recognised by it.
+const LEASE_FIELD_MANAGER_PREFIX: &str = "kueue-admission-sdk/";
+
+/// Whether the Lease `lease` may be joined by `controller_name`: `Ok(true)` if it already
+/// names it, `Ok(false)` if it is an SDK Lease from before the annotation (to be marked),
+/// `Err` with the reason otherwise. Pure.
+pub(crate) fn lease_ownership(lease: &Lease, controller_name: &str) -> Result<bool, String> {
+    let qualified = format!(
+        "{}/{}",
+        lease.namespace().unwrap_or_default(),
+        lease.name_any()
+    );
+    match lease.annotations().get(LEASE_OWNER_ANNOTATION) {
+        Some(owner) if owner == controller_name => Ok(true),
+        Some(owner) => Err(format!(
+            "Lease {qualified} elects a leader for controller {owner:?}, not {controller_name:?}; \
+             give this controller its own Lease (--leader-election-id)"
+        )),
+        None => {
+            let ours = lease.managed_fields().iter().any(|m| {
+                m.manager
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with(LEASE_FIELD_MANAGER_PREFIX))
+            });
+            if ours {
+                Ok(false)
+            } else {
+                Err(format!(
+                    "Lease {qualified} exists and was not made by a kueue-admission-sdk \
+                     controller; it is left alone: give this controller its own Lease \
+                     (--leader-election-id)"
+                ))
+            }
+        }
+    }
+}
+
+/// Makes sure the Lease exists and is this controller's before the election uses it.
+async fn claim_lease(
+    client: &Client,
+    config: &LeaderElection,
+    controller_name: &str,
+) -> Result<(), crate::Error> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+    let err = |e: kube::Error| crate::Error::LeaderElection(LeaseManagerError::KubeError(e));
+    let existing = match api.get_opt(&config.lease_name).await.map_err(err)? {
+        Some(lease) => lease,
+        None => {
+            let mut lease = Lease::default();
+            lease.metadata.name = Some(config.lease_name.clone());
+            lease.metadata.namespace = Some(config.namespace.clone());
+            lease
+                .annotations_mut()
+                .insert(LEASE_OWNER_ANNOTATION.into(), controller_name.into());
+            match api.create(&PostParams::default(), &lease).await {
+                Ok(_) => return Ok(()),
+                // Another replica created it meanwhile: judge what is there.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    api.get(&config.lease_name).await.map_err(err)?
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+    };
+    match lease_ownership(&existing, controller_name) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            let mark = serde_json::json!({"metadata": {"annotations": {LEASE_OWNER_ANNOTATION: controller_name}}});
+            api.patch(
+                &config.lease_name,
+                &PatchParams::default(),
+                &Patch::Merge(&mark),
+            )
+            .await
+            .map_err(err)?;
+            Ok(())
+        }
+        Err(why) => Err(crate::Error::Config(why)),
     }
 }
 
@@ -91,8 +181,14 @@ impl Leadership {
         }
     }
 
-    /// Joins the election; fails if the Lease cannot be read or created (e.g. RBAC).
-    pub async fn elect(client: Client, config: &LeaderElection) -> Result<Self, LeaseManagerError> {
+    /// Joins the election; fails if the Lease cannot be read or created (e.g. RBAC), or is
+    /// not this controller's (see [`LEASE_OWNER_ANNOTATION`]).
+    pub async fn elect(
+        client: Client,
+        config: &LeaderElection,
+        controller_name: &str,
+    ) -> Result<Self, crate::Error> {
+        claim_lease(&client, config, controller_name).await?;
         let manager = LeaseManagerBuilder::new(client, &config.lease_name)
             .with_namespace(&config.namespace)
             .with_identity(&config.identity)
@@ -105,7 +201,8 @@ impl Leadership {
             )
             .with_field_manager(format!("kueue-admission-sdk/{}", config.identity))
             .build()
-            .await?;
+            .await
+            .map_err(crate::Error::LeaderElection)?;
         let (leading, task) = manager.watch().await;
         info!(lease = %config.lease_name, namespace = %config.namespace, identity = %config.identity, "joined the leader election");
         Ok(Self {
@@ -138,7 +235,58 @@ impl Drop for Leadership {
 
 #[cfg(test)]
 mod tests {
-    use super::lease_name_for;
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    fn lease(annotation: Option<&str>, manager: Option<&str>) -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.name = Some("example.com-budget".into());
+        lease.metadata.namespace = Some("ops".into());
+        if let Some(owner) = annotation {
+            lease
+                .annotations_mut()
+                .insert(LEASE_OWNER_ANNOTATION.into(), owner.into());
+        }
+        if let Some(m) = manager {
+            lease.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+                manager: Some(m.into()),
+                ..Default::default()
+            }]);
+        }
+        lease
+    }
+
+    #[test]
+    fn only_a_lease_of_this_controller_is_joined() {
+        assert_eq!(
+            lease_ownership(
+                &lease(Some("example.com/budget"), None),
+                "example.com/budget"
+            ),
+            Ok(true)
+        );
+        let other = lease_ownership(
+            &lease(Some("example.com-budget"), None),
+            "example.com/budget",
+        )
+        .expect_err("another controller's");
+        assert!(other.contains("ops/example.com-budget") && other.contains("--leader-election-id"));
+        assert_eq!(
+            lease_ownership(
+                &lease(None, Some("kueue-admission-sdk/pod-a_1234abcd")),
+                "example.com/budget"
+            ),
+            Ok(false),
+            "an SDK Lease from before the annotation is marked, not refused"
+        );
+        let foreign = lease_ownership(
+            &lease(None, Some("kube-controller-manager")),
+            "example.com/budget",
+        )
+        .expect_err("a foreign Lease");
+        assert!(foreign.contains("not made by a kueue-admission-sdk controller"));
+        assert!(lease_ownership(&lease(None, None), "example.com/budget").is_err());
+    }
 
     #[test]
     fn lease_names_are_dns_subdomains() {

@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 pub use extensions::{Extensions, LeaderContext, WorkloadWaker};
-pub use leader::{LeaderElection, lease_name_for};
+pub use leader::{LEASE_OWNER_ANNOTATION, LeaderElection, lease_name_for};
 
 use crate::api::{AdmissionCheck, Workload};
 use crate::check::{AdmissionCheckController, CheckParameters};
@@ -192,10 +192,10 @@ where
     };
     let leadership = match &config.leader_election {
         None => leader::Leadership::always(),
-        Some(election) => match leader::Leadership::elect(client.clone(), election).await {
-            Ok(l) => l,
-            Err(e) => return Err(Error::LeaderElection(e)),
-        },
+        Some(election) => {
+            leader::Leadership::elect(client.clone(), election, controller.controller_name())
+                .await?
+        }
     };
 
     // Aborted when this function returns or its future is dropped: nothing it started outlives it.

@@ -349,7 +349,10 @@ async fn a_conflict_from_kueues_bookkeeping_writes_the_same_answer_without_askin
     h.decide(&at("10", deciding())).await.expect("no error");
     assert_eq!(h.asked(), 1);
     assert_eq!(h.calls(), ["PATCH status", "GET workload", "PATCH status"]);
-    assert_eq!(h.api_requests()[2].body["metadata"]["resourceVersion"], "11");
+    assert_eq!(
+        h.api_requests()[2].body["metadata"]["resourceVersion"],
+        "11"
+    );
 }
 
 #[tokio::test]

@@ -715,3 +715,42 @@ async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
     );
     Ok(())
 }
+
+/// A Lease of the configured name that another program made is never joined or changed: the
+/// runtime refuses to start, naming the Lease and the flag to choose another.
+#[tokio::test]
+async fn a_lease_made_by_another_program_is_left_alone() -> Result<()> {
+    let env = TestEnv::new("sdk-foreign-lease").await?;
+    let s = setup(&env, false).await?;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let foreign: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "shared-name"},
+        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600},
+    }))?;
+    let foreign = leases
+        .create(
+            &kube::api::PostParams {
+                field_manager: Some("another-program".into()),
+                ..Default::default()
+            },
+            &foreign,
+        )
+        .await?;
+    let election = LeaderElection::new(&env.ns, "shared-name");
+    let replica = s.start(&env, "only", Some(election), None)?;
+    let ended = replica.stop().await;
+    let err = ended.expect_err("the runtime must refuse a foreign Lease");
+    ensure!(
+        err.to_string()
+            .contains("not made by a kueue-admission-sdk controller")
+            && err.to_string().contains("--leader-election-id"),
+        "{err:#}"
+    );
+    let after = leases.get("shared-name").await?;
+    ensure!(
+        after.resource_version() == foreign.resource_version(),
+        "the foreign Lease was changed:\n{}",
+        e2e::dump(&after)
+    );
+    Ok(())
+}
