@@ -754,3 +754,35 @@ async fn a_lease_made_by_another_program_is_left_alone() -> Result<()> {
     );
     Ok(())
 }
+
+/// Every decision produces its Event, whatever the Workload's name: kube-runtime's recorder
+/// names an event `<object>.<16 hex digits>`, which is too long for a Workload named near the
+/// 253-character limit (plain Workloads and pod groups choose their own names).
+#[tokio::test]
+async fn decisions_about_a_workload_with_a_253_character_name_have_their_events() -> Result<()> {
+    let env = TestEnv::new("sdk-long-name").await?;
+    let s = setup(&env, false).await?;
+    s.script.answer("", Decision::ready("approved"));
+    let replica = s.start(&env, "only", None, None)?;
+    let name = format!("w{}", "x".repeat(252));
+    let wl: Workload = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": env.ns},
+        "spec": {"queueName": "lq", "podSets": [{
+            "name": "main", "count": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{
+                "name": "main", "image": "registry.invalid/none:1",
+                "resources": {"requests": {"cpu": "1"}},
+            }]}},
+        }]},
+    }))?;
+    env.workloads()
+        .create(&kube::api::PostParams::default(), &wl)
+        .await?;
+    env.wait_admitted(&name).await?;
+    let note = env.event_note(&name, "CheckReady").await?;
+    ensure!(note.contains("approved"), "{note}");
+    replica.stop().await?;
+    Ok(())
+}
