@@ -207,14 +207,24 @@ impl Run {
         let started = Instant::now();
         let controller_name = env.provisioning_controller_name();
         let instance = cleanup::instance_label(&controller_name);
+        let check = env.cluster_name("prov");
         // First, since the sweep spares PodTemplates younger than 60 s: one of this controller
-        // instance's, left by a request that no longer exists.
+        // instance's, left by a request that no longer exists. It records the Workload and check
+        // it was made for, as the controller's own do: the sweep deletes nothing without them.
         let orphan_template = "ppt-leftover-main".to_string();
         let template: PodTemplate = serde_json::from_value(json!({
             "metadata": {
                 "name": orphan_template,
-                "labels": {cleanup::INSTANCE_LABEL: instance, MANAGED_BY_LABEL: cleanup::MANAGED_BY},
-                "annotations": {REQUEST_ANNOTATION: "leftover"},
+                "labels": {
+                    cleanup::INSTANCE_LABEL: instance,
+                    MANAGED_BY_LABEL: cleanup::MANAGED_BY,
+                    WORKLOAD_UID_LABEL: "00000000-0000-0000-0000-000000000001",
+                },
+                "annotations": {
+                    REQUEST_ANNOTATION: "leftover",
+                    WORKLOAD_ANNOTATION: "left",
+                    CHECK_ANNOTATION: check,
+                },
             },
             "template": {"spec": {"containers": [{"name": "main", "image": "registry.invalid/x:1"}]}},
         }))?;
@@ -266,7 +276,6 @@ impl Run {
         .await?;
 
         let flavor = env.provisioning_flavor("pool").await?;
-        let check = env.cluster_name("prov");
         let cq = env.cluster_queue("cq", &flavor, "4", &[&check]).await?;
         env.local_queue("lq", &cq.name_any()).await?;
         // A request of this instance whose Workload is gone, as one deleted while no replica ran
