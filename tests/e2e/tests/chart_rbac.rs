@@ -34,6 +34,7 @@ use kueue_admission_sdk::api::{
     ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec,
     ProvisioningRequest, Workload, find_condition, workload_condition as cond,
 };
+use kueue_admission_sdk::attempts;
 use kueue_admission_sdk::runtime::lease_name_for;
 use kueue_provisioning_controller::plan::{
     CHECK_ANNOTATION, MANAGED_BY_LABEL, PARAMETER_ANNOTATION_PREFIX, REQUEST_ANNOTATION,
@@ -84,7 +85,8 @@ enum Step {
     /// leader's watch of its requests lists first) and delete.
     OrphanRequestRemoved,
     /// workloads watch, workloads/status patch, resourceflavors get, provisioningrequests get
-    /// and create, podtemplates create.
+    /// and create, podtemplates create; workloads patch (the attempt annotation, applied before
+    /// the Retry: without it no Retry is written and the Job is never retried).
     Admitted,
     /// provisioningrequests watch (transitions are counted from the watch).
     TransitionsCounted,
@@ -114,7 +116,10 @@ impl Step {
             Step::OrphanRequestRemoved => {
                 "a request left by a Workload deleted while no controller ran is deleted"
             }
-            Step::Admitted => "a \"fail,provision\" Job is retried once, then admitted",
+            Step::Admitted => {
+                "a \"fail,provision\" Job is retried once (its attempt counted on the Workload), \
+                 then admitted"
+            }
             Step::TransitionsCounted => "the requests' Failed and Provisioned are counted",
             Step::TemplatesOwned => "the request owns its PodTemplates (garbage collection)",
             Step::EventsPublished => "CheckRetry and CheckReady events are on the Workload",
@@ -498,11 +503,15 @@ impl Run {
                 let w = env.workloads().get(&wl).await?;
                 let entry = w.admission_check(check).cloned();
                 let retried = entry.as_ref().and_then(|e| e.retry_count) == Some(1);
-                Ok(if w.condition_is_true(cond::ADMITTED) && retried {
-                    Ok(w)
-                } else {
-                    Err(format!("{wl}: {entry:?}"))
-                })
+                // The Retry was counted by the check itself: what `patch` on workloads is for.
+                let counted = attempts::record(&w, check).map(|r| r.retries);
+                Ok(
+                    if w.condition_is_true(cond::ADMITTED) && retried && counted == Some(1) {
+                        Ok(w)
+                    } else {
+                        Err(format!("{wl}: {entry:?}, retries counted: {counted:?}"))
+                    },
+                )
             })
         );
         let uid = admitted.uid().unwrap_or_default();
