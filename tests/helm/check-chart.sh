@@ -34,13 +34,15 @@ out="$(mktemp -d "${TMPDIR:-/tmp}/check-chart.XXXXXX")"
 trap 'rm -rf "$out"' EXIT
 
 # chart-short variant values-file (or "-") replicas leader-election kinds rbac-golden (or "-")
+# container-args (comma-separated, each exactly so; or "-")
+DEFAULT_ARGS=--max-retry-delay-seconds=86400,--permanent-failure-hold-seconds=120
 VARIANTS=(
-  "kpc default - 2 true ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount provisioning"
-  "kpc single-replica $KPC/ci/single-replica-values.yaml 1 false ClusterRole,ClusterRoleBinding,Deployment,Service,ServiceAccount provisioning"
-  "kpc monitoring $KPC/ci/monitoring-values.yaml 2 true ClusterRole,ClusterRoleBinding,ConfigMap,Deployment,PodDisruptionBudget,PrometheusRule,Role,RoleBinding,Service,ServiceAccount,ServiceMonitor provisioning"
-  "kpc admission-checks $KPC/ci/admission-checks-values.yaml 2 true AdmissionCheck,AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,ProvisioningRequestConfig,Role,RoleBinding,Service,ServiceAccount provisioning"
-  "kac budget-check $KAC/ci/budget-check-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount -"
-  "kac parameters $KAC/ci/parameters-values.yaml 1 false AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PrometheusRule,Service,ServiceAccount,ServiceMonitor -"
+  "kpc default - 2 true ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount provisioning $DEFAULT_ARGS"
+  "kpc single-replica $KPC/ci/single-replica-values.yaml 1 false ClusterRole,ClusterRoleBinding,Deployment,Service,ServiceAccount provisioning --max-retry-delay-seconds=3600,--permanent-failure-hold-seconds=0,--provisioning-timeout-seconds=900"
+  "kpc monitoring $KPC/ci/monitoring-values.yaml 2 true ClusterRole,ClusterRoleBinding,ConfigMap,Deployment,PodDisruptionBudget,PrometheusRule,Role,RoleBinding,Service,ServiceAccount,ServiceMonitor provisioning $DEFAULT_ARGS"
+  "kpc admission-checks $KPC/ci/admission-checks-values.yaml 2 true AdmissionCheck,AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,ProvisioningRequestConfig,Role,RoleBinding,Service,ServiceAccount provisioning $DEFAULT_ARGS"
+  "kac budget-check $KAC/ci/budget-check-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
+  "kac parameters $KAC/ci/parameters-values.yaml 1 false AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PrometheusRule,Service,ServiceAccount,ServiceMonitor - --max-retry-delay-seconds=2147483647,--permanent-failure-hold-seconds=86400"
 )
 chart_dir() { case $1 in kpc) echo "$KPC" ;; kac) echo "$KAC" ;; esac; }
 
@@ -66,16 +68,22 @@ hlog "both charts lint clean (defaults, $n value files)"
 
 step "helm template and assertions on the rendered objects"
 for v in "${VARIANTS[@]}"; do
-  read -r chart variant values replicas leader kinds rbac <<<"$v"
+  read -r chart variant values replicas leader kinds rbac want_args <<<"$v"
   file="$(render "$chart" "$variant" "$values")"
-  rbac_args=()
-  [[ $rbac == - ]] || rbac_args=(--rbac "$rbac")
+  extra=()
+  [[ $rbac == - ]] || extra=(--rbac "$rbac")
+  if [[ $want_args != - ]]; then
+    IFS=, read -r -a expected <<<"$want_args"
+    # --arg=VALUE: each value starts with "--".
+    for a in "${expected[@]}"; do extra+=("--arg=$a"); done
+  fi
   python3 tests/helm/check_rendered.py "$file" --namespace "chart-$chart-$variant" --replicas "$replicas" \
-    --leader-election "$leader" --kinds "$kinds" "${rbac_args[@]}"
+    --leader-election "$leader" --kinds "$kinds" "${extra[@]}"
 done
 # The generic chart grants exactly the SDK runtime's rules when the check adds none of its own.
 file="$(render kac sdk-only - --set image.repository=r/x,image.tag=v1,controllerName=example.com/x)"
-python3 tests/helm/check_rendered.py "$file" --namespace chart-kac-sdk-only --replicas 2 --leader-election true --rbac sdk
+python3 tests/helm/check_rendered.py "$file" --namespace chart-kac-sdk-only --replicas 2 --leader-election true --rbac sdk \
+  "--arg=--max-retry-delay-seconds=86400" "--arg=--permanent-failure-hold-seconds=120"
 
 step "values the charts refuse"
 refuse() { # expected-message chart [helm args...]
@@ -92,6 +100,19 @@ refuse "additional properties 'replicas' not allowed" "$KPC" --set replicas=3
 refuse "leaseDurationSeconds" "$KPC" --set leaderElection.leaseDurationSeconds=1
 refuse "provisioningClassName" "$KPC" --set 'admissionChecks[0].name=x' --set 'admissionChecks[0].provisioningRequestConfig.spec.managedResources[0]=cpu'
 refuse "needs metrics.service.enabled" "$KPC" --set metrics.serviceMonitor.enabled=true --set metrics.service.enabled=false
+# The SDK's own ranges (sdk/src/options.rs): a value the binary refuses never reaches a pod.
+for c in "$KPC" "$KAC"; do
+  sdk=()
+  [[ $c == "$KAC" ]] && sdk=(--set "image.repository=r/x,image.tag=v1,controllerName=e.com/x")
+  refuse "at '/maxRetryDelaySeconds': minimum" "$c" "${sdk[@]}" --set maxRetryDelaySeconds=0
+  refuse "at '/maxRetryDelaySeconds': maximum" "$c" "${sdk[@]}" --set maxRetryDelaySeconds=2147483648
+  refuse "at '/maxRetryDelaySeconds': got number, want integer" "$c" "${sdk[@]}" --set-json maxRetryDelaySeconds=1.5
+  refuse "at '/permanentFailureHoldSeconds': minimum" "$c" "${sdk[@]}" --set permanentFailureHoldSeconds=-1
+  refuse "at '/permanentFailureHoldSeconds': maximum" "$c" "${sdk[@]}" --set permanentFailureHoldSeconds=86401
+  # `--set x=null` deletes the value instead of failing the schema: the template must refuse it.
+  refuse "permanentFailureHoldSeconds is required" "$c" "${sdk[@]}" --set permanentFailureHoldSeconds=null
+  refuse "maxRetryDelaySeconds is required" "$c" "${sdk[@]}" --set maxRetryDelaySeconds=null
+done
 refuse "image.repository is required" "$KAC"
 refuse "controllerName is required" "$KAC" --set image.repository=r/x,image.tag=v1
 refuse "verbs" "$KAC" --set image.repository=r/x,image.tag=v1,controllerName=e.com/x \
@@ -104,7 +125,7 @@ python3 tests/helm/check_observability.py \
   --dashboard "$KPC/dashboards/kueue-admission-checks.json" \
   --rules "$out/chart-kpc-monitoring.yaml,$out/chart-kac-parameters.yaml" \
   --docs docs/operating.md \
-  --require-alerts KueueAdmissionCheckInactive,KueueAdmissionCheckRetriesPilingUp,KueueProvisioningRequestsTimingOut,KueueAdmissionCheckNoLeader,KueueAdmissionCheckControllerDown \
+  --require-alerts KueueAdmissionCheckInactive,KueueAdmissionCheckRetriesPilingUp,KueueProvisioningRequestsTimingOut,KueueAdmissionCheckNoLeader,KueueAdmissionCheckControllerDown,KueueAdmissionCheckPermanentFailures,KueueAdmissionCheckRetryDelaysClamped \
   --promtool "$promtool" --alerts-test tests/helm/alerts_test.yaml --test-rules "$out/alerts-under-test.yaml"
 # The dashboard the chart ships in its ConfigMap is the file itself.
 python3 - "$out/chart-kpc-monitoring.yaml" "$KPC/dashboards/kueue-admission-checks.json" <<'PY'

@@ -13,6 +13,7 @@ here. Then:
   - the dashboard shows every metric the code defines, and its panels do not overlap;
   - every alert has a severity, a summary, a description and a runbook_url whose anchor is a
     section of docs/operating.md; the alerts the issue asks for exist;
+  - docs/operating.md names every metric the code defines (a new metric needs its line there);
   - with --promtool: every expression parses (`promtool check rules`, the dashboard's as recording
     rules), and the alert unit tests pass (`promtool test rules`).
 """
@@ -167,6 +168,24 @@ def anchors(md_path):
     return out
 
 
+def expand_braces(text):
+    """`a_{b,c}_d` -> ["a_b_d", "a_c_d"], as the docs write families of counters."""
+    m = re.search(r"\{([^{}]*)\}", text)
+    if not m:
+        return [text]
+    return [x for alt in m.group(1).split(",") for x in expand_braces(text[:m.start()] + alt + text[m.end():])]
+
+
+def check_docs_metrics(docs, families):
+    """Every family is named in the docs, by its family or series name."""
+    with open(docs) as f:
+        text = f.read()
+    named = {n for word in re.findall(r"\bkueue_[a-z0-9_{},]*[a-z0-9}]", text) for n in expand_braces(word)}
+    for fam, (kind, _) in sorted(families.items()):
+        names = {fam, fam + "_total"} if kind == "counter" else {fam}
+        check(named & names, f"{docs} does not name the metric {sorted(names)[-1]}: add it to the metrics table")
+
+
 def check_rules(paths, series, docs, required):
     rule_docs = []
     for path in paths:
@@ -244,6 +263,7 @@ def main():
     dash_exprs = check_dashboard(args.dashboard, families, series)
     required = [a for a in args.require_alerts.split(",") if a]
     rule_docs = check_rules(args.rules.split(","), series, args.docs, required)
+    check_docs_metrics(args.docs, families)
     if args.promtool:
         promtool_checks(args.promtool, rule_docs, dash_exprs, args.alerts_test, args.test_rules)
     if failures:

@@ -2,13 +2,15 @@
 """Assertions on a chart's rendered objects (`helm template` output).
 
     check_rendered.py FILE --namespace NS --replicas N --leader-election true|false
-                      [--kinds Kind,Kind,...] [--rbac provisioning|sdk]
+                      [--kinds Kind,Kind,...] [--rbac provisioning|sdk] [--arg --flag=value ...]
 
 Checks the conventions and the security properties every variant must keep, whatever the
 values: labels, least-privilege RBAC (no wildcard, no escalation verb, no secret, nothing bound
 to a built-in role; with --rbac, the exact ClusterRole), a pod that passes the `restricted` Pod
 Security Standard, requests and limits, probes on the SDK's health endpoints, and objects that
-reference each other consistently (ServiceAccount, Lease name, Service and PDB selectors, ports).
+reference each other consistently (ServiceAccount, Lease name, Service and PDB selectors, ports),
+and SDK flags the chart always passes, each an integer within the range the binary accepts (with
+--arg, exactly that value).
 """
 import argparse
 import sys
@@ -29,7 +31,8 @@ def check(cond, msg):
 SDK_RULES = {
     ("kueue.x-k8s.io", "admissionchecks"): {"get", "list", "watch"},
     ("kueue.x-k8s.io", "admissionchecks/status"): {"patch"},
-    ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch"},
+    # patch: the check's attempt annotation (sdk/src/attempts.rs), written before each Retry.
+    ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch", "patch"},
     ("kueue.x-k8s.io", "workloads/status"): {"patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
@@ -39,6 +42,14 @@ PROVISIONING_RULES = {**SDK_RULES, **{
     ("autoscaling.x-k8s.io", "provisioningrequests"): {"get", "list", "watch", "create", "delete"},
     ("", "podtemplates"): {"get", "list", "create", "patch", "delete"},
 }}
+# Integer flags of sdk::Options the Deployments always pass, with the ranges its parser accepts
+# (sdk/src/options.rs): a value outside them would make the pod exit with status 2 at start.
+SDK_INT_FLAGS = {
+    "--concurrency": (1, 65535),
+    "--kube-api-burst": (1, 100_000),
+    "--max-retry-delay-seconds": (1, 2**31 - 1),
+    "--permanent-failure-hold-seconds": (0, 86_400),
+}
 FORBIDDEN_VERBS = {"*", "escalate", "bind", "impersonate", "deletecollection"}
 BUILTIN_ROLES = {"cluster-admin", "admin", "edit", "view"}
 REQUIRED_LABELS = ["helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
@@ -136,6 +147,13 @@ def check_deployment(docs, args):
     for name, field in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
         check(((env.get(name) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == field,
               f"env {name} is not the downward API's {field}")
+    for flag, (lo, hi) in SDK_INT_FLAGS.items():
+        value = a.get(flag)
+        check(value is not None and value.isdigit() and lo <= int(value) <= hi,
+              f"{flag}={value}: expected an integer in [{lo}, {hi}]")
+    for want in args.arg:
+        flag, _, value = want.partition("=")
+        check(a.get(flag) == value, f"{flag}={a.get(flag)}, expected {value}")
     elect = a.get("--leader-elect")
     check(elect == args.leader_election, f"--leader-elect={elect}, expected {args.leader_election}")
     if args.leader_election == "true":
@@ -181,6 +199,8 @@ def main():
     p.add_argument("--leader-election", choices=["true", "false"], required=True)
     p.add_argument("--kinds", help="the kinds rendered, comma-separated, sorted")
     p.add_argument("--rbac", choices=["provisioning", "sdk"])
+    p.add_argument("--arg", action="append", default=[], metavar="--FLAG=VALUE",
+                   help="an argument the container must have (repeatable)")
     args = p.parse_args()
     with open(args.file) as f:
         docs = [d for d in yaml.safe_load_all(f) if d]

@@ -34,6 +34,7 @@ use kueue_admission_sdk::api::{
     ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec,
     ProvisioningRequest, Workload, find_condition, workload_condition as cond,
 };
+use kueue_admission_sdk::attempts;
 use kueue_admission_sdk::runtime::lease_name_for;
 use kueue_provisioning_controller::plan::{
     CHECK_ANNOTATION, MANAGED_BY_LABEL, PARAMETER_ANNOTATION_PREFIX, REQUEST_ANNOTATION,
@@ -84,7 +85,8 @@ enum Step {
     /// leader's watch of its requests lists first) and delete.
     OrphanRequestRemoved,
     /// workloads watch, workloads/status patch, resourceflavors get, provisioningrequests get
-    /// and create, podtemplates create.
+    /// and create, podtemplates create; workloads patch (the attempt annotation, applied before
+    /// the Retry: without it no Retry is written and the Job is never retried).
     Admitted,
     /// provisioningrequests watch (transitions are counted from the watch).
     TransitionsCounted,
@@ -114,7 +116,10 @@ impl Step {
             Step::OrphanRequestRemoved => {
                 "a request left by a Workload deleted while no controller ran is deleted"
             }
-            Step::Admitted => "a \"fail,provision\" Job is retried once, then admitted",
+            Step::Admitted => {
+                "a \"fail,provision\" Job is retried once (its attempt counted on the Workload), \
+                 then admitted"
+            }
             Step::TransitionsCounted => "the requests' Failed and Provisioned are counted",
             Step::TemplatesOwned => "the request owns its PodTemplates (garbage collection)",
             Step::EventsPublished => "CheckRetry and CheckReady events are on the Workload",
@@ -207,14 +212,24 @@ impl Run {
         let started = Instant::now();
         let controller_name = env.provisioning_controller_name();
         let instance = cleanup::instance_label(&controller_name);
+        let check = env.cluster_name("prov");
         // First, since the sweep spares PodTemplates younger than 60 s: one of this controller
-        // instance's, left by a request that no longer exists.
+        // instance's, left by a request that no longer exists. It records the Workload and check
+        // it was made for, as the controller's own do: the sweep deletes nothing without them.
         let orphan_template = "ppt-leftover-main".to_string();
         let template: PodTemplate = serde_json::from_value(json!({
             "metadata": {
                 "name": orphan_template,
-                "labels": {cleanup::INSTANCE_LABEL: instance, MANAGED_BY_LABEL: cleanup::MANAGED_BY},
-                "annotations": {REQUEST_ANNOTATION: "leftover"},
+                "labels": {
+                    cleanup::INSTANCE_LABEL: instance,
+                    MANAGED_BY_LABEL: cleanup::MANAGED_BY,
+                    WORKLOAD_UID_LABEL: "00000000-0000-0000-0000-000000000001",
+                },
+                "annotations": {
+                    REQUEST_ANNOTATION: "leftover",
+                    WORKLOAD_ANNOTATION: "left",
+                    CHECK_ANNOTATION: check,
+                },
             },
             "template": {"spec": {"containers": [{"name": "main", "image": "registry.invalid/x:1"}]}},
         }))?;
@@ -266,7 +281,6 @@ impl Run {
         .await?;
 
         let flavor = env.provisioning_flavor("pool").await?;
-        let check = env.cluster_name("prov");
         let cq = env.cluster_queue("cq", &flavor, "4", &[&check]).await?;
         env.local_queue("lq", &cq.name_any()).await?;
         // A request of this instance whose Workload is gone, as one deleted while no replica ran
@@ -489,11 +503,15 @@ impl Run {
                 let w = env.workloads().get(&wl).await?;
                 let entry = w.admission_check(check).cloned();
                 let retried = entry.as_ref().and_then(|e| e.retry_count) == Some(1);
-                Ok(if w.condition_is_true(cond::ADMITTED) && retried {
-                    Ok(w)
-                } else {
-                    Err(format!("{wl}: {entry:?}"))
-                })
+                // The Retry was counted by the check itself: what `patch` on workloads is for.
+                let counted = attempts::record(&w, check).map(|r| r.retries);
+                Ok(
+                    if w.condition_is_true(cond::ADMITTED) && retried && counted == Some(1) {
+                        Ok(w)
+                    } else {
+                        Err(format!("{wl}: {entry:?}, retries counted: {counted:?}"))
+                    },
+                )
             })
         );
         let uid = admitted.uid().unwrap_or_default();
