@@ -711,10 +711,12 @@ async fn permanent_decision<C: AdmissionCheckController>(
     if first {
         ctx.metrics.permanent_failure(check);
         warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %message, "permanent failure");
-        let note = format!("check {check}: {message}");
-        ctx.event(wl, EventType::Warning, "CheckFailedPermanently", note)
-            .await;
     }
+    // Every time it is seen again (the Workload changed, the check was asked again): repeats
+    // count into the first event's series, so `kubectl describe` shows it is still failing.
+    let note = format!("check {check}: {message}");
+    ctx.event(wl, EventType::Warning, "CheckFailedPermanently", note)
+        .await;
     let hold = ctx.permanent_failure_hold;
     let held = Duration::try_from(now.duration_since(since)).unwrap_or_default();
     match hold.checked_sub(held).filter(|left| !left.is_zero()) {
