@@ -117,11 +117,19 @@ pub fn for_api(
     {
         return None;
     }
-    let causes: Vec<&kube::core::response::StatusCause> = status
+    let all: Vec<&kube::core::response::StatusCause> = status
         .details
         .as_ref()
         .map(|d| d.causes.iter().collect())
         .unwrap_or_default();
+    // The API server adds a cause without a field ("<nil>") saying that validation rules were
+    // skipped because of the others: only noise next to them.
+    let named = |c: &&kube::core::response::StatusCause| !c.field.is_empty() && c.field != "<nil>";
+    let causes: Vec<&kube::core::response::StatusCause> = if all.iter().any(named) {
+        all.into_iter().filter(named).collect()
+    } else {
+        all
+    };
     let keep = [object];
     let details = if causes.is_empty() {
         redact(&status.message, &keep)
@@ -356,6 +364,34 @@ mod tests {
         ] {
             assert!(m.contains(part), "{part:?} missing from {m}");
         }
+    }
+
+    #[test]
+    fn the_servers_note_on_skipped_rules_is_left_out() {
+        // What kube-apiserver v1.36 answers for a 256-character parameter.
+        let status = invalid(
+            "ProvisioningRequest.autoscaling.x-k8s.io \"r\" is invalid: [...]",
+            &[
+                (
+                    "spec.parameters.ValidUntilSeconds",
+                    "Too long: may not be more than 255 bytes",
+                ),
+                (
+                    "<nil>",
+                    "Invalid value: null: some validation rules were not checked because the \
+                     object was invalid; correct the existing errors to complete validation",
+                ),
+            ],
+        );
+        let m = for_api(Kind::ProvisioningRequest, "r", &status, &[], &S).expect("permanent");
+        assert!(
+            m.contains(
+                "(Invalid, 422): spec.parameters.ValidUntilSeconds: Too long: may not be more than \
+                 255 bytes. spec.parameters come from ProvisioningRequestConfig capacity"
+            ),
+            "{m}"
+        );
+        assert!(!m.contains("<nil>"), "{m}");
     }
 
     #[test]
