@@ -15,7 +15,7 @@ use kueue_admission_sdk::api::{
 };
 use kueue_admission_sdk::prometheus_client::registry::Registry;
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, ReleaseContext, RetryPolicy,
+    AdmissionCheckController, CheckContext, Decision, ErrorClass, ReleaseContext, RetryPolicy,
 };
 use tracing::{info, warn};
 
@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::names;
 use crate::outcome::{self, Outcome};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
+use crate::refusal::{self, Subject};
 
 /// How often a Workload whose request names are all held by foreign objects looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
@@ -112,6 +113,7 @@ impl ProvisioningCheck {
         me: &Identity<'_>,
         attempt: u32,
         plan: &RequestPlan,
+        config: &str,
     ) -> Result<ProvisioningRequest, Error> {
         let namespace = wl.namespace().unwrap_or_default();
         let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
@@ -128,7 +130,15 @@ impl ProvisioningCheck {
                     let existing = templates.get(&t.name_any()).await?;
                     ours_or_taken(existing, me, "PodTemplate", &namespace)?
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    return Err(refused(
+                        e,
+                        refusal::Kind::PodTemplate,
+                        &t.name_any(),
+                        wl,
+                        config,
+                    ));
+                }
             };
             made.push(t);
         }
@@ -146,7 +156,15 @@ impl ProvisioningCheck {
                 let existing = requests.get(&plan.name).await?;
                 ours_or_taken(existing, me, "ProvisioningRequest", &namespace)?
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                return Err(refused(
+                    e,
+                    refusal::Kind::ProvisioningRequest,
+                    &plan.name,
+                    wl,
+                    config,
+                ));
+            }
         };
         if let Some(owner) = created.controller_owner_ref(&()) {
             let owner = OwnerReference {
@@ -252,13 +270,14 @@ impl ProvisioningCheck {
     /// `Pending` with a message naming what holds them.
     async fn start_attempt(
         &self,
-        client: &Client,
-        wl: &Workload,
+        ctx: &CheckContext<'_, ProvisioningParameters>,
         me: &Identity<'_>,
         attempt: u32,
         plan: &RequestPlan,
         holders: &[(String, Option<ProvisioningRequest>)],
     ) -> Result<Decision, Error> {
+        let (client, wl) = (ctx.client, ctx.workload);
+        let config = ctx.parameters.metadata.name.as_str();
         let namespace = wl.namespace().unwrap_or_default();
         // Left by a deleted Workload of the same name: never adopt its capacity, and free the
         // name for this one (as before names could collide).
@@ -303,7 +322,7 @@ impl ProvisioningCheck {
                 taken.push(why);
                 continue;
             }
-            self.create(client, wl, me, attempt, &plan).await?;
+            self.create(client, wl, me, attempt, &plan, config).await?;
             let mut message = format!(
                 "created ProvisioningRequest {namespace}/{name} (attempt {attempt}); waiting for \
                  it to be provisioned"
@@ -411,6 +430,37 @@ pub(crate) fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
+/// The error for a failed create of `object`: [`Error::Refused`] when the API server refused it
+/// for good (malformed or invalid), with a message for the user; the API error otherwise.
+fn refused(
+    e: kube::Error,
+    kind: refusal::Kind,
+    object: &str,
+    wl: &Workload,
+    config: &str,
+) -> Error {
+    let kube::Error::Api(status) = &e else {
+        return e.into();
+    };
+    let (namespace, workload) = (wl.namespace().unwrap_or_default(), wl.name_any());
+    let subject = Subject {
+        namespace: &namespace,
+        workload: &workload,
+        config,
+    };
+    let keys: Vec<String> = plan::annotation_parameters(wl).into_keys().collect();
+    match refusal::for_api(kind, object, status, &keys, &subject) {
+        Some(message) => {
+            warn!(%object, error = %e, "the API server refused an object of this check for good");
+            Error::Refused {
+                message,
+                api: Some(e),
+            }
+        }
+        None => e.into(),
+    }
+}
+
 /// `object` when it is ours, else the error saying who holds the name.
 fn ours_or_taken<K: ResourceExt>(
     object: K,
@@ -452,6 +502,12 @@ impl AdmissionCheckController for ProvisioningCheck {
         parameters.retry_policy()
     }
 
+    // A request or template the API server refuses as invalid (or the parameter check before
+    // creating one) is the user's to fix: shown on the entry, quota held for a while only.
+    fn classify_error(&self, error: &Error) -> ErrorClass {
+        error.class()
+    }
+
     // Capacity can be revoked after admission: a change of the request wakes the Workload and
     // its Ready answer is read again.
     fn revalidate_ready_on_change(&self) -> bool {
@@ -477,12 +533,26 @@ impl AdmissionCheckController for ProvisioningCheck {
         let attempt = ctx.attempt();
         let config = &ctx.parameters.spec;
         let flavors = self.assigned_flavors(ctx.client, wl).await?;
+        let config_name = ctx.parameters.metadata.name.as_str();
+        // Parameters no ProvisioningRequest accepts (a too long annotation) are found here,
+        // before anything is created, and reported as the user's to fix.
         let plan = plan::plan(&PlanInput {
             workload: wl,
             check,
             attempt,
             config,
             flavors: &flavors,
+        })
+        .map_err(|e| {
+            let subject = Subject {
+                namespace: &namespace,
+                workload: &wl.name_any(),
+                config: config_name,
+            };
+            match refusal::for_plan(&e, &subject) {
+                Some(message) => Error::Refused { message, api: None },
+                None => Error::Plan(e),
+            }
         })?;
         let plan = match plan {
             Plan::NotNeeded => {
@@ -513,9 +583,7 @@ impl AdmissionCheckController for ProvisioningCheck {
             }
             Located::Ours(r) => *r,
             Located::Absent(holders) => {
-                return self
-                    .start_attempt(ctx.client, wl, &me, attempt, &plan, &holders)
-                    .await;
+                return self.start_attempt(ctx, &me, attempt, &plan, &holders).await;
             }
         };
         // The request is ours (the rule in `locate`): only now may its name reach podSetUpdates.

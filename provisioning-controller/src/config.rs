@@ -249,6 +249,123 @@ mod tests {
         assert!(p.validate().is_ok());
     }
 
+    /// What the SDK writes for a `Retry` on `attempt` of a Workload under `policy`, with the
+    /// default ceiling of a day: (`requeueAfterSeconds`, the delay asked for when clamped).
+    fn written_retry(policy: &RetryPolicy, attempt: u32) -> (Option<i32>, Option<Duration>) {
+        use kueue_admission_sdk::api::CheckState;
+        use kueue_admission_sdk::decide::{Plan, PlanInput, plan};
+        use kueue_admission_sdk::testing::WorkloadBuilder;
+        let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("valid");
+        let wl = WorkloadBuilder::new("ns", "wl")
+            .at(now)
+            .pod_set("main", 1, "1")
+            .check("prov", CheckState::Pending)
+            .quota_reserved("cq", "default")
+            .build();
+        let planned = plan(PlanInput {
+            workload: &wl,
+            check: "prov",
+            decision: crate::outcome::decision(
+                &crate::outcome::Outcome::Failed("no capacity".into()),
+                "ns/wl-prov-1",
+                attempt,
+                Vec::new,
+            ),
+            attempt,
+            policy,
+            max_retry_delay: kueue_admission_sdk::retry::DEFAULT_MAX_RETRY_DELAY,
+            revalidate_ready: true,
+            now,
+            jitter_sample: 0.0,
+        });
+        match planned {
+            Plan::Write(w) => {
+                assert_eq!(w.entry.state, CheckState::Retry, "{w:?}");
+                (w.entry.requeue_after_seconds, w.clamped_from)
+            }
+            other => panic!("expected a Retry to write: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_absurd_retry_strategy_is_valid_and_every_delay_is_clamped_to_the_ceiling() {
+        // Accepted by the CRD: a base of 68 years and no cap.
+        let mut spec = class();
+        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: Some(3),
+            backoff_base_seconds: Some(i32::MAX),
+            backoff_max_seconds: Some(0),
+        });
+        let p = params(spec);
+        assert_eq!(p.validate(), Ok(()), "the check stays Active");
+        let policy = p.retry_policy();
+        assert_eq!(policy.validate(), Ok(()), "the SDK takes the policy");
+        assert_eq!(
+            policy.delay(1, 0.0),
+            MAX_DELAY,
+            "Kueue's formula, unclamped"
+        );
+        // Beyond the ceiling: what the SDK's Active message names.
+        assert!(policy.longest_delay() > kueue_admission_sdk::retry::DEFAULT_MAX_RETRY_DELAY);
+        for attempt in 1..=3 {
+            let (secs, clamped_from) = written_retry(&policy, attempt);
+            assert_eq!(
+                secs,
+                Some(86_400),
+                "attempt {attempt}: the ceiling is written"
+            );
+            assert_eq!(
+                clamped_from,
+                Some(MAX_DELAY),
+                "attempt {attempt}: and counted"
+            );
+        }
+    }
+
+    #[test]
+    fn delays_within_the_ceiling_are_kueues_exactly() {
+        // Kueue's defaults: 60, 120, 240 s, then Rejected (no Retry to write).
+        let policy = params(class()).retry_policy();
+        for (attempt, secs) in [(1, 60), (2, 120), (3, 240)] {
+            assert_eq!(written_retry(&policy, attempt), (Some(secs), None));
+        }
+        // A cap just under the ceiling is kept as it is.
+        let mut spec = class();
+        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: Some(20),
+            backoff_base_seconds: Some(3600),
+            backoff_max_seconds: Some(86_400),
+        });
+        let policy = params(spec).retry_policy();
+        assert_eq!(written_retry(&policy, 2), (Some(7200), None));
+        assert_eq!(written_retry(&policy, 10), (Some(86_400), None));
+        // The cap holds after Kueue's jitter too, so the Active message names no clamp.
+        assert_eq!(
+            policy.longest_delay(),
+            kueue_admission_sdk::retry::DEFAULT_MAX_RETRY_DELAY
+        );
+    }
+
+    #[test]
+    fn a_timed_out_request_retries_with_the_policy_so_the_ceiling_applies() {
+        let d = crate::outcome::decision(
+            &crate::outcome::Outcome::TimedOut(Duration::from_secs(u64::from(u32::MAX))),
+            "ns/r",
+            1,
+            Vec::new,
+        );
+        assert!(
+            matches!(
+                d,
+                kueue_admission_sdk::Decision::Retry {
+                    delay: kueue_admission_sdk::RetryDelay::Policy,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+    }
+
     #[test]
     fn validation_explains_what_is_wrong() {
         assert!(

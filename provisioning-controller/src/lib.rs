@@ -10,6 +10,7 @@
 //! - [`plan`]: which podsets need capacity, merge policies, the PodTemplates and the request;
 //! - [`outcome`]: a request's conditions (and the clock) → the check's decision;
 //! - [`config`]: the parameters (Kueue's ProvisioningRequestConfig) and this controller's extras;
+//! - [`refusal`]: what the user reads when what the check must create is (or would be) refused;
 //! - [`check`]: the SDK trait implementation, creating and reading requests;
 //! - [`identity`]: which objects are ours (the rule checked before any delete, patch or use);
 //! - [`cleanup`]: watching our requests, waking their Workloads, removing what nobody needs;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod names;
 pub mod outcome;
 pub mod plan;
+pub mod refusal;
 pub mod simulator;
 
 use std::future::Future;

@@ -195,21 +195,28 @@ pub enum PlanError {
     /// nodeSelector or by another of its flavors.
     #[error("{0}")]
     NodeLabelConflict(Box<LabelConflict>),
-    /// A parameter value is longer than a ProvisioningRequest accepts.
+    /// A parameter value is longer than a ProvisioningRequest accepts (the value itself is
+    /// never kept: it may be anything a user wrote).
     #[error(
-        "parameter {key:?} is {len} characters long; a ProvisioningRequest accepts at most 255"
+        "parameter {key:?} ({from}) is {len} characters long; a ProvisioningRequest accepts at most 255"
     )]
     ParameterTooLong {
         /// The parameter's name.
         key: String,
         /// Its length in characters.
         len: usize,
+        /// Where the value comes from.
+        from: ParameterSource,
     },
     /// More parameters than a ProvisioningRequest accepts.
-    #[error("{count} parameters; a ProvisioningRequest accepts at most 100")]
+    #[error(
+        "{count} parameters ({from_annotations} of them only from Workload annotations); a ProvisioningRequest accepts at most 100"
+    )]
     TooManyParameters {
         /// How many there are.
         count: usize,
+        /// How many of them the config does not have (added by Workload annotations).
+        from_annotations: usize,
     },
     /// The counts of merged podsets add up beyond what a request podset can hold.
     #[error("the pod counts merged into podset {pod_set:?} exceed {}", i32::MAX)]
@@ -217,6 +224,25 @@ pub enum PlanError {
         /// The group's first podset.
         pod_set: String,
     },
+}
+
+/// Where a request parameter's value comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParameterSource {
+    /// The Workload's annotation [`PARAMETER_ANNOTATION_PREFIX`]`<key>`, which wins over the
+    /// config.
+    WorkloadAnnotation,
+    /// The ProvisioningRequestConfig's `spec.parameters`.
+    Config,
+}
+
+impl fmt::Display for ParameterSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ParameterSource::WorkloadAnnotation => "from a Workload annotation",
+            ParameterSource::Config => "from the ProvisioningRequestConfig",
+        })
+    }
 }
 
 /// Details of [`PlanError::NodeLabelConflict`].
@@ -434,28 +460,52 @@ fn parameters(
     workload: &Workload,
 ) -> Result<BTreeMap<String, String>, PlanError> {
     let mut parameters = config.parameters.clone();
-    for (key, value) in workload.annotations() {
-        if let Some(name) = key.strip_prefix(PARAMETER_ANNOTATION_PREFIX)
-            && !name.is_empty()
-        {
-            parameters.insert(name.to_string(), value.clone());
-        }
+    let overrides = annotation_parameters(workload);
+    for (name, value) in &overrides {
+        parameters.insert(name.clone(), (*value).clone());
     }
+    // The checks the ProvisioningRequest CRD makes on spec.parameters (maxProperties 100,
+    // maxLength 255 per value, counted in characters), made before anything is created so that
+    // the answer names the annotation to fix rather than the API server's field path.
     if parameters.len() > MAX_PARAMETERS {
         return Err(PlanError::TooManyParameters {
             count: parameters.len(),
+            from_annotations: overrides
+                .keys()
+                .filter(|k| !config.parameters.contains_key(*k))
+                .count(),
         });
     }
     for (key, value) in &parameters {
         let len = value.chars().count();
         if len > MAX_PARAMETER_LEN {
+            let from = if overrides.contains_key(key) {
+                ParameterSource::WorkloadAnnotation
+            } else {
+                ParameterSource::Config
+            };
             return Err(PlanError::ParameterTooLong {
                 key: key.clone(),
                 len,
+                from,
             });
         }
     }
     Ok(parameters)
+}
+
+/// The request parameters the Workload's annotations set: annotation
+/// [`PARAMETER_ANNOTATION_PREFIX`]`<key>` → `<key>`.
+pub fn annotation_parameters(workload: &Workload) -> BTreeMap<String, &String> {
+    workload
+        .annotations()
+        .iter()
+        .filter_map(|(key, value)| {
+            key.strip_prefix(PARAMETER_ANNOTATION_PREFIX)
+                .filter(|name| !name.is_empty())
+                .map(|name| (name.to_string(), value))
+        })
+        .collect()
 }
 
 /// Whether any container or init container of the podset requests or limits one of
@@ -1549,19 +1599,64 @@ mod tests {
             run(&wl, &config()),
             Err(PlanError::ParameterTooLong {
                 key: "long".into(),
-                len: 256
+                len: 256,
+                from: ParameterSource::WorkloadAnnotation,
             })
         );
+        // The annotation wins over the config, and so does its length.
+        let with_long_default = ProvisioningRequestConfigSpec {
+            parameters: BTreeMap::from([("long".to_string(), "short".to_string())]),
+            ..config()
+        };
+        assert!(matches!(
+            run(&wl, &with_long_default),
+            Err(PlanError::ParameterTooLong {
+                from: ParameterSource::WorkloadAnnotation,
+                ..
+            })
+        ));
+        // Exactly at the limit, counted in characters (the CRD's maxLength counts characters,
+        // not bytes): 255 two-byte characters pass.
+        wl.metadata.annotations = Some(BTreeMap::from([(
+            "provreq.kueue.x-k8s.io/long".to_string(),
+            "é".repeat(255),
+        )]));
+        assert_eq!(
+            request(&wl, &config()).parameters["long"].chars().count(),
+            255
+        );
+        // A config value (the CRD refuses it, but a config is read as it is): named as such.
         wl.metadata.annotations = None;
+        let long_config = ProvisioningRequestConfigSpec {
+            parameters: BTreeMap::from([("c".to_string(), "x".repeat(300))]),
+            ..config()
+        };
+        assert_eq!(
+            run(&wl, &long_config),
+            Err(PlanError::ParameterTooLong {
+                key: "c".into(),
+                len: 300,
+                from: ParameterSource::Config,
+            })
+        );
         let config = ProvisioningRequestConfigSpec {
-            parameters: (0..101)
+            parameters: (0..100)
                 .map(|i| (format!("p{i}"), "v".to_string()))
                 .collect(),
             ..config()
         };
+        assert!(run(&wl, &config).is_ok(), "100 parameters are allowed");
+        // Annotations that override a config key add nothing; a new key is the 101st.
+        wl.metadata.annotations = Some(BTreeMap::from([
+            ("provreq.kueue.x-k8s.io/p0".to_string(), "w".to_string()),
+            ("provreq.kueue.x-k8s.io/new".to_string(), "w".to_string()),
+        ]));
         assert_eq!(
             run(&wl, &config),
-            Err(PlanError::TooManyParameters { count: 101 })
+            Err(PlanError::TooManyParameters {
+                count: 101,
+                from_annotations: 1
+            })
         );
     }
 

@@ -258,18 +258,30 @@ impl TestEnv {
         client: kube::Client,
         default_timeout: Option<Duration>,
     ) -> Result<Running> {
+        self.start_provisioning_controller_tuned(client, default_timeout, |_| {})
+    }
+
+    /// [`Self::start_provisioning_controller_as`], with `tune` applied to the runtime's settings
+    /// (e.g. a short `permanent_failure_hold` or `max_retry_delay`).
+    pub fn start_provisioning_controller_tuned(
+        &self,
+        client: kube::Client,
+        default_timeout: Option<Duration>,
+        tune: impl FnOnce(&mut RuntimeConfig),
+    ) -> Result<Running> {
         let http = crate::free_local_address()?;
         let check = ProvisioningCheck::new(Settings {
             controller_name: self.provisioning_controller_name(),
             default_timeout,
         });
-        let config = RuntimeConfig {
+        let mut config = RuntimeConfig {
             metrics_address: Some(http),
             field_manager: format!("e2e-prov-{}", self.ns),
             concurrency: 4,
             leader_election: None,
             ..Default::default()
         };
+        tune(&mut config);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let shutdown = async move {
