@@ -8,6 +8,7 @@
 //! wrote, a secret included): lengths, not contents.
 
 use kueue_admission_sdk::ErrorClass;
+use kueue_admission_sdk::check::redact_quoted as redact;
 
 use crate::plan::{MAX_PARAMETER_LEN, MAX_PARAMETERS, PARAMETER_ANNOTATION_PREFIX};
 use crate::plan::{ParameterSource, PlanError};
@@ -194,54 +195,6 @@ pub fn for_api(
         s.namespace,
         status.code
     ))
-}
-
-/// `text` with every double-quoted string replaced by its length, except those in `keep` (names
-/// this check chose): an API server message may quote the value it refused.
-pub fn redact(text: &str, keep: &[&str]) -> String {
-    let mut out = String::with_capacity(text.len().min(MAX_DETAILS * 2));
-    let mut rest = text;
-    while let Some(open) = rest.find('"') {
-        out.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        // The closing quote: the first one not escaped by a backslash.
-        let mut close = None;
-        let mut escaped = false;
-        for (i, c) in after.char_indices() {
-            match c {
-                '\\' if !escaped => escaped = true,
-                '"' if !escaped => {
-                    close = Some(i);
-                    break;
-                }
-                _ => escaped = false,
-            }
-        }
-        let Some(close) = close else {
-            // An unbalanced quote: everything after it might be the value.
-            out.push_str(&characters(after.chars().count()));
-            return out;
-        };
-        let quoted = &after[..close];
-        if keep.contains(&quoted) {
-            out.push('"');
-            out.push_str(quoted);
-            out.push('"');
-        } else {
-            out.push_str(&characters(quoted.chars().count()));
-        }
-        rest = &after[close + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
-fn characters(n: usize) -> String {
-    if n == 1 {
-        "<1 character>".to_string()
-    } else {
-        format!("<{n} characters>")
-    }
 }
 
 fn truncate(s: &str, max: usize) -> String {

@@ -229,15 +229,66 @@ impl ErrorClass {
         ErrorClass::Transient
     }
 
-    /// Classifies an API server answer by its HTTP code; see [`ErrorClass::of`].
+    /// Classifies an API server answer by its HTTP code; see [`ErrorClass::of`]. The server's
+    /// message goes into a permanent failure with quoted values replaced by their length.
     pub fn of_status(code: u16, reason: &str, message: &str) -> Self {
         match code {
             400 | 405 | 413 | 415 | 422 => ErrorClass::permanent(format!(
-                "the API server refused a request as {} ({code}): {message}",
-                if reason.is_empty() { "invalid" } else { reason }
+                "the API server refused a request as {} ({code}): {}",
+                if reason.is_empty() { "invalid" } else { reason },
+                redact_quoted(message, &[])
             )),
             _ => ErrorClass::Transient,
         }
+    }
+}
+
+/// `text` with every double-quoted string replaced by its length, except those in `keep` (names
+/// a check chose): an API server message may quote the value it refused, which can be a
+/// secret, and must not be repeated on a Workload or in an Event.
+pub fn redact_quoted(text: &str, keep: &[&str]) -> String {
+    let mut out = String::with_capacity(text.len().min(1024));
+    let mut rest = text;
+    while let Some(open) = rest.find('"') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        // The closing quote: the first one not escaped by a backslash.
+        let mut close = None;
+        let mut escaped = false;
+        for (i, c) in after.char_indices() {
+            match c {
+                '\\' if !escaped => escaped = true,
+                '"' if !escaped => {
+                    close = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let Some(close) = close else {
+            // An unbalanced quote: everything after it might be the value.
+            out.push_str(&characters(after.chars().count()));
+            return out;
+        };
+        let quoted = &after[..close];
+        if keep.contains(&quoted) {
+            out.push('"');
+            out.push_str(quoted);
+            out.push('"');
+        } else {
+            out.push_str(&characters(quoted.chars().count()));
+        }
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn characters(n: usize) -> String {
+    if n == 1 {
+        "<1 character>".to_string()
+    } else {
+        format!("<{n} characters>")
     }
 }
 
@@ -413,6 +464,42 @@ impl Decision {
             | Decision::Pending { message, .. }
             | Decision::Retry { message, .. }
             | Decision::Rejected { message } => message,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_values_are_replaced_by_their_length() {
+        assert_eq!(
+            redact_quoted(r#"PodTemplate "ppt-x" has "a\"b" and "c""#, &["ppt-x"]),
+            r#"PodTemplate "ppt-x" has <4 characters> and <1 character>"#
+        );
+        assert_eq!(redact_quoted(r#"open "secret"#, &[]), "open <6 characters>");
+        assert_eq!(redact_quoted("nothing quoted", &[]), "nothing quoted");
+    }
+
+    #[test]
+    fn invalid_requests_are_permanent_without_the_refused_value() {
+        let class = ErrorClass::of_status(
+            422,
+            "Invalid",
+            r#"spec.parameters.token: Invalid value: "hunter2": too long"#,
+        );
+        let ErrorClass::Permanent { message } = class else {
+            panic!("422 must be permanent");
+        };
+        assert!(!message.contains("hunter2"), "{message}");
+        assert!(message.contains("<7 characters>"), "{message}");
+        for code in [403, 404, 409, 429, 500, 503] {
+            assert_eq!(
+                ErrorClass::of_status(code, "", ""),
+                ErrorClass::Transient,
+                "{code}"
+            );
         }
     }
 }

@@ -577,7 +577,8 @@ async fn decide_one<C: AdmissionCheckController>(
                 // invalid): say so on the entry instead, and keep the quota only for a while.
                 let message = format!(
                     "the {} answer of check {check} cannot be written: {}",
-                    write.entry.state, status.message
+                    write.entry.state,
+                    crate::check::redact_quoted(&status.message, &[])
                 );
                 warn!(workload = %wl.name_any(), namespace, check, %message, "status write refused");
                 let decision = permanent_decision(ctx, &wl, check, &key, message, now).await;

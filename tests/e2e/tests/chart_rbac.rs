@@ -125,7 +125,9 @@ impl Step {
             Step::EventsPublished => "CheckRetry and CheckReady events are on the Workload",
             Step::JobCleanedUp => "deleting the Job deletes its request and PodTemplates",
             Step::NoReconcileErrors => "kueue_ac_reconcile_errors_total is 0 for every kind",
-            Step::RepeatedEventCounted => "a repeated CheckFailed event is counted in its series",
+            Step::RepeatedEventCounted => {
+                "a repeated CheckFailedPermanently event is counted in its series"
+            }
             Step::OrphanTemplateSwept => {
                 "after a restart, a PodTemplate orphaned over 60 s ago is deleted"
             }
@@ -639,9 +641,10 @@ impl Run {
             })
         });
 
-        // A Workload whose request cannot be planned (a parameter over 255 characters): the
-        // same CheckFailed on the same Workload at every retry of the error backoff, which the
-        // event recorder counts into the first event's series with a patch.
+        // A Workload whose request cannot be planned (a parameter over 255 characters): a
+        // permanent failure, shown on the entry; the check is asked again when the runtime's own
+        // Pending write comes back, fails the same way, and the event recorder counts the same
+        // CheckFailedPermanently into the first event's series with a patch.
         let failing = "toolong";
         env.workloads()
             .create(
@@ -659,7 +662,7 @@ impl Run {
                     .items
                     .iter()
                     .filter(|e| {
-                        e.reason.as_deref() == Some("CheckFailed")
+                        e.reason.as_deref() == Some("CheckFailedPermanently")
                             && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(failing)
                     })
                     .map(|e| e.series.as_ref().map_or(1, |s| s.count))
