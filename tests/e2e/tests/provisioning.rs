@@ -613,6 +613,88 @@ async fn an_expired_booking_before_admission_retries_and_the_next_attempt_admits
     t.stop().await
 }
 
+/// Another check's `Retry` evicts the Workload while our entry is `Ready` on attempt 2: Kueue
+/// resets our entry without its `retryCount`, but our attempt stays 2, so the next request is
+/// attempt 2's again (the simulator provisions it), not a second attempt 1 (which the script
+/// would fail, spending a retry).
+#[tokio::test]
+async fn another_checks_eviction_keeps_our_attempt_and_its_request_name() -> Result<()> {
+    let gate_controller = "e2e.kueue-admission-checks.dev/gate";
+    let t = Setup::with(
+        "prov-other-evicts",
+        retry_strategy(2, 1),
+        &[],
+        None,
+        &["gate"],
+    )
+    .await?;
+    let (env, check) = (&t.env, &t.p.check);
+    let gate = env.cluster_name("gate");
+    env.admission_check("gate", &format!("{gate_controller}-{}", env.ns))
+        .await?;
+    env.set_admission_check_active(&gate, true).await?;
+    let requests = env.request_history();
+    let wl = env.job_with_script("job", "fail,provision").await?;
+    env.wait_workload(&wl, "our check Ready on attempt 2", |w| {
+        w.admission_check(check)
+            .is_some_and(|e| e.state == CheckState::Ready && e.retry_count == Some(1))
+    })
+    .await?;
+
+    let before = env.workloads().get(&wl).await?.total_evictions();
+    env.answer_check(&wl, &gate, CheckState::Retry, "the gate says later")
+        .await?;
+    let reset = env
+        .wait_workload(&wl, "evicted by the gate, our entry reset", |w| {
+            w.total_evictions() > before
+                && w.admission_check(check)
+                    .is_some_and(|e| e.state == CheckState::Pending && e.retry_count.is_none())
+        })
+        .await?;
+    assert_eq!(
+        kueue_admission_sdk::attempts::attempt(&reset, check),
+        2,
+        "{}",
+        e2e::dump(&reset)
+    );
+    env.wait_check_pending_with_quota(&wl, &gate).await?;
+    env.answer_check(&wl, &gate, CheckState::Ready, "the gate opens")
+        .await?;
+    let admitted = env.wait_admitted(&wl).await?;
+    let entry = admitted.admission_check(check).cloned().unwrap_or_default();
+    assert_eq!(
+        entry.message,
+        format!("ProvisioningRequest {} provisioned", t.qualified(&wl, 2)),
+        "{}",
+        e2e::dump(&admitted)
+    );
+    // Attempt 1's request, attempt 2's, and attempt 2's again after the eviction released it.
+    let second = t.request(&wl, 2);
+    e2e::eventually("the request history saw attempt 2's second request", || {
+        requests
+            .objects()
+            .iter()
+            .filter(|(n, _)| *n == second)
+            .count()
+            >= 2
+    })
+    .await?;
+    let made: Vec<String> = requests
+        .objects()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(
+        made,
+        [t.request(&wl, 1), second.clone(), second],
+        "{made:?}"
+    );
+    assert_eq!(env.our_requests().await?, [t.request(&wl, 2)]);
+    let m = t.metrics().await?;
+    assert_eq!(m.counter("requests_failed"), 1.0, "{}", m.text);
+    t.stop().await
+}
+
 #[tokio::test]
 async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
     let t = Setup::new("prov-expired-after", retry_strategy(2, 1)).await?;
