@@ -332,10 +332,8 @@ where
             .for_each(|res| async move {
                 match res {
                     Ok(_) => {}
-                    // A Workload deleted while a reconcile of it was queued: normal, and its
-                    // release runs on the deletion itself.
-                    Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
-                        tracing::debug!(workload = %obj.name, "workload gone before its reconcile");
+                    Err(e) if is_deleted_before_reconcile(&e) => {
+                        tracing::debug!(error = %e, "workload gone before its reconcile");
                     }
                     Err(e) => warn!(error = %e, "workload reconcile failed"),
                 }
@@ -357,6 +355,13 @@ where
     drop(server);
     info!("stopped");
     outcome
+}
+
+/// A Workload deleted while a reconcile of it was queued: normal (every deletion can do it),
+/// not worth a warning that log-based alerting would page on; its release runs on the deletion
+/// itself.
+fn is_deleted_before_reconcile<E1, E2>(error: &kube::runtime::controller::Error<E1, E2>) -> bool {
+    matches!(error, kube::runtime::controller::Error::ObjectNotFound(_))
 }
 
 /// A task aborted when dropped.
@@ -808,4 +813,29 @@ fn write_registry<P>(
     // A panic while holding the lock cannot leave the map half-updated: every write is one insert
     // or remove. So a poisoned lock is still safe to use.
     registry.write().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::controller::Error as ControllerError;
+    use kube::runtime::reflector::ObjectRef;
+
+    use super::is_deleted_before_reconcile;
+
+    #[test]
+    fn a_workload_deleted_before_its_reconcile_is_not_a_warning() {
+        let wl = || {
+            Box::new(
+                ObjectRef::<crate::api::Workload>::new("wl")
+                    .within("ns")
+                    .erase(),
+            )
+        };
+        let gone: ControllerError<std::io::Error, std::io::Error> =
+            ControllerError::ObjectNotFound(wl());
+        assert!(is_deleted_before_reconcile(&gone));
+        let failed: ControllerError<std::io::Error, std::io::Error> =
+            ControllerError::ReconcilerFailed(std::io::Error::other("boom"), wl());
+        assert!(!is_deleted_before_reconcile(&failed));
+    }
 }
