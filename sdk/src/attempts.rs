@@ -149,9 +149,11 @@ pub fn attempt(wl: &Workload, check: &str) -> u32 {
 ///
 /// - `retry`: the write is a `Retry`: it is counted as retry number `attempt` (at least one
 ///   more than the record holds for an earlier attempt), at the current eviction count.
-/// - otherwise the record only catches up with Kueue's `retryCount` when that is ahead (a
-///   Workload that retried before the record existed), so that a later reset of `retryCount`
-///   cannot take the attempt back.
+/// - otherwise the record catches up with Kueue's `retryCount` when that is ahead (a Workload
+///   that retried before the record existed), so that a later reset of `retryCount` cannot take
+///   the attempt back; and a `Retry` counted for the current attempt that never landed (the
+///   entry is decidable again at the same eviction count) is taken back. The attempt being
+///   decided never changes by either.
 pub fn record_to_write(
     wl: &Workload,
     check: &str,
@@ -166,14 +168,25 @@ pub fn record_to_write(
             evictions: Some(evictions),
         }
     } else {
-        let recorded = current.map_or(1, |r| r.attempt_at(evictions));
+        // A Retry counted for this very attempt whose entry write never landed (the entry would
+        // say `Retry` until Kueue evicts, which moves the eviction count): not a retry after
+        // all. Taking it back leaves the attempt being decided as it is.
+        let base = match current {
+            Some(c) if c.evictions == Some(evictions) => Some(AttemptRecord {
+                retries: c.retries.saturating_sub(1),
+                evictions: None,
+            }),
+            other => other,
+        };
+        let recorded = base.map_or(1, |r| r.attempt_at(evictions));
         let kueue = kueue_attempt(wl, check);
-        if kueue <= recorded {
-            return None;
-        }
-        AttemptRecord {
-            retries: kueue - 1,
-            evictions: None,
+        if kueue > recorded {
+            AttemptRecord {
+                retries: kueue - 1,
+                evictions: None,
+            }
+        } else {
+            base?
         }
     };
     (current != Some(wanted)).then_some(wanted)
@@ -292,6 +305,36 @@ mod tests {
             })
         );
         assert_eq!(record_to_write(&wl, "a", 2, false), None);
+    }
+
+    #[test]
+    fn a_counted_retry_that_never_landed_is_taken_back_without_moving_the_attempt() {
+        // The record of a Retry landed at eviction count 2, its entry write did not: the entry
+        // is still Pending at 2, and the check now answers Ready.
+        let wl = with_record(deciding(), "a", "retries=2,evictions=2")
+            .eviction_count("AdmissionCheck", 2)
+            .build();
+        assert_eq!(attempt(&wl, "a"), 2);
+        let back = record_to_write(&wl, "a", 2, false).expect("taken back");
+        assert_eq!(
+            back,
+            AttemptRecord {
+                retries: 1,
+                evictions: None
+            }
+        );
+        let after = with_record(deciding(), "a", &back.to_string())
+            .eviction_count("AdmissionCheck", 2)
+            .build();
+        assert_eq!(attempt(&after, "a"), 2, "the attempt decided stays");
+        let later = with_record(deciding(), "a", &back.to_string())
+            .eviction_count("AdmissionCheck", 3)
+            .build();
+        assert_eq!(
+            attempt(&later, "a"),
+            2,
+            "and the next eviction does not count it"
+        );
     }
 
     #[test]

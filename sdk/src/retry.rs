@@ -23,7 +23,7 @@ pub const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(24 * 3600);
 
 /// A duration in the largest whole unit that fits, for messages: `90s`, `2m30s`, `24h`, `68y`.
 pub fn human(d: Duration) -> String {
-    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    let secs = d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0));
     let (h, m, s) = (secs / 3600, secs % 3600 / 60, secs % 60);
     let with = |big: u64, unit: &str, small: u64, small_unit: &str| {
         if small == 0 {
@@ -380,6 +380,7 @@ mod tests {
         assert_eq!(human(S(3 * 86_400 + 5)), "3d");
         assert_eq!(human(MAX_DELAY), "68y");
         assert_eq!(human(Duration::from_millis(1500)), "2s");
+        assert!(human(Duration::MAX).ends_with('y'), "no overflow");
     }
 
     #[test]

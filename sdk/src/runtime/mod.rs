@@ -435,25 +435,46 @@ async fn watch_workloads(
         }
         _ => {}
     })
-    .reflect(writer)
-    .touched_objects();
+    .reflect(writer);
     let mut events = std::pin::pin!(events);
+    // Versions a re-list delivered: the reflector's store takes them only at its end.
+    let mut relisted: Vec<(String, String)> = Vec::new();
     while let Some(event) = events.next().await {
-        // The cache holds this version now: a reconcile waiting for our own write may go on.
-        if let Ok(wl) = &event
-            && let (Some(uid), Some(rv)) = (wl.uid(), wl.resource_version())
-        {
-            own_writes.seen(&uid, &rv, tokio::time::Instant::now());
-        }
-        match event {
-            Ok(wl) if *leading.borrow() => {
-                if changes.send(wl).await.is_err() {
-                    // The reconciler stopped: keep the cache for metrics and readiness.
-                    continue;
-                }
+        let now = tokio::time::Instant::now();
+        let touched = match event {
+            Err(e) => {
+                warn!(error = %e, "watching Workloads");
+                continue;
             }
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "watching Workloads"),
+            Ok(watcher::Event::Init) => {
+                relisted.clear();
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => {
+                // The cache holds these versions now: reconciles waiting for our own write may
+                // go on.
+                for (uid, rv) in relisted.drain(..) {
+                    own_writes.seen(&uid, &rv, now);
+                }
+                continue;
+            }
+            Ok(watcher::Event::InitApply(wl)) => {
+                if let (Some(uid), Some(rv)) = (wl.uid(), wl.resource_version()) {
+                    relisted.push((uid, rv));
+                }
+                wl
+            }
+            Ok(watcher::Event::Apply(wl)) => {
+                if let (Some(uid), Some(rv)) = (wl.uid(), wl.resource_version()) {
+                    own_writes.seen(&uid, &rv, now);
+                }
+                wl
+            }
+            Ok(watcher::Event::Delete(wl)) => wl,
+        };
+        if *leading.borrow() && changes.send(touched).await.is_err() {
+            // The reconciler stopped: keep the cache for metrics and readiness.
+            continue;
         }
     }
 }

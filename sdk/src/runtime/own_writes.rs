@@ -52,13 +52,15 @@ impl OwnWrites {
     /// `check`'s entry was written on the Workload `uid`, which the API server then had at
     /// `resource_version`.
     pub fn wrote(&self, uid: &str, check: &str, resource_version: String, now: Instant) {
+        // `unseen` first and held while `recent` is read: a `seen` of this version either
+        // came before (found here) or removes the entry after this insert.
+        let mut unseen = self.lock();
         let seen_already = {
             let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
             recent
                 .set
                 .contains(&(uid.to_string(), resource_version.clone()))
         };
-        let mut unseen = self.lock();
         if seen_already {
             if let Some(writes) = unseen.get_mut(uid) {
                 writes.retain(|w| w.check != check);

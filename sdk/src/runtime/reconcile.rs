@@ -343,9 +343,11 @@ pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C
             }
         }
         ctx.asked().remove(&(uid.clone(), check.clone()));
-        ctx.late().remove(&(uid.clone(), check.clone()));
-        lock(&ctx.permanent).remove(&(uid.clone(), check));
     }
+    // Everything kept about the Workload goes, also for pairs released earlier (a carried
+    // Retry or a permanent failure of a Workload evicted, then deleted while queued).
+    ctx.late().retain(|(u, _), _| *u != uid);
+    lock(&ctx.permanent).retain(|(u, _), _| *u != uid);
     lock(&ctx.failures).remove(&uid);
     ctx.own_writes.forget(&uid);
 }
@@ -392,6 +394,8 @@ async fn release_idle<C: AdmissionCheckController>(
         }
         info!(workload = %name, namespace, check, reason = reason.as_str(), "released");
         ctx.asked().remove(&key);
+        // A permanent failure belongs to the attempt that saw it.
+        lock(&ctx.permanent).remove(&key);
         if matches!(
             reason,
             ReleaseReason::Deleted
@@ -419,16 +423,21 @@ struct Decided {
     message: String,
     /// What the check read that Kueue does not change within an attempt.
     inputs: Inputs,
+    /// Decided about a `Ready` entry (revalidating) or a `Pending` one.
+    revalidating: bool,
 }
 
-/// The parts of a Workload a check decides on that only users and job controllers change: its
-/// spec (by generation), labels and annotations (less the attempt records the runtime writes).
-/// A conflict caused by anything else (Kueue's own status bookkeeping) leaves a decision valid.
+/// The parts of a Workload a check decides on that Kueue's bookkeeping within an attempt does
+/// not change: its spec (by generation), labels and annotations (less the attempt records the
+/// runtime writes), and the admission (flavors and counts; quota can be released and reserved
+/// again elsewhere without an eviction). A conflict caused by anything else leaves a decision
+/// valid.
 #[derive(Clone, Debug, PartialEq)]
 struct Inputs {
     generation: Option<i64>,
     labels: std::collections::BTreeMap<String, String>,
     annotations: Vec<(String, String)>,
+    admission: Option<crate::api::Admission>,
 }
 
 impl Inputs {
@@ -443,6 +452,7 @@ impl Inputs {
                 .filter(|(k, _)| !k.starts_with(&prefix))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            admission: wl.status.as_ref().and_then(|s| s.admission.clone()),
         }
     }
 }
@@ -488,10 +498,9 @@ async fn decide_one<C: AdmissionCheckController>(
         if let Some(at) = asked_at {
             ctx.asked().insert(key.clone(), at);
         }
-        let decided = match kept
-            .take()
-            .filter(|d| d.at == asked_at && d.inputs == Inputs::of(&wl))
-        {
+        let decided = match kept.take().filter(|d| {
+            d.at == asked_at && d.revalidating == revalidating && d.inputs == Inputs::of(&wl)
+        }) {
             Some(d) => d,
             None => match ask(ctx, &wl, check, active, &key, revalidating, now).await? {
                 Some(d) => d,
@@ -537,7 +546,10 @@ async fn decide_one<C: AdmissionCheckController>(
                 written(ctx, &wl, check, &write, now).await;
                 return Ok(write.recheck_after.or(revalidate_after));
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => {
+            Err(
+                WriteFailure::Record(kube::Error::Api(status))
+                | WriteFailure::Status(kube::Error::Api(status)),
+            ) if status.code == 409 => {
                 // Decided from a stale Workload: read it again.
                 ctx.metrics.conflict(check);
                 debug!(workload = %wl.name_any(), check, "conflict, reading the workload again");
@@ -548,7 +560,16 @@ async fn decide_one<C: AdmissionCheckController>(
                 match eligibility(&fresh, check, revalidates) {
                     // Same attempt, still undecided: the same decision is written on the fresh
                     // read, unless what the check decided on changed (then it is asked again).
-                    Eligibility::Decide { .. } if fresh_at == asked_at => kept = Some(decided),
+                    Eligibility::Decide { revalidating } if fresh_at == asked_at => {
+                        if revalidating == decided.revalidating {
+                            kept = Some(decided);
+                        } else {
+                            // A Pending entry we decided on turned out Ready (our own earlier
+                            // answer, which the cache had not shown): already answered.
+                            debug!(workload = %wl.name_any(), check, "already answered for this attempt");
+                            return Ok(None);
+                        }
+                    }
                     // Same attempt, already answered (our own earlier write, which the cache had
                     // not shown): nothing is lost, and nothing to carry over.
                     Eligibility::Wait(_) if fresh_at == asked_at => {
@@ -567,7 +588,7 @@ async fn decide_one<C: AdmissionCheckController>(
                 }
                 wl = Cow::Owned(fresh);
             }
-            Err(kube::Error::Api(status))
+            Err(WriteFailure::Status(kube::Error::Api(status)))
                 if matches!(
                     ErrorClass::of_status(status.code, &status.reason, &status.message),
                     ErrorClass::Permanent { .. }
@@ -588,7 +609,24 @@ async fn decide_one<C: AdmissionCheckController>(
                     ..decided
                 });
             }
-            Err(e) => return Err(e.into()),
+            Err(WriteFailure::Record(e)) => {
+                // Without the record no Retry may be written (it would land uncounted): tried
+                // again with backoff, and said where the operator looks.
+                let why = match &e {
+                    kube::Error::Api(s) if s.code == 403 => format!(
+                        "the controller may not patch workloads.kueue.x-k8s.io, which it needs to \
+                         count this check's retries before writing a Retry (grant patch on \
+                         workloads): {}",
+                        s.message
+                    ),
+                    other => format!("counting the Retry on the Workload failed: {other}"),
+                };
+                let note = format!("check {check}: {why}");
+                ctx.event(&wl, EventType::Warning, "CheckWriteFailed", note)
+                    .await;
+                return Err(e.into());
+            }
+            Err(WriteFailure::Status(e)) => return Err(e.into()),
         }
     }
     Ok(Some(Duration::from_secs(1)))
@@ -625,6 +663,7 @@ async fn ask<C: AdmissionCheckController>(
                     at,
                     carried: true,
                     inputs: Inputs::of(wl),
+                    revalidating,
                 }));
             }
             None => {
@@ -672,6 +711,7 @@ async fn ask<C: AdmissionCheckController>(
         at,
         carried: false,
         inputs: Inputs::of(wl),
+        revalidating,
     }))
 }
 
@@ -788,6 +828,14 @@ async fn carry_over<C: AdmissionCheckController>(
     ctx.late().insert(key.clone(), late);
 }
 
+/// Which of the two writes of [`apply`] failed.
+enum WriteFailure {
+    /// The attempt record on the Workload's metadata.
+    Record(kube::Error),
+    /// The entry on the status subresource.
+    Status(kube::Error),
+}
+
 /// Writes the attempt record (when the plan has one) and then the entry, both conditioned on
 /// the `resourceVersion` the decision was made on; returns the `resourceVersion` of the
 /// Workload after the write.
@@ -797,20 +845,24 @@ async fn apply(
     check: &str,
     write: &crate::decide::Write,
     pp: &PatchParams,
-) -> Result<Option<String>, kube::Error> {
+) -> Result<Option<String>, WriteFailure> {
     let mut base = Cow::Borrowed(wl);
     if let Some(record) = write.record {
         // Counted before it can land: a Retry never reaches Kueue uncounted.
         let body = attempts::annotation_apply_patch(wl, check, record)
-            .ok_or_else(|| missing_resource_version(wl))?;
-        let updated = api.patch(&wl.name_any(), pp, &Patch::Apply(&body)).await?;
+            .ok_or_else(|| WriteFailure::Record(missing_resource_version(wl)))?;
+        let updated = api
+            .patch(&wl.name_any(), pp, &Patch::Apply(&body))
+            .await
+            .map_err(WriteFailure::Record)?;
         base = Cow::Owned(updated);
     }
-    let body =
-        status_apply_patch(&base, &write.entry).ok_or_else(|| missing_resource_version(wl))?;
+    let body = status_apply_patch(&base, &write.entry)
+        .ok_or_else(|| WriteFailure::Status(missing_resource_version(wl)))?;
     let updated = api
         .patch_status(&wl.name_any(), pp, &Patch::Apply(&body))
-        .await?;
+        .await
+        .map_err(WriteFailure::Status)?;
     Ok(updated.resource_version())
 }
 

@@ -83,6 +83,7 @@ fn status_body(code: u16, reason: &str, message: &str) -> serde_json::Value {
 struct Probe {
     answer: Decision,
     asked: AtomicU32,
+    revalidate: bool,
 }
 
 impl AdmissionCheckController for Probe {
@@ -91,6 +92,10 @@ impl AdmissionCheckController for Probe {
 
     fn controller_name(&self) -> &str {
         "example.com/probe"
+    }
+
+    fn revalidate_ready_on_change(&self) -> bool {
+        self.revalidate
     }
 
     async fn decide(&self, _: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
@@ -108,6 +113,10 @@ struct Harness {
 
 impl Harness {
     fn new(answer: Decision) -> Self {
+        Self::with(answer, false)
+    }
+
+    fn with(answer: Decision, revalidate: bool) -> Self {
         let answers: Answers = Arc::default();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let client = scripted_client(answers.clone(), seen.clone());
@@ -129,6 +138,7 @@ impl Harness {
             Arc::new(Probe {
                 answer,
                 asked: AtomicU32::new(0),
+                revalidate,
             }),
             Arc::default(),
             &config,
@@ -250,27 +260,29 @@ async fn a_cache_behind_the_runtimes_own_write_does_not_ask_the_check_again() {
     );
 }
 
+fn with_record(b: WorkloadBuilder, value: &str) -> WorkloadBuilder {
+    b.annotation(&crate::attempts::annotation_key(CHECK), value)
+}
+
 #[tokio::test]
 async fn a_conflict_whose_fresh_read_shows_our_own_answer_is_already_written() {
     let h = Harness::new(Decision::retry_after("busy", Duration::from_secs(40)));
-    // The attempt record lands, the status write meets our own earlier Retry (the cache was
-    // behind it): the fresh read shows this attempt already answered.
-    h.answer(200, json(&at("11", deciding())));
+    // The cache is behind our own earlier Retry (its remembered write expired): the attempt
+    // record, carrying the stale resourceVersion, is refused, and the fresh read shows this
+    // attempt already answered.
     h.conflict();
-    let answered = deciding().check_entry(AdmissionCheckState {
-        name: CHECK.into(),
-        state: CheckState::Retry,
-        message: "busy (attempt 1 of 4; ...)".into(),
-        ..Default::default()
-    });
+    let answered =
+        with_record(deciding(), "retries=1,evictions=0").check_entry(AdmissionCheckState {
+            name: CHECK.into(),
+            state: CheckState::Retry,
+            message: "busy (attempt 1 of 4; ...)".into(),
+            ..Default::default()
+        });
     h.answer(200, json(&at("12", answered)));
     let next = h.decide(&at("10", deciding())).await.expect("no error");
     assert_eq!(next, None);
     assert_eq!(h.asked(), 1);
-    assert_eq!(
-        h.calls(),
-        ["PATCH workload", "PATCH status", "GET workload"]
-    );
+    assert_eq!(h.calls(), ["PATCH workload", "GET workload"]);
     assert!(
         h.ctx
             .late
@@ -287,11 +299,34 @@ async fn a_conflict_whose_fresh_read_shows_our_own_answer_is_already_written() {
 }
 
 #[tokio::test]
+async fn a_pending_decided_on_a_stale_read_of_our_own_ready_is_not_written() {
+    // With revalidation a Ready entry is decidable too: the fresh read showing our own Ready
+    // for this attempt must not get the Pending decided for the stale Pending entry.
+    let h = Harness::with(Decision::pending("waiting"), true);
+    h.conflict();
+    let ready = deciding().check_entry(AdmissionCheckState {
+        name: CHECK.into(),
+        state: CheckState::Ready,
+        message: "fine".into(),
+        ..Default::default()
+    });
+    h.answer(200, json(&at("11", ready)));
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(next, None);
+    assert_eq!(h.calls(), ["PATCH status", "GET workload"]);
+    assert!(
+        !h.events().iter().any(|r| r == "InvalidDecision"),
+        "{:?}",
+        h.events()
+    );
+}
+
+#[tokio::test]
 async fn a_conflict_after_kueue_moved_on_carries_a_delayed_retry_over_once() {
     let h = Harness::new(Decision::retry_after("busy", Duration::from_secs(40)));
-    h.answer(200, json(&at("11", deciding())));
+    // Another check's Retry evicted the Workload while ours was decided: the attempt record,
+    // carrying the old resourceVersion, is refused; the Workload holds quota again.
     h.conflict();
-    // Another check's Retry evicted the Workload meanwhile; it holds quota again.
     let moved_on = at("14", deciding().eviction_count("AdmissionCheck", 1));
     h.answer(200, json(&moved_on));
     // The carried Retry: its attempt record, then its entry.
@@ -309,20 +344,20 @@ async fn a_conflict_after_kueue_moved_on_carries_a_delayed_retry_over_once() {
         h.calls(),
         [
             "PATCH workload",
-            "PATCH status",
             "GET workload",
             "PATCH workload",
             "PATCH status"
         ]
     );
     let requests = h.api_requests();
-    let record = &requests[3].body["metadata"]["annotations"];
+    let record = &requests[2].body["metadata"]["annotations"];
     assert_eq!(
         record[crate::attempts::annotation_key(CHECK)],
         "retries=1,evictions=1",
-        "counted once, as the first attempt's Retry, at the new attempt"
+        "counted once, at the attempt it lands on"
     );
-    let entry = &requests[4].body["status"]["admissionChecks"][0];
+    assert_eq!(requests[2].body["metadata"]["resourceVersion"], "14");
+    let entry = &requests[3].body["status"]["admissionChecks"][0];
     assert_eq!(entry["state"], "Retry");
     assert!(
         entry["message"]
@@ -330,8 +365,69 @@ async fn a_conflict_after_kueue_moved_on_carries_a_delayed_retry_over_once() {
             .is_some_and(|m| m.contains("decided for attempt 1")),
         "{entry}"
     );
-    assert_eq!(requests[4].body["metadata"]["resourceVersion"], "15");
+    assert_eq!(requests[3].body["metadata"]["resourceVersion"], "15");
     assert!(h.events().iter().any(|r| r == "CheckRetryCarriedOver"));
+}
+
+#[tokio::test]
+async fn a_carried_retry_whose_first_record_landed_is_counted_twice_never_backwards() {
+    // The documented narrow window: the first record landed, then Kueue evicted before the
+    // entry write. The carried Retry is counted at the attempt it lands on (2), so the stored
+    // attempt never goes back; one retry of the limit is spent twice.
+    let h = Harness::new(Decision::retry_after("busy", Duration::from_secs(40)));
+    h.answer(
+        200,
+        json(&at("11", with_record(deciding(), "retries=1,evictions=0"))),
+    );
+    h.conflict();
+    let moved_on =
+        with_record(deciding(), "retries=1,evictions=0").eviction_count("AdmissionCheck", 1);
+    h.answer(200, json(&at("14", moved_on.clone())));
+    h.answer(200, json(&at("15", moved_on.clone())));
+    h.answer(200, json(&at("16", moved_on)));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    let requests = h.api_requests();
+    assert_eq!(
+        requests[3].body["metadata"]["annotations"][crate::attempts::annotation_key(CHECK)],
+        "retries=2,evictions=1"
+    );
+}
+
+#[tokio::test]
+async fn the_same_answer_written_again_after_a_conflict_is_counted_once() {
+    let h = Harness::new(Decision::retry_after("busy", Duration::from_secs(40)));
+    // The record lands, the entry meets Kueue's bookkeeping: same attempt, same inputs.
+    let recorded = || with_record(deciding(), "retries=1,evictions=0");
+    h.answer(200, json(&at("11", recorded())));
+    h.conflict();
+    h.answer(
+        200,
+        json(&at(
+            "12",
+            recorded().with(|w| {
+                if let Some(s) = w.status.as_mut() {
+                    s.requeue_state = Some(Default::default());
+                }
+            }),
+        )),
+    );
+    h.answer(200, json(&at("13", recorded())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(h.asked(), 1);
+    assert_eq!(
+        h.calls(),
+        [
+            "PATCH workload",
+            "PATCH status",
+            "GET workload",
+            "PATCH status"
+        ],
+        "one attempt record only"
+    );
+    assert_eq!(
+        h.api_requests()[3].body["metadata"]["resourceVersion"],
+        "12"
+    );
 }
 
 #[tokio::test]
