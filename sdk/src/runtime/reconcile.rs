@@ -425,6 +425,9 @@ struct Decided {
     inputs: Inputs,
     /// Decided about a `Ready` entry (revalidating) or a `Pending` one.
     revalidating: bool,
+    /// The time the check was given: a delay it computed (e.g. until midnight) counts from it,
+    /// so the entry written for this decision, even after a conflict, uses it too.
+    now: Timestamp,
 }
 
 /// The parts of a Workload a check decides on that Kueue's bookkeeping within an attempt does
@@ -493,7 +496,6 @@ async fn decide_one<C: AdmissionCheckController>(
             Eligibility::Decide { revalidating } => revalidating,
             _ => return Ok(None),
         };
-        let now = Timestamp::now();
         let asked_at = AskedAt::of(&wl, check);
         if let Some(at) = asked_at {
             ctx.asked().insert(key.clone(), at);
@@ -502,11 +504,12 @@ async fn decide_one<C: AdmissionCheckController>(
             d.at == asked_at && d.revalidating == revalidating && d.inputs == Inputs::of(&wl)
         }) {
             Some(d) => d,
-            None => match ask(ctx, &wl, check, active, &key, revalidating, now).await? {
+            None => match ask(ctx, &wl, check, active, &key, revalidating).await? {
                 Some(d) => d,
                 None => return Ok(None),
             },
         };
+        let now = decided.now;
         let input = PlanInput {
             workload: &wl,
             check,
@@ -644,8 +647,8 @@ async fn ask<C: AdmissionCheckController>(
     active: &ActiveCheck<C::Parameters>,
     key: &PairKey,
     revalidating: bool,
-    now: Timestamp,
 ) -> Result<Option<Decided>, Error> {
+    let now = Timestamp::now();
     let at = AskedAt::of(wl, check);
     // A Retry refused because Kueue evicted the Workload while the check decided is honoured
     // now, for what is left of its delay, instead of asking the check again.
@@ -664,6 +667,7 @@ async fn ask<C: AdmissionCheckController>(
                     carried: true,
                     inputs: Inputs::of(wl),
                     revalidating,
+                    now,
                 }));
             }
             None => {
@@ -712,6 +716,7 @@ async fn ask<C: AdmissionCheckController>(
         carried: false,
         inputs: Inputs::of(wl),
         revalidating,
+        now,
     }))
 }
 

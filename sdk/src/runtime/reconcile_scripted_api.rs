@@ -86,6 +86,10 @@ struct Probe {
     revalidate: bool,
 }
 
+/// The answer of [`Probe`] that stands for "retry at the next whole minute": computed from
+/// `ctx.now`, as a budget check computes "until midnight".
+const UNTIL_NEXT_MINUTE: &str = "until the next minute";
+
 impl AdmissionCheckController for Probe {
     type Parameters = NoParameters;
     type Error = Infallible;
@@ -98,8 +102,14 @@ impl AdmissionCheckController for Probe {
         self.revalidate
     }
 
-    async fn decide(&self, _: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
+    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
         self.asked.fetch_add(1, Ordering::SeqCst);
+        if self.answer.message() == UNTIL_NEXT_MINUTE {
+            let minute = (ctx.now.as_second() / 60 + 1) * 60;
+            let next = k8s_openapi::jiff::Timestamp::from_second(minute).unwrap_or(ctx.now);
+            let left = Duration::try_from(next.duration_since(ctx.now)).unwrap_or_default();
+            return Ok(Decision::retry_after(UNTIL_NEXT_MINUTE, left));
+        }
         Ok(self.answer.clone())
     }
 }
@@ -486,4 +496,33 @@ async fn a_write_the_api_server_refuses_as_invalid_becomes_a_permanent_failure_o
     );
     assert!(next.is_some(), "looked at again when the hold ends");
     assert!(h.events().iter().any(|r| r == "CheckFailedPermanently"));
+}
+
+#[tokio::test]
+async fn a_delay_computed_by_the_check_still_ends_when_it_said_after_a_conflict() {
+    // The check says "until the next whole minute", from the time it was given. Written again
+    // after a conflict, the entry must still name that minute, not one second later.
+    let h = Harness::new(Decision::retry(UNTIL_NEXT_MINUTE));
+    let recorded = || with_record(deciding(), "retries=1,evictions=0");
+    h.answer(200, json(&at("11", recorded())));
+    h.conflict();
+    h.answer(200, json(&at("12", recorded())));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    h.answer(200, json(&at("13", recorded())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    let requests = h.api_requests();
+    let entry = &requests[3].body["status"]["admissionChecks"][0];
+    let message = entry["message"].as_str().unwrap_or_default();
+    let at = message
+        .rsplit_once("next attempt not before ")
+        .and_then(|(_, t)| t.strip_suffix(')'))
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .expect("a time in the message");
+    assert_eq!(at.as_second() % 60, 0, "{message}");
+    let written = entry["lastTransitionTime"]
+        .as_str()
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .expect("lastTransitionTime");
+    let delay = entry["requeueAfterSeconds"].as_i64().unwrap_or_default();
+    assert_eq!(written.as_second() + delay, at.as_second(), "{entry}");
 }
