@@ -8,7 +8,7 @@
 //! wrote, a secret included): lengths, not contents.
 
 use kueue_admission_sdk::ErrorClass;
-use kueue_admission_sdk::check::redact_quoted as redact;
+use kueue_admission_sdk::check::{redact_quoted as redact, truncate_chars as truncate};
 
 use crate::plan::{MAX_PARAMETER_LEN, MAX_PARAMETERS, PARAMETER_ANNOTATION_PREFIX};
 use crate::plan::{ParameterSource, PlanError};
@@ -195,15 +195,6 @@ pub fn for_api(
         s.namespace,
         status.code
     ))
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let mut cut: String = s.chars().take(max - 1).collect();
-    cut.push('…');
-    cut
 }
 
 #[cfg(test)]

@@ -200,17 +200,10 @@ pub fn annotation_apply_patch(
     check: &str,
     record: AttemptRecord,
 ) -> Option<serde_json::Value> {
-    let resource_version = wl.resource_version()?;
-    Some(serde_json::json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {
-            "name": wl.name_any(),
-            "namespace": wl.namespace(),
-            "resourceVersion": resource_version,
-            "annotations": { annotation_key(check): record.to_string() },
-        },
-    }))
+    let mut body = crate::decide::conditioned_apply_body(wl)?;
+    body["metadata"]["annotations"] =
+        serde_json::json!({ annotation_key(check): record.to_string() });
+    Some(body)
 }
 
 #[cfg(test)]

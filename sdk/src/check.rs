@@ -243,6 +243,17 @@ impl ErrorClass {
     }
 }
 
+/// `text` cut to at most `max` characters (on a character boundary), the cut marked with `…`:
+/// for messages shown on a Workload or in an Event, which have limits.
+pub fn truncate_chars(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
 /// `text` with every double-quoted string replaced by its length, except those in `keep` (names
 /// a check chose): an API server message may quote the value it refused, which can be a
 /// secret, and must not be repeated on a Workload or in an Event.

@@ -369,12 +369,7 @@ fn at_seconds(now: Timestamp, secs: i32) -> String {
 
 /// Cuts a message to Kueue's limit on a character boundary, marking the cut.
 fn truncate_message(message: String) -> String {
-    if message.chars().count() <= MAX_MESSAGE_CHARS {
-        return message;
-    }
-    let mut cut: String = message.chars().take(MAX_MESSAGE_CHARS - 1).collect();
-    cut.push('…');
-    cut
+    crate::check::truncate_chars(&message, MAX_MESSAGE_CHARS)
 }
 
 /// The body of the server-side apply that writes one entry: only identity, the
@@ -382,6 +377,15 @@ fn truncate_message(message: String) -> String {
 /// `resourceVersion` (it was not read from the API server), since an unconditioned write is
 /// exactly what strands Workloads.
 pub fn status_apply_patch(wl: &Workload, entry: &AdmissionCheckState) -> Option<serde_json::Value> {
+    let mut body = conditioned_apply_body(wl)?;
+    body["status"] = json!({"admissionChecks": [entry]});
+    Some(body)
+}
+
+/// The skeleton of every server-side apply the runtime sends to a Workload: identity and the
+/// `resourceVersion` of the read the write was decided on, so that a write computed from a
+/// stale Workload is refused (409). `None` without a `resourceVersion`.
+pub(crate) fn conditioned_apply_body(wl: &Workload) -> Option<serde_json::Value> {
     let resource_version = wl.resource_version()?;
     Some(json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2",
@@ -391,6 +395,5 @@ pub fn status_apply_patch(wl: &Workload, entry: &AdmissionCheckState) -> Option<
             "namespace": wl.namespace(),
             "resourceVersion": resource_version,
         },
-        "status": {"admissionChecks": [entry]},
     }))
 }

@@ -413,14 +413,10 @@ async fn release_idle<C: AdmissionCheckController>(
 /// the same attempt, instead of asking the check a second time.
 struct Decided {
     decision: Decision,
-    /// The attempt it was decided for.
-    attempt: u32,
-    /// Where the Workload stood when it was decided.
+    /// Where the Workload stood when it was decided (its attempt among it).
     at: Option<AskedAt>,
     /// A carried-over late `Retry`, not the check's answer for this attempt.
     carried: bool,
-    /// The check's own message (before the runtime adds attempt and timing).
-    message: String,
     /// What the check read that Kueue does not change within an attempt.
     inputs: Inputs,
     /// Decided about a `Ready` entry (revalidating) or a `Pending` one.
@@ -504,7 +500,7 @@ async fn decide_one<C: AdmissionCheckController>(
             d.at == asked_at && d.revalidating == revalidating && d.inputs == Inputs::of(&wl)
         }) {
             Some(d) => d,
-            None => match ask(ctx, &wl, check, active, &key, revalidating).await? {
+            None => match ask(ctx, &wl, check, active, &key, revalidating, asked_at).await? {
                 Some(d) => d,
                 None => return Ok(None),
             },
@@ -514,7 +510,7 @@ async fn decide_one<C: AdmissionCheckController>(
             workload: &wl,
             check,
             decision: decided.decision.clone(),
-            attempt: decided.attempt,
+            attempt: asked_at.map_or(1, |a| a.attempt),
             policy: &active.policy,
             max_retry_delay: ctx.max_retry_delay,
             revalidate_ready: revalidates,
@@ -583,7 +579,7 @@ async fn decide_one<C: AdmissionCheckController>(
                     _ => {
                         if !decided.carried
                             && let Some(late) =
-                                LateRetry::from_refused(&write, &decided.message, now)
+                                LateRetry::from_refused(&write, decided.decision.message(), now)
                         {
                             carry_over(ctx, &fresh, check, &key, late).await;
                         }
@@ -607,7 +603,6 @@ async fn decide_one<C: AdmissionCheckController>(
                 warn!(workload = %wl.name_any(), namespace, check, %message, "status write refused");
                 let decision = permanent_decision(ctx, &wl, check, &key, message, now).await;
                 kept = Some(Decided {
-                    message: decision.message().to_string(),
                     decision,
                     ..decided
                 });
@@ -647,9 +642,9 @@ async fn ask<C: AdmissionCheckController>(
     active: &ActiveCheck<C::Parameters>,
     key: &PairKey,
     revalidating: bool,
+    at: Option<AskedAt>,
 ) -> Result<Option<Decided>, Error> {
     let now = Timestamp::now();
-    let at = AskedAt::of(wl, check);
     // A Retry refused because Kueue evicted the Workload while the check decided is honoured
     // now, for what is left of its delay, instead of asking the check again.
     let late = ctx.late().get(key).cloned();
@@ -660,9 +655,7 @@ async fn ask<C: AdmissionCheckController>(
                 // (its attempt record was refused too); if it was, counting it again costs a
                 // retry but keeps the stored attempt from ever going back.
                 return Ok(Some(Decided {
-                    message: decision.message().to_string(),
                     decision,
-                    attempt: attempts::attempt(wl, check),
                     at,
                     carried: true,
                     inputs: Inputs::of(wl),
@@ -685,7 +678,6 @@ async fn ask<C: AdmissionCheckController>(
         client: &ctx.client,
         now,
     };
-    let attempt = check_ctx.attempt();
     let decision = match ctx.controller.decide(&check_ctx).await {
         Ok(d) => {
             lock(&ctx.permanent).remove(key);
@@ -709,9 +701,7 @@ async fn ask<C: AdmissionCheckController>(
         },
     };
     Ok(Some(Decided {
-        message: decision.message().to_string(),
         decision,
-        attempt,
         at,
         carried: false,
         inputs: Inputs::of(wl),
@@ -753,7 +743,7 @@ async fn permanent_decision<C: AdmissionCheckController>(
         failure.message.clone_from(&message);
         (failure.since, first)
     };
-    let message = truncate_chars(&message, MAX_PERMANENT_MESSAGE);
+    let message = crate::check::truncate_chars(&message, MAX_PERMANENT_MESSAGE);
     if first {
         ctx.metrics.permanent_failure(check);
         warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %message, "permanent failure");
@@ -794,15 +784,6 @@ async fn permanent_decision<C: AdmissionCheckController>(
 
 /// How much of a permanent failure's reason goes on the entry (and into the Event).
 const MAX_PERMANENT_MESSAGE: usize = 600;
-
-fn truncate_chars(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let mut cut: String = s.chars().take(max - 1).collect();
-    cut.push('…');
-    cut
-}
 
 /// A permanent failure seen for a (Workload, check): since when, in which attempt (eviction
 /// count), with which message.
