@@ -71,6 +71,17 @@ impl Setup {
         })
     }
 
+    /// The usual setup with retry strategy (2, 1) and a second AdmissionCheck on the
+    /// ClusterQueue, `gate`, active and answered by the test; returns its name too.
+    async fn with_gate(test: &str) -> Result<(Self, String)> {
+        let t = Self::with(test, retry_strategy(2, 1), &[], None, &["gate"]).await?;
+        let gate = t.env.cluster_name("gate");
+        let controller = format!("e2e.kueue-admission-checks.dev/gate-{}", t.env.ns);
+        t.env.admission_check("gate", &controller).await?;
+        t.env.set_admission_check_active(&gate, true).await?;
+        Ok((t, gate))
+    }
+
     /// The name of attempt `attempt`'s request for `workload`.
     fn request(&self, workload: &str, attempt: u32) -> String {
         format!("{workload}-{}-{attempt}", self.p.check)
@@ -541,20 +552,8 @@ async fn failing_past_the_backoff_limit_rejects_deactivates_and_leaves_nothing()
 
 #[tokio::test]
 async fn an_expired_booking_before_admission_retries_and_the_next_attempt_admits() -> Result<()> {
-    let gate_controller = "e2e.kueue-admission-checks.dev/gate";
-    let t = Setup::with(
-        "prov-expired-before",
-        retry_strategy(2, 1),
-        &[],
-        None,
-        &["gate"],
-    )
-    .await?;
+    let (t, gate) = Setup::with_gate("prov-expired-before").await?;
     let (env, check) = (&t.env, &t.p.check);
-    let gate = env.cluster_name("gate");
-    env.admission_check("gate", &format!("{gate_controller}-{}", env.ns))
-        .await?;
-    env.set_admission_check_active(&gate, true).await?;
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "expire:2,provision").await?;
 
@@ -619,20 +618,8 @@ async fn an_expired_booking_before_admission_retries_and_the_next_attempt_admits
 /// would fail, spending a retry).
 #[tokio::test]
 async fn another_checks_eviction_keeps_our_attempt_and_its_request_name() -> Result<()> {
-    let gate_controller = "e2e.kueue-admission-checks.dev/gate";
-    let t = Setup::with(
-        "prov-other-evicts",
-        retry_strategy(2, 1),
-        &[],
-        None,
-        &["gate"],
-    )
-    .await?;
+    let (t, gate) = Setup::with_gate("prov-other-evicts").await?;
     let (env, check) = (&t.env, &t.p.check);
-    let gate = env.cluster_name("gate");
-    env.admission_check("gate", &format!("{gate_controller}-{}", env.ns))
-        .await?;
-    env.set_admission_check_active(&gate, true).await?;
     let requests = env.request_history();
     let wl = env.job_with_script("job", "fail,provision").await?;
     env.wait_workload(&wl, "our check Ready on attempt 2", |w| {
