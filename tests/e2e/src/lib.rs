@@ -145,6 +145,9 @@ pub struct SuspendedJob<'a> {
     pub parallelism: Option<i32>,
     /// More labels on the Job.
     pub labels: &'a [(&'a str, &'a str)],
+    /// Annotations on the Job (Kueue copies some to its Workload, e.g.
+    /// `provreq.kueue.x-k8s.io/*`).
+    pub annotations: &'a [(&'a str, &'a str)],
     /// Annotations on its pod template.
     pub pod_annotations: &'a [(&'a str, &'a str)],
 }
@@ -158,6 +161,7 @@ impl<'a> SuspendedJob<'a> {
             cpu,
             parallelism: None,
             labels: &[],
+            annotations: &[],
             pod_annotations: &[],
         }
     }
@@ -409,11 +413,13 @@ impl TestEnv {
         for (k, v) in job.labels {
             labels.insert((*k).into(), (*v).into());
         }
-        let annotations: serde_json::Map<String, serde_json::Value> = job
-            .pod_annotations
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect();
+        let map = |pairs: &[(&str, &str)]| -> serde_json::Map<String, serde_json::Value> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect()
+        };
+        let annotations = map(job.pod_annotations);
         let mut spec = json!({
             "suspend": true,
             "template": {
@@ -433,7 +439,11 @@ impl TestEnv {
             spec["completions"] = n.into();
         }
         let job: Job = serde_json::from_value(json!({
-            "metadata": {"name": job.name, "labels": labels},
+            "metadata": {
+                "name": job.name,
+                "labels": labels,
+                "annotations": map(job.annotations),
+            },
             "spec": spec,
         }))?;
         create(self.jobs(), &job).await

@@ -550,28 +550,13 @@ async fn workload_annotations_override_parameters_without_a_recreate_loop() -> R
     // The annotation goes on the Job: Kueue copies `provreq.kueue.x-k8s.io/` annotations of the
     // job to its Workload (jobframework.NewWorkload). The simulator provisions after 3 s, so
     // the controller looks at the pending request several times first.
-    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
-        "metadata": {
-            "name": "job",
-            "labels": {"kueue.x-k8s.io/queue-name": "lq"},
-            "annotations": {"provreq.kueue.x-k8s.io/b": "from-workload"},
-        },
-        "spec": {
-            "suspend": true,
-            "template": {
-                "metadata": {"annotations": {simulator::SCRIPT_ANNOTATION: "provision:3"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "main",
-                        "image": "registry.invalid/no-pod-runs-here:1",
-                        "resources": {"requests": {"cpu": "1"}},
-                    }],
-                },
-            },
-        },
-    }))?;
-    let job = env.jobs().create(&PostParams::default(), &job).await?;
+    let job = env
+        .create_job(&e2e::SuspendedJob {
+            annotations: &[("provreq.kueue.x-k8s.io/b", "from-workload")],
+            pod_annotations: &[(simulator::SCRIPT_ANNOTATION, "provision:3")],
+            ..e2e::SuspendedJob::new("job", "lq", "1")
+        })
+        .await?;
     let wl = env.workload_for_job(&job).await?;
     let wl_name = wl.name_any();
     assert_eq!(

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use e2e::provisioning::{History, Provisioning, Running};
-use e2e::{TestEnv, dump, wait_for};
+use e2e::{SuspendedJob, TestEnv, dump, wait_for};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
@@ -116,31 +116,14 @@ impl Setup {
         value: &str,
         script: &str,
     ) -> Result<(Job, String)> {
-        let job: Job = serde_json::from_value(json!({
-            "metadata": {
-                "name": name,
-                "labels": {"kueue.x-k8s.io/queue-name": "lq"},
-                "annotations": {parameter_annotation(): value},
-            },
-            "spec": {
-                "suspend": true,
-                "template": {
-                    "metadata": {"annotations": {SCRIPT_ANNOTATION: script}},
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{
-                            "name": "main",
-                            "image": "registry.invalid/no-pod-runs-here:1",
-                            "resources": {"requests": {"cpu": "1"}},
-                        }],
-                    },
-                },
-            },
-        }))?;
+        let parameter = parameter_annotation();
         let job = self
             .env
-            .jobs()
-            .create(&PostParams::default(), &job)
+            .create_job(&SuspendedJob {
+                annotations: &[(parameter.as_str(), value)],
+                pod_annotations: &[(SCRIPT_ANNOTATION, script)],
+                ..SuspendedJob::new(name, "lq", "1")
+            })
             .await
             .context("creating the Job")?;
         let wl = self.env.workload_for_job(&job).await?.name_any();
