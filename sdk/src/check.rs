@@ -244,10 +244,14 @@ impl ErrorClass {
 }
 
 /// `text` cut to at most `max` characters (on a character boundary), the cut marked with `…`:
-/// for messages shown on a Workload or in an Event, which have limits.
+/// for messages shown on a Workload or in an Event, which have limits. With `max` 0 there is no
+/// room even for the mark, so the result is empty.
 pub fn truncate_chars(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         return text.to_string();
+    }
+    if max == 0 {
+        return String::new();
     }
     let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
     cut.push('…');
@@ -511,6 +515,32 @@ mod tests {
                 ErrorClass::Transient,
                 "{code}"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod truncate_properties {
+    use super::truncate_chars;
+
+    #[test]
+    fn no_room_means_empty() {
+        // Found by property testing: with max 0 the mark alone exceeded the limit.
+        assert_eq!(truncate_chars("abc", 0), "");
+        assert_eq!(truncate_chars("", 0), "");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn within_limit_and_a_prefix(text in "\\PC{0,80}", max in 0usize..100) {
+            let cut = truncate_chars(&text, max);
+            proptest::prop_assert!(cut.chars().count() <= max);
+            if text.chars().count() <= max {
+                proptest::prop_assert_eq!(&cut, &text);
+            } else if max > 0 {
+                let kept = cut.strip_suffix('…').expect("a cut is marked");
+                proptest::prop_assert!(text.starts_with(kept));
+            }
         }
     }
 }
