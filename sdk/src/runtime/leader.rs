@@ -132,9 +132,10 @@ async fn claim_lease(
 }
 
 /// A Lease name derived from a controller name (`example.com/budget` → `example.com-budget`):
-/// a DNS subdomain of at most 253 characters.
+/// a DNS subdomain of at most 253 characters, each `.`-separated label starting and ending with
+/// a letter or digit (`a/.b` would otherwise give the invalid label `a-`).
 pub fn lease_name_for(controller_name: &str) -> String {
-    let mut name: String = controller_name
+    let mapped: String = controller_name
         .chars()
         .map(|c| match c {
             'a'..='z' | '0'..='9' | '-' | '.' => c,
@@ -142,12 +143,27 @@ pub fn lease_name_for(controller_name: &str) -> String {
             _ => '-',
         })
         .collect();
-    name.truncate(253);
-    let trimmed = name.trim_matches(|c: char| !c.is_ascii_alphanumeric());
-    if trimmed.is_empty() {
+    let mut name = String::with_capacity(mapped.len().min(253));
+    for label in mapped
+        .split('.')
+        .map(|label| label.trim_matches('-'))
+        .filter(|label| !label.is_empty())
+    {
+        // All ASCII by now, so byte lengths are character counts.
+        let room = 253usize.saturating_sub(name.len() + usize::from(!name.is_empty()));
+        let label = label[..label.len().min(room)].trim_end_matches('-');
+        if label.is_empty() {
+            break;
+        }
+        if !name.is_empty() {
+            name.push('.');
+        }
+        name.push_str(label);
+    }
+    if name.is_empty() {
         "kueue-admission-check".into()
     } else {
-        trimmed.into()
+        name
     }
 }
 
@@ -300,5 +316,35 @@ mod tests {
         );
         assert_eq!(lease_name_for("///"), "kueue-admission-check");
         assert!(lease_name_for(&"x".repeat(400)).len() <= 253);
+        // Found by property testing: labels must not start or end with '-', nor be empty.
+        assert_eq!(lease_name_for("a/.b"), "a.b");
+        assert_eq!(lease_name_for("a..b/-c"), "a.b--c");
+        assert_eq!(lease_name_for(".-x-."), "x");
+    }
+
+    /// DNS-1123 subdomain: at most 253 characters, labels of `[a-z0-9-]` that start and end with
+    /// an alphanumeric character, separated by single dots.
+    fn is_dns_subdomain(name: &str) -> bool {
+        name.len() <= 253
+            && !name.is_empty()
+            && name.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 253
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_controller_name_gives_a_valid_lease_name(name in "\\PC{0,300}|[a-zA-Z0-9./_-]{0,300}") {
+            let lease = lease_name_for(&name);
+            proptest::prop_assert!(is_dns_subdomain(&lease), "{name:?} gave {lease:?}");
+            // Stable: a valid name maps to itself, so two replicas always agree.
+            proptest::prop_assert_eq!(lease_name_for(&lease), lease);
+        }
     }
 }
