@@ -11,6 +11,8 @@ use kueue_admission_sdk::retry::{Backoff, ExponentialBackoff, MAX_DELAY};
 use kueue_admission_sdk::{CheckParameters, ParametersKind, RetryPolicy};
 use serde::Deserialize;
 
+use crate::plan::{MAX_PARAMETER_LEN, MAX_PARAMETERS};
+
 /// Annotation on a `ProvisioningRequestConfig`: a request not `Provisioned` this many seconds
 /// after it was created counts as a failed attempt. Overrides the controller's
 /// `--provisioning-timeout-seconds`; `0` turns the timeout off for this config.
@@ -66,15 +68,22 @@ impl CheckParameters for ProvisioningParameters {
         if spec.provisioning_class_name.is_empty() {
             return Err("spec.provisioningClassName is empty".into());
         }
-        if spec.parameters.len() > 100 {
+        if spec.parameters.len() > MAX_PARAMETERS {
             return Err(format!(
-                "spec.parameters has {} entries; a ProvisioningRequest takes at most 100",
+                "spec.parameters has {} entries; a ProvisioningRequest takes at most {MAX_PARAMETERS}",
                 spec.parameters.len()
             ));
         }
-        if let Some((key, _)) = spec.parameters.iter().find(|(_, v)| v.len() > 255) {
+        // Characters, not bytes: the ProvisioningRequest CRD's maxLength counts characters, and
+        // so does the plan that copies these values into a request.
+        if let Some((key, _)) = spec
+            .parameters
+            .iter()
+            .find(|(_, v)| v.chars().count() > MAX_PARAMETER_LEN)
+        {
             return Err(format!(
-                "spec.parameters[{key:?}] is longer than the 255 characters a ProvisioningRequest allows"
+                "spec.parameters[{key:?}] is longer than the {MAX_PARAMETER_LEN} characters a \
+                 ProvisioningRequest allows"
             ));
         }
         if let Some(policy) = &spec.pod_set_merge_policy
@@ -401,6 +410,11 @@ mod tests {
                 .expect_err("invalid")
                 .contains("255")
         );
+        // Counted in characters like the CRD and the plan: 255 two-byte characters are fine
+        // (they were refused as 510 bytes, so the check went Inactive for a valid config).
+        let mut spec = class();
+        spec.parameters.insert("k".into(), "é".repeat(255));
+        assert_eq!(params(spec).validate(), Ok(()));
         let mut spec = class();
         spec.pod_set_updates = Some(ProvisioningRequestPodSetUpdates {
             node_selector: vec![ProvisioningRequestPodSetUpdatesNodeSelector {
