@@ -137,6 +137,12 @@ impl ProvisioningParameters {
         let max = s.backoff_max_seconds.unwrap_or(DEFAULT_BACKOFF_MAX_SECONDS);
         let backoff = if base <= 0 {
             Backoff::Immediate
+        } else if max > 0 && max < base {
+            // The CRD accepts a cap below the base; Kueue's formula then waits the cap every
+            // time. A fixed delay says the same and passes the SDK's policy validation, which
+            // refuses an exponential backoff whose max is below its base (the check would have
+            // gone Inactive for a config Kueue's own controller runs).
+            Backoff::Fixed(secs(max))
         } else {
             let max = if max <= 0 { MAX_DELAY } else { secs(max) };
             let mut e = ExponentialBackoff::kueue_default();
@@ -294,6 +300,25 @@ mod tests {
             }
             other => panic!("expected a Retry to write: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_cap_below_the_base_waits_the_cap_every_time_as_kueue_does() {
+        let mut spec = class();
+        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: Some(4),
+            backoff_base_seconds: Some(60),
+            backoff_max_seconds: Some(10),
+        });
+        let p = params(spec);
+        assert_eq!(p.validate(), Ok(()));
+        let policy = p.retry_policy();
+        assert_eq!(policy.validate(), Ok(()), "the check stays Active");
+        for attempt in 1..=4 {
+            // min(60 · 2^(n−1), 10) = 10
+            assert_eq!(policy.delay(attempt, 0.5), secs(10));
+        }
+        assert!(policy.exhausted(5));
     }
 
     #[test]
