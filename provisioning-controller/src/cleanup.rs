@@ -361,7 +361,8 @@ async fn sweep_templates(
             .metadata
             .creation_timestamp
             .as_ref()
-            .is_none_or(|c| now.duration_since(c.0).unsigned_abs() < TEMPLATE_GRACE);
+            // A creation time ahead of our clock is young, not as old as the skew.
+            .is_none_or(|c| crate::outcome::age_at(now, c.0) < TEMPLATE_GRACE);
         let orphan = request.is_none_or(|r| !requests.contains(&(namespace.clone(), r)));
         // The selector only narrows the list: a template without our full identity stays.
         let this_instances = Identity::recorded_on(&t.metadata, instance)

@@ -77,7 +77,9 @@ pub fn outcome(
         .as_ref()
         .map(|t| t.0)
         .unwrap_or(now);
-    let age = now.duration_since(created).unsigned_abs();
+    // A creation time ahead of our clock (skew with the API server) is age 0, not its distance:
+    // an absolute value would count the skew as age and time the request out early.
+    let age = age_at(now, created);
     let timeout_in = match timeout {
         Some(limit) if age >= limit => return Outcome::TimedOut(limit),
         Some(limit) => Some(limit - age),
@@ -176,6 +178,13 @@ pub fn decision(
     }
 }
 
+/// How long ago `since` was at `now`, 0 if it is in the future.
+pub(crate) fn age_at(now: Timestamp, since: Timestamp) -> Duration {
+    now.duration_since(since)
+        .max(k8s_openapi::jiff::SignedDuration::ZERO)
+        .unsigned_abs()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +221,22 @@ mod tests {
             provisioning_class_details: BTreeMap::from([("zone".into(), "zone-a".into())]),
         });
         r
+    }
+
+    #[test]
+    fn a_request_created_ahead_of_our_clock_is_not_timed_out_by_the_skew() {
+        // Created at T0 by the API server's clock, 10 min ahead of ours; a 5 min timeout.
+        let r = request(&[]);
+        let timeout = Some(Duration::from_secs(300));
+        assert_eq!(
+            outcome(&r, false, timeout, at(-600)),
+            Outcome::Waiting {
+                message: None,
+                timeout_in: timeout
+            }
+        );
+        assert_eq!(age_at(at(-600), at(0)), Duration::ZERO);
+        assert_eq!(age_at(at(7), at(0)), Duration::from_secs(7));
     }
 
     #[test]
