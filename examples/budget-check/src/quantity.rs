@@ -12,11 +12,12 @@ pub fn parse_quantity(q: &str) -> Result<f64, String> {
     if number.starts_with('-') {
         return Err(bad("negative"));
     }
-    let value: f64 = number
-        .strip_prefix('+')
-        .unwrap_or(number)
-        .parse()
-        .map_err(|_| bad("no number"))?;
+    let unsigned = number.strip_prefix('+').unwrap_or(number);
+    // One sign at most: `+-1` would otherwise parse as -1.
+    if unsigned.starts_with(['+', '-']) {
+        return Err(bad("more than one sign"));
+    }
+    let value: f64 = unsigned.parse().map_err(|_| bad("no number"))?;
     let scale = match suffix {
         "" => 1.0,
         "n" => 1e-9,
@@ -68,8 +69,19 @@ mod tests {
             let parsed = parse_quantity(q).expect(q);
             assert!((parsed - v).abs() < 1e-9 * v.max(1.0), "{q}: {parsed}");
         }
-        for bad in ["", "-1", "1x", "Gi", "1e", "1e999"] {
+        // `+-1` and `++1` were read as -1 and refused only by luck (found by property testing).
+        for bad in ["", "-1", "1x", "Gi", "1e", "1e999", "+-1", "++1", "+-0.5Gi"] {
             assert!(parse_quantity(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the text, a quantity read is a finite, non-negative number.
+        #[test]
+        fn never_negative_nor_infinite(q in "[-+0-9.eEkKMGTPimun]{0,12}") {
+            if let Ok(v) = parse_quantity(&q) {
+                proptest::prop_assert!(v.is_finite() && v >= 0.0, "{q:?} read as {v}");
+            }
         }
     }
 }
