@@ -124,11 +124,14 @@ pub fn format_day(day: i64) -> String {
     start_of_day(day).strftime("%Y-%m-%d").to_string()
 }
 
-/// The inverse of [`format_day`].
+/// The inverse of [`format_day`]: only its exact spelling. The date parser also takes
+/// `20261123` and `+002026-11-23`; two ledger keys spelling one day differently would map to
+/// one day and one of them would be lost.
 pub fn parse_day(s: &str) -> Option<i64> {
     let date: k8s_openapi::jiff::civil::Date = s.parse().ok()?;
     let at = date.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC).ok()?;
-    Some(day_of(at.timestamp()))
+    let day = day_of(at.timestamp());
+    (format_day(day) == s).then_some(day)
 }
 
 /// `2026-11-23T00:00:00Z`.
@@ -195,6 +198,9 @@ mod tests {
         );
         assert_eq!(parse_day("2026-11-23"), Some(week.first_day));
         assert_eq!(parse_day("23/11/2026"), None);
+        // Other spellings of the same day would collide with it in the ledger.
+        assert_eq!(parse_day("20261123"), None);
+        assert_eq!(parse_day("+002026-11-23"), None);
     }
 
     proptest! {
