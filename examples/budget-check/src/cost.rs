@@ -34,12 +34,24 @@ impl FromStr for Prices {
             let (resource, price) = item
                 .split_once('=')
                 .ok_or_else(|| format!("price {item:?} is not resource=credits"))?;
+            let resource = resource.trim();
+            // A resource name, as Kubernetes spells them (`cpu`, `nvidia.com/gpu`): `=2.5`
+            // would price a resource no Workload can ask for, and the typo would go unseen.
+            if resource.is_empty()
+                || !resource
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+            {
+                return Err(format!(
+                    "price {item:?} does not name a resource (like cpu or nvidia.com/gpu)"
+                ));
+            }
             let price: Credits = price
                 .trim()
                 .parse()
-                .map_err(|e| format!("price of {}: {e}", resource.trim()))?;
-            if prices.insert(resource.trim().to_string(), price).is_some() {
-                return Err(format!("resource {:?} is priced twice", resource.trim()));
+                .map_err(|e| format!("price of {resource}: {e}"))?;
+            if prices.insert(resource.to_string(), price).is_some() {
+                return Err(format!("resource {resource:?} is priced twice"));
             }
         }
         Ok(Prices(prices))
@@ -243,6 +255,11 @@ mod tests {
             Err("price of cpu: \"-1\" is not an amount of credits (e.g. 500 or 12.5, at most 3 decimals)".into())
         );
         assert!("cpu=1,cpu=2".parse::<Prices>().is_err());
+        // Found by fuzzing the flag: an empty or odd resource name was priced silently.
+        for bad in ["=2.5", " =1", "cpu=1,=2", "c pu=1", "cpu,=1"] {
+            let err = bad.parse::<Prices>().expect_err(bad);
+            assert!(err.contains("resource"), "{bad:?}: {err}");
+        }
     }
 
     #[test]
