@@ -109,6 +109,11 @@ fn pods_of(wl: &Workload, pod_set: &str, asked: i32) -> u32 {
 }
 
 fn add(total: &mut Licenses, more: &Licenses, times: u32) -> Result<(), String> {
+    // A podset of 0 pods (Kueue allows count 0) asks for nothing: no `feature=0` entry, which
+    // would show in messages and in the ledger as a booking of nothing.
+    if times == 0 {
+        return Ok(());
+    }
     for (feature, count) in more {
         let sum = count
             .checked_mul(times)
@@ -221,6 +226,16 @@ mod tests {
         let status = wl.status.as_mut().and_then(|s| s.admission.as_mut());
         status.expect("admission").pod_set_assignments[0].count = Some(2);
         assert_eq!(requested_licenses(&wl), Ok(licenses(&[("matlab", 2)])));
+    }
+
+    #[test]
+    fn a_podset_of_no_pods_asks_for_nothing() {
+        // Found by fuzzing: it added `matlab=0`, a booking of nothing shown in messages.
+        let wl = with_template_annotation(
+            WorkloadBuilder::new("ns", "wl").pod_set("main", 0, "1"),
+            "matlab=1",
+        );
+        assert_eq!(requested_licenses(&wl), Ok(Licenses::new()));
     }
 
     #[test]
