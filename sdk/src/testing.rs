@@ -332,4 +332,26 @@ mod tests {
         assert_eq!(wl.spec.maximum_execution_time_seconds, Some(600));
         assert_eq!(wl.spec.priority, Some(7));
     }
+
+    #[test]
+    fn eviction_counts_saturate_instead_of_overflowing() {
+        // Found by fuzzing: the sums panicked in debug builds and wrapped in release builds.
+        let wl = WorkloadBuilder::new("ns", "wl")
+            .eviction_count("AdmissionCheck", i32::MAX)
+            .eviction_count("Preempted", i32::MAX)
+            .with(|wl| {
+                let stats = wl.status.as_mut().and_then(|s| s.scheduling_stats.as_mut());
+                stats
+                    .expect("stats")
+                    .evictions
+                    .push(crate::api::EvictionCount {
+                        reason: "AdmissionCheck".into(),
+                        underlying_cause: "Other".into(),
+                        count: 5,
+                    });
+            })
+            .build();
+        assert_eq!(wl.total_evictions(), i32::MAX);
+        assert_eq!(wl.evictions("AdmissionCheck"), i32::MAX);
+    }
 }

@@ -270,8 +270,7 @@ impl Workload {
             s.evictions
                 .iter()
                 .filter(|e| e.reason == reason)
-                .map(|e| e.count)
-                .sum()
+                .fold(0i32, |sum, e| sum.saturating_add(e.count))
         })
     }
 
@@ -280,7 +279,13 @@ impl Workload {
         self.status
             .as_ref()
             .and_then(|s| s.scheduling_stats.as_ref())
-            .map_or(0, |s| s.evictions.iter().map(|e| e.count).sum())
+            // Saturating: the counts come from the cluster, and a sum past i32::MAX must not
+            // panic (debug builds) or wrap to a negative count (release builds).
+            .map_or(0, |s| {
+                s.evictions
+                    .iter()
+                    .fold(0i32, |sum, e| sum.saturating_add(e.count))
+            })
     }
 
     /// `spec.active`, which defaults to true.
