@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper around a script under tests/ or one cargo command.
-.PHONY: demo test bench multi-check-soak up down status build-control-plane
+.PHONY: demo test bench multi-check-soak fuzz up down status build-control-plane
 
 demo: ## Start the control plane, the provisioning controller and the simulator; narrate two Jobs
 	bash tests/demo.sh
@@ -13,6 +13,9 @@ bench: ## Measure an SDK check's answer latency and throughput on the local cont
 multi-check-soak: ## Long seeded multi-check property run on the local control plane (SEED=, WORKLOADS=200, IN_FLIGHT=16)
 	MULTI_CHECK_SEED=$(SEED) MULTI_CHECK_WORKLOADS=$(or $(WORKLOADS),200) MULTI_CHECK_IN_FLIGHT=$(or $(IN_FLIGHT),16) \
 		cargo test -p e2e --test multi_check -- --ignored --exact soak --nocapture
+
+fuzz: ## Fuzz every pure function fed by cluster data (FUZZ_SECONDS=600, SEED= to replay; a crash is saved under target/fuzz-crashes)
+	cargo run --locked --release -p fuzz-targets -- --seconds $(or $(FUZZ_SECONDS),600) $(if $(SEED),--seed $(SEED))
 
 up: ## Start the local control plane (etcd, kube-apiserver, Kueue)
 	bash tests/control-plane/control-plane.sh start
