@@ -587,6 +587,19 @@ async fn decide_one<C: AdmissionCheckController>(
                 }
                 wl = Cow::Owned(fresh);
             }
+            Err(
+                WriteFailure::Record(kube::Error::Api(status))
+                | WriteFailure::Status(kube::Error::Api(status)),
+            ) if status.code == 404 => {
+                // Deleted between the read and the write: nothing is left to answer, and it is
+                // not an error to count or back off from. A read confirms it, so that a 404 for
+                // another reason (a missing status subresource) is still reported.
+                if api.get_opt(&wl.name_any()).await?.is_none() {
+                    debug!(workload = %wl.name_any(), check, "deleted before the answer was written");
+                    return Ok(None);
+                }
+                return Err(kube::Error::Api(status).into());
+            }
             Err(WriteFailure::Status(kube::Error::Api(status)))
                 if matches!(
                     ErrorClass::of_status(status.code, &status.reason, &status.message),

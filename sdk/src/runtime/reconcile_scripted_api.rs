@@ -59,6 +59,11 @@ fn scripted_client(answers: Answers, seen: Arc<Mutex<Vec<Seen>>>) -> Client {
             seen.lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(Seen { method, path, body });
+            if code == DROP {
+                return Err(kube::Error::Service(
+                    "connection reset by the scripted server".into(),
+                ));
+            }
             let response = http::Response::builder()
                 .status(code)
                 .header("content-type", "application/json")
@@ -71,6 +76,9 @@ fn scripted_client(answers: Answers, seen: Arc<Mutex<Vec<Seen>>>) -> Client {
     });
     Client::new(service, "default")
 }
+
+/// The scripted "status" of a request the server drops without an answer.
+const DROP: u16 = 0;
 
 fn status_body(code: u16, reason: &str, message: &str) -> serde_json::Value {
     serde_json::json!({
@@ -525,4 +533,144 @@ async fn a_delay_computed_by_the_check_still_ends_when_it_said_after_a_conflict(
         .expect("lastTransitionTime");
     let delay = entry["requeueAfterSeconds"].as_i64().unwrap_or_default();
     assert_eq!(written.as_second() + delay, at.as_second(), "{entry}");
+}
+
+// The fault tier: every way the API server can fail the write path, answered deterministically.
+
+#[tokio::test]
+async fn a_workload_deleted_before_the_write_is_no_error() {
+    let h = Harness::new(Decision::ready("fine"));
+    h.answer(
+        404,
+        status_body(404, "NotFound", "workloads \"wl\" not found"),
+    );
+    h.answer(
+        404,
+        status_body(404, "NotFound", "workloads \"wl\" not found"),
+    );
+    let next = h
+        .decide(&at("10", deciding()))
+        .await
+        .expect("a deletion is not an error");
+    assert_eq!(next, None);
+    assert_eq!(h.calls(), ["PATCH status", "GET workload"]);
+    assert!(h.events().is_empty(), "{:?}", h.events());
+}
+
+#[tokio::test]
+async fn a_404_for_a_workload_that_still_exists_is_an_error() {
+    let h = Harness::new(Decision::ready("fine"));
+    h.answer(
+        404,
+        status_body(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ),
+    );
+    h.answer(200, json(&at("10", deciding())));
+    let err = h.decide(&at("10", deciding())).await.expect_err("reported");
+    assert_eq!(err.label(), "api");
+    assert_eq!(h.calls(), ["PATCH status", "GET workload"]);
+}
+
+/// Transient failures: the answer is not turned into a permanent failure, nothing else is
+/// written, and the error goes back to the controller, which retries with backoff.
+async fn transient(code: u16, reason: &str) -> Harness {
+    let h = Harness::new(Decision::ready("fine"));
+    h.answer(code, status_body(code, reason, "try again later"));
+    let err = h
+        .decide(&at("10", deciding()))
+        .await
+        .expect_err("transient");
+    assert_eq!(err.label(), "api", "{code}: {err}");
+    assert_eq!(h.calls(), ["PATCH status"], "{code}");
+    assert_eq!(h.asked(), 1);
+    assert!(
+        !h.events().iter().any(|r| r == "CheckFailedPermanently"),
+        "{code}: {:?}",
+        h.events()
+    );
+    h
+}
+
+#[tokio::test]
+async fn a_500_429_503_or_504_on_the_status_write_is_retried_not_made_permanent() {
+    transient(500, "InternalError").await;
+    transient(429, "TooManyRequests").await;
+    transient(503, "ServiceUnavailable").await;
+    transient(504, "Timeout").await;
+}
+
+#[tokio::test]
+async fn a_dropped_connection_is_retried_and_the_next_reconcile_writes() {
+    let h = Harness::new(Decision::ready("fine"));
+    h.answer(DROP, serde_json::Value::Null);
+    let err = h.decide(&at("10", deciding())).await.expect_err("dropped");
+    assert_eq!(err.label(), "api");
+    // The next reconcile (the controller's backoff) asks again and writes.
+    h.answer(200, json(&at("11", deciding())));
+    assert_eq!(
+        h.decide(&at("10", deciding())).await.expect("written"),
+        None
+    );
+    assert_eq!(h.calls(), ["PATCH status", "PATCH status"]);
+    assert_eq!(h.asked(), 2);
+}
+
+#[tokio::test]
+async fn a_retry_whose_attempt_record_is_forbidden_is_never_written_uncounted() {
+    let h = Harness::new(Decision::retry("busy"));
+    h.answer(
+        403,
+        status_body(
+            403,
+            "Forbidden",
+            "workloads.kueue.x-k8s.io is forbidden: User cannot patch",
+        ),
+    );
+    let err = h
+        .decide(&at("10", deciding()))
+        .await
+        .expect_err("forbidden");
+    assert_eq!(err.label(), "api");
+    // Only the record was tried: a Retry without its count would restart the attempts.
+    assert_eq!(h.calls(), ["PATCH workload"]);
+    assert_eq!(h.events(), ["CheckWriteFailed"]);
+    let note = h
+        .requests()
+        .iter()
+        .find(|s| s.path.contains("/events"))
+        .map(|s| s.body["note"].clone());
+    let note = note
+        .and_then(|n| n.as_str().map(String::from))
+        .unwrap_or_default();
+    assert!(note.contains("grant patch on workloads"), "{note}");
+}
+
+#[tokio::test]
+async fn a_storm_of_conflicts_ends_after_a_bounded_number_of_tries() {
+    let h = Harness::new(Decision::ready("fine"));
+    for _ in 0..super::CONFLICT_ATTEMPTS {
+        h.conflict();
+        // Each fresh read shows yet another change by someone else (a new resourceVersion).
+        h.answer(200, json(&at("20", deciding())));
+    }
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(
+        next,
+        Some(Duration::from_secs(1)),
+        "looked at again soon, not in a loop"
+    );
+    assert_eq!(
+        h.calls().len(),
+        2 * super::CONFLICT_ATTEMPTS,
+        "{:?}",
+        h.calls()
+    );
+    assert_eq!(
+        h.asked(),
+        1,
+        "the same answer is written again, not asked again"
+    );
 }
