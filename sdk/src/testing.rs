@@ -271,6 +271,190 @@ pub fn offline_client() -> kube::Client {
     kube::Client::new(service, "default")
 }
 
+/// An API server played from a script, for testing the code that talks to it (a check's
+/// `release`, a backend, the runtime's writes) against every error it can answer with.
+///
+/// Each request gets the next scripted answer in order (a status code and a body, or a dropped
+/// connection); a request with nothing scripted gets a 500 saying so. Events are accepted
+/// without using an answer. Every request is recorded, so a test asserts what was sent, in which
+/// order, with which body.
+///
+/// ```
+/// use kueue_admission_sdk::testing::ScriptedApi;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+///
+/// # tokio_test::block_on(async {
+/// let api = ScriptedApi::new();
+/// api.fail(409, "AlreadyExists", "configmaps \"ledger\" already exists");
+/// let maps: kube::Api<ConfigMap> = kube::Api::namespaced(api.client(), "team-a");
+/// let err = maps.create(&Default::default(), &ConfigMap::default()).await.unwrap_err();
+/// assert!(matches!(err, kube::Error::Api(s) if s.code == 409));
+/// assert_eq!(api.calls(), ["POST /api/v1/namespaces/team-a/configmaps"]);
+/// # });
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ScriptedApi {
+    answers: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<ScriptedAnswer>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<SeenRequest>>>,
+}
+
+/// What the scripted server does with a request.
+#[derive(Clone, Debug)]
+enum ScriptedAnswer {
+    Respond(u16, serde_json::Value),
+    Drop,
+}
+
+/// A request as the scripted server saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeenRequest {
+    /// `GET`, `POST`, `PATCH`, ...
+    pub method: String,
+    /// The URL path, without the query.
+    pub path: String,
+    /// The query string, if any (`fieldManager=...`, `labelSelector=...`).
+    pub query: Option<String>,
+    /// The body as JSON (`Null` when empty or not JSON).
+    pub body: serde_json::Value,
+}
+
+impl SeenRequest {
+    fn is_event(&self) -> bool {
+        self.path.contains("/events")
+    }
+}
+
+/// A `Status` body as the API server sends with an error.
+pub fn status_body(code: u16, reason: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "code": code, "reason": reason, "message": message,
+    })
+}
+
+impl ScriptedApi {
+    /// A server with nothing scripted yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A client whose every request goes to this script.
+    pub fn client(&self) -> kube::Client {
+        use http_body_util::BodyExt;
+        let (answers, seen) = (self.answers.clone(), self.seen.clone());
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let (answers, seen) = (answers.clone(), seen.clone());
+            async move {
+                let method = req.method().to_string();
+                let path = req.uri().path().to_string();
+                let query = req.uri().query().map(String::from);
+                let bytes = req.into_body().collect().await?.to_bytes();
+                let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+                let request = SeenRequest {
+                    method,
+                    path,
+                    query,
+                    body,
+                };
+                let answer = if request.is_event() {
+                    ScriptedAnswer::Respond(201, request.body.clone())
+                } else {
+                    let next = answers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .pop_front();
+                    next.unwrap_or_else(|| {
+                        ScriptedAnswer::Respond(
+                            500,
+                            status_body(
+                                500,
+                                "InternalError",
+                                "no answer scripted for this request",
+                            ),
+                        )
+                    })
+                };
+                seen.lock().unwrap_or_else(|p| p.into_inner()).push(request);
+                let (code, body) = match answer {
+                    ScriptedAnswer::Respond(code, body) => (code, body),
+                    ScriptedAnswer::Drop => {
+                        return Err(kube::Error::Service(
+                            "connection reset by the scripted server".into(),
+                        ));
+                    }
+                };
+                http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&body).unwrap_or_default(),
+                    ))
+                    .map_err(|e| kube::Error::Service(e.into()))
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// The next request gets `code` with `body` (an object, for a success).
+    pub fn answer(&self, code: u16, body: impl serde::Serialize) {
+        let body = serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
+        self.push(ScriptedAnswer::Respond(code, body));
+    }
+
+    /// The next request fails with `code`, a [`status_body`] of `reason` and `message`.
+    pub fn fail(&self, code: u16, reason: &str, message: &str) {
+        self.push(ScriptedAnswer::Respond(
+            code,
+            status_body(code, reason, message),
+        ));
+    }
+
+    /// The next request gets no answer: the connection drops.
+    pub fn drop_connection(&self) {
+        self.push(ScriptedAnswer::Drop);
+    }
+
+    fn push(&self, answer: ScriptedAnswer) {
+        self.answers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(answer);
+    }
+
+    /// Answers scripted but not used yet.
+    pub fn unused(&self) -> usize {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Every request but Events, in order.
+    pub fn requests(&self) -> Vec<SeenRequest> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter().filter(|r| !r.is_event()).cloned().collect()
+    }
+
+    /// The Events sent, in order.
+    pub fn events(&self) -> Vec<SeenRequest> {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter().filter(|r| r.is_event()).cloned().collect()
+    }
+
+    /// The `reason` of every Event sent.
+    pub fn event_reasons(&self) -> Vec<String> {
+        self.events()
+            .iter()
+            .map(|e| e.body["reason"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    /// Every request but Events, as `METHOD path`.
+    pub fn calls(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect()
+    }
+}
+
 /// Calls `controller.decide` once for the entry of `check` on `workload`, at the time of the
 /// Workload's newest condition (or the epoch), with an [`offline_client`].
 ///

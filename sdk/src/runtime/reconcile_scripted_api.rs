@@ -3,14 +3,11 @@
 //! milliseconds: the races of a loaded machine (a cache behind the runtime's own write, a 409
 //! whose fresh read shows that write, Kueue moving on meanwhile) are set up exactly.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http_body_util::BodyExt;
-use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 
@@ -21,71 +18,12 @@ use super::{Context, decide_one};
 use crate::api::{AdmissionCheckState, CheckState, Workload};
 use crate::check::{AdmissionCheckController, CheckContext, Decision, NoParameters};
 use crate::retry::RetryPolicy;
-use crate::testing::WorkloadBuilder;
+use crate::testing::{ScriptedApi, SeenRequest, WorkloadBuilder, status_body};
 
 const CHECK: &str = "probe";
 
-/// A request as the scripted server saw it.
-#[derive(Clone, Debug)]
-struct Seen {
-    method: String,
-    path: String,
-    body: serde_json::Value,
-}
-
-/// What the server answers, in order, for requests that are not Events (those are accepted).
-type Answers = Arc<Mutex<VecDeque<(u16, serde_json::Value)>>>;
-
-fn scripted_client(answers: Answers, seen: Arc<Mutex<Vec<Seen>>>) -> Client {
-    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (answers, seen) = (answers.clone(), seen.clone());
-        async move {
-            let method = req.method().to_string();
-            let path = req.uri().path().to_string();
-            let bytes = req.into_body().collect().await?.to_bytes();
-            let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-            let (code, answer) = if path.contains("/events") {
-                (201, body.clone())
-            } else {
-                let next = answers
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .pop_front();
-                next.unwrap_or((
-                    500,
-                    status_body(500, "InternalError", "no answer scripted for this request"),
-                ))
-            };
-            seen.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(Seen { method, path, body });
-            if code == DROP {
-                return Err(kube::Error::Service(
-                    "connection reset by the scripted server".into(),
-                ));
-            }
-            let response = http::Response::builder()
-                .status(code)
-                .header("content-type", "application/json")
-                .body(kube::client::Body::from(
-                    serde_json::to_vec(&answer).unwrap_or_default(),
-                ))
-                .map_err(|e| kube::Error::Service(e.into()))?;
-            Ok::<_, kube::Error>(response)
-        }
-    });
-    Client::new(service, "default")
-}
-
 /// The scripted "status" of a request the server drops without an answer.
 const DROP: u16 = 0;
-
-fn status_body(code: u16, reason: &str, message: &str) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "Status", "status": "Failure",
-        "code": code, "reason": reason, "message": message,
-    })
-}
 
 /// A check that answers `answer` and counts how often it was asked.
 struct Probe {
@@ -125,8 +63,7 @@ impl AdmissionCheckController for Probe {
 struct Harness {
     ctx: Context<Probe>,
     active: ActiveCheck<NoParameters>,
-    answers: Answers,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    api: ScriptedApi,
 }
 
 impl Harness {
@@ -135,9 +72,8 @@ impl Harness {
     }
 
     fn with(answer: Decision, revalidate: bool) -> Self {
-        let answers: Answers = Arc::default();
-        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let client = scripted_client(answers.clone(), seen.clone());
+        let api = ScriptedApi::new();
+        let client = api.client();
         let (store, _writer) = reflector::store::<Workload>();
         let names: Arc<dyn Fn() -> Vec<String> + Send + Sync> =
             Arc::new(|| vec![CHECK.to_string()]);
@@ -169,49 +105,43 @@ impl Harness {
             policy: RetryPolicy::default(),
             message: String::new(),
         };
-        Self {
-            ctx,
-            active,
-            answers,
-            seen,
-        }
+        Self { ctx, active, api }
     }
 
     fn answer(&self, code: u16, body: serde_json::Value) {
-        self.answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back((code, body));
+        if code == DROP {
+            self.api.drop_connection();
+        } else {
+            self.api.answer(code, body);
+        }
     }
 
     fn conflict(&self) {
-        self.answer(
-            409,
-            status_body(409, "Conflict", "the object has been modified"),
-        );
+        self.api
+            .fail(409, "Conflict", "the object has been modified");
     }
 
     fn asked(&self) -> u32 {
         self.ctx.controller.asked.load(Ordering::SeqCst)
     }
 
-    fn requests(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    /// Every request, Events included.
+    fn requests(&self) -> Vec<SeenRequest> {
+        let mut all = self.api.requests();
+        all.extend(self.api.events());
+        all
     }
 
     /// Requests other than Events.
-    fn api_requests(&self) -> Vec<Seen> {
-        self.requests()
-            .into_iter()
-            .filter(|s| !s.path.contains("/events"))
-            .collect()
+    fn api_requests(&self) -> Vec<SeenRequest> {
+        self.api.requests()
     }
 
-    /// Requests other than Events, as `METHOD path-end`.
+    /// Requests other than Events, as `METHOD status|workload`.
     fn calls(&self) -> Vec<String> {
-        self.requests()
+        self.api
+            .requests()
             .iter()
-            .filter(|s| !s.path.contains("/events"))
             .map(|s| {
                 let end = if s.path.ends_with("/status") {
                     "status"
@@ -224,11 +154,7 @@ impl Harness {
     }
 
     fn events(&self) -> Vec<String> {
-        self.requests()
-            .iter()
-            .filter(|s| s.path.contains("/events"))
-            .map(|s| s.body["reason"].as_str().unwrap_or_default().to_string())
-            .collect()
+        self.api.event_reasons()
     }
 
     async fn decide(&self, wl: &Workload) -> Result<Option<Duration>, crate::Error> {
