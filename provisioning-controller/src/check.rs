@@ -646,6 +646,10 @@ impl AdmissionCheckController for ProvisioningCheck {
 }
 
 #[cfg(test)]
+#[path = "check_scripted_api.rs"]
+mod scripted_api;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
