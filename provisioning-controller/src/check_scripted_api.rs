@@ -212,3 +212,122 @@ async fn a_request_the_api_server_finds_invalid_is_refused_for_good_with_a_messa
         ["POST podtemplates", "POST provisioningrequests"]
     );
 }
+
+// Release: deleting an attempt's objects.
+
+impl Setup {
+    /// Our request as listed: with the uid the API server gave it.
+    fn listed(&self, uid: &str) -> serde_json::Value {
+        let mut r = self.ours();
+        r["metadata"]["uid"] = uid.into();
+        r["metadata"]["namespace"] = "ns".into();
+        r
+    }
+
+    fn list(&self, items: Vec<serde_json::Value>) {
+        self.api.answer(
+            200,
+            serde_json::json!({
+                "apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequestList",
+                "metadata": {"resourceVersion": "1"}, "items": items,
+            }),
+        );
+    }
+
+    async fn release(&self) -> Result<usize, Error> {
+        crate::cleanup::delete_requests_of(
+            &self.api.client(),
+            self.check.instance(),
+            &self.wl,
+            CHECK,
+            |_| true,
+        )
+        .await
+    }
+
+    /// DELETEs sent, as `resource uid-precondition`.
+    fn deletes(&self) -> Vec<String> {
+        self.api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "DELETE")
+            .map(|r| {
+                format!(
+                    "{} {}",
+                    resource(&r.path),
+                    r.body["preconditions"]["uid"].as_str().unwrap_or("-")
+                )
+            })
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn release_deletes_only_our_request_and_template_each_with_a_uid_precondition() {
+    let s = setup();
+    // The label selector narrows the list, the ownership rule decides: the second item claims
+    // our labels but was made for another check, so it stays.
+    let mut other_check = s.listed("r-2");
+    other_check["metadata"]["annotations"][plan::CHECK_ANNOTATION] = "other".into();
+    s.list(vec![s.listed("r-1"), other_check]);
+    s.api.answer(200, s.template());
+    s.api.answer(
+        200,
+        serde_json::json!({"kind": "Status", "status": "Success"}),
+    );
+    s.api.answer(
+        200,
+        serde_json::json!({"kind": "Status", "status": "Success"}),
+    );
+    assert_eq!(s.release().await.expect("released"), 1);
+    assert_eq!(
+        s.deletes(),
+        ["podtemplates t-1", "provisioningrequests r-1"]
+    );
+}
+
+#[tokio::test]
+async fn objects_already_gone_or_replaced_count_as_released() {
+    let s = setup();
+    s.list(vec![s.listed("r-1")]);
+    // The template is gone; the request's name now holds a successor (precondition failed).
+    s.api.fail(404, "NotFound", "podtemplates not found");
+    s.api.fail(
+        409,
+        "Conflict",
+        "Precondition failed: UID in precondition: r-1",
+    );
+    assert_eq!(s.release().await.expect("nothing left of ours"), 1);
+    assert_eq!(s.deletes(), ["provisioningrequests r-1"]);
+}
+
+#[tokio::test]
+async fn a_failed_delete_is_an_error_so_the_release_is_tried_again() {
+    for code in [500, 429, 403] {
+        let s = setup();
+        s.list(vec![s.listed("r-1")]);
+        s.api.answer(200, s.template());
+        s.api.answer(
+            200,
+            serde_json::json!({"kind": "Status", "status": "Success"}),
+        );
+        s.api.fail(code, "Failure", "deleting is not possible now");
+        let err = s.release().await.expect_err("not released");
+        assert_eq!(err.label(), "api", "{code}");
+        assert_eq!(
+            s.deletes(),
+            ["podtemplates t-1", "provisioningrequests r-1"],
+            "{code}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_list_that_fails_deletes_nothing() {
+    let s = setup();
+    s.api
+        .fail(403, "Forbidden", "provisioningrequests is forbidden");
+    let err = s.release().await.expect_err("forbidden");
+    assert_eq!(err.label(), "api");
+    assert!(s.deletes().is_empty());
+}
