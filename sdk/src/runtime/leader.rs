@@ -322,6 +322,76 @@ mod tests {
         assert_eq!(lease_name_for(".-x-."), "x");
     }
 
+    // Claiming the Lease against a scripted API server: each answer it can give.
+
+    fn config() -> LeaderElection {
+        LeaderElection::new("ops", "example.com-budget")
+    }
+
+    async fn claim(api: &crate::testing::ScriptedApi) -> Result<(), crate::Error> {
+        claim_lease(&api.client(), &config(), "example.com/budget").await
+    }
+
+    #[tokio::test]
+    async fn a_missing_lease_is_created_with_the_controllers_name() {
+        let api = crate::testing::ScriptedApi::new();
+        api.fail(404, "NotFound", "leases not found");
+        api.answer(201, lease(Some("example.com/budget"), None));
+        claim(&api).await.expect("claimed");
+        let requests = api.requests();
+        assert_eq!(requests[1].method, "POST");
+        assert_eq!(
+            requests[1].body["metadata"]["annotations"][LEASE_OWNER_ANNOTATION],
+            "example.com/budget"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lease_another_controller_created_meanwhile_is_refused_with_the_fix() {
+        let api = crate::testing::ScriptedApi::new();
+        api.fail(404, "NotFound", "leases not found");
+        api.fail(409, "AlreadyExists", "leases already exists");
+        api.answer(200, lease(Some("example.com/license"), None));
+        let err = claim(&api).await.expect_err("not ours");
+        assert_eq!(err.label(), "config");
+        assert!(err.to_string().contains("--leader-election-id"), "{err}");
+        assert_eq!(api.calls().len(), 3, "nothing written to their Lease");
+    }
+
+    #[tokio::test]
+    async fn a_lease_of_another_program_is_left_alone_and_an_old_sdk_lease_is_marked() {
+        let api = crate::testing::ScriptedApi::new();
+        api.answer(200, lease(None, Some("someone-else")));
+        let err = claim(&api).await.expect_err("not ours");
+        assert!(err.to_string().contains("left alone"), "{err}");
+        assert!(api.requests().iter().all(|r| r.method == "GET"));
+
+        let api = crate::testing::ScriptedApi::new();
+        api.answer(200, lease(None, Some("kueue-admission-sdk/pod-1_0a")));
+        api.answer(200, lease(Some("example.com/budget"), None));
+        claim(&api).await.expect("an SDK Lease is ours");
+        assert_eq!(api.requests()[1].method, "PATCH");
+    }
+
+    #[tokio::test]
+    async fn a_lease_that_cannot_be_read_fails_the_start_with_the_api_error() {
+        for code in [403, 500] {
+            let api = crate::testing::ScriptedApi::new();
+            api.fail(
+                code,
+                "Failure",
+                "leases.coordination.k8s.io is not readable",
+            );
+            let err = claim(&api).await.expect_err("cannot read");
+            assert_eq!(err.label(), "leader_election", "{code}");
+            assert!(
+                err.to_string().contains("not readable")
+                    || format!("{err:?}").contains("not readable"),
+                "{code}: {err:?}"
+            );
+        }
+    }
+
     /// DNS-1123 subdomain: at most 253 characters, labels of `[a-z0-9-]` that start and end with
     /// an alphanumeric character, separated by single dots.
     fn is_dns_subdomain(name: &str) -> bool {
