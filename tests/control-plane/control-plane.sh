@@ -236,7 +236,18 @@ cmd_start() {
   cmd_stop >/dev/null 2>&1 || true
   check_ports_free
   mkdir -p "$RUN_DIR" "$LOGS" "$PIDS"
-  : >"$LOGS/etcd.log"; : >"$LOGS/kube-apiserver.log"; : >"$LOGS/kueue.log"
+  : >"$LOGS/etcd.log"; : >"$LOGS/kube-apiserver.log"; : >"$LOGS/kueue.log"; : >"$LOGS/audit.log"
+  # Requests of ServiceAccounts only (the controllers under test run as theirs), at Metadata
+  # level: who asked for what and the response code. The RBAC proofs read the 403s from it.
+  cat >"$RUN_DIR/audit-policy.yaml" <<'AUDIT'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+AUDIT
   make_pki
   rm -rf "$RUN_DIR/etcd-data"
 
@@ -255,7 +266,9 @@ cmd_start() {
     --service-account-issuer "$SERVER" --service-account-key-file "$PKI/sa.pub" \
     --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range 10.0.0.0/24 --disable-admission-plugins ServiceAccount \
-    --allow-privileged=true --cert-dir "$RUN_DIR/apiserver-certs"
+    --allow-privileged=true --cert-dir "$RUN_DIR/apiserver-certs" \
+    --audit-policy-file "$RUN_DIR/audit-policy.yaml" --audit-log-path "$LOGS/audit.log" \
+    --audit-log-format json --audit-log-maxsize 200 --audit-log-maxbackup 1
   wait_for kube-apiserver 90 apiserver_ready
   write_admin_kubeconfig
 

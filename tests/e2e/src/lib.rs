@@ -53,6 +53,88 @@ pub fn kubeconfig_path() -> &'static Path {
     control_plane_kubeconfig()
 }
 
+/// The API server's audit log (requests of ServiceAccounts, see control-plane.sh): beside the
+/// admin kubeconfig in the control plane's run directory, or `E2E_AUDIT_LOG` for a cluster
+/// managed elsewhere. An error, never an empty answer, when there is none: a proof that reads
+/// it must not pass for want of it.
+pub fn audit_log_path() -> Result<PathBuf> {
+    let path = match std::env::var_os("E2E_AUDIT_LOG") {
+        Some(p) => PathBuf::from(p),
+        None => kubeconfig_path()
+            .parent()
+            .context("the kubeconfig has no directory")?
+            .join("logs/audit.log"),
+    };
+    anyhow::ensure!(
+        path.is_file(),
+        "no API server audit log at {} (control-plane.sh start writes it; for another cluster \
+         set E2E_AUDIT_LOG to a JSON audit log of ServiceAccount requests)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// A request the API server refused with 403, as its audit log recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Forbidden {
+    /// The request verb (`get`, `list`, `watch`, `create`, `patch`, `delete`, ...).
+    pub verb: String,
+    /// API group (`""` for the core group).
+    pub group: String,
+    /// Resource, with `/subresource` if any.
+    pub resource: String,
+    /// The object's namespace, if namespaced.
+    pub namespace: Option<String>,
+}
+
+impl std::fmt::Display for Forbidden {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        };
+        write!(f, "{} {} ({group})", self.verb, self.resource)?;
+        if let Some(ns) = &self.namespace {
+            write!(f, " in {ns}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every 403 the API server answered `user` (`system:serviceaccount:<ns>:<name>`), from its
+/// audit log.
+pub fn forbidden_requests(user: &str) -> Result<Vec<Forbidden>> {
+    let path = audit_log_path()?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the audit log {}", path.display()))?;
+    let mut found = Vec::new();
+    for line in text.lines() {
+        // Cheap filters first: the log holds every ServiceAccount request of the suite.
+        if !line.contains(user) || !line.contains("403") {
+            continue;
+        }
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if event["user"]["username"] != user || event["responseStatus"]["code"] != 403 {
+            continue;
+        }
+        let object = &event["objectRef"];
+        let mut resource = object["resource"].as_str().unwrap_or_default().to_string();
+        if let Some(sub) = object["subresource"].as_str() {
+            resource = format!("{resource}/{sub}");
+        }
+        found.push(Forbidden {
+            verb: event["verb"].as_str().unwrap_or_default().to_string(),
+            group: object["apiGroup"].as_str().unwrap_or_default().to_string(),
+            resource,
+            namespace: object["namespace"].as_str().map(String::from),
+        });
+    }
+    Ok(found)
+}
+
 /// Starts the shared control plane once per test process and returns its admin kubeconfig.
 fn control_plane_kubeconfig() -> &'static Path {
     static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();

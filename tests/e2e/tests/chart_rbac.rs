@@ -14,8 +14,10 @@
 //! at most [`STEP_TIMEOUT`] ([`LEADING_TIMEOUT`] for the start). The last step needs a restart
 //! after 60 s, so the whole test takes about 90 s.
 //!
-//! The base run must pass every step; each variant must fail one, or be listed in [`JUSTIFIED`]
-//! with the reason no scenario can see it. The variants come from the rendered roles, so a verb
+//! The base run must pass every step without one request refused; each variant must fail one,
+//! and the API server's audit log must show a 403 for the verb taken away (a step that only
+//! timed out proves nothing), or be listed in [`JUSTIFIED`] with the reason no scenario can see
+//! it. The variants come from the rendered roles, so a verb
 //! added to the chart is tried without a change here (and fails this test until a step needs
 //! it or it is justified).
 
@@ -24,8 +26,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::TestEnv;
 use e2e::chart::{self, Controller, Grant, PROVISIONING_CHART};
+use e2e::{Forbidden, TestEnv};
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -160,6 +162,8 @@ struct Report {
     namespace: String,
     passed: Vec<(Step, Duration)>,
     failure: Option<Failure>,
+    /// Every 403 the API server answered the run's ServiceAccount (its audit log).
+    forbidden: Vec<Forbidden>,
     total: Duration,
 }
 
@@ -203,6 +207,8 @@ struct Run {
     check: String,
     orphan_template: String,
     orphan_request: String,
+    /// The ServiceAccount's user name, as the audit log records it.
+    user: String,
     /// The base run also admits a plain "provision" Job.
     base: bool,
 }
@@ -311,6 +317,7 @@ impl Run {
             .context("creating the orphaned ProvisioningRequest")?;
 
         let client = e2e::service_account_client(&env.ns, &service_account).await?;
+        let run_ns = env.ns.clone();
         let run = Self {
             env,
             started,
@@ -321,6 +328,7 @@ impl Run {
             check,
             orphan_template,
             orphan_request,
+            user: format!("system:serviceaccount:{}:{service_account}", run_ns),
             base: removal.is_none(),
         };
         Ok((run, removed))
@@ -895,12 +903,15 @@ async fn run(label: String, removal: Option<Removal>) -> Result<Report> {
         .scenario(&mut passed)
         .await
         .with_context(|| format!("run {label} ({})", r.env.ns))?;
+    // Read once the controllers have stopped, so the run's last requests are in the log.
+    let forbidden = e2e::forbidden_requests(&r.user)?;
     Ok(Report {
         removed,
         removal,
         namespace: r.env.ns.clone(),
         passed,
         failure,
+        forbidden,
         total: r.started.elapsed(),
     })
 }
@@ -967,45 +978,71 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
                 .collect::<Vec<_>>()
                 .join(", "),
         };
-        let verdict = match (&report.removed, &report.failure) {
-            (None, None) => "sufficient: every step passed".to_string(),
-            (None, Some(f)) => {
-                problems.push(format!(
-                    "the base run failed step {:?} ({}) after {:.1?}: {}",
-                    f.step,
-                    f.step.what(),
-                    f.after,
-                    f.why
-                ));
-                format!("FAILED {:?}: {}", f.step, f.why)
-            }
-            (Some(grants), None) => match grants.iter().find_map(justified) {
-                Some(why) => format!("not observable, justified: {why}"),
-                None => {
+        let refused: Vec<String> = report.forbidden.iter().map(ToString::to_string).collect();
+        let verdict =
+            match (&report.removed, &report.failure) {
+                (None, None) if !refused.is_empty() => {
                     problems.push(format!(
+                        "the base run passed, but the API server refused it: {}",
+                        refused.join("; ")
+                    ));
+                    format!("REFUSED {}", refused.join("; "))
+                }
+                (None, None) => "sufficient: every step passed, no request refused".to_string(),
+                (None, Some(f)) => {
+                    problems.push(format!(
+                        "the base run failed step {:?} ({}) after {:.1?}: {}",
+                        f.step,
+                        f.step.what(),
+                        f.after,
+                        f.why
+                    ));
+                    format!("FAILED {:?}: {}", f.step, f.why)
+                }
+                (Some(grants), None) => match grants.iter().find_map(justified) {
+                    Some(why) => format!("not observable, justified: {why}"),
+                    None => {
+                        problems.push(format!(
                         "without {name} every step still passed: the chart grants more than the \
                          controller needs, or no step covers the code that uses it (add one, or \
                          justify it in JUSTIFIED)"
                     ));
-                    "NOT NEEDED by any step".to_string()
-                }
-            },
-            (Some(grants), Some(f)) => {
-                if grants.iter().any(|g| justified(g).is_some()) {
-                    problems.push(format!(
-                        "{name} is in JUSTIFIED, but without it step {:?} fails: {}",
-                        f.step, f.why
+                        "NOT NEEDED by any step".to_string()
+                    }
+                },
+                (Some(grants), Some(f)) => {
+                    if grants.iter().any(|g| justified(g).is_some()) {
+                        problems.push(format!(
+                            "{name} is in JUSTIFIED, but without it step {:?} fails: {}",
+                            f.step, f.why
+                        ));
+                    }
+                    // Only a 403 for the very verb shows it is needed: a step that timed out for
+                    // another reason (a loaded machine) proves nothing.
+                    let refused_it = report.forbidden.iter().any(|x| {
+                        grants.iter().any(|g| {
+                            g.verb == x.verb && g.group == x.group && g.resource == x.resource
+                        })
+                    });
+                    if !refused_it {
+                        problems.push(format!(
+                        "without {name} step {:?} failed ({}), but the API server never answered \
+                         403 for that verb (it refused: {}): the failure has another cause and \
+                         does not show the verb is needed",
+                        f.step,
+                        f.why,
+                        if refused.is_empty() { "nothing".to_string() } else { refused.join("; ") }
                     ));
+                    }
+                    format!(
+                        "needed: 403 for it seen; {:?} ({}) failed after {:.1?}: {}",
+                        f.step,
+                        f.step.what(),
+                        f.after,
+                        truncate(&f.why, 300)
+                    )
                 }
-                format!(
-                    "needed: {:?} ({}) failed after {:.1?}: {}",
-                    f.step,
-                    f.step.what(),
-                    f.after,
-                    truncate(&f.why, 300)
-                )
-            }
-        };
+            };
         let steps: Vec<String> = report
             .passed
             .iter()
