@@ -1,13 +1,14 @@
 //! The license-check example against the real Kueue: its controller runs in this process, one
 //! instance (or two) per test, answering only that test's AdmissionCheck.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use e2e::{DEFAULT_TIMEOUT, TestEnv};
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -190,6 +191,12 @@ impl Licensed {
             .map(|wl| wl.name_any())
             .collect())
     }
+}
+
+/// What the race test's recorders see.
+enum Seen {
+    Workload(kube::runtime::watcher::Event<Workload>),
+    Ledger(kube::runtime::watcher::Event<ConfigMap>),
 }
 
 /// Holders in the ledger, by Workload name.
@@ -508,37 +515,122 @@ async fn two_instances_deciding_at_once_never_exceed_the_pool() -> Result<()> {
         t.env.client.clone(),
         Dawdling(t.backend.clone(), Duration::from_millis(30)),
     );
+    // Two recorders, started before the Jobs, see every version of every Workload and of the
+    // ledger (not samples): a brief over-admission between two looks cannot be missed.
+    let workload_events =
+        kube::runtime::watcher(t.env.workloads(), kube::runtime::watcher::Config::default());
+    let ledgers: Api<ConfigMap> = Api::namespaced(t.env.client.clone(), &t.env.ns);
+    let ledger_events = kube::runtime::watcher(
+        ledgers,
+        kube::runtime::watcher::Config::default().fields(&format!("metadata.name={LEDGER}")),
+    );
+    let mut events = futures::stream::select(
+        workload_events.map(|e| e.map(Seen::Workload)),
+        ledger_events.map(|e| e.map(Seen::Ledger)),
+    )
+    .boxed();
+    // Watch streams start when first polled: both initial lists are done before any Job
+    // exists, so the recorders see the race from its first version.
+    let mut listed = 0;
+    while listed < 2 {
+        let next =
+            tokio::time::timeout_at(tokio::time::Instant::now() + DEFAULT_TIMEOUT, events.next())
+                .await
+                .context("the recorders' initial lists")?
+                .context("the watches ended")?;
+        if matches!(
+            next,
+            Ok(Seen::Workload(kube::runtime::watcher::Event::InitDone)
+                | Seen::Ledger(kube::runtime::watcher::Event::InitDone))
+        ) {
+            listed += 1;
+        }
+    }
     // All at once, so that Kueue reserves quota for them in one burst.
     let jobs: Vec<String> = (0..9).map(|i| format!("job-{i}")).collect();
     futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "matlab=1"))).await?;
 
+    let mut admitted: BTreeSet<String> = BTreeSet::new();
+    let mut retried: BTreeSet<String> = BTreeSet::new();
+    let (mut workload_versions, mut ledger_versions) = (0u32, 0u32);
     let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
-    let mut settled_since = None;
-    loop {
-        let admitted = t.admitted().await?;
-        let ledger = t.ledger().await?;
-        ensure!(
-            admitted.len() <= 3 && matlab_in_use(&ledger) <= 3,
-            "admitted {admitted:?}, ledger {ledger:#?}"
-        );
-        for name in &admitted {
-            ensure!(
-                holders(&ledger).contains(name),
-                "{name} admitted without a holding: {ledger:#?}"
-            );
-        }
-        if admitted.len() == 3 {
-            // Keep watching while the other six go through their retries.
-            let since = *settled_since.get_or_insert_with(tokio::time::Instant::now);
-            if since.elapsed() > Duration::from_secs(8) {
-                break;
+    let mut booked: Vec<String> = Vec::new();
+    // Done when 3 are admitted, each of the other 6 was told to retry at least once (every
+    // Workload has been through the race), and the ledger recorder has caught up with the
+    // grants of the 3.
+    while admitted.len() < 3
+        || retried.difference(&admitted).count() < 6
+        || booked != admitted.iter().cloned().collect::<Vec<_>>()
+    {
+        let next = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "not settled in time: admitted {admitted:?}, retried {retried:?} \
+                     ({workload_versions} Workload and {ledger_versions} ledger versions seen)"
+                )
+            })?
+            .context("the watches ended")?;
+        let event = match next {
+            Ok(e) => e,
+            Err(e) => bail!("a recorder's watch failed: {e}"),
+        };
+        use kube::runtime::watcher::Event;
+        match event {
+            Seen::Workload(Event::Apply(wl) | Event::InitApply(wl)) => {
+                workload_versions += 1;
+                let name = wl.name_any();
+                if wl
+                    .admission_check(&t.check)
+                    .is_some_and(|e| e.state == CheckState::Retry)
+                {
+                    retried.insert(name.clone());
+                }
+                if wl.condition_is_true(cond::ADMITTED) {
+                    if admitted.insert(name.clone()) {
+                        // The grant was saved before Ready was written: a fresh read of the
+                        // ledger, made after this version, must show the holding.
+                        let ledger = t.ledger().await?;
+                        ensure!(
+                            holders(&ledger).contains(&name),
+                            "{name} admitted without a holding: {ledger:#?}"
+                        );
+                    }
+                } else {
+                    admitted.remove(&name);
+                }
+                ensure!(
+                    admitted.len() <= 3,
+                    "{} admitted at once, over the pool of 3: {admitted:?}",
+                    admitted.len()
+                );
             }
+            Seen::Workload(Event::Delete(wl)) => {
+                admitted.remove(&wl.name_any());
+            }
+            Seen::Ledger(Event::Apply(cm) | Event::InitApply(cm)) => {
+                ledger_versions += 1;
+                let data = cm.data.unwrap_or_default();
+                let ledger = Ledger::from_config_map_data(&data)
+                    .map_err(|e| anyhow::anyhow!("a corrupt ledger version: {e:?}"))?;
+                booked = holders(&ledger);
+                ensure!(
+                    matlab_in_use(&ledger) <= 3,
+                    "ledger version {:?} books {} matlab licenses of 3: {ledger:#?}",
+                    cm.metadata.resource_version,
+                    matlab_in_use(&ledger)
+                );
+            }
+            _ => {}
         }
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "never 3 admitted: {admitted:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(150)).await;
     }
+    // Hollow if the race never happened: several ledger versions, every Workload seen.
+    ensure!(
+        ledger_versions >= 3 && workload_versions >= 9,
+        "too little observed: {ledger_versions} ledger and {workload_versions} Workload versions"
+    );
+    println!(
+        "recorded {workload_versions} Workload and {ledger_versions} ledger versions: never over 3"
+    );
     Ok(())
 }
