@@ -74,9 +74,9 @@ pub fn audit_log_path() -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A request the API server refused with 403, as its audit log recorded it.
+/// A request of a ServiceAccount, as the API server's audit log recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Forbidden {
+pub struct Audited {
     /// The request verb (`get`, `list`, `watch`, `create`, `patch`, `delete`, ...).
     pub verb: String,
     /// API group (`""` for the core group).
@@ -85,9 +85,14 @@ pub struct Forbidden {
     pub resource: String,
     /// The object's namespace, if namespaced.
     pub namespace: Option<String>,
+    /// The response code.
+    pub code: u16,
 }
 
-impl std::fmt::Display for Forbidden {
+/// A request the API server refused with 403.
+pub type Forbidden = Audited;
+
+impl std::fmt::Display for Audited {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let group = if self.group.is_empty() {
             "core"
@@ -98,41 +103,56 @@ impl std::fmt::Display for Forbidden {
         if let Some(ns) = &self.namespace {
             write!(f, " in {ns}")?;
         }
+        if self.code >= 400 {
+            write!(f, ": {}", self.code)?;
+        }
         Ok(())
     }
 }
 
-/// Every 403 the API server answered `user` (`system:serviceaccount:<ns>:<name>`), from its
-/// audit log.
-pub fn forbidden_requests(user: &str) -> Result<Vec<Forbidden>> {
+/// Every request of `user` (`system:serviceaccount:<ns>:<name>`) the API server answered,
+/// from its audit log.
+pub fn audited_requests(user: &str) -> Result<Vec<Audited>> {
     let path = audit_log_path()?;
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading the audit log {}", path.display()))?;
     let mut found = Vec::new();
     for line in text.lines() {
-        // Cheap filters first: the log holds every ServiceAccount request of the suite.
-        if !line.contains(user) || !line.contains("403") {
+        // A cheap filter first: the log holds every ServiceAccount request of the suite.
+        if !line.contains(user) {
             continue;
         }
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if event["user"]["username"] != user || event["responseStatus"]["code"] != 403 {
+        if event["user"]["username"] != user {
             continue;
         }
+        let Some(code) = event["responseStatus"]["code"].as_u64() else {
+            continue;
+        };
         let object = &event["objectRef"];
         let mut resource = object["resource"].as_str().unwrap_or_default().to_string();
         if let Some(sub) = object["subresource"].as_str() {
             resource = format!("{resource}/{sub}");
         }
-        found.push(Forbidden {
+        found.push(Audited {
             verb: event["verb"].as_str().unwrap_or_default().to_string(),
             group: object["apiGroup"].as_str().unwrap_or_default().to_string(),
             resource,
             namespace: object["namespace"].as_str().map(String::from),
+            code: u16::try_from(code).unwrap_or(u16::MAX),
         });
     }
     Ok(found)
+}
+
+/// Every 403 the API server answered `user`, from its audit log.
+pub fn forbidden_requests(user: &str) -> Result<Vec<Forbidden>> {
+    Ok(audited_requests(user)?
+        .into_iter()
+        .filter(|r| r.code == 403)
+        .collect())
 }
 
 /// Starts the shared control plane once per test process and returns its admin kubeconfig.
