@@ -44,6 +44,12 @@ use serde_json::json;
 /// second on an idle control plane; the margin absorbs a loaded 2-core CI machine.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How much later than its configured time a timer-driven thing (a timeout, the end of a retry
+/// delay, an eviction at `requeueAt`) may happen on a loaded machine before a test calls it
+/// wrong. Never earlier is the property; "at most a second late" is not one a 2-core machine
+/// running the suite in parallel can keep.
+pub const LATE_SLACK: Duration = Duration::from_secs(20);
+
 /// Field manager (prefix) the tests use when they play an admission check controller.
 pub const TEST_FIELD_MANAGER: &str = "e2e-test-check-controller";
 

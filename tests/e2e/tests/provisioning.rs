@@ -414,8 +414,9 @@ async fn two_failures_retry_with_growing_delays_then_the_third_attempt_admits() 
             .and_then(|w| w.condition(cond::EVICTED).map(|c| c.last_transition_time.0))
             .context("the eviction that ended the delay")?;
         let late = evicted_at.duration_since(due).as_secs_f64();
+        // Never before requeueAt; late only by what a loaded machine adds.
         assert!(
-            (0.0..=5.0).contains(&late),
+            (0.0..=e2e::LATE_SLACK.as_secs_f64()).contains(&late),
             "evicted at {evicted_at}, {late} s after requeueAt {due}"
         );
     }
@@ -835,7 +836,11 @@ async fn a_request_never_provisioned_times_out_per_the_config_annotation_and_is_
         .map(|t| t.0)
         .context("lastTransitionTime")?;
     let after = retried.duration_since(created).as_secs();
-    assert!((3..=5).contains(&after), "timed out after {after} s");
+    // The configured 3 s, never sooner; later only by what a loaded machine adds.
+    assert!(
+        (3..=3 + e2e::LATE_SLACK.as_secs() as i64).contains(&after),
+        "timed out after {after} s"
+    );
 
     let m = t.metrics().await?;
     assert_eq!(m.counter("requests_timed_out"), 1.0, "{}", m.text);
@@ -1098,7 +1103,12 @@ async fn metrics_and_events_account_for_every_request() -> Result<()> {
     let took = m
         .get("kueue_provisioning_time_to_provisioned_seconds_sum")
         .unwrap_or(f64::NAN);
-    assert!((0.0..=2.0).contains(&took), "{}", m.text);
+    // Provisioned at once by the simulator: the time is the machine's, never negative.
+    assert!(
+        (0.0..=e2e::LATE_SLACK.as_secs_f64()).contains(&took),
+        "{}",
+        m.text
+    );
     // Attempts 1 and 2 were created.
     assert_eq!(
         m.get("kueue_provisioning_request_attempt_count"),
