@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper around a script under tests/ or one cargo command.
-.PHONY: demo test bench multi-check-soak fuzz up down status build-control-plane
+.PHONY: demo test bench multi-check-soak fuzz test-under-load up down status build-control-plane
 
 demo: ## Start the control plane, the provisioning controller and the simulator; narrate two Jobs
 	bash tests/demo.sh
@@ -16,6 +16,9 @@ multi-check-soak: ## Long seeded multi-check property run on the local control p
 
 fuzz: ## Fuzz every pure function fed by cluster data (FUZZ_SECONDS=600, SEED= to replay; a crash is saved under target/fuzz-crashes)
 	cargo run --locked --release -p fuzz-targets -- --seconds $(or $(FUZZ_SECONDS),600) $(if $(SEED),--seed $(SEED))
+
+test-under-load: ## The e2e suite RUNS=3 times with a CPU hog on every core beside it (FILTER= to narrow)
+	bash tests/under-load.sh
 
 up: ## Start the local control plane (etcd, kube-apiserver, Kueue)
 	bash tests/control-plane/control-plane.sh start
