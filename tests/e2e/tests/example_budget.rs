@@ -464,3 +464,117 @@ async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()>
     );
     Ok(())
 }
+
+/// What the race test's recorders see.
+enum Seen {
+    Workload(kube::runtime::watcher::Event<Workload>),
+    Ledger(kube::runtime::watcher::Event<ConfigMap>),
+}
+
+/// Nine Workloads of 1 credit each, submitted at once against a budget of 3 and decided by two
+/// controller instances at the same time, against the real Kueue. Two recorders (every
+/// Workload version, every ledger version) check that the ledger never spends more than the
+/// budget, that never more than 3 are admitted at once, and that a newly admitted Workload's
+/// charge is already in the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_workloads_at_once_never_overspend_at_any_version() -> Result<()> {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{Config, Event, watcher};
+    let t = setup("budget-race").await?;
+    t.set_budget("3/day").await?;
+    let _one = t.start(t.env.client.clone());
+    let _two = t.start(t.env.client.clone());
+    let ledger_name = format!("budget-ledger-{}", t.env.ns);
+    let maps: Api<ConfigMap> = Api::namespaced(t.env.client.clone(), &t.env.ns);
+    let mut events = futures::stream::select(
+        watcher(t.env.workloads(), Config::default()).map(|e| e.map(Seen::Workload)),
+        watcher(
+            maps,
+            Config::default().fields(&format!("metadata.name={ledger_name}")),
+        )
+        .map(|e| e.map(Seen::Ledger)),
+    )
+    .boxed();
+    // Both initial lists done before any Job exists (watch streams start when polled).
+    let mut listed = 0;
+    while listed < 2 {
+        let next = tokio::time::timeout(DEFAULT_TIMEOUT, events.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the watches ended"))?;
+        if matches!(
+            next,
+            Ok(Seen::Workload(Event::InitDone) | Seen::Ledger(Event::InitDone))
+        ) {
+            listed += 1;
+        }
+    }
+    let jobs: Vec<String> = (0..9).map(|i| format!("job-{i}")).collect();
+    futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "1", None))).await?;
+
+    let budget = credits("3");
+    let mut admitted = std::collections::BTreeSet::new();
+    let mut retried = std::collections::BTreeSet::new();
+    let mut charged: Vec<String> = Vec::new();
+    let (mut workload_versions, mut ledger_versions) = (0u32, 0u32);
+    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+    while admitted.len() < 3
+        || retried.difference(&admitted).count() < 6
+        || charged != admitted.iter().cloned().collect::<Vec<_>>()
+    {
+        let next = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "not settled in time: admitted {admitted:?}, retried {retried:?}, charged \
+                     {charged:?} ({workload_versions} Workload, {ledger_versions} ledger versions)"
+                )
+            })?
+            .ok_or_else(|| anyhow::anyhow!("the watches ended"))?;
+        match next.map_err(|e| anyhow::anyhow!("a recorder's watch failed: {e}"))? {
+            Seen::Workload(Event::Apply(wl) | Event::InitApply(wl)) => {
+                workload_versions += 1;
+                let name = wl.name_any();
+                if t.entry(&wl).0 == CheckState::Retry {
+                    retried.insert(name.clone());
+                }
+                if wl.condition_is_true(cond::ADMITTED) {
+                    if admitted.insert(name.clone()) {
+                        // Charged before Ready was written: a fresh read shows the charge.
+                        let ledger = t.ledger().await?;
+                        ensure!(
+                            open(&ledger).contains(&name),
+                            "{name} admitted without a charge: {ledger:#?}"
+                        );
+                    }
+                } else {
+                    admitted.remove(&name);
+                }
+                ensure!(
+                    admitted.len() <= 3,
+                    "over the budget: {admitted:?} admitted"
+                );
+            }
+            Seen::Ledger(Event::Apply(cm) | Event::InitApply(cm)) => {
+                ledger_versions += 1;
+                let ledger = BudgetLedger::from_config_map_data(&cm.data.unwrap_or_default())
+                    .map_err(|e| anyhow::anyhow!("a corrupt ledger version: {e:?}"))?;
+                let spent = ledger.spent(&today());
+                ensure!(
+                    spent <= budget,
+                    "ledger version {:?} spends {spent} of a budget of {budget}: {ledger:#?}",
+                    cm.metadata.resource_version
+                );
+                charged = open(&ledger);
+            }
+            _ => {}
+        }
+    }
+    ensure!(
+        ledger_versions >= 3 && workload_versions >= 9,
+        "too little observed: {ledger_versions} ledger and {workload_versions} Workload versions"
+    );
+    println!(
+        "recorded {workload_versions} Workload and {ledger_versions} ledger versions: never over budget"
+    );
+    Ok(())
+}
