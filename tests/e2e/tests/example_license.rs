@@ -359,6 +359,42 @@ async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
     Ok(())
 }
 
+/// A Workload deleted while it holds licenses (`kubectl delete workload`): its holding goes,
+/// and the Workload Kueue creates again for the still-existing Job gets a holding of its own;
+/// at no point do both hold.
+#[tokio::test]
+async fn a_deleted_workload_gives_its_licenses_back_and_its_successor_books_its_own() -> Result<()>
+{
+    let t = setup("license-deleted").await?;
+    t.set_pool(&[("matlab", "1")]).await?;
+    let _controller = t.start(t.env.client.clone());
+    let wl = t.submit("job", "matlab=1").await?;
+    let first = t.env.wait_admitted(&wl).await?;
+    let first_uid = first.uid().unwrap_or_default();
+    ensure!(t.ledger().await?.holding(&first_uid).is_some());
+
+    t.env
+        .workloads()
+        .delete(&wl, &DeleteParams::default())
+        .await?;
+    // Kueue makes a new Workload for the Job (same name, another uid); with a pool of one it is
+    // admitted only once the deleted one's licenses are back.
+    let second = t
+        .env
+        .wait_workload(&wl, "a successor admitted", |w| {
+            w.uid().is_some_and(|u| u != first_uid) && w.condition_is_true(cond::ADMITTED)
+        })
+        .await?;
+    let second_uid = second.uid().unwrap_or_default();
+    let ledger = t.ledger().await?;
+    ensure!(
+        ledger.holding(&first_uid).is_none() && ledger.holding(&second_uid).is_some(),
+        "the deleted Workload's holding must be gone and its successor's there: {ledger:#?}"
+    );
+    ensure!(matlab_in_use(&ledger) == 1, "{ledger:#?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn requests_the_pool_can_never_satisfy_are_rejected_and_deactivated() -> Result<()> {
     let t = setup("license-reject").await?;
