@@ -43,6 +43,8 @@ struct Script {
     otherwise: Mutex<Decision>,
     /// The attempt of every call, in order.
     attempts: Mutex<Vec<u32>>,
+    /// The attempt of every call, in order, per Workload name.
+    by_workload: Mutex<std::collections::BTreeMap<String, Vec<u32>>>,
 }
 
 impl Script {
@@ -52,6 +54,7 @@ impl Script {
             by_attempt: Mutex::default(),
             otherwise: Mutex::new(otherwise),
             attempts: Mutex::default(),
+            by_workload: Mutex::default(),
         })
     }
 
@@ -84,6 +87,13 @@ impl Script {
     fn attempts(&self) -> Vec<u32> {
         lock(&self.attempts).clone()
     }
+
+    fn attempts_of(&self, workload: &str) -> Vec<u32> {
+        lock(&self.by_workload)
+            .get(workload)
+            .cloned()
+            .unwrap_or_default()
+    }
 }
 
 struct Scripted {
@@ -112,6 +122,10 @@ impl AdmissionCheckController for Scripted {
     async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
         let attempt = ctx.attempt();
         lock(&self.script.attempts).push(attempt);
+        lock(&self.script.by_workload)
+            .entry(ctx.workload.name_any())
+            .or_default()
+            .push(attempt);
         let step = lock(&self.script.steps).pop_front();
         let Some(step) = step else {
             let by_attempt = lock(&self.script.by_attempt).get(&attempt).cloned();
@@ -466,6 +480,108 @@ async fn three_checks_a_late_retry_and_a_withdrawn_ready_keep_every_attempt() ->
     }
     for check in &mut checks {
         check.stop().await;
+    }
+    Ok(())
+}
+
+/// A WorkloadPriorityClass (cluster scoped), for Jobs to name with
+/// `kueue.x-k8s.io/priority-class`.
+async fn priority_class(env: &TestEnv, name: &str, value: i32) -> Result<()> {
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "kueue.x-k8s.io",
+        "v1beta2",
+        "WorkloadPriorityClass",
+    ));
+    let class: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "WorkloadPriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+    }))?;
+    Api::<DynamicObject>::all_with(env.client.clone(), &resource)
+        .create(&PostParams::default(), &class)
+        .await?;
+    Ok(())
+}
+
+/// Preemption is an eviction too, and not a retry: a low-priority Workload that retried once
+/// and was admitted on attempt 2 is preempted by a high-priority one (eviction reason
+/// `Preempted`, quota taken away, entries reset), and once it gets quota again it is asked on
+/// attempt 2 still: not 1 (the count kept), not 3 (no Retry was answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_keeps_the_attempt_and_is_not_counted_as_a_retry() -> Result<()> {
+    let env = TestEnv::new("sdk-attempts-preempt").await?;
+    let policy = RetryPolicy::fixed(Duration::from_secs(1)).with_retry_limit(3);
+    let mut checks =
+        checks_on_one_queue(&env, vec![("a", policy, None, Decision::ready("fine"))]).await?;
+    let check = checks[0].name.clone();
+    let script = checks[0].script.clone();
+    // Preemption within the ClusterQueue, by priority.
+    let cq = env.cluster_name("cq");
+    let preemption = json!({"spec": {"preemption": {"withinClusterQueue": "LowerPriority"}}});
+    kube::Api::<kueue_admission_sdk::api::ClusterQueue>::all(env.client.clone())
+        .patch(&cq, &PatchParams::default(), &Patch::Merge(&preemption))
+        .await?;
+    let (low_class, high_class) = (format!("{}-low", env.ns), format!("{}-high", env.ns));
+    priority_class(&env, &low_class, 10).await?;
+    priority_class(&env, &high_class, 1000).await?;
+
+    // The low one: Retry on attempt 1, Ready on attempt 2.
+    script.then(Decision::retry("not yet"));
+    let low_labels = [("kueue.x-k8s.io/priority-class", low_class.as_str())];
+    let low_job = env
+        .create_job(&e2e::SuspendedJob {
+            labels: &low_labels,
+            ..e2e::SuspendedJob::new("low", "lq", "3")
+        })
+        .await?;
+    let low = env.workload_for_job(&low_job).await?.name_any();
+    env.wait_admitted(&low).await?;
+    ensure!(
+        script.attempts_of(&low) == [1, 2],
+        "{:?}",
+        script.attempts_of(&low)
+    );
+
+    // The high one takes the quota: the low one is preempted.
+    let high_labels = [("kueue.x-k8s.io/priority-class", high_class.as_str())];
+    let high_job = env
+        .create_job(&e2e::SuspendedJob {
+            labels: &high_labels,
+            ..e2e::SuspendedJob::new("high", "lq", "3")
+        })
+        .await?;
+    let high = env.workload_for_job(&high_job).await?.name_any();
+    let preempted = env
+        .wait_workload(&low, "preempted", |w| w.evictions("Preempted") >= 1)
+        .await?;
+    ensure!(
+        attempts::attempt(&preempted, &check) == 2,
+        "the stored attempt changed with the preemption: {}",
+        e2e::dump(&preempted)
+    );
+    env.wait_admitted(&high).await?;
+
+    // The high one ends; the low one gets quota again and is asked on attempt 2.
+    env.jobs()
+        .delete("high", &kube::api::DeleteParams::default())
+        .await?;
+    let again = env.wait_admitted(&low).await?;
+    let asked = script.attempts_of(&low);
+    ensure!(
+        asked.len() >= 3 && asked[2..].iter().all(|a| *a == 2),
+        "after the preemption the check was asked {asked:?} (want 2 again)"
+    );
+    ensure_never_decreasing(&check, &asked)?;
+    ensure!(
+        attempts::attempt(&again, &check) == 2,
+        "{}",
+        e2e::dump(&again)
+    );
+    ensure!(again.evictions("Preempted") == 1, "{}", e2e::dump(&again));
+    for c in &mut checks {
+        c.stop().await;
     }
     Ok(())
 }
