@@ -7,8 +7,9 @@
 #   UNDER_LOAD_HOGS=  how many busy loops (default: one per core)
 #   E2E_THREADS=4     test threads, as in make test
 #
-# Prints one line per run (passed, failed, seconds) and a summary; the first failing run's
-# output is kept under target/under-load/. Exits non-zero if any run failed.
+# Every test binary runs even after a failure (--no-fail-fast). Prints one line per run (passed,
+# failed, seconds) and a summary; each run's output is kept under target/under-load/. Exits
+# non-zero if any run failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runs="${RUNS:-3}"
@@ -47,7 +48,7 @@ total_start=$SECONDS
 for run in $(seq "$runs"); do
   start=$SECONDS
   log="$out/run-$run.log"
-  if cargo test -p e2e --locked -- --test-threads "$threads" "${filter[@]}" >"$log" 2>&1; then
+  if cargo test -p e2e --locked --no-fail-fast -- --test-threads "$threads" "${filter[@]}" >"$log" 2>&1; then
     verdict=ok
   else
     verdict=FAILED
