@@ -585,6 +585,45 @@ impl TestEnv {
         wait_for(self.workloads(), name, what, cond).await
     }
 
+    /// Every version of the Workload from now until one satisfies `until` (included), as a
+    /// watch delivers them: for asserting that something held at every step on the way, not
+    /// at one moment picked by a sleep.
+    pub async fn versions_until(
+        &self,
+        name: &str,
+        what: &str,
+        until: impl Fn(&Workload) -> bool,
+    ) -> Result<Vec<Workload>> {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{Config, Event, watcher};
+        let mut events = watcher(
+            self.workloads(),
+            Config::default().fields(&format!("metadata.name={name}")),
+        )
+        .boxed();
+        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT + LATE_SLACK;
+        let mut versions: Vec<Workload> = Vec::new();
+        loop {
+            let next = tokio::time::timeout_at(deadline, events.next()).await;
+            let event = match next {
+                Err(_) => bail!(
+                    "timed out waiting for Workload {name}: {what}; {} versions seen, the last:\n{}",
+                    versions.len(),
+                    versions.last().map(dump).unwrap_or_default()
+                ),
+                Ok(None) => bail!("the watch of Workload {name} ended"),
+                Ok(Some(e)) => e.with_context(|| format!("watching Workload {name}"))?,
+            };
+            if let Event::Apply(wl) | Event::InitApply(wl) = event {
+                let done = until(&wl);
+                versions.push(wl);
+                if done {
+                    return Ok(versions);
+                }
+            }
+        }
+    }
+
     /// Waits until the Workload holds quota with the check's entry `Pending`: the moment a
     /// check controller is asked to decide.
     pub async fn wait_check_pending_with_quota(

@@ -1,7 +1,7 @@
 //! The admission check contract of the real Kueue, exercised with no SDK: the test itself plays
 //! the check controller. These pin down what every later layer relies on.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use e2e::{GuardedQueue, TestEnv};
 use kube::ResourceExt;
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
@@ -172,16 +172,38 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
         e2e::dump(&wl)
     );
 
-    // Well inside the delay: still holding quota, still Retry, not evicted.
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let wl = env.workloads().get(&wl_name).await?;
+    // Every version until the eviction holds the quota with the entry still Retry, and the
+    // eviction itself does not come before requeueAt (stored at whole seconds: 1 s of slack).
+    let requeue_at = wl
+        .status
+        .as_ref()
+        .and_then(|s| s.requeue_state.as_ref())
+        .and_then(|r| r.requeue_at.as_ref())
+        .map(|t| t.0)
+        .context("requeueAt")?;
+    let versions = env
+        .versions_until(&wl_name, "evicted at requeueAt", |wl| {
+            wl.evictions("AdmissionCheck") >= 1 || wl.condition_is_true(cond::EVICTED)
+        })
+        .await?;
+    let (evicted, during) = versions.split_last().context("no version")?;
+    for wl in during {
+        assert!(
+            wl.condition_is_true(cond::QUOTA_RESERVED)
+                && entry_state(wl, &q.check) == Some(CheckState::Retry),
+            "quota released or entry changed during the delay:\n{}",
+            e2e::dump(wl)
+        );
+    }
+    let evicted_at = evicted
+        .condition(cond::EVICTED)
+        .map(|c| c.last_transition_time.0)
+        .context("the Evicted condition")?;
     assert!(
-        wl.condition_is_true(cond::QUOTA_RESERVED),
-        "quota released during the delay:\n{}",
-        e2e::dump(&wl)
+        evicted_at.duration_since(requeue_at).as_secs() >= -1,
+        "evicted at {evicted_at}, before requeueAt {requeue_at}:\n{}",
+        e2e::dump(evicted)
     );
-    assert!(!wl.condition_is_true(cond::EVICTED), "{}", e2e::dump(&wl));
-    assert_eq!(entry_state(&wl, &q.check), Some(CheckState::Retry));
 
     // At requeueAt: evicted once, entry reset with retryCount 1, quota reserved again.
     let wl = env
