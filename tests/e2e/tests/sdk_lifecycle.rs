@@ -552,8 +552,19 @@ async fn a_deleted_workload_is_released_once() -> Result<()> {
         script.releases_for("job") == [ReleaseReason::Deleted]
     })
     .await?;
-    // And not again later.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // And not again later: a second Workload, admitted and deleted after the first, is a
+    // marker. Once its own release is seen, the runtime has gone past everything the first
+    // deletion could have caused; a sleep would only guess how long that takes.
+    s.script.answer("marker", Decision::ready("licence granted"));
+    let marker = env.submit_job("marker", "lq", "1").await?;
+    env.wait_admitted(&marker).await?;
+    env.workloads()
+        .delete(&marker, &DeleteParams::default())
+        .await?;
+    e2e::eventually("the marker released", || {
+        script.releases_for("marker") == [ReleaseReason::Deleted]
+    })
+    .await?;
     ensure!(
         s.script.releases_for("job") == [ReleaseReason::Deleted],
         "{:?}",
