@@ -99,6 +99,13 @@ pub fn all() -> Vec<Target> {
             run: prov_outcome_target,
         },
         Target {
+            name: "prov_refusal",
+            covers: "provisioning refusal::for_api (an API server's refusal of a created object)",
+            asserts: "a value the API server quotes back (a parameter can be a secret) never reaches the \
+                      message; transient codes are no refusal; the message stays bounded",
+            run: prov_refusal,
+        },
+        Target {
             name: "budget_quantity",
             covers: "budget-check quantity::parse_quantity",
             asserts: "a quantity read is finite and non-negative",
@@ -715,6 +722,66 @@ fn license_request(input: &[u8]) -> bool {
         && let Ok(l) = requested_licenses(wl)
     {
         assert!(l.values().all(|n| *n >= 1), "{l:?}");
+    }
+    true
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+struct RefusalCase {
+    status: Option<kube_core_status::Status>,
+    object: String,
+    annotation_keys: Vec<String>,
+    workload: String,
+}
+
+/// The `Status` type, under a short name.
+mod kube_core_status {
+    pub use kube::core::Status;
+}
+
+fn prov_refusal(input: &[u8]) -> bool {
+    use kueue_provisioning_controller::refusal::{Kind, Subject, for_api};
+    let Some(c) = case::<RefusalCase>(input) else {
+        return false;
+    };
+    let Some(mut status) = c.status else {
+        return false;
+    };
+    // A secret the API server quotes back, in the message and in every cause.
+    const SECRET: &str = "s3cr3t-Value";
+    // Names the message may show on purpose: the secret must come only from the server's text.
+    if [&c.object, &c.workload]
+        .into_iter()
+        .chain(&c.annotation_keys)
+        .any(|n| n.contains(SECRET))
+    {
+        return false;
+    }
+    let quoted = format!("\"{SECRET}\"");
+    status.message = format!("{} {quoted}", status.message.replace('"', ""));
+    if let Some(details) = status.details.as_mut() {
+        for cause in &mut details.causes {
+            cause.message = format!("{} {quoted}", cause.message.replace('"', ""));
+        }
+    }
+    let subject = Subject {
+        namespace: "ns",
+        workload: &c.workload,
+        config: "cfg",
+    };
+    for kind in [Kind::ProvisioningRequest, Kind::PodTemplate] {
+        let message = for_api(kind, &c.object, &status, &c.annotation_keys, &subject);
+        let transient = kueue_admission_sdk::ErrorClass::of_status(
+            status.code,
+            &status.reason,
+            &status.message,
+        ) == kueue_admission_sdk::ErrorClass::Transient;
+        assert_eq!(message.is_none(), transient, "code {}: {message:?}", status.code);
+        if let Some(m) = message {
+            assert!(!m.contains(SECRET), "the quoted value reached the message: {m}");
+            assert!(m.chars().count() <= 8192, "{} characters", m.chars().count());
+        }
     }
     true
 }
