@@ -80,6 +80,56 @@ pub fn audit_log_path() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Every version of every Workload of a namespace, in order (see [`TestEnv::record_workloads`]).
+pub struct WorkloadRecorder {
+    events: futures::stream::BoxStream<
+        'static,
+        std::result::Result<kube::runtime::watcher::Event<Workload>, kube::runtime::watcher::Error>,
+    >,
+}
+
+impl std::fmt::Debug for WorkloadRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorkloadRecorder")
+    }
+}
+
+impl WorkloadRecorder {
+    /// The versions of Workload `name` seen from where the recorder is up to until one
+    /// satisfies `until` (included); other Workloads' versions are passed over.
+    pub async fn until(
+        &mut self,
+        name: &str,
+        what: &str,
+        until: impl Fn(&Workload) -> bool,
+    ) -> Result<Vec<Workload>> {
+        use futures::StreamExt;
+        use kube::runtime::watcher::Event;
+        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT + LATE_SLACK;
+        let mut versions: Vec<Workload> = Vec::new();
+        loop {
+            let event = match tokio::time::timeout_at(deadline, self.events.next()).await {
+                Err(_) => bail!(
+                    "timed out waiting for Workload {name}: {what}; {} versions seen, the last:\n{}",
+                    versions.len(),
+                    versions.last().map(dump).unwrap_or_default()
+                ),
+                Ok(None) => bail!("the Workload recorder's watch ended"),
+                Ok(Some(e)) => e.context("the Workload recorder's watch")?,
+            };
+            if let Event::Apply(wl) | Event::InitApply(wl) = event
+                && wl.name_any() == name
+            {
+                let done = until(&wl);
+                versions.push(wl);
+                if done {
+                    return Ok(versions);
+                }
+            }
+        }
+    }
+}
+
 /// A request of a ServiceAccount, as the API server's audit log recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Audited {
@@ -583,6 +633,26 @@ impl TestEnv {
         cond: impl Fn(&Workload) -> bool,
     ) -> Result<Workload> {
         wait_for(self.workloads(), name, what, cond).await
+    }
+
+    /// A recorder of every version of every Workload in the namespace, from now on: its
+    /// initial list is done when this returns, so nothing that happens afterwards is missed
+    /// (a watch stream only starts when polled).
+    pub async fn record_workloads(&self) -> Result<WorkloadRecorder> {
+        use futures::StreamExt;
+        use kube::runtime::watcher::{Config, Event, watcher};
+        let mut events = watcher(self.workloads(), Config::default()).boxed();
+        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+        loop {
+            match tokio::time::timeout_at(deadline, events.next()).await {
+                Err(_) => bail!("the Workload recorder's initial list did not end in time"),
+                Ok(None) => bail!("the Workload recorder's watch ended"),
+                Ok(Some(Ok(Event::InitDone))) => break,
+                Ok(Some(Ok(_))) => {}
+                Ok(Some(Err(e))) => return Err(e).context("the Workload recorder's watch"),
+            }
+        }
+        Ok(WorkloadRecorder { events })
     }
 
     /// Every version of the Workload from now until one satisfies `until` (included), as a

@@ -311,13 +311,22 @@ async fn a_workload_costlier_than_the_whole_budget_is_rejected_and_deactivated()
     let t = setup("budget-never").await?;
     t.set_budget("3/week").await?;
     let _controller = t.start(t.env.client.clone());
+    // The Rejected entry is reset to Pending by the eviction after the deactivation: recorded.
+    let mut recorder = t.env.record_workloads().await?;
     let wl = t.submit("job", "4", None).await?;
-    let rejected = t
-        .env
-        .wait_workload(&wl, "deactivated", |wl| !wl.is_active())
+    let versions = recorder
+        .until(&wl, "deactivated", |wl| !wl.is_active())
         .await?;
-    let (state, message, _) = t.entry(&rejected);
-    assert_eq!(state, CheckState::Rejected);
+    let (state, message, _) = versions
+        .iter()
+        .map(|v| t.entry(v))
+        .find(|(state, ..)| *state == CheckState::Rejected)
+        .unwrap_or_default();
+    assert_eq!(
+        state,
+        CheckState::Rejected,
+        "never Rejected before the deactivation"
+    );
     assert_eq!(
         message,
         format!(

@@ -555,7 +555,8 @@ async fn a_deleted_workload_is_released_once() -> Result<()> {
     // And not again later: a second Workload, admitted and deleted after the first, is a
     // marker. Once its own release is seen, the runtime has gone past everything the first
     // deletion could have caused; a sleep would only guess how long that takes.
-    s.script.answer("marker", Decision::ready("licence granted"));
+    s.script
+        .answer("marker", Decision::ready("licence granted"));
     let marker = env.submit_job("marker", "lq", "1").await?;
     env.wait_admitted(&marker).await?;
     env.workloads()

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use e2e::TestEnv;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -267,6 +267,9 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
         entry.message
     );
 
+    // From here on every version is recorded: the Rejected entry is reset to Pending by the
+    // eviction that follows the deactivation, so it may be gone by the time one looks.
+    let mut recorder = env.record_workloads().await?;
     env.wait_workload(
         &wl_name,
         "evicted for the first Retry, retryCount 1",
@@ -277,15 +280,21 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
     )
     .await?;
 
-    let wl = env
-        .wait_workload(&wl_name, "Rejected on attempt 2 and deactivated", |wl| {
+    let versions = recorder
+        .until(&wl_name, "Rejected on attempt 2 and deactivated", |wl| {
             !wl.is_active()
         })
         .await?;
-    let entry = wl.admission_check(&check).cloned().unwrap_or_default();
+    let wl = versions.last().cloned().context("no version")?;
+    let rejected = versions
+        .iter()
+        .filter_map(|v| v.admission_check(&check))
+        .find(|e| e.state == CheckState::Rejected)
+        .cloned()
+        .unwrap_or_default();
     assert!(
-        entry.message.contains("no retries left after 1"),
-        "{}",
+        rejected.message.contains("no retries left after 1"),
+        "no Rejected entry saying so before the deactivation: {}",
         e2e::dump(&wl)
     );
     assert!(!wl.condition_is_true(cond::ADMITTED));
