@@ -4,6 +4,7 @@
 #   control-plane.sh start              build if needed, start everything, wait until ready (idempotent)
 #   control-plane.sh stop               stop the processes this script started (by pid)
 #   control-plane.sh status             what runs, and whether it answers
+#   control-plane.sh restart COMPONENT  stop and start kube-apiserver or kueue on the same data
 #   control-plane.sh env                shell exports for KUBECONFIG and the run directory
 #   control-plane.sh kubeconfig-for NAMESPACE SERVICEACCOUNT [SECONDS]
 #                                       a kubeconfig authenticating as that ServiceAccount (RBAC applies)
@@ -220,7 +221,7 @@ check_ports_free() {
   done
 }
 
-all_running() { for c in "${COMPONENTS[@]}"; do runs_configured_version "$c" || return 1; done; }
+all_running() { local c; for c in "${COMPONENTS[@]}"; do runs_configured_version "$c" || return 1; done; }
 
 cmd_start() {
   command -v curl >/dev/null || die "curl is required"
@@ -259,17 +260,7 @@ AUDIT
     --unsafe-no-fsync --quota-backend-bytes 4294967296
   wait_for etcd 30 etcd_healthy
 
-  spawn kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
-    --client-ca-file "$PKI/ca.crt" --authorization-mode RBAC \
-    --service-account-issuer "$SERVER" --service-account-key-file "$PKI/sa.pub" \
-    --service-account-signing-key-file "$PKI/sa.key" \
-    --service-cluster-ip-range 10.0.0.0/24 --disable-admission-plugins ServiceAccount \
-    --allow-privileged=true --cert-dir "$RUN_DIR/apiserver-certs" \
-    --audit-policy-file "$RUN_DIR/audit-policy.yaml" --audit-log-path "$LOGS/audit.log" \
-    --audit-log-format json --audit-log-maxsize 200 --audit-log-maxbackup 1
-  wait_for kube-apiserver 90 apiserver_ready
+  start_apiserver
   write_admin_kubeconfig
 
   kube apply-crds "https://127.0.0.1:$KUEUE_WEBHOOK_PORT/convert" "$PKI/ca.crt" \
@@ -282,12 +273,46 @@ AUDIT
 
   install_metrics_certs
   write_kueue_config
+  start_kueue
+  log "ready in $((SECONDS - start))s: etcd $ETCD_VERSION, kube-apiserver $KUBERNETES_VERSION, kueue $KUEUE_VERSION"
+  log "export KUBECONFIG=$KUBECONFIG_PATH   (logs: $LOGS)"
+}
+
+start_apiserver() {
+  spawn kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" --authorization-mode RBAC \
+    --service-account-issuer "$SERVER" --service-account-key-file "$PKI/sa.pub" \
+    --service-account-signing-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range 10.0.0.0/24 --disable-admission-plugins ServiceAccount \
+    --allow-privileged=true --cert-dir "$RUN_DIR/apiserver-certs" \
+    --audit-policy-file "$RUN_DIR/audit-policy.yaml" --audit-log-path "$LOGS/audit.log" \
+    --audit-log-format json --audit-log-maxsize 200 --audit-log-maxbackup 1
+  wait_for kube-apiserver 90 apiserver_ready
+}
+
+start_kueue() {
   KUBECONFIG="$KUBECONFIG_PATH" spawn kueue --config "$RUN_DIR/kueue-config.yaml" --zap-log-level=2
   wait_for kueue 90 kueue_ready
   # Ready is not enough: prove the apiserver reaches the webhooks through the URL and CA it was given.
   wait_for kueue 30 kube probe-webhooks
-  log "ready in $((SECONDS - start))s: etcd $ETCD_VERSION, kube-apiserver $KUBERNETES_VERSION, kueue $KUEUE_VERSION"
-  log "export KUBECONFIG=$KUBECONFIG_PATH   (logs: $LOGS)"
+}
+
+# One component stopped and started again on the same data, as a node reboot or an upgrade
+# would: for fault injection (the chaos soak). etcd keeps its data; clients see their
+# connections drop and their watches end.
+cmd_restart() { # component
+  local c=${1:-}
+  case $c in
+    kube-apiserver | kueue) ;;
+    *) die "usage: control-plane.sh restart kube-apiserver|kueue" ;;
+  esac
+  all_running || die "the control plane is not running; start it first"
+  local start=$SECONDS
+  stop_component "$c"
+  if [[ $c == kube-apiserver ]]; then start_apiserver; else start_kueue; fi
+  log "restarted $c in $((SECONDS - start))s"
 }
 
 cmd_stop() {
@@ -340,6 +365,7 @@ with_lock() {
 case "${1:-}" in
   start) with_lock cmd_start ;;
   stop) with_lock cmd_stop ;;
+  restart) shift; with_lock cmd_restart "$@" ;;
   status) cmd_status ;;
   build) bash "$here/build.sh" ;;
   env) printf 'export KUBECONFIG=%q\nexport KUEUE_AC_RUN_DIR=%q\n' "$KUBECONFIG_PATH" "$RUN_DIR" ;;
