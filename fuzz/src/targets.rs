@@ -442,10 +442,10 @@ fn prov_config(input: &[u8]) -> bool {
             "a valid config gives a policy the SDK refuses: {:?}",
             policy.validate()
         );
-        let timeout = params
+        params
             .timeout_override()
             .expect("a valid config has a readable timeout");
-        let _ = timeout;
+        // Reading the timeout in force never fails for a valid config.
         let _ = params.timeout(Some(Duration::from_secs(600)));
     }
     true
@@ -777,10 +777,22 @@ fn prov_refusal(input: &[u8]) -> bool {
             &status.reason,
             &status.message,
         ) == kueue_admission_sdk::ErrorClass::Transient;
-        assert_eq!(message.is_none(), transient, "code {}: {message:?}", status.code);
+        assert_eq!(
+            message.is_none(),
+            transient,
+            "code {}: {message:?}",
+            status.code
+        );
         if let Some(m) = message {
-            assert!(!m.contains(SECRET), "the quoted value reached the message: {m}");
-            assert!(m.chars().count() <= 8192, "{} characters", m.chars().count());
+            assert!(
+                !m.contains(SECRET),
+                "the quoted value reached the message: {m}"
+            );
+            assert!(
+                m.chars().count() <= 8192,
+                "{} characters",
+                m.chars().count()
+            );
         }
     }
     true
