@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper around a script under tests/ or one cargo command.
-.PHONY: demo test bench multi-check-soak fuzz test-under-load up down status build-control-plane
+.PHONY: demo test bench soak multi-check-soak fuzz test-under-load up down status build-control-plane
 
 demo: ## Start the control plane, the provisioning controller and the simulator; narrate two Jobs
 	bash tests/demo.sh
@@ -9,6 +9,9 @@ test: ## fmt, clippy, docs, unit tests and the end-to-end suite against a real K
 
 bench: ## Measure an SDK check's answer latency and throughput on the local control plane (ARGS=...)
 	bash tests/bench.sh $(ARGS)
+
+soak: ## The chaos soak at full size (WORKLOADS=1000, SEED= to replay); results in target/soak/<seed>/
+	SOAK_WORKLOADS=$(or $(WORKLOADS),1000) $(if $(SEED),SOAK_SEED=$(SEED)) bash tests/soak.sh
 
 multi-check-soak: ## Long seeded multi-check property run on the local control plane (SEED=, WORKLOADS=200, IN_FLIGHT=16)
 	MULTI_CHECK_SEED=$(SEED) MULTI_CHECK_WORKLOADS=$(or $(WORKLOADS),200) MULTI_CHECK_IN_FLIGHT=$(or $(IN_FLIGHT),16) \

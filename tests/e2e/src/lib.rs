@@ -12,6 +12,7 @@
 pub mod chart;
 pub mod provisioning;
 pub mod scripted;
+pub mod soak;
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,1203 @@
+//! The chaos soak: a seeded load of Workloads through the provisioning, license and budget
+//! checks, each served by two replicas running as real processes with leader election, while
+//! leaders are killed with `kill -9`, the apiserver and Kueue restart, the autoscaler simulator
+//! pauses, a check leaves its ClusterQueue and comes back, a config changes and a second writer
+//! causes conflicts; an independent [`recorder`] checks the invariants on everything it sees.
+//!
+//! Run by `make soak` (full size) and, short, by `tests/run-all.sh` after the end-to-end suite
+//! (it restarts the shared control plane's apiserver, so nothing else may run beside it).
+//! Figures and the invariants are in `docs/reliability.md`.
+
+pub mod plan;
+pub mod recorder;
+pub mod replicas;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, PodTemplate};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kueue_admission_sdk::api::{
+    ClusterQueue, ProvisioningRequest, ProvisioningRequestConfig, Workload,
+};
+use kueue_provisioning_controller::cleanup::{INSTANCE_LABEL, instance_label};
+use kueue_provisioning_controller::simulator::SCRIPT_ANNOTATION;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use crate::TestEnv;
+use plan::{End, Fault, FaultKind, Plan, Queue, Shape, WorkloadPlan};
+use recorder::{Invariant, Recorder};
+use replicas::{Spec, Supervisor};
+
+/// A soak's settings.
+#[derive(Clone, Debug)]
+pub struct SoakConfig {
+    /// The seed of the plan.
+    pub seed: u64,
+    /// Workloads in all.
+    pub workloads: usize,
+    /// Workloads under way at once at most (submission waits beyond).
+    pub in_flight: usize,
+    /// Where the results, the logs and the timelines go.
+    pub out: PathBuf,
+    /// Where the controllers' executables are.
+    pub bin_dir: PathBuf,
+}
+
+/// The license check's ledger ConfigMap.
+const LEDGER: &str = "license-ledger";
+/// Field manager of the driver's own writes.
+const DRIVER: &str = "soak-driver";
+/// Annotation the second writer touches.
+const TOUCHED: &str = "soak.kueue-admission-checks.dev/touched";
+
+/// The names a run uses.
+#[derive(Clone, Debug)]
+struct Names {
+    ns: String,
+    prov_controller: String,
+    license_controller: String,
+    budget_controller: String,
+    class: String,
+    prc_split: String,
+    check_split: String,
+    check_merge: String,
+    check_license: String,
+    check_budget: String,
+    cq: BTreeMap<Queue, String>,
+}
+
+/// What a run saw; [`Report::check`] fails it.
+#[derive(Debug)]
+pub struct Report {
+    /// The results file.
+    pub results: PathBuf,
+    /// The text written there.
+    pub text: String,
+    /// Whether every invariant held.
+    pub passed: bool,
+}
+
+/// Runs the soak on the shared control plane in a namespace of its own.
+pub async fn run(config: SoakConfig) -> Result<Report> {
+    let plan = Arc::new(Plan::generate(config.seed, config.workloads));
+    std::fs::create_dir_all(&config.out)?;
+    println!(
+        "soak: seed {} — {} Workloads over {:.0?} ({:?}), {} faults: {:?}",
+        config.seed,
+        plan.workloads.len(),
+        plan.load_duration,
+        plan.ends(),
+        plan.faults.len(),
+        plan.fault_counts()
+    );
+    println!(
+        "soak: results, logs and timelines in {}",
+        config.out.display()
+    );
+    let env = TestEnv::new("soak").await?;
+    let names = setup(&env).await?;
+    let checks = vec![
+        ("prov".to_string(), names.check_split.clone()),
+        ("prov-merge".to_string(), names.check_merge.clone()),
+        ("license".to_string(), names.check_license.clone()),
+        ("budget".to_string(), names.check_budget.clone()),
+    ];
+    let recorder = Arc::new(Recorder::new(
+        plan.clone(),
+        checks,
+        names.check_license.clone(),
+    ));
+    let watches = recorder::start(recorder.clone(), &env.client, &env.ns, LEDGER).await?;
+    let supervisor = Arc::new(Supervisor::start(
+        specs(&config, &names),
+        &config.out.join("logs"),
+    )?);
+    wait_for_leaders(&env, &supervisor).await?;
+
+    let started = Instant::now();
+    let faults_done = Arc::new(std::sync::Mutex::new(
+        Vec::<(Duration, String, String)>::new(),
+    ));
+    let fault_tasks: Vec<_> = plan
+        .faults
+        .iter()
+        .cloned()
+        .map(|fault| {
+            let (env, names, supervisor, recorder, done) = (
+                env.clone(),
+                names.clone(),
+                supervisor.clone(),
+                recorder.clone(),
+                faults_done.clone(),
+            );
+            tokio::spawn(async move {
+                tokio::time::sleep_until((started + fault.at).into()).await;
+                let outcome = inject(&env, &names, &supervisor, &recorder, &fault).await;
+                let outcome = match outcome {
+                    Ok(s) => s,
+                    Err(e) => format!("FAILED: {e:#}"),
+                };
+                println!(
+                    "soak: {:>6.1}s {}: {outcome}",
+                    started.elapsed().as_secs_f64(),
+                    fault.kind
+                );
+                lock(&done).push((started.elapsed(), fault.kind.label().to_string(), outcome));
+            })
+        })
+        .collect();
+
+    let stalls = {
+        let recorder = recorder.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                recorder.check_stalls();
+            }
+        })
+    };
+    let gate = Arc::new(Semaphore::new(config.in_flight));
+    let drivers: Vec<_> = plan
+        .workloads
+        .iter()
+        .cloned()
+        .map(|w| {
+            let (env, recorder, gate) = (env.clone(), recorder.clone(), gate.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until((started + w.submit_at).into()).await;
+                let Ok(_permit) = gate.acquire_owned().await else {
+                    return;
+                };
+                if let Err(e) = drive(&env, &recorder, &w).await {
+                    recorder.driver_note(w.index, &format!("gave up: {e:#}"));
+                }
+            })
+        })
+        .collect();
+    let progress = {
+        let recorder = recorder.clone();
+        let plan = plan.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                let ended = (0..plan.workloads.len())
+                    .filter(|i| recorder.ended(*i))
+                    .count();
+                let c = recorder.counts();
+                println!(
+                    "soak: {:>6.1}s {ended}/{} at their end state, {} versions, {} admissions, {} violations",
+                    started.elapsed().as_secs_f64(),
+                    plan.workloads.len(),
+                    c.versions,
+                    c.admissions,
+                    recorder.violations().len()
+                );
+            }
+        })
+    };
+    // Every driver ends by itself (each wait is bounded); the whole is bounded too.
+    let deadline = plan.load_duration + recorder::END_BOUND + Duration::from_secs(180);
+    let all = futures::future::join_all(drivers);
+    if tokio::time::timeout(deadline, all).await.is_err() {
+        println!("soak: the drivers did not finish within {deadline:?}");
+    }
+    for t in fault_tasks {
+        let _ = t.await;
+    }
+    let load_took = started.elapsed();
+    progress.abort();
+    let unfinished = recorder.give_up_on_unfinished();
+    if unfinished > 0 {
+        println!("soak: {unfinished} Workloads never reached their end state");
+    }
+    // Whatever the drivers left (a Workload they gave up on) goes now, so that the leak check
+    // sees what the controllers clean up, not what the run abandoned.
+    delete_everything(&env).await;
+    let leaks = wait_for_no_leaks(&env, &names).await;
+    stalls.abort();
+    for (what, n) in &leaks {
+        if *n > 0 {
+            recorder.record(Invariant::NoLeaks, None, format!("{n} {what} left"));
+        }
+    }
+    let metrics = check_metrics(&env, &supervisor, &recorder).await;
+    let exits = supervisor.exits();
+    let processes = supervisor.slots.len();
+    let restarts = lock(&faults_done)
+        .iter()
+        .filter(|(_, label, _)| label.contains("restarted"))
+        .map(|(at, _, _)| *at)
+        .collect::<Vec<_>>();
+    let unexpected: Vec<&replicas::Exit> = exits
+        .iter()
+        .filter(|e| !e.killed && !near_restart(e.at, &restarts))
+        .collect();
+    for e in &unexpected {
+        recorder.record(
+            Invariant::NoPanics,
+            None,
+            format!(
+                "{} generation {} exited ({}) at {:.0?}",
+                e.slot, e.generation, e.status, e.at
+            ),
+        );
+    }
+    for p in supervisor.panics() {
+        recorder.record(Invariant::NoPanics, None, p);
+    }
+    let supervisor = Arc::try_unwrap(supervisor).ok();
+    if let Some(s) = supervisor {
+        s.stop().await;
+    }
+    for w in watches {
+        w.abort();
+    }
+    let text = report(
+        &config,
+        &plan,
+        &recorder,
+        &lock(&faults_done),
+        &exits,
+        &leaks,
+        &metrics,
+        load_took,
+        processes,
+    );
+    let results = config.out.join("results.md");
+    std::fs::write(&results, &text)?;
+    let passed = recorder.violations().is_empty();
+    Ok(Report {
+        results,
+        text,
+        passed,
+    })
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// An exit within 60 s after a restart of the apiserver or Kueue began: a leader that could not
+/// renew its Lease stops, as it must, and is started again.
+fn near_restart(at: Duration, restarts: &[Duration]) -> bool {
+    restarts
+        .iter()
+        .any(|r| at + Duration::from_secs(30) >= *r && at <= *r + Duration::from_secs(60))
+}
+
+impl Report {
+    /// Fails unless every invariant held.
+    pub fn check(&self) -> Result<()> {
+        if !self.passed {
+            bail!(
+                "the soak broke invariants; see {} (timelines of the Workloads concerned are at \
+                 its end)",
+                self.results.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+async fn setup(env: &TestEnv) -> Result<Names> {
+    let ns = env.ns.clone();
+    let prov_controller = format!("soak.kueue-admission-checks.dev/prov-{ns}");
+    let license_controller = format!("soak.kueue-admission-checks.dev/license-{ns}");
+    let budget_controller = format!("soak.kueue-admission-checks.dev/budget-{ns}");
+    let retry = json!({"retryStrategy": {
+        "backoffLimitCount": plan::PROVISIONING_RETRIES,
+        "backoffBaseSeconds": 1,
+        "backoffMaxSeconds": 8,
+    }});
+    let prc_split = env.provisioning_config("prc-split", retry.clone()).await?;
+    let mut merge = retry;
+    merge["podSetMergePolicy"] = "IdenticalPodTemplates".into();
+    let prc_merge = env.provisioning_config("prc-merge", merge).await?;
+    let check_split = env
+        .admission_check_with_parameters(
+            "prov-split",
+            &prov_controller,
+            "ProvisioningRequestConfig",
+            &prc_split,
+        )
+        .await?;
+    let check_merge = env
+        .admission_check_with_parameters(
+            "prov-merge",
+            &prov_controller,
+            "ProvisioningRequestConfig",
+            &prc_merge,
+        )
+        .await?;
+    let check_license = env
+        .admission_check("license", &license_controller)
+        .await?
+        .name_any();
+    let check_budget = env
+        .admission_check("budget", &budget_controller)
+        .await?
+        .name_any();
+    let flavor = env.provisioning_flavor("pool").await?;
+    let mut cq = BTreeMap::new();
+    for (queue, checks) in [
+        (Queue::Provisioning, vec![check_split.as_str()]),
+        (Queue::Merged, vec![check_merge.as_str()]),
+        (
+            Queue::Licensed,
+            vec![check_license.as_str(), check_split.as_str()],
+        ),
+        (Queue::Budgeted, vec![check_budget.as_str()]),
+    ] {
+        let name = env
+            .cluster_queue(queue.name(), &flavor, "12", &checks)
+            .await?
+            .name_any();
+        env.local_queue(queue.name(), &name).await?;
+        cq.insert(queue, name);
+    }
+    let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns);
+    for (name, data) in [
+        (
+            "license-pool",
+            json!({"solver": plan::LICENSE_POOL.to_string()}),
+        ),
+        ("budgets", json!({ns.clone(): "100000/day"})),
+    ] {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "data": data,
+        }))?;
+        maps.create(&PostParams::default(), &cm)
+            .await
+            .with_context(|| format!("creating ConfigMap {name}"))?;
+    }
+    Ok(Names {
+        class: env.provisioning_class(),
+        ns,
+        prov_controller,
+        license_controller,
+        budget_controller,
+        prc_split,
+        check_split,
+        check_merge,
+        check_license,
+        check_budget,
+        cq,
+    })
+}
+
+/// Two replicas of each controller with leader election (a 6 s Lease, so that a killed
+/// leader's successor takes over within seconds), one simulator.
+fn specs(config: &SoakConfig, names: &Names) -> Vec<Spec> {
+    let kubeconfig = crate::kubeconfig_path().display().to_string();
+    let common = |controller: &str| {
+        vec![
+            format!("--kubeconfig={kubeconfig}"),
+            "--metrics-address={metrics}".to_string(),
+            format!("--leader-election-namespace={}", names.ns),
+            format!("--leader-election-id=soak-{controller}"),
+            "--lease-duration-seconds=6".to_string(),
+            format!("--field-manager=soak-{controller}"),
+        ]
+    };
+    let mut specs = Vec::new();
+    for replica in 0..2 {
+        let mut prov = common("prov");
+        prov.extend([
+            format!("--controller-name={}", names.prov_controller),
+            format!(
+                "--provisioning-timeout-seconds={}",
+                plan::PROVISIONING_TIMEOUT.as_secs()
+            ),
+        ]);
+        specs.push(Spec {
+            slot: format!("prov-{replica}"),
+            controller: "prov",
+            program: config.bin_dir.join("kueue-provisioning-controller"),
+            args: prov,
+        });
+        let mut license = common("license");
+        license.extend([
+            format!("--controller-name={}", names.license_controller),
+            format!("--namespace={}", names.ns),
+            format!("--ledger-configmap={LEDGER}"),
+            "--backoff-base-seconds=1".into(),
+            "--backoff-max-seconds=4".into(),
+            "--sweep-interval-seconds=10".into(),
+        ]);
+        specs.push(Spec {
+            slot: format!("license-{replica}"),
+            controller: "license",
+            program: config.bin_dir.join("license-check"),
+            args: license,
+        });
+        let mut budget = common("budget");
+        budget.extend([
+            format!("--controller-name={}", names.budget_controller),
+            format!("--namespace={}", names.ns),
+            "--sweep-interval-seconds=10".into(),
+        ]);
+        specs.push(Spec {
+            slot: format!("budget-{replica}"),
+            controller: "budget",
+            program: config.bin_dir.join("budget-check"),
+            args: budget,
+        });
+    }
+    specs.push(Spec {
+        slot: "simulator".into(),
+        controller: "simulator",
+        program: config.bin_dir.join("autoscaler-simulator"),
+        args: vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--class={}", names.class),
+        ],
+    });
+    specs
+}
+
+/// The Lease of `controller` and the `POD_NAME` of its holder, if it is held and not expired.
+async fn leader(env: &TestEnv, controller: &str) -> Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let Some(lease) = leases.get_opt(&format!("soak-{controller}")).await? else {
+        return Ok(None);
+    };
+    let Some(spec) = lease.spec else {
+        return Ok(None);
+    };
+    let (Some(holder), Some(renewed), Some(duration)) = (
+        spec.holder_identity,
+        spec.renew_time,
+        spec.lease_duration_seconds,
+    ) else {
+        return Ok(None);
+    };
+    let expires = renewed.0 + k8s_openapi::jiff::SignedDuration::from_secs(duration.into());
+    if holder.is_empty() || expires < k8s_openapi::jiff::Timestamp::now() {
+        return Ok(None);
+    }
+    Ok(holder.rsplit_once('_').map(|(pod, _)| pod.to_string()))
+}
+
+async fn wait_for_leaders(env: &TestEnv, supervisor: &Supervisor) -> Result<()> {
+    let deadline = Instant::now() + crate::DEFAULT_TIMEOUT;
+    for controller in plan::CONTROLLERS {
+        loop {
+            if let Some(pod) = leader(env, controller).await?
+                && supervisor.by_pod_name(&pod).is_some()
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no {controller} replica took the lead within {:?}; logs in {}",
+                    crate::DEFAULT_TIMEOUT,
+                    supervisor.log_dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The load
+
+/// Retries `f` while the API is away (the apiserver or Kueue's webhook restarting), for at most
+/// three minutes; `ok_if` turns an error into success (already exists, not found).
+async fn retrying<T, F, Fut>(
+    what: &str,
+    ok_if: impl Fn(&kube::Error) -> Option<T>,
+    f: F,
+) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                if let Some(v) = ok_if(&e) {
+                    return Ok(v);
+                }
+                if Instant::now() > deadline {
+                    return Err(e).with_context(|| format!("{what} (retried for 180 s)"));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+fn code_is(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+fn pod_template(w: &WorkloadPlan, per_pod_licenses: bool) -> Value {
+    let mut annotations = serde_json::Map::new();
+    if w.queue.provisions() {
+        annotations.insert(SCRIPT_ANNOTATION.into(), w.script.clone().into());
+    }
+    if per_pod_licenses && w.licenses > 0 {
+        annotations.insert(
+            license_check::request::LICENSES_ANNOTATION.into(),
+            format!("solver={}", w.licenses).into(),
+        );
+    }
+    json!({
+        "metadata": {"annotations": annotations},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main",
+                "image": "registry.invalid/no-pod-runs-here:1",
+                "resources": {"requests": {"cpu": "1"}},
+            }],
+        },
+    })
+}
+
+async fn submit(env: &TestEnv, w: &WorkloadPlan) -> Result<()> {
+    let name = w.name();
+    match &w.shape {
+        Shape::Job { parallelism } => {
+            let job: Job = serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": w.queue.name()}},
+                "spec": {
+                    "suspend": true,
+                    "parallelism": parallelism,
+                    "completions": parallelism,
+                    "template": pod_template(w, true),
+                },
+            }))?;
+            let jobs = env.jobs();
+            retrying(
+                &format!("creating Job {name}"),
+                |e| code_is(e, 409).then_some(()),
+                || async { jobs.create(&PostParams::default(), &job).await.map(|_| ()) },
+            )
+            .await
+        }
+        Shape::Plain { counts } => {
+            let mut annotations = serde_json::Map::new();
+            if w.licenses > 0 {
+                annotations.insert(
+                    license_check::request::LICENSES_ANNOTATION.into(),
+                    format!("solver={}", w.licenses).into(),
+                );
+            }
+            let pod_sets: Vec<Value> = counts
+                .iter()
+                .enumerate()
+                .map(|(i, c)| json!({"name": format!("ps{i}"), "count": c, "template": pod_template(w, false)}))
+                .collect();
+            let wl: Workload = serde_json::from_value(json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "Workload",
+                "metadata": {"name": name, "namespace": env.ns, "annotations": annotations},
+                "spec": {"queueName": w.queue.name(), "podSets": pod_sets},
+            }))?;
+            let api = env.workloads();
+            retrying(
+                &format!("creating Workload {name}"),
+                |e| code_is(e, 409).then_some(()),
+                || async { api.create(&PostParams::default(), &wl).await.map(|_| ()) },
+            )
+            .await
+        }
+    }
+}
+
+/// Deletes the Job (if any) and the Workload of `w`.
+async fn remove(env: &TestEnv, w: &WorkloadPlan, workload: Option<&str>) -> Result<()> {
+    let gone = |e: &kube::Error| code_is(e, 404).then_some(());
+    if matches!(w.shape, Shape::Job { .. }) {
+        let jobs = env.jobs();
+        let name = w.name();
+        retrying(&format!("deleting Job {name}"), gone, || async {
+            jobs.delete(&name, &DeleteParams::background())
+                .await
+                .map(|_| ())
+        })
+        .await?;
+    }
+    if let Some(wl) = workload {
+        let api = env.workloads();
+        retrying(&format!("deleting Workload {wl}"), gone, || async {
+            api.delete(wl, &DeleteParams::default()).await.map(|_| ())
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Marks a directly created Workload finished, as its owner would once its pods completed.
+async fn finish_plain(env: &TestEnv, name: &str) -> Result<()> {
+    let api = env.workloads();
+    let patch = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "status": {"conditions": [{
+            "type": "Finished",
+            "status": "True",
+            "reason": "Succeeded",
+            "message": "finished by the soak driver",
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }]},
+    });
+    retrying(
+        &format!("finishing Workload {name}"),
+        |e| code_is(e, 404).then_some(()),
+        || async {
+            api.patch_status(
+                name,
+                &PatchParams::apply(DRIVER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map(|_| ())
+        },
+    )
+    .await
+}
+
+/// One Workload's life as the plan has it: submitted, then deleted mid-flight, or admitted and
+/// finished after its hold, or rejected; then removed. Every wait is bounded.
+async fn drive(env: &TestEnv, recorder: &Recorder, w: &WorkloadPlan) -> Result<()> {
+    let mut seen = recorder.subscribe(w.index);
+    recorder.submitted(w.index);
+    submit(env, w).await?;
+    let bound = recorder::END_BOUND + Duration::from_secs(30);
+    if let Some(after) = w.delete_after {
+        tokio::time::sleep(after).await;
+        let name = seen.borrow().name.clone();
+        remove(env, w, name.as_deref()).await?;
+        recorder.driver_note(w.index, "deleted mid-flight");
+        if name.is_none() {
+            // A Job deleted before Kueue made its Workload: give Kueue a moment to show one.
+            match wait(&mut seen, Duration::from_secs(10), |o| o.name.is_some()).await {
+                Some(o) => remove(env, w, o.name.as_deref()).await?,
+                None => recorder.never_created(w.index),
+            }
+        }
+        wait(&mut seen, bound, |o| o.deleted).await;
+        return Ok(());
+    }
+    let Some(observed) = wait(&mut seen, bound, |o| o.admitted || o.rejected || o.deleted).await
+    else {
+        let name = seen.borrow().name.clone();
+        recorder.driver_note(w.index, "no end state in time; removing it");
+        remove(env, w, name.as_deref()).await?;
+        return Ok(());
+    };
+    if observed.admitted {
+        // Held, then finished while admitted; a revoked capacity may evict it meanwhile, and
+        // then it is finished once admitted again.
+        let first = observed.first_admitted.unwrap_or_else(Instant::now);
+        tokio::time::sleep_until((first + w.hold).into()).await;
+        wait(&mut seen, bound, |o| o.admitted || o.deleted).await;
+        let name = seen
+            .borrow()
+            .name
+            .clone()
+            .context("an admitted Workload has a name")?;
+        match w.shape {
+            Shape::Job { .. } => {
+                // Kueue marks the Workload of a vanished Job Finished.
+                remove(env, w, None).await?;
+            }
+            Shape::Plain { .. } => finish_plain(env, &name).await?,
+        }
+        recorder.driver_note(w.index, "finished");
+        wait(&mut seen, bound, |o| o.finished || o.deleted).await;
+        remove(env, w, Some(&name)).await?;
+    } else {
+        let name = seen.borrow().name.clone();
+        remove(env, w, name.as_deref()).await?;
+    }
+    wait(&mut seen, bound, |o| o.deleted).await;
+    Ok(())
+}
+
+/// What the recorder observed of a Workload once `until` holds, or `None` after `bound`.
+async fn wait(
+    seen: &mut tokio::sync::watch::Receiver<recorder::Observed>,
+    bound: Duration,
+    until: impl FnMut(&recorder::Observed) -> bool,
+) -> Option<recorder::Observed> {
+    match tokio::time::timeout(bound, seen.wait_for(until)).await {
+        Ok(Ok(o)) => Some(o.clone()),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults
+
+async fn control_plane(what: &str, component: &str) -> Result<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../control-plane/control-plane.sh");
+    let began = Instant::now();
+    let out = tokio::process::Command::new("bash")
+        .arg(&script)
+        .args([what, component])
+        .output()
+        .await
+        .context("running control-plane.sh")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "control-plane.sh {what} {component} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(format!("{component} back after {:.1?}", began.elapsed()))
+}
+
+async fn inject(
+    env: &TestEnv,
+    names: &Names,
+    supervisor: &Supervisor,
+    recorder: &Recorder,
+    fault: &Fault,
+) -> Result<String> {
+    match &fault.kind {
+        FaultKind::KillLeader(controller) => {
+            let Some(pod) = leader(env, controller).await? else {
+                bail!("no live leader to kill (a takeover under way)");
+            };
+            let slot = supervisor
+                .by_pod_name(&pod)
+                .with_context(|| format!("the Lease names {pod}, which no slot runs"))?;
+            let pid = slot.signal("KILL")?;
+            Ok(format!("killed {pod} (pid {pid})"))
+        }
+        FaultKind::RestartApiserver | FaultKind::RestartKueue => {
+            let component = if fault.kind == FaultKind::RestartApiserver {
+                "kube-apiserver"
+            } else {
+                "kueue"
+            };
+            recorder.outage_begins();
+            let result = control_plane("restart", component).await;
+            recorder.outage_ends();
+            result
+        }
+        FaultKind::PauseSimulator(d) => {
+            let slot = supervisor
+                .of("simulator")
+                .pop()
+                .context("no simulator slot")?;
+            recorder.outage_begins();
+            let paused = slot.signal("STOP");
+            tokio::time::sleep(*d).await;
+            let resumed = slot.signal("CONT");
+            recorder.outage_ends();
+            paused?;
+            resumed?;
+            Ok(format!("paused for {d:?}"))
+        }
+        FaultKind::RemoveCheck(d) => {
+            let cqs: Api<ClusterQueue> = Api::all(env.client.clone());
+            let cq = &names.cq[&Queue::Merged];
+            let set = |checks: Value| {
+                let cqs = cqs.clone();
+                async move {
+                    retrying(&format!("updating ClusterQueue {cq}"), |_| None, || async {
+                        cqs.patch(
+                            cq,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"spec": {"admissionChecksStrategy": {"admissionChecks": checks.clone()}}})),
+                        )
+                        .await
+                        .map(|_| ())
+                    })
+                    .await
+                }
+            };
+            set(json!([])).await?;
+            tokio::time::sleep(*d).await;
+            set(json!([{"name": names.check_merge}])).await?;
+            Ok(format!("{} off {cq} for {d:?}", names.check_merge))
+        }
+        FaultKind::ChangeConfig(d) => {
+            let prcs: Api<ProvisioningRequestConfig> = Api::all(env.client.clone());
+            let set = |base: u32| {
+                let prcs = prcs.clone();
+                let name = names.prc_split.clone();
+                async move {
+                    retrying(&format!("updating {name}"), |_| None, || async {
+                        prcs.patch(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"spec": {"retryStrategy": {"backoffBaseSeconds": base, "backoffMaxSeconds": 4 * base}}})),
+                        )
+                        .await
+                        .map(|_| ())
+                    })
+                    .await
+                }
+            };
+            set(2).await?;
+            tokio::time::sleep(*d).await;
+            set(1).await?;
+            Ok(format!("{}: backoff base 1 s → 2 s → 1 s", names.prc_split))
+        }
+        FaultKind::ConflictBurst(d) => {
+            let api = env.workloads();
+            let touches = AtomicU64::new(0);
+            let end = Instant::now() + *d;
+            let mut round = 0u64;
+            while Instant::now() < end {
+                round += 1;
+                let Ok(list) = api.list_metadata(&ListParams::default()).await else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                for wl in list.items {
+                    let patch = json!({"metadata": {"annotations": {TOUCHED: round.to_string()}}});
+                    if api
+                        .patch(
+                            &wl.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
+                        .await
+                        .is_ok()
+                    {
+                        touches.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Ok(format!(
+                "{} Workload updates in {round} rounds",
+                touches.load(Ordering::Relaxed)
+            ))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The end
+
+async fn delete_everything(env: &TestEnv) {
+    let jobs = env.jobs();
+    let _ = jobs
+        .delete_collection(&DeleteParams::background(), &ListParams::default())
+        .await;
+    let wls = env.workloads();
+    let _ = wls
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+}
+
+/// Waits (up to three minutes: orphaned templates are swept a minute after their creation)
+/// until nothing of ours is left; returns what is left by kind.
+async fn wait_for_no_leaks(env: &TestEnv, names: &Names) -> Vec<(String, usize)> {
+    let ours = ListParams::default().labels(&format!(
+        "{INSTANCE_LABEL}={}",
+        instance_label(&names.prov_controller)
+    ));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let requests: Api<ProvisioningRequest> = Api::namespaced(env.client.clone(), &env.ns);
+        let templates: Api<PodTemplate> = Api::namespaced(env.client.clone(), &env.ns);
+        let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+        let counted = async {
+            let r = requests
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .len();
+            let t = templates.list_metadata(&ours).await?.items.len();
+            let w = env
+                .workloads()
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .len();
+            let holdings = match maps.get_opt(LEDGER).await? {
+                Some(cm) => license_check::ledger::Ledger::from_config_map_data(
+                    &cm.data.unwrap_or_default(),
+                )
+                .map(|l| l.holdings().len())
+                .unwrap_or(usize::MAX),
+                None => 0,
+            };
+            Ok::<_, kube::Error>(vec![
+                ("ProvisioningRequests".to_string(), r),
+                ("PodTemplates".to_string(), t),
+                ("license holdings".to_string(), holdings),
+                ("Workloads (not deleted)".to_string(), w),
+            ])
+        }
+        .await;
+        match counted {
+            Ok(left) if left.iter().all(|(_, n)| *n == 0) || Instant::now() > deadline => {
+                return left;
+            }
+            Err(e) if Instant::now() > deadline => {
+                return vec![(format!("(could not list: {e})"), 1)];
+            }
+            _ => tokio::time::sleep(Duration::from_secs(2)).await,
+        }
+    }
+}
+
+/// Each controller's leader, by its metrics, is the Lease holder; no other replica says it
+/// leads; the leader counts the checks it serves active and as many waiting Workloads as the
+/// recorder sees (none, at the end).
+async fn check_metrics(env: &TestEnv, supervisor: &Supervisor, recorder: &Recorder) -> Vec<String> {
+    let mut lines = Vec::new();
+    for controller in plan::CONTROLLERS {
+        let holder = leader(env, controller).await.ok().flatten();
+        let mut leading = Vec::new();
+        for slot in supervisor.of(controller) {
+            let (Some(addr), Some((_, pod))) = (slot.metrics(), slot.current()) else {
+                continue;
+            };
+            let body = match crate::http_get(addr, "/metrics").await {
+                Ok((200, body)) => body,
+                other => {
+                    recorder.record(
+                        Invariant::MetricsAgree,
+                        None,
+                        format!("{pod}: /metrics answered {other:?}"),
+                    );
+                    continue;
+                }
+            };
+            if crate::metric_sample(&body, "kueue_ac_leader") == Some(1.0) {
+                leading.push(pod.clone());
+                let active: f64 = body
+                    .lines()
+                    .filter(|l| l.starts_with("kueue_ac_check_active{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum();
+                let waiting: f64 = body
+                    .lines()
+                    .filter(|l| l.starts_with("kueue_ac_workloads_waiting{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum();
+                let want_active = if controller == "prov" { 2.0 } else { 1.0 };
+                if active != want_active || waiting != 0.0 {
+                    recorder.record(
+                        Invariant::MetricsAgree,
+                        None,
+                        format!(
+                            "{pod} reports {active} active checks (want {want_active}) and {waiting} \
+                             waiting Workloads (the recorder sees 0)"
+                        ),
+                    );
+                }
+                lines.push(format!(
+                    "{controller}: {pod} leads by its metrics and the Lease; {active} checks active, {waiting} waiting"
+                ));
+            }
+        }
+        if leading.len() != 1 || holder.as_ref() != leading.first() {
+            recorder.record(
+                Invariant::MetricsAgree,
+                None,
+                format!("{controller}: replicas reporting leader=1: {leading:?}; the Lease holder: {holder:?}"),
+            );
+        }
+    }
+    lines
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    config: &SoakConfig,
+    plan: &Plan,
+    recorder: &Recorder,
+    faults: &[(Duration, String, String)],
+    exits: &[replicas::Exit],
+    leaks: &[(String, usize)],
+    metrics: &[String],
+    took: Duration,
+    processes: usize,
+) -> String {
+    let mut out = String::new();
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let violations = recorder.violations();
+    let counts = recorder.counts();
+    let _ = writeln!(
+        out,
+        "# Soak {} — seed {}, {} Workloads, commit {commit}, {} UTC\n",
+        if violations.is_empty() {
+            "passed"
+        } else {
+            "FAILED"
+        },
+        config.seed,
+        plan.workloads.len(),
+        k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M"),
+    );
+    let _ = writeln!(
+        out,
+        "Load phase and drain: {took:.0?}; Workloads by planned end: {:?}; by queue: {:?}.\n",
+        plan.ends(),
+        plan.workloads
+            .iter()
+            .fold(BTreeMap::<&str, usize>::new(), |mut m, w| {
+                *m.entry(w.queue.name()).or_default() += 1;
+                m
+            })
+    );
+    let _ = writeln!(out, "## Time to end state (s)\n");
+    let _ = writeln!(
+        out,
+        "| End | Workloads | p50 | p95 | max |\n|---|---|---|---|---|"
+    );
+    for (end, times) in recorder.times_to_end() {
+        let q = |p: f64| times[((times.len() - 1) as f64 * p) as usize];
+        let _ = writeln!(
+            out,
+            "| {end} | {} | {:.1} | {:.1} | {:.1} |",
+            times.len(),
+            q(0.5),
+            q(0.95),
+            q(1.0)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n## Faults injected\n\n| Kind | Done | Skipped |\n|---|---|---|"
+    );
+    let mut by_kind: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (_, label, outcome) in faults {
+        let e = by_kind.entry(label).or_default();
+        if outcome.starts_with("FAILED") {
+            e.1 += 1;
+        } else {
+            e.0 += 1;
+        }
+    }
+    for (label, (done, skipped)) in &by_kind {
+        let _ = writeln!(out, "| {label} | {done} | {skipped} |");
+    }
+    let _ = writeln!(
+        out,
+        "| Job finished (deleted) or Workload finished by the driver | {} | 0 |",
+        recorder.finished_count()
+    );
+    let _ = writeln!(
+        out,
+        "| Workload deleted mid-flight | {} | 0 |",
+        plan.ends().get(&End::Deleted).copied().unwrap_or(0)
+    );
+    let _ = writeln!(
+        out,
+        "\n## Invariants\n\n| Invariant | Checked | Violations |\n|---|---|---|"
+    );
+    for inv in Invariant::ALL {
+        let checked = match inv {
+            Invariant::EndStateInTime => format!("{} Workloads", plan.workloads.len()),
+            Invariant::NotStuck => format!(
+                "{} sweeps, longest wait with quota {:.0?}",
+                counts.stall_checks, counts.longest_stall
+            ),
+            Invariant::NoAnswerWithoutQuota => format!("{} entries", counts.entries),
+            Invariant::AttemptsNeverDecrease => format!("{} attempts", counts.attempts),
+            Invariant::NoDuplicateRequests => format!(
+                "{} request versions, {} requests",
+                counts.requests, counts.distinct_requests
+            ),
+            Invariant::NoDoubleBooking => format!(
+                "{} ledger versions, {} Workload versions (peak {} of {})",
+                counts.ledger_versions,
+                counts.license_checks,
+                counts.peak_licenses,
+                plan::LICENSE_POOL
+            ),
+            Invariant::NoLeaks => leaks
+                .iter()
+                .map(|(k, n)| format!("{n} {k}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Invariant::NoPanics => format!(
+                "{} slots' logs, {} exits ({} killed by the soak)",
+                processes,
+                exits.len(),
+                exits.iter().filter(|e| e.killed).count()
+            ),
+            Invariant::MetricsAgree => format!("{} leaders", metrics.len()),
+        };
+        let n = violations.iter().filter(|v| v.invariant == inv).count();
+        let _ = writeln!(out, "| {} | {checked} | {n} |", inv.describe());
+    }
+    let _ = writeln!(
+        out,
+        "\nRecorder: {} Workload versions, {} admissions ({} after a revoked capacity), {} \
+         rejections, {} watch errors, {} Workloads found deleted by a new list.",
+        counts.versions,
+        counts.admissions,
+        counts.readmissions,
+        counts.rejections,
+        counts.watch_errors,
+        counts.deleted_while_away
+    );
+    let _ = writeln!(out, "\n## Fault schedule (seed {})\n", plan.seed);
+    for (at, label, outcome) in faults {
+        let _ = writeln!(out, "- {:>6.1}s {label}: {outcome}", at.as_secs_f64());
+    }
+    let _ = writeln!(out, "\n## Process exits\n");
+    for e in exits {
+        let _ = writeln!(
+            out,
+            "- {:>6.1}s {} generation {}: {}{}",
+            e.at.as_secs_f64(),
+            e.slot,
+            e.generation,
+            e.status,
+            if e.killed {
+                " (killed by the soak)"
+            } else {
+                ""
+            }
+        );
+    }
+    for line in metrics {
+        let _ = writeln!(out, "- metrics: {line}");
+    }
+    if !violations.is_empty() {
+        let _ = writeln!(out, "\n## Violations\n");
+        for v in violations.iter().take(50) {
+            let who = v
+                .workload
+                .map(|i| plan.workloads[i].name())
+                .unwrap_or_default();
+            let _ = writeln!(out, "- {:?} {who}: {}", v.invariant, v.what);
+        }
+        let mut shown = std::collections::BTreeSet::new();
+        let _ = writeln!(out, "\n## Timelines\n");
+        for v in &violations {
+            if let Some(i) = v.workload
+                && shown.len() < 10
+                && shown.insert(i)
+            {
+                let _ = writeln!(out, "```\n{}```", recorder.timeline(i));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,824 @@
+//! The soak's independent witness: watches of the run namespace's Workloads, ProvisioningRequests
+//! and license ledger, kept apart from the controllers (it never reads their metrics or logs),
+//! that check the invariants on every version they observe and keep each Workload's timeline.
+//!
+//! A watch that ends (the apiserver restarted) lists again; what changed in between is seen as
+//! its end result only. A Workload missing from such a new list was deleted meanwhile.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::{
+    CheckState, ProvisioningRequest, Workload, workload_condition as cond,
+};
+use kueue_admission_sdk::attempts;
+use kueue_provisioning_controller::plan::{CHECK_ANNOTATION, WORKLOAD_UID_LABEL};
+use kueue_provisioning_controller::simulator::attempt_of_name;
+use tokio::sync::watch;
+
+use super::plan::{End, LICENSE_POOL, Plan, Queue};
+
+/// The invariants, in the order of the results table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Invariant {
+    /// Every Workload reaches its planned end state within [`END_BOUND`] of its submission.
+    EndStateInTime,
+    /// No Workload holds quota without progress for [`STALL_BOUND`].
+    NotStuck,
+    /// No entry of ours is `Retry` or `Ready` on a version without quota (finished ones aside).
+    NoAnswerWithoutQuota,
+    /// Per Workload uid and check, the attempt never decreases.
+    AttemptsNeverDecrease,
+    /// At most one live ProvisioningRequest per Workload uid, check and attempt.
+    NoDuplicateRequests,
+    /// Never more licenses booked, or held by admitted Workloads, than the pool has.
+    NoDoubleBooking,
+    /// Nothing of ours left once the Workloads are gone.
+    NoLeaks,
+    /// No controller panicked or exited unexpectedly.
+    NoPanics,
+    /// The controllers' metrics agree with what the recorder saw.
+    MetricsAgree,
+}
+
+impl Invariant {
+    /// Every invariant.
+    pub const ALL: [Invariant; 9] = [
+        Invariant::EndStateInTime,
+        Invariant::NotStuck,
+        Invariant::NoAnswerWithoutQuota,
+        Invariant::AttemptsNeverDecrease,
+        Invariant::NoDuplicateRequests,
+        Invariant::NoDoubleBooking,
+        Invariant::NoLeaks,
+        Invariant::NoPanics,
+        Invariant::MetricsAgree,
+    ];
+
+    /// Its line in the table.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Invariant::EndStateInTime => "every Workload at its planned end state in time",
+            Invariant::NotStuck => "no Workload holding quota without progress",
+            Invariant::NoAnswerWithoutQuota => "no Ready/Retry entry without quota",
+            Invariant::AttemptsNeverDecrease => "attempts never decrease",
+            Invariant::NoDuplicateRequests => "no duplicate live request per attempt",
+            Invariant::NoDoubleBooking => "no double-booked license",
+            Invariant::NoLeaks => "nothing leaked after the Workloads are gone",
+            Invariant::NoPanics => "no panic, no unexpected exit",
+            Invariant::MetricsAgree => "metrics agree with the recorder",
+        }
+    }
+}
+
+/// How long after its submission a Workload may take to reach its end state. The slowest
+/// planned path (a doomed Workload through five failed attempts and their backoff, with the
+/// simulator paused, a leader killed and the apiserver restarted on its way) takes about a
+/// minute on the 2-core machine; this is several times that.
+pub const END_BOUND: Duration = Duration::from_secs(240);
+
+/// How long a Workload may hold quota, unadmitted, without a new version. Every planned wait is
+/// shorter (the provisioning timeout, a lease handover, a backoff); the time of an outage (the
+/// apiserver or Kueue restarting, the simulator paused) is not counted.
+pub const STALL_BOUND: Duration = Duration::from_secs(60);
+
+/// One broken invariant.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    /// Which.
+    pub invariant: Invariant,
+    /// The Workload (plan index), if one.
+    pub workload: Option<usize>,
+    /// What was seen.
+    pub what: String,
+}
+
+/// What the driver needs to know of a Workload, as observed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// The Workload's name (for a Job's, once Kueue made it).
+    pub name: Option<String>,
+    /// Admitted in its latest version.
+    pub admitted: bool,
+    /// When it was first seen admitted.
+    pub first_admitted: Option<Instant>,
+    /// Times it became admitted.
+    pub admissions: u32,
+    /// Deactivated after a `Rejected` entry.
+    pub rejected: bool,
+    /// `Finished=True`.
+    pub finished: bool,
+    /// Deleted (after having existed).
+    pub deleted: bool,
+}
+
+#[derive(Debug, Default)]
+struct Track {
+    uid: String,
+    last_rv: String,
+    versions: u64,
+    timeline: Vec<String>,
+    last_change: Option<Instant>,
+    holds_quota_unadmitted: bool,
+    /// Attempt per (uid, check).
+    attempts: HashMap<(String, String), u32>,
+    submitted: Option<Instant>,
+    ended: Option<(End, Instant)>,
+    rejected_by: Option<String>,
+}
+
+/// Counters of what was checked (so that a table of zeros means something).
+#[derive(Clone, Debug, Default)]
+pub struct Counts {
+    /// Workload versions observed.
+    pub versions: u64,
+    /// Entries of our checks checked against quota.
+    pub entries: u64,
+    /// Attempts read and compared.
+    pub attempts: u64,
+    /// ProvisioningRequest versions observed.
+    pub requests: u64,
+    /// Distinct requests seen.
+    pub distinct_requests: u64,
+    /// Ledger versions observed.
+    pub ledger_versions: u64,
+    /// Versions where the admitted licensed Workloads were counted.
+    pub license_checks: u64,
+    /// Highest licenses held by admitted Workloads at once.
+    pub peak_licenses: u32,
+    /// Admissions seen.
+    pub admissions: u64,
+    /// Admissions lost again (evicted after admission: revoked capacity).
+    pub readmissions: u64,
+    /// Rejections seen.
+    pub rejections: u64,
+    /// Stall checks made.
+    pub stall_checks: u64,
+    /// Longest time a Workload held quota without a new version (outages excluded).
+    pub longest_stall: Duration,
+    /// Watch errors (each followed by a new list).
+    pub watch_errors: u64,
+    /// Workloads found deleted by a new list rather than a delete event.
+    pub deleted_while_away: u64,
+}
+
+struct State {
+    tracks: Vec<Track>,
+    /// Index by Workload name.
+    by_name: HashMap<String, usize>,
+    counts: Counts,
+    violations: Vec<Violation>,
+    /// Live requests: name → (uid, check, attempt).
+    requests: BTreeMap<String, (String, String, u32)>,
+    seen_requests: BTreeSet<String>,
+    /// Licenses held by admitted, unfinished Workloads of the licensed queue, by index.
+    licensed_admitted: BTreeMap<usize, u32>,
+    /// Workload names present in the list under way (to find those deleted while away).
+    relisted: Option<BTreeSet<String>>,
+    /// When the last outage ended (or is ongoing: `None` end).
+    outage_until: Option<Instant>,
+    outage_ongoing: u32,
+}
+
+/// The recorder; cheap to share.
+pub struct Recorder {
+    plan: Arc<Plan>,
+    /// Full AdmissionCheck names of our three checks, by short name.
+    checks: Vec<(String, String)>,
+    licensed_check: String,
+    started: Instant,
+    state: Mutex<State>,
+    observed: Vec<watch::Sender<Observed>>,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The plan index of a Workload: its own name (`w-NNNN`) or its Job's.
+fn index_of(wl: &Workload) -> Option<usize> {
+    let from = |name: &str| name.strip_prefix("w-").and_then(|n| n.parse().ok());
+    from(&wl.name_any()).or_else(|| wl.owner_references().iter().find_map(|o| from(&o.name)))
+}
+
+fn holds_quota(wl: &Workload) -> bool {
+    wl.condition_is_true(cond::QUOTA_RESERVED) || wl.condition_is_true(cond::ADMITTED)
+}
+
+fn deactivated(wl: &Workload) -> bool {
+    wl.spec.active == Some(false)
+}
+
+impl Recorder {
+    /// A recorder for `plan`; `checks` are (short name, AdmissionCheck name) of the checks whose
+    /// entries it checks, `licensed_check` the license check's name.
+    pub fn new(plan: Arc<Plan>, checks: Vec<(String, String)>, licensed_check: String) -> Self {
+        let n = plan.workloads.len();
+        Self {
+            plan,
+            checks,
+            licensed_check,
+            started: Instant::now(),
+            state: Mutex::new(State {
+                tracks: (0..n).map(|_| Track::default()).collect(),
+                by_name: HashMap::new(),
+                counts: Counts::default(),
+                violations: Vec::new(),
+                requests: BTreeMap::new(),
+                seen_requests: BTreeSet::new(),
+                licensed_admitted: BTreeMap::new(),
+                relisted: None,
+                outage_until: None,
+                outage_ongoing: 0,
+            }),
+            observed: (0..n)
+                .map(|_| watch::channel(Observed::default()).0)
+                .collect(),
+        }
+    }
+
+    /// What the driver watches of Workload `index`.
+    pub fn subscribe(&self, index: usize) -> watch::Receiver<Observed> {
+        self.observed[index].subscribe()
+    }
+
+    fn at(&self) -> String {
+        format!("{:>8.1}s", self.started.elapsed().as_secs_f64())
+    }
+
+    fn note(&self, state: &mut State, index: usize, line: String) {
+        let at = self.at();
+        state.tracks[index].timeline.push(format!("{at} {line}"));
+    }
+
+    fn violate(
+        &self,
+        state: &mut State,
+        invariant: Invariant,
+        workload: Option<usize>,
+        what: String,
+    ) {
+        if let Some(i) = workload {
+            self.note(state, i, format!("VIOLATION {invariant:?}: {what}"));
+        }
+        state.violations.push(Violation {
+            invariant,
+            workload,
+            what,
+        });
+    }
+
+    /// The driver submitted Workload `index`.
+    pub fn submitted(&self, index: usize) {
+        let mut state = lock(&self.state);
+        state.tracks[index].submitted = Some(Instant::now());
+        state.tracks[index].last_change = Some(Instant::now());
+        self.note(&mut state, index, "submitted".into());
+    }
+
+    /// The driver's own account of a step (finished, deleted, a retried call), for the timeline.
+    pub fn driver_note(&self, index: usize, what: &str) {
+        let mut state = lock(&self.state);
+        self.note(&mut state, index, format!("driver: {what}"));
+    }
+
+    /// An outage (apiserver or Kueue restarting, the simulator paused) begins.
+    pub fn outage_begins(&self) {
+        lock(&self.state).outage_ongoing += 1;
+    }
+
+    /// It ended.
+    pub fn outage_ends(&self) {
+        let mut state = lock(&self.state);
+        state.outage_ongoing = state.outage_ongoing.saturating_sub(1);
+        state.outage_until = Some(Instant::now());
+    }
+
+    fn reach(&self, state: &mut State, index: usize, end: End) {
+        if state.tracks[index].ended.is_some() {
+            return;
+        }
+        let planned = self.plan.workloads[index].end;
+        let now = Instant::now();
+        state.tracks[index].ended = Some((end, now));
+        self.note(state, index, format!("END {end} (planned {planned})"));
+        if end != planned {
+            self.violate(
+                state,
+                Invariant::EndStateInTime,
+                Some(index),
+                format!("ended {end}, planned {planned}"),
+            );
+            return;
+        }
+        let took = state.tracks[index]
+            .submitted
+            .map_or(Duration::ZERO, |s| now.duration_since(s));
+        if took > END_BOUND {
+            self.violate(
+                state,
+                Invariant::EndStateInTime,
+                Some(index),
+                format!("{end} after {took:.1?}, over the bound of {END_BOUND:?}"),
+            );
+        }
+    }
+
+    /// One Workload version.
+    fn observe(&self, wl: &Workload) {
+        let Some(index) = index_of(wl).filter(|i| *i < self.plan.workloads.len()) else {
+            return;
+        };
+        let rv = wl.resource_version().unwrap_or_default();
+        let uid = wl.uid().unwrap_or_default();
+        let name = wl.name_any();
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
+        if let Some(listed) = state.relisted.as_mut() {
+            listed.insert(name.clone());
+        }
+        if state.tracks[index].last_rv == rv {
+            return;
+        }
+        state.by_name.insert(name.clone(), index);
+        state.counts.versions += 1;
+        let now = Instant::now();
+        {
+            let t = &mut state.tracks[index];
+            t.last_rv.clone_from(&rv);
+            t.uid.clone_from(&uid);
+            t.versions += 1;
+            t.last_change = Some(now);
+        }
+        let quota = holds_quota(wl);
+        let admitted = wl.condition_is_true(cond::ADMITTED);
+        let finished = wl.condition_is_true(cond::FINISHED);
+        let mut entries = Vec::new();
+        let mut rejected_by = None;
+        for (short, check) in &self.checks {
+            let Some(entry) = wl.admission_check(check) else {
+                continue;
+            };
+            let attempt = attempts::attempt(wl, check);
+            entries.push(format!(
+                "{short}={}#{attempt}{}",
+                entry.state,
+                entry
+                    .retry_count
+                    .map_or(String::new(), |r| format!("(rc{r})"))
+            ));
+            if entry.state == CheckState::Rejected {
+                rejected_by = Some(short.clone());
+            }
+            if !finished {
+                state.counts.entries += 1;
+                if matches!(entry.state, CheckState::Ready | CheckState::Retry) && !quota {
+                    self.violate(
+                        state,
+                        Invariant::NoAnswerWithoutQuota,
+                        Some(index),
+                        format!("{short} is {} at rv {rv} without quota", entry.state),
+                    );
+                }
+            }
+            state.counts.attempts += 1;
+            let key = (uid.clone(), short.clone());
+            let before = state.tracks[index].attempts.insert(key, attempt);
+            if let Some(before) = before.filter(|b| attempt < *b) {
+                self.violate(
+                    state,
+                    Invariant::AttemptsNeverDecrease,
+                    Some(index),
+                    format!("{short}: attempt {attempt} after {before} at rv {rv}"),
+                );
+            }
+        }
+        let conditions: Vec<&str> = [
+            (cond::QUOTA_RESERVED, "quota"),
+            (cond::ADMITTED, "admitted"),
+            (cond::EVICTED, "evicted"),
+            (cond::FINISHED, "finished"),
+        ]
+        .iter()
+        .filter(|(c, _)| wl.condition_is_true(c))
+        .map(|(_, s)| *s)
+        .collect();
+        let line = format!(
+            "rv {rv} {name} [{}]{} {}",
+            conditions.join(","),
+            if deactivated(wl) { " inactive" } else { "" },
+            entries.join(" ")
+        );
+        self.note(state, index, line);
+
+        // Double booking, as Workloads see it: licenses of admitted, unfinished Workloads.
+        if self.plan.workloads[index].queue == Queue::Licensed {
+            let holds = admitted && !finished && wl.admission_check(&self.licensed_check).is_some();
+            if holds {
+                state
+                    .licensed_admitted
+                    .insert(index, self.plan.workloads[index].licenses);
+            } else {
+                state.licensed_admitted.remove(&index);
+            }
+            state.counts.license_checks += 1;
+            let total: u32 = state.licensed_admitted.values().sum();
+            state.counts.peak_licenses = state.counts.peak_licenses.max(total);
+            if total > LICENSE_POOL {
+                let who: Vec<String> = state
+                    .licensed_admitted
+                    .keys()
+                    .map(|i| self.plan.workloads[*i].name())
+                    .collect();
+                self.violate(
+                    state,
+                    Invariant::NoDoubleBooking,
+                    Some(index),
+                    format!(
+                        "{total} licenses held by admitted Workloads at rv {rv}, pool {LICENSE_POOL}: {who:?}"
+                    ),
+                );
+            }
+        }
+
+        let t = &mut state.tracks[index];
+        t.holds_quota_unadmitted = quota && !admitted && !finished && !deactivated(wl);
+        let rejected = rejected_by.is_some() && deactivated(wl);
+        if rejected && t.rejected_by.is_none() {
+            t.rejected_by.clone_from(&rejected_by);
+            state.counts.rejections += 1;
+        }
+        let mut end = None;
+        self.observed[index].send_modify(|o| {
+            o.name = Some(name.clone());
+            if admitted && !o.admitted {
+                o.admissions += 1;
+                o.first_admitted.get_or_insert(now);
+                end = Some(End::Admitted);
+            }
+            o.admitted = admitted;
+            o.finished |= finished;
+            o.rejected |= rejected;
+            if rejected {
+                end = Some(End::Rejected);
+            }
+        });
+        let admissions = self.observed[index].borrow().admissions;
+        if end == Some(End::Admitted) {
+            state.counts.admissions += 1;
+            if admissions > 1 {
+                state.counts.readmissions += 1;
+            }
+        }
+        if let Some(end) = end {
+            self.reach(state, index, end);
+        }
+    }
+
+    fn deleted(&self, state: &mut State, name: &str, how: &str) {
+        let Some(&index) = state.by_name.get(name) else {
+            return;
+        };
+        self.note(state, index, format!("{name} deleted ({how})"));
+        state.licensed_admitted.remove(&index);
+        state.tracks[index].holds_quota_unadmitted = false;
+        self.observed[index].send_modify(|o| {
+            o.deleted = true;
+            o.admitted = false;
+        });
+        if self.plan.workloads[index].end == End::Deleted {
+            self.reach(state, index, End::Deleted);
+        }
+    }
+
+    /// The driver knows a Workload was never created (its Job deleted before Kueue made one).
+    pub fn never_created(&self, index: usize) {
+        let mut state = lock(&self.state);
+        self.note(
+            &mut state,
+            index,
+            "never created (Job deleted first)".into(),
+        );
+        self.observed[index].send_modify(|o| o.deleted = true);
+        if self.plan.workloads[index].end == End::Deleted {
+            self.reach(&mut state, index, End::Deleted);
+        }
+    }
+
+    fn workload_event(&self, event: watcher::Event<Workload>) {
+        match event {
+            watcher::Event::Apply(wl) | watcher::Event::InitApply(wl) => self.observe(&wl),
+            watcher::Event::Delete(wl) => {
+                let mut state = lock(&self.state);
+                self.deleted(&mut state, &wl.name_any(), "delete event");
+            }
+            watcher::Event::Init => lock(&self.state).relisted = Some(BTreeSet::new()),
+            watcher::Event::InitDone => {
+                let mut guard = lock(&self.state);
+                let state = &mut *guard;
+                let Some(listed) = state.relisted.take() else {
+                    return;
+                };
+                let gone: Vec<String> = state
+                    .by_name
+                    .keys()
+                    .filter(|n| !listed.contains(*n))
+                    .filter(|n| !self.observed[state.by_name[*n]].borrow().deleted)
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    state.counts.deleted_while_away += 1;
+                    self.deleted(state, &name, "missing from a new list");
+                }
+            }
+        }
+    }
+
+    fn request_event(&self, event: watcher::Event<ProvisioningRequest>) {
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
+        match event {
+            watcher::Event::Apply(pr) | watcher::Event::InitApply(pr) => {
+                state.counts.requests += 1;
+                let name = pr.name_any();
+                if state.seen_requests.insert(name.clone()) {
+                    state.counts.distinct_requests += 1;
+                }
+                let uid = pr
+                    .labels()
+                    .get(WORKLOAD_UID_LABEL)
+                    .cloned()
+                    .unwrap_or_default();
+                let check = pr
+                    .annotations()
+                    .get(CHECK_ANNOTATION)
+                    .cloned()
+                    .unwrap_or_default();
+                let key = (uid, check, attempt_of_name(&name));
+                let twins: Vec<String> = state
+                    .requests
+                    .iter()
+                    .filter(|(n, k)| **n != name && **k == key)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                state.requests.insert(name.clone(), key.clone());
+                if !twins.is_empty() {
+                    let index = pr
+                        .annotations()
+                        .get(kueue_provisioning_controller::plan::WORKLOAD_ANNOTATION)
+                        .and_then(|w| state.by_name.get(w).copied());
+                    self.violate(
+                        state,
+                        Invariant::NoDuplicateRequests,
+                        index,
+                        format!("request {name} is live beside {twins:?} for {key:?}"),
+                    );
+                }
+            }
+            watcher::Event::Delete(pr) => {
+                state.requests.remove(&pr.name_any());
+            }
+            // A new list replaces what was live.
+            watcher::Event::Init => state.requests.clear(),
+            watcher::Event::InitDone => {}
+        }
+    }
+
+    fn ledger_event(&self, event: watcher::Event<ConfigMap>) {
+        let (watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = event else {
+            return;
+        };
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
+        state.counts.ledger_versions += 1;
+        let data = cm.data.unwrap_or_default();
+        match license_check::ledger::Ledger::from_config_map_data(&data) {
+            Ok(ledger) => {
+                let in_use = ledger.in_use().get("solver").copied().unwrap_or(0);
+                if in_use > LICENSE_POOL {
+                    self.violate(
+                        state,
+                        Invariant::NoDoubleBooking,
+                        None,
+                        format!(
+                            "ledger version {:?} books {in_use} solver licenses of {LICENSE_POOL}",
+                            cm.metadata.resource_version
+                        ),
+                    );
+                }
+            }
+            Err(e) => self.violate(
+                state,
+                Invariant::NoDoubleBooking,
+                None,
+                format!("a ledger version that cannot be read: {e}"),
+            ),
+        }
+    }
+
+    fn watch_error(&self, what: &str, e: &watcher::Error) {
+        let mut state = lock(&self.state);
+        state.counts.watch_errors += 1;
+        if state.counts.watch_errors <= 5 {
+            eprintln!("soak recorder: the {what} watch failed (it lists again): {e}");
+        }
+    }
+
+    /// Checks every Workload holding quota unadmitted for progress; call periodically.
+    pub fn check_stalls(&self) {
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
+        if state.outage_ongoing > 0 {
+            return;
+        }
+        let now = Instant::now();
+        state.counts.stall_checks += 1;
+        let mut stuck = Vec::new();
+        for (i, t) in state.tracks.iter().enumerate() {
+            if !t.holds_quota_unadmitted || t.ended.is_some() {
+                continue;
+            }
+            let since = t.last_change.into_iter().chain(state.outage_until).max();
+            let Some(since) = since else { continue };
+            let stalled = now.duration_since(since);
+            state.counts.longest_stall = state.counts.longest_stall.max(stalled);
+            if stalled > STALL_BOUND {
+                stuck.push((i, stalled));
+            }
+        }
+        for (i, stalled) in stuck {
+            // Once per Workload: its progress clock restarts so it is not counted again and again.
+            state.tracks[i].last_change = Some(now);
+            self.violate(
+                state,
+                Invariant::NotStuck,
+                Some(i),
+                format!("holds quota unadmitted, no new version for {stalled:.0?}"),
+            );
+        }
+    }
+
+    /// Records a violation found outside the watches (leaks, panics, metrics).
+    pub fn record(&self, invariant: Invariant, workload: Option<usize>, what: String) {
+        let mut state = lock(&self.state);
+        self.violate(&mut state, invariant, workload, what);
+    }
+
+    /// Workloads not at an end state; each is recorded as an [`Invariant::EndStateInTime`]
+    /// violation. Call once, when the run stops waiting.
+    pub fn give_up_on_unfinished(&self) -> usize {
+        let mut guard = lock(&self.state);
+        let state = &mut *guard;
+        let open: Vec<usize> = (0..state.tracks.len())
+            .filter(|i| state.tracks[*i].ended.is_none())
+            .collect();
+        for &i in &open {
+            let planned = self.plan.workloads[i].end;
+            self.violate(
+                state,
+                Invariant::EndStateInTime,
+                Some(i),
+                format!("never reached its planned end state ({planned})"),
+            );
+        }
+        open.len()
+    }
+
+    /// Workloads seen `Finished=True`.
+    pub fn finished_count(&self) -> usize {
+        self.observed.iter().filter(|o| o.borrow().finished).count()
+    }
+
+    /// Whether Workload `index` reached its end state.
+    pub fn ended(&self, index: usize) -> bool {
+        lock(&self.state).tracks[index].ended.is_some()
+    }
+
+    /// Live requests the recorder knows of.
+    pub fn live_requests(&self) -> usize {
+        lock(&self.state).requests.len()
+    }
+
+    /// What was checked so far.
+    pub fn counts(&self) -> Counts {
+        lock(&self.state).counts.clone()
+    }
+
+    /// Every violation so far.
+    pub fn violations(&self) -> Vec<Violation> {
+        lock(&self.state).violations.clone()
+    }
+
+    /// Time to end state per end, in seconds: (end, sorted durations).
+    pub fn times_to_end(&self) -> BTreeMap<End, Vec<f64>> {
+        let state = lock(&self.state);
+        let mut out: BTreeMap<End, Vec<f64>> = BTreeMap::new();
+        for t in &state.tracks {
+            if let (Some((end, at)), Some(s)) = (t.ended, t.submitted) {
+                out.entry(end)
+                    .or_default()
+                    .push(at.duration_since(s).as_secs_f64());
+            }
+        }
+        for v in out.values_mut() {
+            v.sort_by(f64::total_cmp);
+        }
+        out
+    }
+
+    /// The timeline of Workload `index`.
+    pub fn timeline(&self, index: usize) -> String {
+        let state = lock(&self.state);
+        let mut out = String::new();
+        let w = &self.plan.workloads[index];
+        let _ = writeln!(
+            out,
+            "{} (queue {}, {:?}, script {:?}, licenses {}, planned {}):",
+            w.name(),
+            w.queue.name(),
+            w.shape,
+            w.script,
+            w.licenses,
+            w.end
+        );
+        for line in &state.tracks[index].timeline {
+            let _ = writeln!(out, "  {line}");
+        }
+        out
+    }
+}
+
+/// Starts the three watches; returns once each has listed, so no version is missed.
+pub async fn start(
+    recorder: Arc<Recorder>,
+    client: &Client,
+    namespace: &str,
+    ledger: &str,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(3);
+    let mut tasks = Vec::new();
+    macro_rules! spawn_watch {
+        ($api:expr, $config:expr, $what:expr, $handle:ident) => {{
+            let recorder = recorder.clone();
+            let ready = ready_tx.clone();
+            let stream = watcher($api, $config).default_backoff();
+            tasks.push(tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                let mut first = true;
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(event) => {
+                            let done = matches!(event, watcher::Event::InitDone);
+                            recorder.$handle(event);
+                            if done && first {
+                                first = false;
+                                let _ = ready.send(()).await;
+                            }
+                        }
+                        Err(e) => recorder.watch_error($what, &e),
+                    }
+                }
+            }));
+        }};
+    }
+    let workloads: Api<Workload> = Api::namespaced(client.clone(), namespace);
+    spawn_watch!(
+        workloads,
+        watcher::Config::default(),
+        "Workload",
+        workload_event
+    );
+    let requests: Api<ProvisioningRequest> = Api::namespaced(client.clone(), namespace);
+    spawn_watch!(
+        requests,
+        watcher::Config::default(),
+        "ProvisioningRequest",
+        request_event
+    );
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    spawn_watch!(
+        maps,
+        watcher::Config::default().fields(&format!("metadata.name={ledger}")),
+        "ledger",
+        ledger_event
+    );
+    for _ in 0..3 {
+        tokio::time::timeout(crate::DEFAULT_TIMEOUT, ready_rx.recv())
+            .await
+            .map_err(|_| anyhow::anyhow!("a recorder watch never completed its first list"))?;
+    }
+    Ok(tasks)
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The chaos soak of docs/reliability.md: builds the controllers and the soak driver, starts the
+# local control plane if it is not running, and runs the soak against it. Nothing else may use
+# the control plane meanwhile: the soak restarts its apiserver and Kueue.
+#
+#   SOAK_WORKLOADS   Workloads in all (default 1000)
+#   SOAK_SEED        replay a run's seed (default: a fresh one, printed first)
+#   SOAK_IN_FLIGHT   Workloads under way at once at most (default 150)
+# Results, the controllers' logs and the offending Workloads' timelines: target/soak/<seed>/.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cargo build --locked -q -p kueue-provisioning-controller -p license-check -p budget-check -p e2e --bins
+bash tests/control-plane/control-plane.sh start
+exec "${CARGO_TARGET_DIR:-target}/debug/soak" "$@"
