@@ -50,11 +50,17 @@ fn check(seed: u64, workloads: usize) -> Result<()> {
             End::Deleted => ensure!(w.delete_after.is_some() && w.script == "accept"),
             End::Admitted => {
                 ensure!(w.delete_after.is_none());
+                // The attempt that counts provisions.
                 ensure!(
                     !w.queue.provisions()
-                        || w.script.ends_with("provision")
-                        || w.script.starts_with("provision")
+                        || w.script
+                            .split(',')
+                            .next_back()
+                            .is_some_and(|s| s.starts_with("provision"))
                 );
+            }
+            End::Revoked => {
+                ensure!(w.script.starts_with("revoke") && w.queue == Queue::Provisioning)
             }
         }
         if w.queue == Queue::Licensed {
@@ -66,7 +72,7 @@ fn check(seed: u64, workloads: usize) -> Result<()> {
     }
     let ends = plan.ends();
     if workloads >= 100 {
-        for end in [End::Admitted, End::Rejected, End::Deleted] {
+        for end in [End::Admitted, End::Rejected, End::Deleted, End::Revoked] {
             ensure!(
                 ends.get(&end).copied().unwrap_or(0) > 0,
                 "seed {seed}: no {end}"

@@ -70,8 +70,10 @@ async fn main() -> ExitCode {
         }
     }
     let out = cli.out.clone().unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/soak")
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        root.canonicalize()
+            .unwrap_or(root)
+            .join("target/soak")
             .join(seed.to_string())
     });
     let config = SoakConfig {
@@ -81,7 +83,15 @@ async fn main() -> ExitCode {
         out,
         bin_dir,
     };
-    match run(config).await {
+    // Interrupted, the runtime drops the supervisors and with them every controller process.
+    let outcome = tokio::select! {
+        outcome = run(config) => outcome,
+        () = kueue_admission_sdk::termination_signal() => {
+            eprintln!("soak: interrupted; the controllers are stopped");
+            return ExitCode::from(130);
+        }
+    };
+    match outcome {
         Ok(report) => {
             println!("\n{}", report.text);
             println!("soak: results in {}", report.results.display());

@@ -84,6 +84,9 @@ pub enum End {
     Rejected,
     /// Deleted by the driver before it could be admitted.
     Deleted,
+    /// Admitted, then deactivated when the autoscaler revoked its capacity (the provisioning
+    /// check answers `Rejected` then, as Kueue's built-in check does).
+    Revoked,
 }
 
 impl fmt::Display for End {
@@ -92,6 +95,7 @@ impl fmt::Display for End {
             End::Admitted => "admitted",
             End::Rejected => "rejected",
             End::Deleted => "deleted",
+            End::Revoked => "admitted, then revoked",
         })
     }
 }
@@ -216,7 +220,8 @@ pub const PROVISIONING_RETRIES: u32 = 4;
 /// Licenses of the `solver` feature in the pool.
 pub const LICENSE_POOL: u32 = 5;
 
-/// The scripts of Workloads meant to be admitted through the provisioning check, by weight.
+/// The scripts of Workloads meant to be admitted through the provisioning check, by weight
+/// (`revoke` ones are admitted first, then deactivated).
 const ADMITTED_SCRIPTS: [(&str, u64); 7] = [
     ("provision", 35),
     ("provision:2", 10),
@@ -224,7 +229,7 @@ const ADMITTED_SCRIPTS: [(&str, u64); 7] = [
     // Accepted and never provisioned: the controller's timeout fails the attempt.
     ("accept,provision", 10),
     ("expire:1,provision", 8),
-    ("revoke:2,provision", 10),
+    ("revoke:2", 10),
     ("provision:1", 12),
 ];
 
@@ -294,8 +299,8 @@ impl Plan {
     }
 }
 
-/// However the draw went, a run has a doomed Workload and one deleted mid-flight (the
-/// invariants about them must be checked at least once): the first fitting ones become so.
+/// However the draw went, a run has a doomed Workload, a revoked one and one deleted mid-flight
+/// (the invariants about them must be checked at least once): the first fitting ones become so.
 fn ensure_every_end(workloads: &mut [WorkloadPlan]) {
     if !workloads.iter().any(|w| w.end == End::Rejected)
         && let Some(w) = workloads
@@ -304,6 +309,14 @@ fn ensure_every_end(workloads: &mut [WorkloadPlan]) {
     {
         w.script = "fail".into();
         w.end = End::Rejected;
+    }
+    if !workloads.iter().any(|w| w.end == End::Revoked)
+        && let Some(w) = workloads
+            .iter_mut()
+            .find(|w| w.queue == Queue::Provisioning && w.end == End::Admitted)
+    {
+        w.script = "revoke:2".into();
+        w.end = End::Revoked;
     }
     if !workloads.iter().any(|w| w.end == End::Deleted)
         && let Some(w) = workloads
@@ -372,9 +385,14 @@ fn workload(seed: u64, index: usize, submit_at: Duration) -> WorkloadPlan {
         }
         Queue::Provisioning | Queue::Merged => {
             plan.script = pick(&mut rng, &ADMITTED_SCRIPTS).into();
-            // A revoked capacity evicts the admitted Workload: held long enough for it.
+            // Revoked 2 s after it was provisioned: the driver keeps it admitted until then.
+            // Not where the check goes away for a while (admitted without it, nothing to revoke).
             if plan.script.starts_with("revoke") {
-                plan.hold = plan.hold.max(Duration::from_secs(5));
+                if queue == Queue::Merged {
+                    plan.script = "provision".into();
+                } else {
+                    plan.end = End::Revoked;
+                }
             }
         }
         Queue::Licensed => {

@@ -196,6 +196,8 @@ pub struct Recorder {
     started: Instant,
     state: Mutex<State>,
     observed: Vec<watch::Sender<Observed>>,
+    /// Where plain Workloads evicted with their quota still reserved are announced.
+    evicted_plain: Mutex<Option<tokio::sync::mpsc::UnboundedSender<String>>>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -247,7 +249,14 @@ impl Recorder {
             observed: (0..n)
                 .map(|_| watch::channel(Observed::default()).0)
                 .collect(),
+            evicted_plain: Mutex::new(None),
         }
+    }
+
+    /// Announces on `to` the name of every Workload without an owner that Kueue evicted while
+    /// it still reserves quota: for those, releasing the quota is the owner's part.
+    pub fn on_evicted_plain(&self, to: tokio::sync::mpsc::UnboundedSender<String>) {
+        *lock(&self.evicted_plain) = Some(to);
     }
 
     /// What the driver watches of Workload `index`.
@@ -271,6 +280,12 @@ impl Recorder {
         workload: Option<usize>,
         what: String,
     ) {
+        if state.violations.len() < 20 {
+            let who = workload
+                .map(|i| self.plan.workloads[i].name())
+                .unwrap_or_default();
+            println!("soak: {} VIOLATION {invariant:?} {who}: {what}", self.at());
+        }
         if let Some(i) = workload {
             self.note(state, i, format!("VIOLATION {invariant:?}: {what}"));
         }
@@ -312,10 +327,17 @@ impl Recorder {
             return;
         }
         let planned = self.plan.workloads[index].end;
+        // Admitted is the way to Revoked, not the end of it.
+        if planned == End::Revoked && end == End::Admitted {
+            return;
+        }
         let now = Instant::now();
         state.tracks[index].ended = Some((end, now));
         self.note(state, index, format!("END {end} (planned {planned})"));
-        if end != planned {
+        // A capacity revoked before the Workload was admitted rejects it too (so does Kueue's
+        // built-in check): which of the two comes first is the machine's timing.
+        let revoked_early = planned == End::Revoked && end == End::Rejected;
+        if end != planned && !revoked_early {
             self.violate(
                 state,
                 Invariant::EndStateInTime,
@@ -366,6 +388,14 @@ impl Recorder {
         let quota = holds_quota(wl);
         let admitted = wl.condition_is_true(cond::ADMITTED);
         let finished = wl.condition_is_true(cond::FINISHED);
+        if wl.owner_references().is_empty()
+            && wl.condition_is_true(cond::EVICTED)
+            && wl.condition_is_true(cond::QUOTA_RESERVED)
+            && !finished
+            && let Some(to) = lock(&self.evicted_plain).as_ref()
+        {
+            let _ = to.send(name.clone());
+        }
         let mut entries = Vec::new();
         let mut rejected_by = None;
         for (short, check) in &self.checks {
@@ -473,7 +503,11 @@ impl Recorder {
             o.finished |= finished;
             o.rejected |= rejected;
             if rejected {
-                end = Some(End::Rejected);
+                end = Some(if o.admissions > 0 {
+                    End::Revoked
+                } else {
+                    End::Rejected
+                });
             }
         });
         let admissions = self.observed[index].borrow().admissions;

@@ -305,6 +305,7 @@ fn spawn(
         .args(&args)
         .env("POD_NAME", pod_name)
         .env("RUST_BACKTRACE", "1")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file)
