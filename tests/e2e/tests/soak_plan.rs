@@ -47,7 +47,11 @@ fn check(seed: u64, workloads: usize) -> Result<()> {
         match w.end {
             // Only a script that fails every attempt, on the queue whose check stays.
             End::Rejected => ensure!(w.queue == Queue::Provisioning && w.script == "fail"),
-            End::Deleted => ensure!(w.delete_after.is_some() && w.script == "accept"),
+            End::Deleted => ensure!(
+                w.delete_after.is_some()
+                    && w.script == "accept"
+                    && matches!(w.queue, Queue::Provisioning | Queue::Licensed)
+            ),
             End::Admitted => {
                 ensure!(w.delete_after.is_none());
                 // The attempt that counts provisions.

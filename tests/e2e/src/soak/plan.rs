@@ -321,7 +321,7 @@ fn ensure_every_end(workloads: &mut [WorkloadPlan]) {
     if !workloads.iter().any(|w| w.end == End::Deleted)
         && let Some(w) = workloads
             .iter_mut()
-            .find(|w| w.queue.provisions() && w.end == End::Admitted)
+            .find(|w| w.queue == Queue::Provisioning && w.end == End::Admitted)
     {
         w.script = "accept".into();
         w.delete_after = Some(Duration::from_secs(2));
@@ -370,7 +370,9 @@ fn workload(seed: u64, index: usize, submit_at: Duration) -> WorkloadPlan {
     }
     // Deleted mid-flight: its requests stay accepted and never provisioned, so it is still
     // waiting when the driver deletes it (before the controller's timeout fails the attempt).
-    if rng.one_in(14) {
+    // Only where a check waits on the simulator and never goes away meanwhile: elsewhere the
+    // Workload may be admitted before the driver deletes it.
+    if matches!(queue, Queue::Provisioning | Queue::Licensed) && rng.one_in(10) {
         plan.script = "accept".into();
         plan.delete_after = Some(rng.millis(500, 4_000));
         plan.end = End::Deleted;
