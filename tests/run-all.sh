@@ -51,3 +51,8 @@ E2E_HELM="$(bash tests/helm/install-helm.sh)"
 export E2E_HELM
 # Tests share the control plane; each uses its own namespace, so they may run in parallel.
 cargo test -p e2e --locked -- --test-threads "${E2E_THREADS:-4}"
+
+step "short chaos soak: 100 Workloads, leaders killed, apiserver and Kueue restarted"
+# After the suite: it restarts the shared apiserver and Kueue, which would fail tests running
+# beside it. A fixed seed, so that a run fails for a change and not for the day's plan.
+SOAK_WORKLOADS=100 SOAK_SEED="${SOAK_SEED:-20261125}" bash tests/soak.sh

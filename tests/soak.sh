@@ -5,7 +5,7 @@
 #
 #   SOAK_WORKLOADS   Workloads in all (default 1000)
 #   SOAK_SEED        replay a run's seed (default: a fresh one, printed first)
-#   SOAK_IN_FLIGHT   Workloads under way at once at most (default 150)
+#   SOAK_IN_FLIGHT   Workloads under way at once at most (default 60)
 # Results, the controllers' logs and the offending Workloads' timelines: target/soak/<seed>/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -250,13 +250,21 @@ pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<M
     let mut counted: HashMap<String, BTreeSet<&'static str>> = HashMap::new();
     // Requests listed while (re)starting the watch, for the template sweep.
     let mut listed: HashSet<(String, String)> = HashSet::new();
+    // Requests (by uid) this sweep deleted and whose deletion the watch has not shown yet: the
+    // versions still queued for them need no second read, list and delete each.
+    let mut swept: HashSet<String> = HashSet::new();
     while let Some(event) = events.next().await {
         match event {
-            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::Init) => {
+                listed.clear();
+                swept.clear();
+            }
             Ok(watcher::Event::InitApply(r)) => {
                 counted.insert(r.uid().unwrap_or_default(), counted_conditions(&r));
                 listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
-                sweep_one(&ctx, &instance, &r).await;
+                if sweep_one(&ctx, &instance, &r).await {
+                    swept.insert(r.uid().unwrap_or_default());
+                }
                 wake(&ctx, &r).await;
             }
             Ok(watcher::Event::InitDone) => sweep_templates(&ctx, &instance, &listed).await,
@@ -273,11 +281,15 @@ pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<M
                         metrics.transition(&check, t);
                     }
                 }
-                sweep_one(&ctx, &instance, &r).await;
+                let uid = r.uid().unwrap_or_default();
+                if !swept.contains(&uid) && sweep_one(&ctx, &instance, &r).await {
+                    swept.insert(uid);
+                }
                 wake(&ctx, &r).await;
             }
             Ok(watcher::Event::Delete(r)) => {
                 counted.remove(&r.uid().unwrap_or_default());
+                swept.remove(&r.uid().unwrap_or_default());
                 if let Err(e) = delete_templates(&ctx.client, &instance, &r).await {
                     warn!(request = %r.name_any(), error = %e, "deleting the templates of a deleted request");
                 }
@@ -298,39 +310,41 @@ async fn wake(ctx: &LeaderContext, r: &ProvisioningRequest) {
 }
 
 /// Deletes `r` if it is an orphan, confirming with a fresh read of the Workload: the cache may
-/// not have seen a Workload created a moment ago.
-async fn sweep_one(ctx: &LeaderContext, instance: &str, r: &ProvisioningRequest) {
+/// not have seen a Workload created a moment ago. Returns whether it deleted it.
+async fn sweep_one(ctx: &LeaderContext, instance: &str, r: &ProvisioningRequest) -> bool {
     if r.metadata.deletion_timestamp.is_some() {
-        return;
+        return false;
     }
     let Some(namespace) = r.namespace() else {
-        return;
+        return false;
     };
     let Some(name) = r.annotations().get(plan::WORKLOAD_ANNOTATION) else {
-        return;
+        return false;
     };
     let cached = ctx.workloads.get(&ObjectRef::new(name).within(&namespace));
     if orphan_reason(r, cached.as_deref()).is_none() {
-        return;
+        return false;
     }
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
     let fresh = match api.get_opt(name).await {
         Ok(w) => w,
         Err(e) => {
             warn!(request = %r.name_any(), error = %e, "reading the Workload of a request");
-            return;
+            return false;
         }
     };
     let Some(reason) = orphan_reason(r, fresh.as_ref()) else {
-        return;
+        return false;
     };
     match delete_request(&ctx.client, instance, r).await {
         Ok(true) => {
-            info!(request = %r.name_any(), namespace, reason, "deleted an orphaned ProvisioningRequest")
+            info!(request = %r.name_any(), namespace, reason, "deleted an orphaned ProvisioningRequest");
+            true
         }
-        Ok(false) => {}
+        Ok(false) => false,
         Err(e) => {
-            warn!(request = %r.name_any(), error = %e, "deleting an orphaned ProvisioningRequest")
+            warn!(request = %r.name_any(), error = %e, "deleting an orphaned ProvisioningRequest");
+            false
         }
     }
 }

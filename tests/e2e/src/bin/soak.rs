@@ -23,7 +23,7 @@ struct Cli {
     workloads: u64,
 
     /// Workloads under way at once at most.
-    #[arg(long, env = "SOAK_IN_FLIGHT", default_value_t = 150,
+    #[arg(long, env = "SOAK_IN_FLIGHT", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     in_flight: u64,
 

@@ -366,7 +366,7 @@ async fn setup(env: &TestEnv) -> Result<Names> {
         (Queue::Budgeted, vec![check_budget.as_str()]),
     ] {
         let name = env
-            .cluster_queue(queue.name(), &flavor, "12", &checks)
+            .cluster_queue(queue.name(), &flavor, "40", &checks)
             .await?
             .name_any();
         env.local_queue(queue.name(), &name).await?;
