@@ -192,18 +192,27 @@ pub fn record_to_write(
     (current != Some(wanted)).then_some(wanted)
 }
 
-/// The body of the server-side apply that writes `record` for `check` on the Workload's
+/// The body of the JSON merge patch that writes `record` for `check` on the Workload's
 /// metadata, with the `resourceVersion` precondition of the read the decision was made on.
 /// `None` if the Workload has no `resourceVersion` (it was not read from the API server).
-pub fn annotation_apply_patch(
+///
+/// A merge patch, not a server-side apply: an apply to a Workload deleted since the read
+/// *creates* one (the API server does not hold an apply to its `resourceVersion` when the object
+/// is gone), made of nothing but this annotation. The chaos soak found such a Workload, without
+/// `spec`, which Kueue accepted and which then failed every typed list of Workloads in the
+/// cluster. A merge patch of a deleted Workload is a 404.
+pub fn annotation_patch(
     wl: &Workload,
     check: &str,
     record: AttemptRecord,
 ) -> Option<serde_json::Value> {
-    let mut body = crate::decide::conditioned_apply_body(wl)?;
-    body["metadata"]["annotations"] =
-        serde_json::json!({ annotation_key(check): record.to_string() });
-    Some(body)
+    let resource_version = wl.resource_version()?;
+    Some(serde_json::json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "annotations": { annotation_key(check): record.to_string() },
+        },
+    }))
 }
 
 #[cfg(test)]

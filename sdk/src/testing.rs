@@ -316,6 +316,8 @@ pub struct SeenRequest {
     pub query: Option<String>,
     /// The body as JSON (`Null` when empty or not JSON).
     pub body: serde_json::Value,
+    /// The `Content-Type` header: which kind of patch a `PATCH` is.
+    pub content_type: Option<String>,
 }
 
 impl SeenRequest {
@@ -348,6 +350,11 @@ impl ScriptedApi {
                 let method = req.method().to_string();
                 let path = req.uri().path().to_string();
                 let query = req.uri().query().map(String::from);
+                let content_type = req
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(String::from);
                 let bytes = req.into_body().collect().await?.to_bytes();
                 let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
                 let request = SeenRequest {
@@ -355,6 +362,7 @@ impl ScriptedApi {
                     path,
                     query,
                     body,
+                    content_type,
                 };
                 let answer = if request.is_event() {
                     ScriptedAnswer::Respond(201, request.body.clone())

@@ -848,10 +848,15 @@ async fn apply(
     let mut base = Cow::Borrowed(wl);
     if let Some(record) = write.record {
         // Counted before it can land: a Retry never reaches Kueue uncounted.
-        let body = attempts::annotation_apply_patch(wl, check, record)
+        let body = attempts::annotation_patch(wl, check, record)
             .ok_or_else(|| WriteFailure::Record(missing_resource_version(wl)))?;
+        // `force` belongs to server-side apply only.
+        let merge = PatchParams {
+            field_manager: pp.field_manager.clone(),
+            ..PatchParams::default()
+        };
         let updated = api
-            .patch(&wl.name_any(), pp, &Patch::Apply(&body))
+            .patch(&wl.name_any(), &merge, &Patch::Merge(&body))
             .await
             .map_err(WriteFailure::Record)?;
         base = Cow::Owned(updated);

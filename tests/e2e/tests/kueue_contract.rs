@@ -356,3 +356,67 @@ async fn another_checks_eviction_drops_the_retry_count_of_a_ready_entry() -> Res
     assert_eq!(b_entry.retry_count, Some(1), "{}", e2e::dump(&wl));
     Ok(())
 }
+
+/// A Workload that nothing owns (created directly, no Job) and that a check sends to `Retry` is
+/// evicted but keeps its quota: Kueue leaves giving it back to the owning integration (the Job
+/// integration does it once it has suspended the Job). Shown by cause: a second Workload,
+/// created after the eviction, is told the quota is not free; once the test, as the owner,
+/// releases the first one's reservation, the quota is reserved again.
+#[tokio::test]
+async fn an_evicted_workload_without_an_owner_keeps_its_quota_until_its_owner_releases_it()
+-> Result<()> {
+    let env = TestEnv::new("ownerless-evicted").await?;
+    let q = env.guarded_queue("check", TEST_CONTROLLER, "1").await?;
+    env.set_admission_check_active(&q.check, true).await?;
+    env.standalone_workload("first", "provision").await?;
+    env.wait_check_pending_with_quota("first", &q.check).await?;
+    env.answer_check("first", &q.check, CheckState::Retry, "retry from the test")
+        .await?;
+    env.wait_workload("first", "Evicted=True", |w| {
+        w.condition_is_true(cond::EVICTED)
+    })
+    .await?;
+
+    env.standalone_workload("second", "provision").await?;
+    env.wait_workload("second", "QuotaReserved=False for want of quota", |w| {
+        let conditions = w
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        kueue_admission_sdk::api::find_condition(conditions, cond::QUOTA_RESERVED)
+            .is_some_and(|c| c.status == "False" && c.message.contains("insufficient unused quota"))
+    })
+    .await?;
+    let first = env.workloads().get("first").await?;
+    assert!(
+        first.condition_is_true(cond::QUOTA_RESERVED) && first.condition_is_true(cond::EVICTED),
+        "Kueue released the quota of an evicted Workload without an owner; the soak's driver \
+         (e2e::soak::release_quota) and docs/kueue-behaviour.md are out of date:\n{}",
+        e2e::dump(&first)
+    );
+
+    // As the owner: the reservation goes, and Kueue reserves the quota again (for either).
+    e2e::soak::release_quota(&env, "first").await?;
+    let released: u64 = env
+        .workloads()
+        .get("first")
+        .await?
+        .resource_version()
+        .unwrap_or_default()
+        .parse()?;
+    let reserved = e2e::wait_for_any(
+        env.workloads(),
+        "a Workload reserving the released quota",
+        |w: &Workload| {
+            let later = w
+                .resource_version()
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|v| v > released);
+            later && w.condition_is_true(cond::QUOTA_RESERVED)
+        },
+    )
+    .await?;
+    println!("the released quota went to {}", reserved.name_any());
+    Ok(())
+}

@@ -680,7 +680,9 @@ async fn play_the_owner(env: TestEnv, mut evicted: tokio::sync::mpsc::UnboundedR
     }
 }
 
-async fn release_quota(env: &TestEnv, name: &str) -> Result<()> {
+/// Gives back the quota Kueue still reserves for an evicted Workload `name` that nothing owns,
+/// as its owner would (no-op once it holds none).
+pub async fn release_quota(env: &TestEnv, name: &str) -> Result<()> {
     use kueue_admission_sdk::api::workload_condition as cond;
     let api = env.workloads();
     let deadline = Instant::now() + Duration::from_secs(120);
