@@ -85,9 +85,10 @@ impl Invariant {
 pub const END_BOUND: Duration = Duration::from_secs(240);
 
 /// How long a Workload may hold quota, unadmitted, without a new version. Every planned wait is
-/// shorter (the provisioning timeout, a lease handover, a backoff); the time of an outage (the
-/// apiserver or Kueue restarting, the simulator paused) is not counted.
-pub const STALL_BOUND: Duration = Duration::from_secs(60);
+/// shorter (the provisioning timeout, a lease handover, a backoff), and so are three leader
+/// generations in a row; the time of an outage (the apiserver or Kueue restarting, the simulator
+/// paused) is not counted.
+pub const STALL_BOUND: Duration = Duration::from_secs(90);
 
 /// One broken invariant.
 #[derive(Clone, Debug)]
