@@ -1182,6 +1182,18 @@ fn report(
             q(1.0)
         );
     }
+    let held = recorder.quota_held_to_end();
+    if !held.is_empty() {
+        let q = |p: f64| held[((held.len() - 1) as f64 * p) as usize];
+        let _ = writeln!(
+            out,
+            "| quota held before the end (every end) | {} | {:.1} | {:.1} | {:.1} |",
+            held.len(),
+            q(0.5),
+            q(0.95),
+            q(1.0)
+        );
+    }
     let _ = writeln!(
         out,
         "\n## Faults injected\n\n| Kind | Done | Skipped |\n|---|---|---|"
