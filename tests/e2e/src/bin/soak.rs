@@ -28,7 +28,7 @@ struct Cli {
     in_flight: u64,
 
     /// Directory of the results, the controllers' logs and the timelines; default
-    /// target/soak/<seed>.
+    /// `target/soak/<seed>`.
     #[arg(long)]
     out: Option<PathBuf>,
 
