@@ -33,7 +33,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use extensions::{Extensions, LeaderContext, WorkloadWaker};
 pub use leader::{LEASE_OWNER_ANNOTATION, LeaderElection, lease_name_for};
@@ -240,20 +240,30 @@ where
     // Unbounded: a burst of deletions must not lose a release; each entry is one Workload.
     let (deleted_tx, mut deleted_rx) = mpsc::unbounded_channel::<Workload>();
     let own_writes = Arc::new(own_writes::OwnWrites::default());
-    background.push(tokio::spawn(watch_workloads(
-        client.clone(),
+    let workload_events = watcher(
+        Api::<Workload>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff();
+    background.push(tokio::spawn(watch_workloads(WorkloadWatch {
+        events: workload_events,
         writer,
-        workloads_synced,
-        changes_tx,
-        deleted_tx,
-        leadership.leading.clone(),
-        own_writes.clone(),
-    )));
+        cache: reader.clone(),
+        synced: workloads_synced,
+        changes: changes_tx,
+        deleted: deleted_tx,
+        reconcile_all: trigger_tx.clone(),
+        leading: leadership.leading.clone(),
+        own_writes: own_writes.clone(),
+    })));
     let recorder = Recorder::new(client.clone(), Reporter::from(config.field_manager.clone()));
     let extension_client = client.clone();
-    let ctx = Arc::new(reconcile::Context::new(
-        client, controller, registry, &config, recorder, metrics, own_writes,
-    ));
+    let ctx = Arc::new(
+        reconcile::Context::new(
+            client, controller, registry, &config, recorder, metrics, own_writes,
+        )
+        .with_cache(reader.clone()),
+    );
     // A deleted Workload never reaches the reconciler again: release what its checks hold here.
     background.push({
         let ctx = ctx.clone();
@@ -322,9 +332,24 @@ where
             }
         };
         let changes = tokio_stream::wrappers::ReceiverStream::new(changes_rx).map(Ok);
-        let trigger = tokio_stream::wrappers::ReceiverStream::new(trigger_rx);
+        // kube takes its snapshot of the cache when the trigger arrives, not when the runner may
+        // start: a trigger that arrived before the cache was complete (this replica took the
+        // lead during its first list) would reconcile only part of it. So it waits for it.
+        let (cached, cache_complete) = (reader.clone(), cache_ready.clone());
+        let trigger = tokio_stream::wrappers::ReceiverStream::new(trigger_rx).then(move |()| {
+            let (cached, mut cache_complete) = (cached.clone(), cache_complete.clone());
+            async move {
+                let _ = cache_complete.wait_for(|ready| *ready).await;
+                info!(
+                    workloads = cached.state().len(),
+                    "reconciling every cached Workload"
+                );
+            }
+        });
         let reconciler = Controller::for_stream(changes, reader)
-            .with_config(ControllerConfig::default().concurrency(config.concurrency))
+            // Unlimited here: the reconcile takes a fair turn itself (see `reconcile::Context`).
+            // kube still never runs two reconciles of one Workload at once.
+            .with_config(ControllerConfig::default().concurrency(0))
             .reconcile_all_on(trigger)
             .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(wake_rx))
             .graceful_shutdown_on(stop)
@@ -405,64 +430,103 @@ impl TaskGroup {
     }
 }
 
-/// Keeps the Workload cache and forwards changes to the reconciler while this replica leads.
-async fn watch_workloads(
-    client: Client,
+/// What the Workload watch needs.
+struct WorkloadWatch<S> {
+    /// The watcher's events.
+    events: S,
     writer: reflector::store::Writer<Workload>,
+    /// The cache `writer` fills.
+    cache: reflector::Store<Workload>,
+    /// Told when a list is complete and in the cache.
     synced: Arc<tokio::sync::Notify>,
+    /// Changes for the reconciler (while leading).
     changes: mpsc::Sender<Workload>,
+    /// Deleted Workloads, to release (while leading).
     deleted: mpsc::UnboundedSender<Workload>,
+    /// Asks for every cached Workload to be reconciled.
+    reconcile_all: mpsc::Sender<()>,
     leading: watch::Receiver<bool>,
     own_writes: Arc<own_writes::OwnWrites>,
-) {
+}
+
+/// Keeps the Workload cache and forwards changes to the reconciler while this replica leads.
+/// What a (re)list brings is not forwarded one by one: the cache takes it only at the list's
+/// end, so its end asks for everything to be reconciled instead (see [`relist::WorkloadLists`]).
+async fn watch_workloads<S>(w: WorkloadWatch<S>)
+where
+    S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
+{
+    let WorkloadWatch {
+        events,
+        writer,
+        cache,
+        synced,
+        changes,
+        deleted,
+        reconcile_all,
+        leading,
+        own_writes,
+    } = w;
     let leading_on_delete = leading.clone();
-    let events = watcher(
-        Api::<Workload>::all(client),
-        watcher::Config::default().any_semantic(),
-    )
-    .default_backoff()
-    // The cache keeps only what the runtime reads.
-    .modify(|wl| {
-        wl.managed_fields_mut().clear();
-        wl.annotations_mut()
-            .remove("kubectl.kubernetes.io/last-applied-configuration");
-    })
-    .inspect(move |event| match event {
-        Ok(watcher::Event::InitDone) => synced.notify_one(),
-        Ok(watcher::Event::Delete(wl)) if *leading_on_delete.borrow() => {
-            // Fails only once the runtime is stopping.
-            let _ = deleted.send(wl.clone());
-        }
-        _ => {}
-    })
-    .reflect(writer);
+    let deleted_live = deleted.clone();
+    let events = events
+        // The cache keeps only what the runtime reads.
+        .modify(|wl| {
+            wl.managed_fields_mut().clear();
+            wl.annotations_mut()
+                .remove("kubectl.kubernetes.io/last-applied-configuration");
+        })
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(wl)) = event
+                && *leading_on_delete.borrow()
+            {
+                // Fails only once the runtime is stopping.
+                let _ = deleted_live.send(wl.clone());
+            }
+        })
+        .reflect(writer);
     let mut events = std::pin::pin!(events);
-    // Versions a re-list delivered: the reflector's store takes them only at its end.
-    let mut relisted: Vec<(String, String)> = Vec::new();
+    let mut lists = relist::WorkloadLists::default();
     while let Some(event) = events.next().await {
         let now = tokio::time::Instant::now();
+        // The reflector has applied `event` to the cache by now.
         let touched = match event {
             Err(e) => {
                 warn!(error = %e, "watching Workloads");
                 continue;
             }
             Ok(watcher::Event::Init) => {
-                relisted.clear();
-                continue;
-            }
-            Ok(watcher::Event::InitDone) => {
-                // The cache holds these versions now: reconciles waiting for our own write may
-                // go on.
-                for (uid, rv) in relisted.drain(..) {
-                    own_writes.seen(&uid, &rv, now);
-                }
+                lists.begin(cache.state());
                 continue;
             }
             Ok(watcher::Event::InitApply(wl)) => {
-                if let (Some(uid), Some(rv)) = (wl.uid(), wl.resource_version()) {
-                    relisted.push((uid, rv));
+                lists.delivered(&wl);
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => {
+                let done = lists.done();
+                // The cache holds these versions now: reconciles waiting for our own write may
+                // go on.
+                for (uid, rv) in &done.versions {
+                    own_writes.seen(uid, rv, now);
                 }
-                wl
+                synced.notify_one();
+                if *leading.borrow() {
+                    for wl in done.gone {
+                        debug!(workload = %wl.name_any(), "deleted while the watch was away");
+                        let _ = deleted.send((*wl).clone());
+                    }
+                    // The first list is covered by the reconcile of everything on taking the
+                    // lead, which waits for it.
+                    if done.relist {
+                        info!(
+                            workloads = done.versions.len(),
+                            "Workloads listed again; reconciling all of them"
+                        );
+                        let _ = reconcile_all.try_send(());
+                    }
+                }
+                continue;
             }
             Ok(watcher::Event::Apply(wl)) => {
                 if let (Some(uid), Some(rv)) = (wl.uid(), wl.resource_version()) {
@@ -841,7 +905,7 @@ mod tests {
     use kube::runtime::controller::Error as ControllerError;
     use kube::runtime::reflector::ObjectRef;
 
-    use super::is_deleted_before_reconcile;
+    use super::*;
 
     #[test]
     fn a_workload_deleted_before_its_reconcile_is_not_a_warning() {
@@ -858,5 +922,131 @@ mod tests {
         let failed: ControllerError<std::io::Error, std::io::Error> =
             ControllerError::ReconcilerFailed(std::io::Error::other("boom"), wl());
         assert!(!is_deleted_before_reconcile(&failed));
+    }
+
+    /// What the Workload watch handed on.
+    struct Handed {
+        changes: Vec<String>,
+        deleted: Vec<String>,
+        reconcile_all: usize,
+        /// Each change, with whether the cache held that version (or a later one) when it was
+        /// handed on.
+        changes_cached: Vec<bool>,
+    }
+
+    fn wl(name: &str, version: &str) -> Workload {
+        let mut wl = crate::testing::WorkloadBuilder::new("ns", name)
+            .uid(&format!("uid-{name}"))
+            .build();
+        wl.metadata.resource_version = Some(version.into());
+        wl
+    }
+
+    /// Feeds `events` to the Workload watch of a replica that leads (or not) and collects what
+    /// it hands on.
+    async fn feed(events: Vec<watcher::Event<Workload>>, leading: bool) -> Handed {
+        let (cache, writer) = reflector::store::<Workload>();
+        let (changes_tx, mut changes_rx) = mpsc::channel(64);
+        let (deleted_tx, mut deleted_rx) = mpsc::unbounded_channel();
+        let (all_tx, mut all_rx) = mpsc::channel(8);
+        let (_leading_tx, leading_rx) = watch::channel(leading);
+        let watch = WorkloadWatch {
+            events: futures::stream::iter(events.into_iter().map(Ok)),
+            writer,
+            cache: cache.clone(),
+            synced: Default::default(),
+            changes: changes_tx,
+            deleted: deleted_tx,
+            reconcile_all: all_tx,
+            leading: leading_rx,
+            own_writes: Default::default(),
+        };
+        // Checks, as each change arrives, that the cache already holds it.
+        let cache_check = cache.clone();
+        let collect = async move {
+            let mut names = Vec::new();
+            let mut cached = Vec::new();
+            while let Some(w) = changes_rx.recv().await {
+                // That version or a later one (the watch may have gone on meanwhile).
+                let version = |w: &Workload| {
+                    w.resource_version()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or_default()
+                };
+                let held = cache_check
+                    .get(&reflector::ObjectRef::from_obj(&w))
+                    .is_some_and(|c| version(&c) >= version(&w));
+                names.push(w.name_any());
+                cached.push(held);
+            }
+            (names, cached)
+        };
+        let ((), (changes, changes_cached)) = tokio::join!(watch_workloads(watch), collect);
+        let mut deleted = Vec::new();
+        while let Ok(w) = deleted_rx.try_recv() {
+            deleted.push(w.name_any());
+        }
+        let mut reconcile_all = 0;
+        while all_rx.try_recv().is_ok() {
+            reconcile_all += 1;
+        }
+        Handed {
+            changes,
+            deleted,
+            reconcile_all,
+            changes_cached,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_relist_reconciles_everything_once_the_cache_holds_it_and_releases_the_vanished() {
+        use watcher::Event::*;
+        let handed = feed(
+            vec![
+                Init,
+                InitApply(wl("a", "1")),
+                InitApply(wl("b", "1")),
+                InitDone,
+                Apply(wl("a", "2")),
+                // The watch expires and lists again: "b" was deleted and "c" created (and
+                // given quota) meanwhile; the cache still holds "a"@2 and "b" until InitDone.
+                Init,
+                InitApply(wl("a", "3")),
+                InitApply(wl("c", "1")),
+                InitDone,
+                Apply(wl("c", "2")),
+            ],
+            true,
+        )
+        .await;
+        // Only live changes are handed on, each already in the cache; nothing from a list,
+        // which the cache does not hold until the list ends.
+        assert_eq!(handed.changes, ["a", "c"]);
+        assert!(handed.changes_cached.iter().all(|held| *held));
+        // The first list is the leadership's reconcile of everything; the relist asks for one.
+        assert_eq!(handed.reconcile_all, 1);
+        // "b" vanished without a Delete event: released all the same.
+        assert_eq!(handed.deleted, ["b"]);
+    }
+
+    #[tokio::test]
+    async fn a_standby_hands_nothing_on() {
+        use watcher::Event::*;
+        let handed = feed(
+            vec![
+                Init,
+                InitApply(wl("a", "1")),
+                InitDone,
+                Apply(wl("a", "2")),
+                Init,
+                InitDone,
+                Delete(wl("x", "1")),
+            ],
+            false,
+        )
+        .await;
+        assert!(handed.changes.is_empty());
+        assert!(handed.deleted.is_empty());
+        assert_eq!(handed.reconcile_all, 0);
     }
 }

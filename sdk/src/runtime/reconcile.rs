@@ -9,6 +9,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::{Client, Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -53,6 +54,14 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     pub metrics: Arc<super::metrics::Metrics>,
     max_retry_delay: Duration,
     permanent_failure_hold: Duration,
+    /// Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), granted first come,
+    /// first served. kube's own limit hands a free slot to a waiting Workload picked in hash
+    /// order, so under a steady stream of changes some waited minutes for their turn (the soak
+    /// found Workloads holding quota unanswered for over 90 s); its limit is off and this one
+    /// is fair.
+    turns: tokio::sync::Semaphore,
+    /// The Workload cache: a reconcile that waited for its turn decides on the newest version.
+    cache: Option<reflector::Store<Workload>>,
 }
 
 /// (Workload uid, check name).
@@ -87,7 +96,15 @@ impl<C: AdmissionCheckController> Context<C> {
             metrics,
             max_retry_delay: config.max_retry_delay,
             permanent_failure_hold: config.permanent_failure_hold,
+            turns: tokio::sync::Semaphore::new(usize::from(config.concurrency.max(1))),
+            cache: None,
         }
+    }
+
+    /// Reconciles read the newest version of their Workload from `cache` once it is their turn.
+    pub fn with_cache(mut self, cache: reflector::Store<Workload>) -> Self {
+        self.cache = Some(cache);
+        self
     }
 
     /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).
@@ -233,6 +250,19 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
+    // Never closed; a closed one would mean the runtime is going away.
+    let Ok(_turn) = ctx.turns.acquire().await else {
+        return Ok(Action::await_change());
+    };
+    // The Workload may have changed while this reconcile waited for its turn.
+    let wl = match &ctx.cache {
+        Some(cache) => match cache.get(&ObjectRef::from_obj(wl.as_ref())) {
+            Some(newest) => newest,
+            // Deleted meanwhile: its release runs on the deletion.
+            None => return Ok(Action::await_change()),
+        },
+        None => wl,
+    };
     let started = std::time::Instant::now();
     let result = reconcile_workload(&wl, &ctx).await;
     ctx.metrics.reconciled(started.elapsed(), result.is_ok());
@@ -255,6 +285,20 @@ async fn reconcile_workload<C: AdmissionCheckController>(
                 ours.push((name.clone(), active.clone()));
             }
         }
+    }
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let revalidate = ctx.revalidates();
+        let seen: Vec<String> = all_ours
+            .iter()
+            .map(|check| format!("{check}: {:?}", eligibility(wl, check, revalidate)))
+            .collect();
+        debug!(
+            workload = %wl.name_any(),
+            resource_version = wl.resource_version().unwrap_or_default(),
+            deciding = ours.len(),
+            checks = ?seen,
+            "reconciling"
+        );
     }
     remember_earlier_answers(ctx, wl, &all_ours);
     release_idle(ctx, wl, &all_ours).await?;

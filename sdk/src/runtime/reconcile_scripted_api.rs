@@ -108,6 +108,25 @@ impl Harness {
         Self { ctx, active, api }
     }
 
+    /// The harness's context with its check registered and `cache` as the runtime's Workload
+    /// cache, for whole reconciles; and its scripted API.
+    fn reconciling(
+        answer: Decision,
+        cache: reflector::Store<Workload>,
+    ) -> (Arc<Context<Probe>>, ScriptedApi) {
+        let Self { ctx, api, .. } = Self::new(answer);
+        let active = Arc::new(ActiveCheck {
+            parameters: NoParameters,
+            policy: RetryPolicy::default(),
+            message: String::new(),
+        });
+        ctx.registry
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(CHECK.to_string(), Ok(active));
+        (Arc::new(ctx.with_cache(cache)), api)
+    }
+
     fn answer(&self, code: u16, body: serde_json::Value) {
         if code == DROP {
             self.api.drop_connection();
@@ -639,4 +658,45 @@ async fn a_storm_of_conflicts_ends_after_a_bounded_number_of_tries() {
         1,
         "the same answer is written again, not asked again"
     );
+}
+
+/// kube hands the reconcile the Workload as it was when the reconcile was queued; one that
+/// waited for a turn behind many others must decide on what the cache holds now.
+#[tokio::test]
+async fn a_reconcile_that_waited_for_its_turn_decides_on_the_newest_version() {
+    use kube::runtime::watcher::Event;
+    let (cache, mut writer) = reflector::store::<Workload>();
+    let queued = at(
+        "10",
+        WorkloadBuilder::new("ns", "wl")
+            .pod_set("main", 1, "1")
+            .check(CHECK, CheckState::Pending),
+    );
+    // Meanwhile Kueue reserved quota (rv 11): that is what must be decided.
+    writer.apply_watcher_event(&Event::Apply(at("11", deciding())));
+    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache.clone());
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(queued), ctx.clone())
+        .await
+        .expect("no error");
+    let written: Vec<String> = api.requests().iter().map(|r| r.method.clone()).collect();
+    assert_eq!(written, ["PATCH"], "one status write");
+    assert_eq!(
+        ctx.controller.asked.load(Ordering::SeqCst),
+        1,
+        "the check was not asked: the reconcile judged the queued version (no quota)"
+    );
+}
+
+/// A Workload deleted while its reconcile waited is not decided (its release runs on the
+/// deletion).
+#[tokio::test]
+async fn a_reconcile_of_a_workload_deleted_while_it_waited_decides_nothing() {
+    let (cache, _writer) = reflector::store::<Workload>();
+    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache);
+    super::reconcile(Arc::new(at("10", deciding())), ctx.clone())
+        .await
+        .expect("no error");
+    assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 0);
+    assert!(api.requests().is_empty());
 }

@@ -2,10 +2,77 @@
 //! list failed) gets every object as `InitApply`, changed or not, and objects deleted meanwhile
 //! get no `Delete` at all: they are only missing from the new list.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
 
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
+
+use crate::api::Workload;
+
+/// Follows the Workload watch's lists. The reflector's cache takes a list's objects only once
+/// the list is complete (`InitDone`); until then it still holds what it had before. So a
+/// reconcile started from an `InitApply` would read the old version, or find nothing for a
+/// Workload created meanwhile, and drop it: after a re-list (an apiserver restart, an expired
+/// resourceVersion) a Workload reserved while the watch was away would wait for its next change,
+/// which may never come. Instead nothing is handed on during a list, and its end asks for every
+/// cached Workload to be reconciled and names the Workloads the list no longer has (deleted
+/// while the watch was away: they get no `Delete` event, and their release must not be lost).
+#[derive(Debug, Default)]
+pub(crate) struct WorkloadLists {
+    /// A list is under way: the cache's content when it began.
+    before: Option<Vec<Arc<Workload>>>,
+    /// (uid, resourceVersion) of each Workload the list under way delivered.
+    listed: Vec<(String, String)>,
+    /// Lists completed so far.
+    completed: u64,
+}
+
+/// A completed list.
+#[derive(Debug)]
+pub(crate) struct ListDone {
+    /// The versions it delivered; the cache holds them now.
+    pub versions: Vec<(String, String)>,
+    /// Workloads cached before it that it no longer has.
+    pub gone: Vec<Arc<Workload>>,
+    /// It is a re-list (not the watch's first list): what it brought was not handed on.
+    pub relist: bool,
+}
+
+impl WorkloadLists {
+    /// A list begins; `cached` is the cache's content now (what the list will replace).
+    pub fn begin(&mut self, cached: Vec<Arc<Workload>>) {
+        self.before = Some(cached);
+        self.listed.clear();
+    }
+
+    /// The list under way delivered `wl`.
+    pub fn delivered(&mut self, wl: &Workload) {
+        if let (Some(uid), Some(rv)) = (wl.uid(), wl.resource_version()) {
+            self.listed.push((uid, rv));
+        }
+    }
+
+    /// The list is complete (and the cache holds it).
+    pub fn done(&mut self) -> ListDone {
+        let versions = std::mem::take(&mut self.listed);
+        let listed: HashSet<&str> = versions.iter().map(|(uid, _)| uid.as_str()).collect();
+        let gone = self
+            .before
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|wl| wl.uid().is_none_or(|uid| !listed.contains(uid.as_str())))
+            .collect();
+        let relist = self.completed > 0;
+        self.completed += 1;
+        ListDone {
+            versions,
+            gone,
+            relist,
+        }
+    }
+}
 
 /// Follows the objects a watch has shown (name and resourceVersion), to tell which ones a
 /// re-list shows changed and which it no longer has.
@@ -124,6 +191,51 @@ mod tests {
             ],
         );
         assert_eq!(again, ["c"]);
+    }
+
+    fn workload(name: &str, version: &str) -> Arc<Workload> {
+        let mut wl = crate::testing::WorkloadBuilder::new("ns", name)
+            .uid(&format!("uid-{name}"))
+            .build();
+        wl.metadata.resource_version = Some(version.into());
+        Arc::new(wl)
+    }
+
+    fn names(wls: &[Arc<Workload>]) -> Vec<String> {
+        wls.iter().map(|w| w.name_any()).collect()
+    }
+
+    #[test]
+    fn the_first_list_is_not_a_relist_and_finds_nothing_gone() {
+        let mut lists = WorkloadLists::default();
+        lists.begin(Vec::new());
+        lists.delivered(&workload("a", "1"));
+        let done = lists.done();
+        assert!(!done.relist);
+        assert!(done.gone.is_empty());
+        assert_eq!(done.versions, [("uid-a".to_string(), "1".to_string())]);
+    }
+
+    #[test]
+    fn a_relist_names_the_workloads_deleted_while_the_watch_was_away() {
+        let mut lists = WorkloadLists::default();
+        lists.begin(Vec::new());
+        lists.delivered(&workload("a", "1"));
+        lists.delivered(&workload("b", "1"));
+        lists.done();
+        // The cache holds a and b; "b" is deleted and "c" created while the watch is away.
+        lists.begin(vec![workload("a", "1"), workload("b", "1")]);
+        lists.delivered(&workload("a", "2"));
+        lists.delivered(&workload("c", "1"));
+        let done = lists.done();
+        assert!(done.relist);
+        assert_eq!(names(&done.gone), ["b"]);
+        assert_eq!(done.versions.len(), 2);
+        // A later relist starts afresh: nothing is reported gone twice.
+        lists.begin(vec![workload("a", "2"), workload("c", "1")]);
+        lists.delivered(&workload("a", "2"));
+        lists.delivered(&workload("c", "1"));
+        assert!(lists.done().gone.is_empty());
     }
 
     #[test]
