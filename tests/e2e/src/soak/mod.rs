@@ -1228,8 +1228,13 @@ fn report(
         let checked = match inv {
             Invariant::EndStateInTime => format!("{} Workloads", plan.workloads.len()),
             Invariant::NotStuck => format!(
-                "{} sweeps, longest wait with quota {:.0?}",
-                counts.stall_checks, counts.longest_stall
+                "{} sweeps, longest wait with quota {:.0?}{}",
+                counts.stall_checks,
+                counts.longest_stall,
+                counts
+                    .longest_stall_workload
+                    .map(|i| format!(" ({})", plan.workloads[i].name()))
+                    .unwrap_or_default()
             ),
             Invariant::NoAnswerWithoutQuota => format!("{} entries", counts.entries),
             Invariant::AttemptsNeverDecrease => format!("{} attempts", counts.attempts),
@@ -1293,6 +1298,14 @@ fn report(
     }
     for line in metrics {
         let _ = writeln!(out, "- metrics: {line}");
+    }
+    if let Some(i) = counts.longest_stall_workload {
+        // Even in a passing run, the one that came closest to the bound is worth a look.
+        let _ = writeln!(
+            out,
+            "\n## The longest wait with quota\n\n```\n{}```",
+            recorder.timeline(i)
+        );
     }
     if !violations.is_empty() {
         let _ = writeln!(out, "\n## Violations\n");

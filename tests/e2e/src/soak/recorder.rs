@@ -177,6 +177,8 @@ pub struct Counts {
     pub stall_checks: u64,
     /// Longest time a Workload held quota without a new version (outages excluded).
     pub longest_stall: Duration,
+    /// The Workload (index) that waited [`Counts::longest_stall`], to trace it in the logs.
+    pub longest_stall_workload: Option<usize>,
     /// Watch errors (each followed by a new list).
     pub watch_errors: u64,
     /// Workloads found deleted by a new list rather than a delete event.
@@ -725,7 +727,10 @@ impl Recorder {
             let since = t.last_change.into_iter().chain(state.outage_until).max();
             let Some(since) = since else { continue };
             let stalled = now.duration_since(since);
-            state.counts.longest_stall = state.counts.longest_stall.max(stalled);
+            if stalled > state.counts.longest_stall {
+                state.counts.longest_stall = stalled;
+                state.counts.longest_stall_workload = Some(i);
+            }
             if stalled > STALL_BOUND {
                 stuck.push((i, stalled));
             }
