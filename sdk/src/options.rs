@@ -27,6 +27,8 @@
 //! }
 //! ```
 
+mod budget;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -102,7 +104,8 @@ pub struct Options {
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub permanent_failure_hold_seconds: u64,
 
-    /// Sustained requests per second to the API server (client-side rate limit).
+    /// Sustained requests per second to the API server (client-side rate limit; the leader
+    /// election's Lease requests are not counted).
     #[arg(long, env = "KUEUE_AC_KUBE_API_QPS", default_value_t = 20.0, value_parser = positive_f64)]
     pub kube_api_qps: f64,
 
@@ -271,11 +274,12 @@ impl Options {
     }
 }
 
-/// A client that sends at most `burst` requests per `burst / qps` seconds: tower's own rate
-/// limit, so no hand-written token bucket. Requests over the limit wait in the client's buffer.
+/// A client that sends at most `burst` requests per `burst / qps` seconds, Lease requests
+/// exempt (see [`budget`]): tower's own rate limit, so no hand-written token bucket. Requests
+/// over the limit wait in a first-come-first-served queue.
 fn rate_limited(config: Config, qps: f64, burst: u64) -> Result<Client, Error> {
     let period = Duration::from_secs_f64(burst as f64 / qps);
-    let layer = tower::limit::RateLimitLayer::new(burst, period);
+    let layer = budget::BudgetLayer { burst, period };
     let builder = ClientBuilder::try_from(config)
         .map_err(|e| Error::Config(format!("building the API client: {e}")))?;
     Ok(builder.with_layer(&layer).build())
