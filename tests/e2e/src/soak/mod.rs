@@ -105,8 +105,9 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
         plan.fault_counts()
     );
     println!(
-        "soak: results, logs and timelines in {}",
-        config.out.display()
+        "soak: results, logs and timelines in {} (commit {})",
+        config.out.display(),
+        commit()
     );
     let env = TestEnv::new("soak").await?;
     let names = setup(&env).await?;
@@ -1136,11 +1137,7 @@ fn report(
     processes: usize,
 ) -> String {
     let mut out = String::new();
-    let commit = std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let commit = commit();
     let violations = recorder.violations();
     let counts = recorder.counts();
     let _ = writeln!(
@@ -1328,4 +1325,22 @@ fn report(
         }
     }
     out
+}
+
+/// The commit the soak's binaries were built from: read once, when the soak starts (the tree may
+/// move on during a run), with `-dirty` if tracked files differ from it.
+fn commit() -> &'static str {
+    static COMMIT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    COMMIT.get_or_init(|| {
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .args(args)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .unwrap_or_default()
+        };
+        let head = git(&["rev-parse", "--short", "HEAD"]);
+        let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+        if dirty { format!("{head}-dirty") } else { head }
+    })
 }
