@@ -263,8 +263,17 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
         },
         None => wl,
     };
+    // Boxed: the decision's (large) future exists only for the reconciles holding a turn; the
+    // many that may wait (a reconcile of everything) each keep only this small one.
+    Box::pin(reconcile_in_turn(&wl, &ctx)).await
+}
+
+async fn reconcile_in_turn<C: AdmissionCheckController>(
+    wl: &Arc<Workload>,
+    ctx: &Arc<Context<C>>,
+) -> Result<Action, Error> {
     let started = std::time::Instant::now();
-    let result = reconcile_workload(&wl, &ctx).await;
+    let result = reconcile_workload(wl, ctx).await;
     ctx.metrics.reconciled(started.elapsed(), result.is_ok());
     result
 }

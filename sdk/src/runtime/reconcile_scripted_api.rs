@@ -700,3 +700,14 @@ async fn a_reconcile_of_a_workload_deleted_while_it_waited_decides_nothing() {
     assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 0);
     assert!(api.requests().is_empty());
 }
+
+/// A reconcile waiting for its turn is small: with every cached Workload queued at once (a new
+/// leader, a re-list), memory grows by this much per Workload, not by a whole decision.
+#[tokio::test]
+async fn a_reconcile_waiting_for_its_turn_is_small() {
+    let (cache, _writer) = reflector::store::<Workload>();
+    let (ctx, _api) = Harness::reconciling(Decision::ready("fine"), cache);
+    let waiting = super::reconcile(Arc::new(at("10", deciding())), ctx);
+    let size = std::mem::size_of_val(&waiting);
+    assert!(size <= 256, "a queued reconcile takes {size} bytes");
+}
