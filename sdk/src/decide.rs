@@ -385,7 +385,7 @@ pub fn status_apply_patch(wl: &Workload, entry: &AdmissionCheckState) -> Option<
 /// The skeleton of every server-side apply the runtime sends to a Workload: identity and the
 /// `resourceVersion` of the read the write was decided on, so that a write computed from a
 /// stale Workload is refused (409). `None` without a `resourceVersion`.
-pub(crate) fn conditioned_apply_body(wl: &Workload) -> Option<serde_json::Value> {
+fn conditioned_apply_body(wl: &Workload) -> Option<serde_json::Value> {
     let resource_version = wl.resource_version()?;
     Some(json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2",

@@ -201,6 +201,13 @@ impl WorkloadBuilder {
         self
     }
 
+    /// `metadata.resourceVersion` (default: `1`): what the runtime sends as the precondition of
+    /// its writes and compares with what its cache holds.
+    pub fn resource_version(mut self, version: &str) -> Self {
+        self.wl.metadata.resource_version = Some(version.into());
+        self
+    }
+
     /// `metadata.uid` (default: derived from namespace and name).
     pub fn uid(mut self, uid: &str) -> Self {
         self.wl.metadata.uid = Some(uid.into());

@@ -935,11 +935,9 @@ mod tests {
     }
 
     fn wl(name: &str, version: &str) -> Workload {
-        let mut wl = crate::testing::WorkloadBuilder::new("ns", name)
-            .uid(&format!("uid-{name}"))
-            .build();
-        wl.metadata.resource_version = Some(version.into());
-        wl
+        crate::testing::WorkloadBuilder::new("ns", name)
+            .resource_version(version)
+            .build()
     }
 
     /// Feeds `events` to the Workload watch of a replica that leads (or not) and collects what

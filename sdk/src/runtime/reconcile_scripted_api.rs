@@ -114,12 +114,8 @@ impl Harness {
         answer: Decision,
         cache: reflector::Store<Workload>,
     ) -> (Arc<Context<Probe>>, ScriptedApi) {
-        let Self { ctx, api, .. } = Self::new(answer);
-        let active = Arc::new(ActiveCheck {
-            parameters: NoParameters,
-            policy: RetryPolicy::default(),
-            message: String::new(),
-        });
+        let Self { ctx, active, api } = Self::new(answer);
+        let active = Arc::new(active);
         ctx.registry
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -133,6 +129,11 @@ impl Harness {
         } else {
             self.api.answer(code, body);
         }
+    }
+
+    /// The next request finds the Workload deleted.
+    fn workload_gone(&self) {
+        self.api.fail(404, "NotFound", "workloads \"wl\" not found");
     }
 
     fn conflict(&self) {
@@ -182,8 +183,7 @@ impl Harness {
 }
 
 fn at(rv: &str, b: WorkloadBuilder) -> Workload {
-    b.with(|w| w.metadata.resource_version = Some(rv.into()))
-        .build()
+    b.resource_version(rv).build()
 }
 
 fn deciding() -> WorkloadBuilder {
@@ -485,14 +485,8 @@ async fn a_delay_computed_by_the_check_still_ends_when_it_said_after_a_conflict(
 #[tokio::test]
 async fn a_workload_deleted_before_the_write_is_no_error() {
     let h = Harness::new(Decision::ready("fine"));
-    h.answer(
-        404,
-        status_body(404, "NotFound", "workloads \"wl\" not found"),
-    );
-    h.answer(
-        404,
-        status_body(404, "NotFound", "workloads \"wl\" not found"),
-    );
+    h.workload_gone();
+    h.workload_gone();
     let next = h
         .decide(&at("10", deciding()))
         .await
@@ -600,12 +594,8 @@ async fn a_retry_whose_attempt_record_is_forbidden_is_never_written_uncounted() 
 #[tokio::test]
 async fn a_retry_for_a_workload_deleted_since_the_read_creates_nothing() {
     let h = Harness::new(Decision::retry("busy"));
-    for _ in 0..2 {
-        h.answer(
-            404,
-            status_body(404, "NotFound", "workloads \"wl\" not found"),
-        );
-    }
+    h.workload_gone();
+    h.workload_gone();
     let next = h
         .decide(&at("10", deciding()))
         .await

@@ -194,11 +194,11 @@ mod tests {
     }
 
     fn workload(name: &str, version: &str) -> Arc<Workload> {
-        let mut wl = crate::testing::WorkloadBuilder::new("ns", name)
-            .uid(&format!("uid-{name}"))
-            .build();
-        wl.metadata.resource_version = Some(version.into());
-        Arc::new(wl)
+        Arc::new(
+            crate::testing::WorkloadBuilder::new("ns", name)
+                .resource_version(version)
+                .build(),
+        )
     }
 
     fn names(wls: &[Arc<Workload>]) -> Vec<String> {
@@ -213,7 +213,7 @@ mod tests {
         let done = lists.done();
         assert!(!done.relist);
         assert!(done.gone.is_empty());
-        assert_eq!(done.versions, [("uid-a".to_string(), "1".to_string())]);
+        assert_eq!(done.versions, [("uid-ns-a".to_string(), "1".to_string())]);
     }
 
     #[test]

@@ -1169,27 +1169,11 @@ fn report(
         "| End | Workloads | p50 | p95 | max |\n|---|---|---|---|---|"
     );
     for (end, times) in recorder.times_to_end() {
-        let q = |p: f64| times[((times.len() - 1) as f64 * p) as usize];
-        let _ = writeln!(
-            out,
-            "| {end} | {} | {:.1} | {:.1} | {:.1} |",
-            times.len(),
-            q(0.5),
-            q(0.95),
-            q(1.0)
-        );
+        quantile_row(&mut out, &end.to_string(), &times);
     }
     let held = recorder.quota_held_to_end();
     if !held.is_empty() {
-        let q = |p: f64| held[((held.len() - 1) as f64 * p) as usize];
-        let _ = writeln!(
-            out,
-            "| quota held before the end (every end) | {} | {:.1} | {:.1} | {:.1} |",
-            held.len(),
-            q(0.5),
-            q(0.95),
-            q(1.0)
-        );
+        quantile_row(&mut out, "quota held before the end (every end)", &held);
     }
     let _ = writeln!(
         out,
@@ -1343,4 +1327,18 @@ fn commit() -> &'static str {
         let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
         if dirty { format!("{head}-dirty") } else { head }
     })
+}
+
+/// One row of the time-to-end table: `label`, how many, p50, p95 and max of `sorted` (seconds,
+/// ascending, not empty).
+fn quantile_row(out: &mut String, label: &str, sorted: &[f64]) {
+    let q = |p: f64| sorted[((sorted.len() - 1) as f64 * p) as usize];
+    let _ = writeln!(
+        out,
+        "| {label} | {} | {:.1} | {:.1} | {:.1} |",
+        sorted.len(),
+        q(0.5),
+        q(0.95),
+        q(1.0)
+    );
 }
