@@ -131,6 +131,35 @@ async fn claim_lease(
     }
 }
 
+/// Whether joining the election failed for a reason that passes by itself: the API server
+/// unreachable, overloaded or failing (5xx, 429, 408). A refusal (403, a Lease that is not
+/// ours, an invalid name) is not waited out: it needs the operator.
+fn is_transient(error: &crate::Error) -> bool {
+    match error {
+        crate::Error::LeaderElection(LeaseManagerError::KubeError(e)) => match e {
+            kube::Error::Api(status) => {
+                status.code >= 500 || status.code == 429 || status.code == 408
+            }
+            kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+                true
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// 1 s doubling to 30 s: a restarting API server is back within seconds, a longer outage is
+/// probed twice a minute.
+fn join_backoff() -> crate::retry::RetryPolicy {
+    crate::retry::RetryPolicy::exponential(
+        Duration::from_secs(1),
+        2.0,
+        Duration::from_secs(30),
+        0.2,
+    )
+}
+
 /// A Lease name derived from a controller name (`example.com/budget` → `example.com-budget`):
 /// a DNS subdomain of at most 253 characters, each `.`-separated label starting and ending with
 /// a letter or digit (`a/.b` would otherwise give the invalid label `a-`).
@@ -197,9 +226,31 @@ impl Leadership {
         }
     }
 
-    /// Joins the election; fails if the Lease cannot be read or created (e.g. RBAC), or is
-    /// not this controller's (see [`LEASE_OWNER_ANNOTATION`]).
+    /// Joins the election; fails if the Lease may not be read or created (e.g. RBAC), or is
+    /// not this controller's (see [`LEASE_OWNER_ANNOTATION`]). An API server that cannot be
+    /// reached or answers 5xx/429 is waited for (with backoff, each try logged), so a replica
+    /// started during an outage joins once it ends instead of exiting into a crash loop.
     pub async fn elect(
+        client: Client,
+        config: &LeaderElection,
+        controller_name: &str,
+    ) -> Result<Self, crate::Error> {
+        let mut failures = 0u32;
+        loop {
+            match Self::try_elect(client.clone(), config, controller_name).await {
+                Err(e) if is_transient(&e) => {
+                    failures = failures.saturating_add(1);
+                    let delay = join_backoff().delay(failures, rand::random::<f64>());
+                    warn!(error = %e, source = ?std::error::Error::source(&e), attempt = failures, retry_in = ?delay,
+                        "cannot join the leader election yet; trying again");
+                    tokio::time::sleep(delay).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn try_elect(
         client: Client,
         config: &LeaderElection,
         controller_name: &str,
@@ -390,6 +441,46 @@ mod tests {
                 "{code}: {err:?}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_or_failing_api_server_is_waited_for_and_a_refusal_is_not() {
+        let api = crate::testing::ScriptedApi::new();
+        api.drop_connection();
+        api.fail(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        );
+        api.fail(429, "TooManyRequests", "slow down");
+        api.fail(403, "Forbidden", "leases.coordination.k8s.io is forbidden");
+        let started = tokio::time::Instant::now();
+        let err = Leadership::elect(api.client(), &config(), "example.com/budget")
+            .await
+            .err()
+            .expect("a 403 ends the wait");
+        assert_eq!(err.label(), "leader_election");
+        assert!(format!("{err:?}").contains("forbidden"), "{err:?}");
+        assert_eq!(
+            api.calls().len(),
+            4,
+            "tried again after each transient failure, not after the 403"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_secs(3),
+            "waited between tries: {:?}",
+            started.elapsed()
+        );
+
+        // A Lease of another controller is a configuration error: no second try.
+        let api = crate::testing::ScriptedApi::new();
+        api.answer(200, lease(Some("example.com/license"), None));
+        let err = Leadership::elect(api.client(), &config(), "example.com/budget")
+            .await
+            .err()
+            .expect("not ours");
+        assert_eq!(err.label(), "config");
+        assert_eq!(api.calls().len(), 1);
     }
 
     /// DNS-1123 subdomain: at most 253 characters, labels of `[a-z0-9-]` that start and end with

@@ -192,10 +192,14 @@ where
     };
     let leadership = match &config.leader_election {
         None => leader::Leadership::always(),
-        Some(election) => {
-            leader::Leadership::elect(client.clone(), election, controller.controller_name())
-                .await?
-        }
+        // Joining waits out an unreachable API server; a stop meanwhile ends the run cleanly.
+        Some(election) => tokio::select! {
+            joined = leader::Leadership::elect(client.clone(), election, controller.controller_name()) => joined?,
+            () = shutdown.clone() => {
+                info!("stopped before joining the leader election");
+                return Ok(());
+            }
+        },
     };
 
     // Aborted when this function returns or its future is dropped: nothing it started outlives it.
