@@ -15,7 +15,8 @@ use kueue_admission_sdk::api::{
 };
 use kueue_admission_sdk::prometheus_client::registry::Registry;
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, ErrorClass, ReleaseContext, RetryPolicy,
+    AdmissionCheckController, ApiKind, CheckContext, Decision, ErrorClass, ReleaseContext,
+    RetryPolicy,
 };
 use tracing::{info, warn};
 
@@ -490,6 +491,14 @@ pub(crate) fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// The ProvisioningRequest API this check creates objects of.
+const PROVISIONING_REQUEST_API: ApiKind = ApiKind {
+    group: "autoscaling.x-k8s.io",
+    version: "v1",
+    kind: "ProvisioningRequest",
+    plural: "provisioningrequests",
+};
+
 impl AdmissionCheckController for ProvisioningCheck {
     type Parameters = ProvisioningParameters;
     type Error = Error;
@@ -512,6 +521,12 @@ impl AdmissionCheckController for ProvisioningCheck {
     // its Ready answer is read again.
     fn revalidate_ready_on_change(&self) -> bool {
         true
+    }
+
+    // Without cluster-autoscaler's ProvisioningRequest CRD at v1 nothing can be provisioned:
+    // the check says so on its Active condition instead of failing every Workload's decision.
+    fn required_apis(&self) -> Vec<ApiKind> {
+        vec![PROVISIONING_REQUEST_API]
     }
 
     fn register_metrics(&self, registry: &mut Registry) {
@@ -665,6 +680,15 @@ mod tests {
         });
         assert_ne!(a.instance(), b.instance());
         assert!(a.instance().len() <= 63);
+    }
+
+    #[test]
+    fn the_required_api_is_the_one_requests_are_created_at() {
+        let api = PROVISIONING_REQUEST_API;
+        assert_eq!(api.group, ProvisioningRequest::group(&()));
+        assert_eq!(api.version, ProvisioningRequest::version(&()));
+        assert_eq!(api.kind, ProvisioningRequest::kind(&()));
+        assert_eq!(api.plural, ProvisioningRequest::plural(&()));
     }
 
     #[test]

@@ -68,6 +68,17 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         ErrorClass::of(error)
     }
 
+    /// The APIs, besides Kueue's and its parameters' kind, that this check needs the cluster
+    /// to serve: the kinds of the objects it creates or reads (e.g. a CRD of another project).
+    /// While one is not served at its version, every AdmissionCheck of this controller is
+    /// `Active=False` with reason `ApiNotServed`, naming it and the versions the cluster serves
+    /// instead (so ClusterQueues wait instead of admitting through a check that cannot work);
+    /// the runtime looks again with backoff (1 s doubling to 1 min) and turns the check active
+    /// once the API appears. Read from the discovery endpoints, which every client may read.
+    fn required_apis(&self) -> Vec<ApiKind> {
+        Vec::new()
+    }
+
     /// Registers the check's own metrics beside the runtime's, on the same `/metrics`
     /// endpoint. Use a prefix of the check's own.
     fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
@@ -101,10 +112,11 @@ pub trait CheckParameters: DeserializeOwned + Clone + Debug + Send + Sync + 'sta
     }
 }
 
-/// Group, kind and resource (plural) of a cluster-scoped parameters kind.
+/// Group, version, kind and resource (plural) of an API kind: the one a check's parameters are
+/// read as, or one it needs the cluster to serve ([`AdmissionCheckController::required_apis`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ParametersKind {
-    /// API group, e.g. `kueue.x-k8s.io`.
+pub struct ApiKind {
+    /// API group, e.g. `kueue.x-k8s.io`; empty for the core group.
     pub group: &'static str,
     /// API version to read it at, e.g. `v1beta2`.
     pub version: &'static str,
@@ -113,6 +125,29 @@ pub struct ParametersKind {
     /// Resource name (plural), e.g. `provisioningrequestconfigs`.
     pub plural: &'static str,
 }
+
+impl ApiKind {
+    /// `plural.group/version` (`plural/version` for the core group), as people search for it.
+    pub fn resource_path(&self) -> String {
+        if self.group.is_empty() {
+            format!("{}/{}", self.plural, self.version)
+        } else {
+            format!("{}.{}/{}", self.plural, self.group, self.version)
+        }
+    }
+
+    /// The discovery path of its group and version: `/apis/group/version` (`/api/v1`).
+    pub(crate) fn group_version_path(&self) -> String {
+        if self.group.is_empty() {
+            format!("/api/{}", self.version)
+        } else {
+            format!("/apis/{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// The kind a check's parameters are read as: a cluster-scoped [`ApiKind`].
+pub type ParametersKind = ApiKind;
 
 /// For checks configured by flags alone: `spec.parameters` must be absent.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]

@@ -20,6 +20,10 @@ pub enum Error {
     /// A Workload in the cache lacks what every Workload from the API server has.
     #[error("malformed Workload: {0}")]
     MalformedWorkload(String),
+    /// The cluster does not serve an API the check needs (its CRD is missing or at another
+    /// version); the check is inactive until it does.
+    #[error("API not served: {0}")]
+    ApiNotServed(String),
     /// Flags, environment or kubeconfig do not describe a usable setup.
     #[error("configuration: {0}")]
     Config(String),
@@ -41,6 +45,7 @@ impl Error {
             Error::InvalidDecision(_) => "invalid_decision",
             Error::MalformedWorkload(_) => "malformed_workload",
             Error::Serve(_) => "serve",
+            Error::ApiNotServed(_) => "api_not_served",
             Error::Config(_) => "config",
             Error::LeaderElection(_) => "leader_election",
             Error::LeadershipLost => "leadership_lost",

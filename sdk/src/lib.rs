@@ -31,8 +31,8 @@ pub mod testing;
 pub use prometheus_client;
 
 pub use check::{
-    AdmissionCheckController, CheckContext, CheckParameters, Decision, ErrorClass, NoParameters,
-    ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
+    AdmissionCheckController, ApiKind, CheckContext, CheckParameters, Decision, ErrorClass,
+    NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
 };
 pub use error::Error;
 pub use options::Options;

@@ -10,7 +10,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::api::{ADMISSION_CHECK_ACTIVE, AdmissionCheck, find_condition};
-use crate::check::{AdmissionCheckController, CheckParameters};
+use crate::check::{AdmissionCheckController, ApiKind, CheckParameters};
 use crate::error::Error;
 use crate::retry::RetryPolicy;
 
@@ -21,6 +21,8 @@ pub(crate) mod reason {
     pub const INVALID_PARAMETERS: &str = "InvalidParameters";
     /// The controller's RBAC does not let it read the parameters object.
     pub const PARAMETERS_FORBIDDEN: &str = "ParametersForbidden";
+    /// The cluster does not serve an API the check needs (a CRD missing or at another version).
+    pub const API_NOT_SERVED: &str = "ApiNotServed";
 }
 
 /// A check whose parameters resolved and validated, ready to decide.
@@ -69,6 +71,65 @@ fn bad_ref(message: String) -> Inactive {
     }
 }
 
+/// Whether the cluster serves each of `kinds` at its version, from the discovery endpoints:
+/// `Err(Error::ApiNotServed)` naming the first that is not (and the versions of its group the
+/// cluster serves instead), another `Err` for a failed discovery request.
+pub(crate) async fn require_served(client: &Client, kinds: &[ApiKind]) -> Result<(), Error> {
+    for kind in kinds {
+        let listed = if kind.group.is_empty() {
+            client.list_core_api_resources(kind.version).await
+        } else {
+            client
+                .list_api_group_resources(&format!("{}/{}", kind.group, kind.version))
+                .await
+        };
+        let why = match listed {
+            Ok(list) if list.resources.iter().any(|r| r.name == kind.plural) => continue,
+            Ok(list) => format!(
+                "{} serves no {} (kind {}): it serves {}",
+                kind.group_version_path(),
+                kind.plural,
+                kind.kind,
+                list.resources
+                    .iter()
+                    .filter(|r| !r.name.contains('/'))
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                let groups = client.list_api_groups().await?;
+                let served: Vec<&str> = groups
+                    .groups
+                    .iter()
+                    .filter(|g| g.name == kind.group)
+                    .flat_map(|g| g.versions.iter().map(|v| v.version.as_str()))
+                    .collect();
+                if served.is_empty() {
+                    format!(
+                        "the cluster serves no version of the API group {:?}",
+                        kind.group
+                    )
+                } else {
+                    format!(
+                        "the cluster serves {:?} only at {}",
+                        kind.group,
+                        served.join(", ")
+                    )
+                }
+            }
+            Err(e) => return Err(Error::Api(e)),
+        };
+        return Err(Error::ApiNotServed(format!(
+            "this check needs {} ({}), and {why}; install or upgrade the CustomResourceDefinition \
+             that serves it (the check turns active by itself once it is served)",
+            kind.resource_path(),
+            kind.kind,
+        )));
+    }
+    Ok(())
+}
+
 /// Resolves and validates the parameters an AdmissionCheck names. `Err(Ok(..))` is a user
 /// error to show on the check; `Err(Err(..))` a transient API failure to retry.
 pub(crate) async fn resolve<C: AdmissionCheckController>(
@@ -78,6 +139,11 @@ pub(crate) async fn resolve<C: AdmissionCheckController>(
     max_retry_delay: std::time::Duration,
 ) -> Result<ActiveCheck<C::Parameters>, Result<Inactive, Error>> {
     let wanted = <C::Parameters as CheckParameters>::reference();
+    let needed: Vec<ApiKind> = wanted
+        .into_iter()
+        .chain(controller.required_apis())
+        .collect();
+    require_served(client, &needed).await.map_err(Err)?;
     let reference = ac.spec.parameters.as_ref();
     let parameters: C::Parameters = match (wanted, reference) {
         (None, None) => serde_json::from_value(serde_json::Value::Null).map_err(|e| {
@@ -168,12 +234,29 @@ pub(crate) fn summary<P>(registry: &Registry<P>, check: &str) -> Option<Result<S
     })
 }
 
-/// The `Active=False` to show for an API error while reading a check's parameters that only
-/// the cluster's operator can fix (the controller's own RBAC), or `None` for a transient one.
-pub(crate) fn unreadable<P: CheckParameters>(
+/// The `Active=False` to show for an error while resolving a check that only the cluster's
+/// operator can fix, or `None` for a transient one (the check keeps what it had):
+/// - an API the check needs is not served: nothing it does can work, so the check goes inactive
+///   even if it was active;
+/// - our own RBAC forbids reading the parameters: shown, unless the check is `Active` for its
+///   current spec (turning it inactive would stop its ClusterQueues for what may be a passing
+///   authorizer fault; it keeps the parameters this process last read, if any).
+pub(crate) fn inactive_for<P: CheckParameters>(
     ac: &AdmissionCheck,
     error: &Error,
 ) -> Option<Inactive> {
+    match error {
+        Error::ApiNotServed(message) => Some(Inactive {
+            reason: reason::API_NOT_SERVED,
+            message: message.clone(),
+        }),
+        _ if active_for_current_spec(ac) => None,
+        _ => unreadable::<P>(ac, error),
+    }
+}
+
+/// The `Active=False` for our RBAC refusing to read a check's parameters, or `None`.
+fn unreadable<P: CheckParameters>(ac: &AdmissionCheck, error: &Error) -> Option<Inactive> {
     let (Error::Api(kube::Error::Api(status)), Some(kind), Some(r)) =
         (error, P::reference(), ac.spec.parameters.as_ref())
     else {
@@ -253,4 +336,154 @@ pub(crate) async fn apply_active_condition(
         )
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::ScriptedApi;
+
+    const PROVISIONING_REQUEST: ApiKind = ApiKind {
+        group: "autoscaling.x-k8s.io",
+        version: "v1",
+        kind: "ProvisioningRequest",
+        plural: "provisioningrequests",
+    };
+
+    fn resources(names: &[&str]) -> serde_json::Value {
+        json!({
+            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "autoscaling.x-k8s.io/v1",
+            "resources": names.iter().map(|n| json!({
+                "name": n, "singularName": "", "namespaced": true, "kind": "X", "verbs": ["get"],
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn groups(versions: &[&str]) -> serde_json::Value {
+        json!({
+            "kind": "APIGroupList", "apiVersion": "v1",
+            "groups": [{
+                "name": "autoscaling.x-k8s.io",
+                "versions": versions.iter().map(|v| json!({"groupVersion": format!("autoscaling.x-k8s.io/{v}"), "version": v})).collect::<Vec<_>>(),
+            }, {
+                "name": "kueue.x-k8s.io",
+                "versions": [{"groupVersion": "kueue.x-k8s.io/v1", "version": "v1"}],
+            }],
+        })
+    }
+
+    #[tokio::test]
+    async fn a_served_api_passes_with_one_discovery_request() {
+        let api = ScriptedApi::new();
+        api.answer(
+            200,
+            resources(&["provisioningrequests", "provisioningrequests/status"]),
+        );
+        require_served(&api.client(), &[PROVISIONING_REQUEST])
+            .await
+            .expect("served");
+        assert_eq!(api.calls(), ["GET /apis/autoscaling.x-k8s.io/v1"]);
+    }
+
+    #[tokio::test]
+    async fn an_api_at_another_version_is_named_with_the_versions_served() {
+        let api = ScriptedApi::new();
+        api.fail(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+        api.answer(200, groups(&["v1beta1"]));
+        let err = require_served(&api.client(), &[PROVISIONING_REQUEST])
+            .await
+            .expect_err("not served");
+        assert_eq!(err.label(), "api_not_served");
+        let message = err.to_string();
+        assert!(
+            message.contains("provisioningrequests.autoscaling.x-k8s.io/v1")
+                && message.contains("only at v1beta1")
+                && message.contains("CustomResourceDefinition"),
+            "{message}"
+        );
+        assert_eq!(
+            api.calls(),
+            ["GET /apis/autoscaling.x-k8s.io/v1", "GET /apis"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_group_or_resource_is_named() {
+        let api = ScriptedApi::new();
+        api.fail(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+        api.answer(200, groups(&[]));
+        let err = require_served(&api.client(), &[PROVISIONING_REQUEST])
+            .await
+            .expect_err("no group");
+        assert!(
+            err.to_string()
+                .contains("serves no version of the API group \"autoscaling.x-k8s.io\""),
+            "{err}"
+        );
+
+        let api = ScriptedApi::new();
+        api.answer(200, resources(&["provisioningrequestthings"]));
+        let err = require_served(&api.client(), &[PROVISIONING_REQUEST])
+            .await
+            .expect_err("no such resource in the group");
+        assert!(
+            err.to_string().contains("serves no provisioningrequests")
+                && err.to_string().contains("provisioningrequestthings"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_discovery_is_an_api_error_to_retry_not_a_verdict() {
+        for code in [500, 503, 429, 403] {
+            let api = ScriptedApi::new();
+            api.fail(code, "Failure", "discovery failed");
+            let err = require_served(&api.client(), &[PROVISIONING_REQUEST])
+                .await
+                .expect_err("failed");
+            assert_eq!(err.label(), "api", "{code}");
+        }
+    }
+
+    fn admission_check(active: bool) -> AdmissionCheck {
+        let mut ac: AdmissionCheck = serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+            "metadata": {"name": "capacity", "generation": 2},
+            "spec": {"controllerName": "example.com/capacity"},
+        }))
+        .expect("an AdmissionCheck");
+        if active {
+            ac.status = serde_json::from_value(json!({"conditions": [{
+                "type": "Active", "status": "True", "reason": "Active", "message": "",
+                "lastTransitionTime": "2026-11-25T00:00:00Z", "observedGeneration": 2,
+            }]}))
+            .expect("a status");
+        }
+        ac
+    }
+
+    #[test]
+    fn an_api_not_served_turns_even_an_active_check_inactive_a_transient_error_does_not() {
+        let not_served = Error::ApiNotServed("needs widgets.example.com/v1".into());
+        for active in [false, true] {
+            let inactive =
+                inactive_for::<crate::NoParameters>(&admission_check(active), &not_served)
+                    .expect("inactive");
+            assert_eq!(inactive.reason, reason::API_NOT_SERVED);
+            assert!(inactive.message.contains("widgets.example.com/v1"));
+        }
+        let transient = Error::Config("anything else".into());
+        assert_eq!(
+            inactive_for::<crate::NoParameters>(&admission_check(false), &transient),
+            None
+        );
+    }
 }

@@ -827,16 +827,14 @@ async fn sync_check<C: AdmissionCheckController>(
             warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
             (Err(inactive), None)
         }
-        Err(Err(e)) => match checks::unreadable::<C::Parameters>(ac, &e) {
-            // Our own RBAC: shown on the check, and tried again until it is fixed; but a check
-            // that is Active for its current spec stays so (turning it inactive would stop its
-            // ClusterQueues for what may be a passing authorizer fault), with the parameters
-            // this process last read, if any.
-            Some(inactive) if !checks::active_for_current_spec(ac) => {
+        // Shown on the check, and tried again until fixed: an API the check needs that is
+        // not served, or our own RBAC (see `checks::inactive_for`).
+        Err(Err(e)) => match checks::inactive_for::<C::Parameters>(ac, &e) {
+            Some(inactive) => {
                 warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
                 (Err(inactive), Some(e))
             }
-            Some(_) | None => {
+            None => {
                 if checks::summary(registry, &name).is_none() {
                     // Never resolved here: not served, whatever the condition says.
                     metrics.check_active(&name, false);

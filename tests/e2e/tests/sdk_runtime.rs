@@ -14,8 +14,8 @@ use kueue_admission_sdk::api::{
     ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, find_condition, workload_condition as cond,
 };
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
-    RetryPolicy, RuntimeConfig, run,
+    AdmissionCheckController, ApiKind, CheckContext, Decision, NoParameters, ReleaseContext,
+    ReleaseReason, RetryPolicy, RuntimeConfig, run,
 };
 use serde_json::json;
 
@@ -512,5 +512,145 @@ async fn a_failing_check_is_retried_with_growing_delays_until_it_answers() -> Re
         Some(3.0),
         "{metrics}"
     );
+    Ok(())
+}
+
+/// A check that needs an API of another project (here a `Widget` CRD made for this test alone)
+/// and answers `Ready` once it can work.
+struct NeedsWidgets {
+    controller_name: String,
+    group: &'static str,
+}
+
+impl AdmissionCheckController for NeedsWidgets {
+    type Parameters = NoParameters;
+    type Error = Infallible;
+
+    fn controller_name(&self) -> &str {
+        &self.controller_name
+    }
+
+    fn required_apis(&self) -> Vec<ApiKind> {
+        vec![ApiKind {
+            group: self.group,
+            version: "v1",
+            kind: "Widget",
+            plural: "widgets",
+        }]
+    }
+
+    async fn decide(&self, _: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
+        Ok(Decision::ready("widgets are served"))
+    }
+}
+
+/// The `Widget` CRD of `group`, serving `versions` (the first one stored).
+fn widget_crd(group: &str, versions: &[&str]) -> serde_json::Value {
+    let versions: Vec<_> = versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            json!({
+                "name": v, "served": true, "storage": i == 0,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {
+            "group": group,
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget", "listKind": "WidgetList"},
+            "scope": "Namespaced",
+            "versions": versions,
+        },
+    })
+}
+
+/// Catalogue: an API the check needs missing, or served at another version, makes its
+/// AdmissionCheck `Active=False` (`ApiNotServed`, naming the API and what the cluster serves);
+/// Kueue then keeps the ClusterQueue inactive. Installing the CRD at the right version makes the
+/// check active by itself, and Workloads are admitted through it.
+#[tokio::test]
+async fn a_check_whose_api_is_not_served_is_inactive_until_its_crd_is_installed() -> Result<()> {
+    let env = TestEnv::new("sdk-api-served").await?;
+    let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
+    let queue = env.guarded_queue("check", &controller_name, "4").await?;
+    // A group of this test's own: `<namespace>.e2e.example.com` (a DNS subdomain).
+    let group: &'static str = Box::leak(format!("{}.e2e.example.com", env.ns).into_boxed_str());
+    let config = RuntimeConfig {
+        leader_election: None,
+        field_manager: format!("e2e-{}", env.ns),
+        ..Default::default()
+    };
+    tokio::spawn(run(
+        env.client.clone(),
+        NeedsWidgets {
+            controller_name,
+            group,
+        },
+        config,
+    ));
+    let checks = Api::<AdmissionCheck>::all(env.client.clone());
+    let not_served = |what: &'static str| {
+        move |ac: &AdmissionCheck| {
+            active_condition(ac)
+                .is_some_and(|(s, r, m)| s == "False" && r == "ApiNotServed" && m.contains(what))
+        }
+    };
+    let ac = e2e::wait_for(
+        checks.clone(),
+        &queue.check,
+        "Active=False ApiNotServed, no version of the group",
+        not_served("serves no version of the API group"),
+    )
+    .await?;
+    let (_, _, message) = active_condition(&ac).unwrap_or_default();
+    assert!(
+        message.contains(&format!("widgets.{group}/v1 (Widget)"))
+            && message.contains("CustomResourceDefinition"),
+        "{message}"
+    );
+    let cqs = Api::<kueue_admission_sdk::api::ClusterQueue>::all(env.client.clone());
+    e2e::wait_for(
+        cqs,
+        &queue.cluster_queue,
+        "ClusterQueue Active=False",
+        |cq| {
+            let conds = cq
+                .status
+                .as_ref()
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default();
+            find_condition(conds, "Active").is_some_and(|c| c.status == "False")
+        },
+    )
+    .await?;
+
+    // Installed at another version: named, still inactive (looked at again with backoff).
+    let crd_name = format!("widgets.{group}");
+    e2e::chart::apply(&env.client, &widget_crd(group, &["v1alpha1"]), "e2e").await?;
+    e2e::wait_for(
+        checks.clone(),
+        &queue.check,
+        "Active=False ApiNotServed, only at v1alpha1",
+        not_served("only at v1alpha1"),
+    )
+    .await?;
+
+    // Served at v1 too: active by itself, and a Job is admitted through the check.
+    e2e::chart::apply(&env.client, &widget_crd(group, &["v1alpha1", "v1"]), "e2e").await?;
+    e2e::wait_for(checks, &queue.check, "Active=True", |ac| {
+        active_condition(ac).is_some_and(|(s, _, _)| s == "True")
+    })
+    .await?;
+    let workload = env.submit_job("job", "lq", "1").await?;
+    env.wait_admitted(&workload).await?;
+
+    Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(env.client.clone())
+        .delete(&crd_name, &Default::default())
+        .await?;
     Ok(())
 }
