@@ -114,6 +114,13 @@ pub struct Options {
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub kube_api_burst: u64,
 
+    /// Seconds each API request (not a watch) may wait for its answer once sent, before it
+    /// fails and is retried; Lease requests wait at most 10 s. Time spent waiting for the rate
+    /// limit does not count.
+    #[arg(long, env = "KUEUE_AC_KUBE_API_TIMEOUT_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub kube_api_timeout_seconds: u64,
+
     /// Elect a leader on a Lease so that several replicas can run and only one writes.
     #[arg(long, env = "KUEUE_AC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -178,6 +185,7 @@ impl Options {
             self.kube_config().await?,
             self.kube_api_qps,
             self.kube_api_burst,
+            Duration::from_secs(self.kube_api_timeout_seconds),
         )
     }
 
@@ -275,11 +283,16 @@ impl Options {
 }
 
 /// A client that sends at most `burst` requests per `burst / qps` seconds, Lease requests
-/// exempt (see [`budget`]): tower's own rate limit, so no hand-written token bucket. Requests
-/// over the limit wait in a first-come-first-served queue.
-fn rate_limited(config: Config, qps: f64, burst: u64) -> Result<Client, Error> {
+/// exempt, and fails a request unanswered after `deadline` (see [`budget`]): tower's own rate
+/// limit, so no hand-written token bucket. Requests over the limit wait in a
+/// first-come-first-served queue.
+fn rate_limited(config: Config, qps: f64, burst: u64, deadline: Duration) -> Result<Client, Error> {
     let period = Duration::from_secs_f64(burst as f64 / qps);
-    let layer = budget::BudgetLayer { burst, period };
+    let layer = budget::BudgetLayer {
+        burst,
+        period,
+        deadline,
+    };
     let builder = ClientBuilder::try_from(config)
         .map_err(|e| Error::Config(format!("building the API client: {e}")))?;
     Ok(builder.with_layer(&layer).build())
@@ -329,6 +342,8 @@ mod tests {
             "--kube-api-qps=-3",
             "--kube-api-qps=NaN",
             "--kube-api-burst=0",
+            "--kube-api-timeout-seconds=0",
+            "--kube-api-timeout-seconds=601",
             "--lease-duration-seconds=1",
             "--metrics-address=nowhere",
             "--max-retry-delay-seconds=0",

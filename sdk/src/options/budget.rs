@@ -1,4 +1,5 @@
-//! The client-side rate limit of a check's API client, with the leader election exempt.
+//! The client-side limits of a check's API client: a rate limit with the leader election
+//! exempt, and a deadline for each request's answer.
 //!
 //! Every request waits its turn under the limit (tower's `RateLimit` behind a `Buffer`, first
 //! come first served), except Lease requests: a leader that must renew its Lease while hundreds
@@ -22,15 +23,80 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 /// Requests to this API group (Leases) are not counted against the budget.
 const EXEMPT_PREFIX: &str = "/apis/coordination.k8s.io/";
 
+/// The longest a Lease request may go unanswered, whatever the general deadline: client-go's
+/// leader election gives up a renewal after the same 10 s, well inside a 15 s Lease, so a
+/// leader on a dead connection learns it before a standby takes over.
+const LEASE_DEADLINE: Duration = Duration::from_secs(10);
+
 /// Requests that may wait for the budget at once before callers wait to enqueue (kube's own
 /// client buffer has the same bound).
 const QUEUE: usize = 1024;
 
-/// At most `burst` requests per `period`, Leases exempt.
+/// At most `burst` requests per `period`, Leases exempt; each request answered within
+/// `deadline` (counted from when it is sent, not from when it joined the queue) or failed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BudgetLayer {
     pub burst: u64,
     pub period: Duration,
+    pub deadline: Duration,
+}
+
+/// Fails a request whose answer (status and headers) has not come within its deadline. A
+/// watch is exempt: it is answered at once and then streams for minutes by design. Without
+/// this, a request on a connection that died silently waits for kube's read timeout (295 s)
+/// while holding one of the reconcile turns.
+#[derive(Clone)]
+struct Deadline<S> {
+    inner: S,
+    general: Duration,
+}
+
+impl<S> Service<Request<Body>> for Deadline<S>
+where
+    S: Service<Request<Body>>,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<S::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let deadline = deadline_of(&request, self.general);
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let Some(deadline) = deadline else {
+                return answer.await.map_err(Into::into);
+            };
+            match tokio::time::timeout(deadline, answer).await {
+                Ok(answered) => answered.map_err(Into::into),
+                Err(_) => Err(format!(
+                    "no answer from the API server within {} s (--kube-api-timeout-seconds)",
+                    deadline.as_secs_f64()
+                )
+                .into()),
+            }
+        })
+    }
+}
+
+/// The deadline of `request`: none for a watch, at most [`LEASE_DEADLINE`] for a Lease.
+fn deadline_of(request: &Request<Body>, general: Duration) -> Option<Duration> {
+    let watch = request
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    if watch {
+        None
+    } else if request.uri().path().starts_with(EXEMPT_PREFIX) {
+        Some(general.min(LEASE_DEADLINE))
+    } else {
+        Some(general)
+    }
 }
 
 /// The service [`BudgetLayer`] makes.
@@ -50,8 +116,14 @@ where
     type Service = Budgeted<S::Response>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        // Both paths share the one connection pool below.
-        let shared = Buffer::new(inner, QUEUE);
+        // Both paths share the one connection pool below, each request under its deadline.
+        let shared = Buffer::new(
+            Deadline {
+                inner,
+                general: self.deadline,
+            },
+            QUEUE,
+        );
         let limited = Buffer::new(
             RateLimit::new(shared.clone(), Rate::new(self.burst, self.period)),
             QUEUE,
@@ -112,6 +184,7 @@ mod tests {
         let svc = BudgetLayer {
             burst: 1,
             period: Duration::from_secs(3600),
+            deadline: Duration::from_secs(30),
         }
         .layer(inner);
         svc.clone()
@@ -135,5 +208,53 @@ mod tests {
         assert_eq!(served.load(Ordering::SeqCst), 2);
         assert!(!waiting.is_finished(), "the budget was not enforced");
         waiting.abort();
+    }
+
+    /// A server that never answers anything.
+    fn silent() -> impl Service<
+        Request<Body>,
+        Response = (),
+        Error = BoxError,
+        Future = impl Future<Output = Result<(), BoxError>> + Send + 'static,
+    > + Send
+    + 'static {
+        tower::service_fn(|_req: Request<Body>| std::future::pending::<Result<(), BoxError>>())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_request_fails_at_its_deadline_a_watch_never_does() {
+        let svc = BudgetLayer {
+            burst: 100,
+            period: Duration::from_secs(1),
+            deadline: Duration::from_secs(30),
+        }
+        .layer(silent());
+        let started = tokio::time::Instant::now();
+        let err = svc
+            .clone()
+            .oneshot(request(
+                "/apis/kueue.x-k8s.io/v1beta2/namespaces/a/workloads/w/status?fieldManager=x",
+            ))
+            .await
+            .expect_err("no answer");
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        assert!(err.to_string().contains("within 30 s"), "{err}");
+
+        // A Lease request gives up sooner, inside the Lease's own duration.
+        let started = tokio::time::Instant::now();
+        svc.clone()
+            .oneshot(request(
+                "/apis/coordination.k8s.io/v1/namespaces/ns/leases/check",
+            ))
+            .await
+            .expect_err("no answer");
+        assert_eq!(started.elapsed(), LEASE_DEADLINE);
+
+        let watch = tokio::spawn(svc.clone().oneshot(request(
+            "/apis/kueue.x-k8s.io/v1beta2/workloads?watch=true&resourceVersion=1",
+        )));
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(!watch.is_finished(), "a watch was cut by the deadline");
+        watch.abort();
     }
 }
