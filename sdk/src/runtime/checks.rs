@@ -315,18 +315,19 @@ pub(crate) fn desired_active_condition(
     })
 }
 
-/// Writes the `Active` condition with a server-side apply of that condition only.
+/// Writes the check's conditions of this controller (`Active`, and the claim of
+/// [`super::claim`]) with a server-side apply of those conditions only: one left out is removed.
 pub(crate) async fn apply_active_condition(
     client: &Client,
     field_manager: &str,
     ac: &AdmissionCheck,
-    condition: Condition,
+    conditions: Vec<Condition>,
 ) -> Result<(), Error> {
     let body = json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "AdmissionCheck",
         "metadata": {"name": ac.name_any()},
-        "status": {"conditions": [condition]},
+        "status": {"conditions": conditions},
     });
     Api::<AdmissionCheck>::all(client.clone())
         .patch_status(

@@ -78,6 +78,7 @@ pub(crate) struct Metrics {
     conflicts: Family<CheckLabels, Counter>,
     check_active: Family<CheckLabels, Gauge>,
     check_sync_errors: Family<CheckLabels, Counter>,
+    check_claimed_elsewhere: Family<CheckLabels, Gauge>,
     retry_delays_clamped: Family<CheckLabels, Counter>,
     permanent_failures: Family<CheckLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram>,
@@ -114,6 +115,7 @@ impl Metrics {
         let conflicts = Family::<CheckLabels, Counter>::default();
         let check_active = Family::<CheckLabels, Gauge>::default();
         let check_sync_errors = Family::<CheckLabels, Counter>::default();
+        let check_claimed_elsewhere = Family::<CheckLabels, Gauge>::default();
         let retry_delays_clamped = Family::<CheckLabels, Counter>::default();
         let permanent_failures = Family::<CheckLabels, Counter>::default();
         let reconcile_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
@@ -171,6 +173,11 @@ impl Metrics {
             check_sync_errors.clone(),
         );
         registry.register(
+            "check_claimed_elsewhere",
+            "1 while another deployment with the same controllerName answers the AdmissionCheck (this one stands down for it)",
+            check_claimed_elsewhere.clone(),
+        );
+        registry.register(
             "retry_delays_clamped",
             "Retry delays longer than the ceiling (--max-retry-delay) that were written as the ceiling",
             retry_delays_clamped.clone(),
@@ -200,6 +207,7 @@ impl Metrics {
             conflicts,
             check_active,
             check_sync_errors,
+            check_claimed_elsewhere,
             retry_delays_clamped,
             permanent_failures,
             reconcile_duration,
@@ -293,6 +301,18 @@ impl Metrics {
                 check: check.into(),
             })
             .inc();
+    }
+
+    /// Another deployment claims the check (1), or no longer does (the series goes away).
+    pub fn check_claimed_elsewhere(&self, check: &str, claimed: bool) {
+        let labels = CheckLabels {
+            check: check.into(),
+        };
+        if claimed {
+            self.check_claimed_elsewhere.get_or_create(&labels).set(1);
+        } else {
+            self.check_claimed_elsewhere.remove(&labels);
+        }
     }
 
     /// A Retry delay was cut to the ceiling.

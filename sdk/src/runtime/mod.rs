@@ -12,6 +12,7 @@
 //! revalidation) and error backoff.
 
 mod checks;
+mod claim;
 mod extensions;
 mod http;
 mod leader;
@@ -31,9 +32,9 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use extensions::{Extensions, LeaderContext, WorkloadWaker};
 pub use leader::{LEASE_OWNER_ANNOTATION, LeaderElection, lease_name_for};
@@ -219,6 +220,7 @@ where
         checks_synced.clone(),
         leadership.leading.clone(),
         config.max_retry_delay,
+        config.leader_election.as_ref().map(claim::claim_of),
     )));
     // Ready once both watches delivered their first complete list (InitDone), seen on the
     // streams themselves.
@@ -262,6 +264,7 @@ where
     })));
     let recorder = Recorder::new(client.clone(), Reporter::from(config.field_manager.clone()));
     let extension_client = client.clone();
+    let (claims_client, claimed) = (client.clone(), registry.clone());
     let ctx = Arc::new(
         reconcile::Context::new(
             client, controller, registry, &config, recorder, metrics, own_writes,
@@ -379,6 +382,23 @@ where
     // nothing may write after it.
     leader_tasks.stop().await;
     background.stop().await;
+    // A leader stopping cleanly (not one that lost its Lease) withdraws its claims while it
+    // still holds the Lease, before a standby of its own could write them again.
+    if let (true, Ok(()), Some(election)) = (became_leader, &outcome, &config.leader_election) {
+        let names: Vec<String> = claimed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        withdraw_claims(
+            &claims_client,
+            &config.field_manager,
+            &claim::claim_of(election),
+            &names,
+        )
+        .await;
+    }
     drop(leading);
     leadership.release(RELEASE_TIMEOUT).await;
     drop(server);
@@ -578,7 +598,13 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     synced: Arc<tokio::sync::Notify>,
     mut leading: watch::Receiver<bool>,
     max_retry_delay: Duration,
+    // This deployment's claim on the checks it answers (`None` without leader election).
+    claim: Option<String>,
 ) {
+    let recorder = Recorder::new(client.clone(), Reporter::from(field_manager.clone()));
+    // Checks another deployment claims, with the claim and what to tell the operator: this one
+    // stands down for them.
+    let mut claimed_elsewhere: BTreeMap<String, (String, ClaimedElsewhere)> = BTreeMap::new();
     let api = Api::<AdmissionCheck>::all(client.clone());
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
     let mut parameters = std::pin::pin!(watch_parameters::<C::Parameters>(client.clone()));
@@ -603,8 +629,31 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                     let touched = names.observe(&event);
                     match event {
                         watcher::Event::Apply(ac) | watcher::Event::InitApply(ac)
+                            if ac.spec.controller_name == controller.controller_name()
+                                && claimed_by_another(claim.as_deref(), &ac).is_some() =>
+                        {
+                            let name = ac.name_any();
+                            let other = claimed_by_another(claim.as_deref(), &ac).unwrap_or_default();
+                            if claimed_elsewhere.get(&name).is_none_or(|(seen, _)| *seen != other) {
+                                let found = ClaimedElsewhere::new(&ac, controller.controller_name(), &other);
+                                error!(check = %name, "{}", found.message);
+                                metrics.check_claimed_elsewhere(&name, true);
+                                let lead = *leading.borrow();
+                                if lead {
+                                    found.publish(&recorder).await;
+                                }
+                                claimed_elsewhere.insert(name.clone(), (other, found));
+                            }
+                            // Forgotten like a check that went away: nothing answered or released here.
+                            (Vec::new(), SyncCause::Changed, vec![name])
+                        }
+                        watcher::Event::Apply(ac) | watcher::Event::InitApply(ac)
                             if ac.spec.controller_name == controller.controller_name() =>
                         {
+                            if claimed_elsewhere.remove(&ac.name_any()).is_some() {
+                                info!(check = %ac.name_any(), "no other deployment claims the admission check any more: answering it");
+                                metrics.check_claimed_elsewhere(&ac.name_any(), false);
+                            }
                             let before = ours.insert(ac.name_any(), ac.clone());
                             // Its spec changed (or it is new): resolve it again. Only its status
                             // changed (our own condition coming back, Kueue's finalizer): write
@@ -613,8 +662,11 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                             let spec_changed = before.is_none_or(|b| {
                                 b.metadata.generation != ac.metadata.generation || b.spec != ac.spec
                             });
-                            let condition_off = checks::summary(&registry, &ac.name_any())
-                                .is_none_or(|state| {
+                            let unclaimed = claim
+                                .as_deref()
+                                .is_some_and(|ours| claim::judge(&ac, ours) != claim::Claim::Ours);
+                            let condition_off = unclaimed
+                                || checks::summary(&registry, &ac.name_any()).is_none_or(|state| {
                                     checks::desired_active_condition(
                                         &ac,
                                         &state,
@@ -634,7 +686,14 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                             (Vec::new(), SyncCause::Changed, touched)
                         }
                         // Deleted, not (or no longer) ours, or a list beginning.
-                        _ => (Vec::new(), SyncCause::Changed, touched),
+                        _ => {
+                            for name in &touched {
+                                if claimed_elsewhere.remove(name).is_some() {
+                                    metrics.check_claimed_elsewhere(name, false);
+                                }
+                            }
+                            (Vec::new(), SyncCause::Changed, touched)
+                        }
                     }
                 }
             },
@@ -645,6 +704,10 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 }
                 if !*leading.borrow_and_update() {
                     continue;
+                }
+                // A standby found these before it led: the Events are the leader's to write.
+                for (_, found) in claimed_elsewhere.values() {
+                    found.publish(&recorder).await;
                 }
                 // To write every condition; taking the lead reconciles every Workload anyway.
                 (ours.values().cloned().collect(), SyncCause::Rewrite, Vec::new())
@@ -689,7 +752,7 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 &client,
                 controller.as_ref(),
                 &registry,
-                &field_manager,
+                (&field_manager, claim.as_deref()),
                 ac,
                 &metrics,
                 write,
@@ -729,6 +792,44 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
             // A check appeared, changed or went away: every Workload may now be decided
             // differently.
             let _ = trigger.try_send(());
+        }
+    }
+}
+
+/// The claim of another deployment on `ac`, if this one claims checks (leader election) and
+/// another one's claim is on it.
+fn claimed_by_another(ours: Option<&str>, ac: &AdmissionCheck) -> Option<String> {
+    match claim::judge(ac, ours?) {
+        claim::Claim::Elsewhere(other) => Some(other),
+        claim::Claim::Ours | claim::Claim::Unclaimed => None,
+    }
+}
+
+/// Another deployment's claim found on one of our checks: what the log, and the leader's
+/// Warning Event on the check, tell the operator.
+struct ClaimedElsewhere {
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+    message: String,
+}
+
+impl ClaimedElsewhere {
+    fn new(ac: &AdmissionCheck, controller_name: &str, other: &str) -> Self {
+        Self {
+            reference: ac.object_ref(&()),
+            message: claim::conflict_message(&ac.name_any(), controller_name, other),
+        }
+    }
+
+    async fn publish(&self, recorder: &Recorder) {
+        let event = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: "ClaimedElsewhere".into(),
+            note: Some(self.message.clone()),
+            action: "StandDown".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &self.reference).await {
+            warn!(check = ?self.reference.name, error = %e, "publishing an event");
         }
     }
 }
@@ -814,7 +915,7 @@ async fn sync_check<C: AdmissionCheckController>(
     client: &Client,
     controller: &C,
     registry: &checks::Registry<C::Parameters>,
-    field_manager: &str,
+    (field_manager, claim): (&str, Option<&str>),
     ac: &AdmissionCheck,
     metrics: &metrics::Metrics,
     write_condition: bool,
@@ -853,7 +954,7 @@ async fn sync_check<C: AdmissionCheckController>(
     metrics.check_active(&name, state.is_ok());
     write_registry(registry).insert(name.clone(), resolved);
     let written = if write_condition {
-        write_active_condition(client, field_manager, ac, &state).await
+        write_active_condition(client, field_manager, ac, &state, claim).await
     } else {
         Ok(())
     };
@@ -869,6 +970,7 @@ async fn write_active_condition(
     field_manager: &str,
     ac: &AdmissionCheck,
     state: &Result<String, checks::Inactive>,
+    claim: Option<&str>,
 ) -> Result<(), Error> {
     // Compared with the check as it is now, not as cached: the watch may not have brought back
     // a condition written a moment ago, and writing it again would move its lastTransitionTime.
@@ -886,12 +988,66 @@ async fn write_active_condition(
     {
         return Ok(());
     }
-    if let Some(condition) =
-        checks::desired_active_condition(&current, state, k8s_openapi::jiff::Timestamp::now())
-    {
-        checks::apply_active_condition(client, field_manager, &current, condition).await?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    // Another deployment's claim is never overwritten: its watch event makes this one stand
+    // down. Ours (or none) is written with the Active condition, in the same apply, since an
+    // apply that left it out would remove it.
+    let claim_missing = match claim.map(|ours| claim::judge(&current, ours)) {
+        Some(claim::Claim::Elsewhere(_)) => return Ok(()),
+        Some(claim::Claim::Unclaimed) => true,
+        Some(claim::Claim::Ours) | None => false,
+    };
+    let active = match checks::desired_active_condition(&current, state, now) {
+        Some(condition) => condition,
+        None if claim_missing => {
+            match current.status.as_ref().and_then(|s| {
+                crate::api::find_condition(&s.conditions, crate::api::ADMISSION_CHECK_ACTIVE)
+            }) {
+                Some(condition) => condition.clone(),
+                None => return Ok(()),
+            }
+        }
+        None => return Ok(()),
+    };
+    let mut conditions = vec![active];
+    conditions.extend(claim.map(|ours| claim::claim_condition(&current, ours, now)));
+    checks::apply_active_condition(client, field_manager, &current, conditions).await
+}
+
+/// Withdraws this deployment's claim from every check that carries it, keeping the `Active`
+/// condition as it is: on a clean stop of the leader, so that another deployment (the same
+/// controller moved to another namespace or Lease) takes the checks over. Best effort: a
+/// check left claimed is taken back by this deployment's next leader.
+async fn withdraw_claims(client: &Client, field_manager: &str, ours: &str, checks: &[String]) {
+    let api = Api::<AdmissionCheck>::all(client.clone());
+    for name in checks {
+        let withdrawn = async {
+            let Some(current) = api.get_opt(name).await? else {
+                return Ok(());
+            };
+            if claim::judge(&current, ours) != claim::Claim::Ours {
+                return Ok(());
+            }
+            let active: Vec<_> = current
+                .status
+                .as_ref()
+                .and_then(|s| {
+                    crate::api::find_condition(&s.conditions, crate::api::ADMISSION_CHECK_ACTIVE)
+                })
+                .cloned()
+                .into_iter()
+                .collect();
+            checks::apply_active_condition(client, field_manager, &current, active).await
+        };
+        match withdrawn.await {
+            Ok(()) => {
+                info!(check = %name, "withdrew this deployment's claim on the admission check")
+            }
+            Err(e) => {
+                warn!(check = %name, error = %e, "withdrawing the claim on the admission check")
+            }
+        }
     }
-    Ok(())
 }
 
 fn write_registry<P>(

@@ -798,3 +798,94 @@ async fn decisions_about_a_workload_with_a_253_character_name_have_their_events(
     replica.stop().await?;
     Ok(())
 }
+
+/// The claim condition a leader writes on each check it answers.
+const CLAIM: &str = "kueue-admission-checks.dev/AnsweredBy";
+
+fn claim_on(ac: &kueue_admission_sdk::api::AdmissionCheck) -> Option<String> {
+    let conditions = ac.status.as_ref().map(|s| s.conditions.as_slice())?;
+    kueue_admission_sdk::api::find_condition(conditions, CLAIM)
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.clone())
+}
+
+/// Catalogue: two *deployments* with the same controllerName (here two runtimes electing on
+/// different Leases, as two Helm releases in different namespaces would). The first leader
+/// claims the check (a condition naming its Lease); the second finds the claim, stands down for
+/// the check (its gauge, a Warning Event on the check) and never overwrites it, so each Workload
+/// is answered by one deployment only. A clean stop of the first withdraws its claim, and the
+/// second takes the check over by itself.
+#[tokio::test]
+async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_over() -> Result<()> {
+    let env = TestEnv::new("sdk-two-deployments").await?;
+    let s = setup(&env, false).await?;
+    let lease = Duration::from_secs(6);
+    let deployment = |lease_name: &str, identity: &str| LeaderElection {
+        lease_name: lease_name.into(),
+        ..election(&env, identity, lease)
+    };
+    let checks = Api::<kueue_admission_sdk::api::AdmissionCheck>::all(env.client.clone());
+    let a = s.start(&env, "a", Some(deployment("deployment-a", "a")), None)?;
+    let claimed_by = |lease_name: &str| format!("Lease {}/{lease_name}", env.ns);
+    let (by_a, by_b) = (claimed_by("deployment-a"), claimed_by("deployment-b"));
+    e2e::wait_for(checks.clone(), &s.probe, "claimed by deployment a", |ac| {
+        claim_on(ac).is_some_and(|m| m.ends_with(&by_a))
+    })
+    .await?;
+    let claimed = checks.get(&s.probe).await?;
+
+    let b = s.start(&env, "b", Some(deployment("deployment-b", "b")), None)?;
+    b.wait_ready().await?;
+    let gauge = format!("kueue_ac_check_claimed_elsewhere{{check=\"{}\"}}", s.probe);
+    e2e::wait_metric(b.http, &gauge, 1.0).await?;
+    ensure!(
+        b.metric("kueue_ac_leader").await? == Some(1.0),
+        "b leads its own Lease"
+    );
+    ensure!(a.metric(&gauge).await?.is_none(), "a is not standing down");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(env.client.clone());
+    let warning = e2e::wait_for_any(events, "a ClaimedElsewhere event on the check", |e| {
+        e.involved_object.name.as_deref() == Some(s.probe.as_str())
+            && e.reason.as_deref() == Some("ClaimedElsewhere")
+    })
+    .await?;
+    let note = warning.message.unwrap_or_default();
+    ensure!(
+        note.contains(&by_a) && note.contains("same controllerName"),
+        "{note}"
+    );
+
+    s.script.answer("first", Decision::ready("approved"));
+    let first = env.submit_job("first", "lq", "1").await?;
+    env.wait_admitted(&first).await?;
+    let calls = s.script.calls_for("first");
+    ensure!(
+        !calls.is_empty() && calls.iter().all(|(r, _)| r == "a"),
+        "only the claiming deployment decides: {calls:?}"
+    );
+    let after = checks.get(&s.probe).await?;
+    ensure!(
+        claim_on(&after) == claim_on(&claimed),
+        "the claim was never overwritten: {:?}",
+        claim_on(&after)
+    );
+
+    // A clean stop withdraws the claim; the other deployment takes the check over.
+    a.stop().await?;
+    e2e::wait_for(checks, &s.probe, "claimed by deployment b", |ac| {
+        claim_on(ac).is_some_and(|m| m.ends_with(&by_b))
+    })
+    .await?;
+    s.script.answer("second", Decision::ready("approved"));
+    let second = env.submit_job("second", "lq", "1").await?;
+    env.wait_admitted(&second).await?;
+    let calls = s.script.calls_for("second");
+    ensure!(
+        !calls.is_empty() && calls.iter().all(|(r, _)| r == "b"),
+        "the remaining deployment decides: {calls:?}"
+    );
+    // Taken off in the same step that let b answer the check again.
+    ensure!(b.metric(&gauge).await?.is_none(), "b no longer stands down");
+    b.stop().await?;
+    Ok(())
+}
