@@ -125,7 +125,7 @@ python3 tests/helm/check_observability.py \
   --dashboard "$KPC/dashboards/kueue-admission-checks.json" \
   --rules "$out/chart-kpc-monitoring.yaml,$out/chart-kac-parameters.yaml" \
   --docs docs/operating.md \
-  --require-alerts KueueAdmissionCheckInactive,KueueAdmissionCheckRetriesPilingUp,KueueProvisioningRequestsTimingOut,KueueAdmissionCheckNoLeader,KueueAdmissionCheckControllerDown,KueueAdmissionCheckPermanentFailures,KueueAdmissionCheckRetryDelaysClamped \
+  --require-alerts KueueAdmissionCheckInactive,KueueAdmissionCheckClaimedElsewhere,KueueAdmissionCheckRetriesPilingUp,KueueProvisioningRequestsTimingOut,KueueAdmissionCheckNoLeader,KueueAdmissionCheckControllerDown,KueueAdmissionCheckPermanentFailures,KueueAdmissionCheckRetryDelaysClamped \
   --promtool "$promtool" --alerts-test tests/helm/alerts_test.yaml --test-rules "$out/alerts-under-test.yaml"
 # The dashboard the chart ships in its ConfigMap is the file itself.
 python3 - "$out/chart-kpc-monitoring.yaml" "$KPC/dashboards/kueue-admission-checks.json" <<'PY'
