@@ -268,18 +268,26 @@ async fn assert_requests_stay(
     Ok(())
 }
 
-/// Asserts, for `duration`, that the Workload neither holds quota nor is admitted.
-async fn assert_not_admitted(env: &TestEnv, workload: &str, duration: Duration) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + duration;
-    while tokio::time::Instant::now() < deadline {
-        let wl = env.workloads().get(workload).await?;
-        ensure!(
-            !wl.condition_is_true(cond::QUOTA_RESERVED) && !wl.condition_is_true(cond::ADMITTED),
-            "Workload {workload} got quota on an inactive check:\n{}",
-            dump(&wl)
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+/// Waits until Kueue has judged the Workload and refused it quota because its ClusterQueue `cq`
+/// is inactive (`QuotaReserved=False`, `Inadmissible`, "ClusterQueue <cq> is inactive": the
+/// cause, not a quiet moment), and that it holds no quota and is not admitted.
+async fn assert_not_admitted(env: &TestEnv, workload: &str, cq: &str) -> Result<()> {
+    let refused = format!("ClusterQueue {cq} is inactive");
+    let wl = env
+        .wait_workload(workload, "QuotaReserved=False: the ClusterQueue is inactive", |w| {
+            w.status
+                .as_ref()
+                .and_then(|s| find_condition(&s.conditions, cond::QUOTA_RESERVED))
+                .is_some_and(|c| {
+                    c.status == "False" && c.reason == "Inadmissible" && c.message == refused
+                })
+        })
+        .await?;
+    ensure!(
+        !wl.condition_is_true(cond::ADMITTED),
+        "Workload {workload} admitted on an inactive check:\n{}",
+        dump(&wl)
+    );
     Ok(())
 }
 
@@ -634,7 +642,7 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     );
     wait_cluster_queue_inactive(&env, &cq).await?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    assert_not_admitted(&env, &wl, Duration::from_secs(2)).await?;
+    assert_not_admitted(&env, &wl, &cq).await?;
 
     // Creating the config fixes it.
     let created = env.provisioning_config("prc", json!({})).await?;
@@ -713,8 +721,9 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
     let active_gauge = format!("kueue_ac_check_active{{check=\"{check}\"}}");
 
     // It stays so (by then the controller's watch of configs has listed them: a change to the
-    // config would wake it, an RBAC fix does not), each failed try counted.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // config would wake it, an RBAC fix does not), each failed try counted: the controller has
+    // tried again at least once (the cause) and the check still says why.
+    e2e::wait_metric_where(http, &sync_errors, "at least 2", |n| n >= 2.0).await?;
     let still = wait_active(&env, &check, "False", "ParametersForbidden").await?;
     ensure!(still == c, "{still:?}");
     let metrics = e2e::http_get(http, "/metrics").await?.1;
@@ -803,7 +812,7 @@ async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
     );
     wait_cluster_queue_inactive(&env, &cq).await?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    assert_not_admitted(&env, &wl, Duration::from_secs(2)).await?;
+    assert_not_admitted(&env, &wl, &cq).await?;
     assert_eq!(all_requests(&env).await?, []);
     controller.stop().await?;
     Ok(())
@@ -891,8 +900,8 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
                 .await?,
         );
     }
-    for wl in &workloads {
-        assert_not_admitted(&env, wl, Duration::from_secs(1)).await?;
+    for (wl, (_, _, cq)) in workloads.iter().zip(&cases) {
+        assert_not_admitted(&env, wl, cq).await?;
     }
     assert_eq!(all_requests(&env).await?, []);
 
@@ -905,7 +914,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
         .await?;
     wait_active(&env, &cases[0].1, "True", "Active").await?;
     wait_admitted_ready(&env, &workloads[0], &cases[0].1).await?;
-    assert_not_admitted(&env, &workloads[1], Duration::from_secs(1)).await?;
+    assert_not_admitted(&env, &workloads[1], &cases[1].2).await?;
     controller.stop().await?;
     simulator.stop().await?;
     Ok(())
