@@ -62,6 +62,10 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     turns: tokio::sync::Semaphore,
     /// The Workload cache: a reconcile that waited for its turn decides on the newest version.
     cache: Option<reflector::Store<Workload>>,
+    /// Every check this process has found in the registry: a check that left it (deleted,
+    /// renamed, another controllerName, claimed by another deployment) may still have `asked`
+    /// pairs, released once their Workloads no longer need them. A handful of names.
+    known_checks: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// (Workload uid, check name).
@@ -98,6 +102,7 @@ impl<C: AdmissionCheckController> Context<C> {
             permanent_failure_hold: config.permanent_failure_hold,
             turns: tokio::sync::Semaphore::new(usize::from(config.concurrency.max(1))),
             cache: None,
+            known_checks: Default::default(),
         }
     }
 
@@ -310,7 +315,18 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         );
     }
     remember_earlier_answers(ctx, wl, &all_ours);
-    release_idle(ctx, wl, &all_ours).await?;
+    // Releases cover the checks gone from the registry too: a check deleted or renamed while
+    // Workloads held something for it (Kueue then drops its entries: the check is idle).
+    let releasable: Vec<String> = {
+        let mut known = lock(&ctx.known_checks);
+        for check in &all_ours {
+            if !known.contains(check) {
+                known.insert(check.clone());
+            }
+        }
+        known.iter().cloned().collect()
+    };
+    release_idle(ctx, wl, &releasable).await?;
     let mut requeue: Option<Duration> = None;
     for (check, active) in ours {
         // One span per check and reconcile: every log line inside names the Workload and check.

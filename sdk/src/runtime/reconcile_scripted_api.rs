@@ -16,7 +16,9 @@ use super::super::own_writes::OwnWrites;
 use super::super::{RuntimeConfig, metrics::Metrics};
 use super::{Context, decide_one};
 use crate::api::{AdmissionCheckState, CheckState, Workload};
-use crate::check::{AdmissionCheckController, CheckContext, Decision, NoParameters};
+use crate::check::{
+    AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
+};
 use crate::retry::RetryPolicy;
 use crate::testing::{ScriptedApi, SeenRequest, WorkloadBuilder, status_body};
 
@@ -25,11 +27,12 @@ const CHECK: &str = "probe";
 /// The scripted "status" of a request the server drops without an answer.
 const DROP: u16 = 0;
 
-/// A check that answers `answer` and counts how often it was asked.
+/// A check that answers `answer`, counts how often it was asked and records its releases.
 struct Probe {
     answer: Decision,
     asked: AtomicU32,
     revalidate: bool,
+    released: std::sync::Mutex<Vec<(String, ReleaseReason)>>,
 }
 
 /// The answer of [`Probe`] that stands for "retry at the next whole minute": computed from
@@ -57,6 +60,14 @@ impl AdmissionCheckController for Probe {
             return Ok(Decision::retry_after(UNTIL_NEXT_MINUTE, left));
         }
         Ok(self.answer.clone())
+    }
+
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Infallible> {
+        self.released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((ctx.check_name.to_string(), ctx.reason));
+        Ok(())
     }
 }
 
@@ -93,6 +104,7 @@ impl Harness {
                 answer,
                 asked: AtomicU32::new(0),
                 revalidate,
+                released: Default::default(),
             }),
             Arc::default(),
             &config,
@@ -700,4 +712,55 @@ async fn a_reconcile_waiting_for_its_turn_is_small() {
     let waiting = super::reconcile(Arc::new(at("10", deciding())), ctx);
     let size = std::mem::size_of_val(&waiting);
     assert!(size <= 256, "a queued reconcile takes {size} bytes");
+}
+
+/// A check deleted or renamed while a Workload held something for it: Kueue drops its entry
+/// (the Workload keeps its quota, admitted or not) and the check leaves the registry. What the
+/// Workload holds for it is still released (found by an end-to-end test: the old check's
+/// ProvisioningRequests leaked when only the registry's checks were released).
+#[tokio::test]
+async fn a_check_gone_from_the_registry_still_releases_what_its_workloads_hold() {
+    use kube::runtime::watcher::Event;
+    let (cache, mut writer) = reflector::store::<Workload>();
+    writer.apply_watcher_event(&Event::Apply(at("11", deciding())));
+    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache.clone());
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(at("11", deciding())), ctx.clone())
+        .await
+        .expect("decided");
+    assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 1);
+
+    // The check is renamed: its AdmissionCheck goes, the ClusterQueue names another check.
+    ctx.registry
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(CHECK);
+    let renamed = at(
+        "13",
+        WorkloadBuilder::new("ns", "wl")
+            .pod_set("main", 1, "1")
+            .check("probe-renamed", CheckState::Pending)
+            .quota_reserved("cq", "flavor"),
+    );
+    writer.apply_watcher_event(&Event::Apply(renamed.clone()));
+    super::reconcile(Arc::new(renamed), ctx.clone())
+        .await
+        .expect("released");
+    assert_eq!(
+        *ctx.controller
+            .released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+        [(CHECK.to_string(), ReleaseReason::CheckRemoved)]
+    );
+    assert_eq!(
+        ctx.controller.asked.load(Ordering::SeqCst),
+        1,
+        "not asked again"
+    );
+    assert_eq!(
+        api.requests().len(),
+        1,
+        "nothing written for the gone check"
+    );
 }

@@ -274,14 +274,18 @@ async fn assert_requests_stay(
 async fn assert_not_admitted(env: &TestEnv, workload: &str, cq: &str) -> Result<()> {
     let refused = format!("ClusterQueue {cq} is inactive");
     let wl = env
-        .wait_workload(workload, "QuotaReserved=False: the ClusterQueue is inactive", |w| {
-            w.status
-                .as_ref()
-                .and_then(|s| find_condition(&s.conditions, cond::QUOTA_RESERVED))
-                .is_some_and(|c| {
-                    c.status == "False" && c.reason == "Inadmissible" && c.message == refused
-                })
-        })
+        .wait_workload(
+            workload,
+            "QuotaReserved=False: the ClusterQueue is inactive",
+            |w| {
+                w.status
+                    .as_ref()
+                    .and_then(|s| find_condition(&s.conditions, cond::QUOTA_RESERVED))
+                    .is_some_and(|c| {
+                        c.status == "False" && c.reason == "Inadmissible" && c.message == refused
+                    })
+            },
+        )
         .await?;
     ensure!(
         !wl.condition_is_true(cond::ADMITTED),
