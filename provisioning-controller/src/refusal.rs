@@ -81,6 +81,18 @@ pub fn for_plan(error: &PlanError, s: &Subject<'_>) -> Option<String> {
             ns = s.namespace,
             wl = s.workload,
         )),
+        // Confirmed gone (the read found nothing): Kueue keeps a flavor a ClusterQueue lists, so
+        // it was forced out (its finalizer removed) while this Workload held quota on it. Waiting
+        // would hold the quota for nothing; after the hold the Retry gives it back, and the
+        // Workload is admitted again once the flavor is back (Kueue keeps the ClusterQueue
+        // inactive until then).
+        PlanError::UnknownFlavor { pod_set, flavor } => Some(format!(
+            "ResourceFlavor {flavor} (assigned to podset {pod_set}) no longer exists: it was \
+             removed while this Workload held quota on it, so no ProvisioningRequest can be \
+             planned for it. Re-create the ResourceFlavor, or remove it from the ClusterQueue; \
+             the Workload gives its quota back and is admitted again once its ClusterQueue is \
+             active"
+        )),
         _ => None,
     }
 }
@@ -247,6 +259,30 @@ mod tests {
     }
 
     #[test]
+    fn a_flavor_removed_under_the_workload_is_named_with_the_fix() {
+        let err = PlanError::UnknownFlavor {
+            pod_set: "main".into(),
+            flavor: "spot".into(),
+        };
+        let m = for_plan(&err, &S).expect("the user's to fix");
+        for part in [
+            "ResourceFlavor spot (assigned to podset main) no longer exists",
+            "Re-create the ResourceFlavor",
+        ] {
+            assert!(m.contains(part), "{part:?} missing from {m}");
+        }
+        let class = crate::error::Error::Refused {
+            message: m,
+            api: None,
+        }
+        .class();
+        assert!(
+            matches!(class, ErrorClass::Permanent { .. }),
+            "shown on the entry at once, quota kept only for the hold: {class:?}"
+        );
+    }
+
+    #[test]
     fn a_long_config_value_is_the_operators_to_fix() {
         let err = PlanError::ParameterTooLong {
             key: "k".into(),
@@ -276,11 +312,10 @@ mod tests {
     #[test]
     fn other_plan_errors_are_not_the_users() {
         assert_eq!(for_plan(&PlanError::NoQuotaReservation, &S), None);
-        let missing = PlanError::UnknownFlavor {
+        let unassigned = PlanError::MissingAssignment {
             pod_set: "main".into(),
-            flavor: "gpu".into(),
         };
-        assert_eq!(for_plan(&missing, &S), None);
+        assert_eq!(for_plan(&unassigned, &S), None);
     }
 
     #[test]
