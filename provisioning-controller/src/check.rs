@@ -491,6 +491,10 @@ pub(crate) fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// The answer for a Workload admitted before this check applied to it.
+pub const ADMITTED_BEFORE_THE_CHECK: &str = "the Workload was admitted before this check applied \
+     to it (its pods are placed): no capacity is provisioned for it";
+
 /// The ProvisioningRequest API this check creates objects of.
 const PROVISIONING_REQUEST_API: ApiKind = ApiKind {
     group: "autoscaling.x-k8s.io",
@@ -543,6 +547,13 @@ impl AdmissionCheckController for ProvisioningCheck {
             .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "namespace"))?;
         if ctx.entry.state == CheckState::Ready {
             return self.revalidate(ctx, &namespace).await;
+        }
+        if wl.condition_is_true(cond::ADMITTED) {
+            // Kueue admits only once every entry is Ready, and an eviction clears Admitted: an
+            // admitted Workload with our entry Pending got this check after its admission (the
+            // ClusterQueue's checks changed, e.g. a check renamed). Its pods are placed already;
+            // capacity provisioned now would go unused.
+            return Ok(Decision::ready(ADMITTED_BEFORE_THE_CHECK));
         }
         let check = ctx.entry.name.as_str();
         let attempt = ctx.attempt();

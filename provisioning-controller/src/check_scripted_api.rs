@@ -331,3 +331,40 @@ async fn a_list_that_fails_deletes_nothing() {
     assert_eq!(err.label(), "api");
     assert!(s.deletes().is_empty());
 }
+
+/// A check added to a ClusterQueue after a Workload was admitted (a check renamed, say): Kueue
+/// gives the admitted Workload a `Pending` entry. Its pods are placed; the answer is `Ready`
+/// at once, with nothing created (found by the rename e2e test: capacity was provisioned that
+/// nobody would use).
+#[tokio::test]
+async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_request() {
+    use kueue_admission_sdk::{AdmissionCheckController, CheckContext};
+    let s = setup();
+    let wl = WorkloadBuilder::new("ns", "wl")
+        .uid("u-1")
+        .pod_set("main", 2, "1")
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "flavor")
+        .admitted()
+        .build();
+    let parameters = crate::config::ProvisioningParameters {
+        spec: ProvisioningRequestConfigSpec {
+            provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let entry = wl.admission_check(CHECK).cloned().expect("our entry");
+    let client = s.api.client();
+    let ctx = CheckContext {
+        workload: &wl,
+        entry: &entry,
+        parameters: &parameters,
+        client: &client,
+        now: k8s_openapi::jiff::Timestamp::now(),
+    };
+    let decision = s.check.decide(&ctx).await.expect("decided");
+    assert_eq!(decision.state(), CheckState::Ready);
+    assert_eq!(decision.message(), super::ADMITTED_BEFORE_THE_CHECK);
+    assert!(s.api.requests().is_empty(), "nothing read or created");
+}
