@@ -1,11 +1,14 @@
 # Entry points; each is a thin wrapper around a script under tests/ or one cargo command.
-.PHONY: demo test bench soak multi-check-soak fuzz test-under-load up down status build-control-plane
+.PHONY: demo test package-check bench soak multi-check-soak fuzz test-under-load up down status build-control-plane
 
 demo: ## Start the control plane, the provisioning controller and the simulator; narrate two Jobs
 	bash tests/demo.sh
 
 test: ## fmt, clippy, docs, unit tests and the end-to-end suite against a real Kueue
 	bash tests/run-all.sh
+
+package-check: ## What a crates.io release needs: dependency licenses, cargo package, docs.rs-style docs, the MSRV build
+	bash tests/packaging.sh
 
 bench: ## Measure an SDK check's answer latency and throughput on the local control plane (ARGS=...)
 	bash tests/bench.sh $(ARGS)

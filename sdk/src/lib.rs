@@ -17,6 +17,11 @@
 //! The repository's `docs/writing-a-check.md` walks from an empty crate to a deployed controller,
 //! and `docs/state-machine.md` shows the states the runtime moves an entry through.
 
+// The README's example check is compiled as a doctest, so the crate's front page cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
+
 pub mod api;
 pub mod attempts;
 pub mod check;
