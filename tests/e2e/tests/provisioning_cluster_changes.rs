@@ -603,9 +603,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
     );
 
     // Nothing of the old check is left.
-    let result = env
-        .wait_only_left(std::slice::from_ref(&pending_new))
-        .await;
+    let result = env.wait_only_left(std::slice::from_ref(&pending_new)).await;
     if let Err(e) = result {
         let left = (env.our_requests().await?, env.our_pod_templates().await?);
         t.stop().await?;
