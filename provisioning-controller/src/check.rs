@@ -533,6 +533,16 @@ impl AdmissionCheckController for ProvisioningCheck {
         vec![PROVISIONING_REQUEST_API]
     }
 
+    // Its decisions act: a shadow run would have the autoscaler add nodes for Workloads that
+    // were admitted without them.
+    fn shadow_mode_refusal(&self) -> Option<String> {
+        Some(
+            "its decisions create ProvisioningRequests, on which cluster-autoscaler adds nodes; \
+             in shadow mode it would do so for Workloads admitted without waiting for them"
+                .into(),
+        )
+    }
+
     fn register_metrics(&self, registry: &mut Registry) {
         self.metrics.register(registry);
     }

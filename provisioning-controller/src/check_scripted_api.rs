@@ -362,6 +362,7 @@ async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_reque
         parameters: &parameters,
         client: &client,
         now: k8s_openapi::jiff::Timestamp::now(),
+        shadow: None,
     };
     let decision = s.check.decide(&ctx).await.expect("decided");
     assert_eq!(decision.state(), CheckState::Ready);

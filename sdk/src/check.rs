@@ -79,6 +79,14 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Why this check must not run in shadow mode ([`RuntimeConfig::shadow`](crate::RuntimeConfig::shadow)),
+    /// if it must not: a check whose `decide` acts on the cluster (creates objects that cost
+    /// money or capacity) would do so for Workloads that were admitted anyway. `None` (the
+    /// default) allows it; the runtime refuses to start in shadow mode with this reason.
+    fn shadow_mode_refusal(&self) -> Option<String> {
+        None
+    }
+
     /// Registers the check's own metrics beside the runtime's, on the same `/metrics`
     /// endpoint. Use a prefix of the check's own.
     fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
@@ -171,6 +179,10 @@ pub struct CheckContext<'a, P> {
     pub client: &'a kube::Client,
     /// The time of this decision; use it instead of the system clock so tests can set it.
     pub now: Timestamp,
+    /// The runtime runs in shadow mode, in this scope: nothing the check answers is written.
+    /// A check that reconciles what it holds judges its holdings with
+    /// [`crate::shadow::no_longer_needed`] and this.
+    pub shadow: Option<&'a crate::shadow::ShadowScope>,
 }
 
 impl<P: Debug> Debug for CheckContext<'_, P> {

@@ -10,6 +10,7 @@
 //! - [`retry`]: retry delays (Kueue's formula, generalised) and the attempt limit;
 //! - [`check`]: the trait, the [`Decision`] it returns and the context it gets;
 //! - [`decide`]: the pure rules that turn a decision into a safe status write, or refuse it;
+//! - [`shadow`]: shadow mode, which decides and publishes what would be answered, writing nothing;
 //! - [`runtime`]: the thin I/O shell that watches, reconciles and writes, with leader election;
 //! - [`options`]: the flags and environment variables of a check binary;
 //! - [`testing`]: builders and an offline client to unit-test a check's decisions.
@@ -30,6 +31,7 @@ pub mod error;
 pub mod options;
 pub mod retry;
 pub mod runtime;
+pub mod shadow;
 pub mod testing;
 
 /// The metrics library the runtime serves, for [`AdmissionCheckController::register_metrics`].

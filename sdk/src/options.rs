@@ -121,6 +121,24 @@ pub struct Options {
           value_parser = clap::value_parser!(u64).range(1..=600))]
     pub kube_api_timeout_seconds: u64,
 
+    /// Shadow mode, for trying a check on a live cluster before it blocks anyone: decide for
+    /// Workloads holding quota and publish what would have been answered (Events WouldAnswer,
+    /// metric kueue_ac_shadow_decisions_total, the log) without writing it; the AdmissionChecks
+    /// show Active=False, reason ShadowMode, so no ClusterQueue may wait on them.
+    #[arg(long, env = "KUEUE_AC_SHADOW", default_value_t = false, action = clap::ArgAction::Set,
+          default_missing_value = "true", num_args = 0..=1)]
+    pub shadow: bool,
+
+    /// In shadow mode, the ClusterQueues whose Workloads are decided (comma-separated); none
+    /// named: every ClusterQueue.
+    #[arg(
+        long,
+        env = "KUEUE_AC_SHADOW_CLUSTER_QUEUES",
+        value_delimiter = ',',
+        value_name = "NAMES"
+    )]
+    pub shadow_cluster_queues: Vec<String>,
+
     /// Elect a leader on a Lease so that several replicas can run and only one writes.
     #[arg(long, env = "KUEUE_AC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -176,6 +194,18 @@ impl Options {
             LogFormat::Text => builder.try_init(),
             LogFormat::Json => builder.json().flatten_event(true).try_init(),
         };
+        Ok(())
+    }
+
+    /// Refuses flags that make sense only together when one is missing.
+    pub fn validate(&self) -> Result<(), Error> {
+        if !self.shadow && !self.shadow_cluster_queues.is_empty() {
+            return Err(Error::Config(
+                "--shadow-cluster-queues names ClusterQueues for shadow mode, but --shadow is \
+                 off: add --shadow, or drop the list to enforce the check"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 
@@ -237,6 +267,9 @@ impl Options {
             leader_election,
             max_retry_delay: Duration::from_secs(self.max_retry_delay_seconds),
             permanent_failure_hold: Duration::from_secs(self.permanent_failure_hold_seconds),
+            shadow: self
+                .shadow
+                .then(|| crate::shadow::ShadowScope::of(self.shadow_cluster_queues.clone())),
         }
     }
 
@@ -259,6 +292,7 @@ impl Options {
             return ExitCode::from(2);
         }
         let result = async {
+            self.validate()?;
             let client = self.client().await?;
             let namespace = client.default_namespace().to_string();
             let runtime = self.runtime_config(controller.controller_name(), &namespace);
@@ -354,5 +388,34 @@ mod tests {
             let err = Cli::try_parse_from(["check", bad]).expect_err(bad);
             assert!(!err.to_string().is_empty());
         }
+    }
+
+    #[test]
+    fn shadow_mode_is_off_by_default_and_scoped_by_a_list() {
+        use crate::shadow::ShadowScope;
+        let off = Cli::try_parse_from(["check"]).expect("parses");
+        assert_eq!(off.runtime.runtime_config("x", "d").shadow, None);
+        let everywhere = Cli::try_parse_from(["check", "--shadow"]).expect("parses");
+        assert_eq!(
+            everywhere.runtime.runtime_config("x", "d").shadow,
+            Some(ShadowScope::AllClusterQueues)
+        );
+        let some = Cli::try_parse_from(["check", "--shadow=true", "--shadow-cluster-queues=a,b"])
+            .expect("parses");
+        assert_eq!(
+            some.runtime.runtime_config("x", "d").shadow,
+            Some(ShadowScope::of(vec!["a".into(), "b".into()]))
+        );
+        assert!(Cli::try_parse_from(["check", "--shadow=maybe"]).is_err());
+    }
+
+    #[test]
+    fn a_queue_list_without_shadow_mode_is_refused() {
+        let cli = Cli::try_parse_from(["check", "--shadow-cluster-queues=a"]).expect("parses");
+        let err = cli.runtime.validate().expect_err("refused");
+        assert!(err.to_string().contains("--shadow is off"), "{err}");
+        let cli = Cli::try_parse_from(["check", "--shadow", "--shadow-cluster-queues=a"])
+            .expect("parses");
+        cli.runtime.validate().expect("consistent");
     }
 }

@@ -502,6 +502,7 @@ pub async fn decide_once<C: AdmissionCheckController>(
         parameters,
         client: &client,
         now,
+        shadow: None,
     };
     controller.decide(&ctx).await
 }

@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{Workload, workload_condition as cond};
-use kueue_admission_sdk::decide::{Eligibility, eligibility};
+use kueue_admission_sdk::shadow::{ShadowScope, no_longer_needed};
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, RetryPolicy,
 };
@@ -156,7 +156,9 @@ impl<B: Backend> BudgetCheck<B> {
             let mut fit = ledger.check_fit(estimate.cost, &budget, &window);
             if matches!(fit, Fit::Exceeds { .. }) {
                 // Make it wait only for money really spent: settle what ended unnoticed first.
-                let stale = self.settle_stale(ctx.client, &ns, &mut ledger, now).await?;
+                let stale = self
+                    .settle_stale(ctx.client, &ns, &mut ledger, now, ctx.shadow)
+                    .await?;
                 if !stale.is_empty() {
                     changed = true;
                     swept.extend(stale);
@@ -227,6 +229,7 @@ impl<B: Backend> BudgetCheck<B> {
         namespace: &str,
         ledger: &mut BudgetLedger,
         now: Timestamp,
+        shadow: Option<&ShadowScope>,
     ) -> Result<Vec<Swept>, Error> {
         let mut swept = Vec::new();
         for (uid, charge) in ledger.open_charges().clone() {
@@ -234,7 +237,7 @@ impl<B: Backend> BudgetCheck<B> {
                 .backend
                 .workload(client, namespace, &charge.name)
                 .await?;
-            let Some(reason) = stale_reason(&uid, &charge, wl.as_ref()) else {
+            let Some(reason) = stale_reason(&uid, &charge, wl.as_ref(), shadow) else {
                 continue;
             };
             let end = end_of_use(wl.as_ref(), &charge, now);
@@ -252,15 +255,24 @@ impl<B: Backend> BudgetCheck<B> {
     /// Settles every open charge, in every ledger, whose Workload no longer needs it, and drops
     /// settled days no window reaches any more. Returns what it settled. Safe to run at any time
     /// and from any replica: it writes with each ledger's `resourceVersion` like a charge.
-    pub async fn sweep(&self, client: &Client) -> Result<Vec<Swept>, Error> {
+    pub async fn sweep(
+        &self,
+        client: &Client,
+        shadow: Option<&ShadowScope>,
+    ) -> Result<Vec<Swept>, Error> {
         let mut all = Vec::new();
         for ns in self.backend.ledgers(client).await? {
-            all.extend(self.sweep_namespace(client, &ns).await?);
+            all.extend(self.sweep_namespace(client, &ns, shadow).await?);
         }
         Ok(all)
     }
 
-    async fn sweep_namespace(&self, client: &Client, ns: &str) -> Result<Vec<Swept>, Error> {
+    async fn sweep_namespace(
+        &self,
+        client: &Client,
+        ns: &str,
+        shadow: Option<&ShadowScope>,
+    ) -> Result<Vec<Swept>, Error> {
         let _turn = self.ledger_lock.lock().await;
         for _ in 0..MAX_CONFLICTS {
             let loaded = self.backend.load(client, ns).await?;
@@ -268,7 +280,9 @@ impl<B: Backend> BudgetCheck<B> {
             let before = ledger.clone();
             let now = Timestamp::now();
             ledger.prune(now);
-            let swept = self.settle_stale(client, ns, &mut ledger, now).await?;
+            let swept = self
+                .settle_stale(client, ns, &mut ledger, now, shadow)
+                .await?;
             if ledger == before {
                 return Ok(swept);
             }
@@ -378,7 +392,12 @@ pub fn evictions_of(wl: &Workload) -> i32 {
 /// Why an open charge is stale, judged on its Workload as read now (`None`: it no longer
 /// exists), or `None` if the Workload still runs on it: same uid, same admission (no eviction
 /// since), holding quota with this check `Pending` or `Ready`.
-pub fn stale_reason(uid: &str, charge: &Charge, wl: Option<&Workload>) -> Option<String> {
+pub fn stale_reason(
+    uid: &str,
+    charge: &Charge,
+    wl: Option<&Workload>,
+    shadow: Option<&ShadowScope>,
+) -> Option<String> {
     let Some(wl) = wl else {
         return Some("deleted".into());
     };
@@ -388,11 +407,7 @@ pub fn stale_reason(uid: &str, charge: &Charge, wl: Option<&Workload>) -> Option
     if evictions_of(wl) != charge.evictions {
         return Some("evicted since it was charged".into());
     }
-    match eligibility(wl, &charge.check, true) {
-        Eligibility::Decide { .. } => None,
-        Eligibility::Wait(state) => Some(format!("its check is {state}")),
-        Eligibility::Idle(reason) => Some(reason.as_str().replace('_', " ")),
-    }
+    no_longer_needed(wl, &charge.check, shadow)
 }
 
 /// When the Workload stopped using what it was charged for: when it finished, else when it was
@@ -437,12 +452,13 @@ pub async fn sweep_periodically<B: Backend>(
     check: BudgetCheck<B>,
     client: Client,
     every: Duration,
+    shadow: Option<ShadowScope>,
 ) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if let Err(e) = check.sweep(&client).await {
+        if let Err(e) = check.sweep(&client, shadow.as_ref()).await {
             warn!(error = %e, "sweeping the budget ledgers");
         }
     }

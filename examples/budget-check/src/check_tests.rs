@@ -402,7 +402,7 @@ async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
         .quota_reserved("cq", "f")
         .build();
     decide(&check, &other).await;
-    let swept = check.sweep(&offline_client()).await.expect("sweeps");
+    let swept = check.sweep(&offline_client(), None).await.expect("sweeps");
     let mut names: Vec<(String, String)> = swept
         .iter()
         .map(|s| (s.namespace.clone(), s.settlement.charge.name.clone()))
@@ -423,7 +423,7 @@ async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
         .collect();
     assert_eq!(open, vec!["live"]);
     assert_eq!(
-        check.sweep(&offline_client()).await.expect("sweeps"),
+        check.sweep(&offline_client(), None).await.expect("sweeps"),
         vec![],
         "nothing left to settle"
     );

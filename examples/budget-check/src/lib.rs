@@ -56,6 +56,6 @@ pub async fn run_until<B: Backend>(
 /// `sweep_every`.
 pub fn extensions<B: Backend>(check: BudgetCheck<B>, sweep_every: Duration) -> Extensions {
     Extensions::new().while_leading("budget-ledger-sweep", move |ctx| {
-        check::sweep_periodically(check, ctx.client, sweep_every)
+        check::sweep_periodically(check, ctx.client, sweep_every, ctx.shadow)
     })
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::Workload;
-use kueue_admission_sdk::decide::{Eligibility, eligibility};
+use kueue_admission_sdk::shadow::{ShadowScope, no_longer_needed};
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, RetryPolicy,
 };
@@ -129,7 +129,7 @@ impl<B: Backend> LicenseCheck<B> {
             let mut swept = Vec::new();
             if result.is_err() {
                 // Refuse only for licenses really in use: drop what finished or vanished first.
-                swept = self.stale_holdings(ctx.client, &ledger).await?;
+                swept = self.stale_holdings(ctx.client, &ledger, ctx.shadow).await?;
                 if !swept.is_empty() {
                     for s in &swept {
                         ledger.release(&s.uid);
@@ -168,14 +168,19 @@ impl<B: Backend> LicenseCheck<B> {
     /// Holdings whose Workload no longer needs them, judged on Workloads read after the ledger:
     /// a holding present in that ledger was granted while its Workload held quota, so a later
     /// read that shows otherwise means the Workload really moved on.
-    async fn stale_holdings(&self, client: &Client, ledger: &Ledger) -> Result<Vec<Swept>, Error> {
+    async fn stale_holdings(
+        &self,
+        client: &Client,
+        ledger: &Ledger,
+        shadow: Option<&ShadowScope>,
+    ) -> Result<Vec<Swept>, Error> {
         let mut stale = Vec::new();
         for (uid, holding) in ledger.holdings() {
             let wl = self
                 .backend
                 .workload(client, &holding.namespace, &holding.name)
                 .await?;
-            if let Some(reason) = stale_reason(uid, holding, wl.as_ref()) {
+            if let Some(reason) = stale_reason(uid, holding, wl.as_ref(), shadow) {
                 stale.push(Swept {
                     uid: uid.clone(),
                     holding: holding.clone(),
@@ -188,12 +193,16 @@ impl<B: Backend> LicenseCheck<B> {
 
     /// Drops every holding whose Workload no longer needs it and returns them. Safe to run at
     /// any time and from any replica: it writes with the ledger's `resourceVersion` like a grant.
-    pub async fn sweep(&self, client: &Client) -> Result<Vec<Swept>, Error> {
+    pub async fn sweep(
+        &self,
+        client: &Client,
+        shadow: Option<&ShadowScope>,
+    ) -> Result<Vec<Swept>, Error> {
         let _turn = self.ledger_lock.lock().await;
         for _ in 0..MAX_CONFLICTS {
             let loaded = self.backend.load(client).await?;
             let mut ledger = loaded.value;
-            let swept = self.stale_holdings(client, &ledger).await?;
+            let swept = self.stale_holdings(client, &ledger, shadow).await?;
             if swept.is_empty() {
                 return Ok(swept);
             }
@@ -260,18 +269,19 @@ fn log_swept(swept: &[Swept]) {
 /// Why a holding is stale, judged on its Workload as read now (`None`: it no longer exists),
 /// or `None` if the Workload still needs it: same uid, holding quota, active, not evicted or
 /// finished, with this check's entry `Pending` or `Ready`.
-pub fn stale_reason(uid: &str, holding: &Holding, wl: Option<&Workload>) -> Option<String> {
+pub fn stale_reason(
+    uid: &str,
+    holding: &Holding,
+    wl: Option<&Workload>,
+    shadow: Option<&ShadowScope>,
+) -> Option<String> {
     let Some(wl) = wl else {
         return Some("deleted".into());
     };
     if wl.uid().as_deref() != Some(uid) {
         return Some("deleted (a new workload has its name)".into());
     }
-    match eligibility(wl, &holding.check, true) {
-        Eligibility::Decide { .. } => None,
-        Eligibility::Wait(state) => Some(format!("its check is {state}")),
-        Eligibility::Idle(reason) => Some(reason.as_str().replace('_', " ")),
-    }
+    no_longer_needed(wl, &holding.check, shadow)
 }
 
 impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
@@ -301,12 +311,13 @@ pub async fn sweep_periodically<B: Backend>(
     check: LicenseCheck<B>,
     client: Client,
     every: Duration,
+    shadow: Option<ShadowScope>,
 ) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if let Err(e) = check.sweep(&client).await {
+        if let Err(e) = check.sweep(&client, shadow.as_ref()).await {
             warn!(error = %e, "sweeping the license ledger");
         }
     }

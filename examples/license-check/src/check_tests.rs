@@ -343,7 +343,7 @@ async fn sweep_drops_only_holdings_whose_workload_moved_on() {
             observed_generation: None,
         });
     fake.put_workload(&done);
-    let swept = check.sweep(&offline_client()).await.expect("sweeps");
+    let swept = check.sweep(&offline_client(), None).await.expect("sweeps");
     let mut reasons: Vec<(String, String)> = swept
         .into_iter()
         .map(|s| (s.holding.name, s.reason))

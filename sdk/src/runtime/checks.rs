@@ -23,6 +23,23 @@ pub(crate) mod reason {
     pub const PARAMETERS_FORBIDDEN: &str = "ParametersForbidden";
     /// The cluster does not serve an API the check needs (a CRD missing or at another version).
     pub const API_NOT_SERVED: &str = "ApiNotServed";
+    /// The controller runs in shadow mode: it decides, but writes no answers.
+    pub const SHADOW_MODE: &str = "ShadowMode";
+}
+
+/// What the `Active` condition says of a check that could answer (`active`, its `Active=True`
+/// message) while the controller runs in shadow mode.
+pub(crate) fn shadow_mode(scope: &crate::shadow::ShadowScope, active: &str) -> Inactive {
+    Inactive {
+        reason: reason::SHADOW_MODE,
+        message: format!(
+            "Shadow mode: the controller decides for Workloads holding quota on {} and publishes \
+             what it would answer (Events WouldAnswer, metric kueue_ac_shadow_decisions_total) \
+             without writing it. A ClusterQueue must not list this check meanwhile (one that \
+             does is inactive); to enforce it, run the controller without --shadow. {active}.",
+            scope.describe()
+        ),
+    }
 }
 
 /// A check whose parameters resolved and validated, ready to decide.

@@ -67,6 +67,8 @@ pub struct LeaderContext {
     pub workloads: Store<Workload>,
     /// Asks the runtime to reconcile a Workload now.
     pub waker: WorkloadWaker,
+    /// The runtime runs in shadow mode, in this scope (see [`crate::shadow::no_longer_needed`]).
+    pub shadow: Option<crate::shadow::ShadowScope>,
 }
 
 impl std::fmt::Debug for LeaderContext {

@@ -82,6 +82,9 @@ pub(crate) struct Metrics {
     retry_delays_clamped: Family<CheckLabels, Counter>,
     permanent_failures: Family<CheckLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram>,
+    shadow_decisions: Family<StateLabels, Counter>,
+    /// The runtime runs its checks in shadow mode: their would-be answers are counted.
+    shadow: bool,
     leader: Gauge,
     /// Checks whose series exist: a reconcile that finishes after its check went away must not
     /// bring a few of them back.
@@ -121,6 +124,7 @@ impl Metrics {
         let reconcile_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
             reconcile_histogram as fn() -> _,
         );
+        let shadow_decisions = Family::<StateLabels, Counter>::default();
         let leader = Gauge::default();
         // Series that exist from the start, so that `rate()` and `increase()` see their first
         // increment (a series born at 1 hides it).
@@ -193,6 +197,11 @@ impl Metrics {
             reconcile_duration.clone(),
         );
         registry.register(
+            "shadow_decisions",
+            "Answers a check in shadow mode would have written (it writes none), by check and state; counted once per Workload reservation and state or message",
+            shadow_decisions.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica leads (holds the Lease, or runs without leader election), 0 while it stands by",
             leader.clone(),
@@ -211,8 +220,26 @@ impl Metrics {
             retry_delays_clamped,
             permanent_failures,
             reconcile_duration,
+            shadow_decisions,
+            shadow: false,
             live: Default::default(),
         }
+    }
+
+    /// The checks run in shadow mode: their would-be answers get series from the start.
+    pub fn in_shadow_mode(mut self) -> Self {
+        self.shadow = true;
+        self
+    }
+
+    /// A check in shadow mode would have written `state`.
+    pub fn shadow_decision(&self, check: &str, state: CheckState) {
+        if !self.is_live(check) {
+            return;
+        }
+        self.shadow_decisions
+            .get_or_create(&state_labels(check, state))
+            .inc();
     }
 
     fn is_live(&self, check: &str) -> bool {
@@ -351,6 +378,11 @@ impl Metrics {
             .set(i64::from(active));
         for state in STATES {
             let _ = self.decisions.get_or_create(&state_labels(check, state));
+            if self.shadow {
+                let _ = self
+                    .shadow_decisions
+                    .get_or_create(&state_labels(check, state));
+            }
         }
         for state in &STATES[1..] {
             let _ = self
@@ -377,6 +409,7 @@ impl Metrics {
         self.check_active.remove(&labels);
         for state in STATES {
             self.decisions.remove(&state_labels(check, state));
+            self.shadow_decisions.remove(&state_labels(check, state));
             self.time_to_decision.remove(&state_labels(check, state));
         }
         self.conflicts.remove(&labels);

@@ -20,6 +20,7 @@ mod metrics;
 mod own_writes;
 mod reconcile;
 mod relist;
+mod shadow;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -63,6 +64,10 @@ pub struct RuntimeConfig {
     /// [`crate::check::ErrorClass`]) before the runtime answers `Retry` for it: the time the
     /// user has to fix what the entry's message says without losing the reservation.
     pub permanent_failure_hold: std::time::Duration,
+    /// Shadow mode: decide for the Workloads holding quota in this scope and publish what would
+    /// have been answered, writing nothing on Workloads (see [`crate::shadow`]). `None`: the
+    /// checks answer for real.
+    pub shadow: Option<crate::shadow::ShadowScope>,
 }
 
 /// The default of [`RuntimeConfig::permanent_failure_hold`]: two minutes, enough to read the
@@ -78,6 +83,7 @@ impl Default for RuntimeConfig {
             leader_election: None,
             max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
             permanent_failure_hold: DEFAULT_PERMANENT_FAILURE_HOLD,
+            shadow: None,
         }
     }
 }
@@ -155,6 +161,14 @@ where
     C: AdmissionCheckController,
     S: Future<Output = ()> + Send + 'static,
 {
+    if config.shadow.is_some()
+        && let Some(reason) = controller.shadow_mode_refusal()
+    {
+        return Err(Error::Config(format!(
+            "{} cannot run in shadow mode: {reason}",
+            controller.controller_name()
+        )));
+    }
     let shutdown = shutdown.boxed().shared();
     let registry: checks::Registry<C::Parameters> = Default::default();
     let controller = Arc::new(controller);
@@ -173,11 +187,12 @@ where
             .cloned()
             .collect()
     });
-    let metrics = Arc::new(metrics::Metrics::new(
-        &mut prometheus,
-        reader.clone(),
-        check_names,
-    ));
+    let metrics = metrics::Metrics::new(&mut prometheus, reader.clone(), check_names);
+    let metrics = Arc::new(if config.shadow.is_some() {
+        metrics.in_shadow_mode()
+    } else {
+        metrics
+    });
     controller.register_metrics(&mut prometheus);
     let health = Arc::new(http::Health {
         registry: prometheus,
@@ -219,7 +234,10 @@ where
         metrics.clone(),
         checks_synced.clone(),
         leadership.leading.clone(),
-        config.max_retry_delay,
+        CheckSettings {
+            max_retry_delay: config.max_retry_delay,
+            shadow: config.shadow.clone(),
+        },
         config.leader_election.as_ref().map(claim::claim_of),
     )));
     // Ready once both watches delivered their first complete list (InitDone), seen on the
@@ -296,6 +314,7 @@ where
             client: extension_client,
             workloads: reader.clone(),
             waker: WorkloadWaker(wake_tx),
+            shadow: config.shadow.clone(),
         };
         for (name, task) in extensions.tasks {
             let fut = task(leader_ctx.clone());
@@ -597,7 +616,7 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
     metrics: Arc<metrics::Metrics>,
     synced: Arc<tokio::sync::Notify>,
     mut leading: watch::Receiver<bool>,
-    max_retry_delay: Duration,
+    settings: CheckSettings,
     // This deployment's claim on the checks it answers (`None` without leader election).
     claim: Option<String>,
 ) {
@@ -756,7 +775,7 @@ async fn watch_admission_checks<C: AdmissionCheckController>(
                 ac,
                 &metrics,
                 write,
-                max_retry_delay,
+                &settings,
             )
             .await;
             let after = checks::summary(&registry, &name);
@@ -899,6 +918,15 @@ fn watch_parameters<P: CheckParameters>(
         .boxed()
 }
 
+/// What syncing an AdmissionCheck needs of the configuration.
+#[derive(Clone, Debug)]
+struct CheckSettings {
+    /// [`RuntimeConfig::max_retry_delay`].
+    max_retry_delay: Duration,
+    /// [`RuntimeConfig::shadow`].
+    shadow: Option<crate::shadow::ShadowScope>,
+}
+
 /// What one sync of a check did.
 struct Synced {
     /// Its state (active with new parameters, or inactive) was recorded in the registry.
@@ -919,10 +947,17 @@ async fn sync_check<C: AdmissionCheckController>(
     ac: &AdmissionCheck,
     metrics: &metrics::Metrics,
     write_condition: bool,
-    max_retry_delay: Duration,
+    settings: &CheckSettings,
 ) -> Synced {
     let name = ac.name_any();
-    let (resolved, failure) = match checks::resolve(client, controller, ac, max_retry_delay).await {
+    let (resolved, failure) = match checks::resolve(
+        client,
+        controller,
+        ac,
+        settings.max_retry_delay,
+    )
+    .await
+    {
         Ok(active) => (Ok(Arc::new(active)), None),
         Err(Ok(inactive)) => {
             warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
@@ -953,8 +988,14 @@ async fn sync_check<C: AdmissionCheckController>(
         .map_err(Clone::clone);
     metrics.check_active(&name, state.is_ok());
     write_registry(registry).insert(name.clone(), resolved);
+    // In shadow mode a check that could answer is shown inactive: no ClusterQueue may wait on
+    // answers that are never written.
+    let shown = match (state, &settings.shadow) {
+        (Ok(message), Some(scope)) => Err(checks::shadow_mode(scope, &message)),
+        (state, _) => state,
+    };
     let written = if write_condition {
-        write_active_condition(client, field_manager, ac, &state, claim).await
+        write_active_condition(client, field_manager, ac, &shown, claim).await
     } else {
         Ok(())
     };
@@ -1080,6 +1121,44 @@ mod tests {
         let failed: ControllerError<std::io::Error, std::io::Error> =
             ControllerError::ReconcilerFailed(std::io::Error::other("boom"), wl());
         assert!(!is_deleted_before_reconcile(&failed));
+    }
+
+    #[tokio::test]
+    async fn a_check_that_refuses_shadow_mode_stops_the_start_with_its_reason() {
+        struct Provisions;
+        impl AdmissionCheckController for Provisions {
+            type Parameters = crate::NoParameters;
+            type Error = std::convert::Infallible;
+            fn controller_name(&self) -> &str {
+                "example.com/provisions"
+            }
+            fn shadow_mode_refusal(&self) -> Option<String> {
+                Some("it creates capacity".into())
+            }
+            async fn decide(
+                &self,
+                _: &crate::CheckContext<'_, crate::NoParameters>,
+            ) -> Result<crate::Decision, Self::Error> {
+                unreachable!("never started")
+            }
+        }
+        // The scripted API answers nothing: any request would fail the test.
+        let api = crate::testing::ScriptedApi::new();
+        let config = RuntimeConfig {
+            metrics_address: None,
+            shadow: Some(crate::shadow::ShadowScope::AllClusterQueues),
+            ..Default::default()
+        };
+        let err = run_until(api.client(), Provisions, config, std::future::pending())
+            .await
+            .expect_err("refused");
+        assert_eq!(err.label(), "config");
+        assert!(
+            err.to_string()
+                .contains("example.com/provisions cannot run in shadow mode: it creates capacity"),
+            "{err}"
+        );
+        assert!(api.requests().is_empty(), "nothing was asked of the API");
     }
 
     /// What the Workload watch handed on.

@@ -66,13 +66,17 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     /// renamed, another controllerName, claimed by another deployment) may still have `asked`
     /// pairs, released once their Workloads no longer need them. A handful of names.
     known_checks: Mutex<std::collections::BTreeSet<String>>,
+    /// [`super::RuntimeConfig::shadow`]: decide and publish, write nothing on Workloads.
+    pub(super) shadow: Option<crate::shadow::ShadowScope>,
+    /// In shadow mode, the last would-be answer per pair, until released.
+    pub(super) shadowed: Mutex<HashMap<PairKey, crate::shadow::ShadowRecord>>,
 }
 
 /// (Workload uid, check name).
-type PairKey = (String, String);
+pub(super) type PairKey = (String, String);
 
 /// Every critical section is a single insert, remove or lookup: a poisoned lock is sound.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -103,6 +107,8 @@ impl<C: AdmissionCheckController> Context<C> {
             turns: tokio::sync::Semaphore::new(usize::from(config.concurrency.max(1))),
             cache: None,
             known_checks: Default::default(),
+            shadow: config.shadow.clone(),
+            shadowed: Default::default(),
         }
     }
 
@@ -127,7 +133,7 @@ impl<C: AdmissionCheckController> Context<C> {
     }
 
     /// Publishes an event on the Workload; a failure to publish is logged, never fatal.
-    async fn event(&self, wl: &Workload, type_: EventType, reason: &str, note: String) {
+    pub(super) async fn event(&self, wl: &Workload, type_: EventType, reason: &str, note: String) {
         let note = truncate_note(note);
         let event = Event {
             type_,
@@ -287,6 +293,13 @@ async fn reconcile_workload<C: AdmissionCheckController>(
     wl: &Arc<Workload>,
     ctx: &Arc<Context<C>>,
 ) -> Result<Action, Error> {
+    if let Some(scope) = &ctx.shadow {
+        let requeue = super::shadow::reconcile_shadowed(ctx, wl, scope).await?;
+        if let Some(uid) = wl.uid() {
+            lock(&ctx.failures).remove(&uid);
+        }
+        return Ok(requeue.map_or_else(Action::await_change, Action::requeue));
+    }
     // Checks to decide (active, with an entry on this Workload), and every check of ours (an
     // inactive or removed one may still have something to release).
     let mut ours = Vec::new();
@@ -378,12 +391,19 @@ fn remember_earlier_answers<C: AdmissionCheckController>(
 /// (e.g. one that happened while no replica was running) by reconciling what it holds.
 pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C>, wl: &Workload) {
     let Some(uid) = wl.uid() else { return };
-    let checks: Vec<String> = ctx
+    let mut checks: Vec<String> = ctx
         .asked()
         .keys()
         .filter(|(u, _)| *u == uid)
         .map(|(_, c)| c.clone())
         .collect();
+    // In shadow mode what a check took is known from its would-be answers.
+    checks.extend(
+        lock(&ctx.shadowed)
+            .keys()
+            .filter(|(u, _)| *u == uid)
+            .map(|(_, c)| c.clone()),
+    );
     let namespace = wl.namespace().unwrap_or_default();
     let name = wl.name_any();
     for check in checks {
@@ -412,6 +432,7 @@ pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C
             }
         }
         ctx.asked().remove(&(uid.clone(), check.clone()));
+        lock(&ctx.shadowed).remove(&(uid.clone(), check.clone()));
     }
     // Everything kept about the Workload goes, also for pairs released earlier (a carried
     // Retry or a permanent failure of a Workload evicted, then deleted while queued).
@@ -759,6 +780,7 @@ async fn ask<C: AdmissionCheckController>(
         parameters: &active.parameters,
         client: &ctx.client,
         now,
+        shadow: None,
     };
     let decision = match ctx.controller.decide(&check_ctx).await {
         Ok(d) => {

@@ -503,7 +503,8 @@ impl TestEnv {
                     }],
                 }],
             }],
-            admission_checks_strategy: Some(AdmissionChecksStrategy {
+            // The API refuses an empty list: a queue without checks has no strategy.
+            admission_checks_strategy: (!checks.is_empty()).then(|| AdmissionChecksStrategy {
                 admission_checks: checks
                     .iter()
                     .map(|c| AdmissionCheckStrategyRule {

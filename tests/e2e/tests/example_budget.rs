@@ -18,7 +18,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
-use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::shadow::ShadowScope;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -60,6 +61,19 @@ impl Budgeted {
     /// Starts a controller instance on `client`: 1 credit per core-hour, one hour by default,
     /// a ledger sweep at start (and not again during the test).
     fn start(&self, client: Client) -> JoinHandle<Result<(), budget_check::Error>> {
+        let quiet = RuntimeConfig {
+            metrics_address: None,
+            ..Default::default()
+        };
+        self.start_with(client, quiet)
+    }
+
+    /// [`Budgeted::start`] with `base`'s metrics address and shadow mode.
+    fn start_with(
+        &self,
+        client: Client,
+        base: RuntimeConfig,
+    ) -> JoinHandle<Result<(), budget_check::Error>> {
         let settings = Settings {
             controller_name: self.controller_name.clone(),
             prices: "cpu=1".parse().unwrap_or_default(),
@@ -68,10 +82,11 @@ impl Budgeted {
             max_wait: None,
         };
         let runtime = RuntimeConfig {
-            metrics_address: None,
+            metrics_address: base.metrics_address,
             field_manager: format!("e2e-{}", self.env.ns),
             concurrency: 4,
             leader_election: None,
+            shadow: base.shadow,
             ..Default::default()
         };
         tokio::spawn(budget_check::run_until(
@@ -586,4 +601,159 @@ async fn many_workloads_at_once_never_overspend_at_any_version() -> Result<()> {
         "recorded {workload_versions} Workload and {ledger_versions} ledger versions: never over budget"
     );
     Ok(())
+}
+
+/// Shadow mode, as a platform team rolls a budget out: the controller decides every Workload
+/// holding quota on the queue and publishes what it would have answered, but the queue does not
+/// wait on the check, so every Workload is admitted, the check's would-be refusals are counted
+/// (by state, once each), its bookkeeping shows what enforcing would have charged, and nothing
+/// is written on any Workload.
+#[tokio::test]
+async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refused() -> Result<()> {
+    let env = TestEnv::new("budget-shadow").await?;
+    let controller_name = format!("e2e.kueue-admission-checks.dev/budget-{}", env.ns);
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let check = env
+        .admission_check("budget", &controller_name)
+        .await?
+        .name_any();
+    // The queue does not list the check: in shadow mode nothing may wait on it.
+    let cq = env
+        .cluster_queue("cq", &flavor, "20", &[])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    let backend = ConfigMapBackend {
+        namespace: env.ns.clone(),
+        budgets: BUDGETS.into(),
+        ledger_prefix: "budget-ledger-".into(),
+    };
+    let t = Budgeted {
+        env,
+        check,
+        controller_name,
+        backend,
+    };
+    t.set_budget("3/week").await?;
+    let http = e2e::free_local_address()?;
+    let _controller = t.start_with(
+        t.env.client.clone(),
+        RuntimeConfig {
+            metrics_address: Some(http),
+            shadow: Some(ShadowScope::of(vec![cq.clone()])),
+            ..Default::default()
+        },
+    );
+    // The check says it is in shadow mode, and that no queue may wait on it.
+    let ac = e2e::wait_for(
+        Api::<AdmissionCheck>::all(t.env.client.clone()),
+        &t.check,
+        "Active=False, reason ShadowMode",
+        |ac| active_condition(ac).is_some_and(|c| c.status == "False" && c.reason == "ShadowMode"),
+    )
+    .await?;
+    let message = active_condition(&ac)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("ClusterQueues {cq}")) && message.contains("--shadow"),
+        "{message}"
+    );
+
+    // 2 credits fit the budget of 3; then 2 more do not (Retry until the week ends); 4 never do.
+    let fits = t.submit("fits", "2", None).await?;
+    t.env.wait_admitted(&fits).await?;
+    let note = t.env.event_note(&fits, "WouldAnswer").await?;
+    assert!(
+        note.contains("would have answered Ready: charged 2 credits"),
+        "{note}"
+    );
+    let over = t.submit("over", "2", None).await?;
+    let huge = [
+        t.submit("huge-1", "4", None).await?,
+        t.submit("huge-2", "4", None).await?,
+    ];
+    for wl in [&over, &huge[0], &huge[1]] {
+        t.env.wait_admitted(wl).await?;
+    }
+    let series = |state: &str| {
+        format!(
+            "kueue_ac_shadow_decisions_total{{check=\"{}\",state=\"{state}\"}}",
+            t.check
+        )
+    };
+    let metrics = e2e::wait_metric(http, &series("Rejected"), 2.0).await?;
+    let metrics = if e2e::metric_sample(&metrics, &series("Retry")) == Some(1.0) {
+        metrics
+    } else {
+        e2e::wait_metric(http, &series("Retry"), 1.0).await?
+    };
+    assert_eq!(
+        e2e::metric_sample(&metrics, &series("Ready")),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        e2e::metric_sample(&metrics, &series("Pending")),
+        Some(0.0),
+        "{metrics}"
+    );
+    // Nothing was written: the enforcing metric never moved.
+    assert_eq!(
+        e2e::metric_sample(
+            &metrics,
+            &format!(
+                "kueue_ac_decisions_total{{check=\"{}\",state=\"Rejected\"}}",
+                t.check
+            )
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+    let note = t.env.event_note(&over, "WouldAnswer").await?;
+    assert!(note.contains("would have answered Retry"), "{note}");
+    for wl in &huge {
+        let note = t.env.event_note(wl, "WouldAnswer").await?;
+        assert!(note.contains("would have answered Rejected"), "{note}");
+    }
+    // Only the Workload it would have admitted is charged, as enforcing would have.
+    assert_eq!(open(&t.ledger().await?), vec![fits.clone()]);
+
+    // No entry, no attempt record, no field of ours on any Workload: every write would have
+    // left its field manager in managedFields.
+    let ours = format!("e2e-{}", t.env.ns);
+    for wl in [&fits, &over, &huge[0], &huge[1]] {
+        let wl = t.env.workloads().get(wl).await?;
+        assert!(wl.admission_check(&t.check).is_none(), "{}", e2e::dump(&wl));
+        assert!(
+            !wl.annotations()
+                .keys()
+                .any(|k| k.contains("kueue-admission-checks.dev")),
+            "{}",
+            e2e::dump(&wl)
+        );
+        let managers: Vec<String> = wl
+            .managed_fields()
+            .iter()
+            .filter_map(|m| m.manager.clone())
+            .collect();
+        assert!(
+            !managers.iter().any(|m| m.starts_with(&ours)),
+            "written by {managers:?}"
+        );
+    }
+
+    // Finishing the charged Workload settles its charge through the release, as enforcing.
+    t.finish("fits", &fits).await?;
+    t.wait_ledger("the charge settled", |l| l.open_charges().is_empty())
+        .await?;
+    Ok(())
+}
+
+fn active_condition(
+    ac: &AdmissionCheck,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    ac.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Active"))
 }

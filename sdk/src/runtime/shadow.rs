@@ -1,0 +1,187 @@
+//! Shadow mode, the I/O part: ask each check about a Workload in scope, publish what it would
+//! have answered (an Event, a count, a log line), release what it took once the Workload no
+//! longer holds quota in scope. Nothing is written on the Workload. The rules are in
+//! [`crate::shadow`].
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::reconcile::{Context, PairKey, lock};
+use crate::api::{AdmissionCheckState, CheckState, Workload};
+use crate::check::{
+    AdmissionCheckController, CheckContext, Decision, ErrorClass, ReleaseContext, ReleaseReason,
+};
+use crate::error::Error;
+use crate::shadow::{
+    ShadowEligibility, ShadowRecord, ShadowScope, ShadowStep, is_news, shadow_eligibility,
+    shadow_step,
+};
+
+/// The Event reason of a would-be answer.
+pub(crate) const WOULD_ANSWER: &str = "WouldAnswer";
+
+/// Reconciles one Workload in shadow mode; returns when to look again (a `Pending` that asked
+/// to be rechecked).
+pub(super) async fn reconcile_shadowed<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    scope: &ShadowScope,
+) -> Result<Option<Duration>, Error> {
+    let Some(uid) = wl.uid() else {
+        return Err(Error::MalformedWorkload("no uid".into()));
+    };
+    let active: Vec<_> = {
+        let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
+        registry
+            .iter()
+            .filter_map(|(name, state)| state.as_ref().ok().map(|a| (name.clone(), a.clone())))
+            .collect()
+    };
+    let eligibility = shadow_eligibility(wl, scope);
+    // What checks took for this Workload and no longer need: it left the scope, or the check
+    // is no longer one of ours (deleted, renamed, inactive).
+    let recorded: Vec<(PairKey, ShadowRecord)> = lock(&ctx.shadowed)
+        .iter()
+        .filter(|((u, _), _)| *u == uid)
+        .map(|(k, r)| (k.clone(), r.clone()))
+        .collect();
+    for (key, _) in &recorded {
+        let reason = match &eligibility {
+            ShadowEligibility::Idle(reason) => *reason,
+            ShadowEligibility::Decide { .. } if !active.iter().any(|(n, _)| *n == key.1) => {
+                ReleaseReason::CheckRemoved
+            }
+            ShadowEligibility::Decide { .. } => continue,
+        };
+        release(ctx, wl, &key.1, reason).await?;
+        lock(&ctx.shadowed).remove(key);
+    }
+    let ShadowEligibility::Decide { reservation } = eligibility else {
+        return Ok(None);
+    };
+    let mut requeue: Option<Duration> = None;
+    for (check, active) in active {
+        let key: PairKey = (uid.clone(), check.clone());
+        let last = lock(&ctx.shadowed).get(&key).cloned();
+        match shadow_step(last.as_ref(), &reservation) {
+            ShadowStep::Done => continue,
+            ShadowStep::ReleaseThenAsk => {
+                // Evicted and given quota again between two looks.
+                release(ctx, wl, &check, ReleaseReason::Evicted).await?;
+                lock(&ctx.shadowed).remove(&key);
+            }
+            ShadowStep::Ask => {}
+        }
+        let last = lock(&ctx.shadowed).get(&key).cloned();
+        let now = Timestamp::now();
+        // The entry the check would see: Pending, as Kueue writes it when quota is reserved.
+        let entry = AdmissionCheckState {
+            name: check.clone(),
+            state: CheckState::Pending,
+            last_transition_time: Some(Time(now)),
+            message: String::new(),
+            requeue_after_seconds: None,
+            retry_count: None,
+            pod_set_updates: Vec::new(),
+        };
+        let check_ctx = CheckContext {
+            workload: wl,
+            entry: &entry,
+            parameters: &active.parameters,
+            client: &ctx.client,
+            now,
+            shadow: Some(scope),
+        };
+        let decision = match ctx.controller.decide(&check_ctx).await {
+            Ok(decision) => decision,
+            Err(e) => match ctx.controller.classify_error(&e) {
+                ErrorClass::Transient => {
+                    let note = format!("check {check} (shadow mode): {e}");
+                    ctx.event(wl, EventType::Warning, "CheckFailed", note).await;
+                    return Err(Error::Check(Box::new(e)));
+                }
+                // Enforcing would show it on the entry, keep the quota a while, then retry.
+                ErrorClass::Permanent { message } => {
+                    Decision::pending(format!("Permanent failure: {message}"))
+                }
+            },
+        };
+        if let Decision::Pending {
+            recheck_after: Some(after),
+            ..
+        } = &decision
+        {
+            requeue = Some(requeue.map_or(*after, |r| r.min(*after)));
+        }
+        let answer = ShadowRecord {
+            reservation: reservation.clone(),
+            state: decision.state(),
+            message: decision.message().to_string(),
+        };
+        if is_news(last.as_ref(), &answer) {
+            publish(ctx, wl, &check, &answer).await;
+        }
+        lock(&ctx.shadowed).insert(key, answer);
+    }
+    Ok(requeue)
+}
+
+/// Publishes a would-be answer: counted, logged, and an Event on the Workload.
+async fn publish<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    answer: &ShadowRecord,
+) {
+    ctx.metrics.shadow_decision(check, answer.state);
+    info!(
+        workload = %wl.name_any(),
+        namespace = %wl.namespace().unwrap_or_default(),
+        check,
+        would_answer = %answer.state,
+        message = %answer.message,
+        "shadow mode: not written"
+    );
+    let note = format!(
+        "shadow mode: check {check} would have answered {}: {} (not written)",
+        answer.state, answer.message
+    );
+    ctx.event(wl, EventType::Normal, WOULD_ANSWER, note).await;
+}
+
+/// Calls the check's `release` for a Workload it answered in shadow mode.
+async fn release<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    reason: ReleaseReason,
+) -> Result<(), Error> {
+    let namespace = wl.namespace().unwrap_or_default();
+    let name = wl.name_any();
+    let release = ReleaseContext {
+        namespace: &namespace,
+        name: &name,
+        workload: Some(wl),
+        check_name: check,
+        reason,
+        client: &ctx.client,
+        now: Timestamp::now(),
+    };
+    if let Err(e) = ctx.controller.release(&release).await {
+        let note = format!(
+            "check {check} (shadow mode): releasing after {}: {e}",
+            reason.as_str()
+        );
+        ctx.event(wl, EventType::Warning, "CheckReleaseFailed", note)
+            .await;
+        warn!(workload = %name, namespace, check, reason = reason.as_str(), error = %e, "shadow mode: release failed");
+        return Err(Error::Check(Box::new(e)));
+    }
+    info!(workload = %name, namespace, check, reason = reason.as_str(), "shadow mode: released");
+    Ok(())
+}
