@@ -1,0 +1,777 @@
+//! The pure part of `explain`: from what was read about a Workload ([`Snapshot`]) to where it
+//! stands and what would move it ([`Report`]). No I/O, no clock: the time is passed in.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use kueue_admission_sdk::api::{
+    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, ClusterQueue, ProvisioningRequest,
+    ProvisioningRequestConfig, Workload, find_condition, workload_condition as cond,
+};
+use kueue_admission_sdk::attempts;
+use kueue_provisioning_controller::plan::{ATTEMPT_ANNOTATION, CHECK_ANNOTATION};
+use serde::Serialize;
+
+/// Kueue's default `retryStrategy.backoffLimitCount` of a ProvisioningRequestConfig.
+const KUEUE_DEFAULT_BACKOFF_LIMIT: i32 = 3;
+/// How many of the Workload's Events the report keeps (the newest).
+pub const RECENT_EVENTS: usize = 10;
+
+/// Everything `explain` read about one Workload.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// The Workload.
+    pub workload: Workload,
+    /// The Job (or other object) that owns it, as `kind/name`.
+    pub owner: Option<String>,
+    /// The ClusterQueue its LocalQueue feeds (from the admission, or the LocalQueue).
+    pub cluster_queue_name: Option<String>,
+    /// That ClusterQueue, if it exists.
+    pub cluster_queue: Option<ClusterQueue>,
+    /// Whether the LocalQueue the Workload names exists (`None`: not looked up).
+    pub local_queue_exists: Option<bool>,
+    /// The AdmissionChecks named by its entries, by name (absent: not found).
+    pub admission_checks: BTreeMap<String, AdmissionCheck>,
+    /// The ProvisioningRequestConfigs those checks name, by check.
+    pub provisioning_configs: BTreeMap<String, ProvisioningRequestConfig>,
+    /// ProvisioningRequests made for this Workload (ours by uid label, Kueue's by owner).
+    pub provisioning_requests: Vec<ProvisioningRequest>,
+    /// Names of the PodTemplates made for it.
+    pub pod_templates: Vec<String>,
+    /// Events about the Workload.
+    pub events: Vec<Event>,
+}
+
+/// Where a Workload stands, in one word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Phase {
+    /// Its job finished.
+    Finished,
+    /// `spec.active: false` (a rejection, a user, a limit).
+    Deactivated,
+    /// Admitted: its pods may run.
+    Admitted,
+    /// Holding quota, waiting for admission checks.
+    WaitingForChecks,
+    /// Evicted or requeued after a `Retry`, waiting to be considered again.
+    Requeued,
+    /// Waiting for quota.
+    WaitingForQuota,
+}
+
+/// The report `explain` prints.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub namespace: String,
+    pub workload: String,
+    pub owner: Option<String>,
+    pub phase: Phase,
+    pub local_queue: Option<String>,
+    pub cluster_queue: Option<String>,
+    pub quota: Quota,
+    pub requeue: Option<Requeue>,
+    pub checks: Vec<CheckReport>,
+    pub provisioning_requests: Vec<RequestReport>,
+    pub pod_templates: Vec<String>,
+    pub events: Vec<EventReport>,
+    /// One line: what would move the Workload.
+    pub advice: String,
+}
+
+/// Quota: reserved or not, and where.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Quota {
+    pub reserved: bool,
+    /// Flavors by podset and resource, while reserved.
+    pub flavors: BTreeMap<String, BTreeMap<String, String>>,
+    /// Kueue's reason while not reserved (the `QuotaReserved` condition's message).
+    pub waiting_reason: Option<String>,
+}
+
+/// Kueue's requeue bookkeeping after an eviction or a `Retry`.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Requeue {
+    pub count: Option<i32>,
+    pub at: Option<Timestamp>,
+}
+
+/// One admission check of the Workload.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckReport {
+    pub name: String,
+    /// The AdmissionCheck's `spec.controllerName` (`None`: the check does not exist).
+    pub controller: Option<String>,
+    /// Its `Active` condition: status and message.
+    pub active: Option<bool>,
+    pub active_message: Option<String>,
+    pub state: CheckState,
+    pub message: String,
+    pub since: Option<Timestamp>,
+    /// The attempt being decided (1 for the first), from the SDK's record or `retryCount`.
+    pub attempt: u32,
+    pub retry_count: Option<i32>,
+    /// Retries allowed, when known (a ProvisioningRequestConfig's `backoffLimitCount`).
+    pub retry_limit: Option<i32>,
+    /// After a `Retry`: when Kueue evicts and requeues it (the delay's end).
+    pub next_attempt_at: Option<Timestamp>,
+    /// After a delayed `Retry`: Kueue keeps the quota until `next_attempt_at`.
+    pub quota_held_until_retry: bool,
+}
+
+/// One ProvisioningRequest made for the Workload.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestReport {
+    pub name: String,
+    pub check: Option<String>,
+    pub attempt: Option<String>,
+    /// `type=status (reason: message)` for each condition.
+    pub conditions: Vec<String>,
+    /// The newest true one of `Failed`, `Provisioned`, `BookingExpired`, `CapacityRevoked`,
+    /// else `Accepted` or nothing: what the autoscaler last said.
+    pub outcome: Option<String>,
+}
+
+/// One Event about the Workload.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventReport {
+    pub time: Option<Timestamp>,
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub reason: String,
+    pub note: String,
+    pub count: i32,
+}
+
+/// Builds the report for `snapshot` at `now`.
+pub fn report(snapshot: &Snapshot, now: Timestamp) -> Report {
+    let wl = &snapshot.workload;
+    let reserved = wl.condition_is_true(cond::QUOTA_RESERVED);
+    let admission = wl.status.as_ref().and_then(|s| s.admission.as_ref());
+    let quota = Quota {
+        reserved,
+        flavors: admission
+            .filter(|_| reserved)
+            .map(|a| {
+                a.pod_set_assignments
+                    .iter()
+                    .map(|p| (p.name.clone(), p.flavors.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        waiting_reason: (!reserved)
+            .then(|| wl.condition(cond::QUOTA_RESERVED))
+            .flatten()
+            .map(|c| c.message.clone())
+            .filter(|m| !m.is_empty()),
+    };
+    let requeue = wl
+        .status
+        .as_ref()
+        .and_then(|s| s.requeue_state.as_ref())
+        .map(|r| Requeue {
+            count: r.count,
+            at: r.requeue_at.as_ref().map(|t| t.0),
+        });
+    let checks: Vec<CheckReport> = wl
+        .status
+        .as_ref()
+        .map(|s| s.admission_checks.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|entry| {
+            let ac = snapshot.admission_checks.get(&entry.name);
+            let active = ac.and_then(|ac| {
+                ac.status
+                    .as_ref()
+                    .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+            });
+            let since = entry.last_transition_time.as_ref().map(|t| t.0);
+            let next_attempt_at = (entry.state == CheckState::Retry)
+                .then(|| {
+                    let delay = i64::from(entry.requeue_after_seconds.unwrap_or(0).max(0));
+                    since.and_then(|t| t.checked_add(SignedDuration::from_secs(delay)).ok())
+                })
+                .flatten();
+            CheckReport {
+                name: entry.name.clone(),
+                controller: ac.map(|ac| ac.spec.controller_name.clone()),
+                active: active.map(|c| c.status == "True"),
+                active_message: active.map(|c| c.message.clone()),
+                state: entry.state,
+                message: entry.message.clone(),
+                since,
+                attempt: attempts::attempt(wl, &entry.name),
+                retry_count: entry.retry_count,
+                retry_limit: snapshot.provisioning_configs.get(&entry.name).map(|c| {
+                    c.spec
+                        .retry_strategy
+                        .as_ref()
+                        .and_then(|r| r.backoff_limit_count)
+                        .unwrap_or(KUEUE_DEFAULT_BACKOFF_LIMIT)
+                }),
+                quota_held_until_retry: reserved
+                    && next_attempt_at.is_some_and(|at| at > now)
+                    && !wl.condition_is_true(cond::EVICTED),
+                next_attempt_at,
+            }
+        })
+        .collect();
+    let mut requests: Vec<RequestReport> = snapshot
+        .provisioning_requests
+        .iter()
+        .map(request_report)
+        .collect();
+    requests.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut events: Vec<EventReport> = snapshot.events.iter().map(event_report).collect();
+    events.sort_by_key(|e| e.time);
+    let skip = events.len().saturating_sub(RECENT_EVENTS);
+    let events = events.split_off(skip);
+    let phase = phase(wl);
+    let mut report = Report {
+        namespace: wl.namespace().unwrap_or_default(),
+        workload: wl.name_any(),
+        owner: snapshot.owner.clone(),
+        phase,
+        local_queue: wl.spec.queue_name.clone(),
+        cluster_queue: admission
+            .map(|a| a.cluster_queue.clone())
+            .or_else(|| snapshot.cluster_queue_name.clone()),
+        quota,
+        requeue,
+        checks,
+        provisioning_requests: requests,
+        pod_templates: snapshot.pod_templates.clone(),
+        events,
+        advice: String::new(),
+    };
+    report.advice = advice(snapshot, &report, now);
+    report
+}
+
+fn phase(wl: &Workload) -> Phase {
+    if wl.condition_is_true(cond::FINISHED) {
+        Phase::Finished
+    } else if !wl.is_active() {
+        Phase::Deactivated
+    } else if wl.condition_is_true(cond::ADMITTED) {
+        Phase::Admitted
+    } else if wl.condition_is_true(cond::QUOTA_RESERVED) {
+        Phase::WaitingForChecks
+    } else if wl.condition_is_true(cond::EVICTED)
+        || wl
+            .status
+            .as_ref()
+            .and_then(|s| s.requeue_state.as_ref())
+            .is_some_and(|r| r.requeue_at.is_some())
+    {
+        Phase::Requeued
+    } else {
+        Phase::WaitingForQuota
+    }
+}
+
+fn request_report(pr: &ProvisioningRequest) -> RequestReport {
+    let conditions = pr
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let newest_true = ["Failed", "Provisioned", "BookingExpired", "CapacityRevoked"]
+        .iter()
+        .filter_map(|t| find_condition(conditions, t).filter(|c| c.status == "True"))
+        .max_by_key(|c| c.last_transition_time.0);
+    let outcome = newest_true
+        .or_else(|| find_condition(conditions, "Accepted").filter(|c| c.status == "True"))
+        .map(describe_condition);
+    RequestReport {
+        name: pr.name_any(),
+        check: pr.annotations().get(CHECK_ANNOTATION).cloned(),
+        attempt: pr.annotations().get(ATTEMPT_ANNOTATION).cloned(),
+        conditions: conditions.iter().map(describe_condition).collect(),
+        outcome,
+    }
+}
+
+fn describe_condition(c: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition) -> String {
+    let mut text = format!("{}={}", c.type_, c.status);
+    match (c.reason.is_empty(), c.message.is_empty()) {
+        (true, true) => {}
+        (false, true) => text.push_str(&format!(" ({})", c.reason)),
+        (true, false) => text.push_str(&format!(" ({})", c.message)),
+        (false, false) => text.push_str(&format!(" ({}: {})", c.reason, c.message)),
+    }
+    text
+}
+
+fn event_report(e: &Event) -> EventReport {
+    let time = e
+        .series
+        .as_ref()
+        .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+        .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.event_time.as_ref().map(|t| t.0))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    EventReport {
+        time,
+        type_: e.type_.clone().unwrap_or_default(),
+        reason: e.reason.clone().unwrap_or_default(),
+        note: e.message.clone().unwrap_or_default(),
+        count: e
+            .series
+            .as_ref()
+            .and_then(|s| s.count)
+            .or(e.count)
+            .unwrap_or(1)
+            .max(1),
+    }
+}
+
+/// One line: what would move the Workload, from the first thing that holds it back.
+fn advice(snapshot: &Snapshot, r: &Report, now: Timestamp) -> String {
+    let wl = &snapshot.workload;
+    let cq = r.cluster_queue.as_deref().unwrap_or("?");
+    match r.phase {
+        Phase::Finished => return "Finished: nothing to do.".into(),
+        Phase::Deactivated => {
+            if let Some(rejected) = r.checks.iter().find(|c| c.state == CheckState::Rejected) {
+                return format!(
+                    "Rejected by check {}: {}. Fix what it says, then set spec.active: true on the Workload (or resubmit the Job).",
+                    rejected.name, rejected.message
+                );
+            }
+            let why = wl
+                .condition(cond::DEACTIVATION_TARGET)
+                .or_else(|| wl.condition(cond::EVICTED))
+                .map(|c| c.message.clone())
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| "spec.active is false".into());
+            return format!("Deactivated ({why}); set spec.active: true to queue it again.");
+        }
+        Phase::Admitted => {
+            return format!("Admitted on ClusterQueue {cq}: its pods may start.");
+        }
+        _ => {}
+    }
+    if r.quota.reserved {
+        if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Rejected) {
+            return format!(
+                "Check {} answered Rejected: {}. Kueue deactivates the Workload.",
+                c.name, c.message
+            );
+        }
+        if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Retry) {
+            let next = c.next_attempt_at.map(format_time);
+            return match next {
+                Some(at) if c.quota_held_until_retry => format!(
+                    "Check {} answered Retry: {}. Kueue keeps the quota until {at}, then evicts and requeues the Workload for attempt {}.",
+                    c.name,
+                    c.message,
+                    c.attempt.saturating_add(1)
+                ),
+                _ => format!(
+                    "Check {} answered Retry: {}. Kueue evicts and requeues the Workload for attempt {}.",
+                    c.name,
+                    c.message,
+                    c.attempt.saturating_add(1)
+                ),
+            };
+        }
+        if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Pending) {
+            return pending_advice(r, c);
+        }
+        return "Every check is Ready: Kueue admits the Workload at its next pass.".into();
+    }
+    if let Some(at) = r.requeue.as_ref().and_then(|q| q.at).filter(|at| *at > now) {
+        return format!(
+            "Requeued after an eviction or a Retry; Kueue considers it again at {}.",
+            format_time(at)
+        );
+    }
+    if r.local_queue.is_none() {
+        return "No queue: set the label kueue.x-k8s.io/queue-name on the Job.".into();
+    }
+    if snapshot.local_queue_exists == Some(false) {
+        return format!(
+            "LocalQueue {} does not exist in namespace {}: create it or fix the queue-name label.",
+            r.local_queue.as_deref().unwrap_or_default(),
+            r.namespace
+        );
+    }
+    if let Some(cq_obj) = &snapshot.cluster_queue {
+        let active = cq_obj
+            .status
+            .as_ref()
+            .and_then(|s| find_condition(&s.conditions, "Active"));
+        if let Some(c) = active.filter(|c| c.status != "True") {
+            return format!(
+                "ClusterQueue {cq} is inactive ({}): {}",
+                c.reason, c.message
+            );
+        }
+    } else if r.cluster_queue.is_some() {
+        return format!(
+            "ClusterQueue {cq} does not exist: create it or point the LocalQueue elsewhere."
+        );
+    }
+    match &r.quota.waiting_reason {
+        Some(reason) => format!("Waiting for quota on ClusterQueue {cq}: {reason}"),
+        None => format!("Waiting for Kueue to consider it for quota on ClusterQueue {cq}."),
+    }
+}
+
+fn pending_advice(r: &Report, c: &CheckReport) -> String {
+    let Some(controller) = &c.controller else {
+        return format!(
+            "AdmissionCheck {} does not exist: create it, or remove it from ClusterQueue {}.",
+            c.name,
+            r.cluster_queue.as_deref().unwrap_or("?")
+        );
+    };
+    if c.active == Some(false) {
+        return format!(
+            "Check {} is inactive: {}",
+            c.name,
+            c.active_message.as_deref().unwrap_or("no reason given")
+        );
+    }
+    if c.message.starts_with("Permanent failure") {
+        return format!(
+            "Check {} cannot go on until this is fixed: {}",
+            c.name, c.message
+        );
+    }
+    let request = r
+        .provisioning_requests
+        .iter()
+        .filter(|p| p.check.as_deref().is_none_or(|ch| ch == c.name))
+        .filter(|p| {
+            p.attempt
+                .as_deref()
+                .is_none_or(|a| a == c.attempt.to_string())
+        })
+        .max_by(|a, b| a.name.cmp(&b.name));
+    if let Some(request) = request {
+        return match &request.outcome {
+            Some(outcome) if outcome.starts_with("Failed=True") => format!(
+                "The autoscaler could not provision request {}: {outcome}; check {} answers Retry (or Rejected past its limit).",
+                request.name, c.name
+            ),
+            Some(outcome) => format!(
+                "Waiting for cluster-autoscaler on request {}: {outcome}.",
+                request.name
+            ),
+            None => format!(
+                "Waiting for cluster-autoscaler to accept request {}.",
+                request.name
+            ),
+        };
+    }
+    let message = if c.message.is_empty() {
+        "no answer yet".to_string()
+    } else {
+        c.message.clone()
+    };
+    format!(
+        "Waiting for check {} (controller {controller}): {message}",
+        c.name
+    )
+}
+
+/// A time as `2026-11-25T12:00:00Z`.
+pub fn format_time(t: Timestamp) -> String {
+    t.round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| t.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kueue_admission_sdk::api::{
+        AdmissionCheckSpec, AdmissionCheckState, AdmissionCheckStatus, ProvisioningRequestSpec,
+        ProvisioningRequestStatus,
+    };
+    use kueue_admission_sdk::testing::WorkloadBuilder;
+
+    use super::*;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn snapshot(workload: Workload) -> Snapshot {
+        Snapshot {
+            workload,
+            owner: Some("Job/train".into()),
+            cluster_queue_name: Some("cq".into()),
+            cluster_queue: None,
+            local_queue_exists: Some(true),
+            admission_checks: BTreeMap::new(),
+            provisioning_configs: BTreeMap::new(),
+            provisioning_requests: Vec::new(),
+            pod_templates: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    fn condition(
+        type_: &str,
+        status: &str,
+        reason: &str,
+        message: &str,
+        at: Timestamp,
+    ) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: Time(at),
+            observed_generation: None,
+        }
+    }
+
+    fn check(name: &str, active: bool, message: &str) -> AdmissionCheck {
+        let mut ac = AdmissionCheck::new(
+            name,
+            AdmissionCheckSpec {
+                controller_name: "example.com/c".into(),
+                parameters: None,
+            },
+        );
+        ac.status = Some(AdmissionCheckStatus {
+            conditions: vec![condition(
+                "Active",
+                if active { "True" } else { "False" },
+                "R",
+                message,
+                t("2026-01-01T00:00:00Z"),
+            )],
+        });
+        ac
+    }
+
+    #[test]
+    fn waiting_for_quota_quotes_kueue() {
+        let wl = WorkloadBuilder::new("ns", "w")
+            .with(|wl| {
+                wl.spec.queue_name = Some("lq".into());
+                wl.status.get_or_insert_with(Default::default).conditions = vec![condition(
+                    cond::QUOTA_RESERVED,
+                    "False",
+                    "Pending",
+                    "insufficient unused quota for cpu in flavor default, 3 more needed",
+                    t("2026-01-01T00:00:00Z"),
+                )];
+            })
+            .build();
+        let mut s = snapshot(wl);
+        let mut cq = ClusterQueue::new("cq", Default::default());
+        cq.status = Some(kueue_admission_sdk::api::ClusterQueueStatus {
+            conditions: vec![condition(
+                "Active",
+                "True",
+                "Ready",
+                "",
+                t("2026-01-01T00:00:00Z"),
+            )],
+        });
+        s.cluster_queue = Some(cq.clone());
+        let r = report(&s, t("2026-01-01T00:01:00Z"));
+        assert_eq!(r.phase, Phase::WaitingForQuota);
+        assert_eq!(
+            r.advice,
+            "Waiting for quota on ClusterQueue cq: insufficient unused quota for cpu in flavor default, 3 more needed"
+        );
+        // An inactive queue is the first thing to fix.
+        cq.status = Some(kueue_admission_sdk::api::ClusterQueueStatus {
+            conditions: vec![condition(
+                "Active",
+                "False",
+                "AdmissionCheckInactive",
+                "references inactive AdmissionCheck(s): c",
+                t("2026-01-01T00:00:00Z"),
+            )],
+        });
+        s.cluster_queue = Some(cq);
+        let r = report(&s, t("2026-01-01T00:01:00Z"));
+        assert_eq!(
+            r.advice,
+            "ClusterQueue cq is inactive (AdmissionCheckInactive): references inactive AdmissionCheck(s): c"
+        );
+        s.cluster_queue = None;
+        let r = report(&s, t("2026-01-01T00:01:00Z"));
+        assert!(
+            r.advice.starts_with("ClusterQueue cq does not exist"),
+            "{}",
+            r.advice
+        );
+    }
+
+    #[test]
+    fn a_missing_local_queue_or_queue_label_is_named() {
+        let wl = WorkloadBuilder::new("ns", "w").build();
+        let r = report(&snapshot(wl.clone()), t("2026-01-01T00:00:00Z"));
+        assert!(r.advice.starts_with("No queue"), "{}", r.advice);
+        let mut s = snapshot(
+            WorkloadBuilder::new("ns", "w")
+                .with(|wl| wl.spec.queue_name = Some("lq".into()))
+                .build(),
+        );
+        s.local_queue_exists = Some(false);
+        let r = report(&s, t("2026-01-01T00:00:00Z"));
+        assert!(
+            r.advice.starts_with("LocalQueue lq does not exist"),
+            "{}",
+            r.advice
+        );
+    }
+
+    #[test]
+    fn a_pending_check_that_is_inactive_says_why() {
+        let wl = WorkloadBuilder::new("ns", "w")
+            .pod_set("main", 1, "1")
+            .check("c", CheckState::Pending)
+            .quota_reserved("cq", "default")
+            .build();
+        let mut s = snapshot(wl);
+        s.admission_checks
+            .insert("c".into(), check("c", false, "parameters missing"));
+        let r = report(&s, t("2026-01-01T00:00:00Z"));
+        assert_eq!(r.phase, Phase::WaitingForChecks);
+        assert_eq!(r.advice, "Check c is inactive: parameters missing");
+        assert_eq!(r.quota.flavors["main"]["cpu"], "default");
+        let s = snapshot(s.workload.clone());
+        let r = report(&s, t("2026-01-01T00:00:00Z"));
+        assert!(
+            r.advice.starts_with("AdmissionCheck c does not exist"),
+            "{}",
+            r.advice
+        );
+    }
+
+    #[test]
+    fn a_delayed_retry_holds_quota_until_its_end() {
+        let at = t("2026-01-01T00:00:00Z");
+        let wl = WorkloadBuilder::new("ns", "w")
+            .at(at)
+            .pod_set("main", 1, "1")
+            .check_entry(AdmissionCheckState {
+                name: "c".into(),
+                state: CheckState::Retry,
+                last_transition_time: Some(Time(at)),
+                message: "over budget".into(),
+                requeue_after_seconds: Some(60),
+                retry_count: Some(1),
+                pod_set_updates: Vec::new(),
+            })
+            .quota_reserved("cq", "default")
+            .build();
+        let mut s = snapshot(wl);
+        s.admission_checks
+            .insert("c".into(), check("c", true, "ok"));
+        let r = report(&s, t("2026-01-01T00:00:30Z"));
+        let c = &r.checks[0];
+        assert_eq!(c.next_attempt_at, Some(t("2026-01-01T00:01:00Z")));
+        assert!(c.quota_held_until_retry);
+        assert_eq!(c.attempt, 2);
+        assert_eq!(
+            r.advice,
+            "Check c answered Retry: over budget. Kueue keeps the quota until 2026-01-01T00:01:00Z, then evicts and requeues the Workload for attempt 3."
+        );
+        let text = crate::render::text(&r);
+        assert!(
+            text.contains("next attempt at 2026-01-01T00:01:00Z; quota held until then"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_failed_request_is_the_autoscalers_word() {
+        let wl = WorkloadBuilder::new("ns", "w")
+            .pod_set("main", 1, "1")
+            .check("prov", CheckState::Pending)
+            .quota_reserved("cq", "default")
+            .build();
+        let mut s = snapshot(wl);
+        s.admission_checks
+            .insert("prov".into(), check("prov", true, "ok"));
+        let mut pr = ProvisioningRequest::new("w-prov-1", ProvisioningRequestSpec::default());
+        pr.metadata.annotations = Some(BTreeMap::from([
+            (CHECK_ANNOTATION.to_string(), "prov".to_string()),
+            (ATTEMPT_ANNOTATION.to_string(), "1".to_string()),
+        ]));
+        pr.status = Some(ProvisioningRequestStatus {
+            conditions: vec![
+                condition(
+                    "Accepted",
+                    "True",
+                    "Accepted",
+                    "",
+                    t("2026-01-01T00:00:00Z"),
+                ),
+                condition(
+                    "Failed",
+                    "True",
+                    "NoCapacity",
+                    "no nodes of class gpu-a",
+                    t("2026-01-01T00:00:05Z"),
+                ),
+            ],
+            ..Default::default()
+        });
+        s.provisioning_requests.push(pr);
+        let r = report(&s, t("2026-01-01T00:00:10Z"));
+        assert_eq!(
+            r.advice,
+            "The autoscaler could not provision request w-prov-1: Failed=True (NoCapacity: no nodes of class gpu-a); check prov answers Retry (or Rejected past its limit)."
+        );
+    }
+
+    #[test]
+    fn a_rejection_is_named_after_the_deactivation() {
+        let wl = WorkloadBuilder::new("ns", "w")
+            .check_entry(AdmissionCheckState {
+                name: "c".into(),
+                state: CheckState::Rejected,
+                message: "needs 4 licenses, the pool has 2".into(),
+                ..Default::default()
+            })
+            .deactivated()
+            .build();
+        let r = report(&snapshot(wl), t("2026-01-01T00:00:00Z"));
+        assert_eq!(r.phase, Phase::Deactivated);
+        assert!(
+            r.advice
+                .starts_with("Rejected by check c: needs 4 licenses, the pool has 2."),
+            "{}",
+            r.advice
+        );
+        let admitted = WorkloadBuilder::new("ns", "w")
+            .pod_set("main", 1, "1")
+            .quota_reserved("cq", "default")
+            .admitted()
+            .build();
+        let r = report(&snapshot(admitted), t("2026-01-01T00:00:00Z"));
+        assert_eq!(r.advice, "Admitted on ClusterQueue cq: its pods may start.");
+    }
+
+    #[test]
+    fn targets_parse_with_or_without_a_kind() {
+        use crate::fetch::Target;
+        assert_eq!("a".parse(), Ok(Target::Either("a".into())));
+        assert_eq!("job/a".parse(), Ok(Target::Job("a".into())));
+        assert_eq!("Workload/a".parse(), Ok(Target::Workload("a".into())));
+        assert!("pod/a".parse::<Target>().is_err());
+        assert!("job/".parse::<Target>().is_err());
+    }
+}
