@@ -17,10 +17,27 @@ wrapper_module() { # dir name
   printf 'module local.build/%s\n\ngo 1.24\n' "$2" >"$1/go.mod"
 }
 
+# A line every 30 s while a component builds, so a cold build (minutes, silent once the
+# modules are downloaded) never looks hung. One ticker at a time; main's EXIT trap stops it.
+progress_pid=""
+progress_start() { # what
+  progress_stop
+  local what=$1 start=$SECONDS
+  (while sleep 30; do log "still $what: $((SECONDS - start))s so far (a cold build takes minutes)"; done) &
+  progress_pid=$!
+}
+progress_stop() {
+  [[ -n $progress_pid ]] || return 0
+  kill "$progress_pid" 2>/dev/null || true
+  wait "$progress_pid" 2>/dev/null || true
+  progress_pid=""
+}
+
 build_etcd() {
   local out="$BIN_DIR/etcd-$ETCD_VERSION/etcd"
   [[ -x $out ]] && return 0
   log "building etcd $ETCD_VERSION"
+  progress_start "building etcd $ETCD_VERSION"
   local src="$CACHE_DIR/src/etcd-$ETCD_VERSION"
   rm -rf "$src"; wrapper_module "$src" etcd
   (cd "$src" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" &&
@@ -32,6 +49,7 @@ build_kube_apiserver() {
   local out="$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
   [[ -x $out ]] && return 0
   log "building kube-apiserver $KUBERNETES_VERSION"
+  progress_start "building kube-apiserver $KUBERNETES_VERSION"
   local src="$CACHE_DIR/src/kube-apiserver-$KUBERNETES_VERSION" gomod
   rm -rf "$src"; mkdir -p "$src"
   gomod="$(cd "$src" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | json_field GoMod)"
@@ -62,6 +80,7 @@ build_kueue() {
   local out="$BIN_DIR/kueue-$KUEUE_VERSION/kueue"
   [[ -x $out ]] && return 0
   log "building kueue $KUEUE_VERSION"
+  progress_start "building kueue $KUEUE_VERSION"
   # `go install sigs.k8s.io/kueue/cmd/kueue@v` would do, but it asks the proxy for Kueue's version
   # list (a deprecation check) and some proxies refuse that. A wrapper module that starts from
   # Kueue's own go.sum verifies every dependency against the hashes Kueue recorded.
@@ -102,12 +121,14 @@ fetch_manifests() {
 }
 
 main() {
+  trap progress_stop EXIT
   mkdir -p "$BIN_DIR"
   local start=$SECONDS
   fetch_manifests
   build_etcd
   build_kueue
   build_kube_apiserver
+  progress_stop
   log "control plane binaries ready in $((SECONDS - start))s under $BIN_DIR"
 }
 main "$@"
