@@ -42,6 +42,7 @@ VARIANTS=(
   "kpc monitoring $KPC/ci/monitoring-values.yaml 2 true ClusterRole,ClusterRoleBinding,ConfigMap,Deployment,PodDisruptionBudget,PrometheusRule,Role,RoleBinding,Service,ServiceAccount,ServiceMonitor provisioning $DEFAULT_ARGS"
   "kpc admission-checks $KPC/ci/admission-checks-values.yaml 2 true AdmissionCheck,AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,ProvisioningRequestConfig,Role,RoleBinding,Service,ServiceAccount provisioning $DEFAULT_ARGS"
   "kac budget-check $KAC/ci/budget-check-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
+  "kac alert-gate $KAC/ci/alert-gate-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS,--withdraw-ready-seconds=60"
   "kac parameters $KAC/ci/parameters-values.yaml 1 false AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PrometheusRule,Service,ServiceAccount,ServiceMonitor - --max-retry-delay-seconds=2147483647,--permanent-failure-hold-seconds=86400,--shadow=true,--shadow-cluster-queues=team-a"
 )
 chart_dir() { case $1 in kpc) echo "$KPC" ;; kac) echo "$KAC" ;; esac; }

@@ -1014,6 +1014,32 @@ pub async fn wait_metric_where(
     }
 }
 
+/// POSTs `body` as JSON to `path` at `addr` (HTTP/1.1, plain); returns the status and body.
+pub async fn http_post_json(
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::to_string(body)?;
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, answer) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, answer.to_string()))
+}
+
 /// A free loopback address for a runtime's HTTP endpoints.
 pub fn free_local_address() -> Result<std::net::SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)

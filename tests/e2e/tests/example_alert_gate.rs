@@ -1,0 +1,396 @@
+//! The alert-gate example against the real Kueue and a real Alertmanager (Debian's
+//! `prometheus-alertmanager`, or `E2E_ALERTMANAGER`): each test starts its own Alertmanager,
+//! posts alerts through its API, and runs the check in-process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use alert_gate::{AlertGate, AlertGateCheck, AlertGateSpec, WhileFiring};
+use anyhow::{Context, Result, bail, ensure};
+use e2e::{DEFAULT_TIMEOUT, TestEnv};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, PostParams};
+use kube::{CustomResourceExt, ResourceExt};
+use kueue_admission_sdk::RuntimeConfig;
+use kueue_admission_sdk::api::{
+    ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec,
+    CheckState, find_condition, workload_condition as cond,
+};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+/// A running Alertmanager of one test, stopped when dropped.
+struct Alertmanager {
+    _process: tokio::process::Child,
+    addr: SocketAddr,
+}
+
+fn alertmanager_binary() -> Result<PathBuf> {
+    if let Ok(path) = std::env::var("E2E_ALERTMANAGER") {
+        return Ok(path.into());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        for name in ["prometheus-alertmanager", "alertmanager"] {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    bail!(
+        "Alertmanager is required for the alert-gate tests and is not on the PATH \
+         (Debian: apt-get install prometheus-alertmanager; or set E2E_ALERTMANAGER)"
+    )
+}
+
+impl Alertmanager {
+    async fn start(env: &TestEnv) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("e2e-alertmanager-{}", env.ns));
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("alertmanager.yml");
+        // Alerts go nowhere: the tests only read them back.
+        std::fs::write(
+            &config,
+            "route:\n  receiver: none\nreceivers:\n  - name: none\n",
+        )?;
+        let addr = e2e::free_local_address()?;
+        let log = std::fs::File::create(dir.join("alertmanager.log"))?;
+        let process = tokio::process::Command::new(alertmanager_binary()?)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            // A single instance: no gossip port to collide with parallel tests.
+            .arg("--cluster.listen-address=")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting Alertmanager")?;
+        let am = Self {
+            _process: process,
+            addr,
+        };
+        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+        while !matches!(e2e::http_get(addr, "/-/ready").await, Ok((200, _))) {
+            if tokio::time::Instant::now() > deadline {
+                let log = std::fs::read_to_string(dir.join("alertmanager.log")).unwrap_or_default();
+                bail!("Alertmanager at {addr} not ready after {DEFAULT_TIMEOUT:?}:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(am)
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Waits until Alertmanager lists `count` alerts for `spec`'s matchers, as the check asks.
+    async fn wait_listed(&self, spec: &AlertGateSpec, count: usize) -> Result<()> {
+        let url = alert_gate::alertmanager::alerts_url(spec);
+        let path = url.trim_start_matches(&self.url()).to_string();
+        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+        loop {
+            let (status, body) = e2e::http_get(self.addr, &path).await?;
+            let listed = serde_json::from_str::<Vec<serde_json::Value>>(&body).map(|a| a.len());
+            if status == 200 && listed.as_ref().is_ok_and(|n| *n == count) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("Alertmanager lists {listed:?} alerts for {path}, not {count}: {body}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Posts an alert with these labels, firing for an hour, or resolved now.
+    async fn alert(&self, labels: &[(&str, &str)], firing: bool) -> Result<()> {
+        let now = Timestamp::now();
+        let ends = if firing {
+            now + SignedDuration::from_hours(1)
+        } else {
+            now - SignedDuration::from_secs(1)
+        };
+        let labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        let body = json!([{
+            "labels": labels,
+            "startsAt": (now - SignedDuration::from_mins(1)).to_string(),
+            "endsAt": ends.to_string(),
+        }]);
+        let (status, answer) = e2e::http_post_json(self.addr, "/api/v2/alerts", &body).await?;
+        ensure!(status == 200, "posting an alert: HTTP {status}: {answer}");
+        Ok(())
+    }
+}
+
+/// One test's queue guarded by an alert gate answered by its own controller.
+struct Gated {
+    env: TestEnv,
+    check: String,
+    _controller: JoinHandle<Result<(), kueue_admission_sdk::Error>>,
+}
+
+async fn install_crd(env: &TestEnv) -> Result<()> {
+    let crd = serde_json::to_value(AlertGate::crd())?;
+    e2e::chart::apply(&env.client, &crd, "e2e").await?;
+    let name = AlertGate::crd_name();
+    e2e::wait_for(
+        Api::<CustomResourceDefinition>::all(env.client.clone()),
+        name,
+        "Established",
+        |crd| {
+            crd.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn gated(test: &str, spec: AlertGateSpec) -> Result<Gated> {
+    let env = TestEnv::new(test).await?;
+    install_crd(&env).await?;
+    let gate = env.cluster_name("gate");
+    Api::<AlertGate>::all(env.client.clone())
+        .create(&PostParams::default(), &AlertGate::new(&gate, spec))
+        .await
+        .context("creating the AlertGate")?;
+    let controller_name = format!("e2e.kueue-admission-checks.dev/alert-gate-{}", env.ns);
+    let ac = AdmissionCheck::new(
+        &env.cluster_name("alerts"),
+        AdmissionCheckSpec {
+            controller_name: controller_name.clone(),
+            parameters: Some(AdmissionCheckParametersReference {
+                api_group: alert_gate::gate::GROUP.into(),
+                kind: "AlertGate".into(),
+                name: gate,
+            }),
+        },
+    );
+    let check = Api::<AdmissionCheck>::all(env.client.clone())
+        .create(&PostParams::default(), &ac)
+        .await?
+        .name_any();
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let cq = env
+        .cluster_queue("cq", &flavor, "8", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    let runtime = RuntimeConfig {
+        metrics_address: None,
+        field_manager: format!("e2e-{}", env.ns),
+        leader_election: None,
+        ..Default::default()
+    };
+    let controller = tokio::spawn(kueue_admission_sdk::run_until(
+        env.client.clone(),
+        // Every decision asks Alertmanager: the test orders an alert before a submission.
+        AlertGateCheck::new(controller_name).answers_fresh_for(Duration::ZERO),
+        runtime,
+        std::future::pending(),
+    ));
+    Ok(Gated {
+        env,
+        check,
+        _controller: controller,
+    })
+}
+
+fn spec(url: String, team: &str) -> AlertGateSpec {
+    AlertGateSpec {
+        alertmanager_url: url,
+        matchers: vec!["severity=\"critical\"".into(), format!("team=\"{team}\"")],
+        while_firing: WhileFiring::Pending,
+        recheck_seconds: Some(5),
+        retry_delay_seconds: None,
+    }
+}
+
+#[tokio::test]
+async fn work_waits_while_a_matching_alert_fires_and_is_admitted_once_it_resolves() -> Result<()> {
+    let probe = TestEnv::new("alert-gate-am").await?;
+    let am = Alertmanager::start(&probe).await?;
+    let gate = spec(am.url(), "batch");
+    let t = gated("alert-gate", gate.clone()).await?;
+    let env = &t.env;
+
+    // A warning, and a critical alert of another team: neither matches every matcher.
+    am.alert(
+        &[
+            ("alertname", "DiskFilling"),
+            ("severity", "warning"),
+            ("team", "batch"),
+        ],
+        true,
+    )
+    .await?;
+    am.alert(
+        &[
+            ("alertname", "EtcdDown"),
+            ("severity", "critical"),
+            ("team", "web"),
+        ],
+        true,
+    )
+    .await?;
+    am.wait_listed(&gate, 0).await?;
+    let quiet = env.submit_job("quiet", "lq", "1").await?;
+    let admitted = env.wait_admitted(&quiet).await?;
+    let entry = admitted
+        .admission_check(&t.check)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(entry.state, CheckState::Ready);
+    assert_eq!(
+        entry.message,
+        format!(
+            "no firing alert matches severity=\"critical\", team=\"batch\" at {}",
+            am.url()
+        )
+    );
+
+    // A matching alert holds the next Workload back, with its quota, naming the alert.
+    am.alert(
+        &[
+            ("alertname", "NodePoolDegraded"),
+            ("severity", "critical"),
+            ("team", "batch"),
+        ],
+        true,
+    )
+    .await?;
+    am.wait_listed(&gate, 1).await?;
+    let mut recorder = env.record_workloads().await?;
+    let held = env.submit_job("held", "lq", "1").await?;
+    let versions = recorder
+        .until(&held, "held back by the alert", |wl| {
+            wl.admission_check(&t.check).is_some_and(|e| {
+                e.state == CheckState::Pending && e.message.contains("NodePoolDegraded")
+            })
+        })
+        .await?;
+    let last = versions.last().context("no version")?;
+    assert!(last.condition_is_true(cond::QUOTA_RESERVED));
+    let message = &last.admission_check(&t.check).context("entry")?.message;
+    assert!(
+        message.starts_with(
+            "held back while 1 alert(s) matching severity=\"critical\", team=\"batch\" fire: \
+             NodePoolDegraded{severity=critical,team=batch}; looking again in "
+        ),
+        "{message}"
+    );
+
+    // Resolved: the next look (within the recheck of 5 s) admits it, and it was never Ready
+    // before the alert ended.
+    let resolved_at = Timestamp::now();
+    am.alert(
+        &[
+            ("alertname", "NodePoolDegraded"),
+            ("severity", "critical"),
+            ("team", "batch"),
+        ],
+        false,
+    )
+    .await?;
+    let versions = recorder
+        .until(&held, "admitted once the alert resolved", |wl| {
+            wl.condition_is_true(cond::ADMITTED)
+        })
+        .await?;
+    let ready_at = versions
+        .iter()
+        .filter_map(|wl| wl.admission_check(&t.check))
+        .find(|e| e.state == CheckState::Ready)
+        .and_then(|e| e.last_transition_time.as_ref().map(|t| t.0))
+        .context("no Ready entry")?;
+    // Kueue's times are whole seconds.
+    assert!(
+        ready_at >= resolved_at - SignedDuration::from_secs(1),
+        "Ready at {ready_at}, the alert resolved at {resolved_at}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unreachable_alertmanager_is_a_clear_message_never_ready() -> Result<()> {
+    // A port nothing listens on.
+    let closed = e2e::free_local_address()?;
+    let t = gated("alert-gate-down", spec(format!("http://{closed}"), "batch")).await?;
+    let env = &t.env;
+    let mut recorder = env.record_workloads().await?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    let versions = recorder
+        .until(&wl, "the check says Alertmanager did not answer", |wl| {
+            wl.admission_check(&t.check)
+                .is_some_and(|e| e.message.contains("did not answer"))
+        })
+        .await?;
+    let entry = versions
+        .last()
+        .and_then(|v| v.admission_check(&t.check))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(entry.state, CheckState::Pending);
+    assert!(
+        entry
+            .message
+            .starts_with(&format!("Alertmanager at http://{closed} did not answer (")),
+        "{}",
+        entry.message
+    );
+    // The only answer it gave was this one: never Ready, the Workload holds its quota waiting.
+    assert!(
+        versions.iter().all(|v| v
+            .admission_check(&t.check)
+            .is_none_or(|e| e.state != CheckState::Ready)),
+        "an unreachable Alertmanager admitted work"
+    );
+    let last = versions.last().context("no version")?;
+    assert!(
+        last.condition_is_true(cond::QUOTA_RESERVED) && !last.condition_is_true(cond::ADMITTED)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn malformed_parameters_make_the_check_inactive_with_the_reason() -> Result<()> {
+    let mut bad = spec("http://127.0.0.1:9".into(), "batch");
+    bad.matchers.push("oops".into());
+    let t = gated("alert-gate-bad", bad).await?;
+    let ac = e2e::wait_for(
+        Api::<AdmissionCheck>::all(t.env.client.clone()),
+        &t.check,
+        "Active=False",
+        |ac| {
+            ac.status
+                .as_ref()
+                .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+                .is_some_and(|c| c.status == "False")
+        },
+    )
+    .await?;
+    let active = ac
+        .status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+        .cloned()
+        .context("no Active condition")?;
+    assert_eq!(active.reason, "InvalidParameters");
+    assert!(
+        active.message.contains("spec.matchers: \"oops\""),
+        "{}",
+        active.message
+    );
+    Ok(())
+}
