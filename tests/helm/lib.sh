@@ -13,6 +13,8 @@ PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
 
 HELM_BIN="$BIN_DIR/helm-$HELM_VERSION/helm"
 PROMTOOL_BIN="$BIN_DIR/promtool-$PROMETHEUS_MODULE_VERSION/promtool"
+# Debian's promtool, unpacked from its prometheus package (PROMTOOL_FROM=go skips it).
+DEBIAN_PROMTOOL_BIN="$BIN_DIR/promtool-debian/promtool"
 
 hlog() { printf '[chart] %s\n' "$*" >&2; }
 hdie() { printf '[chart] error: %s\n' "$*" >&2; exit 1; }
