@@ -47,6 +47,11 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     late: Mutex<HashMap<PairKey, LateRetry>>,
     /// Consecutive failed reconciles per Workload uid, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Workloads whose last reconcile failed: the version it failed on and the end of its
+    /// backoff. Until then a trigger other than a change of the Workload (a reconcile of
+    /// everything after a re-list or a check's activation) does not ask again, so a failing
+    /// backend is spared the storm.
+    backing_off: Mutex<HashMap<String, (Option<String>, tokio::time::Instant)>>,
     /// Permanent failures being shown on entries, with the time the hold started.
     permanent: Mutex<HashMap<PairKey, PermanentFailure>>,
     /// Status writes the Workload cache does not show yet.
@@ -99,6 +104,7 @@ impl<C: AdmissionCheckController> Context<C> {
             asked: Default::default(),
             late: Default::default(),
             failures: Default::default(),
+            backing_off: Default::default(),
             permanent: Default::default(),
             own_writes,
             metrics,
@@ -274,9 +280,34 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
         },
         None => wl,
     };
+    // Failed on this very version and still backing off: only a change of the Workload asks
+    // again before the backoff ends (kube's requeue for it is already scheduled).
+    if let Some(uid) = wl.uid() {
+        let backoff = lock(&ctx.backing_off).get(&uid).cloned();
+        if let Some((failed_on, until)) = backoff
+            && failed_on.is_some()
+            && failed_on == wl.resource_version()
+        {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if !left.is_zero() {
+                debug!(workload = %wl.name_any(), ?left, "backing off after a failure; unchanged since");
+                return Ok(Action::requeue(left));
+            }
+        }
+    }
     // Boxed: the decision's (large) future exists only for the reconciles holding a turn; the
     // many that may wait (a reconcile of everything) each keep only this small one.
-    Box::pin(reconcile_in_turn(&wl, &ctx)).await
+    let result = Box::pin(reconcile_in_turn(&wl, &ctx)).await;
+    if let Some(uid) = wl.uid() {
+        let mut backing_off = lock(&ctx.backing_off);
+        if result.is_err() {
+            // The end of the backoff is set by the error policy, which kube calls next.
+            backing_off.insert(uid, (wl.resource_version(), tokio::time::Instant::now()));
+        } else {
+            backing_off.remove(&uid);
+        }
+    }
+    result
 }
 
 async fn reconcile_in_turn<C: AdmissionCheckController>(
@@ -439,6 +470,7 @@ pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C
     ctx.late().retain(|(u, _), _| *u != uid);
     lock(&ctx.permanent).retain(|(u, _), _| *u != uid);
     lock(&ctx.failures).remove(&uid);
+    lock(&ctx.backing_off).remove(&uid);
     ctx.own_writes.forget(&uid);
 }
 
@@ -1023,6 +1055,11 @@ pub(crate) fn error_policy<C: AdmissionCheckController>(
         *n
     };
     let delay = error_backoff().delay(failures, rand::random::<f64>());
+    if let Some(uid) = wl.uid()
+        && let Some((_, until)) = lock(&ctx.backing_off).get_mut(&uid)
+    {
+        *until = tokio::time::Instant::now() + delay;
+    }
     warn!(
         workload = %wl.name_any(), namespace = ?wl.namespace(), error = %err, kind = err.label(),
         failures, retry_in = ?delay, "reconcile failed"

@@ -14,7 +14,9 @@ use kube::runtime::reflector;
 use super::super::checks::ActiveCheck;
 use super::super::own_writes::OwnWrites;
 use super::super::{RuntimeConfig, metrics::Metrics};
-use super::{Context, decide_one};
+use kube::runtime::controller::Action;
+
+use super::{Context, decide_one, lock};
 use crate::api::{AdmissionCheckState, CheckState, Workload};
 use crate::check::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
@@ -688,6 +690,52 @@ async fn a_reconcile_that_waited_for_its_turn_decides_on_the_newest_version() {
         1,
         "the check was not asked: the reconcile judged the queued version (no quota)"
     );
+}
+
+/// A reconcile that failed (here the status write: 500) backs off: a trigger that is no change
+/// of the Workload (a reconcile of everything) does not ask the check again before the backoff
+/// ends; a new version of the Workload does (found by the suite under load: a check's
+/// activation reconciled everything 80 ms after a failure, and asked the failing backend again).
+#[tokio::test]
+async fn a_failed_reconcile_backs_off_unless_the_workload_changes() {
+    use kube::runtime::watcher::Event;
+    let (cache, mut writer) = reflector::store::<Workload>();
+    writer.apply_watcher_event(&Event::Apply(at("10", deciding())));
+    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache.clone());
+    api.fail(500, "InternalError", "try again later");
+    let failed = Arc::new(at("10", deciding()));
+    super::reconcile(failed.clone(), ctx.clone())
+        .await
+        .expect_err("the write failed");
+    // What kube hands the error policy next (its kind only labels a counter).
+    let err = crate::Error::MalformedWorkload("the write failed".into());
+    let _ = super::error_policy(failed.clone(), &err, ctx.clone());
+    assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 1);
+
+    // The same version again (a reconcile of everything): not asked, looked at after the backoff.
+    let again = super::reconcile(failed.clone(), ctx.clone())
+        .await
+        .expect("no error");
+    assert_eq!(
+        ctx.controller.asked.load(Ordering::SeqCst),
+        1,
+        "asked during the backoff"
+    );
+    assert!(api.requests().len() == 1, "{:?}", api.requests());
+    assert_ne!(
+        again,
+        Action::await_change(),
+        "a requeue at the backoff's end"
+    );
+
+    // A new version of the Workload is asked about at once, and success clears the backoff.
+    writer.apply_watcher_event(&Event::Apply(at("11", deciding())));
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(at("11", deciding())), ctx.clone())
+        .await
+        .expect("written");
+    assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 2);
+    assert!(lock(&ctx.backing_off).is_empty());
 }
 
 /// A Workload deleted while its reconcile waited is not decided (its release runs on the
