@@ -45,14 +45,31 @@ fi
 cargo deny --locked check licenses
 
 step "cargo package: ${published[*]}, each built from its package"
-# Packages the crates together, so the controller is verified against the packaged SDK rather
-# than the one on crates.io; the verify build fails on a file a package forgot.
+# Packaged together; then built from the packages alone, as crates.io users get them, the
+# controller against the packaged SDK (cargo's own verification cannot build the SDK: a library
+# names no Kubernetes version for k8s-openapi, its users' binaries do).
 package_args=()
 for crate in "${published[@]}"; do package_args+=(-p "$crate"); done
-cargo package --locked "${package_args[@]}"
+cargo package --locked --no-verify "${package_args[@]}"
+verify="target/package-verify"
+rm -rf "$verify"; mkdir -p "$verify"
+members=()
 for crate in "${published[@]}"; do
-  ls target/package/"$crate"-*.crate
+  file="$(ls target/package/"$crate"-*.crate)"
+  tar -xzf "$file" -C "$verify"
+  members+=("\"$(basename "$file" .crate)\"")
 done
+sdk_dir="$(basename "$(ls target/package/kueue-admission-sdk-*.crate)" .crate)"
+{
+  printf '[workspace]\nresolver = "3"\nmembers = [%s]\n\n' "$(IFS=,; echo "${members[*]}")"
+  printf '[patch.crates-io]\nkueue-admission-sdk = { path = "%s" }\n' "$sdk_dir"
+} >"$verify/Cargo.toml"
+# The workspace's lock pins the same dependency versions CI tested.
+cp Cargo.lock "$verify/Cargo.lock"
+# The workspace's target directory: dependencies built before are reused.
+repo="$PWD"
+(cd "$verify" && cargo build --quiet --workspace --target-dir "$repo/target")
+echo "built from their packages: ${published[*]}"
 
 step "docs as docs.rs builds them (the SDK alone, its docs.rs features, warnings are errors)"
 # The library alone: no other workspace crate picks a Kubernetes version for it here.
@@ -60,7 +77,8 @@ features=$(python3 -c '
 import json, subprocess
 meta = json.loads(subprocess.check_output(["cargo", "metadata", "--format-version", "1", "--no-deps", "--locked"]))
 sdk = next(p for p in meta["packages"] if p["name"] == "kueue-admission-sdk")
-print(",".join(sdk["metadata"]["docs.rs"]["features"]))')
+# [package.metadata.docs.rs] reads back as {"docs": {"rs": ...}}.
+print(",".join(sdk["metadata"]["docs"]["rs"]["features"]))')
 RUSTDOCFLAGS="--cfg docsrs -D warnings" cargo doc --locked --quiet --no-deps \
   -p kueue-admission-sdk --features "$features" --target-dir target/docsrs
 
