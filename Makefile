@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper around a script under tests/ or one cargo command.
-.PHONY: demo test package-check bench soak multi-check-soak fuzz test-under-load up down status build-control-plane
+.PHONY: demo test package-check bench soak multi-check-soak fuzz test-under-load test-kueue-versions up down status build-control-plane
 
 demo: ## Start the control plane, the provisioning controller and the simulator; narrate two Jobs
 	bash tests/demo.sh
@@ -25,6 +25,9 @@ fuzz: ## Fuzz every pure function fed by cluster data (FUZZ_SECONDS=600, SEED= t
 
 test-under-load: ## The e2e suite RUNS=3 times with a CPU hog on every core beside it (FILTER= to narrow)
 	bash tests/under-load.sh
+
+test-kueue-versions: ## The e2e suite against each supported Kueue version (KUEUE_VERSIONS="v0.15.2 v0.19.2")
+	bash tests/kueue-versions.sh
 
 up: ## Start the local control plane (etcd, kube-apiserver, Kueue)
 	bash tests/control-plane/control-plane.sh start
