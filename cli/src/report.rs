@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kueue_admission_sdk::api::{
-    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, ClusterQueue, ProvisioningRequest,
-    ProvisioningRequestConfig, Workload, find_condition, workload_condition as cond,
+    AdmissionCheck, CheckState, ClusterQueue, ProvisioningRequest, ProvisioningRequestConfig,
+    Workload, find_condition, workload_condition as cond,
 };
 use kueue_admission_sdk::attempts;
 use kueue_provisioning_controller::plan::{ATTEMPT_ANNOTATION, CHECK_ANNOTATION};
@@ -189,11 +189,7 @@ pub fn report(snapshot: &Snapshot, now: Timestamp) -> Report {
         .iter()
         .map(|entry| {
             let ac = snapshot.admission_checks.get(&entry.name);
-            let active = ac.and_then(|ac| {
-                ac.status
-                    .as_ref()
-                    .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
-            });
+            let active = ac.and_then(AdmissionCheck::active_condition);
             let since = entry.last_transition_time.as_ref().map(|t| t.0);
             let next_attempt_at = (entry.state == CheckState::Retry)
                 .then(|| {

@@ -50,3 +50,12 @@ pub struct AdmissionCheckStatus {
 
 /// The condition type Kueue reads on an AdmissionCheck.
 pub const ADMISSION_CHECK_ACTIVE: &str = "Active";
+
+impl AdmissionCheck {
+    /// Its `Active` condition, if any controller wrote one.
+    pub fn active_condition(&self) -> Option<&Condition> {
+        self.status
+            .as_ref()
+            .and_then(|s| crate::api::find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+    }
+}

@@ -9,7 +9,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchP
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::api::{ADMISSION_CHECK_ACTIVE, AdmissionCheck, find_condition};
+use crate::api::{ADMISSION_CHECK_ACTIVE, AdmissionCheck};
 use crate::check::{AdmissionCheckController, ApiKind, CheckParameters};
 use crate::error::Error;
 use crate::retry::RetryPolicy;
@@ -233,9 +233,7 @@ pub(crate) async fn resolve<C: AdmissionCheckController>(
 
 /// Whether the check carries `Active=True` for its current spec (written for this generation).
 pub(crate) fn active_for_current_spec(ac: &AdmissionCheck) -> bool {
-    ac.status
-        .as_ref()
-        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+    ac.active_condition()
         .is_some_and(|c| c.status == "True" && c.observed_generation == ac.metadata.generation)
 }
 
@@ -305,10 +303,7 @@ pub(crate) fn desired_active_condition(
         Ok(message) => ("True", reason::ACTIVE, message.clone()),
         Err(i) => ("False", i.reason, i.message.clone()),
     };
-    let current = ac
-        .status
-        .as_ref()
-        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE));
+    let current = ac.active_condition();
     let generation = ac.metadata.generation;
     if let Some(c) = current
         && c.status == status

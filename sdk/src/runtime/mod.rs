@@ -1040,14 +1040,10 @@ async fn write_active_condition(
     };
     let active = match checks::desired_active_condition(&current, state, now) {
         Some(condition) => condition,
-        None if claim_missing => {
-            match current.status.as_ref().and_then(|s| {
-                crate::api::find_condition(&s.conditions, crate::api::ADMISSION_CHECK_ACTIVE)
-            }) {
-                Some(condition) => condition.clone(),
-                None => return Ok(()),
-            }
-        }
+        None if claim_missing => match current.active_condition() {
+            Some(condition) => condition.clone(),
+            None => return Ok(()),
+        },
         None => return Ok(()),
     };
     let mut conditions = vec![active];
@@ -1069,15 +1065,7 @@ async fn withdraw_claims(client: &Client, field_manager: &str, ours: &str, check
             if claim::judge(&current, ours) != claim::Claim::Ours {
                 return Ok(());
             }
-            let active: Vec<_> = current
-                .status
-                .as_ref()
-                .and_then(|s| {
-                    crate::api::find_condition(&s.conditions, crate::api::ADMISSION_CHECK_ACTIVE)
-                })
-                .cloned()
-                .into_iter()
-                .collect();
+            let active: Vec<_> = current.active_condition().cloned().into_iter().collect();
             checks::apply_active_condition(client, field_manager, &current, active).await
         };
         match withdrawn.await {

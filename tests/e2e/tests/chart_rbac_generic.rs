@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use kueue_admission_sdk::Options;
-use kueue_admission_sdk::api::{ADMISSION_CHECK_ACTIVE, AdmissionCheck, find_condition};
+use kueue_admission_sdk::api::AdmissionCheck;
 use serde_json::json;
 
 const CHART: &str = "charts/kueue-admission-check";
@@ -160,12 +160,7 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
             Api::<AdmissionCheck>::all(env.client.clone()),
             &queue.check,
             "Active=True",
-            |ac: &AdmissionCheck| {
-                ac.status
-                    .as_ref()
-                    .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
-                    .is_some_and(|c| c.status == "True")
-            },
+            |ac: &AdmissionCheck| ac.active_condition().is_some_and(|c| c.status == "True"),
         )
         .await?;
         // 1 core for the default hour at 1 credit per core-hour: within 10/day.

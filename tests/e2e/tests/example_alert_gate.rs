@@ -15,8 +15,8 @@ use kube::api::{Api, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
 use kueue_admission_sdk::api::{
-    ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec,
-    CheckState, find_condition, workload_condition as cond,
+    AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, CheckState,
+    workload_condition as cond,
 };
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -372,18 +372,11 @@ async fn malformed_parameters_make_the_check_inactive_with_the_reason() -> Resul
         Api::<AdmissionCheck>::all(t.env.client.clone()),
         &t.check,
         "Active=False",
-        |ac| {
-            ac.status
-                .as_ref()
-                .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
-                .is_some_and(|c| c.status == "False")
-        },
+        |ac| ac.active_condition().is_some_and(|c| c.status == "False"),
     )
     .await?;
     let active = ac
-        .status
-        .as_ref()
-        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+        .active_condition()
         .cloned()
         .context("no Active condition")?;
     assert_eq!(active.reason, "InvalidParameters");

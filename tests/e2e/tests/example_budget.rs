@@ -649,10 +649,14 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
         Api::<AdmissionCheck>::all(t.env.client.clone()),
         &t.check,
         "Active=False, reason ShadowMode",
-        |ac| active_condition(ac).is_some_and(|c| c.status == "False" && c.reason == "ShadowMode"),
+        |ac| {
+            ac.active_condition()
+                .is_some_and(|c| c.status == "False" && c.reason == "ShadowMode")
+        },
     )
     .await?;
-    let message = active_condition(&ac)
+    let message = ac
+        .active_condition()
         .map(|c| c.message.clone())
         .unwrap_or_default();
     assert!(
@@ -748,12 +752,4 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
     t.wait_ledger("the charge settled", |l| l.open_charges().is_empty())
         .await?;
     Ok(())
-}
-
-fn active_condition(
-    ac: &AdmissionCheck,
-) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    ac.status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Active"))
 }

@@ -17,10 +17,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kueue_admission_sdk::api::{
-    ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckState, AdmissionCheckStrategyRule,
-    AdmissionChecksStrategy, CheckState, ClusterQueue, ClusterQueueSpec, FlavorQuotas,
-    ProvisioningRequest, ProvisioningRequestConfig, ResourceGroup, ResourceQuota, Workload,
-    find_condition, workload_condition as cond,
+    AdmissionCheck, AdmissionCheckState, AdmissionCheckStrategyRule, AdmissionChecksStrategy,
+    CheckState, ClusterQueue, ClusterQueueSpec, FlavorQuotas, ProvisioningRequest,
+    ProvisioningRequestConfig, ResourceGroup, ResourceQuota, Workload, find_condition,
+    workload_condition as cond,
 };
 use kueue_provisioning_controller::outcome::{CLASS_ANNOTATION, CONSUME_ANNOTATION};
 use kueue_provisioning_controller::{cleanup, names, plan, simulator};
@@ -174,9 +174,7 @@ async fn wait_active(env: &TestEnv, check: &str, status: &str, reason: &str) -> 
 }
 
 fn active_condition(ac: &AdmissionCheck) -> Option<&Condition> {
-    ac.status
-        .as_ref()
-        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+    ac.active_condition()
 }
 
 /// A ClusterQueue for all namespaces with quotas for several resources in one flavor.

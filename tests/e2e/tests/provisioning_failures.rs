@@ -26,8 +26,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kueue_admission_sdk::api::{
-    ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckState, CheckState, ProvisioningRequest,
-    Workload, find_condition, workload_condition as cond,
+    AdmissionCheck, AdmissionCheckState, CheckState, ProvisioningRequest, Workload,
+    workload_condition as cond,
 };
 use kueue_provisioning_controller::plan::{
     PARAMETER_ANNOTATION_PREFIX, ParameterSource, PlanError,
@@ -456,18 +456,11 @@ async fn an_absurd_retry_strategy_is_clamped_to_the_ceiling_and_reported() -> Re
         Api::<AdmissionCheck>::all(env.client.clone()),
         check,
         "Active=True",
-        |ac: &AdmissionCheck| {
-            ac.status
-                .as_ref()
-                .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
-                .is_some_and(|c| c.status == "True")
-        },
+        |ac: &AdmissionCheck| ac.active_condition().is_some_and(|c| c.status == "True"),
     )
     .await?;
     let active = ac
-        .status
-        .as_ref()
-        .and_then(|s| find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE))
+        .active_condition()
         .cloned()
         .context("the Active condition")?;
     ensure!(

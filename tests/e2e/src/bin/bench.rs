@@ -23,8 +23,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kueue_admission_sdk::api::{
-    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, ClusterQueue, LocalQueue, ResourceFlavor,
-    Workload, find_condition, workload_condition as cond,
+    AdmissionCheck, CheckState, ClusterQueue, LocalQueue, ResourceFlavor, Workload,
+    workload_condition as cond,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -149,12 +149,7 @@ async fn bench(cli: &Cli) -> Result<()> {
         Api::<AdmissionCheck>::all(env.client.clone()),
         &check,
         "Active=True",
-        |ac: &AdmissionCheck| {
-            ac.status.as_ref().is_some_and(|s| {
-                find_condition(&s.conditions, ADMISSION_CHECK_ACTIVE)
-                    .is_some_and(|c| c.status == "True")
-            })
-        },
+        |ac: &AdmissionCheck| ac.active_condition().is_some_and(|c| c.status == "True"),
     )
     .await?;
 
