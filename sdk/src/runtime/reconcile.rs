@@ -497,24 +497,7 @@ async fn release_idle<C: AdmissionCheckController>(
             }
             _ => continue,
         };
-        let namespace = wl.namespace().unwrap_or_default();
-        let name = wl.name_any();
-        let release = ReleaseContext {
-            namespace: &namespace,
-            name: &name,
-            workload: Some(wl),
-            check_name: check,
-            reason,
-            client: &ctx.client,
-            now: Timestamp::now(),
-        };
-        if let Err(e) = ctx.controller.release(&release).await {
-            let note = format!("check {check}: releasing after {}: {e}", reason.as_str());
-            ctx.event(wl, EventType::Warning, "CheckReleaseFailed", note)
-                .await;
-            return Err(Error::Check(Box::new(e)));
-        }
-        info!(workload = %name, namespace, check, reason = reason.as_str(), "released");
+        release(ctx, wl, check, reason).await?;
         ctx.asked().remove(&key);
         // A permanent failure belongs to the attempt that saw it.
         lock(&ctx.permanent).remove(&key);
@@ -528,6 +511,43 @@ async fn release_idle<C: AdmissionCheckController>(
             ctx.late().remove(&key);
         }
     }
+    Ok(())
+}
+
+/// Calls the check's `release` for `check` on `wl`; a failure is an Event
+/// `CheckReleaseFailed` on the Workload and an error (the reconcile is retried with backoff).
+pub(super) async fn release<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    reason: ReleaseReason,
+) -> Result<(), Error> {
+    let namespace = wl.namespace().unwrap_or_default();
+    let name = wl.name_any();
+    let release = ReleaseContext {
+        namespace: &namespace,
+        name: &name,
+        workload: Some(wl),
+        check_name: check,
+        reason,
+        client: &ctx.client,
+        now: Timestamp::now(),
+    };
+    let mode = if ctx.shadow.is_some() {
+        " (shadow mode)"
+    } else {
+        ""
+    };
+    if let Err(e) = ctx.controller.release(&release).await {
+        let note = format!(
+            "check {check}{mode}: releasing after {}: {e}",
+            reason.as_str()
+        );
+        ctx.event(wl, EventType::Warning, "CheckReleaseFailed", note)
+            .await;
+        return Err(Error::Check(Box::new(e)));
+    }
+    info!(workload = %name, namespace, check, reason = reason.as_str(), shadow = ctx.shadow.is_some(), "released");
     Ok(())
 }
 

@@ -9,13 +9,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use tracing::{info, warn};
+use tracing::info;
 
-use super::reconcile::{Context, PairKey, lock};
+use super::reconcile::{Context, PairKey, lock, release};
 use crate::api::{AdmissionCheckState, CheckState, Workload};
-use crate::check::{
-    AdmissionCheckController, CheckContext, Decision, ErrorClass, ReleaseContext, ReleaseReason,
-};
+use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass, ReleaseReason};
 use crate::error::Error;
 use crate::shadow::{
     ShadowEligibility, ShadowRecord, ShadowScope, ShadowStep, is_news, shadow_eligibility,
@@ -152,36 +150,4 @@ async fn publish<C: AdmissionCheckController>(
         answer.state, answer.message
     );
     ctx.event(wl, EventType::Normal, WOULD_ANSWER, note).await;
-}
-
-/// Calls the check's `release` for a Workload it answered in shadow mode.
-async fn release<C: AdmissionCheckController>(
-    ctx: &Context<C>,
-    wl: &Workload,
-    check: &str,
-    reason: ReleaseReason,
-) -> Result<(), Error> {
-    let namespace = wl.namespace().unwrap_or_default();
-    let name = wl.name_any();
-    let release = ReleaseContext {
-        namespace: &namespace,
-        name: &name,
-        workload: Some(wl),
-        check_name: check,
-        reason,
-        client: &ctx.client,
-        now: Timestamp::now(),
-    };
-    if let Err(e) = ctx.controller.release(&release).await {
-        let note = format!(
-            "check {check} (shadow mode): releasing after {}: {e}",
-            reason.as_str()
-        );
-        ctx.event(wl, EventType::Warning, "CheckReleaseFailed", note)
-            .await;
-        warn!(workload = %name, namespace, check, reason = reason.as_str(), error = %e, "shadow mode: release failed");
-        return Err(Error::Check(Box::new(e)));
-    }
-    info!(workload = %name, namespace, check, reason = reason.as_str(), "shadow mode: released");
-    Ok(())
 }
