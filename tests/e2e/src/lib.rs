@@ -955,9 +955,14 @@ where
 /// GETs a path from a local HTTP endpoint (the runtime's metrics and probes); returns the status
 /// code and body.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    http_exchange(addr, &request).await
+}
+
+/// Sends one plain HTTP/1.1 request (`Connection: close`) and returns the status and body.
+async fn http_exchange(addr: std::net::SocketAddr, request: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
@@ -1020,24 +1025,13 @@ pub async fn http_post_json(
     path: &str,
     body: &serde_json::Value,
 ) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = serde_json::to_string(body)?;
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let (head, answer) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((status, answer.to_string()))
+    http_exchange(addr, &request).await
 }
 
 /// A free loopback address for a runtime's HTTP endpoints.
