@@ -70,7 +70,7 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     /// Every check this process has found in the registry: a check that left it (deleted,
     /// renamed, another controllerName, claimed by another deployment) may still have `asked`
     /// pairs, released once their Workloads no longer need them. A handful of names.
-    known_checks: Mutex<std::collections::BTreeSet<String>>,
+    pub(super) known_checks: Mutex<std::collections::BTreeSet<String>>,
     /// [`super::RuntimeConfig::shadow`]: decide and publish, write nothing on Workloads.
     pub(super) shadow: Option<crate::shadow::ShadowScope>,
     /// In shadow mode, the last would-be answer per pair, until released.

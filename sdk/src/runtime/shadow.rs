@@ -43,12 +43,22 @@ pub(super) async fn reconcile_shadowed<C: AdmissionCheckController>(
     let eligibility = shadow_eligibility(wl, scope);
     // What checks took for this Workload and no longer need: it left the scope, or the check
     // is no longer one of ours (deleted, renamed, inactive).
-    let recorded: Vec<(PairKey, ShadowRecord)> = lock(&ctx.shadowed)
-        .iter()
-        .filter(|((u, _), _)| *u == uid)
-        .map(|(k, r)| (k.clone(), r.clone()))
-        .collect();
-    for (key, _) in &recorded {
+    // Looked up by check name (a handful), not by scanning every Workload's records: this runs
+    // on every reconcile.
+    let known: Vec<String> = {
+        let mut known = lock(&ctx.known_checks);
+        known.extend(active.iter().map(|(name, _)| name.clone()));
+        known.iter().cloned().collect()
+    };
+    let recorded: Vec<PairKey> = {
+        let shadowed = lock(&ctx.shadowed);
+        known
+            .into_iter()
+            .map(|check| (uid.clone(), check))
+            .filter(|key| shadowed.contains_key(key))
+            .collect()
+    };
+    for key in &recorded {
         let reason = match &eligibility {
             ShadowEligibility::Idle(reason) => *reason,
             ShadowEligibility::Decide { .. } if !active.iter().any(|(n, _)| *n == key.1) => {
