@@ -212,6 +212,33 @@ pub fn forbidden_requests(user: &str) -> Result<Vec<Forbidden>> {
         .collect())
 }
 
+/// The Kueue version under test, as `(minor, patch)` of `v0.<minor>.<patch>`: `KUEUE_VERSION`
+/// when set (the control plane script builds and starts that one; set it too for a cluster of
+/// your own through `E2E_KUBECONFIG`), else the default in `tests/control-plane/versions.env`.
+/// For the few behaviours that differ between the supported versions.
+pub fn kueue_version() -> (u32, u32) {
+    let configured = std::env::var("KUEUE_VERSION").ok().unwrap_or_else(|| {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../control-plane/versions.env");
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+        text.lines()
+            .find_map(|l| l.strip_prefix("KUEUE_VERSION=\"${KUEUE_VERSION:-"))
+            .and_then(|rest| rest.split('}').next())
+            .unwrap_or_else(|| panic!("no KUEUE_VERSION default in {}", file.display()))
+            .to_string()
+    });
+    let parts: Vec<u32> = configured
+        .trim_start_matches('v')
+        .split('.')
+        .map(|n| n.parse().ok())
+        .collect::<Option<_>>()
+        .unwrap_or_else(|| panic!("KUEUE_VERSION {configured:?} is not v<major>.<minor>.<patch>"));
+    match parts[..] {
+        [0, minor, patch] => (minor, patch),
+        _ => panic!("KUEUE_VERSION {configured:?} is not a v0.x.y release"),
+    }
+}
+
 /// Starts the shared control plane once per test process and returns its admin kubeconfig.
 fn control_plane_kubeconfig() -> &'static Path {
     static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
@@ -720,6 +747,43 @@ impl TestEnv {
     pub async fn wait_admitted(&self, workload: &str) -> Result<Workload> {
         self.wait_workload(workload, "Admitted=True", |wl| {
             wl.condition_is_true(workload_condition::ADMITTED)
+        })
+        .await
+    }
+
+    /// Ends a Job the way its pods would: this control plane has no Job controller, so the test
+    /// writes the status that controller writes once every completion succeeded (start and
+    /// completion time, `succeeded`, `SuccessCriteriaMet` and `Complete`). Kueue then marks the
+    /// Workload `Finished` (reason `Succeeded`) and releases its quota, in every Kueue version
+    /// this project supports; deleting the Job does that only from Kueue v0.16 on (v0.15 leaves
+    /// the orphan to the garbage collector). Waits for `Finished=True` and returns the Workload.
+    pub async fn complete_job(&self, job: &str, workload: &str) -> Result<Workload> {
+        let completions = self
+            .jobs()
+            .get(job)
+            .await
+            .with_context(|| format!("reading Job {job}"))?
+            .spec
+            .and_then(|s| s.completions)
+            .unwrap_or(1);
+        let now = Timestamp::now().to_string();
+        let condition = |kind: &str| {
+            json!({
+                "type": kind, "status": "True", "reason": "CompletionsReached",
+                "message": "Reached expected number of succeeded pods (set by the e2e test)",
+                "lastProbeTime": now, "lastTransitionTime": now,
+            })
+        };
+        let status = json!({"status": {
+            "startTime": now, "completionTime": now, "succeeded": completions,
+            "conditions": [condition("SuccessCriteriaMet"), condition("Complete")],
+        }});
+        self.jobs()
+            .patch_status(job, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .with_context(|| format!("marking Job {job} complete"))?;
+        self.wait_workload(workload, "Finished=True", |wl| {
+            wl.condition_is_true(workload_condition::FINISHED)
         })
         .await
     }

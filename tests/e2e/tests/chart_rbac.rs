@@ -125,7 +125,7 @@ impl Step {
             Step::TransitionsCounted => "the requests' Failed and Provisioned are counted",
             Step::TemplatesOwned => "the request owns its PodTemplates (garbage collection)",
             Step::EventsPublished => "CheckRetry and CheckReady events are on the Workload",
-            Step::JobCleanedUp => "deleting the Job deletes its request and PodTemplates",
+            Step::JobCleanedUp => "the Job completing deletes its request and PodTemplates",
             Step::NoReconcileErrors => "kueue_ac_reconcile_errors_total is 0 for every kind",
             Step::RepeatedEventCounted => {
                 "a repeated CheckFailedPermanently event is counted in its series"
@@ -593,9 +593,7 @@ impl Run {
             })
         );
 
-        env.jobs()
-            .delete("job", &DeleteParams::background())
-            .await?;
+        env.complete_job("job", &wl).await?;
         let selector = format!(
             "{}={},{WORKLOAD_UID_LABEL}={uid}",
             cleanup::INSTANCE_LABEL,

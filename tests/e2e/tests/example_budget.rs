@@ -15,7 +15,7 @@ use budget_check::{Backend, BudgetCheck, ConfigMapBackend, Settings};
 use e2e::{DEFAULT_TIMEOUT, SuspendedJob, TestEnv};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
 use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
@@ -144,17 +144,9 @@ impl Budgeted {
         Ok(self.env.workload_for_job(&job).await?.name_any())
     }
 
-    /// Deletes the Job: Kueue marks its Workload `Finished`, as when a job ends. Waits for that.
+    /// Ends the Job as its pods would: Kueue marks its Workload `Finished`. Waits for that.
     async fn finish(&self, job: &str, workload: &str) -> Result<Workload> {
-        self.env
-            .jobs()
-            .delete(job, &DeleteParams::default())
-            .await?;
-        self.env
-            .wait_workload(workload, "Finished=True", |wl| {
-                wl.condition_is_true(cond::FINISHED)
-            })
-            .await
+        self.env.complete_job(job, workload).await
     }
 
     async fn ledger(&self) -> Result<BudgetLedger> {

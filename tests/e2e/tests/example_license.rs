@@ -138,18 +138,9 @@ impl Licensed {
         Ok(self.env.workload_for_job(&job).await?.name_any())
     }
 
-    /// Deletes the Job: Kueue marks its Workload `Finished` (reason OwnerNotFound), as when a
-    /// job ends, and drops its finalizer. Waits for that.
+    /// Ends the Job as its pods would: Kueue marks its Workload `Finished`. Waits for that.
     async fn finish(&self, job: &str, workload: &str) -> Result<()> {
-        self.env
-            .jobs()
-            .delete(job, &DeleteParams::default())
-            .await?;
-        self.env
-            .wait_workload(workload, "Finished=True", |wl| {
-                wl.condition_is_true(cond::FINISHED)
-            })
-            .await?;
+        self.env.complete_job(job, workload).await?;
         Ok(())
     }
 

@@ -1030,18 +1030,11 @@ async fn finishing_evicting_or_deleting_the_workload_leaves_nothing() -> Result<
     assert_eq!(env.our_requests().await?, sorted);
     assert_eq!(env.our_pod_templates().await?.len(), 4);
 
-    // Finished: Kueue marks the Workload Finished once its Job is gone.
-    env.jobs()
-        .delete("finished", &DeleteParams::default())
-        .await?;
-    let done = env
-        .wait_workload(&finished, "Finished=True", |w| {
-            w.condition_is_true(cond::FINISHED)
-        })
-        .await?;
+    // Finished: Kueue marks the Workload Finished once its Job completed.
+    let done = env.complete_job("finished", &finished).await?;
     assert_eq!(
         done.condition(cond::FINISHED).map(|c| c.reason.as_str()),
-        Some("OwnerNotFound")
+        Some("Succeeded")
     );
     // Evicted: deactivated, admitted or still waiting for capacity.
     let off = json!({"spec": {"active": false}});

@@ -353,11 +353,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
     assert_eq!(t.metric(errors).await?, 0.0);
 
     // The first Workload finishes: its request and PodTemplate go, the second's stay.
-    env.jobs().delete("first", &DeleteParams::default()).await?;
-    env.wait_workload(&first, "Finished=True", |w| {
-        w.condition_is_true(cond::FINISHED)
-    })
-    .await?;
+    env.complete_job("first", &first).await?;
     env.wait_only_left(std::slice::from_ref(&second_request))
         .await?;
     e2e::eventually("the request history saw the first request deleted", || {
@@ -627,8 +623,8 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
         assert_eq!(env.event_count(wl, "CheckFailed").await?, 0, "{wl}");
     }
 
-    for job in ["admitted", "pending"] {
-        env.jobs().delete(job, &DeleteParams::default()).await?;
+    for (job, wl) in [("admitted", &admitted), ("pending", &pending)] {
+        env.complete_job(job, wl).await?;
     }
     env.wait_nothing_left().await?;
     t.stop().await

@@ -1045,14 +1045,10 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
         assert_eq!(annotations.get(CONSUME_ANNOTATION), Some(req), "job {job}");
     }
 
-    // Deleting the Jobs finishes both Workloads; nothing of ours remains (Kueue's requests are
-    // Kueue's business).
-    for job in ["ours", "theirs"] {
-        env.jobs().delete(job, &DeleteParams::background()).await?;
-    }
-    for wl in [&ours_wl, &theirs_wl] {
-        env.wait_workload(wl, "Finished=True", |w| w.condition_is_true(cond::FINISHED))
-            .await?;
+    // Both Jobs complete and their Workloads finish; nothing of ours remains (Kueue's
+    // requests are Kueue's business).
+    for (job, wl) in [("ours", &ours_wl), ("theirs", &theirs_wl)] {
+        env.complete_job(job, wl).await?;
     }
     env.wait_nothing_left().await?;
     controller.stop().await?;

@@ -564,9 +564,7 @@ async fn preemption_keeps_the_attempt_and_is_not_counted_as_a_retry() -> Result<
     env.wait_admitted(&high).await?;
 
     // The high one ends; the low one gets quota again and is asked on attempt 2.
-    env.jobs()
-        .delete("high", &kube::api::DeleteParams::default())
-        .await?;
+    env.complete_job("high", &high).await?;
     let again = env.wait_admitted(&low).await?;
     let asked = script.attempts_of(&low);
     ensure!(

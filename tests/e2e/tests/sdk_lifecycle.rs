@@ -592,14 +592,8 @@ async fn a_workload_admitted_before_a_restart_is_released_when_it_finishes() -> 
     // lead; give that queue a moment before the Workload finishes.
     second.wait_ready().await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // Deleting the Job makes Kueue mark the Workload Finished (reason OwnerNotFound).
-    env.jobs()
-        .delete("job", &DeleteParams::background())
-        .await?;
-    env.wait_workload(&wl, "Finished=True", |w| {
-        w.condition_is_true(cond::FINISHED)
-    })
-    .await?;
+    // The Job completes: Kueue marks the Workload Finished.
+    env.complete_job("job", &wl).await?;
     let script = s.script.clone();
     e2e::eventually("the finished workload released", || {
         script.releases_for("job") == [ReleaseReason::Finished]
