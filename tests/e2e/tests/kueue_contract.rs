@@ -420,3 +420,57 @@ async fn an_evicted_workload_without_an_owner_keeps_its_quota_until_its_owner_re
     println!("the released quota went to {}", reserved.name_any());
     Ok(())
 }
+
+/// What deleting the Job of an admitted Workload does, which changed within the supported
+/// range: from v0.18 (feature gate `FinishOrphanedWorkloads`, beta and on by default) Kueue marks
+/// the orphaned Workload `Finished` (reason `OwnerNotFound`), which releases its quota; before,
+/// Kueue only drops its `resource-in-use` finalizer and leaves the Workload admitted, holding
+/// quota, for the garbage collector to delete (it owns the Workload). Either way a check
+/// controller sees the end: `Finished`, or the Workload deleted.
+#[tokio::test]
+async fn deleting_the_job_finishes_the_workload_from_v0_18_and_leaves_it_to_the_gc_before()
+-> Result<()> {
+    use kube::api::DeleteParams;
+    const IN_USE: &str = "kueue.x-k8s.io/resource-in-use";
+    let env = TestEnv::new("job-deleted").await?;
+    let q = queues(&env).await?;
+    env.set_admission_check_active(&q.check, true).await?;
+    let wl_name = env.submit_job("job", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&wl_name, &q.check)
+        .await?;
+    env.answer_check(&wl_name, &q.check, CheckState::Ready, "ready from the test")
+        .await?;
+    let admitted = env.wait_admitted(&wl_name).await?;
+    assert!(admitted.finalizers().iter().any(|f| f == IN_USE));
+
+    env.jobs()
+        .delete("job", &DeleteParams::background())
+        .await?;
+    let seen = env
+        .wait_workload(&wl_name, "Finished=True, or its finalizer dropped", |wl| {
+            wl.condition_is_true(cond::FINISHED) || !wl.finalizers().iter().any(|f| f == IN_USE)
+        })
+        .await?;
+    let (minor, _) = e2e::kueue_version();
+    if minor >= 18 {
+        assert_eq!(
+            seen.condition(cond::FINISHED).map(|c| c.reason.as_str()),
+            Some("OwnerNotFound"),
+            "{}",
+            e2e::dump(&seen)
+        );
+    } else {
+        assert!(
+            seen.condition(cond::FINISHED).is_none()
+                && seen.condition_is_true(cond::ADMITTED)
+                && seen.condition_is_true(cond::QUOTA_RESERVED),
+            "Kueue v0.{minor} is expected to leave the orphan admitted:\n{}",
+            e2e::dump(&seen)
+        );
+        // What the garbage collector would do (this control plane has none).
+        env.workloads()
+            .delete(&wl_name, &DeleteParams::background())
+            .await?;
+    }
+    Ok(())
+}
