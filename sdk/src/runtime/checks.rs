@@ -93,58 +93,69 @@ fn bad_ref(message: String) -> Inactive {
 /// cluster serves instead), another `Err` for a failed discovery request.
 pub(crate) async fn require_served(client: &Client, kinds: &[ApiKind]) -> Result<(), Error> {
     for kind in kinds {
-        let listed = if kind.group.is_empty() {
-            client.list_core_api_resources(kind.version).await
-        } else {
-            client
-                .list_api_group_resources(&format!("{}/{}", kind.group, kind.version))
-                .await
-        };
-        let why = match listed {
-            Ok(list) if list.resources.iter().any(|r| r.name == kind.plural) => continue,
-            Ok(list) => format!(
-                "{} serves no {} (kind {}): it serves {}",
-                kind.group_version_path(),
-                kind.plural,
+        if let Some(why) = why_not_served(client, kind).await? {
+            return Err(Error::ApiNotServed(format!(
+                "this check needs {} ({}), and {why}; install or upgrade the \
+                 CustomResourceDefinition that serves it (the check turns active by itself once \
+                 it is served)",
+                kind.resource_path(),
                 kind.kind,
-                list.resources
-                    .iter()
-                    .filter(|r| !r.name.contains('/'))
-                    .map(|r| r.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                let groups = client.list_api_groups().await?;
-                let served: Vec<&str> = groups
-                    .groups
-                    .iter()
-                    .filter(|g| g.name == kind.group)
-                    .flat_map(|g| g.versions.iter().map(|v| v.version.as_str()))
-                    .collect();
-                if served.is_empty() {
-                    format!(
-                        "the cluster serves no version of the API group {:?}",
-                        kind.group
-                    )
-                } else {
-                    format!(
-                        "the cluster serves {:?} only at {}",
-                        kind.group,
-                        served.join(", ")
-                    )
-                }
-            }
-            Err(e) => return Err(Error::Api(e)),
-        };
-        return Err(Error::ApiNotServed(format!(
-            "this check needs {} ({}), and {why}; install or upgrade the CustomResourceDefinition \
-             that serves it (the check turns active by itself once it is served)",
-            kind.resource_path(),
-            kind.kind,
-        )));
+            )));
+        }
     }
     Ok(())
+}
+
+/// `None` if the cluster serves `kind` at its version; else what it serves instead, in words.
+/// `Err` for a failed discovery request.
+pub(crate) async fn why_not_served(
+    client: &Client,
+    kind: &ApiKind,
+) -> Result<Option<String>, Error> {
+    let listed = if kind.group.is_empty() {
+        client.list_core_api_resources(kind.version).await
+    } else {
+        client
+            .list_api_group_resources(&format!("{}/{}", kind.group, kind.version))
+            .await
+    };
+    Ok(Some(match listed {
+        Ok(list) if list.resources.iter().any(|r| r.name == kind.plural) => return Ok(None),
+        Ok(list) => format!(
+            "{} serves no {} (kind {}): it serves {}",
+            kind.group_version_path(),
+            kind.plural,
+            kind.kind,
+            list.resources
+                .iter()
+                .filter(|r| !r.name.contains('/'))
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            let groups = client.list_api_groups().await?;
+            let served: Vec<&str> = groups
+                .groups
+                .iter()
+                .filter(|g| g.name == kind.group)
+                .flat_map(|g| g.versions.iter().map(|v| v.version.as_str()))
+                .collect();
+            if served.is_empty() {
+                format!(
+                    "the cluster serves no version of the API group {:?}",
+                    kind.group
+                )
+            } else {
+                format!(
+                    "the cluster serves {:?} only at {}",
+                    kind.group,
+                    served.join(", ")
+                )
+            }
+        }
+        Err(e) => return Err(Error::Api(e)),
+    }))
 }
 
 /// Resolves and validates the parameters an AdmissionCheck names. `Err(Ok(..))` is a user

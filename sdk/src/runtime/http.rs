@@ -1,8 +1,8 @@
 //! `/metrics`, `/healthz` and `/readyz` over HTTP/1 (hyper).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -21,6 +21,30 @@ pub(crate) struct Health {
     pub registry: Registry,
     /// Set once the Workload and AdmissionCheck caches have synced.
     pub ready: AtomicBool,
+    /// Why the runtime waits before it can even start its watches (e.g. a Kueue too old),
+    /// shown by `/readyz` instead of "caches not synced yet".
+    waiting_for: RwLock<Option<String>>,
+}
+
+impl Health {
+    pub(crate) fn new(registry: Registry) -> Self {
+        Health {
+            registry,
+            ready: AtomicBool::new(false),
+            waiting_for: RwLock::new(None),
+        }
+    }
+
+    pub(crate) fn set_waiting_for(&self, why: Option<String>) {
+        *self.waiting_for.write().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    pub(crate) fn waiting_for(&self) -> Option<String> {
+        self.waiting_for
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// Binds `addr` and serves until the task is dropped. Binding fails loudly: a controller whose
@@ -97,7 +121,10 @@ async fn respond(
         }
         "/readyz" => text(
             StatusCode::SERVICE_UNAVAILABLE,
-            "caches not synced yet\n".into(),
+            match health.waiting_for() {
+                Some(why) => format!("not started: {why}\n"),
+                None => "caches not synced yet\n".into(),
+            },
             PLAIN,
         ),
         _ => text(StatusCode::NOT_FOUND, "not found\n".into(), PLAIN),

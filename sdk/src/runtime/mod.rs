@@ -15,6 +15,7 @@ mod checks;
 mod claim;
 mod extensions;
 mod http;
+mod kueue_api;
 mod leader;
 mod metrics;
 mod own_writes;
@@ -194,10 +195,7 @@ where
         metrics
     });
     controller.register_metrics(&mut prometheus);
-    let health = Arc::new(http::Health {
-        registry: prometheus,
-        ready: Default::default(),
-    });
+    let health = Arc::new(http::Health::new(prometheus));
     // Bind before anything else starts, so a taken port fails the start with its reason.
     let server = match config.metrics_address {
         Some(addr) => Some(AbortOnDrop::new(tokio::spawn(http::serve(
@@ -206,6 +204,15 @@ where
         )))),
         None => None,
     };
+    // Against a Kueue without the API version we speak, watches would only fail with 404:
+    // say which Kueue is needed and wait for it (an upgrade needs no restart of ours).
+    tokio::select! {
+        () = kueue_api::wait_until_served(&client, &health) => {}
+        () = shutdown.clone() => {
+            info!("stopped while waiting for the Kueue API");
+            return Ok(());
+        }
+    }
     let leadership = match &config.leader_election {
         None => leader::Leadership::always(),
         // Joining waits out an unreachable API server; a stop meanwhile ends the run cleanly.
