@@ -374,9 +374,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
     );
     assert_eq!(requests.deleted(), std::slice::from_ref(&first_request));
 
-    env.jobs()
-        .delete("second", &DeleteParams::default())
-        .await?;
+    env.complete_job("second", &second).await?;
     env.wait_nothing_left().await?;
     let created = format!(
         "kueue_provisioning_requests_created_total{{check=\"{}\"}}",
