@@ -12,9 +12,21 @@ CONTROLLER_NAME="demo.kueue-admission-checks.dev/provisioning-request"
 CLASS="demo.kueue-admission-checks.dev"
 METRICS="127.0.0.1:${DEMO_METRICS_PORT:-9464}"
 
+# The Rust build runs beside the control plane's (on first use: the Go build of etcd,
+# kube-apiserver and Kueue): each leaves a core idle at times (a long serial crate, a link).
+mkdir -p target
+cargo build --quiet --locked -p kueue-provisioning-controller --bins -p e2e --bin demo \
+  >target/demo-build.log 2>&1 &
+cargo_pid=$!
+trap 'kill "$cargo_pid" 2>/dev/null || true' EXIT
+echo "[demo] building the controller, the simulator and the narrator (log: target/demo-build.log)"
 bash tests/control-plane/control-plane.sh start
 eval "$(bash tests/control-plane/control-plane.sh env)"
-cargo build --quiet --locked -p kueue-provisioning-controller --bins -p e2e --bin demo
+if ! wait "$cargo_pid"; then
+  cat target/demo-build.log >&2
+  echo "[demo] the build failed (log above, also in target/demo-build.log)" >&2
+  exit 1
+fi
 logs="$KUEUE_AC_RUN_DIR/logs"
 mkdir -p "$logs"
 

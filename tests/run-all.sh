@@ -14,6 +14,18 @@ shellcheck -x tests/control-plane/*.sh tests/helm/*.sh tests/*.sh .ci/run
 step "cargo fmt --check"
 cargo fmt --all --check
 
+# The control plane's binaries (cold: a Go build of several minutes) build beside the Rust
+# steps below; each leaves a core idle at times (a long serial crate, a link). Waited for before
+# the fuzz step, which is timed and should have the machine to itself.
+step "building the control plane and the static binary in the background (logs: target/*-build.log)"
+mkdir -p target
+bash "$cp" build >target/control-plane-build.log 2>&1 &
+build_pid=$!
+# So does the release build of the container image's static binary (its own target dir).
+bash tests/helm/static-binary.sh build >target/static-binary-build.log 2>&1 &
+static_pid=$!
+trap 'kill "$build_pid" "$static_pid" 2>/dev/null || true' EXIT
+
 step "cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
@@ -22,6 +34,24 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "unit tests"
 cargo test --workspace --exclude e2e --locked
+
+step "building the end-to-end tests and the binaries they start"
+cargo test -p e2e --locked --no-run
+cargo build --locked -q -p kueue-provisioning-controller -p license-check -p budget-check -p e2e --bins
+
+step "waiting for the background builds"
+if ! wait "$build_pid"; then
+  cat target/control-plane-build.log
+  echo "the control plane did not build (log above, also in target/control-plane-build.log)"
+  exit 1
+fi
+tail -1 target/control-plane-build.log
+if ! wait "$static_pid"; then
+  cat target/static-binary-build.log
+  echo "the static binary did not build (log above, also in target/static-binary-build.log)"
+  exit 1
+fi
+tail -1 target/static-binary-build.log
 
 step "fuzz: every pure target, 45 s in all, fixed seed"
 # A fixed seed, so that a run fails for a change and not for the day's luck; make fuzz explores

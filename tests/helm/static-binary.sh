@@ -8,6 +8,8 @@
 #     script runs as root, through chroot), it still starts, and against the local control
 #     plane (when it runs) it becomes ready and stops cleanly on SIGTERM.
 #
+# With the argument `build`, only builds.
+#
 # Settings (environment): STATIC_TARGET_DIR (default target/static, so a release build never
 # waits on the debug build's lock), STATIC_BINARY_BUDGET_MIB (default 24), STATIC_BINARY_OFFLINE=1
 # (leave out the run against the control plane).
@@ -34,6 +36,8 @@ RUSTFLAGS='-C target-feature=+crt-static --cfg getrandom_backend="linux_getrando
 bin="$target_dir/$triple/release/$BIN"
 [[ -x $bin ]] || die "no binary at $bin"
 log "built in $((SECONDS - t))s: $bin"
+# `static-binary.sh build` only builds (run-all.sh starts it early, beside other builds).
+[[ ${1:-} == build ]] && exit 0
 
 # --- static ----------------------------------------------------------------------------------------
 # (Captured first: `readelf | grep -q` under pipefail could fail on SIGPIPE and hide a match.)
