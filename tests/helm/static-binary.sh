@@ -101,8 +101,8 @@ else
 fi
 exe="$([[ -n $root ]] && echo /controller || echo "$bin")"
 expect "--version as uid 65532 in an empty root" 0 "^$BIN $version\$" "${run_as[@]}" "$exe" --version
-# A reachable address where nothing listens: joining the leader election (the first API call
-# that must succeed) fails, the reason is logged and the replica keeps trying (an API server
+# A reachable address where nothing listens: the first API call (discovery: is Kueue's API
+# served?) fails, the reason is logged and the replica keeps trying (an API server
 # restarting must not crash-loop the controllers), until SIGTERM stops it cleanly. The
 # kubeconfig names a CA, as a real one does (without one the client wants the system's CA
 # certificates, which distroless/static has and the empty root has not).
@@ -118,19 +118,21 @@ unreachable="$work/unreachable.log"
 "${run_as[@]}" "$exe" --kubeconfig "$(inside "${root:-$work}/tmp/refused.kubeconfig")" --metrics-address off \
   --leader-election-namespace default --log-format json >"$unreachable" 2>&1 &
 pid=$!
+# Its first call, before any watch or the election, asks discovery whether Kueue's API is served.
+waiting='cannot read the API discovery yet'
 for ((i = 0; i < 100; i++)); do
-  grep -q 'cannot join the leader election yet; trying again' "$unreachable" && break
-  kill -0 "$pid" 2>/dev/null || { cat "$unreachable" >&2; die "unreachable API server: the controller exited instead of waiting to join"; }
+  grep -q "$waiting" "$unreachable" && break
+  kill -0 "$pid" 2>/dev/null || { cat "$unreachable" >&2; die "unreachable API server: the controller exited instead of waiting"; }
   sleep 0.2
 done
-grep -q 'cannot join the leader election yet; trying again' "$unreachable" ||
+grep -q "$waiting" "$unreachable" ||
   { cat "$unreachable" >&2; die "unreachable API server: no retry logged within 20 s"; }
 grep -qiE 'connect|refused' "$unreachable" || { cat "$unreachable" >&2; die "unreachable API server: the log does not say why"; }
 kill -TERM "$pid"
 status=0; wait "$pid" || status=$?
 pid=""
 [[ $status == 0 ]] || { cat "$unreachable" >&2; die "unreachable API server: exit status $status after SIGTERM, expected 0"; }
-log "ok: unreachable API server: logs why, keeps trying to join, stops cleanly on SIGTERM (exit 0)"
+log "ok: unreachable API server: logs why, keeps trying, stops cleanly on SIGTERM (exit 0)"
 
 # Against the local control plane (required, as for every end-to-end test; STATIC_BINARY_OFFLINE=1
 # leaves this part out for a quick run without it): ready, then a clean stop. A controller name no
