@@ -758,6 +758,18 @@ impl TestEnv {
     /// this project supports; deleting the Job does that only from Kueue v0.16 on (v0.15 leaves
     /// the orphan to the garbage collector). Waits for `Finished=True` and returns the Workload.
     pub async fn complete_job(&self, job: &str, workload: &str) -> Result<Workload> {
+        // Pods run only once Kueue has started the Job, which it does after it marks the
+        // Workload Admitted: completing the Job in between is a race a real Job never runs
+        // (Kueue v0.15 may then take the Workload for a stale one and delete it).
+        let admitted = self
+            .workloads()
+            .get(workload)
+            .await
+            .with_context(|| format!("reading Workload {workload}"))?
+            .condition_is_true(workload_condition::ADMITTED);
+        if admitted {
+            self.wait_job_unsuspended(job).await?;
+        }
         let completions = self
             .jobs()
             .get(job)
