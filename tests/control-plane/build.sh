@@ -34,7 +34,7 @@ progress_stop() {
 }
 
 build_etcd() {
-  local out="$BIN_DIR/etcd-$ETCD_VERSION/etcd"
+  local out="$ETCD_BIN"
   [[ -x $out ]] && return 0
   log "building etcd $ETCD_VERSION"
   progress_start "building etcd $ETCD_VERSION"
@@ -66,8 +66,21 @@ write_kubernetes_gomod() { # dir
   } >"$src/go.mod"
 }
 
+# The minor of KUBERNETES_VERSION (v1.<minor>.<patch>).
+kubernetes_minor() { local minor="${KUBERNETES_VERSION#v1.}"; echo "${minor%%.*}"; }
+
+# Adds Kueue to a wrapper module, seeded with Kueue's go.sum: Kueue's recorded hashes verify
+# every dependency it brings in.
+add_kueue() { # module dir
+  local kdir
+  kdir="$(cd "$1" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json_field Dir)"
+  cp "$kdir/go.sum" "$1/go.sum"; chmod u+w "$1/go.sum"
+  (cd "$1" && go get "sigs.k8s.io/kueue@$KUEUE_VERSION")
+}
+
 go_build_kube_apiserver() { # module dir, output
-  local ld="" pkg minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+  local ld="" pkg minor
+  minor="$(kubernetes_minor)"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
@@ -90,7 +103,7 @@ kueue_kubernetes_minor() {
 }
 
 build_kube_apiserver() {
-  local out="$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
+  local out="$APISERVER_BIN"
   [[ -x $out ]] && return 0
   log "building kube-apiserver $KUBERNETES_VERSION"
   progress_start "building kube-apiserver $KUBERNETES_VERSION"
@@ -102,18 +115,16 @@ build_kube_apiserver() {
 }
 
 build_kueue() {
-  local out="$BIN_DIR/kueue-$KUEUE_VERSION/kueue"
+  local out="$KUEUE_BIN"
   [[ -x $out ]] && return 0
   log "building kueue $KUEUE_VERSION"
   progress_start "building kueue $KUEUE_VERSION"
   # `go install sigs.k8s.io/kueue/cmd/kueue@v` would do, but it asks the proxy for Kueue's version
   # list (a deprecation check) and some proxies refuse that. A wrapper module that starts from
   # Kueue's own go.sum verifies every dependency against the hashes Kueue recorded.
-  local src="$CACHE_DIR/src/kueue-$KUEUE_VERSION" kdir
+  local src="$CACHE_DIR/src/kueue-$KUEUE_VERSION"
   rm -rf "$src"; wrapper_module "$src" kueue
-  kdir="$(cd "$src" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json_field Dir)"
-  cp "$kdir/go.sum" "$src/go.sum"; chmod u+w "$src/go.sum"
-  (cd "$src" && go get "sigs.k8s.io/kueue@$KUEUE_VERSION")
+  add_kueue "$src"
   go_build_kueue "$src" "$out.tmp"
   mv "$out.tmp" "$out"
 }
@@ -127,28 +138,22 @@ build_kueue() {
 # built against the same Kubernetes minor; an older Kueue (e.g. v0.15, on Kubernetes 1.34) is
 # built alone, with exactly its own requirements.
 build_kube_apiserver_and_kueue() {
-  local apiserver="$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
-  local kueue="$BIN_DIR/kueue-$KUEUE_VERSION/kueue"
+  local apiserver="$APISERVER_BIN" kueue="$KUEUE_BIN"
   [[ -x $apiserver && -x $kueue ]] && return 0
-  local kubernetes_minor="${KUBERNETES_VERSION#v1.}"; kubernetes_minor="${kubernetes_minor%%.*}"
-  if [[ -x $apiserver || -x $kueue || "$(kueue_kubernetes_minor)" != "$kubernetes_minor" ]]; then
+  if [[ -x $apiserver || -x $kueue || "$(kueue_kubernetes_minor)" != "$(kubernetes_minor)" ]]; then
     build_kube_apiserver
     build_kueue
     return 0
   fi
   log "building kube-apiserver $KUBERNETES_VERSION and kueue $KUEUE_VERSION in one module"
-  local src="$CACHE_DIR/src/control-plane-$KUBERNETES_VERSION-$KUEUE_VERSION" kdir
+  local src="$CACHE_DIR/src/control-plane-$KUBERNETES_VERSION-$KUEUE_VERSION"
   rm -rf "$src"; mkdir -p "$src"
   write_kubernetes_gomod "$src"
-  kdir="$(cd "$src" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | json_field Dir)"
-  # Kueue's recorded hashes verify the dependencies it brings in.
-  cp "$kdir/go.sum" "$src/go.sum"; chmod u+w "$src/go.sum"
-  (cd "$src" && go get "sigs.k8s.io/kueue@$KUEUE_VERSION")
+  add_kueue "$src"
   progress_start "building kube-apiserver $KUBERNETES_VERSION"
   go_build_kube_apiserver "$src" "$apiserver.tmp"
   progress_start "building kueue $KUEUE_VERSION (sharing the apiserver's packages)"
   go_build_kueue "$src" "$kueue.tmp"
-  mkdir -p "$(dirname "$apiserver")" "$(dirname "$kueue")"
   mv "$apiserver.tmp" "$apiserver"; mv "$kueue.tmp" "$kueue"
 }
 
