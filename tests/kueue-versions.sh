@@ -11,6 +11,8 @@
 # control plane is left running the configured version.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=tests/e2e-suite.sh
+source tests/e2e-suite.sh
 read -r -a versions <<<"${KUEUE_VERSIONS:-v0.15.2 v0.19.2}"
 threads="${E2E_THREADS:-4}"
 out=target/kueue-versions
@@ -22,25 +24,13 @@ cargo test -p e2e --locked --no-run --quiet
 
 failed_versions=0
 for version in "${versions[@]}"; do
-  start=$SECONDS
-  log="$out/$version.log"
   # Exported for the suite too: its harness starts the control plane it finds configured.
   export KUEUE_VERSION="$version"
   bash "$cp" stop >/dev/null 2>&1 || true
   bash "$cp" start >"$out/$version.start.log" 2>&1 ||
     { cat "$out/$version.start.log" >&2; echo "kueue $version: the control plane did not start" >&2; exit 1; }
-  if cargo test -p e2e --locked --no-fail-fast -- --test-threads "$threads" >"$log" 2>&1; then
-    verdict=ok
-  else
-    verdict=FAILED
+  run_e2e_suite "kueue $version" "$out/$version.log" --test-threads "$threads" ||
     failed_versions=$((failed_versions + 1))
-  fi
-  passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s += $1} END {print s + 0}')
-  failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
-  echo "kueue $version: $verdict, $passed passed, $failed failed, $((SECONDS - start)) s (log: $log)"
-  if [[ $verdict == FAILED ]]; then
-    grep -E '^test .* FAILED$' "$log" | sed 's/^/  /' || true
-  fi
 done
 unset KUEUE_VERSION
 bash "$cp" stop >/dev/null 2>&1 || true

@@ -12,6 +12,8 @@
 # non-zero if any run failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=tests/e2e-suite.sh
+source tests/e2e-suite.sh
 runs="${RUNS:-3}"
 hogs="${UNDER_LOAD_HOGS:-$(nproc)}"
 threads="${E2E_THREADS:-4}"
@@ -46,20 +48,8 @@ echo "under load: $hogs busy loops on $(nproc) cores, $runs runs, $threads test 
 failed_runs=0
 total_start=$SECONDS
 for run in $(seq "$runs"); do
-  start=$SECONDS
-  log="$out/run-$run.log"
-  if cargo test -p e2e --locked --no-fail-fast -- --test-threads "$threads" "${filter[@]}" >"$log" 2>&1; then
-    verdict=ok
-  else
-    verdict=FAILED
+  run_e2e_suite "run $run" "$out/run-$run.log" --test-threads "$threads" "${filter[@]}" ||
     failed_runs=$((failed_runs + 1))
-  fi
-  passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s += $1} END {print s + 0}')
-  failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
-  echo "run $run: $verdict, $passed passed, $failed failed, $((SECONDS - start)) s (log: $log)"
-  if [[ $verdict == FAILED ]]; then
-    grep -E '^test .* FAILED$|^---- ' "$log" | head -20 || true
-  fi
 done
 echo "under load: $runs runs, $failed_runs failed, $((SECONDS - total_start)) s in all; $(git rev-parse --short HEAD), $(date -u +%Y-%m-%d)"
 ((failed_runs == 0))
