@@ -755,7 +755,7 @@ impl TestEnv {
     /// writes the status that controller writes once every completion succeeded (start and
     /// completion time, `succeeded`, `SuccessCriteriaMet` and `Complete`). Kueue then marks the
     /// Workload `Finished` (reason `Succeeded`) and releases its quota, in every Kueue version
-    /// this project supports; deleting the Job does that only from Kueue v0.16 on (v0.15 leaves
+    /// this project supports; deleting the Job does that only from Kueue v0.18 on (v0.15 leaves
     /// the orphan to the garbage collector). Waits for `Finished=True` and returns the Workload.
     pub async fn complete_job(&self, job: &str, workload: &str) -> Result<Workload> {
         // Pods run only once Kueue has started the Job, which it does after it marks the
@@ -767,17 +767,15 @@ impl TestEnv {
             .await
             .with_context(|| format!("reading Workload {workload}"))?
             .condition_is_true(workload_condition::ADMITTED);
-        if admitted {
-            self.wait_job_unsuspended(job).await?;
-        }
-        let completions = self
-            .jobs()
-            .get(job)
-            .await
-            .with_context(|| format!("reading Job {job}"))?
-            .spec
-            .and_then(|s| s.completions)
-            .unwrap_or(1);
+        let current = if admitted {
+            self.wait_job_unsuspended(job).await?
+        } else {
+            self.jobs()
+                .get(job)
+                .await
+                .with_context(|| format!("reading Job {job}"))?
+        };
+        let completions = current.spec.and_then(|s| s.completions).unwrap_or(1);
         let now = Timestamp::now().to_string();
         let condition = |kind: &str| {
             json!({

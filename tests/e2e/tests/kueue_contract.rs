@@ -13,6 +13,18 @@ async fn queues(env: &TestEnv) -> Result<GuardedQueue> {
     env.guarded_queue("check", TEST_CONTROLLER, "4").await
 }
 
+/// The queues with their check `Active`, and a Job whose Workload holds quota with the check's
+/// entry `Pending`: the moment a check controller is asked. Returns the Workload as then seen.
+async fn job_waiting_for_the_check(env: &TestEnv) -> Result<(GuardedQueue, Workload)> {
+    let q = queues(env).await?;
+    env.set_admission_check_active(&q.check, true).await?;
+    let wl_name = env.submit_job("job", "lq", "1").await?;
+    let wl = env
+        .wait_check_pending_with_quota(&wl_name, &q.check)
+        .await?;
+    Ok((q, wl))
+}
+
 fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
     wl.admission_check(check).map(|e| e.state)
 }
@@ -76,13 +88,8 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
 #[tokio::test]
 async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
     let env = TestEnv::new("retry-evicts").await?;
-    let q = queues(&env).await?;
-    env.set_admission_check_active(&q.check, true).await?;
-
-    let wl_name = env.submit_job("job", "lq", "1").await?;
-    let wl = env
-        .wait_check_pending_with_quota(&wl_name, &q.check)
-        .await?;
+    let (q, wl) = job_waiting_for_the_check(&env).await?;
+    let wl_name = wl.name_any();
     assert_eq!(
         wl.admission_check(&q.check).and_then(|e| e.retry_count),
         None,
@@ -147,11 +154,8 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
 #[tokio::test]
 async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
     let env = TestEnv::new("delayed-retry").await?;
-    let q = queues(&env).await?;
-    env.set_admission_check_active(&q.check, true).await?;
-    let wl_name = env.submit_job("job", "lq", "1").await?;
-    env.wait_check_pending_with_quota(&wl_name, &q.check)
-        .await?;
+    let (q, wl) = job_waiting_for_the_check(&env).await?;
+    let wl_name = wl.name_any();
 
     const DELAY: i32 = 8;
     let started = std::time::Instant::now();
@@ -433,11 +437,8 @@ async fn deleting_the_job_finishes_the_workload_from_v0_18_and_leaves_it_to_the_
     use kube::api::DeleteParams;
     const IN_USE: &str = "kueue.x-k8s.io/resource-in-use";
     let env = TestEnv::new("job-deleted").await?;
-    let q = queues(&env).await?;
-    env.set_admission_check_active(&q.check, true).await?;
-    let wl_name = env.submit_job("job", "lq", "1").await?;
-    env.wait_check_pending_with_quota(&wl_name, &q.check)
-        .await?;
+    let (q, wl) = job_waiting_for_the_check(&env).await?;
+    let wl_name = wl.name_any();
     env.answer_check(&wl_name, &q.check, CheckState::Ready, "ready from the test")
         .await?;
     let admitted = env.wait_admitted(&wl_name).await?;
