@@ -362,6 +362,33 @@ pub(crate) async fn apply_active_condition(
     Ok(())
 }
 
+/// Discovery answers for scripted-API tests of [`why_not_served`] and its callers.
+#[cfg(test)]
+pub(crate) mod discovery_fixtures {
+    use serde_json::json;
+
+    /// `GET /apis/<group>/<version>`: an APIResourceList naming `names` (subresources too).
+    pub(crate) fn resource_list(group_version: &str, names: &[&str]) -> serde_json::Value {
+        json!({
+            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+            "resources": names.iter().map(|n| json!({
+                "name": n, "singularName": "", "namespaced": true, "kind": "X", "verbs": ["get"],
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// `GET /apis`: an APIGroupList of `(group, versions)`.
+    pub(crate) fn group_list(groups: &[(&str, &[&str])]) -> serde_json::Value {
+        json!({
+            "kind": "APIGroupList", "apiVersion": "v1",
+            "groups": groups.iter().map(|(group, versions)| json!({
+                "name": group,
+                "versions": versions.iter().map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,25 +402,14 @@ mod tests {
     };
 
     fn resources(names: &[&str]) -> serde_json::Value {
-        json!({
-            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "autoscaling.x-k8s.io/v1",
-            "resources": names.iter().map(|n| json!({
-                "name": n, "singularName": "", "namespaced": true, "kind": "X", "verbs": ["get"],
-            })).collect::<Vec<_>>(),
-        })
+        discovery_fixtures::resource_list("autoscaling.x-k8s.io/v1", names)
     }
 
     fn groups(versions: &[&str]) -> serde_json::Value {
-        json!({
-            "kind": "APIGroupList", "apiVersion": "v1",
-            "groups": [{
-                "name": "autoscaling.x-k8s.io",
-                "versions": versions.iter().map(|v| json!({"groupVersion": format!("autoscaling.x-k8s.io/{v}"), "version": v})).collect::<Vec<_>>(),
-            }, {
-                "name": "kueue.x-k8s.io",
-                "versions": [{"groupVersion": "kueue.x-k8s.io/v1", "version": "v1"}],
-            }],
-        })
+        discovery_fixtures::group_list(&[
+            ("autoscaling.x-k8s.io", versions),
+            ("kueue.x-k8s.io", &["v1"]),
+        ])
     }
 
     #[tokio::test]

@@ -58,7 +58,8 @@ pub(crate) async fn wait_until_served(client: &Client, health: &Health) {
     let mut delay = FIRST_RETRY;
     let mut last_said: Option<String> = None;
     loop {
-        let why = match missing(client).await {
+        // A Kueue too old is the user's to fix (error); a discovery that failed, a passing outage.
+        let (why, user_must_act) = match missing(client).await {
             Ok(None) => {
                 if last_said.is_some() {
                     info!("the Kueue API is served now; starting");
@@ -66,14 +67,14 @@ pub(crate) async fn wait_until_served(client: &Client, health: &Health) {
                 health.set_waiting_for(None);
                 return;
             }
-            Ok(Some(why)) => why,
-            Err(e) => format!("cannot read the API discovery yet: {e}"),
+            Ok(Some(why)) => (why, true),
+            Err(e) => (format!("cannot read the API discovery yet: {e}"), false),
         };
         if last_said.as_deref() != Some(why.as_str()) {
-            if why.starts_with("cannot read") {
-                warn!(retry_in = ?delay, "{why}");
-            } else {
+            if user_must_act {
                 error!(retry_in = ?delay, "{why}");
+            } else {
+                warn!(retry_in = ?delay, "{why}");
             }
             health.set_waiting_for(Some(why.clone()));
             last_said = Some(why);
@@ -86,26 +87,15 @@ pub(crate) async fn wait_until_served(client: &Client, health: &Health) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::checks::discovery_fixtures;
     use crate::testing::ScriptedApi;
-    use serde_json::json;
 
     fn resources(names: &[&str]) -> serde_json::Value {
-        json!({
-            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "kueue.x-k8s.io/v1beta2",
-            "resources": names.iter().map(|n| json!({
-                "name": n, "singularName": "", "namespaced": true, "kind": "X", "verbs": ["get"],
-            })).collect::<Vec<_>>(),
-        })
+        discovery_fixtures::resource_list("kueue.x-k8s.io/v1beta2", names)
     }
 
     fn kueue_only_at(versions: &[&str]) -> serde_json::Value {
-        json!({
-            "kind": "APIGroupList", "apiVersion": "v1",
-            "groups": [{
-                "name": "kueue.x-k8s.io",
-                "versions": versions.iter().map(|v| json!({"groupVersion": format!("kueue.x-k8s.io/{v}"), "version": v})).collect::<Vec<_>>(),
-            }],
-        })
+        discovery_fixtures::group_list(&[("kueue.x-k8s.io", versions)])
     }
 
     #[tokio::test]
@@ -158,10 +148,7 @@ mod tests {
             "NotFound",
             "the server could not find the requested resource",
         );
-        api.answer(
-            200,
-            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
-        );
+        api.answer(200, discovery_fixtures::group_list(&[]));
         let why = missing(&api.client())
             .await
             .expect("discovery")
