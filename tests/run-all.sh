@@ -34,7 +34,7 @@ cargo test --workspace --exclude e2e --locked
 
 step "building the end-to-end tests and the binaries they start"
 cargo test -p e2e --locked --no-run
-cargo build --locked -q -p kueue-provisioning-controller -p license-check -p budget-check -p e2e --bins
+bash tests/soak.sh build
 
 step "waiting for the background builds"
 if ! wait "$build_pid"; then

@@ -7,8 +7,10 @@
 #   SOAK_SEED        replay a run's seed (default: a fresh one, printed first)
 #   SOAK_IN_FLIGHT   Workloads under way at once at most (default 60)
 # Results, the controllers' logs and the offending Workloads' timelines: target/soak/<seed>/.
+# With the argument `build`, only builds.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --locked -q -p kueue-provisioning-controller -p license-check -p budget-check -p e2e --bins
+[[ ${1:-} == build ]] && exit 0
 bash tests/control-plane/control-plane.sh start
 exec "${CARGO_TARGET_DIR:-target}/debug/soak" "$@"
