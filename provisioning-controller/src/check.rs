@@ -15,8 +15,8 @@ use kueue_admission_sdk::api::{
 };
 use kueue_admission_sdk::prometheus_client::registry::Registry;
 use kueue_admission_sdk::{
-    AdmissionCheckController, ApiKind, CheckContext, Decision, ErrorClass, ReleaseContext,
-    RetryPolicy,
+    AdmissionCheckController, ApiKind, CheckContext, Decision, ErrorClass, Extensions,
+    ReleaseContext, RetryPolicy, Revalidate,
 };
 use tracing::{info, warn};
 
@@ -523,8 +523,17 @@ impl AdmissionCheckController for ProvisioningCheck {
 
     // Capacity can be revoked after admission: a change of the request wakes the Workload and
     // its Ready answer is read again.
-    fn revalidate_ready_on_change(&self) -> bool {
-        true
+    fn revalidate(&self) -> Revalidate {
+        Revalidate::OnChange
+    }
+
+    // On the leader: watch this instance's requests, wake their Workloads, count their
+    // transitions and remove orphans.
+    fn while_leading(&self) -> Extensions {
+        let (instance, metrics) = (self.instance().to_string(), self.metrics());
+        Extensions::new().while_leading("provisioning-requests", move |ctx| {
+            crate::cleanup::watch_requests(ctx, instance, metrics)
+        })
     }
 
     // Without cluster-autoscaler's ProvisioningRequest CRD at v1 nothing can be provisioned:

@@ -36,9 +36,6 @@ pub enum Error {
         #[source]
         api: Option<kube::Error>,
     },
-    /// The SDK runtime stopped with an error.
-    #[error(transparent)]
-    Runtime(#[from] kueue_admission_sdk::Error),
 }
 
 impl Error {
@@ -50,7 +47,6 @@ impl Error {
             Error::MalformedWorkload(..) => "malformed_workload",
             Error::NameTaken(_) => "name_taken",
             Error::Refused { .. } => "refused",
-            Error::Runtime(e) => e.label(),
         }
     }
 }
@@ -65,7 +61,6 @@ impl Error {
             Error::Plan(_) | Error::MalformedWorkload(..) | Error::NameTaken(_) => {
                 ErrorClass::Transient
             }
-            Error::Runtime(_) => ErrorClass::Transient,
         }
     }
 }

@@ -28,34 +28,9 @@ pub mod plan;
 pub mod refusal;
 pub mod simulator;
 
-use std::future::Future;
-
-use kube::Client;
-use kueue_admission_sdk::{Extensions, RuntimeConfig};
-
 pub use check::{ProvisioningCheck, Settings};
 pub use config::ProvisioningParameters;
 pub use error::Error;
-
-/// The task that runs beside the SDK runtime on the leading replica: it watches this
-/// instance's requests, wakes their Workloads, counts their transitions and removes orphans.
-pub fn extensions(check: &ProvisioningCheck) -> Extensions {
-    let (instance, metrics) = (check.instance().to_string(), check.metrics());
-    Extensions::new().while_leading("provisioning-requests", move |ctx| {
-        cleanup::watch_requests(ctx, instance, metrics)
-    })
-}
-
-/// Runs the check until `shutdown` resolves (what the binary does, for tests and embedding).
-pub async fn run_until(
-    client: Client,
-    check: ProvisioningCheck,
-    runtime: RuntimeConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), Error> {
-    let extensions = extensions(&check);
-    Ok(kueue_admission_sdk::run_until_with(client, check, runtime, extensions, shutdown).await?)
-}
 
 /// The controllerName this controller answers by default.
 ///

@@ -51,8 +51,7 @@ async fn main() -> ExitCode {
         controller_name: cli.controller_name,
         default_timeout: cli.provisioning_timeout_seconds.map(Duration::from_secs),
     });
-    let extensions = kueue_provisioning_controller::extensions(&check);
-    cli.runtime.run_with(check, extensions).await
+    cli.runtime.run(check).await
 }
 
 #[cfg(test)]

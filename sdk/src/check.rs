@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 
 use crate::api::{AdmissionCheckState, CheckState, PodSetUpdate, Workload};
 use crate::retry::RetryPolicy;
+use crate::runtime::Extensions;
 
 /// An admission check, as its author sees it. The runtime does the rest: it watches
 /// AdmissionChecks and Workloads, calls [`decide`](Self::decide) only when a Workload holds
@@ -36,18 +37,16 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         RetryPolicy::default()
     }
 
-    /// Ask again about Workloads already `Ready` this often (e.g. a budget that may run out
-    /// before the job starts). `None`, the default, never revisits a `Ready` answer.
-    fn revalidate_ready_every(&self) -> Option<Duration> {
-        None
+    /// When a `Ready` answer is asked about again; [`Revalidate::Never`] by default.
+    fn revalidate(&self) -> Revalidate {
+        Revalidate::Never
     }
 
-    /// Ask again about Workloads already `Ready` whenever they are reconciled: on a change of
-    /// the Workload, or a wake from a task beside the runtime ([`crate::runtime::WorkloadWaker`]),
-    /// without a timer. For a check whose answer can be withdrawn by an outside event, e.g. a
-    /// ProvisioningRequest whose capacity was revoked. `false` by default.
-    fn revalidate_ready_on_change(&self) -> bool {
-        false
+    /// Work this check runs beside the runtime while its replica leads (watching the objects
+    /// `decide` creates, sweeping what nobody released): see [`Extensions`]. Called once, when
+    /// the runtime starts; nothing by default.
+    fn while_leading(&self) -> Extensions {
+        Extensions::new()
     }
 
     /// Whether an error of [`decide`](Self::decide) can get better by trying again. The
@@ -105,6 +104,38 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         _ctx: &ReleaseContext<'_>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         async { Ok(()) }
+    }
+}
+
+/// When the runtime asks a check again about a Workload it already answered `Ready` for
+/// ([`AdmissionCheckController::revalidate`]). A new answer other than `Ready` withdraws the
+/// admission as Kueue allows: `Retry` evicts the Workload, `Rejected` deactivates it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Revalidate {
+    /// Never: `Ready` stands until Kueue drops the entry.
+    #[default]
+    Never,
+    /// Whenever the Workload is reconciled: on a change of it, or a wake from a task beside the
+    /// runtime ([`crate::runtime::WorkloadWaker`]), without a timer. For an answer that an
+    /// outside event can take back, e.g. a ProvisioningRequest whose capacity was revoked.
+    OnChange,
+    /// As [`Revalidate::OnChange`], and at the latest this long after the last answer: for an
+    /// answer that goes stale by itself, e.g. a budget that may run out before the job starts.
+    Every(Duration),
+}
+
+impl Revalidate {
+    /// Whether `Ready` entries are asked about again at all.
+    pub fn asks_again(self) -> bool {
+        self != Self::Never
+    }
+
+    /// How long after an answer the runtime asks again without any change, if ever.
+    pub fn period(self) -> Option<Duration> {
+        match self {
+            Self::Every(period) => Some(period),
+            Self::Never | Self::OnChange => None,
+        }
     }
 }
 

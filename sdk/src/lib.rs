@@ -39,12 +39,12 @@ pub use prometheus_client;
 
 pub use check::{
     AdmissionCheckController, ApiKind, CheckContext, CheckParameters, Decision, ErrorClass,
-    NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
+    NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay, Revalidate,
 };
 pub use error::Error;
 pub use options::Options;
 pub use retry::RetryPolicy;
 pub use runtime::{
     Extensions, LeaderContext, LeaderElection, RuntimeConfig, WorkloadWaker, run, run_until,
-    run_until_with, termination_signal,
+    termination_signal,
 };

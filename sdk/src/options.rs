@@ -37,13 +37,13 @@ use std::time::Duration;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use tracing::error;
+use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
 use crate::runtime::{
-    Extensions, LeaderElection, RuntimeConfig, lease_name_for, run_until_with, termination_signal,
+    LeaderElection, RuntimeConfig, lease_name_for, run_until, termination_signal,
 };
 
 /// Where the metrics and health endpoints listen, or `off`.
@@ -147,6 +147,12 @@ pub struct Options {
     /// kubeconfig's namespace.
     #[arg(long, env = "KUEUE_AC_LEADER_ELECTION_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
+
+    /// Where [`Options::run`] puts the Lease when neither the flag nor `$POD_NAMESPACE` says,
+    /// instead of the kubeconfig's namespace: set by a binary whose check lives in a namespace
+    /// of its own ([`Options::lease_namespace_by_default`]).
+    #[arg(skip)]
+    pub lease_namespace_fallback: Option<String>,
 
     /// Name of the leader Lease; default derived from the controller name.
     #[arg(long, env = "KUEUE_AC_LEADER_ELECTION_ID")]
@@ -273,20 +279,11 @@ impl Options {
         }
     }
 
-    /// Sets up logging and the client, then runs `controller` until SIGTERM or Ctrl-C. Every
-    /// failure is logged with its reason; the exit code is non-zero if the controller did not
-    /// stop cleanly (e.g. it lost its leader Lease and must restart as a standby).
+    /// Sets up logging and the client, then runs `controller` (with what it runs while leading)
+    /// until SIGTERM or Ctrl-C. Every failure is logged with its reason; the exit code is
+    /// non-zero if the controller did not stop cleanly (e.g. it lost its leader Lease and must
+    /// restart as a standby).
     pub async fn run<C: AdmissionCheckController>(self, controller: C) -> ExitCode {
-        self.run_with(controller, Extensions::new()).await
-    }
-
-    /// [`Options::run`], with `extensions` running beside the runtime while this replica leads
-    /// (see [`run_until_with`]).
-    pub async fn run_with<C: AdmissionCheckController>(
-        self,
-        controller: C,
-        extensions: Extensions,
-    ) -> ExitCode {
         if let Err(e) = self.init_logging() {
             eprintln!("error: {e}");
             return ExitCode::from(2);
@@ -294,16 +291,13 @@ impl Options {
         let result = async {
             self.validate()?;
             let client = self.client().await?;
-            let namespace = client.default_namespace().to_string();
+            let namespace = match &self.lease_namespace_fallback {
+                Some(namespace) => namespace.clone(),
+                None => client.default_namespace().to_string(),
+            };
             let runtime = self.runtime_config(controller.controller_name(), &namespace);
-            run_until_with(
-                client,
-                controller,
-                runtime,
-                extensions,
-                termination_signal(),
-            )
-            .await
+            info!(controller = controller.controller_name(), "starting");
+            run_until(client, controller, runtime, termination_signal()).await
         }
         .await;
         match result {
@@ -313,6 +307,13 @@ impl Options {
                 ExitCode::FAILURE
             }
         }
+    }
+
+    /// These options, with the Lease in `namespace` unless `--leader-election-namespace` or
+    /// `$POD_NAMESPACE` says otherwise.
+    pub fn lease_namespace_by_default(mut self, namespace: impl Into<String>) -> Self {
+        self.lease_namespace_fallback = Some(namespace.into());
+        self
     }
 }
 

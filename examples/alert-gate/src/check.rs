@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kueue_admission_sdk::api::{CheckState, workload_condition as cond};
-use kueue_admission_sdk::{AdmissionCheckController, CheckContext, Decision};
+use kueue_admission_sdk::{AdmissionCheckController, CheckContext, Decision, Revalidate};
 
 use crate::alertmanager::Alertmanagers;
 use crate::gate::{AlertGate, jittered, verdict};
@@ -53,8 +53,9 @@ impl AdmissionCheckController for AlertGateCheck {
         &self.controller_name
     }
 
-    fn revalidate_ready_every(&self) -> Option<Duration> {
+    fn revalidate(&self) -> Revalidate {
         self.withdraw_ready_every
+            .map_or(Revalidate::Never, Revalidate::Every)
     }
 
     async fn decide(&self, ctx: &CheckContext<'_, AlertGate>) -> Result<Decision, Infallible> {

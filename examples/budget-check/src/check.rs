@@ -25,10 +25,11 @@ use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{Workload, workload_condition as cond};
 use kueue_admission_sdk::shadow::{ShadowScope, no_longer_needed};
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, RetryPolicy,
+    AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
+    RetryPolicy,
 };
 use tokio::sync::Mutex;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::backend::{Backend, ConfigMapBackend, Saved};
 use crate::cost::{Estimate, Prices, estimate};
@@ -54,6 +55,9 @@ pub struct Settings {
     /// quota reserved while its retry delay runs, so a shorter wait frees the queue sooner (the
     /// Workload is then asked again, and waits again if the budget is still spent).
     pub max_wait: Option<Duration>,
+    /// How often the leader sweeps the ledgers (and once when it takes the lead), settling
+    /// charges of Workloads that ended unnoticed, e.g. while no controller ran.
+    pub sweep_interval: Duration,
 }
 
 /// The budget check. Cheap to clone: clones share the ledger lock.
@@ -444,23 +448,19 @@ impl<B: Backend> AdmissionCheckController for BudgetCheck<B> {
     async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
         self.release_for(ctx).await
     }
-}
 
-/// Sweeps now and then every `every`, until the future is dropped. Failures are logged and
-/// tried again at the next tick.
-pub async fn sweep_periodically<B: Backend>(
-    check: BudgetCheck<B>,
-    client: Client,
-    every: Duration,
-    shadow: Option<ShadowScope>,
-) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        if let Err(e) = check.sweep(&client, shadow.as_ref()).await {
-            warn!(error = %e, "sweeping the budget ledgers");
-        }
+    /// The sweep: once when this replica takes the lead, then every
+    /// [`Settings::sweep_interval`].
+    fn while_leading(&self) -> Extensions {
+        let check = self.clone();
+        Extensions::new().every(
+            "budget-ledger-sweep",
+            self.settings.sweep_interval,
+            move |ctx| {
+                let check = check.clone();
+                async move { check.sweep(&ctx.client, ctx.shadow.as_ref()).await }
+            },
+        )
     }
 }
 

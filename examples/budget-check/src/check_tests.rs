@@ -131,6 +131,7 @@ fn settings() -> Settings {
         default_runtime: Duration::from_secs(3600),
         budget_recheck: Duration::from_secs(30),
         max_wait: None,
+        sweep_interval: Duration::from_secs(300),
     }
 }
 

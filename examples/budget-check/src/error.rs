@@ -37,7 +37,4 @@ pub enum Error {
     /// A Workload without a uid or namespace: not one read from the API server.
     #[error("workload {0} has no uid or namespace")]
     NotFromTheApiServer(String),
-    /// The SDK runtime stopped with an error.
-    #[error(transparent)]
-    Runtime(#[from] kueue_admission_sdk::Error),
 }

@@ -1,4 +1,4 @@
-//! `budget-check`: flags and environment → [`budget_check::run_until`].
+//! `budget-check`: flags and environment → the budget check, run by the SDK.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -7,7 +7,6 @@ use budget_check::cost::Prices;
 use budget_check::{BudgetCheck, ConfigMapBackend, DEFAULT_CONTROLLER_NAME, Settings};
 use clap::Parser;
 use kueue_admission_sdk::Options;
-use tracing::{error, info};
 
 /// Kueue admission check for per-namespace budgets: a Workload is admitted and charged if its
 /// estimated cost fits its namespace's daily or weekly budget, waits for the next window if not,
@@ -74,48 +73,25 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = cli.runtime.init_logging() {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
     let check = BudgetCheck::new(
         Settings {
-            controller_name: cli.controller_name.clone(),
-            prices: cli.prices.clone(),
+            controller_name: cli.controller_name,
+            prices: cli.prices,
             default_runtime: Duration::from_secs(cli.default_runtime_seconds),
             budget_recheck: Duration::from_secs(cli.budget_recheck_seconds),
             max_wait: cli.max_wait_seconds.map(Duration::from_secs),
+            sweep_interval: Duration::from_secs(cli.sweep_interval_seconds),
         },
         ConfigMapBackend {
             namespace: cli.namespace.clone(),
-            budgets: cli.budgets_configmap.clone(),
-            ledger_prefix: cli.ledger_prefix.clone(),
+            budgets: cli.budgets_configmap,
+            ledger_prefix: cli.ledger_prefix,
         },
     );
-    let result = async {
-        let client = cli.runtime.client().await?;
-        let runtime = cli
-            .runtime
-            .runtime_config(&cli.controller_name, &cli.namespace);
-        info!(controller = %cli.controller_name, prices = %cli.prices,
-              budgets = %format!("{}/{}", cli.namespace, cli.budgets_configmap), "starting");
-        budget_check::run_until(
-            client,
-            check,
-            runtime,
-            Duration::from_secs(cli.sweep_interval_seconds),
-            kueue_admission_sdk::termination_signal(),
-        )
+    cli.runtime
+        .lease_namespace_by_default(cli.namespace)
+        .run(check)
         .await
-    }
-    .await;
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!(error = %e, "the controller stopped");
-            ExitCode::FAILURE
-        }
-    }
 }
 
 #[cfg(test)]

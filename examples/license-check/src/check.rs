@@ -22,10 +22,11 @@ use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::Workload;
 use kueue_admission_sdk::shadow::{ShadowScope, no_longer_needed};
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, RetryPolicy,
+    AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
+    RetryPolicy,
 };
 use tokio::sync::Mutex;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::backend::{Backend, ConfigMapBackend, Saved};
 use crate::error::Error;
@@ -44,6 +45,9 @@ pub struct Settings {
     pub retry_policy: RetryPolicy,
     /// How soon to look again at a Workload left `Pending` because the pool is missing or bad.
     pub pool_recheck: Duration,
+    /// How often the leader sweeps the ledger (and once when it takes the lead), reclaiming
+    /// licenses of Workloads that went away unnoticed, e.g. while no controller ran.
+    pub sweep_interval: Duration,
 }
 
 /// The license check. Cheap to clone: clones share the ledger lock, so a sweeper task and
@@ -303,23 +307,19 @@ impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
     async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
         self.release_for(ctx).await
     }
-}
 
-/// Sweeps now and then every `every`, until the future is dropped. Failures are logged and
-/// tried again at the next tick: the sweep before each refusal keeps decisions correct anyway.
-pub async fn sweep_periodically<B: Backend>(
-    check: LicenseCheck<B>,
-    client: Client,
-    every: Duration,
-    shadow: Option<ShadowScope>,
-) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        if let Err(e) = check.sweep(&client, shadow.as_ref()).await {
-            warn!(error = %e, "sweeping the license ledger");
-        }
+    /// The sweep: once when this replica takes the lead, then every
+    /// [`Settings::sweep_interval`].
+    fn while_leading(&self) -> Extensions {
+        let check = self.clone();
+        Extensions::new().every(
+            "license-ledger-sweep",
+            self.settings.sweep_interval,
+            move |ctx| {
+                let check = check.clone();
+                async move { check.sweep(&ctx.client, ctx.shadow.as_ref()).await }
+            },
+        )
     }
 }
 

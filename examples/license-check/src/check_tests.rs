@@ -129,6 +129,7 @@ fn settings() -> Settings {
             0.0,
         ),
         pool_recheck: Duration::from_secs(30),
+        sweep_interval: Duration::from_secs(300),
     }
 }
 

@@ -35,7 +35,4 @@ pub enum Error {
     /// A Workload without a uid: not one read from the API server.
     #[error("workload {0} has no uid")]
     NoUid(String),
-    /// The SDK runtime stopped with an error.
-    #[error(transparent)]
-    Runtime(#[from] kueue_admission_sdk::Error),
 }

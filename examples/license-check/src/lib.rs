@@ -20,37 +20,9 @@ pub mod ledger;
 pub mod pool;
 pub mod request;
 
-use std::future::Future;
-use std::time::Duration;
-
-use kube::Client;
-use kueue_admission_sdk::{Extensions, RuntimeConfig};
-
 pub use backend::{Backend, ConfigMapBackend};
 pub use check::{LicenseCheck, Settings};
 pub use error::Error;
 
 /// The controller name the binary answers by default.
 pub const DEFAULT_CONTROLLER_NAME: &str = "kueue-admission-checks.dev/license";
-
-/// Runs the license check until `shutdown` resolves: the SDK runtime, plus a sweep of the
-/// ledger at start and every `sweep_every` that reclaims licenses of Workloads that went away
-/// while no controller was running. Dropping the returned future stops both.
-pub async fn run_until<B: Backend>(
-    client: Client,
-    check: LicenseCheck<B>,
-    runtime: RuntimeConfig,
-    sweep_every: Duration,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), Error> {
-    let extensions = extensions(check.clone(), sweep_every);
-    Ok(kueue_admission_sdk::run_until_with(client, check, runtime, extensions, shutdown).await?)
-}
-
-/// The sweep, run by the replica that leads: once when it takes the lead, then every
-/// `sweep_every`.
-pub fn extensions<B: Backend>(check: LicenseCheck<B>, sweep_every: Duration) -> Extensions {
-    Extensions::new().while_leading("license-ledger-sweep", move |ctx| {
-        check::sweep_periodically(check, ctx.client, sweep_every, ctx.shadow)
-    })
-}

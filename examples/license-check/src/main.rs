@@ -1,4 +1,4 @@
-//! `license-check`: flags and environment → [`license_check::run_until`].
+//! `license-check`: flags and environment → the license check, run by the SDK.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -6,7 +6,6 @@ use std::time::Duration;
 use clap::Parser;
 use kueue_admission_sdk::{Options, RetryPolicy};
 use license_check::{ConfigMapBackend, DEFAULT_CONTROLLER_NAME, LicenseCheck, Settings};
-use tracing::{error, info};
 
 /// Kueue admission check for floating licenses: a Workload is admitted once the licenses it
 /// asks for are free, and holds them until it finishes or is evicted.
@@ -70,10 +69,6 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = cli.runtime.init_logging() {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
     let mut retry_policy = RetryPolicy::exponential(
         Duration::from_secs(cli.backoff_base_seconds),
         2.0,
@@ -83,37 +78,21 @@ async fn main() -> ExitCode {
     retry_policy.retry_limit = cli.retry_limit;
     let check = LicenseCheck::new(
         Settings {
-            controller_name: cli.controller_name.clone(),
+            controller_name: cli.controller_name,
             retry_policy,
             pool_recheck: Duration::from_secs(cli.pool_recheck_seconds),
+            sweep_interval: Duration::from_secs(cli.sweep_interval_seconds),
         },
         ConfigMapBackend {
             namespace: cli.namespace.clone(),
-            pool: cli.pool_configmap.clone(),
-            ledger: cli.ledger_configmap.clone(),
+            pool: cli.pool_configmap,
+            ledger: cli.ledger_configmap,
         },
     );
-    let result = async {
-        let client = cli.runtime.client().await?;
-        let runtime = cli.runtime.runtime_config(&cli.controller_name, &cli.namespace);
-        info!(controller = %cli.controller_name, pool = %format!("{}/{}", cli.namespace, cli.pool_configmap), "starting");
-        license_check::run_until(
-            client,
-            check,
-            runtime,
-            Duration::from_secs(cli.sweep_interval_seconds),
-            kueue_admission_sdk::termination_signal(),
-        )
+    cli.runtime
+        .lease_namespace_by_default(cli.namespace)
+        .run(check)
         .await
-    }
-    .await;
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!(error = %e, "the controller stopped");
-            ExitCode::FAILURE
-        }
-    }
 }
 
 #[cfg(test)]

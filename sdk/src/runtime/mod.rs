@@ -99,7 +99,7 @@ pub async fn run<C: AdmissionCheckController>(
 }
 
 /// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C: the `shutdown` a binary that calls
-/// [`run_until_with`] itself passes.
+/// [`run_until`] itself passes.
 pub async fn termination_signal() {
     #[cfg(unix)]
     {
@@ -126,7 +126,8 @@ pub async fn termination_signal() {
 /// How long a clean shutdown waits for the Lease to be released.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Runs `controller` until `shutdown` resolves.
+/// Runs `controller` until `shutdown` resolves, with the work it declares in
+/// [`AdmissionCheckController::while_leading`] beside the reconciler while this replica leads.
 ///
 /// Every replica watches AdmissionChecks and Workloads, so its caches are warm and `/readyz`
 /// reports ready once they have synced. Only the leader (every process, without
@@ -147,21 +148,7 @@ where
     C: AdmissionCheckController,
     S: Future<Output = ()> + Send + 'static,
 {
-    run_until_with(client, controller, config, Extensions::new(), shutdown).await
-}
-
-/// [`run_until`], with `extensions` running beside the reconciler while this replica leads.
-pub async fn run_until_with<C, S>(
-    client: Client,
-    controller: C,
-    config: RuntimeConfig,
-    extensions: Extensions,
-    shutdown: S,
-) -> Result<(), Error>
-where
-    C: AdmissionCheckController,
-    S: Future<Output = ()> + Send + 'static,
-{
+    let extensions = controller.while_leading();
     if config.shadow.is_some()
         && let Some(reason) = controller.shadow_mode_refusal()
     {

@@ -126,8 +126,7 @@ impl<C: AdmissionCheckController> Context<C> {
 
     /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).
     fn revalidates(&self) -> bool {
-        self.controller.revalidate_ready_every().is_some()
-            || self.controller.revalidate_ready_on_change()
+        self.controller.revalidate().asks_again()
     }
 
     fn asked(&self) -> std::sync::MutexGuard<'_, HashMap<PairKey, AskedAt>> {
@@ -605,7 +604,7 @@ async fn decide_one<C: AdmissionCheckController>(
     check: &str,
     active: &ActiveCheck<C::Parameters>,
 ) -> Result<Option<Duration>, Error> {
-    let revalidate = ctx.controller.revalidate_ready_every();
+    let revalidate = ctx.controller.revalidate().period();
     let revalidates = ctx.revalidates();
     let namespace = cached
         .namespace()

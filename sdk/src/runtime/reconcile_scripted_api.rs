@@ -49,8 +49,12 @@ impl AdmissionCheckController for Probe {
         "example.com/probe"
     }
 
-    fn revalidate_ready_on_change(&self) -> bool {
-        self.revalidate
+    fn revalidate(&self) -> crate::check::Revalidate {
+        if self.revalidate {
+            crate::check::Revalidate::OnChange
+        } else {
+            crate::check::Revalidate::Never
+        }
     }
 
     async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {

@@ -391,7 +391,7 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Starts `kueue_provisioning_controller::run_until` with `client` (e.g. a ServiceAccount's);
+    /// Starts the provisioning check in process (the SDK's `run_until`) with `client` (e.g. a ServiceAccount's);
     /// `runtime` must serve metrics.
     pub fn start(client: Client, settings: Settings, runtime: RuntimeConfig) -> Result<Self> {
         let http = runtime
@@ -405,8 +405,7 @@ impl Controller {
             let shutdown = async move {
                 let _ = stopped.await;
             };
-            let result =
-                kueue_provisioning_controller::run_until(client, check, runtime, shutdown).await;
+            let result = kueue_admission_sdk::run_until(client, check, runtime, shutdown).await;
             let message = match result {
                 Ok(()) => "stopped".to_string(),
                 Err(e) => format!("stopped with an error: {e}"),

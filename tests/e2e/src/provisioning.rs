@@ -287,9 +287,7 @@ impl TestEnv {
             let shutdown = async move {
                 let _ = stopped.await;
             };
-            if let Err(e) =
-                kueue_provisioning_controller::run_until(client, check, config, shutdown).await
-            {
+            if let Err(e) = kueue_admission_sdk::run_until(client, check, config, shutdown).await {
                 eprintln!("the provisioning controller stopped: {e}");
             }
         });

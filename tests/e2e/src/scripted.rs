@@ -5,7 +5,7 @@
 //! Three parts, kept apart on purpose:
 //! - [`Script`]: from a seed alone, what each check answers on its n-th call for a Workload,
 //!   and so which end state each Workload must reach and how long that may take;
-//! - [`ScriptedCheck`]: an SDK check (served by its own in-process `run_until_with`) that
+//! - [`ScriptedCheck`]: an SDK check (served by its own in-process `run_until`) that
 //!   answers from the script and tells the recorder which attempt `ctx.attempt()` said;
 //! - [`Recorder`]: a watch on the namespace's Workloads, not the controllers' metrics, that
 //!   keeps every observed version as a timeline and records each invariant broken.
@@ -23,8 +23,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kueue_admission_sdk::api::{CheckState, ClusterQueue, Workload, workload_condition as cond};
 use kueue_admission_sdk::attempts;
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, RetryPolicy,
-    RuntimeConfig, run_until_with,
+    AdmissionCheckController, CheckContext, Decision, NoParameters, RetryPolicy, RuntimeConfig,
+    run_until,
 };
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -1167,15 +1167,9 @@ pub async fn run(test: &str, config: RunConfig) -> Result<Report> {
             ..Default::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run_until_with(
-            env.client.clone(),
-            check,
-            config,
-            Extensions::new(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let task = tokio::spawn(run_until(env.client.clone(), check, config, async move {
+            let _ = stopped.await;
+        }));
         runtimes.push((stop, task));
     }
     // The runtimes mark their checks Active; until all are, Kueue reserves nothing, and that

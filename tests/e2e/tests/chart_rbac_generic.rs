@@ -128,6 +128,7 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
             default_runtime: Duration::from_secs(3600),
             budget_recheck: Duration::from_secs(1),
             max_wait: None,
+            sweep_interval: Duration::from_secs(3600),
         },
         budget_check::ConfigMapBackend {
             namespace: parsed.namespace.clone(),
@@ -137,11 +138,10 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
     );
     let client = e2e::service_account_client(&env.ns, &service_account).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(budget_check::run_until(
+    let controller = tokio::spawn(kueue_admission_sdk::run_until(
         client,
         check,
         runtime,
-        Duration::from_secs(3600),
         async move {
             let _ = stopped.await;
         },

@@ -60,7 +60,7 @@ fn credits(s: &str) -> Credits {
 impl Budgeted {
     /// Starts a controller instance on `client`: 1 credit per core-hour, one hour by default,
     /// a ledger sweep at start (and not again during the test).
-    fn start(&self, client: Client) -> JoinHandle<Result<(), budget_check::Error>> {
+    fn start(&self, client: Client) -> JoinHandle<Result<(), kueue_admission_sdk::Error>> {
         let quiet = RuntimeConfig {
             metrics_address: None,
             ..Default::default()
@@ -73,13 +73,14 @@ impl Budgeted {
         &self,
         client: Client,
         base: RuntimeConfig,
-    ) -> JoinHandle<Result<(), budget_check::Error>> {
+    ) -> JoinHandle<Result<(), kueue_admission_sdk::Error>> {
         let settings = Settings {
             controller_name: self.controller_name.clone(),
             prices: "cpu=1".parse().unwrap_or_default(),
             default_runtime: Duration::from_secs(3600),
             budget_recheck: Duration::from_secs(1),
             max_wait: None,
+            sweep_interval: Duration::from_secs(3600),
         };
         let runtime = RuntimeConfig {
             metrics_address: base.metrics_address,
@@ -89,11 +90,10 @@ impl Budgeted {
             shadow: base.shadow,
             ..Default::default()
         };
-        tokio::spawn(budget_check::run_until(
+        tokio::spawn(kueue_admission_sdk::run_until(
             client,
             BudgetCheck::new(settings, self.backend.clone()),
             runtime,
-            Duration::from_secs(3600),
             std::future::pending(),
         ))
     }

@@ -57,7 +57,7 @@ async fn setup(test: &str) -> Result<Licensed> {
 impl Licensed {
     /// Starts a controller instance on `client`: backoff 1 s doubling to 4 s, no retry limit,
     /// a ledger sweep at start (and not again during the test).
-    fn start(&self, client: Client) -> JoinHandle<Result<(), license_check::Error>> {
+    fn start(&self, client: Client) -> JoinHandle<Result<(), kueue_admission_sdk::Error>> {
         self.start_with(client, self.backend.clone())
     }
 
@@ -65,7 +65,7 @@ impl Licensed {
         &self,
         client: Client,
         backend: B,
-    ) -> JoinHandle<Result<(), license_check::Error>> {
+    ) -> JoinHandle<Result<(), kueue_admission_sdk::Error>> {
         let settings = Settings {
             controller_name: self.controller_name.clone(),
             retry_policy: RetryPolicy::exponential(
@@ -75,6 +75,7 @@ impl Licensed {
                 0.0,
             ),
             pool_recheck: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(3600),
         };
         let runtime = RuntimeConfig {
             metrics_address: None,
@@ -83,11 +84,10 @@ impl Licensed {
             leader_election: None,
             ..Default::default()
         };
-        tokio::spawn(license_check::run_until(
+        tokio::spawn(kueue_admission_sdk::run_until(
             client,
             LicenseCheck::new(settings, backend),
             runtime,
-            Duration::from_secs(3600),
             std::future::pending(),
         ))
     }

@@ -18,8 +18,8 @@ use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, RetryPolicy,
-    RuntimeConfig, attempts, run_until_with,
+    AdmissionCheckController, CheckContext, Decision, NoParameters, RetryPolicy, Revalidate,
+    RuntimeConfig, attempts, run_until,
 };
 use serde_json::json;
 use tokio::sync::{Semaphore, oneshot};
@@ -115,8 +115,8 @@ impl AdmissionCheckController for Scripted {
         self.policy.clone()
     }
 
-    fn revalidate_ready_every(&self) -> Option<Duration> {
-        self.revalidate
+    fn revalidate(&self) -> Revalidate {
+        self.revalidate.map_or(Revalidate::Never, Revalidate::Every)
     }
 
     async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
@@ -168,7 +168,7 @@ impl Check {
         let (stop, stopped) = oneshot::channel::<()>();
         let client = env.client.clone();
         let task = tokio::spawn(async move {
-            let _ = run_until_with(client, controller, config, Extensions::new(), async {
+            let _ = run_until(client, controller, config, async {
                 let _ = stopped.await;
             })
             .await;

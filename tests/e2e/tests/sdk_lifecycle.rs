@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, LeaderContext, LeaderElection,
-    NoParameters, ReleaseContext, ReleaseReason, RuntimeConfig, run_until_with,
+    NoParameters, ReleaseContext, ReleaseReason, Revalidate, RuntimeConfig, run_until,
 };
 use serde_json::json;
 use tokio::sync::{Semaphore, oneshot};
@@ -81,6 +81,8 @@ struct Probe {
     replica: String,
     revalidate: Option<Duration>,
     script: Arc<Script>,
+    /// What this replica runs while it leads (taken when it starts).
+    while_leading: Mutex<Option<Extensions>>,
 }
 
 impl AdmissionCheckController for Probe {
@@ -91,8 +93,12 @@ impl AdmissionCheckController for Probe {
         &self.controller_name
     }
 
-    fn revalidate_ready_every(&self) -> Option<Duration> {
-        self.revalidate
+    fn revalidate(&self) -> Revalidate {
+        self.revalidate.map_or(Revalidate::Never, Revalidate::Every)
+    }
+
+    fn while_leading(&self) -> Extensions {
+        lock(&self.while_leading).take().unwrap_or_default()
     }
 
     async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
@@ -253,17 +259,12 @@ impl Setup {
             replica: replica.into(),
             revalidate,
             script: self.script.clone(),
+            while_leading: Mutex::new(Some(extensions)),
         };
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run_until_with(
-            client,
-            probe,
-            config,
-            extensions,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let task = tokio::spawn(run_until(client, probe, config, async move {
+            let _ = stopped.await;
+        }));
         Ok(Replica {
             stop: Some(stop),
             task,
