@@ -158,94 +158,116 @@ pub(crate) async fn why_not_served(
     }))
 }
 
-/// Resolves and validates the parameters an AdmissionCheck names. `Err(Ok(..))` is a user
-/// error to show on the check; `Err(Err(..))` a transient API failure to retry.
+/// What resolving an AdmissionCheck found: it can answer, or what the user must fix first.
+#[derive(Debug)]
+pub(crate) enum Resolved<P> {
+    Active(ActiveCheck<P>),
+    Inactive(Inactive),
+}
+
+/// Resolves and validates the parameters an AdmissionCheck names. An `Err` is an API failure
+/// to retry; what the user must fix is [`Resolved::Inactive`].
 pub(crate) async fn resolve<C: AdmissionCheckController>(
     client: &Client,
     controller: &C,
     ac: &AdmissionCheck,
     max_retry_delay: std::time::Duration,
-) -> Result<ActiveCheck<C::Parameters>, Result<Inactive, Error>> {
+) -> Result<Resolved<C::Parameters>, Error> {
     let wanted = <C::Parameters as CheckParameters>::reference();
     let needed: Vec<ApiKind> = wanted
         .into_iter()
         .chain(controller.required_apis())
         .collect();
-    require_served(client, &needed).await.map_err(Err)?;
+    require_served(client, &needed).await?;
+    let parameters = match read_parameters::<C::Parameters>(client, ac).await? {
+        Ok(parameters) => parameters,
+        Err(inactive) => return Ok(Resolved::Inactive(inactive)),
+    };
+    let invalid = |message: String| {
+        Resolved::Inactive(Inactive {
+            reason: reason::INVALID_PARAMETERS,
+            message,
+        })
+    };
+    if let Err(message) = parameters.validate() {
+        return Ok(invalid(message));
+    }
+    let policy = controller.retry_policy(&parameters);
+    if let Err(e) = policy.validate() {
+        return Ok(invalid(e.to_string()));
+    }
+    let message = active_message(&policy, max_retry_delay);
+    Ok(Resolved::Active(ActiveCheck {
+        parameters,
+        policy,
+        message,
+    }))
+}
+
+/// Reads the parameters object `ac` names as a `P`: `Ok(Err(..))` says what is wrong with the
+/// reference or the object, for the check's condition; `Err` is an API failure.
+async fn read_parameters<P: CheckParameters>(
+    client: &Client,
+    ac: &AdmissionCheck,
+) -> Result<Result<P, Inactive>, Error> {
     let reference = ac.spec.parameters.as_ref();
-    let parameters: C::Parameters = match (wanted, reference) {
-        (None, None) => serde_json::from_value(serde_json::Value::Null).map_err(|e| {
-            Ok(bad_ref(format!(
-                "this controller's parameters type cannot be empty: {e}"
-            )))
-        })?,
+    let (kind, name) = match (P::reference(), reference) {
+        (None, None) => {
+            return Ok(
+                serde_json::from_value(serde_json::Value::Null).map_err(|e| {
+                    bad_ref(format!(
+                        "this controller's parameters type cannot be empty: {e}"
+                    ))
+                }),
+            );
+        }
         (None, Some(r)) => {
-            return Err(Ok(bad_ref(format!(
+            return Ok(Err(bad_ref(format!(
                 "this check takes no parameters, but spec.parameters names {} {}",
                 r.kind, r.name
             ))));
         }
         (Some(kind), None) => {
-            return Err(Ok(bad_ref(format!(
+            return Ok(Err(bad_ref(format!(
                 "spec.parameters must name a {} ({}) object",
                 kind.kind, kind.group
             ))));
         }
         (Some(kind), Some(r)) if r.kind != kind.kind || r.api_group != kind.group => {
-            return Err(Ok(bad_ref(format!(
+            return Ok(Err(bad_ref(format!(
                 "spec.parameters names a {} ({}); this controller reads {} ({})",
                 r.kind, r.api_group, kind.kind, kind.group
             ))));
         }
-        (Some(kind), Some(r)) => {
-            let gvk = GroupVersionKind::gvk(kind.group, kind.version, kind.kind);
-            let resource = ApiResource::from_gvk_with_plural(&gvk, kind.plural);
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            let object = match api.get_opt(&r.name).await {
-                Ok(Some(o)) => o,
-                Ok(None) => {
-                    return Err(Ok(bad_ref(format!(
-                        "{} {:?} does not exist",
-                        kind.kind, r.name
-                    ))));
-                }
-                Err(e) => return Err(Err(Error::Api(e))),
-            };
-            serde_json::to_value(&object)
-                .and_then(serde_json::from_value)
-                .map_err(|e| {
-                    Ok(Inactive {
-                        reason: reason::INVALID_PARAMETERS,
-                        message: format!("{} {:?} cannot be read: {e}", kind.kind, r.name),
-                    })
-                })?
-        }
+        (Some(kind), Some(r)) => (kind, &r.name),
     };
-    if let Err(message) = parameters.validate() {
-        return Err(Ok(Inactive {
+    let gvk = GroupVersionKind::gvk(kind.group, kind.version, kind.kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, kind.plural);
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let Some(object) = api.get_opt(name).await? else {
+        return Ok(Err(bad_ref(format!(
+            "{} {name:?} does not exist",
+            kind.kind
+        ))));
+    };
+    Ok(serde_json::to_value(&object)
+        .and_then(serde_json::from_value)
+        .map_err(|e| Inactive {
             reason: reason::INVALID_PARAMETERS,
-            message,
-        }));
-    }
-    let policy = controller.retry_policy(&parameters);
-    if let Err(e) = policy.validate() {
-        return Err(Ok(Inactive {
-            reason: reason::INVALID_PARAMETERS,
-            message: e.to_string(),
-        }));
-    }
-    let message = active_message(&policy, max_retry_delay);
-    Ok(ActiveCheck {
-        parameters,
-        policy,
-        message,
-    })
+            message: format!("{} {name:?} cannot be read: {e}", kind.kind),
+        }))
 }
 
 /// Whether the check carries `Active=True` for its current spec (written for this generation).
 pub(crate) fn active_for_current_spec(ac: &AdmissionCheck) -> bool {
     ac.active_condition()
         .is_some_and(|c| c.status == "True" && c.observed_generation == ac.metadata.generation)
+}
+
+/// The names of the checks in the registry, active or not.
+pub(crate) fn names<P>(registry: &Registry<P>) -> Vec<String> {
+    let map = registry.read().unwrap_or_else(|p| p.into_inner());
+    map.keys().cloned().collect()
 }
 
 /// What the registry holds for a check, without its parameters: absent, active (with its

@@ -47,13 +47,24 @@ impl Health {
     }
 }
 
-/// Binds `addr` and serves until the task is dropped. Binding fails loudly: a controller whose
-/// probes cannot be served would be killed by its liveness probe anyway, so better to say why.
-pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+/// Serves the endpoints on `addr` (if any) until the returned task is dropped. Binding fails
+/// loudly: a controller whose probes cannot be served would be killed by its liveness probe
+/// anyway, so better to say why.
+pub(crate) async fn start(
+    addr: Option<SocketAddr>,
+    health: &Arc<Health>,
+) -> Result<Option<super::tasks::AbortOnDrop<()>>, crate::error::Error> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(crate::error::Error::Serve)?;
+    let server = tokio::spawn(serve(listener, health.clone()));
+    Ok(Some(super::tasks::AbortOnDrop::new(server)))
 }
 
-pub(crate) async fn serve(listener: TcpListener, health: Arc<Health>) {
+async fn serve(listener: TcpListener, health: Arc<Health>) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /healthz and /readyz");
     }

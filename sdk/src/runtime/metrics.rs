@@ -107,123 +107,112 @@ impl Metrics {
     ) -> Self {
         let registry = registry.sub_registry_with_prefix("kueue_ac");
         registry.register_collector(Box::new(WaitingCollector { store, checks }));
-        let decisions = Family::<StateLabels, Counter>::default();
-        let retry_delay =
-            Family::<CheckLabels, Histogram>::new_with_constructor(seconds_histogram as fn() -> _);
-        let attempt =
-            Family::<CheckLabels, Histogram>::new_with_constructor(attempt_histogram as fn() -> _);
-        let time_to_decision =
-            Family::<StateLabels, Histogram>::new_with_constructor(seconds_histogram as fn() -> _);
-        let errors = Family::<ErrorLabels, Counter>::default();
-        let conflicts = Family::<CheckLabels, Counter>::default();
-        let check_active = Family::<CheckLabels, Gauge>::default();
-        let check_sync_errors = Family::<CheckLabels, Counter>::default();
-        let check_claimed_elsewhere = Family::<CheckLabels, Gauge>::default();
-        let retry_delays_clamped = Family::<CheckLabels, Counter>::default();
-        let permanent_failures = Family::<CheckLabels, Counter>::default();
-        let reconcile_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
-            reconcile_histogram as fn() -> _,
-        );
-        let shadow_decisions = Family::<StateLabels, Counter>::default();
-        let leader = Gauge::default();
+        let metrics = Self {
+            decisions: Family::default(),
+            retry_delay: Family::new_with_constructor(seconds_histogram as fn() -> _),
+            attempt: Family::new_with_constructor(attempt_histogram as fn() -> _),
+            time_to_decision: Family::new_with_constructor(seconds_histogram as fn() -> _),
+            errors: Family::default(),
+            conflicts: Family::default(),
+            check_active: Family::default(),
+            check_sync_errors: Family::default(),
+            check_claimed_elsewhere: Family::default(),
+            retry_delays_clamped: Family::default(),
+            permanent_failures: Family::default(),
+            reconcile_duration: Family::new_with_constructor(reconcile_histogram as fn() -> _),
+            shadow_decisions: Family::default(),
+            shadow: false,
+            leader: Gauge::default(),
+            live: Default::default(),
+        };
         // Series that exist from the start, so that `rate()` and `increase()` see their first
         // increment (a series born at 1 hides it).
         for kind in RECONCILE_ERROR_KINDS {
-            let _ = errors.get_or_create(&ErrorLabels { kind: kind.into() });
+            let _ = metrics
+                .errors
+                .get_or_create(&ErrorLabels { kind: kind.into() });
         }
         for result in ["ok", "error"] {
-            let _ = reconcile_duration.get_or_create(&ResultLabels {
+            let _ = metrics.reconcile_duration.get_or_create(&ResultLabels {
                 result: result.into(),
             });
         }
+        metrics.register(registry);
+        metrics
+    }
+
+    /// Registers every metric, with its help text, in `registry`.
+    fn register(&self, registry: &mut Registry) {
         registry.register(
             "decisions",
             "Check states written, by check and state",
-            decisions.clone(),
+            self.decisions.clone(),
         );
         registry.register(
             "retry_delay_seconds",
             "Delay asked for with each Retry written",
-            retry_delay.clone(),
+            self.retry_delay.clone(),
         );
         registry.register(
             "decision_attempt",
             "Attempt number of each decision written (the check's own count of its Retries + 1, never reset by other checks' evictions)",
-            attempt.clone(),
+            self.attempt.clone(),
         );
         registry.register(
             "time_to_decision_seconds",
             "Time from quota reservation to a Ready, Retry or Rejected being written",
-            time_to_decision.clone(),
+            self.time_to_decision.clone(),
         );
         registry.register(
             "reconcile_errors",
             "Failed reconciles, by error kind",
-            errors.clone(),
+            self.errors.clone(),
         );
         registry.register(
             "write_conflicts",
             "Status writes refused because the Workload changed since it was read (decided again)",
-            conflicts.clone(),
+            self.conflicts.clone(),
         );
         registry.register(
             "check_active",
             "1 while the AdmissionCheck is Active, 0 while it is not",
-            check_active.clone(),
+            self.check_active.clone(),
         );
         registry.register(
             "check_sync_errors",
             "Failed attempts to read an AdmissionCheck's parameters or write its Active condition (each retried with backoff)",
-            check_sync_errors.clone(),
+            self.check_sync_errors.clone(),
         );
         registry.register(
             "check_claimed_elsewhere",
             "1 while another deployment with the same controllerName answers the AdmissionCheck (this one stands down for it)",
-            check_claimed_elsewhere.clone(),
+            self.check_claimed_elsewhere.clone(),
         );
         registry.register(
             "retry_delays_clamped",
             "Retry delays longer than the ceiling (--max-retry-delay) that were written as the ceiling",
-            retry_delays_clamped.clone(),
+            self.retry_delays_clamped.clone(),
         );
         registry.register(
             "permanent_failures",
             "Decisions that failed in a way retrying cannot fix (shown on the Workload's entry)",
-            permanent_failures.clone(),
+            self.permanent_failures.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",
             "Time one Workload reconcile took (every check of this controller asked, status written), by result",
-            reconcile_duration.clone(),
+            self.reconcile_duration.clone(),
         );
         registry.register(
             "shadow_decisions",
             "Answers a check in shadow mode would have written (it writes none), by check and state; counted once per Workload reservation and state or message",
-            shadow_decisions.clone(),
+            self.shadow_decisions.clone(),
         );
         registry.register(
             "leader",
             "1 while this replica leads (holds the Lease, or runs without leader election), 0 while it stands by",
-            leader.clone(),
+            self.leader.clone(),
         );
-        Self {
-            leader,
-            decisions,
-            retry_delay,
-            attempt,
-            time_to_decision,
-            errors,
-            conflicts,
-            check_active,
-            check_sync_errors,
-            check_claimed_elsewhere,
-            retry_delays_clamped,
-            permanent_failures,
-            reconcile_duration,
-            shadow_decisions,
-            shadow: false,
-            live: Default::default(),
-        }
     }
 
     /// The checks run in shadow mode: their would-be answers get series from the start.

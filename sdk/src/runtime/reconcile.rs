@@ -1,7 +1,7 @@
 //! One Workload: ask each of our checks that may answer, and apply what the decision layer allows.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::checks::{ActiveCheck, Registry};
+use super::memory::Memory;
 use super::own_writes::OwnWrites;
 use crate::api::CheckState;
 use crate::api::Workload;
@@ -38,22 +39,8 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     pub registry: Registry<C::Parameters>,
     pub field_manager: String,
     pub recorder: Recorder,
-    /// (Workload uid, check) pairs this process asked the check about and has not released,
-    /// with where the Workload stood then: those get `release` once it goes idle, or when it
-    /// comes back with another attempt or more evictions (evicted and re-admitted in between).
-    asked: Mutex<HashMap<PairKey, AskedAt>>,
-    /// Retries refused because Kueue evicted the Workload while the check decided; honoured on
-    /// the next attempt (see [`LateRetry`]).
-    late: Mutex<HashMap<PairKey, LateRetry>>,
-    /// Consecutive failed reconciles per Workload uid, for the error backoff.
-    failures: Mutex<HashMap<String, u32>>,
-    /// Workloads whose last reconcile failed: the version it failed on and the end of its
-    /// backoff. Until then a trigger other than a change of the Workload (a reconcile of
-    /// everything after a re-list or a check's activation) does not ask again, so a failing
-    /// backend is spared the storm.
-    backing_off: Mutex<HashMap<String, (Option<String>, tokio::time::Instant)>>,
-    /// Permanent failures being shown on entries, with the time the hold started.
-    permanent: Mutex<HashMap<PairKey, PermanentFailure>>,
+    /// What this process keeps about each Workload and (Workload, check) pair.
+    pub(super) memory: Memory,
     /// Status writes the Workload cache does not show yet.
     pub own_writes: Arc<OwnWrites>,
     pub metrics: Arc<super::metrics::Metrics>,
@@ -73,8 +60,6 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     pub(super) known_checks: Mutex<std::collections::BTreeSet<String>>,
     /// [`super::RuntimeConfig::shadow`]: decide and publish, write nothing on Workloads.
     pub(super) shadow: Option<crate::shadow::ShadowScope>,
-    /// In shadow mode, the last would-be answer per pair, until released.
-    pub(super) shadowed: Mutex<HashMap<PairKey, crate::shadow::ShadowRecord>>,
 }
 
 /// (Workload uid, check name).
@@ -86,26 +71,26 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<C: AdmissionCheckController> Context<C> {
+    /// Events are reported as the field manager of `config`.
     pub fn new(
         client: Client,
         controller: Arc<C>,
         registry: Registry<C::Parameters>,
         config: &super::RuntimeConfig,
-        recorder: Recorder,
         metrics: Arc<super::metrics::Metrics>,
         own_writes: Arc<OwnWrites>,
     ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter::from(config.field_manager.clone()),
+        );
         Self {
             client,
             controller,
             registry,
             field_manager: config.field_manager.clone(),
             recorder,
-            asked: Default::default(),
-            late: Default::default(),
-            failures: Default::default(),
-            backing_off: Default::default(),
-            permanent: Default::default(),
+            memory: Default::default(),
             own_writes,
             metrics,
             max_retry_delay: config.max_retry_delay,
@@ -114,7 +99,6 @@ impl<C: AdmissionCheckController> Context<C> {
             cache: None,
             known_checks: Default::default(),
             shadow: config.shadow.clone(),
-            shadowed: Default::default(),
         }
     }
 
@@ -127,14 +111,6 @@ impl<C: AdmissionCheckController> Context<C> {
     /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).
     fn revalidates(&self) -> bool {
         self.controller.revalidate().asks_again()
-    }
-
-    fn asked(&self) -> std::sync::MutexGuard<'_, HashMap<PairKey, AskedAt>> {
-        lock(&self.asked)
-    }
-
-    fn late(&self) -> std::sync::MutexGuard<'_, HashMap<PairKey, LateRetry>> {
-        lock(&self.late)
     }
 
     /// Publishes an event on the Workload; a failure to publish is logged, never fatal.
@@ -167,6 +143,11 @@ pub(crate) struct AskedAt {
 }
 
 impl AskedAt {
+    #[cfg(test)]
+    pub(super) fn for_tests(attempt: u32, evictions: i32) -> Self {
+        Self { attempt, evictions }
+    }
+
     fn of(wl: &Workload, check: &str) -> Option<Self> {
         let entry = wl.admission_check(check)?;
         Some(Self {
@@ -282,7 +263,7 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     // Failed on this very version and still backing off: only a change of the Workload asks
     // again before the backoff ends (kube's requeue for it is already scheduled).
     if let Some(uid) = wl.uid() {
-        let backoff = lock(&ctx.backing_off).get(&uid).cloned();
+        let backoff = ctx.memory.workload(&uid, |w| w.backing_off.clone());
         if let Some((failed_on, until)) = backoff
             && failed_on.is_some()
             && failed_on == wl.resource_version()
@@ -298,13 +279,11 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     // many that may wait (a reconcile of everything) each keep only this small one.
     let result = Box::pin(reconcile_in_turn(&wl, &ctx)).await;
     if let Some(uid) = wl.uid() {
-        let mut backing_off = lock(&ctx.backing_off);
-        if result.is_err() {
-            // The end of the backoff is set by the error policy, which kube calls next.
-            backing_off.insert(uid, (wl.resource_version(), tokio::time::Instant::now()));
-        } else {
-            backing_off.remove(&uid);
-        }
+        // The end of the backoff is set by the error policy, which kube calls next.
+        let failed_on = result
+            .is_err()
+            .then(|| (wl.resource_version(), tokio::time::Instant::now()));
+        ctx.memory.workload(&uid, |w| w.backing_off = failed_on);
     }
     result
 }
@@ -326,7 +305,7 @@ async fn reconcile_workload<C: AdmissionCheckController>(
     if let Some(scope) = &ctx.shadow {
         let requeue = super::shadow::reconcile_shadowed(ctx, wl, scope).await?;
         if let Some(uid) = wl.uid() {
-            lock(&ctx.failures).remove(&uid);
+            ctx.memory.workload(&uid, |w| w.failures = 0);
         }
         return Ok(requeue.map_or_else(Action::await_change, Action::requeue));
     }
@@ -343,21 +322,6 @@ async fn reconcile_workload<C: AdmissionCheckController>(
             }
         }
     }
-    if tracing::enabled!(tracing::Level::DEBUG) {
-        let revalidate = ctx.revalidates();
-        let seen: Vec<String> = all_ours
-            .iter()
-            .map(|check| format!("{check}: {:?}", eligibility(wl, check, revalidate)))
-            .collect();
-        debug!(
-            workload = %wl.name_any(),
-            resource_version = wl.resource_version().unwrap_or_default(),
-            deciding = ours.len(),
-            checks = ?seen,
-            "reconciling"
-        );
-    }
-    remember_earlier_answers(ctx, wl, &all_ours);
     // Releases cover the checks gone from the registry too: a check deleted or renamed while
     // Workloads held something for it (Kueue then drops its entries: the check is idle).
     let releasable: Vec<String> = {
@@ -369,7 +333,24 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         }
         known.iter().cloned().collect()
     };
-    release_idle(ctx, wl, &releasable).await?;
+    // Where each check stands on this version of the Workload, worked out once.
+    let revalidate = ctx.revalidates();
+    let seen: BTreeMap<String, Eligibility> = releasable
+        .into_iter()
+        .map(|check| {
+            let stands = eligibility(wl, &check, revalidate);
+            (check, stands)
+        })
+        .collect();
+    debug!(
+        workload = %wl.name_any(),
+        resource_version = wl.resource_version().unwrap_or_default(),
+        deciding = ours.len(),
+        checks = ?seen,
+        "reconciling"
+    );
+    remember_earlier_answers(ctx, wl, &all_ours, &seen);
+    release_idle(ctx, wl, &seen).await?;
     let mut requeue: Option<Duration> = None;
     for (check, active) in ours {
         // One span per check and reconcile: every log line inside names the Workload and check.
@@ -379,7 +360,8 @@ async fn reconcile_workload<C: AdmissionCheckController>(
             namespace = %wl.namespace().unwrap_or_default(),
             check = %check,
         );
-        let next = decide_one(ctx, wl, &check, &active)
+        let stands = seen[&check];
+        let next = decide_one(ctx, wl, &check, &active, stands)
             .instrument(span)
             .await?;
         requeue = match (requeue, next) {
@@ -388,7 +370,7 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         };
     }
     if let Some(uid) = wl.uid() {
-        lock(&ctx.failures).remove(&uid);
+        ctx.memory.workload(&uid, |w| w.failures = 0);
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
@@ -401,17 +383,18 @@ fn remember_earlier_answers<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
     checks: &[String],
+    seen: &BTreeMap<String, Eligibility>,
 ) {
     let Some(uid) = wl.uid() else { return };
-    let revalidate = ctx.revalidates();
     for check in checks {
-        if let Eligibility::Wait(_) | Eligibility::Decide { revalidating: true } =
-            eligibility(wl, check, revalidate)
+        if let Some(Eligibility::Wait(_) | Eligibility::Decide { revalidating: true }) =
+            seen.get(check)
             && let Some(at) = AskedAt::of(wl, check)
         {
-            ctx.asked()
-                .entry((uid.clone(), check.clone()))
-                .or_insert(at);
+            let key = (uid.clone(), check.clone());
+            ctx.memory.pair(&key, |p| {
+                p.asked.get_or_insert(at);
+            });
         }
     }
 }
@@ -421,19 +404,15 @@ fn remember_earlier_answers<C: AdmissionCheckController>(
 /// (e.g. one that happened while no replica was running) by reconciling what it holds.
 pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C>, wl: &Workload) {
     let Some(uid) = wl.uid() else { return };
-    let mut checks: Vec<String> = ctx
-        .asked()
-        .keys()
-        .filter(|(u, _)| *u == uid)
-        .map(|(_, c)| c.clone())
-        .collect();
     // In shadow mode what a check took is known from its would-be answers.
-    checks.extend(
-        lock(&ctx.shadowed)
-            .keys()
-            .filter(|(u, _)| *u == uid)
-            .map(|(_, c)| c.clone()),
-    );
+    let checks: Vec<String> = ctx
+        .memory
+        .of(&uid)
+        .checks
+        .into_iter()
+        .filter(|(_, p)| p.asked.is_some() || p.shadowed.is_some())
+        .map(|(check, _)| check)
+        .collect();
     let namespace = wl.namespace().unwrap_or_default();
     let name = wl.name_any();
     for check in checks {
@@ -461,15 +440,10 @@ pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C
                 }
             }
         }
-        ctx.asked().remove(&(uid.clone(), check.clone()));
-        lock(&ctx.shadowed).remove(&(uid.clone(), check.clone()));
     }
     // Everything kept about the Workload goes, also for pairs released earlier (a carried
     // Retry or a permanent failure of a Workload evicted, then deleted while queued).
-    ctx.late().retain(|(u, _), _| *u != uid);
-    lock(&ctx.permanent).retain(|(u, _), _| *u != uid);
-    lock(&ctx.failures).remove(&uid);
-    lock(&ctx.backing_off).remove(&uid);
+    ctx.memory.forget(&uid);
     ctx.own_writes.forget(&uid);
 }
 
@@ -478,16 +452,15 @@ pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C
 async fn release_idle<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    checks: &[String],
+    seen: &BTreeMap<String, Eligibility>,
 ) -> Result<(), Error> {
     let Some(uid) = wl.uid() else { return Ok(()) };
-    let revalidate = ctx.revalidates();
-    for check in checks {
+    for (check, stands) in seen {
         let key = (uid.clone(), check.clone());
-        let Some(asked_at) = ctx.asked().get(&key).copied() else {
+        let Some(asked_at) = ctx.memory.pair(&key, |p| p.asked) else {
             continue;
         };
-        let reason = match eligibility(wl, check, revalidate) {
+        let reason = match *stands {
             Eligibility::Idle(reason) => reason,
             // Evicted and given quota again between two reconciles: the eviction was not seen,
             // but the attempt or Kueue's eviction count moved on.
@@ -497,18 +470,22 @@ async fn release_idle<C: AdmissionCheckController>(
             _ => continue,
         };
         release(ctx, wl, check, reason).await?;
-        ctx.asked().remove(&key);
-        // A permanent failure belongs to the attempt that saw it.
-        lock(&ctx.permanent).remove(&key);
-        if matches!(
+        let over = matches!(
             reason,
             ReleaseReason::Deleted
                 | ReleaseReason::Finished
                 | ReleaseReason::Deactivated
                 | ReleaseReason::CheckRemoved
-        ) {
-            ctx.late().remove(&key);
-        }
+        );
+        ctx.memory.pair(&key, |p| {
+            p.asked = None;
+            // A permanent failure belongs to the attempt that saw it; a late Retry waits for
+            // the next attempt, unless there is none.
+            p.permanent = None;
+            if over {
+                p.late = None;
+            }
+        });
     }
     Ok(())
 }
@@ -598,14 +575,17 @@ impl Inputs {
 }
 
 /// Decides one check for one Workload; returns when to look again, if the check asked.
+///
+/// Asks the check (or reuses its answer, see [`Decided`]), plans the write with
+/// [`crate::decide::plan`] and applies it; a write refused because the Workload changed is
+/// decided again on a fresh read, up to [`CONFLICT_ATTEMPTS`] times.
 async fn decide_one<C: AdmissionCheckController>(
     ctx: &Context<C>,
     cached: &Workload,
     check: &str,
     active: &ActiveCheck<C::Parameters>,
+    stands: Eligibility,
 ) -> Result<Option<Duration>, Error> {
-    let revalidate = ctx.controller.revalidate().period();
-    let revalidates = ctx.revalidates();
     let namespace = cached
         .namespace()
         .ok_or_else(|| Error::MalformedWorkload("no namespace".into()))?;
@@ -623,165 +603,279 @@ async fn decide_one<C: AdmissionCheckController>(
         debug!(workload = %cached.name_any(), check, "own write not in the cache yet");
         return Ok(Some(wait));
     }
+    let pair = Pair {
+        check,
+        key: (uid, check.to_string()),
+        api: Api::namespaced(ctx.client.clone(), &namespace),
+    };
     // The cached Workload is borrowed; an owned copy exists only after a 409 made us read again.
     let mut wl = Cow::Borrowed(cached);
-    let key: PairKey = (uid.clone(), check.to_string());
-    let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut kept: Option<Decided> = None;
+    // Where the check stands on the Workload being decided: given for the cached version,
+    // worked out again after each fresh read.
+    let mut stands = stands;
     for _ in 0..CONFLICT_ATTEMPTS {
-        let revalidating = match eligibility(&wl, check, revalidates) {
-            Eligibility::Decide { revalidating } => revalidating,
-            _ => return Ok(None),
+        let Eligibility::Decide { revalidating } = stands else {
+            return Ok(None);
         };
-        let asked_at = AskedAt::of(&wl, check);
-        if let Some(at) = asked_at {
-            ctx.asked().insert(key.clone(), at);
-        }
-        let decided = match kept.take().filter(|d| {
-            d.at == asked_at && d.revalidating == revalidating && d.inputs == Inputs::of(&wl)
-        }) {
-            Some(d) => d,
-            None => match ask(ctx, &wl, check, active, &key, revalidating, asked_at).await? {
-                Some(d) => d,
-                None => return Ok(None),
-            },
+        let asking = (revalidating, kept.take());
+        let Some(decided) = decision_for(ctx, &wl, &pair, active, asking).await? else {
+            return Ok(None);
         };
-        let now = decided.now;
-        let input = PlanInput {
-            workload: &wl,
-            check,
-            decision: decided.decision.clone(),
-            attempt: asked_at.map_or(1, |a| a.attempt),
-            policy: &active.policy,
-            max_retry_delay: ctx.max_retry_delay,
-            revalidate_ready: revalidates,
-            now,
-            jitter_sample: rand::random::<f64>(),
-        };
-        let revalidate_after = revalidate.filter(|_| revalidating);
-        let write = match plan(input) {
-            Plan::Write(w) => w,
-            Plan::Unchanged { recheck_after } => return Ok(recheck_after.or(revalidate_after)),
-            Plan::Refused(Refusal::NotEligible(why)) => {
-                debug!(workload = %wl.name_any(), check, ?why, "decision not written");
-                return Ok(None);
-            }
-            Plan::Refused(Refusal::InvalidDecision(why)) => {
-                let why = format!("check {check}: {why}");
-                ctx.event(&wl, EventType::Warning, "InvalidDecision", why.clone())
-                    .await;
-                return Err(Error::InvalidDecision(why));
-            }
+        let revalidate_after = ctx
+            .controller
+            .revalidate()
+            .period()
+            .filter(|_| decided.revalidating);
+        let write = match plan_write(ctx, &wl, check, active, &decided).await? {
+            Ok(write) => write,
+            Err(recheck_after) => return Ok(recheck_after.or(revalidate_after)),
         };
         let pp = PatchParams::apply(&field_manager_for(&ctx.field_manager, check)).force();
-        match apply(&api, &wl, check, &write, &pp).await {
+        let failure = match apply(&pair.api, &wl, check, &write, &pp).await {
             Ok(written_rv) => {
                 if decided.carried {
-                    ctx.late().remove(&key);
+                    ctx.memory.pair(&pair.key, |p| p.late = None);
                 }
                 if let Some(rv) = written_rv {
-                    ctx.own_writes
-                        .wrote(&uid, check, rv, tokio::time::Instant::now());
+                    let now = tokio::time::Instant::now();
+                    ctx.own_writes.wrote(&pair.key.0, check, rv, now);
                 }
-                written(ctx, &wl, check, &write, now).await;
+                written(ctx, &wl, check, &write, decided.now).await;
                 return Ok(write.recheck_after.or(revalidate_after));
             }
-            Err(
-                WriteFailure::Record(kube::Error::Api(status))
-                | WriteFailure::Status(kube::Error::Api(status)),
-            ) if status.code == 409 => {
-                // Decided from a stale Workload: read it again.
-                ctx.metrics.conflict(check);
-                debug!(workload = %wl.name_any(), check, "conflict, reading the workload again");
-                let Some(fresh) = api.get_opt(&wl.name_any()).await? else {
-                    return Ok(None);
-                };
-                let fresh_at = AskedAt::of(&fresh, check);
-                match eligibility(&fresh, check, revalidates) {
-                    // Same attempt, still undecided: the same decision is written on the fresh
-                    // read, unless what the check decided on changed (then it is asked again).
-                    Eligibility::Decide { revalidating } if fresh_at == asked_at => {
-                        if revalidating == decided.revalidating {
-                            kept = Some(decided);
-                        } else {
-                            // A Pending entry we decided on turned out Ready (our own earlier
-                            // answer, which the cache had not shown): already answered.
-                            debug!(workload = %wl.name_any(), check, "already answered for this attempt");
-                            return Ok(None);
-                        }
-                    }
-                    // Same attempt, already answered (our own earlier write, which the cache had
-                    // not shown): nothing is lost, and nothing to carry over.
-                    Eligibility::Wait(_) if fresh_at == asked_at => {
-                        debug!(workload = %wl.name_any(), check, "already answered for this attempt");
-                        return Ok(None);
-                    }
-                    // Kueue moved on (evicted, another attempt): a delayed Retry still holds.
-                    _ => {
-                        if !decided.carried
-                            && let Some(late) =
-                                LateRetry::from_refused(&write, decided.decision.message(), now)
-                        {
-                            carry_over(ctx, &fresh, check, &key, late).await;
-                        }
-                    }
+            Err(failure) => failure,
+        };
+        match after_refused_write(ctx, &wl, &pair, decided, &write, failure).await? {
+            Next::Done => return Ok(None),
+            Next::Again { fresh, kept: k } => {
+                if let Some(fresh) = fresh {
+                    stands = eligibility(&fresh, check, ctx.revalidates());
+                    wl = Cow::Owned(*fresh);
                 }
-                wl = Cow::Owned(fresh);
+                kept = k;
             }
-            Err(
-                WriteFailure::Record(kube::Error::Api(status))
-                | WriteFailure::Status(kube::Error::Api(status)),
-            ) if status.code == 404 => {
-                // Deleted between the read and the write: nothing is left to answer, and it is
-                // not an error to count or back off from. A read confirms it, so that a 404 for
-                // another reason (a missing status subresource) is still reported.
-                if api.get_opt(&wl.name_any()).await?.is_none() {
-                    debug!(workload = %wl.name_any(), check, "deleted before the answer was written");
-                    return Ok(None);
-                }
-                return Err(kube::Error::Api(status).into());
-            }
-            Err(WriteFailure::Status(kube::Error::Api(status)))
-                if matches!(
-                    ErrorClass::of_status(status.code, &status.reason, &status.message),
-                    ErrorClass::Permanent { .. }
-                ) && !decided.decision.message().starts_with(PERMANENT_MARK) =>
-            {
-                // The API server will never take this answer (e.g. a podSetUpdate it finds
-                // invalid): say so on the entry instead, and keep the quota only for a while.
-                let message = format!(
-                    "the {} answer of check {check} cannot be written: {}",
-                    write.entry.state,
-                    crate::check::redact_quoted(&status.message, &[])
-                );
-                warn!(workload = %wl.name_any(), namespace, check, %message, "status write refused");
-                let decision = permanent_decision(ctx, &wl, check, &key, message, now).await;
-                kept = Some(Decided {
-                    decision,
-                    ..decided
-                });
-            }
-            Err(WriteFailure::Record(e)) => {
-                // Without the record no Retry may be written (it would land uncounted): tried
-                // again with backoff, and said where the operator looks.
-                let why = match &e {
-                    kube::Error::Api(s) if s.code == 403 => format!(
-                        "the controller may not patch workloads.kueue.x-k8s.io, which it needs to \
-                         count this check's retries before writing a Retry (grant patch on \
-                         workloads): {}",
-                        s.message
-                    ),
-                    other => format!("counting the Retry on the Workload failed: {other}"),
-                };
-                let note = format!("check {check}: {why}");
-                ctx.event(&wl, EventType::Warning, "CheckWriteFailed", note)
-                    .await;
-                return Err(e.into());
-            }
-            Err(WriteFailure::Status(e)) => return Err(e.into()),
         }
     }
     Ok(Some(Duration::from_secs(1)))
+}
+
+/// The Workload and check one [`decide_one`] is about.
+struct Pair<'a> {
+    check: &'a str,
+    key: PairKey,
+    /// Workloads in the Workload's namespace.
+    api: Api<Workload>,
+}
+
+/// What to do after a refused write.
+enum Next {
+    /// Nothing more to write for this reconcile.
+    Done,
+    /// Decide and write again: on `fresh` (a new read) if given, reusing `kept` if given.
+    Again {
+        fresh: Option<Box<Workload>>,
+        kept: Option<Decided>,
+    },
+}
+
+/// The decision to write for `wl` as it is (its entry to be decided, `revalidating` a `Ready`
+/// one or not): `kept` if it still applies (same attempt, same inputs), else the check's answer.
+/// `None` if the check had nothing to say.
+async fn decision_for<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    pair: &Pair<'_>,
+    active: &ActiveCheck<C::Parameters>,
+    (revalidating, kept): (bool, Option<Decided>),
+) -> Result<Option<Decided>, Error> {
+    let asked_at = AskedAt::of(wl, pair.check);
+    if let Some(at) = asked_at {
+        ctx.memory.pair(&pair.key, |p| p.asked = Some(at));
+    }
+    let still_valid = |d: &Decided| {
+        d.at == asked_at && d.revalidating == revalidating && d.inputs == Inputs::of(wl)
+    };
+    match kept.filter(still_valid) {
+        Some(d) => Ok(Some(d)),
+        None => {
+            ask(
+                ctx,
+                wl,
+                pair.check,
+                active,
+                &pair.key,
+                revalidating,
+                asked_at,
+            )
+            .await
+        }
+    }
+}
+
+/// The status write for `decided`, or (`Err`) when to look again without writing: nothing to
+/// change, or a refusal by the rules (an invalid decision is an error, with an Event).
+async fn plan_write<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    active: &ActiveCheck<C::Parameters>,
+    decided: &Decided,
+) -> Result<Result<crate::decide::Write, Option<Duration>>, Error> {
+    let input = PlanInput {
+        workload: wl,
+        check,
+        decision: decided.decision.clone(),
+        attempt: decided.at.map_or(1, |a| a.attempt),
+        policy: &active.policy,
+        max_retry_delay: ctx.max_retry_delay,
+        revalidate_ready: ctx.revalidates(),
+        now: decided.now,
+        jitter_sample: rand::random::<f64>(),
+    };
+    match plan(input) {
+        Plan::Write(write) => Ok(Ok(write)),
+        Plan::Unchanged { recheck_after } => Ok(Err(recheck_after)),
+        Plan::Refused(Refusal::NotEligible(why)) => {
+            debug!(workload = %wl.name_any(), check, ?why, "decision not written");
+            Ok(Err(None))
+        }
+        Plan::Refused(Refusal::InvalidDecision(why)) => {
+            let why = format!("check {check}: {why}");
+            ctx.event(wl, EventType::Warning, "InvalidDecision", why.clone())
+                .await;
+            Err(Error::InvalidDecision(why))
+        }
+    }
+}
+
+/// What a refused write of `decided` leads to: a read and another try after a conflict, nothing
+/// for a Workload deleted meanwhile, the permanent failure written instead of an answer the API
+/// server will never take, an error (with backoff) for the rest.
+async fn after_refused_write<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    pair: &Pair<'_>,
+    decided: Decided,
+    write: &crate::decide::Write,
+    failure: WriteFailure,
+) -> Result<Next, Error> {
+    let check = pair.check;
+    match failure {
+        WriteFailure::Record(kube::Error::Api(status))
+        | WriteFailure::Status(kube::Error::Api(status))
+            if status.code == 409 =>
+        {
+            after_conflict(ctx, wl, pair, decided, write).await
+        }
+        WriteFailure::Record(kube::Error::Api(status))
+        | WriteFailure::Status(kube::Error::Api(status))
+            if status.code == 404 =>
+        {
+            // Deleted between the read and the write: nothing is left to answer, and it is not
+            // an error to count or back off from. A read confirms it, so that a 404 for another
+            // reason (a missing status subresource) is still reported.
+            if pair.api.get_opt(&wl.name_any()).await?.is_none() {
+                debug!(workload = %wl.name_any(), check, "deleted before the answer was written");
+                return Ok(Next::Done);
+            }
+            Err(kube::Error::Api(status).into())
+        }
+        WriteFailure::Status(kube::Error::Api(status))
+            if matches!(
+                ErrorClass::of_status(status.code, &status.reason, &status.message),
+                ErrorClass::Permanent { .. }
+            ) && !decided.decision.message().starts_with(PERMANENT_MARK) =>
+        {
+            // The API server will never take this answer (e.g. a podSetUpdate it finds
+            // invalid): say so on the entry instead, and keep the quota only for a while.
+            let message = format!(
+                "the {} answer of check {check} cannot be written: {}",
+                write.entry.state,
+                crate::check::redact_quoted(&status.message, &[])
+            );
+            warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "status write refused");
+            let decision =
+                permanent_decision(ctx, wl, check, &pair.key, message, decided.now).await;
+            let kept = Decided {
+                decision,
+                ..decided
+            };
+            Ok(Next::Again {
+                fresh: None,
+                kept: Some(kept),
+            })
+        }
+        WriteFailure::Record(e) => {
+            // Without the record no Retry may be written (it would land uncounted): tried
+            // again with backoff, and said where the operator looks.
+            let why = match &e {
+                kube::Error::Api(s) if s.code == 403 => format!(
+                    "the controller may not patch workloads.kueue.x-k8s.io, which it needs to \
+                     count this check's retries before writing a Retry (grant patch on \
+                     workloads): {}",
+                    s.message
+                ),
+                other => format!("counting the Retry on the Workload failed: {other}"),
+            };
+            let note = format!("check {check}: {why}");
+            ctx.event(wl, EventType::Warning, "CheckWriteFailed", note)
+                .await;
+            Err(e.into())
+        }
+        WriteFailure::Status(e) => Err(e.into()),
+    }
+}
+
+/// The write of `decided` was refused because the Workload changed since it was read: reads it
+/// again and says whether the same decision still applies to it.
+async fn after_conflict<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    pair: &Pair<'_>,
+    decided: Decided,
+    write: &crate::decide::Write,
+) -> Result<Next, Error> {
+    let check = pair.check;
+    ctx.metrics.conflict(check);
+    debug!(workload = %wl.name_any(), check, "conflict, reading the workload again");
+    let Some(fresh) = pair.api.get_opt(&wl.name_any()).await? else {
+        return Ok(Next::Done);
+    };
+    let same_attempt = AskedAt::of(&fresh, check) == decided.at;
+    let kept = match eligibility(&fresh, check, ctx.revalidates()) {
+        // Same attempt, still undecided: the same decision is written on the fresh read,
+        // unless what the check decided on changed (then it is asked again).
+        Eligibility::Decide { revalidating } if same_attempt => {
+            if revalidating != decided.revalidating {
+                // A Pending entry we decided on turned out Ready (our own earlier answer,
+                // which the cache had not shown): already answered.
+                debug!(workload = %wl.name_any(), check, "already answered for this attempt");
+                return Ok(Next::Done);
+            }
+            Some(decided)
+        }
+        // Same attempt, already answered (our own earlier write, which the cache had not
+        // shown): nothing is lost, and nothing to carry over.
+        Eligibility::Wait(_) if same_attempt => {
+            debug!(workload = %wl.name_any(), check, "already answered for this attempt");
+            return Ok(Next::Done);
+        }
+        // Kueue moved on (evicted, another attempt): a delayed Retry still holds.
+        _ => {
+            if !decided.carried
+                && let Some(late) =
+                    LateRetry::from_refused(write, decided.decision.message(), decided.now)
+            {
+                carry_over(ctx, &fresh, check, &pair.key, late).await;
+            }
+            None
+        }
+    };
+    Ok(Next::Again {
+        fresh: Some(Box::new(fresh)),
+        kept,
+    })
 }
 
 /// Marks the messages of permanent failures, so a refused write of one is not turned into
@@ -801,7 +895,7 @@ async fn ask<C: AdmissionCheckController>(
     let now = Timestamp::now();
     // A Retry refused because Kueue evicted the Workload while the check decided is honoured
     // now, for what is left of its delay, instead of asking the check again.
-    let late = ctx.late().get(key).cloned();
+    let late = ctx.memory.pair(key, |p| p.late.clone());
     if let Some(late) = late {
         match late.decision(now).filter(|_| !revalidating) {
             Some(decision) => {
@@ -817,9 +911,7 @@ async fn ask<C: AdmissionCheckController>(
                     now,
                 }));
             }
-            None => {
-                ctx.late().remove(key);
-            }
+            None => ctx.memory.pair(key, |p| p.late = None),
         }
     }
     let entry = wl
@@ -835,7 +927,7 @@ async fn ask<C: AdmissionCheckController>(
     };
     let decision = match ctx.controller.decide(&check_ctx).await {
         Ok(d) => {
-            lock(&ctx.permanent).remove(key);
+            ctx.memory.pair(key, |p| p.permanent = None);
             d
         }
         Err(e) => match ctx.controller.classify_error(&e) {
@@ -880,24 +972,20 @@ async fn permanent_decision<C: AdmissionCheckController>(
     now: Timestamp,
 ) -> Decision {
     let evictions = wl.total_evictions();
-    let (since, first) = {
-        let mut failures = lock(&ctx.permanent);
-        let failure = failures.entry(key.clone()).or_insert(PermanentFailure {
-            since: now,
-            evictions,
-            message: String::new(),
-        });
-        if failure.evictions != evictions {
-            *failure = PermanentFailure {
+    let (since, first) = ctx.memory.pair(key, |p| {
+        // Another attempt (eviction count) starts another hold.
+        let failure = match &mut p.permanent {
+            Some(failure) if failure.evictions == evictions => failure,
+            stale => stale.insert(PermanentFailure {
                 since: now,
                 evictions,
                 message: String::new(),
-            };
-        }
+            }),
+        };
         let first = failure.message != message;
         failure.message.clone_from(&message);
         (failure.since, first)
-    };
+    });
     let message = crate::check::truncate_chars(&message, MAX_PERMANENT_MESSAGE);
     if first {
         ctx.metrics.permanent_failure(check);
@@ -966,7 +1054,7 @@ async fn carry_over<C: AdmissionCheckController>(
     info!(workload = %fresh.name_any(), namespace = ?fresh.namespace(), check, "late Retry kept for the next attempt");
     ctx.event(fresh, EventType::Normal, "CheckRetryCarriedOver", note)
         .await;
-    ctx.late().insert(key.clone(), late);
+    ctx.memory.pair(key, |p| p.late = Some(late));
 }
 
 /// Which of the two writes of [`apply`] failed.
@@ -1067,18 +1155,17 @@ pub(crate) fn error_policy<C: AdmissionCheckController>(
     ctx: Arc<Context<C>>,
 ) -> Action {
     ctx.metrics.error(err.label());
-    let failures = {
-        let mut failures = lock(&ctx.failures);
-        let n = failures.entry(wl.uid().unwrap_or_default()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
+    let uid = wl.uid().unwrap_or_default();
+    let failures = ctx.memory.workload(&uid, |w| {
+        w.failures = w.failures.saturating_add(1);
+        w.failures
+    });
     let delay = error_backoff().delay(failures, rand::random::<f64>());
-    if let Some(uid) = wl.uid()
-        && let Some((_, until)) = lock(&ctx.backing_off).get_mut(&uid)
-    {
-        *until = tokio::time::Instant::now() + delay;
-    }
+    ctx.memory.workload(&uid, |w| {
+        if let Some((_, until)) = &mut w.backing_off {
+            *until = tokio::time::Instant::now() + delay;
+        }
+    });
     warn!(
         workload = %wl.name_any(), namespace = ?wl.namespace(), error = %err, kind = err.label(),
         failures, retry_in = ?delay, "reconcile failed"

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 
 use super::super::checks::ActiveCheck;
@@ -16,7 +15,7 @@ use super::super::own_writes::OwnWrites;
 use super::super::{RuntimeConfig, metrics::Metrics};
 use kube::runtime::controller::Action;
 
-use super::{Context, decide_one, lock};
+use super::{Context, decide_one};
 use crate::api::{AdmissionCheckState, CheckState, Workload};
 use crate::check::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
@@ -114,7 +113,6 @@ impl Harness {
             }),
             Arc::default(),
             &config,
-            Recorder::new(client, Reporter::from("test".to_string())),
             metrics,
             Arc::new(OwnWrites::default()),
         );
@@ -196,7 +194,8 @@ impl Harness {
     }
 
     async fn decide(&self, wl: &Workload) -> Result<Option<Duration>, crate::Error> {
-        decide_one(&self.ctx, wl, CHECK, &self.active).await
+        let stands = crate::decide::eligibility(wl, CHECK, self.ctx.revalidates());
+        decide_one(&self.ctx, wl, CHECK, &self.active, stands).await
     }
 }
 
@@ -264,12 +263,9 @@ async fn a_conflict_whose_fresh_read_shows_our_own_answer_is_already_written() {
     assert_eq!(next, None);
     assert_eq!(h.asked(), 1);
     assert_eq!(h.calls(), ["PATCH workload", "GET workload"]);
+    let kept = h.ctx.memory.of("uid-ns-wl");
     assert!(
-        h.ctx
-            .late
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty(),
+        kept.checks.values().all(|p| p.late.is_none()),
         "our own Retry was taken for a late one"
     );
     assert!(
@@ -739,7 +735,7 @@ async fn a_failed_reconcile_backs_off_unless_the_workload_changes() {
         .await
         .expect("written");
     assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 2);
-    assert!(lock(&ctx.backing_off).is_empty());
+    assert!(ctx.memory.of("uid-ns-wl").backing_off.is_none());
 }
 
 /// A Workload deleted while its reconcile waited is not decided (its release runs on the

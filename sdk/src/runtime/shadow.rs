@@ -3,6 +3,7 @@
 //! longer holds quota in scope. Nothing is written on the Workload. The rules are in
 //! [`crate::shadow`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -11,6 +12,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::info;
 
+use super::checks::ActiveCheck;
 use super::reconcile::{Context, PairKey, lock, release};
 use crate::api::{AdmissionCheckState, CheckState, Workload};
 use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass, ReleaseReason};
@@ -41,25 +43,45 @@ pub(super) async fn reconcile_shadowed<C: AdmissionCheckController>(
             .collect()
     };
     let eligibility = shadow_eligibility(wl, scope);
-    // What checks took for this Workload and no longer need: it left the scope, or the check
-    // is no longer one of ours (deleted, renamed, inactive).
-    // Looked up by check name (a handful), not by scanning every Workload's records: this runs
-    // on every reconcile.
+    release_unneeded(ctx, wl, &uid, &active, &eligibility).await?;
+    let ShadowEligibility::Decide { reservation } = eligibility else {
+        return Ok(None);
+    };
+    let mut requeue: Option<Duration> = None;
+    for (check, active) in active {
+        let key: PairKey = (uid.clone(), check);
+        let after = decide_in_shadow(ctx, wl, scope, &key, &active, &reservation).await?;
+        requeue = match (requeue, after) {
+            (Some(r), Some(a)) => Some(r.min(a)),
+            (r, a) => r.or(a),
+        };
+    }
+    Ok(requeue)
+}
+
+/// Releases what checks took for this Workload and no longer need: it left the scope, or the
+/// check is no longer one of ours (deleted, renamed, inactive). Looked up by check name (a
+/// handful), not by scanning every Workload's records: this runs on every reconcile.
+async fn release_unneeded<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    uid: &str,
+    active: &[(String, Arc<ActiveCheck<C::Parameters>>)],
+    eligibility: &ShadowEligibility,
+) -> Result<(), Error> {
     let known: Vec<String> = {
         let mut known = lock(&ctx.known_checks);
         known.extend(active.iter().map(|(name, _)| name.clone()));
         known.iter().cloned().collect()
     };
-    let recorded: Vec<PairKey> = {
-        let shadowed = lock(&ctx.shadowed);
-        known
-            .into_iter()
-            .map(|check| (uid.clone(), check))
-            .filter(|key| shadowed.contains_key(key))
-            .collect()
-    };
+    let kept = ctx.memory.of(uid);
+    let recorded: Vec<PairKey> = known
+        .into_iter()
+        .filter(|check| kept.checks.get(check).is_some_and(|p| p.shadowed.is_some()))
+        .map(|check| (uid.to_string(), check))
+        .collect();
     for key in &recorded {
-        let reason = match &eligibility {
+        let reason = match eligibility {
             ShadowEligibility::Idle(reason) => *reason,
             ShadowEligibility::Decide { .. } if !active.iter().any(|(n, _)| *n == key.1) => {
                 ReleaseReason::CheckRemoved
@@ -67,76 +89,81 @@ pub(super) async fn reconcile_shadowed<C: AdmissionCheckController>(
             ShadowEligibility::Decide { .. } => continue,
         };
         release(ctx, wl, &key.1, reason).await?;
-        lock(&ctx.shadowed).remove(key);
+        ctx.memory.pair(key, |p| p.shadowed = None);
     }
-    let ShadowEligibility::Decide { reservation } = eligibility else {
-        return Ok(None);
+    Ok(())
+}
+
+/// Asks one check, in shadow mode, about a Workload holding quota (`reservation`), unless it
+/// already answered for this reservation, and publishes the answer if it is news. Returns when
+/// to ask again (a `Pending` that asked to be rechecked).
+async fn decide_in_shadow<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    scope: &ShadowScope,
+    key: &PairKey,
+    active: &ActiveCheck<C::Parameters>,
+    reservation: &str,
+) -> Result<Option<Duration>, Error> {
+    let check = &key.1;
+    let last = ctx.memory.pair(key, |p| p.shadowed.clone());
+    match shadow_step(last.as_ref(), reservation) {
+        ShadowStep::Done => return Ok(None),
+        ShadowStep::ReleaseThenAsk => {
+            // Evicted and given quota again between two looks.
+            release(ctx, wl, check, ReleaseReason::Evicted).await?;
+            ctx.memory.pair(key, |p| p.shadowed = None);
+        }
+        ShadowStep::Ask => {}
+    }
+    let last = ctx.memory.pair(key, |p| p.shadowed.clone());
+    let now = Timestamp::now();
+    // The entry the check would see: Pending, as Kueue writes it when quota is reserved.
+    let entry = AdmissionCheckState {
+        name: check.clone(),
+        state: CheckState::Pending,
+        last_transition_time: Some(Time(now)),
+        message: String::new(),
+        requeue_after_seconds: None,
+        retry_count: None,
+        pod_set_updates: Vec::new(),
     };
-    let mut requeue: Option<Duration> = None;
-    for (check, active) in active {
-        let key: PairKey = (uid.clone(), check.clone());
-        let last = lock(&ctx.shadowed).get(&key).cloned();
-        match shadow_step(last.as_ref(), &reservation) {
-            ShadowStep::Done => continue,
-            ShadowStep::ReleaseThenAsk => {
-                // Evicted and given quota again between two looks.
-                release(ctx, wl, &check, ReleaseReason::Evicted).await?;
-                lock(&ctx.shadowed).remove(&key);
+    let check_ctx = CheckContext {
+        workload: wl,
+        entry: &entry,
+        parameters: &active.parameters,
+        client: &ctx.client,
+        now,
+        shadow: Some(scope),
+    };
+    let decision = match ctx.controller.decide(&check_ctx).await {
+        Ok(decision) => decision,
+        Err(e) => match ctx.controller.classify_error(&e) {
+            ErrorClass::Transient => {
+                let note = format!("check {check} (shadow mode): {e}");
+                ctx.event(wl, EventType::Warning, "CheckFailed", note).await;
+                return Err(Error::Check(Box::new(e)));
             }
-            ShadowStep::Ask => {}
-        }
-        let last = lock(&ctx.shadowed).get(&key).cloned();
-        let now = Timestamp::now();
-        // The entry the check would see: Pending, as Kueue writes it when quota is reserved.
-        let entry = AdmissionCheckState {
-            name: check.clone(),
-            state: CheckState::Pending,
-            last_transition_time: Some(Time(now)),
-            message: String::new(),
-            requeue_after_seconds: None,
-            retry_count: None,
-            pod_set_updates: Vec::new(),
-        };
-        let check_ctx = CheckContext {
-            workload: wl,
-            entry: &entry,
-            parameters: &active.parameters,
-            client: &ctx.client,
-            now,
-            shadow: Some(scope),
-        };
-        let decision = match ctx.controller.decide(&check_ctx).await {
-            Ok(decision) => decision,
-            Err(e) => match ctx.controller.classify_error(&e) {
-                ErrorClass::Transient => {
-                    let note = format!("check {check} (shadow mode): {e}");
-                    ctx.event(wl, EventType::Warning, "CheckFailed", note).await;
-                    return Err(Error::Check(Box::new(e)));
-                }
-                // Enforcing would show it on the entry, keep the quota a while, then retry.
-                ErrorClass::Permanent { message } => {
-                    Decision::pending(format!("Permanent failure: {message}"))
-                }
-            },
-        };
-        if let Decision::Pending {
-            recheck_after: Some(after),
-            ..
-        } = &decision
-        {
-            requeue = Some(requeue.map_or(*after, |r| r.min(*after)));
-        }
-        let answer = ShadowRecord {
-            reservation: reservation.clone(),
-            state: decision.state(),
-            message: decision.message().to_string(),
-        };
-        if is_news(last.as_ref(), &answer) {
-            publish(ctx, wl, &check, &answer).await;
-        }
-        lock(&ctx.shadowed).insert(key, answer);
+            // Enforcing would show it on the entry, keep the quota a while, then retry.
+            ErrorClass::Permanent { message } => {
+                Decision::pending(format!("Permanent failure: {message}"))
+            }
+        },
+    };
+    let recheck_after = match &decision {
+        Decision::Pending { recheck_after, .. } => *recheck_after,
+        _ => None,
+    };
+    let answer = ShadowRecord {
+        reservation: reservation.to_string(),
+        state: decision.state(),
+        message: decision.message().to_string(),
+    };
+    if is_news(last.as_ref(), &answer) {
+        publish(ctx, wl, check, &answer).await;
     }
-    Ok(requeue)
+    ctx.memory.pair(key, |p| p.shadowed = Some(answer));
+    Ok(recheck_after)
 }
 
 /// Publishes a would-be answer: counted, logged, and an Event on the Workload.

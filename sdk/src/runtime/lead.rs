@@ -1,0 +1,214 @@
+//! The leader's part: reporting leadership, and the reconciler with the tasks the check runs
+//! while leading.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::StreamExt;
+use kube::Client;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::Store;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{info, warn};
+
+use super::extensions::{Extensions, LeaderContext, WorkloadWaker};
+use super::{Shutdown, metrics, reconcile, tasks};
+use crate::api::Workload;
+use crate::check::AdmissionCheckController;
+use crate::error::Error;
+
+/// What the leader needs to reconcile.
+pub(super) struct Leading<C: AdmissionCheckController> {
+    pub(super) ctx: Arc<reconcile::Context<C>>,
+    /// For the check's own tasks: the client, the Workload cache, the shadow scope.
+    pub(super) client: Client,
+    pub(super) cache: Store<Workload>,
+    pub(super) shadow: Option<crate::shadow::ShadowScope>,
+    /// Whether the Workload cache had its first complete list.
+    pub(super) cache_ready: watch::Receiver<bool>,
+    /// Changes of Workloads, from the watch.
+    pub(super) changes: mpsc::Receiver<Workload>,
+    /// Asks to reconcile every cached Workload.
+    pub(super) reconcile_all: mpsc::Receiver<()>,
+    pub(super) leading: watch::Receiver<bool>,
+    /// The check's tasks to run while leading.
+    pub(super) extensions: Extensions,
+    pub(super) shutdown: Shutdown,
+}
+
+/// Reconciles Workloads, with the check's tasks beside, until `shutdown` or until the lead is
+/// lost ([`Error::LeadershipLost`]). On a stop, reconciles in flight finish first.
+pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(), Error> {
+    info!("leading: reconciling Workloads");
+    let (wake_tx, wake_rx) = mpsc::channel(1024);
+    let cache = l.cache.clone();
+    let leader_context = LeaderContext {
+        client: l.client,
+        workloads: l.cache,
+        waker: WorkloadWaker(wake_tx),
+        shadow: l.shadow,
+    };
+    let tasks = start_tasks(l.extensions, leader_context, &l.cache_ready);
+    let lost = Arc::new(AtomicBool::new(false));
+    let stop = stop_signal(l.shutdown.clone(), l.leading.clone(), lost.clone());
+    // kube's controller starts reconciling only once the Workload cache is complete, and
+    // until then does not end on a graceful stop either. A stop before that (the cache may
+    // never fill: RBAC, a missing CRD) has nothing in flight to finish, so it ends at once.
+    let stop_unsynced = {
+        let stopped = stop_signal(l.shutdown, l.leading, lost.clone());
+        let cache_ready = l.cache_ready.clone();
+        async move {
+            stopped.await;
+            if *cache_ready.borrow() {
+                std::future::pending::<()>().await;
+            }
+            warn!("stopping before the Workload cache was ever complete");
+        }
+    };
+    let changes = ReceiverStream::new(l.changes).map(Ok);
+    let reconciler = Controller::for_stream(changes, cache.clone())
+        // Unlimited here: the reconcile takes a fair turn itself (see `reconcile::Context`).
+        // kube still never runs two reconciles of one Workload at once.
+        .with_config(ControllerConfig::default().concurrency(0))
+        .reconcile_all_on(when_complete(l.reconcile_all, cache, l.cache_ready))
+        .reconcile_on(ReceiverStream::new(wake_rx))
+        .graceful_shutdown_on(stop)
+        .run(reconcile::reconcile, reconcile::error_policy, l.ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok(_) => {}
+                Err(e) if is_deleted_before_reconcile(&e) => {
+                    tracing::debug!(error = %e, "workload gone before its reconcile");
+                }
+                Err(e) => warn!(error = %e, "workload reconcile failed"),
+            }
+        });
+    tokio::select! {
+        () = reconciler => {}
+        () = stop_unsynced => {}
+    }
+    tasks.stop().await;
+    if lost.load(Ordering::Acquire) {
+        Err(Error::LeadershipLost)
+    } else {
+        Ok(())
+    }
+}
+
+/// Waits until this replica leads (`true`) or `shutdown` comes first (`false`, also when the
+/// election ended without it leading).
+pub(super) async fn wait_to_lead(mut leading: watch::Receiver<bool>, shutdown: &Shutdown) -> bool {
+    tokio::select! {
+        led = leading.wait_for(|l| *l) => led.is_ok(),
+        () = shutdown.clone() => false,
+    }
+}
+
+/// Starts the check's tasks, each once the Workload cache is complete (so a Workload missing
+/// from it is gone).
+fn start_tasks(
+    extensions: Extensions,
+    ctx: LeaderContext,
+    cache_ready: &watch::Receiver<bool>,
+) -> tasks::TaskGroup {
+    let mut started = tasks::TaskGroup::default();
+    for (name, task) in extensions.tasks {
+        let fut = task(ctx.clone());
+        let mut cache_ready = cache_ready.clone();
+        started.push(tokio::spawn(async move {
+            if cache_ready.wait_for(|r| *r).await.is_err() {
+                return;
+            }
+            fut.await;
+            warn!(task = %name, "a task running beside the runtime returned");
+        }));
+    }
+    started
+}
+
+/// Resolves on `shutdown`, or when the lead is lost (then sets `lost`; a closed channel means
+/// the election task died: as good as lost).
+async fn stop_signal(
+    shutdown: Shutdown,
+    mut leading: watch::Receiver<bool>,
+    lost: Arc<AtomicBool>,
+) {
+    tokio::select! {
+        () = shutdown => {}
+        _ = leading.wait_for(|l| !*l) => lost.store(true, Ordering::Release),
+    }
+}
+
+/// The asks to reconcile everything, each once the cache is complete: kube takes its snapshot
+/// of the cache when the ask arrives, not when the runner may start, so an ask that arrived
+/// before the cache was complete (this replica took the lead during its first list) would
+/// reconcile only part of it.
+fn when_complete(
+    asks: mpsc::Receiver<()>,
+    cache: Store<Workload>,
+    cache_ready: watch::Receiver<bool>,
+) -> impl futures::Stream<Item = ()> {
+    ReceiverStream::new(asks).then(move |()| {
+        let (cache, mut cache_ready) = (cache.clone(), cache_ready.clone());
+        async move {
+            let _ = cache_ready.wait_for(|ready| *ready).await;
+            info!(
+                workloads = cache.state().len(),
+                "reconciling every cached Workload"
+            );
+        }
+    })
+}
+
+/// Logs leadership changes and keeps the leader gauge.
+pub(super) async fn report_leadership(
+    mut leading: watch::Receiver<bool>,
+    metrics: Arc<metrics::Metrics>,
+) {
+    loop {
+        let now = *leading.borrow_and_update();
+        metrics.leader(now);
+        if !now {
+            info!("standing by: another replica holds the leader Lease");
+        }
+        if leading.changed().await.is_err() {
+            metrics.leader(false);
+            return;
+        }
+    }
+}
+
+/// A Workload deleted while a reconcile of it was queued: normal (every deletion can do it),
+/// not worth a warning that log-based alerting would page on; its release runs on the deletion
+/// itself.
+pub(super) fn is_deleted_before_reconcile<E1, E2>(
+    error: &kube::runtime::controller::Error<E1, E2>,
+) -> bool {
+    matches!(error, kube::runtime::controller::Error::ObjectNotFound(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::controller::Error as ControllerError;
+    use kube::runtime::reflector::ObjectRef;
+
+    use super::*;
+
+    #[test]
+    fn a_workload_deleted_before_its_reconcile_is_not_a_warning() {
+        let wl = || {
+            Box::new(
+                ObjectRef::<crate::api::Workload>::new("wl")
+                    .within("ns")
+                    .erase(),
+            )
+        };
+        let gone: ControllerError<std::io::Error, std::io::Error> =
+            ControllerError::ObjectNotFound(wl());
+        assert!(is_deleted_before_reconcile(&gone));
+        let failed: ControllerError<std::io::Error, std::io::Error> =
+            ControllerError::ReconcilerFailed(std::io::Error::other("boom"), wl());
+        assert!(!is_deleted_before_reconcile(&failed));
+    }
+}

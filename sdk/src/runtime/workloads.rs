@@ -1,0 +1,316 @@
+//! The Workload watch: keeps the cache every replica holds, and hands changes and deletions
+//! to the reconciler while this replica leads.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use super::{own_writes, relist};
+use crate::api::Workload;
+
+/// What the Workload watch hands on, for [`start`]'s caller.
+pub(super) struct Feed {
+    /// Told when a list is complete and in the cache.
+    pub(super) synced: Arc<tokio::sync::Notify>,
+    /// Changes for the reconciler (while leading).
+    pub(super) changes: mpsc::Receiver<Workload>,
+    /// Deleted Workloads, to release (while leading).
+    pub(super) deleted: mpsc::UnboundedReceiver<Workload>,
+    /// Our status writes, to know when the cache holds them.
+    pub(super) own_writes: Arc<own_writes::OwnWrites>,
+}
+
+/// Starts watching every Workload into `cache` (kept on every replica); changes reach the
+/// reconciler only while this replica leads (on taking the lead, everything cached is
+/// reconciled once).
+pub(super) fn start(
+    client: &Client,
+    (cache, writer): (
+        reflector::Store<Workload>,
+        reflector::store::Writer<Workload>,
+    ),
+    reconcile_all: &mpsc::Sender<()>,
+    leading: &watch::Receiver<bool>,
+    background: &mut super::tasks::TaskGroup,
+) -> Feed {
+    let (changes_tx, changes) = mpsc::channel::<Workload>(256);
+    // Unbounded: a burst of deletions must not lose a release; each entry is one Workload.
+    let (deleted_tx, deleted) = mpsc::unbounded_channel::<Workload>();
+    let feed = Feed {
+        synced: Default::default(),
+        changes,
+        deleted,
+        own_writes: Default::default(),
+    };
+    let events = watcher(
+        Api::<Workload>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff();
+    let targets = Targets {
+        cache,
+        synced: feed.synced.clone(),
+        changes: changes_tx,
+        deleted: deleted_tx,
+        reconcile_all: reconcile_all.clone(),
+        leading: leading.clone(),
+        own_writes: feed.own_writes.clone(),
+    };
+    background.push(tokio::spawn(watch_workloads(events, writer, targets)));
+    feed
+}
+
+/// Where the Workload watch hands what it sees.
+struct Targets {
+    /// The cache the watch fills.
+    cache: reflector::Store<Workload>,
+    /// Told when a list is complete and in the cache.
+    synced: Arc<tokio::sync::Notify>,
+    /// Changes for the reconciler (while leading).
+    changes: mpsc::Sender<Workload>,
+    /// Deleted Workloads, to release (while leading).
+    deleted: mpsc::UnboundedSender<Workload>,
+    /// Asks for every cached Workload to be reconciled.
+    reconcile_all: mpsc::Sender<()>,
+    leading: watch::Receiver<bool>,
+    own_writes: Arc<own_writes::OwnWrites>,
+}
+
+/// Keeps the Workload cache and forwards changes to the reconciler while this replica leads.
+/// What a (re)list brings is not forwarded one by one: the cache takes it only at the list's
+/// end, so its end asks for everything to be reconciled instead (see [`relist::WorkloadLists`]).
+async fn watch_workloads<S>(events: S, writer: reflector::store::Writer<Workload>, w: Targets)
+where
+    S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
+{
+    let events = slim_and_cache(events, writer, &w.leading, &w.deleted);
+    let mut events = std::pin::pin!(events);
+    let mut lists = relist::WorkloadLists::default();
+    while let Some(event) = events.next().await {
+        let now = tokio::time::Instant::now();
+        // The reflector has applied `event` to the cache by now.
+        let touched = match event {
+            Err(e) => {
+                warn!(error = %e, "watching Workloads");
+                continue;
+            }
+            Ok(watcher::Event::Init) => {
+                lists.begin(w.cache.state());
+                continue;
+            }
+            Ok(watcher::Event::InitApply(wl)) => {
+                lists.delivered(&wl);
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => {
+                list_done(&w, lists.done(), now);
+                continue;
+            }
+            Ok(watcher::Event::Apply(wl)) => {
+                if let (Some(uid), Some(rv)) = (wl.uid(), wl.resource_version()) {
+                    w.own_writes.seen(&uid, &rv, now);
+                }
+                wl
+            }
+            Ok(watcher::Event::Delete(wl)) => wl,
+        };
+        // A failed send means the reconciler stopped: the cache is kept for metrics and
+        // readiness all the same.
+        if *w.leading.borrow() {
+            let _ = w.changes.send(touched).await;
+        }
+    }
+}
+
+/// The events, stripped of what the runtime never reads, applied to the cache by `writer`; a
+/// deletion is handed on for release at once while this replica leads.
+fn slim_and_cache<S>(
+    events: S,
+    writer: reflector::store::Writer<Workload>,
+    leading: &watch::Receiver<bool>,
+    deleted: &mpsc::UnboundedSender<Workload>,
+) -> impl futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>
+where
+    S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
+{
+    let (leading, deleted) = (leading.clone(), deleted.clone());
+    events
+        .modify(|wl| {
+            wl.managed_fields_mut().clear();
+            wl.annotations_mut()
+                .remove("kubectl.kubernetes.io/last-applied-configuration");
+        })
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(wl)) = event
+                && *leading.borrow()
+            {
+                // Fails only once the runtime is stopping.
+                let _ = deleted.send(wl.clone());
+            }
+        })
+        .reflect(writer)
+}
+
+/// A (re)list is complete and in the cache: reconciles waiting for our own write may go on,
+/// and (while leading) what vanished meanwhile is released and a relist reconciles everything.
+fn list_done(w: &Targets, done: relist::ListDone, now: tokio::time::Instant) {
+    for (uid, rv) in &done.versions {
+        w.own_writes.seen(uid, rv, now);
+    }
+    w.synced.notify_one();
+    if !*w.leading.borrow() {
+        return;
+    }
+    for wl in done.gone {
+        debug!(workload = %wl.name_any(), "deleted while the watch was away");
+        let _ = w.deleted.send((*wl).clone());
+    }
+    // The first list is covered by the reconcile of everything on taking the lead, which
+    // waits for it.
+    if done.relist {
+        info!(
+            workloads = done.versions.len(),
+            "Workloads listed again; reconciling all of them"
+        );
+        let _ = w.reconcile_all.try_send(());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the Workload watch handed on.
+    struct Handed {
+        changes: Vec<String>,
+        deleted: Vec<String>,
+        reconcile_all: usize,
+        /// Each change, with whether the cache held that version (or a later one) when it was
+        /// handed on.
+        changes_cached: Vec<bool>,
+    }
+
+    fn wl(name: &str, version: &str) -> Workload {
+        crate::testing::WorkloadBuilder::new("ns", name)
+            .resource_version(version)
+            .build()
+    }
+
+    /// Feeds `events` to the Workload watch of a replica that leads (or not) and collects what
+    /// it hands on.
+    async fn feed(events: Vec<watcher::Event<Workload>>, leading: bool) -> Handed {
+        let (cache, writer) = reflector::store::<Workload>();
+        let (changes_tx, mut changes_rx) = mpsc::channel(64);
+        let (deleted_tx, mut deleted_rx) = mpsc::unbounded_channel();
+        let (all_tx, mut all_rx) = mpsc::channel(8);
+        let (_leading_tx, leading_rx) = watch::channel(leading);
+        let targets = Targets {
+            cache: cache.clone(),
+            synced: Default::default(),
+            changes: changes_tx,
+            deleted: deleted_tx,
+            reconcile_all: all_tx,
+            leading: leading_rx,
+            own_writes: Default::default(),
+        };
+        // Checks, as each change arrives, that the cache already holds it.
+        let cache_check = cache.clone();
+        let collect = async move {
+            let mut names = Vec::new();
+            let mut cached = Vec::new();
+            while let Some(w) = changes_rx.recv().await {
+                // That version or a later one (the watch may have gone on meanwhile).
+                let version = |w: &Workload| {
+                    w.resource_version()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or_default()
+                };
+                let held = cache_check
+                    .get(&reflector::ObjectRef::from_obj(&w))
+                    .is_some_and(|c| version(&c) >= version(&w));
+                names.push(w.name_any());
+                cached.push(held);
+            }
+            (names, cached)
+        };
+        let ((), (changes, changes_cached)) = tokio::join!(
+            watch_workloads(
+                futures::stream::iter(events.into_iter().map(Ok)),
+                writer,
+                targets
+            ),
+            collect
+        );
+        let mut deleted = Vec::new();
+        while let Ok(w) = deleted_rx.try_recv() {
+            deleted.push(w.name_any());
+        }
+        let mut reconcile_all = 0;
+        while all_rx.try_recv().is_ok() {
+            reconcile_all += 1;
+        }
+        Handed {
+            changes,
+            deleted,
+            reconcile_all,
+            changes_cached,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_relist_reconciles_everything_once_the_cache_holds_it_and_releases_the_vanished() {
+        use watcher::Event::*;
+        let handed = feed(
+            vec![
+                Init,
+                InitApply(wl("a", "1")),
+                InitApply(wl("b", "1")),
+                InitDone,
+                Apply(wl("a", "2")),
+                // The watch expires and lists again: "b" was deleted and "c" created (and
+                // given quota) meanwhile; the cache still holds "a"@2 and "b" until InitDone.
+                Init,
+                InitApply(wl("a", "3")),
+                InitApply(wl("c", "1")),
+                InitDone,
+                Apply(wl("c", "2")),
+            ],
+            true,
+        )
+        .await;
+        // Only live changes are handed on, each already in the cache; nothing from a list,
+        // which the cache does not hold until the list ends.
+        assert_eq!(handed.changes, ["a", "c"]);
+        assert!(handed.changes_cached.iter().all(|held| *held));
+        // The first list is the leadership's reconcile of everything; the relist asks for one.
+        assert_eq!(handed.reconcile_all, 1);
+        // "b" vanished without a Delete event: released all the same.
+        assert_eq!(handed.deleted, ["b"]);
+    }
+
+    #[tokio::test]
+    async fn a_standby_hands_nothing_on() {
+        use watcher::Event::*;
+        let handed = feed(
+            vec![
+                Init,
+                InitApply(wl("a", "1")),
+                InitDone,
+                Apply(wl("a", "2")),
+                Init,
+                InitDone,
+                Delete(wl("x", "1")),
+            ],
+            false,
+        )
+        .await;
+        assert!(handed.changes.is_empty());
+        assert!(handed.deleted.is_empty());
+        assert_eq!(handed.reconcile_all, 0);
+    }
+}
