@@ -26,8 +26,7 @@ use kueue_admission_sdk::LeaderContext;
 use kueue_admission_sdk::api::{
     ProvisioningRequest, Workload, find_condition, provisioning_condition as pr,
 };
-use kueue_admission_sdk::attempts;
-use kueue_admission_sdk::decide::{Eligibility, eligibility};
+use kueue_admission_sdk::holding::{self, Holding, Lasts};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
@@ -56,38 +55,21 @@ pub fn instance_label(controller_name: &str) -> String {
     format!("pr-{hex}")
 }
 
-/// Why a request is no longer needed, or `None` while its Workload may still use it. Pure;
-/// `workload` is the Workload named by the request's annotation, if it exists.
+/// Why a request is no longer needed, or `None` while its Workload may still use it: the SDK's
+/// rule for something made for one attempt (see [`kueue_admission_sdk::holding`]), with the
+/// Workload's uid and the check read from the request's label and annotation. Pure; `workload`
+/// is the Workload named by the request's annotation, if it exists.
 pub fn orphan_reason(request: &ProvisioningRequest, workload: Option<&Workload>) -> Option<String> {
-    let Some(wl) = workload else {
-        return Some("its Workload no longer exists".into());
+    let label = |key: &str| request.labels().get(key).map(String::as_str);
+    let annotation = |key: &str| request.annotations().get(key).map(String::as_str);
+    let held = Holding {
+        // Without the label the request is nobody's Workload's: no uid matches an empty one.
+        uid: label(plan::WORKLOAD_UID_LABEL).unwrap_or_default(),
+        check: annotation(plan::CHECK_ANNOTATION).unwrap_or_default(),
+        // A name without an attempt is never superseded.
+        lasts: Lasts::ForTheAttempt(names::attempt_of(&request.name_any()).unwrap_or(u32::MAX)),
     };
-    let uid = request.labels().get(plan::WORKLOAD_UID_LABEL);
-    if uid.is_none() || uid != wl.uid().as_ref() {
-        return Some(
-            "its Workload was deleted (a Workload of the same name is another one)".into(),
-        );
-    }
-    let check = request
-        .annotations()
-        .get(plan::CHECK_ANNOTATION)
-        .map(String::as_str)
-        .unwrap_or_default();
-    match eligibility(wl, check, true) {
-        Eligibility::Idle(reason) => Some(format!(
-            "its Workload no longer needs it ({})",
-            reason.as_str()
-        )),
-        _ => {
-            let current = attempts::attempt(wl, check);
-            match names::attempt_of(&request.name_any()) {
-                Some(a) if a < current => {
-                    Some(format!("attempt {a} was superseded by attempt {current}"))
-                }
-                _ => None,
-            }
-        }
-    }
+    holding::stale_reason(&held, workload, None)
 }
 
 /// Deletes the requests of `wl` for `check` that `which` selects, with their templates: only

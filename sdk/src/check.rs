@@ -212,7 +212,7 @@ pub struct CheckContext<'a, P> {
     pub now: Timestamp,
     /// The runtime runs in shadow mode, in this scope: nothing the check answers is written.
     /// A check that reconciles what it holds judges its holdings with
-    /// [`crate::shadow::no_longer_needed`] and this.
+    /// [`crate::holding::stale_reason`] and this.
     pub shadow: Option<&'a crate::shadow::ShadowScope>,
 }
 

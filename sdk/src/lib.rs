@@ -10,6 +10,7 @@
 //! - [`retry`]: retry delays (Kueue's formula, generalised) and the attempt limit;
 //! - [`check`]: the trait, the [`Decision`] it returns and the context it gets;
 //! - [`decide`]: the pure rules that turn a decision into a safe status write, or refuse it;
+//! - [`holding`]: whether what a check holds for a Workload (outside it) is still needed;
 //! - [`shadow`]: shadow mode, which decides and publishes what would be answered, writing nothing;
 //! - [`runtime`]: the thin I/O shell that watches, reconciles and writes, with leader election;
 //! - [`options`]: the flags and environment variables of a check binary;
@@ -28,6 +29,7 @@ pub mod attempts;
 pub mod check;
 pub mod decide;
 pub mod error;
+pub mod holding;
 pub mod options;
 pub mod retry;
 pub mod runtime;

@@ -153,31 +153,6 @@ pub fn is_news(last: Option<&ShadowRecord>, answer: &ShadowRecord) -> bool {
     })
 }
 
-/// Why what `check` gave `wl` is no longer needed, or `None` while it is: for a check that
-/// reconciles what it holds (a ledger of charges or licenses) with the Workloads that exist.
-/// Enforcing (`shadow` is `None`), a Workload needs it while it holds quota with the check's
-/// entry `Pending` or `Ready`; in shadow mode, while it holds quota in the scope (it has no
-/// entry of the check).
-pub fn no_longer_needed(
-    wl: &Workload,
-    check: &str,
-    shadow: Option<&ShadowScope>,
-) -> Option<String> {
-    use crate::decide::{Eligibility, eligibility};
-    let idle = |reason: ReleaseReason| Some(reason.as_str().replace('_', " "));
-    match shadow {
-        None => match eligibility(wl, check, true) {
-            Eligibility::Decide { .. } => None,
-            Eligibility::Wait(state) => Some(format!("its check is {state}")),
-            Eligibility::Idle(reason) => idle(reason),
-        },
-        Some(scope) => match shadow_eligibility(wl, scope) {
-            ShadowEligibility::Decide { .. } => None,
-            ShadowEligibility::Idle(reason) => idle(reason),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,36 +215,6 @@ mod tests {
         assert_eq!(
             shadow_eligibility(&evicted, &ShadowScope::AllClusterQueues),
             ShadowEligibility::Idle(ReleaseReason::Evicted)
-        );
-    }
-
-    #[test]
-    fn a_holding_is_needed_by_the_entry_when_enforcing_and_by_the_quota_in_shadow_mode() {
-        let scope = ShadowScope::of(vec!["cq".into()]);
-        let admitted_without_entry = WorkloadBuilder::new("ns", "w")
-            .quota_reserved("cq", "f")
-            .admitted()
-            .build();
-        assert_eq!(
-            no_longer_needed(&admitted_without_entry, "c", None).as_deref(),
-            Some("check removed")
-        );
-        assert_eq!(
-            no_longer_needed(&admitted_without_entry, "c", Some(&scope)),
-            None
-        );
-        let with_entry = WorkloadBuilder::new("ns", "w")
-            .check("c", CheckState::Ready)
-            .quota_reserved("cq", "f")
-            .build();
-        assert_eq!(no_longer_needed(&with_entry, "c", None), None);
-        let finished = WorkloadBuilder::new("ns", "w")
-            .quota_reserved("cq", "f")
-            .finished()
-            .build();
-        assert_eq!(
-            no_longer_needed(&finished, "c", Some(&scope)).as_deref(),
-            Some("finished")
         );
     }
 

@@ -23,7 +23,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{Workload, workload_condition as cond};
-use kueue_admission_sdk::shadow::{ShadowScope, no_longer_needed};
+use kueue_admission_sdk::holding::{self, Holding, Lasts};
+use kueue_admission_sdk::shadow::ShadowScope;
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
     RetryPolicy,
@@ -395,23 +396,22 @@ pub fn evictions_of(wl: &Workload) -> i32 {
 
 /// Why an open charge is stale, judged on its Workload as read now (`None`: it no longer
 /// exists), or `None` if the Workload still runs on it: same uid, same admission (no eviction
-/// since), holding quota with this check `Pending` or `Ready`.
+/// since), holding quota with this check `Pending` or `Ready` (the SDK's rule, see
+/// [`kueue_admission_sdk::holding`]).
 pub fn stale_reason(
     uid: &str,
     charge: &Charge,
     wl: Option<&Workload>,
     shadow: Option<&ShadowScope>,
 ) -> Option<String> {
-    let Some(wl) = wl else {
-        return Some("deleted".into());
+    let held = Holding {
+        uid,
+        check: &charge.check,
+        lasts: Lasts::ForTheAdmission {
+            evictions: charge.evictions,
+        },
     };
-    if wl.uid().as_deref() != Some(uid) {
-        return Some("deleted (a new workload has its name)".into());
-    }
-    if evictions_of(wl) != charge.evictions {
-        return Some("evicted since it was charged".into());
-    }
-    no_longer_needed(wl, &charge.check, shadow)
+    holding::stale_reason(&held, wl, shadow)
 }
 
 /// When the Workload stopped using what it was charged for: when it finished, else when it was

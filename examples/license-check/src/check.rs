@@ -20,7 +20,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::Workload;
-use kueue_admission_sdk::shadow::{ShadowScope, no_longer_needed};
+use kueue_admission_sdk::holding as sdk_holding;
+use kueue_admission_sdk::shadow::ShadowScope;
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
     RetryPolicy,
@@ -271,21 +272,20 @@ fn log_swept(swept: &[Swept]) {
 }
 
 /// Why a holding is stale, judged on its Workload as read now (`None`: it no longer exists),
-/// or `None` if the Workload still needs it: same uid, holding quota, active, not evicted or
-/// finished, with this check's entry `Pending` or `Ready`.
+/// or `None` if the Workload still needs it: same uid, holding quota with this check's entry
+/// `Pending` or `Ready` (the SDK's rule, see [`kueue_admission_sdk::holding`]).
 pub fn stale_reason(
     uid: &str,
     holding: &Holding,
     wl: Option<&Workload>,
     shadow: Option<&ShadowScope>,
 ) -> Option<String> {
-    let Some(wl) = wl else {
-        return Some("deleted".into());
+    let held = sdk_holding::Holding {
+        uid,
+        check: &holding.check,
+        lasts: sdk_holding::Lasts::WhileAnswered,
     };
-    if wl.uid().as_deref() != Some(uid) {
-        return Some("deleted (a new workload has its name)".into());
-    }
-    no_longer_needed(wl, &holding.check, shadow)
+    sdk_holding::stale_reason(&held, wl, shadow)
 }
 
 impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {

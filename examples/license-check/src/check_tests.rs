@@ -353,8 +353,11 @@ async fn sweep_drops_only_holdings_whose_workload_moved_on() {
     assert_eq!(
         reasons,
         vec![
-            ("deleted".into(), "deleted".into()),
-            ("done".into(), "finished".into())
+            ("deleted".into(), "its Workload no longer exists".into()),
+            (
+                "done".into(),
+                "its Workload no longer needs it (finished)".into()
+            )
         ]
     );
     assert_eq!(fake.holders(), vec!["live"]);

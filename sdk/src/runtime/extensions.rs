@@ -104,7 +104,7 @@ pub struct LeaderContext {
     pub workloads: Store<Workload>,
     /// Asks the runtime to reconcile a Workload now.
     pub waker: WorkloadWaker,
-    /// The runtime runs in shadow mode, in this scope (see [`crate::shadow::no_longer_needed`]).
+    /// The runtime runs in shadow mode, in this scope (see [`crate::holding::stale_reason`]).
     pub shadow: Option<crate::shadow::ShadowScope>,
 }
 
