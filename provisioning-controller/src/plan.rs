@@ -26,8 +26,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kueue_admission_sdk::api::{
-    PodSet, PodTemplateReference, ProvisioningRequest, ProvisioningRequestConfigSpec,
-    ProvisioningRequestPodSet, ProvisioningRequestSpec, ResourceFlavorSpec, Workload,
+    ExactQuantity, PodSet, PodTemplateReference, ProvisioningRequest,
+    ProvisioningRequestConfigSpec, ProvisioningRequestPodSet, ProvisioningRequestSpec,
+    ResourceFlavorSpec, Workload,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -785,75 +786,11 @@ fn normalize(key: &str, value: Value) -> Option<Value> {
     }
 }
 
-/// A resource quantity written so that equal amounts read the same (`1`, `1000m` and `1e3m`
+/// A resource quantity written so that equal amounts read the same (`1`, `1000m` and `1e0`
 /// all become `1e0`). A string that does not parse is returned unchanged.
 fn canonical_quantity(text: &str) -> String {
-    parse_quantity(text.trim()).unwrap_or_else(|| text.to_string())
-}
-
-fn parse_quantity(text: &str) -> Option<String> {
-    let (negative, rest) = match text.as_bytes().first()? {
-        b'-' => (true, &text[1..]),
-        b'+' => (false, &text[1..]),
-        _ => (false, text),
-    };
-    let number_end = rest
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(rest.len());
-    let (number, suffix) = rest.split_at(number_end);
-    let (integer, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if (integer.is_empty() && fraction.is_empty()) || fraction.contains('.') {
-        return None;
-    }
-    let mut mantissa: u128 = 0;
-    for digit in integer.bytes().chain(fraction.bytes()) {
-        mantissa = mantissa
-            .checked_mul(10)?
-            .checked_add(u128::from(digit - b'0'))?;
-    }
-    let mut exponent = -i64::try_from(fraction.len()).ok()?;
-    let binary_power = match suffix {
-        "Ki" => 10,
-        "Mi" => 20,
-        "Gi" => 30,
-        "Ti" => 40,
-        "Pi" => 50,
-        "Ei" => 60,
-        _ => 0,
-    };
-    if binary_power > 0 {
-        mantissa = mantissa.checked_mul(1u128 << binary_power)?;
-    } else {
-        exponent += match suffix {
-            "" => 0,
-            "n" => -9,
-            "u" => -6,
-            "m" => -3,
-            "k" => 3,
-            "M" => 6,
-            "G" => 9,
-            "T" => 12,
-            "P" => 15,
-            "E" => 18,
-            _ => {
-                let digits = suffix.strip_prefix(['e', 'E'])?;
-                let digits = digits.strip_prefix('+').unwrap_or(digits);
-                if digits.is_empty() || digits.starts_with('+') {
-                    return None;
-                }
-                digits.parse::<i64>().ok()?
-            }
-        };
-    }
-    if mantissa == 0 {
-        return Some("0".to_string());
-    }
-    while mantissa.is_multiple_of(10) {
-        mantissa /= 10;
-        exponent += 1;
-    }
-    let sign = if negative { "-" } else { "" };
-    Some(format!("{sign}{mantissa}e{exponent}"))
+    text.parse::<ExactQuantity>()
+        .map_or_else(|_| text.to_string(), |q| q.to_string())
 }
 
 #[cfg(test)]

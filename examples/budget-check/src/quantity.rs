@@ -1,47 +1,17 @@
 //! Kubernetes resource quantities (`500m`, `2Gi`, `1e3`) as numbers.
 
-/// The value of a quantity in its base unit (cores, bytes, devices). Negative quantities are
-/// refused: a request cannot be negative.
+use kueue_admission_sdk::api::{ExactQuantity, QuantityError};
+
+/// The value of a quantity in its base unit (cores, bytes, devices), read exactly by the SDK
+/// and then turned into a number. Negative quantities are refused: a request cannot be
+/// negative.
 pub fn parse_quantity(q: &str) -> Result<f64, String> {
+    let exact: ExactQuantity = q.parse().map_err(|e: QuantityError| e.to_string())?;
     let bad = |why: &str| format!("{q:?} is not a resource quantity: {why}");
-    let q = q.trim();
-    let number_end = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(q.len());
-    let (number, suffix) = q.split_at(number_end);
-    if number.starts_with('-') {
+    if exact.is_negative() {
         return Err(bad("negative"));
     }
-    let unsigned = number.strip_prefix('+').unwrap_or(number);
-    // One sign at most: `+-1` would otherwise parse as -1.
-    if unsigned.starts_with(['+', '-']) {
-        return Err(bad("more than one sign"));
-    }
-    let value: f64 = unsigned.parse().map_err(|_| bad("no number"))?;
-    let scale = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0_f64.powi(2),
-        "Gi" => 1024.0_f64.powi(3),
-        "Ti" => 1024.0_f64.powi(4),
-        "Pi" => 1024.0_f64.powi(5),
-        "Ei" => 1024.0_f64.powi(6),
-        exp if exp.starts_with(['e', 'E']) => {
-            let power: i32 = exp[1..].parse().map_err(|_| bad("bad exponent"))?;
-            10.0_f64.powi(power)
-        }
-        _ => return Err(bad("unknown suffix")),
-    };
-    let v = value * scale;
+    let v = exact.to_f64();
     if v.is_finite() {
         Ok(v)
     } else {

@@ -9,12 +9,14 @@
 mod admissioncheck;
 mod conditions;
 mod provisioning;
+mod quantity;
 mod queues;
 mod workload;
 
 pub use admissioncheck::*;
 pub use conditions::*;
 pub use provisioning::*;
+pub use quantity::*;
 pub use queues::*;
 pub use workload::*;
 
