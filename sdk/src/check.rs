@@ -10,8 +10,9 @@ use k8s_openapi::jiff::Timestamp;
 use serde::de::DeserializeOwned;
 
 use crate::api::{AdmissionCheckState, CheckState, PodSetUpdate, Workload};
+use crate::extensions::Extensions;
+pub use crate::release::{ReleaseContext, ReleaseReason};
 use crate::retry::RetryPolicy;
-use crate::runtime::Extensions;
 
 /// An admission check, as its author sees it. The runtime does the rest: it watches
 /// AdmissionChecks and Workloads, calls [`decide`](Self::decide) only when a Workload holds
@@ -383,55 +384,6 @@ fn characters(n: usize) -> String {
     } else {
         format!("<{n} characters>")
     }
-}
-
-/// Why a Workload no longer needs what a check gave it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReleaseReason {
-    /// Quota was released without an eviction (e.g. the ClusterQueue was stopped).
-    QuotaReleased,
-    /// Kueue evicted the Workload.
-    Evicted,
-    /// The Workload was deactivated (`spec.active: false`).
-    Deactivated,
-    /// The job finished.
-    Finished,
-    /// The Workload is being deleted or is gone.
-    Deleted,
-    /// The check no longer applies to the Workload (removed from the ClusterQueue).
-    CheckRemoved,
-}
-
-impl ReleaseReason {
-    /// A stable label for metrics and events.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReleaseReason::QuotaReleased => "quota_released",
-            ReleaseReason::Evicted => "evicted",
-            ReleaseReason::Deactivated => "deactivated",
-            ReleaseReason::Finished => "finished",
-            ReleaseReason::Deleted => "deleted",
-            ReleaseReason::CheckRemoved => "check_removed",
-        }
-    }
-}
-
-/// What a check gets when a Workload stops needing it.
-pub struct ReleaseContext<'a> {
-    /// Namespace of the Workload.
-    pub namespace: &'a str,
-    /// Name of the Workload.
-    pub name: &'a str,
-    /// The Workload, unless it is already gone.
-    pub workload: Option<&'a Workload>,
-    /// The AdmissionCheck the release is for.
-    pub check_name: &'a str,
-    /// Why.
-    pub reason: ReleaseReason,
-    /// A client.
-    pub client: &'a kube::Client,
-    /// The time of the release.
-    pub now: Timestamp,
 }
 
 /// A check's answer for one Workload.

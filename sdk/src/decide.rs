@@ -20,7 +20,8 @@ use serde_json::json;
 
 use crate::api::{AdmissionCheckState, CheckState, Workload, workload_condition as cond};
 use crate::attempts::{self, AttemptRecord};
-use crate::check::{Decision, ReleaseReason, RetryDelay};
+use crate::check::{Decision, RetryDelay};
+use crate::release::ReleaseReason;
 use crate::retry::{RetryPolicy, requeue_after_seconds};
 
 /// Kueue's limit on `status.admissionChecks[].message` (characters).

@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 
 use crate::api::{CheckState, Workload, workload_condition as cond};
-use crate::check::ReleaseReason;
+use crate::release::ReleaseReason;
 
 /// Which Workloads a check in shadow mode is asked about.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

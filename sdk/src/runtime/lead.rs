@@ -12,15 +12,15 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{info, warn};
 
-use super::extensions::{Extensions, LeaderContext, WorkloadWaker};
-use super::{Shutdown, metrics, reconcile, tasks};
+use super::{Shutdown, context, metrics, reconcile, tasks};
 use crate::api::Workload;
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
+use crate::extensions::{Extensions, LeaderContext, WorkloadWaker};
 
 /// What the leader needs to reconcile.
 pub(super) struct Leading<C: AdmissionCheckController> {
-    pub(super) ctx: Arc<reconcile::Context<C>>,
+    pub(super) ctx: Arc<context::Context<C>>,
     /// For the check's own tasks: the client, the Workload cache, the shadow scope.
     pub(super) client: Client,
     pub(super) cache: Store<Workload>,

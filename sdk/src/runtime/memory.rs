@@ -7,10 +7,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::Workload;
+use crate::attempts;
 use crate::decide::LateRetry;
 use crate::shadow::ShadowRecord;
-
-use super::reconcile::{AskedAt, PairKey, PermanentFailure, lock};
 
 /// Everything kept, by Workload uid.
 #[derive(Debug, Default)]
@@ -121,6 +123,45 @@ impl Memory {
     pub fn len(&self) -> usize {
         lock(&self.0).len()
     }
+}
+
+/// (Workload uid, check name).
+pub(super) type PairKey = (String, String);
+
+/// Every critical section is a single insert, remove or lookup: a poisoned lock is sound.
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where a Workload stood when the check was asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AskedAt {
+    pub(super) attempt: u32,
+    pub(super) evictions: i32,
+}
+
+impl AskedAt {
+    #[cfg(test)]
+    pub(super) fn for_tests(attempt: u32, evictions: i32) -> Self {
+        Self { attempt, evictions }
+    }
+
+    pub(super) fn of(wl: &Workload, check: &str) -> Option<Self> {
+        let entry = wl.admission_check(check)?;
+        Some(Self {
+            attempt: attempts::attempt(wl, &entry.name),
+            evictions: wl.total_evictions(),
+        })
+    }
+}
+
+/// A permanent failure seen for a (Workload, check): since when, in which attempt (eviction
+/// count), with which message.
+#[derive(Clone, Debug)]
+pub(crate) struct PermanentFailure {
+    pub(super) since: Timestamp,
+    pub(super) evictions: i32,
+    pub(super) message: String,
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! - `workloads`: the Workload watch keeps the cache every replica holds and hands changes and
 //!   deletions on while this replica leads (`relist`: what a re-list means);
 //! - `leader` elects; `lead` runs the leader's part: kube-runtime's controller (one reconcile
-//!   at a time per Workload, backoff on errors) and the check's own tasks (`extensions`);
+//!   at a time per Workload, backoff on errors) and the check's own tasks ([`Extensions`]);
 //! - `reconcile` asks the check whenever [`crate::decide::eligibility`] says so and applies
 //!   what [`crate::decide::plan`] allows (`shadow`: the same, writing nothing; `memory`: what
 //!   is kept per Workload between reconciles; `own_writes`: our writes the cache lacks yet);
@@ -20,7 +20,7 @@
 mod admission_checks;
 mod checks;
 mod claim;
-mod extensions;
+mod context;
 mod http;
 mod kueue_api;
 mod lead;
@@ -46,7 +46,7 @@ use kube::runtime::reflector;
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-pub use extensions::{Extensions, LeaderContext, WorkloadWaker};
+pub use crate::extensions::{Extensions, LeaderContext, WorkloadWaker};
 pub use leader::{LEASE_OWNER_ANNOTATION, LeaderElection, lease_name_for};
 
 use crate::api::Workload;
@@ -199,7 +199,7 @@ where
         &mut background,
     );
     let cache_ready = readiness(feed.synced.clone(), checks_synced, health, &mut background);
-    let ctx = reconcile::Context::new(
+    let ctx = context::Context::new(
         client.clone(),
         controller,
         registry.clone(),
@@ -338,7 +338,7 @@ fn readiness(
 
 /// A deleted Workload never reaches the reconciler again: releases what its checks hold here.
 async fn release_deleted<C: AdmissionCheckController>(
-    ctx: Arc<reconcile::Context<C>>,
+    ctx: Arc<context::Context<C>>,
     mut deleted: mpsc::UnboundedReceiver<Workload>,
 ) {
     while let Some(wl) = deleted.recv().await {

@@ -13,10 +13,12 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::checks::ActiveCheck;
-use super::reconcile::{Context, PairKey, lock, release};
+use super::context::{Context, release};
+use super::memory::{PairKey, lock};
 use crate::api::{AdmissionCheckState, CheckState, Workload};
-use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass, ReleaseReason};
+use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass};
 use crate::error::Error;
+use crate::release::ReleaseReason;
 use crate::shadow::{
     ShadowEligibility, ShadowRecord, ShadowScope, ShadowStep, is_news, shadow_eligibility,
     shadow_step,

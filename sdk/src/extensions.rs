@@ -20,7 +20,7 @@ use crate::api::Workload;
 ///
 /// ```no_run
 /// # use std::time::Duration;
-/// # use kueue_admission_sdk::runtime::{Extensions, LeaderContext};
+/// # use kueue_admission_sdk::extensions::{Extensions, LeaderContext};
 /// let extensions = Extensions::new()
 ///     .while_leading("watch-my-objects", |ctx: LeaderContext| async move {
 ///         // Runs as long as this replica leads, e.g. a watch that wakes Workloads.

@@ -1,0 +1,258 @@
+//! What every reconcile shares: the client, the check, the registry of our checks, what is
+//! kept between reconciles, and the Events it publishes on Workloads.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector;
+use kube::{Client, Resource, ResourceExt};
+use sha2::Digest;
+use tracing::{info, warn};
+
+use super::checks::Registry;
+use super::memory::Memory;
+use super::own_writes::OwnWrites;
+use crate::api::Workload;
+use crate::check::AdmissionCheckController;
+use crate::error::Error;
+use crate::release::{ReleaseContext, ReleaseReason};
+
+pub(crate) struct Context<C: AdmissionCheckController> {
+    pub client: Client,
+    pub controller: Arc<C>,
+    pub registry: Registry<C::Parameters>,
+    pub field_manager: String,
+    pub recorder: Recorder,
+    /// What this process keeps about each Workload and (Workload, check) pair.
+    pub(super) memory: Memory,
+    /// Status writes the Workload cache does not show yet.
+    pub own_writes: Arc<OwnWrites>,
+    pub metrics: Arc<super::metrics::Metrics>,
+    pub(super) max_retry_delay: Duration,
+    pub(super) permanent_failure_hold: Duration,
+    /// Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), granted first come,
+    /// first served. kube's own limit hands a free slot to a waiting Workload picked in hash
+    /// order, so under a steady stream of changes some waited minutes for their turn (the soak
+    /// found Workloads holding quota unanswered for over 90 s); its limit is off and this one
+    /// is fair.
+    pub(super) turns: tokio::sync::Semaphore,
+    /// The Workload cache: a reconcile that waited for its turn decides on the newest version.
+    pub(super) cache: Option<reflector::Store<Workload>>,
+    /// Every check this process has found in the registry: a check that left it (deleted,
+    /// renamed, another controllerName, claimed by another deployment) may still have `asked`
+    /// pairs, released once their Workloads no longer need them. A handful of names.
+    pub(super) known_checks: Mutex<std::collections::BTreeSet<String>>,
+    /// [`super::RuntimeConfig::shadow`]: decide and publish, write nothing on Workloads.
+    pub(super) shadow: Option<crate::shadow::ShadowScope>,
+}
+
+impl<C: AdmissionCheckController> Context<C> {
+    /// Events are reported as the field manager of `config`.
+    pub fn new(
+        client: Client,
+        controller: Arc<C>,
+        registry: Registry<C::Parameters>,
+        config: &super::RuntimeConfig,
+        metrics: Arc<super::metrics::Metrics>,
+        own_writes: Arc<OwnWrites>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter::from(config.field_manager.clone()),
+        );
+        Self {
+            client,
+            controller,
+            registry,
+            field_manager: config.field_manager.clone(),
+            recorder,
+            memory: Default::default(),
+            own_writes,
+            metrics,
+            max_retry_delay: config.max_retry_delay,
+            permanent_failure_hold: config.permanent_failure_hold,
+            turns: tokio::sync::Semaphore::new(usize::from(config.concurrency.max(1))),
+            cache: None,
+            known_checks: Default::default(),
+            shadow: config.shadow.clone(),
+        }
+    }
+
+    /// Reconciles read the newest version of their Workload from `cache` once it is their turn.
+    pub fn with_cache(mut self, cache: reflector::Store<Workload>) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).
+    pub(super) fn revalidates(&self) -> bool {
+        self.controller.revalidate().asks_again()
+    }
+
+    /// Publishes an event on the Workload; a failure to publish is logged, never fatal.
+    pub(super) async fn event(&self, wl: &Workload, type_: EventType, reason: &str, note: String) {
+        let note = truncate_note(note);
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            action: event_action(&note),
+            note: Some(note),
+            secondary: None,
+        };
+        let reference = wl.object_ref(&());
+        let published = if fits_recorder_event_name(&wl.name_any()) {
+            self.recorder.publish(&event, &reference).await
+        } else {
+            publish_long_named(&self.client, &self.field_manager, &event, reference).await
+        };
+        if let Err(e) = published {
+            warn!(workload = %wl.name_any(), error = %e, "publishing an event");
+        }
+    }
+}
+
+/// kube-runtime's `Recorder` merges events by type, action and reason (not by note): a second
+/// `CheckRetry` with a new attempt and time would only raise the first one's count, and its
+/// message would be lost. A short digest of the note in the action keeps distinct messages
+/// apart, while repeats of the same message still merge.
+fn event_action(note: &str) -> String {
+    let digest = sha2::Sha256::digest(note.as_bytes());
+    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    format!("Decide-{hex}")
+}
+
+/// Event names are at most 253 characters. kube-runtime's `Recorder` names an event
+/// `<object>.<nanoseconds in hex>` (up to 16 digits), which does not fit for Workloads with
+/// names near the limit.
+fn fits_recorder_event_name(object: &str) -> bool {
+    object.len() + 1 + 16 <= 253
+}
+
+/// The name of an event about an object whose own name is too long for the `Recorder`'s
+/// scheme: its start (cut to end in a letter or digit), a dot and the time in hex.
+fn long_event_name(object: &str, nanos: i128) -> String {
+    let suffix = format!(".{:x}", nanos.max(0));
+    let mut keep = 253 - suffix.len();
+    while !object.is_char_boundary(keep.min(object.len())) {
+        keep -= 1;
+    }
+    let start =
+        object[..keep.min(object.len())].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{start}{suffix}")
+}
+
+/// Publishes an event about an object with a long name as the `Recorder` would (same fields),
+/// under a name that fits; repeats are not merged into a series.
+async fn publish_long_named(
+    client: &Client,
+    reporter: &str,
+    event: &Event,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    let now = Timestamp::now();
+    let object = reference.name.clone().unwrap_or_default();
+    let namespace = reference
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let body = K8sEvent {
+        action: Some(event.action.clone()),
+        reason: Some(event.reason.clone()),
+        note: event.note.clone(),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(reference),
+        metadata: ObjectMeta {
+            name: Some(long_event_name(&object, now.as_nanosecond())),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        },
+        reporting_controller: Some(reporter.to_string()),
+        reporting_instance: Some(reporter.to_string()),
+        type_: Some(match event.type_ {
+            EventType::Normal => "Normal".into(),
+            EventType::Warning => "Warning".into(),
+        }),
+        ..Default::default()
+    };
+    Api::<K8sEvent>::namespaced(client.clone(), &namespace)
+        .create(&Default::default(), &body)
+        .await
+        .map(|_| ())
+}
+
+/// Event notes are limited to 1 KiB by the API server.
+fn truncate_note(mut note: String) -> String {
+    const MAX: usize = 1024;
+    if note.len() > MAX {
+        let mut cut = MAX - '…'.len_utf8();
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push('…');
+    }
+    note
+}
+
+/// Calls the check's `release` for `check` on `wl`; a failure is an Event
+/// `CheckReleaseFailed` on the Workload and an error (the reconcile is retried with backoff).
+pub(super) async fn release<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    reason: ReleaseReason,
+) -> Result<(), Error> {
+    let namespace = wl.namespace().unwrap_or_default();
+    let name = wl.name_any();
+    let release = ReleaseContext {
+        namespace: &namespace,
+        name: &name,
+        workload: Some(wl),
+        check_name: check,
+        reason,
+        client: &ctx.client,
+        now: Timestamp::now(),
+    };
+    let mode = if ctx.shadow.is_some() {
+        " (shadow mode)"
+    } else {
+        ""
+    };
+    if let Err(e) = ctx.controller.release(&release).await {
+        let note = format!(
+            "check {check}{mode}: releasing after {}: {e}",
+            reason.as_str()
+        );
+        ctx.event(wl, EventType::Warning, "CheckReleaseFailed", note)
+            .await;
+        return Err(Error::Check(Box::new(e)));
+    }
+    info!(workload = %name, namespace, check, reason = reason.as_str(), shadow = ctx.shadow.is_some(), "released");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_about_long_named_workloads_get_names_that_fit() {
+        assert!(fits_recorder_event_name(&"a".repeat(236)));
+        assert!(!fits_recorder_event_name(&"a".repeat(237)));
+        let object = format!("{}-x", "a".repeat(250));
+        let name = long_event_name(&object, i128::from(i64::MAX));
+        assert!(name.len() <= 253, "{}", name.len());
+        assert!(name.starts_with("aaaa"));
+        assert!(name.ends_with(".7fffffffffffffff"));
+        let before_dot = name.rsplit_once('.').map(|(a, _)| a).unwrap_or_default();
+        assert!(
+            before_dot.ends_with('a'),
+            "ends in a letter or digit: {name}"
+        );
+    }
+}
