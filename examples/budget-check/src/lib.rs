@@ -20,6 +20,7 @@ pub mod backend;
 pub mod check;
 pub mod cost;
 pub mod error;
+pub mod flags;
 pub mod ledger;
 pub mod money;
 pub mod quantity;

@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod check;
 pub mod error;
+pub mod flags;
 pub mod ledger;
 pub mod pool;
 pub mod request;

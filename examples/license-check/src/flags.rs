@@ -1,0 +1,121 @@
+//! The binary's flags and environment variables, and the check they describe.
+
+use std::time::Duration;
+
+use crate::{ConfigMapBackend, DEFAULT_CONTROLLER_NAME, LicenseCheck, Settings};
+use clap::Parser;
+use kueue_admission_sdk::{Options, RetryPolicy};
+
+/// Kueue admission check for floating licenses: a Workload is admitted once the licenses it
+/// asks for are free, and holds them until it finishes or is evicted.
+#[derive(Debug, Parser)]
+#[command(version)]
+pub struct Flags {
+    /// The spec.controllerName of the AdmissionChecks this controller answers.
+    #[arg(long, env = "LICENSE_CHECK_CONTROLLER_NAME", default_value = DEFAULT_CONTROLLER_NAME)]
+    pub controller_name: String,
+
+    /// Namespace of the pool and ledger ConfigMaps (and of the leader Lease by default).
+    #[arg(long, env = "LICENSE_CHECK_NAMESPACE", default_value = "kueue-system")]
+    pub namespace: String,
+
+    /// ConfigMap listing the licenses that exist, one key per feature, the count as value.
+    #[arg(
+        long,
+        env = "LICENSE_CHECK_POOL_CONFIGMAP",
+        default_value = "license-pool"
+    )]
+    pub pool_configmap: String,
+
+    /// ConfigMap where the check records who holds what; created on first use.
+    #[arg(
+        long,
+        env = "LICENSE_CHECK_LEDGER_CONFIGMAP",
+        default_value = "license-ledger"
+    )]
+    pub ledger_configmap: String,
+
+    /// Delay before the second attempt of a Workload that found its licenses taken; doubles
+    /// with each attempt.
+    #[arg(long, env = "LICENSE_CHECK_BACKOFF_BASE_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub backoff_base_seconds: u64,
+
+    /// Longest delay between two attempts.
+    #[arg(long, env = "LICENSE_CHECK_BACKOFF_MAX_SECONDS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=2_147_483_647))]
+    pub backoff_max_seconds: u64,
+
+    /// Reject a Workload after this many attempts without free licenses; unset waits forever.
+    #[arg(long, env = "LICENSE_CHECK_RETRY_LIMIT")]
+    pub retry_limit: Option<u32>,
+
+    /// How soon a Workload left Pending by a missing or malformed pool is looked at again.
+    #[arg(long, env = "LICENSE_CHECK_POOL_RECHECK_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub pool_recheck_seconds: u64,
+
+    /// How often the ledger is checked against the Workloads, reclaiming licenses of Workloads
+    /// that finished or vanished unnoticed (e.g. while no controller ran).
+    #[arg(long, env = "LICENSE_CHECK_SWEEP_INTERVAL_SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub sweep_interval_seconds: u64,
+
+    #[command(flatten)]
+    pub runtime: Options,
+}
+
+impl Flags {
+    /// The check the flags describe, and the runtime options to run it with (the leader Lease
+    /// beside the check's ConfigMaps unless a flag or `$POD_NAMESPACE` says otherwise).
+    pub fn into_check(self) -> (LicenseCheck, Options) {
+        let mut retry_policy = RetryPolicy::exponential(
+            Duration::from_secs(self.backoff_base_seconds),
+            2.0,
+            Duration::from_secs(self.backoff_max_seconds.max(self.backoff_base_seconds)),
+            0.1,
+        );
+        retry_policy.retry_limit = self.retry_limit;
+        let check = LicenseCheck::new(
+            Settings {
+                controller_name: self.controller_name,
+                retry_policy,
+                pool_recheck: Duration::from_secs(self.pool_recheck_seconds),
+                sweep_interval: Duration::from_secs(self.sweep_interval_seconds),
+            },
+            ConfigMapBackend {
+                namespace: self.namespace.clone(),
+                pool: self.pool_configmap,
+                ledger: self.ledger_configmap,
+            },
+        );
+        let runtime = self.runtime.lease_namespace_by_default(self.namespace);
+        (check, runtime)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_refusals() {
+        let cli = Flags::try_parse_from(["license-check"]).expect("defaults parse");
+        assert_eq!(cli.controller_name, DEFAULT_CONTROLLER_NAME);
+        assert_eq!(
+            (cli.namespace.as_str(), cli.pool_configmap.as_str()),
+            ("kueue-system", "license-pool")
+        );
+        assert_eq!(cli.retry_limit, None);
+        for bad in [
+            "--backoff-base-seconds=0",
+            "--sweep-interval-seconds=0",
+            "--retry-limit=-1",
+        ] {
+            assert!(
+                Flags::try_parse_from(["license-check", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+}
