@@ -20,7 +20,6 @@ use kueue_admission_sdk::{
 };
 use tracing::{info, warn};
 
-use crate::cleanup;
 use crate::config::ProvisioningParameters;
 use crate::error::Error;
 use crate::identity::{self, Identity, Ownership, ownership};
@@ -29,6 +28,7 @@ use crate::names;
 use crate::outcome::{self, Outcome};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
 use crate::refusal::{self, Subject};
+use crate::requests;
 
 /// How often a Workload whose request names are all held by foreign objects looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
@@ -56,7 +56,7 @@ pub struct ProvisioningCheck {
 impl ProvisioningCheck {
     /// A check answering `settings.controller_name`.
     pub fn new(settings: Settings) -> Self {
-        let instance = cleanup::instance_label(&settings.controller_name);
+        let instance = identity::instance_label(&settings.controller_name);
         Self {
             settings,
             instance,
@@ -119,34 +119,13 @@ impl ProvisioningCheck {
         let namespace = wl.namespace().unwrap_or_default();
         let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
         let requests: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
-        let mut template_objects =
-            plan::pod_template_objects(plan, wl, me.check, attempt, cleanup::MANAGED_BY);
-        let mut made = Vec::with_capacity(template_objects.len());
-        for t in &mut template_objects {
-            t.labels_mut()
-                .insert(cleanup::INSTANCE_LABEL.into(), self.instance.clone());
-            let t = match templates.create(&PostParams::default(), t).await {
-                Ok(t) => t,
-                Err(e) if is_already_exists(&e) => {
-                    let existing = templates.get(&t.name_any()).await?;
-                    ours_or_taken(existing, me, "PodTemplate", &namespace)?
-                }
-                Err(e) => {
-                    return Err(refused(
-                        e,
-                        refusal::Kind::PodTemplate,
-                        &t.name_any(),
-                        wl,
-                        config,
-                    ));
-                }
-            };
-            made.push(t);
-        }
-        let mut request = plan::request_object(plan, wl, me.check, attempt, cleanup::MANAGED_BY);
+        let made = self
+            .create_templates(&templates, wl, me, attempt, plan, config)
+            .await?;
+        let mut request = plan::request_object(plan, wl, me.check, attempt, identity::MANAGED_BY);
         request
             .labels_mut()
-            .insert(cleanup::INSTANCE_LABEL.into(), self.instance.clone());
+            .insert(identity::INSTANCE_LABEL.into(), self.instance.clone());
         let created = match requests.create(&PostParams::default(), &request).await {
             Ok(r) => {
                 self.metrics.created(me.check, attempt);
@@ -168,30 +147,42 @@ impl ProvisioningCheck {
             }
         };
         if let Some(owner) = created.controller_owner_ref(&()) {
-            let owner = OwnerReference {
-                controller: Some(false),
-                block_owner_deletion: Some(false),
-                ..owner
-            };
-            for t in &made {
-                // The uid makes the patch fail if the name now holds another object.
-                let patch = serde_json::json!({
-                    "metadata": {"uid": t.uid(), "ownerReferences": [owner]}
-                });
-                if let Err(e) = templates
-                    .patch(
-                        &t.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await
-                {
-                    // Only garbage collection needs it; release and the sweep delete templates.
-                    warn!(template = %t.name_any(), error = %e, "setting the template's owner");
-                }
-            }
+            owned_by(&templates, &made, owner).await;
         }
         Ok(created)
+    }
+
+    /// Creates the request's PodTemplates (or takes ours that exist already).
+    async fn create_templates(
+        &self,
+        templates: &Api<PodTemplate>,
+        wl: &Workload,
+        me: &Identity<'_>,
+        attempt: u32,
+        plan: &RequestPlan,
+        config: &str,
+    ) -> Result<Vec<PodTemplate>, Error> {
+        let namespace = wl.namespace().unwrap_or_default();
+        let mut objects =
+            plan::pod_template_objects(plan, wl, me.check, attempt, identity::MANAGED_BY);
+        let mut made = Vec::with_capacity(objects.len());
+        for t in &mut objects {
+            t.labels_mut()
+                .insert(identity::INSTANCE_LABEL.into(), self.instance.clone());
+            let t = match templates.create(&PostParams::default(), t).await {
+                Ok(t) => t,
+                Err(e) if is_already_exists(&e) => {
+                    let existing = templates.get(&t.name_any()).await?;
+                    ours_or_taken(existing, me, "PodTemplate", &namespace)?
+                }
+                Err(e) => {
+                    let kind = refusal::Kind::PodTemplate;
+                    return Err(refused(e, kind, &t.name_any(), wl, config));
+                }
+            };
+            made.push(t);
+        }
+        Ok(made)
     }
 
     /// Our request for this attempt, under whichever of its names it has, or what holds each
@@ -251,7 +242,7 @@ impl ProvisioningCheck {
                 Ownership::Predecessor
                     if self.workload_is_current(client, namespace, me).await? =>
                 {
-                    cleanup::delete_exactly(&templates, &t).await?;
+                    requests::delete_exactly(&templates, &t).await?;
                 }
                 _ => {
                     return Ok(Err(format!(
@@ -287,13 +278,13 @@ impl ProvisioningCheck {
                 .is_some_and(|r| ownership(&r.metadata, me) == Ownership::Predecessor)
         }) && self.workload_is_current(client, &namespace, me).await?
         {
-            cleanup::delete_request(client, &self.instance, old).await?;
+            requests::delete_request(client, &self.instance, old).await?;
             return Ok(Decision::pending(format!(
                 "replacing ProvisioningRequest {namespace}/{name}, left by an earlier Workload of \
                  the same name"
             )));
         }
-        cleanup::delete_requests_of(client, &self.instance, wl, me.check, |r| {
+        requests::delete_requests_of(client, &self.instance, wl, me.check, |r| {
             names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt)
         })
         .await?;
@@ -427,8 +418,27 @@ pub(crate) fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
 }
 
-pub(crate) fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
+/// Makes `owner` (the request) an owner of the templates made for it, for the garbage
+/// collector. Best effort: release and the sweep delete templates anyway.
+async fn owned_by(templates: &Api<PodTemplate>, made: &[PodTemplate], owner: OwnerReference) {
+    let owner = OwnerReference {
+        controller: Some(false),
+        block_owner_deletion: Some(false),
+        ..owner
+    };
+    for t in made {
+        // The uid makes the patch fail if the name now holds another object.
+        let patch = serde_json::json!({
+            "metadata": {"uid": t.uid(), "ownerReferences": [owner]}
+        });
+        let params = PatchParams::default();
+        if let Err(e) = templates
+            .patch(&t.name_any(), &params, &Patch::Merge(&patch))
+            .await
+        {
+            warn!(template = %t.name_any(), error = %e, "setting the template's owner");
+        }
+    }
 }
 
 /// The error for a failed create of `object`: [`Error::Refused`] when the API server refused it
@@ -487,10 +497,6 @@ enum Located {
     Absent(Vec<(String, Option<ProvisioningRequest>)>),
 }
 
-pub(crate) fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
 /// The answer for a Workload admitted before this check applied to it.
 pub const ADMITTED_BEFORE_THE_CHECK: &str = "the Workload was admitted before this check applied \
      to it (its pods are placed): no capacity is provisioned for it";
@@ -532,7 +538,7 @@ impl AdmissionCheckController for ProvisioningCheck {
     fn while_leading(&self) -> Extensions {
         let (instance, metrics) = (self.instance().to_string(), self.metrics());
         Extensions::new().while_leading("provisioning-requests", move |ctx| {
-            crate::cleanup::watch_requests(ctx, instance, metrics)
+            crate::request_watch::watch_requests(ctx, instance, metrics)
         })
     }
 
@@ -576,36 +582,10 @@ impl AdmissionCheckController for ProvisioningCheck {
         }
         let check = ctx.entry.name.as_str();
         let attempt = ctx.attempt();
-        let config = &ctx.parameters.spec;
-        let flavors = self.assigned_flavors(ctx.client, wl).await?;
-        let config_name = ctx.parameters.metadata.name.as_str();
-        // Parameters no ProvisioningRequest accepts (a too long annotation) are found here,
-        // before anything is created, and reported as the user's to fix.
-        let plan = plan::plan(&PlanInput {
-            workload: wl,
-            check,
-            attempt,
-            config,
-            flavors: &flavors,
-        })
-        .map_err(|e| {
-            let subject = Subject {
-                namespace: &namespace,
-                workload: &wl.name_any(),
-                config: config_name,
-            };
-            match refusal::for_plan(&e, &subject) {
-                Some(message) => Error::Refused { message, api: None },
-                None => Error::Plan(e),
-            }
-        })?;
-        let plan = match plan {
-            Plan::NotNeeded => {
-                return Ok(Decision::ready(
-                    "no podset needs capacity: the provisioning request is not needed",
-                ));
-            }
-            Plan::Request(p) => p,
+        let Some(plan) = self.plan_for(ctx, &namespace).await? else {
+            return Ok(Decision::ready(
+                "no podset needs capacity: the provisioning request is not needed",
+            ));
         };
         let (workload, uid) = (
             wl.name_any(),
@@ -633,12 +613,81 @@ impl AdmissionCheckController for ProvisioningCheck {
         };
         // The request is ours (the rule in `locate`): only now may its name reach podSetUpdates.
         let plan = plan.renamed(&request.name_any());
+        self.answer_from(ctx, &namespace, &request, &plan).await
+    }
+
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
+        let Some(wl) = ctx.workload else {
+            return Ok(());
+        };
+        let deleted =
+            requests::delete_requests_of(ctx.client, &self.instance, wl, ctx.check_name, |_| true)
+                .await?;
+        if deleted > 0 {
+            info!(
+                workload = %ctx.name,
+                namespace = %ctx.namespace,
+                check = %ctx.check_name,
+                reason = ctx.reason.as_str(),
+                deleted,
+                "deleted ProvisioningRequests"
+            );
+        }
+        Ok(())
+    }
+}
+
+impl ProvisioningCheck {
+    /// The request this Workload needs (`None`: no podset needs capacity). Parameters no
+    /// ProvisioningRequest accepts (a too long annotation) are found here, before anything is
+    /// created, and reported as the user's to fix.
+    async fn plan_for(
+        &self,
+        ctx: &CheckContext<'_, ProvisioningParameters>,
+        namespace: &str,
+    ) -> Result<Option<RequestPlan>, Error> {
+        let wl = ctx.workload;
+        let flavors = self.assigned_flavors(ctx.client, wl).await?;
+        let plan = plan::plan(&PlanInput {
+            workload: wl,
+            check: &ctx.entry.name,
+            attempt: ctx.attempt(),
+            config: &ctx.parameters.spec,
+            flavors: &flavors,
+        })
+        .map_err(|e| {
+            let subject = Subject {
+                namespace,
+                workload: &wl.name_any(),
+                config: &ctx.parameters.metadata.name,
+            };
+            match refusal::for_plan(&e, &subject) {
+                Some(message) => Error::Refused { message, api: None },
+                None => Error::Plan(e),
+            }
+        })?;
+        Ok(match plan {
+            Plan::NotNeeded => None,
+            Plan::Request(p) => Some(p),
+        })
+    }
+
+    /// The answer given by our current `request` (made from `plan`): recreated if the config
+    /// changed since, else what its conditions say.
+    async fn answer_from(
+        &self,
+        ctx: &CheckContext<'_, ProvisioningParameters>,
+        namespace: &str,
+        request: &ProvisioningRequest,
+        plan: &RequestPlan,
+    ) -> Result<Decision, Error> {
+        let (wl, check, attempt) = (ctx.workload, ctx.entry.name.as_str(), ctx.attempt());
         let qualified = format!("{namespace}/{}", plan.name);
-        if !matches_plan(&plan, &request) {
+        if !matches_plan(plan, request) {
             // The config changed since the request was made (the request spec is immutable).
             // The desired request already includes the Workload's annotation overrides, so a
             // request made from them is never judged out of date: no recreate loop.
-            cleanup::delete_request(ctx.client, &self.instance, &request).await?;
+            requests::delete_request(ctx.client, &self.instance, request).await?;
             return Ok(Decision::pending(format!(
                 "ProvisioningRequest {qualified} no longer matches ProvisioningRequestConfig {}; \
                  recreating it",
@@ -647,7 +696,7 @@ impl AdmissionCheckController for ProvisioningCheck {
         }
         let timeout = ctx.parameters.timeout(self.settings.default_timeout);
         let admitted = wl.condition_is_true(cond::ADMITTED);
-        let o = outcome::outcome(&request, admitted, timeout, ctx.now);
+        let o = outcome::outcome(request, admitted, timeout, ctx.now);
         if matches!(o, Outcome::TimedOut(_)) {
             let first = self
                 .timed_out
@@ -665,28 +714,8 @@ impl AdmissionCheckController for ProvisioningCheck {
             .collect();
         let node_selector = ctx.parameters.node_selector_updates();
         Ok(outcome::decision(&o, &qualified, attempt, || {
-            outcome::pod_set_updates(&request, &members, node_selector)
+            outcome::pod_set_updates(request, &members, node_selector)
         }))
-    }
-
-    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
-        let Some(wl) = ctx.workload else {
-            return Ok(());
-        };
-        let deleted =
-            cleanup::delete_requests_of(ctx.client, &self.instance, wl, ctx.check_name, |_| true)
-                .await?;
-        if deleted > 0 {
-            info!(
-                workload = %ctx.name,
-                namespace = %ctx.namespace,
-                check = %ctx.check_name,
-                reason = ctx.reason.as_str(),
-                deleted,
-                "deleted ProvisioningRequests"
-            );
-        }
-        Ok(())
     }
 }
 
@@ -732,6 +761,6 @@ mod tests {
         };
         assert!(is_already_exists(&status(409, "AlreadyExists")));
         assert!(!is_already_exists(&status(409, "Conflict")));
-        assert!(is_not_found(&status(404, "NotFound")));
+        assert!(crate::requests::is_not_found(&status(404, "NotFound")));
     }
 }

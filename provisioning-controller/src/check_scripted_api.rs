@@ -9,9 +9,9 @@ use kueue_admission_sdk::api::{CheckState, ProvisioningRequestConfigSpec, Resour
 use kueue_admission_sdk::testing::{ScriptedApi, WorkloadBuilder};
 
 use super::{ProvisioningCheck, Settings};
-use crate::cleanup::{INSTANCE_LABEL, MANAGED_BY};
 use crate::error::Error;
 use crate::identity::Identity;
+use crate::identity::{INSTANCE_LABEL, MANAGED_BY};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
 
 const CHECK: &str = "prov";
@@ -235,7 +235,7 @@ impl Setup {
     }
 
     async fn release(&self) -> Result<usize, Error> {
-        crate::cleanup::delete_requests_of(
+        crate::requests::delete_requests_of(
             &self.api.client(),
             self.check.instance(),
             &self.wl,
@@ -368,4 +368,67 @@ async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_reque
     assert_eq!(decision.state(), CheckState::Ready);
     assert_eq!(decision.message(), super::ADMITTED_BEFORE_THE_CHECK);
     assert!(s.api.requests().is_empty(), "nothing read or created");
+}
+
+/// The config changed since the request was made (a request's spec is immutable): the request
+/// and the templates made with it are deleted, each by uid, and the answer says it is being
+/// made again; nothing else is touched.
+#[tokio::test]
+async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_made_again() {
+    use kueue_admission_sdk::CheckContext;
+    use kueue_admission_sdk::api::ProvisioningRequest;
+
+    let s = setup();
+    let mut stale = s.ours();
+    stale["spec"]["provisioningClassName"] = "queued-provisioning.gke.io".into();
+    stale["metadata"]["uid"] = "r-1".into();
+    let stale: ProvisioningRequest = serde_json::from_value(stale).expect("a request");
+    let deleted = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Success"});
+    s.api.answer(200, s.template());
+    s.api.answer(200, &deleted);
+    s.api.answer(200, &deleted);
+    let parameters = crate::config::ProvisioningParameters {
+        metadata: crate::config::ConfigMetadata {
+            name: "cfg".into(),
+            ..Default::default()
+        },
+        spec: ProvisioningRequestConfigSpec {
+            provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
+            ..Default::default()
+        },
+    };
+    let client = s.api.client();
+    let ctx = CheckContext {
+        workload: &s.wl,
+        entry: s.wl.admission_check(CHECK).expect("the entry"),
+        parameters: &parameters,
+        client: &client,
+        now: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        shadow: None,
+    };
+    let decision = s
+        .check
+        .answer_from(&ctx, "ns", &stale, &s.plan)
+        .await
+        .expect("answered");
+    assert_eq!(decision.state(), CheckState::Pending);
+    assert!(
+        decision
+            .message()
+            .contains("no longer matches ProvisioningRequestConfig cfg; recreating it"),
+        "{}",
+        decision.message()
+    );
+    assert_eq!(
+        s.writes(),
+        ["DELETE podtemplates", "DELETE provisioningrequests"]
+    );
+    let uids: Vec<serde_json::Value> = s
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| r.body["preconditions"]["uid"].clone())
+        .collect();
+    assert_eq!(uids, ["t-1", "r-1"], "each deleted by uid");
 }

@@ -9,8 +9,8 @@
 //! name, and is never deleted, patched or referenced.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use sha2::{Digest, Sha256};
 
-use crate::cleanup::INSTANCE_LABEL;
 use crate::plan::{CHECK_ANNOTATION, WORKLOAD_ANNOTATION, WORKLOAD_UID_LABEL};
 
 /// The controllerName of Kueue's built-in provisioning check.
@@ -115,6 +115,20 @@ pub fn describe_owner(meta: &ObjectMeta, me: &Identity<'_>) -> String {
     } else {
         format!("not made by this controller{owned_by}")
     }
+}
+
+/// `app.kubernetes.io/managed-by` on every request and template this controller creates.
+pub const MANAGED_BY: &str = "kueue-provisioning-controller";
+
+/// Label naming the controller instance (a hash of its controllerName) that owns an object,
+/// so that two instances with different controllerNames never touch each other's requests.
+pub const INSTANCE_LABEL: &str = "kueue-admission-checks.dev/instance";
+
+/// The value of [`INSTANCE_LABEL`] for a controllerName: short, stable, a valid label value.
+pub fn instance_label(controller_name: &str) -> String {
+    let digest = Sha256::digest(controller_name.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("pr-{hex}")
 }
 
 #[cfg(test)]
@@ -279,5 +293,16 @@ mod tests {
             None
         );
         assert_eq!(Identity::recorded_on(&meta(&[], &[]), "pr-1"), None);
+    }
+
+    #[test]
+    fn instance_labels_are_valid_label_values() {
+        let v = instance_label("kueue-admission-checks.dev/provisioning-request");
+        assert!(v.len() <= 63);
+        assert!(v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        assert_eq!(
+            v,
+            instance_label("kueue-admission-checks.dev/provisioning-request")
+        );
     }
 }

@@ -7,17 +7,19 @@
 //!
 //! Layers, from pure to I/O:
 //! - [`names`]: names of requests and PodTemplates, within 253 characters, that parse back;
-//! - [`plan`]: which podsets need capacity, merge policies, the PodTemplates and the request;
+//! - [`plan`]: which podsets need capacity and the request (`plan/templates`: the PodTemplates;
+//!   `plan/merge`: merge policies and semantic equality);
 //! - [`outcome`]: a request's conditions (and the clock) → the check's decision;
 //! - [`config`]: the parameters (Kueue's ProvisioningRequestConfig) and this controller's extras;
 //! - [`refusal`]: what the user reads when what the check must create is (or would be) refused;
 //! - [`check`]: the SDK trait implementation, creating and reading requests;
-//! - [`identity`]: which objects are ours (the rule checked before any delete, patch or use);
-//! - [`cleanup`]: watching our requests, waking their Workloads, removing what nobody needs;
-//! - [`simulator`]: plays cluster-autoscaler's part for tests and the demo.
+//! - [`identity`]: which objects are ours (labels, annotations, "made for"; the rule checked
+//!   before any delete, patch or use);
+//! - [`requests`]: deleting what this instance made, and only that;
+//! - [`request_watch`]: watching our requests, waking their Workloads, removing what nobody
+//!   needs.
 
 pub mod check;
-pub mod cleanup;
 pub mod config;
 pub mod error;
 pub mod identity;
@@ -26,7 +28,8 @@ pub mod names;
 pub mod outcome;
 pub mod plan;
 pub mod refusal;
-pub mod simulator;
+pub mod request_watch;
+pub mod requests;
 
 pub use check::{ProvisioningCheck, Settings};
 pub use config::ProvisioningParameters;

@@ -130,53 +130,76 @@ pub fn for_api(
     {
         return None;
     }
-    let all: Vec<&kube::core::response::StatusCause> = status
-        .details
-        .as_ref()
-        .map(|d| d.causes.iter().collect())
-        .unwrap_or_default();
-    // The API server adds a cause without a field ("<nil>") saying that validation rules were
-    // skipped because of the others: only noise next to them.
-    let named = |c: &&kube::core::response::StatusCause| !c.field.is_empty() && c.field != "<nil>";
-    let causes: Vec<&kube::core::response::StatusCause> = if all.iter().any(named) {
-        all.into_iter().filter(named).collect()
-    } else {
-        all
-    };
-    let keep = [object];
-    let details = if causes.is_empty() {
-        redact(&status.message, &keep)
-    } else {
-        let mut named: Vec<String> = causes
-            .iter()
-            .take(MAX_CAUSES)
-            .map(|c| {
-                let message = redact(&c.message, &keep);
-                if c.field.is_empty() {
-                    message
-                } else {
-                    format!("{}: {message}", c.field)
-                }
-            })
-            .collect();
-        if causes.len() > MAX_CAUSES {
-            named.push(format!("{} more", causes.len() - MAX_CAUSES));
-        }
-        named.join("; ")
-    };
-    let details = truncate(&details, MAX_DETAILS);
+    let causes = named_causes(status);
+    let details = truncate(&describe_causes(status, &causes, object), MAX_DETAILS);
     let reason = if status.reason.is_empty() {
         "Invalid"
     } else {
         status.reason.as_str()
     };
+    let hint = fix_hint(kind, &causes, annotation_keys, s);
+    Some(format!(
+        "the API server refused to create {} {}/{object} ({reason}, {}): {details}. {hint}",
+        kind.as_str(),
+        s.namespace,
+        status.code
+    ))
+}
+
+type Cause = kube::core::response::StatusCause;
+
+/// The causes of a refusal that name a field (all of them if none does). The API server adds a
+/// cause without a field ("<nil>") saying that validation rules were skipped because of the
+/// others: only noise next to them.
+fn named_causes(status: &kube::core::Status) -> Vec<&Cause> {
+    let all: Vec<&Cause> = status
+        .details
+        .as_ref()
+        .map(|d| d.causes.iter().collect())
+        .unwrap_or_default();
+    let named = |c: &&Cause| !c.field.is_empty() && c.field != "<nil>";
+    if all.iter().any(named) {
+        all.into_iter().filter(named).collect()
+    } else {
+        all
+    }
+}
+
+/// The causes, field by field (at most [`MAX_CAUSES`]), or the status message without them;
+/// quoted values other than `object` redacted.
+fn describe_causes(status: &kube::core::Status, causes: &[&Cause], object: &str) -> String {
+    let keep = [object];
+    if causes.is_empty() {
+        return redact(&status.message, &keep);
+    }
+    let mut named: Vec<String> = causes
+        .iter()
+        .take(MAX_CAUSES)
+        .map(|c| {
+            let message = redact(&c.message, &keep);
+            if c.field.is_empty() {
+                message
+            } else {
+                format!("{}: {message}", c.field)
+            }
+        })
+        .collect();
+    if causes.len() > MAX_CAUSES {
+        named.push(format!("{} more", causes.len() - MAX_CAUSES));
+    }
+    named.join("; ")
+}
+
+/// Where the refused value came from and what to fix: a Workload annotation, the config, the
+/// Job, or the ResourceFlavor.
+fn fix_hint(kind: Kind, causes: &[&Cause], annotation_keys: &[String], s: &Subject<'_>) -> String {
     let parameter_field = |key: &str| {
         causes.iter().any(|c| {
             c.field == format!("spec.parameters.{key}")
                 || c.field == format!("spec.parameters[{key}]")
         })
     };
-    let hint = match kind {
+    match kind {
         Kind::ProvisioningRequest => {
             match annotation_keys.iter().find(|k| parameter_field(k.as_str())) {
                 Some(key) => format!(
@@ -200,13 +223,7 @@ pub fn for_api(
                               labels and tolerations of its ResourceFlavor: fix the ResourceFlavor, \
                               or the Job's pod template and submit the Job again"
             .to_string(),
-    };
-    Some(format!(
-        "the API server refused to create {} {}/{object} ({reason}, {}): {details}. {hint}",
-        kind.as_str(),
-        s.namespace,
-        status.code
-    ))
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use autoscaler_simulator::{self as simulator, Script};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PodTemplate;
 use kube::ResourceExt;
@@ -18,8 +19,7 @@ use kueue_admission_sdk::api::{
     AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, ProvisioningRequest,
     ProvisioningRequestConfig, Workload,
 };
-use kueue_provisioning_controller::simulator::{self, Script};
-use kueue_provisioning_controller::{ProvisioningCheck, Settings, cleanup};
+use kueue_provisioning_controller::{ProvisioningCheck, Settings, identity};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -330,8 +330,8 @@ impl TestEnv {
     pub async fn our_requests(&self) -> Result<Vec<String>> {
         let selector = format!(
             "{}={}",
-            cleanup::INSTANCE_LABEL,
-            cleanup::instance_label(&self.provisioning_controller_name())
+            identity::INSTANCE_LABEL,
+            identity::instance_label(&self.provisioning_controller_name())
         );
         let list = self
             .provisioning_requests()
@@ -346,8 +346,8 @@ impl TestEnv {
     pub async fn our_pod_templates(&self) -> Result<Vec<String>> {
         let selector = format!(
             "{}={}",
-            cleanup::INSTANCE_LABEL,
-            cleanup::instance_label(&self.provisioning_controller_name())
+            identity::INSTANCE_LABEL,
+            identity::instance_label(&self.provisioning_controller_name())
         );
         let list = Api::<PodTemplate>::namespaced(self.client.clone(), &self.ns)
             .list(&ListParams::default().labels(&selector))

@@ -42,7 +42,7 @@ use kueue_provisioning_controller::plan::{
     CHECK_ANNOTATION, MANAGED_BY_LABEL, PARAMETER_ANNOTATION_PREFIX, REQUEST_ANNOTATION,
     WORKLOAD_ANNOTATION, WORKLOAD_UID_LABEL,
 };
-use kueue_provisioning_controller::{cleanup, names};
+use kueue_provisioning_controller::{identity, names};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -219,7 +219,7 @@ impl Run {
         let env = TestEnv::new(&format!("chart-rbac-{label}")).await?;
         let started = Instant::now();
         let controller_name = env.provisioning_controller_name();
-        let instance = cleanup::instance_label(&controller_name);
+        let instance = identity::instance_label(&controller_name);
         let check = env.cluster_name("prov");
         // First, since the sweep spares PodTemplates younger than 60 s: one of this controller
         // instance's, left by a request that no longer exists. It records the Workload and check
@@ -229,8 +229,8 @@ impl Run {
             "metadata": {
                 "name": orphan_template,
                 "labels": {
-                    cleanup::INSTANCE_LABEL: instance,
-                    MANAGED_BY_LABEL: cleanup::MANAGED_BY,
+                    identity::INSTANCE_LABEL: instance,
+                    MANAGED_BY_LABEL: identity::MANAGED_BY,
                     WORKLOAD_UID_LABEL: "00000000-0000-0000-0000-000000000001",
                 },
                 "annotations": {
@@ -300,8 +300,8 @@ impl Run {
             "metadata": {
                 "name": orphan_request,
                 "labels": {
-                    cleanup::INSTANCE_LABEL: instance,
-                    MANAGED_BY_LABEL: cleanup::MANAGED_BY,
+                    identity::INSTANCE_LABEL: instance,
+                    MANAGED_BY_LABEL: identity::MANAGED_BY,
                     WORKLOAD_UID_LABEL: "00000000-0000-0000-0000-000000000000",
                 },
                 "annotations": {WORKLOAD_ANNOTATION: "gone", CHECK_ANNOTATION: check},
@@ -596,7 +596,7 @@ impl Run {
         env.complete_job("job", &wl).await?;
         let selector = format!(
             "{}={},{WORKLOAD_UID_LABEL}={uid}",
-            cleanup::INSTANCE_LABEL,
+            identity::INSTANCE_LABEL,
             self.instance
         );
         step!(

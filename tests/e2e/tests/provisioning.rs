@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use autoscaler_simulator::{CLASS_DETAILS_ANNOTATION, SCRIPT_ANNOTATION};
 use e2e::TestEnv;
 use e2e::provisioning::{History, Provisioning, Running};
 use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
@@ -22,7 +23,6 @@ use kueue_admission_sdk::api::{
     provisioning_condition as pr, workload_condition as cond,
 };
 use kueue_provisioning_controller::config::TIMEOUT_ANNOTATION;
-use kueue_provisioning_controller::simulator::{CLASS_DETAILS_ANNOTATION, SCRIPT_ANNOTATION};
 use serde_json::{Value, json};
 
 /// A config spec with this retry strategy (`backoffMaxSeconds` 10).

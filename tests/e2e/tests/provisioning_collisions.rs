@@ -5,6 +5,7 @@
 //! or named in our podSetUpdates, and every Workload is admitted or told why not.
 
 use anyhow::{Context, Result, ensure};
+use autoscaler_simulator as simulator;
 use e2e::provisioning::{Provisioning, Running};
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
@@ -16,7 +17,7 @@ use kueue_admission_sdk::api::{
 };
 use kueue_provisioning_controller::identity::{KUEUE_CONTROLLER_NAME, KUEUE_MANAGED_LABEL};
 use kueue_provisioning_controller::outcome::CONSUME_ANNOTATION;
-use kueue_provisioning_controller::{cleanup, names, plan, simulator};
+use kueue_provisioning_controller::{identity, names, plan};
 use serde_json::json;
 
 /// Our check (from the harness), Kueue's check whose name ends with `-<ours>`, and the names
@@ -213,7 +214,7 @@ fn assert_kueues(r: &ProvisioningRequest, t: &PodTemplate, wl: &Workload) -> Res
     for labels in [r.labels(), t.labels()] {
         ensure!(
             labels.get(KUEUE_MANAGED_LABEL).map(String::as_str) == Some("true")
-                && !labels.contains_key(cleanup::INSTANCE_LABEL),
+                && !labels.contains_key(identity::INSTANCE_LABEL),
             "not Kueue's: {labels:?}"
         );
     }
@@ -230,7 +231,8 @@ fn assert_kueues(r: &ProvisioningRequest, t: &PodTemplate, wl: &Workload) -> Res
 /// Asserts a request is ours, made for Workload `wl`.
 fn assert_ours(r: &ProvisioningRequest, wl: &Workload, controller_name: &str) -> Result<()> {
     ensure!(
-        r.labels().get(cleanup::INSTANCE_LABEL) == Some(&cleanup::instance_label(controller_name))
+        r.labels().get(identity::INSTANCE_LABEL)
+            == Some(&identity::instance_label(controller_name))
             && r.labels().get(plan::WORKLOAD_UID_LABEL) == wl.uid().as_ref()
             && r.owner_references().is_empty(),
         "not ours for {}: {}",

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
+use autoscaler_simulator as simulator;
 use e2e::provisioning::Running;
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
@@ -23,7 +24,7 @@ use kueue_admission_sdk::api::{
     workload_condition as cond,
 };
 use kueue_provisioning_controller::outcome::{CLASS_ANNOTATION, CONSUME_ANNOTATION};
-use kueue_provisioning_controller::{cleanup, names, plan, simulator};
+use kueue_provisioning_controller::{identity, names, plan};
 use serde_json::{Value, json};
 
 /// Kueue's built-in ProvisioningRequest check.
@@ -973,8 +974,8 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
     let r = env.provisioning_requests().get(&ours_req).await?;
     let labels = r.labels();
     assert_eq!(
-        labels.get(cleanup::INSTANCE_LABEL),
-        Some(&cleanup::instance_label(&p.controller_name))
+        labels.get(identity::INSTANCE_LABEL),
+        Some(&identity::instance_label(&p.controller_name))
     );
     assert_eq!(
         labels.get(plan::WORKLOAD_UID_LABEL),
@@ -984,7 +985,7 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
     );
     assert_eq!(
         labels.get(plan::MANAGED_BY_LABEL).map(String::as_str),
-        Some(cleanup::MANAGED_BY)
+        Some(identity::MANAGED_BY)
     );
     assert!(r.owner_references().is_empty(), "{}", dump(&r));
     assert_eq!(
@@ -1005,7 +1006,7 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
         k.labels().get("kueue.x-k8s.io/managed").map(String::as_str),
         Some("true")
     );
-    assert!(!k.labels().contains_key(cleanup::INSTANCE_LABEL));
+    assert!(!k.labels().contains_key(identity::INSTANCE_LABEL));
     assert!(!k.labels().contains_key(plan::WORKLOAD_UID_LABEL));
 
     // Exactly these two requests; they survive while both controllers reconcile both

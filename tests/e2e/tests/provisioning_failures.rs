@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
+use autoscaler_simulator::SCRIPT_ANNOTATION;
 use e2e::provisioning::{History, Provisioning, Running};
 use e2e::{SuspendedJob, TestEnv, dump, wait_for};
 use k8s_openapi::api::batch::v1::Job;
@@ -33,7 +34,6 @@ use kueue_provisioning_controller::plan::{
     PARAMETER_ANNOTATION_PREFIX, ParameterSource, PlanError,
 };
 use kueue_provisioning_controller::refusal::{self, Subject};
-use kueue_provisioning_controller::simulator::SCRIPT_ANNOTATION;
 use serde_json::{Value, json};
 
 /// How long the controller under test lets a Workload keep its quota after a permanent failure.

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use autoscaler_simulator::SCRIPT_ANNOTATION;
 use clap::Parser;
 use e2e::TestEnv;
 use futures::StreamExt;
@@ -17,7 +18,6 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kueue_admission_sdk::api::{ProvisioningRequest, Workload, workload_condition as cond};
-use kueue_provisioning_controller::simulator::SCRIPT_ANNOTATION;
 use serde_json::json;
 
 #[derive(Parser)]

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use autoscaler_simulator::SCRIPT_ANNOTATION;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, PodTemplate};
@@ -28,8 +29,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kueue_admission_sdk::api::{
     ClusterQueue, ProvisioningRequest, ProvisioningRequestConfig, Workload,
 };
-use kueue_provisioning_controller::cleanup::{INSTANCE_LABEL, instance_label};
-use kueue_provisioning_controller::simulator::SCRIPT_ANNOTATION;
+use kueue_provisioning_controller::identity::{INSTANCE_LABEL, instance_label};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 

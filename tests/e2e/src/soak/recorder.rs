@@ -10,6 +10,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use autoscaler_simulator::attempt_of_name;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
@@ -20,7 +21,6 @@ use kueue_admission_sdk::api::{
 };
 use kueue_admission_sdk::attempts;
 use kueue_provisioning_controller::plan::{CHECK_ANNOTATION, WORKLOAD_UID_LABEL};
-use kueue_provisioning_controller::simulator::attempt_of_name;
 use tokio::sync::watch;
 
 use super::plan::{End, LICENSE_POOL, Plan, Queue};

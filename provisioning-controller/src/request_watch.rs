@@ -18,42 +18,26 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
 use kueue_admission_sdk::LeaderContext;
 use kueue_admission_sdk::api::{
     ProvisioningRequest, Workload, find_condition, provisioning_condition as pr,
 };
 use kueue_admission_sdk::holding::{self, Holding, Lasts};
-use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::check::{is_conflict, is_not_found};
-use crate::error::Error;
-use crate::identity::{Identity, Ownership, ownership};
+use crate::identity::{INSTANCE_LABEL, Identity, Ownership, ownership};
 use crate::metrics::{Metrics, Transition};
 use crate::names;
 use crate::plan;
-
-/// `app.kubernetes.io/managed-by` on every request and template this controller creates.
-pub const MANAGED_BY: &str = "kueue-provisioning-controller";
-
-/// Label naming the controller instance (a hash of its controllerName) that owns an object,
-/// so that two instances with different controllerNames never touch each other's requests.
-pub const INSTANCE_LABEL: &str = "kueue-admission-checks.dev/instance";
+use crate::requests::{delete_exactly, delete_request, delete_templates};
 
 /// Templates younger than this are never swept as orphans: a template is created just before
 /// its request.
 const TEMPLATE_GRACE: Duration = Duration::from_secs(60);
-
-/// The value of [`INSTANCE_LABEL`] for a controllerName: short, stable, a valid label value.
-pub fn instance_label(controller_name: &str) -> String {
-    let digest = Sha256::digest(controller_name.as_bytes());
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("pr-{hex}")
-}
 
 /// Why a request is no longer needed, or `None` while its Workload may still use it: the SDK's
 /// rule for something made for one attempt (see [`kueue_admission_sdk::holding`]), with the
@@ -70,120 +54,6 @@ pub fn orphan_reason(request: &ProvisioningRequest, workload: Option<&Workload>)
         lasts: Lasts::ForTheAttempt(names::attempt_of(&request.name_any()).unwrap_or(u32::MAX)),
     };
     holding::stale_reason(&held, workload, None)
-}
-
-/// Deletes the requests of `wl` for `check` that `which` selects, with their templates: only
-/// those this instance made for this Workload and check ([`Ownership::Ours`]). Returns how many
-/// requests it deleted.
-pub async fn delete_requests_of(
-    client: &Client,
-    instance: &str,
-    wl: &Workload,
-    check: &str,
-    which: impl Fn(&ProvisioningRequest) -> bool,
-) -> Result<usize, Error> {
-    let namespace = wl
-        .namespace()
-        .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "namespace"))?;
-    let uid = wl
-        .uid()
-        .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "uid"))?;
-    let name = wl.name_any();
-    let me = Identity {
-        instance,
-        workload: &name,
-        workload_uid: &uid,
-        check,
-    };
-    let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
-    // The selector only narrows the list; the rule decides.
-    let selector = format!(
-        "{INSTANCE_LABEL}={instance},{}={uid}",
-        plan::WORKLOAD_UID_LABEL
-    );
-    let requests = api.list(&ListParams::default().labels(&selector)).await?;
-    let mut deleted = 0;
-    for r in requests
-        .items
-        .iter()
-        .filter(|r| ownership(&r.metadata, &me) == Ownership::Ours && which(r))
-    {
-        if delete_request(client, instance, r).await? {
-            deleted += 1;
-        }
-    }
-    Ok(deleted)
-}
-
-/// Deletes a request this instance made (for whichever Workload its labels record) and the
-/// PodTemplates it names that were made with it. Anything else is left alone and `false`
-/// returned; callers decide first whether the Workload still needs the request. Objects
-/// already gone are fine.
-pub async fn delete_request(
-    client: &Client,
-    instance: &str,
-    request: &ProvisioningRequest,
-) -> Result<bool, Error> {
-    let Some(recorded) = Identity::recorded_on(&request.metadata, instance) else {
-        return Ok(false);
-    };
-    if ownership(&request.metadata, &recorded) != Ownership::Ours {
-        return Ok(false);
-    }
-    let namespace = request.namespace().unwrap_or_default();
-    let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
-    // Templates first: while the request still holds its name, nobody else (Kueue's built-in
-    // check waiting for that name) can take our templates for a request of its own.
-    delete_templates(client, instance, request).await?;
-    // `request` may be a stale copy, and a successor's request may already exist under the same
-    // name (a Workload re-created with the same name).
-    delete_exactly(&api, request).await?;
-    Ok(true)
-}
-
-/// Deletes the PodTemplates a request names, but only those made with it (this instance, the
-/// same Workload uid and check): a template of that name may be Kueue's, a user's, or that of a
-/// Workload re-created under the same name.
-async fn delete_templates(
-    client: &Client,
-    instance: &str,
-    request: &ProvisioningRequest,
-) -> Result<(), Error> {
-    let Some(recorded) = Identity::recorded_on(&request.metadata, instance) else {
-        return Ok(());
-    };
-    let namespace = request.namespace().unwrap_or_default();
-    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
-    for p in &request.spec.pod_sets {
-        let Some(t) = templates.get_opt(&p.pod_template_ref.name).await? else {
-            continue;
-        };
-        if ownership(&t.metadata, &recorded) != Ownership::Ours {
-            continue;
-        }
-        delete_exactly(&templates, &t).await?;
-    }
-    Ok(())
-}
-
-/// Deletes this very object (a uid precondition), not one re-created under its name meanwhile.
-pub(crate) async fn delete_exactly<K>(api: &Api<K>, object: &K) -> Result<(), Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: object.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match api.delete(&object.name_any(), &params).await {
-        Ok(_) => Ok(()),
-        // Gone, or replaced by another object of the same name (precondition failed).
-        Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// The conditions counted in metrics that are true on a request.
@@ -444,16 +314,5 @@ mod tests {
         // The check was removed from the Workload's ClusterQueue.
         let other_check = request("wl-gone-1", "u1", "gone");
         assert!(orphan_reason(&other_check, Some(&holding(None))).is_some());
-    }
-
-    #[test]
-    fn instance_labels_are_valid_label_values() {
-        let v = instance_label("kueue-admission-checks.dev/provisioning-request");
-        assert!(v.len() <= 63);
-        assert!(v.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
-        assert_eq!(
-            v,
-            instance_label("kueue-admission-checks.dev/provisioning-request")
-        );
     }
 }

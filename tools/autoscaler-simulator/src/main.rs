@@ -1,13 +1,13 @@
 //! `autoscaler-simulator`: plays cluster-autoscaler's part on ProvisioningRequests, for the
-//! tests and the demo. See [`kueue_provisioning_controller::simulator`] for the scripts.
+//! tests and the demo. See [`autoscaler_simulator`] for the scripts.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use autoscaler_simulator::{self as simulator, Script, Settings};
 use clap::{Args, FromArgMatches, Parser};
 use kueue_admission_sdk::options::{LogFormat, MetricsAddress};
 use kueue_admission_sdk::{Options, termination_signal};
-use kueue_provisioning_controller::simulator::{self, Script, Settings};
 use tracing::{error, info};
 
 /// Plays cluster-autoscaler on ProvisioningRequests, following the script annotated
@@ -116,7 +116,7 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kueue_provisioning_controller::simulator::Step;
+    use autoscaler_simulator::Step;
     use std::time::Duration;
 
     #[test]

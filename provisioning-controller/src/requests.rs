@@ -1,0 +1,136 @@
+//! Deleting what this instance made: a Workload's requests, one request with the templates
+//! made with it, an object by uid. Nothing is deleted that the identity rule
+//! ([`crate::identity::ownership`]) does not call ours.
+
+use k8s_openapi::api::core::v1::PodTemplate;
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::{ProvisioningRequest, Workload};
+
+use crate::error::Error;
+use crate::identity::{INSTANCE_LABEL, Identity, Ownership, ownership};
+use crate::plan;
+
+/// Deletes the requests of `wl` for `check` that `which` selects, with their templates: only
+/// those this instance made for this Workload and check ([`Ownership::Ours`]). Returns how many
+/// requests it deleted.
+pub async fn delete_requests_of(
+    client: &Client,
+    instance: &str,
+    wl: &Workload,
+    check: &str,
+    which: impl Fn(&ProvisioningRequest) -> bool,
+) -> Result<usize, Error> {
+    let namespace = wl
+        .namespace()
+        .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "namespace"))?;
+    let uid = wl
+        .uid()
+        .ok_or_else(|| Error::MalformedWorkload(wl.name_any(), "uid"))?;
+    let name = wl.name_any();
+    let me = Identity {
+        instance,
+        workload: &name,
+        workload_uid: &uid,
+        check,
+    };
+    let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
+    // The selector only narrows the list; the rule decides.
+    let selector = format!(
+        "{INSTANCE_LABEL}={instance},{}={uid}",
+        plan::WORKLOAD_UID_LABEL
+    );
+    let requests = api.list(&ListParams::default().labels(&selector)).await?;
+    let mut deleted = 0;
+    for r in requests
+        .items
+        .iter()
+        .filter(|r| ownership(&r.metadata, &me) == Ownership::Ours && which(r))
+    {
+        if delete_request(client, instance, r).await? {
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}
+
+/// Deletes a request this instance made (for whichever Workload its labels record) and the
+/// PodTemplates it names that were made with it. Anything else is left alone and `false`
+/// returned; callers decide first whether the Workload still needs the request. Objects
+/// already gone are fine.
+pub async fn delete_request(
+    client: &Client,
+    instance: &str,
+    request: &ProvisioningRequest,
+) -> Result<bool, Error> {
+    let Some(recorded) = Identity::recorded_on(&request.metadata, instance) else {
+        return Ok(false);
+    };
+    if ownership(&request.metadata, &recorded) != Ownership::Ours {
+        return Ok(false);
+    }
+    let namespace = request.namespace().unwrap_or_default();
+    let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
+    // Templates first: while the request still holds its name, nobody else (Kueue's built-in
+    // check waiting for that name) can take our templates for a request of its own.
+    delete_templates(client, instance, request).await?;
+    // `request` may be a stale copy, and a successor's request may already exist under the same
+    // name (a Workload re-created with the same name).
+    delete_exactly(&api, request).await?;
+    Ok(true)
+}
+
+/// Deletes the PodTemplates a request names, but only those made with it (this instance, the
+/// same Workload uid and check): a template of that name may be Kueue's, a user's, or that of a
+/// Workload re-created under the same name.
+pub(crate) async fn delete_templates(
+    client: &Client,
+    instance: &str,
+    request: &ProvisioningRequest,
+) -> Result<(), Error> {
+    let Some(recorded) = Identity::recorded_on(&request.metadata, instance) else {
+        return Ok(());
+    };
+    let namespace = request.namespace().unwrap_or_default();
+    let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
+    for p in &request.spec.pod_sets {
+        let Some(t) = templates.get_opt(&p.pod_template_ref.name).await? else {
+            continue;
+        };
+        if ownership(&t.metadata, &recorded) != Ownership::Ours {
+            continue;
+        }
+        delete_exactly(&templates, &t).await?;
+    }
+    Ok(())
+}
+
+/// Deletes this very object (a uid precondition), not one re-created under its name meanwhile.
+pub(crate) async fn delete_exactly<K>(api: &Api<K>, object: &K) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: object.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&object.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        // Gone, or replaced by another object of the same name (precondition failed).
+        Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A 409: the object changed, or a precondition (uid) did not hold.
+pub(crate) fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// A 404: the object (or its namespace) is gone.
+pub(crate) fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
