@@ -600,3 +600,90 @@ fn write_registry<P>(
     // or remove. So a poisoned lock is still safe to use.
     registry.write().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod scripted_api {
+    //! The `Active` condition write against a scripted API server: what it reads first, and
+    //! when it writes nothing.
+    use super::*;
+    use crate::testing::ScriptedApi;
+    use serde_json::json;
+
+    fn check(uid: &str, generation: i64, controller: &str) -> AdmissionCheck {
+        serde_json::from_value(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": "probe", "uid": uid, "generation": generation,
+                         "resourceVersion": "7"},
+            "spec": {"controllerName": controller},
+        }))
+        .expect("an AdmissionCheck")
+    }
+
+    async fn write(api: &ScriptedApi, resolved: &AdmissionCheck) -> Result<(), Error> {
+        let active = Ok("The admission check is active".to_string());
+        write_active_condition(&api.client(), "sdk", resolved, &active, None).await
+    }
+
+    #[tokio::test]
+    async fn a_condition_resolved_from_an_older_spec_is_not_written() {
+        let resolved = check("u1", 1, "example.com/probe");
+        for (why, now) in [
+            ("a new generation", check("u1", 2, "example.com/probe")),
+            (
+                "re-created under its name",
+                check("u2", 1, "example.com/probe"),
+            ),
+            (
+                "another controllerName",
+                check("u1", 1, "example.com/other"),
+            ),
+        ] {
+            let api = ScriptedApi::new();
+            api.answer(200, &now);
+            write(&api, &resolved).await.expect(why);
+            let seen: Vec<String> = api.requests().iter().map(|r| r.method.clone()).collect();
+            assert_eq!(seen, ["GET"], "{why}: only the read, no write");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deleted_check_is_not_written_and_the_current_one_is_applied() {
+        let resolved = check("u1", 1, "example.com/probe");
+        let api = ScriptedApi::new();
+        api.fail(
+            404,
+            "NotFound",
+            "admissionchecks.kueue.x-k8s.io \"probe\" not found",
+        );
+        write(&api, &resolved).await.expect("gone is not an error");
+        assert_eq!(api.requests().len(), 1);
+
+        let api = ScriptedApi::new();
+        api.answer(200, &resolved);
+        api.answer(200, &resolved);
+        write(&api, &resolved).await.expect("written");
+        let seen = api.requests();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert_eq!(seen[1].method, "PATCH");
+        assert!(
+            seen[1].path.ends_with("/admissionchecks/probe/status"),
+            "{}",
+            seen[1].path
+        );
+        let condition = &seen[1].body["status"]["conditions"][0];
+        assert_eq!(condition["type"], "Active");
+        assert_eq!(condition["status"], "True");
+        assert_eq!(condition["observedGeneration"], 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_is_an_error_to_retry() {
+        let resolved = check("u1", 1, "example.com/probe");
+        let api = ScriptedApi::new();
+        api.answer(200, &resolved);
+        api.fail(403, "Forbidden", "cannot patch admissionchecks/status");
+        let err = write(&api, &resolved).await.expect_err("refused");
+        assert_eq!(err.label(), "api");
+    }
+}

@@ -3,7 +3,6 @@
 //! milliseconds: the races of a loaded machine (a cache behind the runtime's own write, a 409
 //! whose fresh read shows that write, Kueue moving on meanwhile) are set up exactly.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -34,6 +33,8 @@ struct Probe {
     asked: AtomicU32,
     revalidate: bool,
     released: std::sync::Mutex<Vec<(String, ReleaseReason)>>,
+    /// How many of the next releases fail (the backend the check keeps holdings in is down).
+    failing_releases: AtomicU32,
 }
 
 /// The answer of [`Probe`] that stands for "retry at the next whole minute": computed from
@@ -42,7 +43,7 @@ const UNTIL_NEXT_MINUTE: &str = "until the next minute";
 
 impl AdmissionCheckController for Probe {
     type Parameters = NoParameters;
-    type Error = Infallible;
+    type Error = std::io::Error;
 
     fn controller_name(&self) -> &str {
         "example.com/probe"
@@ -56,7 +57,10 @@ impl AdmissionCheckController for Probe {
         }
     }
 
-    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
+    async fn decide(
+        &self,
+        ctx: &CheckContext<'_, NoParameters>,
+    ) -> Result<Decision, std::io::Error> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         if self.answer.message() == UNTIL_NEXT_MINUTE {
             let minute = (ctx.now.as_second() / 60 + 1) * 60;
@@ -67,7 +71,12 @@ impl AdmissionCheckController for Probe {
         Ok(self.answer.clone())
     }
 
-    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Infallible> {
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), std::io::Error> {
+        let failing = self.failing_releases.load(Ordering::SeqCst);
+        if failing > 0 {
+            self.failing_releases.store(failing - 1, Ordering::SeqCst);
+            return Err(std::io::Error::other("the ledger is unreachable"));
+        }
         self.released
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -110,6 +119,7 @@ impl Harness {
                 asked: AtomicU32::new(0),
                 revalidate,
                 released: Default::default(),
+                failing_releases: AtomicU32::new(0),
             }),
             Arc::default(),
             &config,
@@ -810,5 +820,63 @@ async fn a_check_gone_from_the_registry_still_releases_what_its_workloads_hold()
         api.requests().len(),
         1,
         "nothing written for the gone check"
+    );
+}
+
+/// A release that fails is an Event on the Workload and an error (the reconcile backs off and
+/// comes again); the pair stays remembered until a release succeeds, then is forgotten, so the
+/// check is told exactly once that the Workload finished.
+#[tokio::test]
+async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_again() {
+    use kube::runtime::watcher::Event;
+    let (cache, mut writer) = reflector::store::<Workload>();
+    writer.apply_watcher_event(&Event::Apply(at("11", deciding())));
+    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache.clone());
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(at("11", deciding())), ctx.clone())
+        .await
+        .expect("decided");
+    let finished = at(
+        "13",
+        deciding()
+            .check(CHECK, CheckState::Ready)
+            .admitted()
+            .finished(),
+    );
+    writer.apply_watcher_event(&Event::Apply(finished.clone()));
+    let released = || {
+        ctx.controller
+            .released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    };
+
+    ctx.controller.failing_releases.store(1, Ordering::SeqCst);
+    let err = super::reconcile(Arc::new(finished.clone()), ctx.clone())
+        .await
+        .expect_err("the release failed");
+    assert_eq!(err.label(), "check");
+    assert!(
+        api.event_reasons()
+            .contains(&"CheckReleaseFailed".to_string())
+    );
+    assert!(released().is_empty());
+    assert!(
+        ctx.memory.of("uid-ns-wl").checks[CHECK].asked.is_some(),
+        "still to release"
+    );
+
+    for _ in 0..2 {
+        super::reconcile(Arc::new(finished.clone()), ctx.clone())
+            .await
+            .expect("released");
+    }
+    assert_eq!(released(), [(CHECK.to_string(), ReleaseReason::Finished)]);
+    assert!(ctx.memory.of("uid-ns-wl").checks.is_empty(), "forgotten");
+    assert_eq!(
+        ctx.controller.asked.load(Ordering::SeqCst),
+        1,
+        "never asked again"
     );
 }
