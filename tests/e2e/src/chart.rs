@@ -11,7 +11,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
@@ -23,8 +23,8 @@ use kube::discovery::{self, Scope};
 use kueue_admission_sdk::{Options, RuntimeConfig};
 use kueue_provisioning_controller::{ProvisioningCheck, Settings};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+
+use crate::Running;
 
 /// The provisioning controller's chart, relative to the repository root.
 pub const PROVISIONING_CHART: &str = "charts/kueue-provisioning-controller";
@@ -380,89 +380,19 @@ pub fn provisioning_config_from_deployment(
     Ok((settings, runtime))
 }
 
-/// A provisioning controller running in this process with a client of the caller's choosing.
-#[derive(Debug)]
-pub struct Controller {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
-    pub http: SocketAddr,
-    exit: Arc<Mutex<Option<String>>>,
-}
-
-impl Controller {
-    /// Starts the provisioning check in process (the SDK's `run_until`) with `client` (e.g. a ServiceAccount's);
-    /// `runtime` must serve metrics.
-    pub fn start(client: Client, settings: Settings, runtime: RuntimeConfig) -> Result<Self> {
-        let http = runtime
-            .metrics_address
-            .context("the runtime config serves no metrics")?;
-        let check = ProvisioningCheck::new(settings);
-        let exit = Arc::new(Mutex::new(None));
-        let exit_slot = exit.clone();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.await;
-            };
-            let result = kueue_admission_sdk::run_until(client, check, runtime, shutdown).await;
-            let message = match result {
-                Ok(()) => "stopped".to_string(),
-                Err(e) => format!("stopped with an error: {e}"),
-            };
-            *exit_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(message);
-        });
-        Ok(Self {
-            stop: Some(stop),
-            task,
-            http,
-            exit,
-        })
-    }
-
-    /// How it ended, once `run_until` returned.
-    pub fn exited(&self) -> Option<String> {
-        self.exit.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// Its `/metrics` text.
-    pub async fn metrics(&self) -> Result<String> {
-        let (status, body) = crate::http_get(self.http, "/metrics").await?;
-        ensure!(status == 200, "GET /metrics answered {status}: {body}");
-        Ok(body)
-    }
-
-    /// The status code of `/readyz`, or `None` when nothing answers.
-    pub async fn readyz(&self) -> Option<u16> {
-        crate::http_get(self.http, "/readyz")
-            .await
-            .ok()
-            .map(|(s, _)| s)
-    }
-
-    /// Stops it as SIGTERM does (releasing the Lease) and waits until it has.
-    pub async fn stop(mut self) -> Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), &mut self.task)
-            .await
-            .context("the controller did not stop within 30 s")??;
-        Ok(())
-    }
-}
-
-impl Controller {
-    /// Ends it without clean-up, as a crash would (and at once: a controller whose Workload
-    /// cache never syncs does not stop within 30 s of a clean shutdown).
-    pub async fn kill(mut self) {
-        self.task.abort();
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+/// Starts the provisioning check in this process (the SDK's `run_until`) with `client` (e.g. a
+/// ServiceAccount's); `runtime` must serve metrics.
+pub fn start_controller(
+    client: Client,
+    settings: Settings,
+    runtime: RuntimeConfig,
+) -> Result<Running> {
+    runtime
+        .metrics_address
+        .context("the runtime config serves no metrics")?;
+    Ok(Running::check(
+        client,
+        ProvisioningCheck::new(settings),
+        runtime,
+    ))
 }

@@ -11,7 +11,10 @@
 
 pub mod chart;
 pub mod provisioning;
+pub mod running;
 pub mod scripted;
+
+pub use running::Running;
 pub mod soak;
 
 use std::fmt::Debug;

@@ -21,10 +21,9 @@ use kueue_admission_sdk::api::{
 };
 use kueue_provisioning_controller::{ProvisioningCheck, Settings, identity};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::TestEnv;
+use crate::{Running, TestEnv};
 
 /// What [`TestEnv::provisioning`] set up.
 #[derive(Debug)]
@@ -41,34 +40,6 @@ pub struct Provisioning {
     pub cluster_queue: String,
     /// The ResourceFlavor (cluster-scoped name).
     pub flavor: String,
-}
-
-/// A process started for a test, stopped like SIGTERM does (or killed).
-#[derive(Debug)]
-pub struct Running {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
-    /// Where its `/metrics`, `/healthz`, `/readyz` are served (the controller only).
-    pub http: Option<std::net::SocketAddr>,
-}
-
-impl Running {
-    /// Stops it and waits until it has.
-    pub async fn stop(mut self) -> Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .context("stopping")??;
-        Ok(())
-    }
-
-    /// Ends it without clean-up, as a crash would.
-    pub async fn kill(self) {
-        self.task.abort();
-        let _ = self.task.await;
-    }
 }
 
 impl TestEnv {
@@ -282,20 +253,7 @@ impl TestEnv {
             ..Default::default()
         };
         tune(&mut config);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.await;
-            };
-            if let Err(e) = kueue_admission_sdk::run_until(client, check, config, shutdown).await {
-                eprintln!("the provisioning controller stopped: {e}");
-            }
-        });
-        Ok(Running {
-            stop: Some(stop),
-            task,
-            http: Some(http),
-        })
+        Ok(Running::check(client, check, config))
     }
 
     /// Starts a simulator serving only this test's class, answering `provision` by default.
@@ -306,19 +264,14 @@ impl TestEnv {
                 .parse::<Script>()
                 .map_err(|e| anyhow::anyhow!("{e}"))?,
         };
-        let (stop, stopped) = oneshot::channel::<()>();
         let client = self.client.clone();
-        let task = tokio::spawn(async move {
+        Ok(Running::spawn(None, |shutdown| async move {
             tokio::select! {
                 () = simulator::run(client, settings) => {}
-                _ = stopped => {}
+                () = shutdown => {}
             }
-        });
-        Ok(Running {
-            stop: Some(stop),
-            task,
-            http: None,
-        })
+            Ok(())
+        }))
     }
 
     /// The ProvisioningRequests of this test's namespace.
@@ -584,17 +537,5 @@ impl TestEnv {
             .create(&PostParams::default(), &wl)
             .await
             .with_context(|| format!("creating Workload {name}"))
-    }
-}
-
-impl Running {
-    /// The controller's `/metrics` text.
-    pub async fn metrics(&self) -> Result<String> {
-        let addr = self
-            .http
-            .context("this process serves no metrics (the simulator?)")?;
-        let (status, body) = crate::http_get(addr, "/metrics").await?;
-        anyhow::ensure!(status == 200, "GET /metrics answered {status}: {body}");
-        Ok(body)
     }
 }

@@ -24,7 +24,6 @@ use kueue_admission_sdk::api::{CheckState, ClusterQueue, Workload, workload_cond
 use kueue_admission_sdk::attempts;
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, RetryPolicy, RuntimeConfig,
-    run_until,
 };
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
@@ -1166,11 +1165,7 @@ pub async fn run(test: &str, config: RunConfig) -> Result<Report> {
             leader_election: None,
             ..Default::default()
         };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run_until(env.client.clone(), check, config, async move {
-            let _ = stopped.await;
-        }));
-        runtimes.push((stop, task));
+        runtimes.push(crate::Running::check(env.client.clone(), check, config));
     }
     // The runtimes mark their checks Active; until all are, Kueue reserves nothing, and that
     // wait must not count against any Workload's bound.
@@ -1187,13 +1182,9 @@ pub async fn run(test: &str, config: RunConfig) -> Result<Report> {
     let duration = started.elapsed();
     recorder.final_checks();
 
-    for (stop, task) in runtimes {
-        let _ = stop.send(());
-        match tokio::time::timeout(Duration::from_secs(30), task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => eprintln!("multi_check: a check runtime ended with: {e}"),
-            Ok(Err(e)) => eprintln!("multi_check: a check runtime panicked: {e}"),
-            Err(_) => eprintln!("multi_check: a check runtime did not stop within 30 s"),
+    for runtime in runtimes {
+        if let Err(e) = runtime.stop().await {
+            eprintln!("multi_check: a check runtime: {e:#}");
         }
     }
     watch.abort();

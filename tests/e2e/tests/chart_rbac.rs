@@ -26,7 +26,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::chart::{self, Controller, Grant, PROVISIONING_CHART};
+use e2e::Running;
+use e2e::chart::{self, Grant, PROVISIONING_CHART};
 use e2e::{Forbidden, TestEnv};
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::api::events::v1::Event;
@@ -173,7 +174,7 @@ type Waited<T> = Result<std::result::Result<T, String>>;
 
 /// Probes until `probe` answers `Ok(Ok(..))`, the controller stops, or `bound` passes. A probe
 /// answers `Ok(Err(state))` to go on waiting; the last state explains a timeout.
-async fn poll<T, F, Fut>(controller: &Controller, bound: Duration, mut probe: F) -> Waited<T>
+async fn poll<T, F, Fut>(controller: &Running, bound: Duration, mut probe: F) -> Waited<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Waited<T>>,
@@ -335,7 +336,7 @@ impl Run {
     }
 
     /// The controller as the rendered Deployment runs it, authenticated as the ServiceAccount.
-    fn start_controller(&self) -> Result<Controller> {
+    fn start_controller(&self) -> Result<Running> {
         let (settings, runtime) = chart::provisioning_config_from_deployment(
             &self.objects,
             &self.env.ns,
@@ -349,7 +350,7 @@ impl Run {
             lease == Some(lease_name_for(&settings.controller_name)),
             "the Deployment elects on {lease:?}, not the Lease the Role grants"
         );
-        Controller::start(self.client.clone(), settings, runtime)
+        chart::start_controller(self.client.clone(), settings, runtime)
     }
 
     /// The steps, in order; `Ok(Some(..))` at the first that does not happen.
@@ -404,7 +405,7 @@ impl Run {
     }
 
     /// After a restart: the orphaned PodTemplate, now over 60 s old, is deleted.
-    async fn swept(&self, controller: &Controller) -> Waited<()> {
+    async fn swept(&self, controller: &Running) -> Waited<()> {
         if let Err(why) = leading(controller).await? {
             return Ok(Err(format!("after the restart: {why}")));
         }
@@ -422,7 +423,7 @@ impl Run {
     /// The steps with the first controller, up to the restart.
     async fn steps(
         &self,
-        controller: &Controller,
+        controller: &Running,
         passed: &mut Vec<(Step, Duration)>,
     ) -> Result<Option<Failure>> {
         let env = &self.env;
@@ -701,7 +702,7 @@ impl Run {
 }
 
 /// Ready (caches synced) and leading (holds the Lease).
-async fn leading(controller: &Controller) -> Waited<()> {
+async fn leading(controller: &Running) -> Waited<()> {
     poll(controller, LEADING_TIMEOUT, || async {
         let ready = controller.readyz().await;
         // Nothing answers before the server is up, nor after the controller stopped.
@@ -730,7 +731,7 @@ async fn leading(controller: &Controller) -> Waited<()> {
 /// apiserver (the API does not promise that they compare; a test of a known apiserver may).
 async fn settled(
     env: &TestEnv,
-    controller: &Controller,
+    controller: &Running,
     controller_name: &str,
     check: &str,
     field_manager: &str,
@@ -784,7 +785,7 @@ async fn settled(
 /// field manager owns status fields), and Kueue has added its finalizer (both writes are done).
 async fn check_active(
     env: &TestEnv,
-    controller: &Controller,
+    controller: &Running,
     check: &str,
     field_manager: &str,
     status: &str,

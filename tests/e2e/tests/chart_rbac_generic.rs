@@ -137,15 +137,7 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
         },
     );
     let client = e2e::service_account_client(&env.ns, &service_account).await?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(kueue_admission_sdk::run_until(
-        client,
-        check,
-        runtime,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let controller = e2e::Running::check(client, check, runtime);
 
     let scenario = async {
         let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
@@ -212,13 +204,9 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
         anyhow::Ok(charged)
     };
     let outcome = scenario.await;
-    let _ = stop.send(());
-    let stopped = tokio::time::timeout(Duration::from_secs(30), controller).await;
+    let stopped = controller.stop().await;
     outcome?;
-    stopped
-        .context("the controller did not stop within 30 s")?
-        .context("the controller task")?
-        .context("the controller stopped with an error")?;
+    stopped.context("stopping the controller")?;
 
     // Read after the stop, so the Lease's release is in the log too.
     let user = format!("system:serviceaccount:{}:{service_account}", env.ns);

@@ -19,7 +19,6 @@ use kueue_admission_sdk::api::{
     workload_condition as cond,
 };
 use serde_json::json;
-use tokio::task::JoinHandle;
 
 /// A running Alertmanager of one test, stopped when dropped.
 struct Alertmanager {
@@ -133,7 +132,7 @@ impl Alertmanager {
 struct Gated {
     env: TestEnv,
     check: String,
-    _controller: JoinHandle<Result<(), kueue_admission_sdk::Error>>,
+    _controller: e2e::Running,
 }
 
 async fn install_crd(env: &TestEnv) -> Result<()> {
@@ -193,13 +192,12 @@ async fn gated(test: &str, spec: AlertGateSpec) -> Result<Gated> {
         leader_election: None,
         ..Default::default()
     };
-    let controller = tokio::spawn(kueue_admission_sdk::run_until(
+    let controller = e2e::Running::check(
         env.client.clone(),
         // Every decision asks Alertmanager: the test orders an alert before a submission.
         AlertGateCheck::new(controller_name).answers_fresh_for(Duration::ZERO),
         runtime,
-        std::future::pending(),
-    ));
+    );
     Ok(Gated {
         env,
         check,

@@ -21,7 +21,6 @@ use kueue_admission_sdk::RuntimeConfig;
 use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::shadow::ShadowScope;
 use serde_json::json;
-use tokio::task::JoinHandle;
 
 const BUDGETS: &str = "budgets";
 
@@ -60,7 +59,7 @@ fn credits(s: &str) -> Credits {
 impl Budgeted {
     /// Starts a controller instance on `client`: 1 credit per core-hour, one hour by default,
     /// a ledger sweep at start (and not again during the test).
-    fn start(&self, client: Client) -> JoinHandle<Result<(), kueue_admission_sdk::Error>> {
+    fn start(&self, client: Client) -> e2e::Running {
         let quiet = RuntimeConfig {
             metrics_address: None,
             ..Default::default()
@@ -69,11 +68,7 @@ impl Budgeted {
     }
 
     /// [`Budgeted::start`] with `base`'s metrics address and shadow mode.
-    fn start_with(
-        &self,
-        client: Client,
-        base: RuntimeConfig,
-    ) -> JoinHandle<Result<(), kueue_admission_sdk::Error>> {
+    fn start_with(&self, client: Client, base: RuntimeConfig) -> e2e::Running {
         let settings = Settings {
             controller_name: self.controller_name.clone(),
             prices: "cpu=1".parse().unwrap_or_default(),
@@ -90,12 +85,11 @@ impl Budgeted {
             shadow: base.shadow,
             ..Default::default()
         };
-        tokio::spawn(kueue_admission_sdk::run_until(
+        e2e::Running::check(
             client,
             BudgetCheck::new(settings, self.backend.clone()),
             runtime,
-            std::future::pending(),
-        ))
+        )
     }
 
     /// Sets (creates or replaces) the budgets ConfigMap.
@@ -439,9 +433,8 @@ async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()>
     t.env.wait_admitted(&a).await?;
     let a_uid = t.uid(&a).await?;
 
-    first.abort();
     cut.store(true, Ordering::SeqCst);
-    let _ = first.await;
+    first.kill().await;
 
     let finished = t.finish("job-a", &a).await?;
     let b = t.submit("job-b", "2", None).await?;

@@ -21,7 +21,6 @@ use license_check::pool::Pool;
 use license_check::request::LICENSES_ANNOTATION;
 use license_check::{Backend, ConfigMapBackend, LicenseCheck, Settings};
 use serde_json::json;
-use tokio::task::JoinHandle;
 
 const POOL: &str = "license-pool";
 const LEDGER: &str = "license-ledger";
@@ -57,15 +56,11 @@ async fn setup(test: &str) -> Result<Licensed> {
 impl Licensed {
     /// Starts a controller instance on `client`: backoff 1 s doubling to 4 s, no retry limit,
     /// a ledger sweep at start (and not again during the test).
-    fn start(&self, client: Client) -> JoinHandle<Result<(), kueue_admission_sdk::Error>> {
+    fn start(&self, client: Client) -> e2e::Running {
         self.start_with(client, self.backend.clone())
     }
 
-    fn start_with<B: Backend>(
-        &self,
-        client: Client,
-        backend: B,
-    ) -> JoinHandle<Result<(), kueue_admission_sdk::Error>> {
+    fn start_with<B: Backend>(&self, client: Client, backend: B) -> e2e::Running {
         let settings = Settings {
             controller_name: self.controller_name.clone(),
             retry_policy: RetryPolicy::exponential(
@@ -84,12 +79,7 @@ impl Licensed {
             leader_election: None,
             ..Default::default()
         };
-        tokio::spawn(kueue_admission_sdk::run_until(
-            client,
-            LicenseCheck::new(settings, backend),
-            runtime,
-            std::future::pending(),
-        ))
+        e2e::Running::check(client, LicenseCheck::new(settings, backend), runtime)
     }
 
     async fn set_pool(&self, data: &[(&str, &str)]) -> Result<()> {
@@ -485,9 +475,8 @@ async fn a_restart_neither_leaks_nor_double_books() -> Result<()> {
         .await?;
 
     // Crash: the task is aborted and its connection cut.
-    first.abort();
     cut.store(true, Ordering::SeqCst);
-    let _ = first.await;
+    first.kill().await;
 
     // While nothing runs: A's Job and Workload go away, and a third Workload asks too.
     t.finish("job-a", &a).await?;

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use autoscaler_simulator::{CLASS_DETAILS_ANNOTATION, SCRIPT_ANNOTATION};
+use e2e::Running;
 use e2e::TestEnv;
-use e2e::provisioning::{History, Provisioning, Running};
+use e2e::provisioning::{History, Provisioning};
 use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;

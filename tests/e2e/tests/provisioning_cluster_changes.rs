@@ -11,8 +11,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use e2e::Running;
 use e2e::TestEnv;
-use e2e::provisioning::{Provisioning, Running};
+use e2e::provisioning::Provisioning;
 use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;

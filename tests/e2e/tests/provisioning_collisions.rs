@@ -6,7 +6,8 @@
 
 use anyhow::{Context, Result, ensure};
 use autoscaler_simulator as simulator;
-use e2e::provisioning::{Provisioning, Running};
+use e2e::Running;
+use e2e::provisioning::Provisioning;
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
 use kube::ResourceExt;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use autoscaler_simulator as simulator;
-use e2e::provisioning::Running;
+use e2e::Running;
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

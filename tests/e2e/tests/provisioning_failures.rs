@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use autoscaler_simulator::SCRIPT_ANNOTATION;
-use e2e::provisioning::{History, Provisioning, Running};
+use e2e::Running;
+use e2e::provisioning::{History, Provisioning};
 use e2e::{SuspendedJob, TestEnv, dump, wait_for};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};

@@ -19,11 +19,10 @@ use kube::api::{Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, RetryPolicy, Revalidate,
-    RuntimeConfig, attempts, run_until,
+    RuntimeConfig, attempts,
 };
 use serde_json::json;
-use tokio::sync::{Semaphore, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::Semaphore;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -147,7 +146,7 @@ struct Check {
     policy: RetryPolicy,
     revalidate: Option<Duration>,
     script: Arc<Script>,
-    running: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+    running: Option<e2e::Running>,
 }
 
 impl Check {
@@ -165,29 +164,20 @@ impl Check {
             leader_election: None,
             ..Default::default()
         };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let client = env.client.clone();
-        let task = tokio::spawn(async move {
-            let _ = run_until(client, controller, config, async {
-                let _ = stopped.await;
-            })
-            .await;
-        });
-        self.running = Some((stop, task));
+        self.running = Some(e2e::Running::check(env.client.clone(), controller, config));
     }
 
     /// Ends the runtime without any clean-up, as `kill -9` would.
     async fn kill(&mut self) {
-        if let Some((_stop, task)) = self.running.take() {
-            task.abort();
-            let _ = task.await;
+        if let Some(running) = self.running.take() {
+            running.kill().await;
         }
     }
 
-    async fn stop(&mut self) {
-        if let Some((stop, task)) = self.running.take() {
-            let _ = stop.send(());
-            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+    async fn stop(&mut self) -> Result<()> {
+        match self.running.take() {
+            Some(running) => running.stop().await,
+            None => Ok(()),
         }
     }
 }
@@ -367,7 +357,7 @@ async fn attempts_survive_other_checks_evictions_and_restarts_and_the_limit_reje
         e2e::dump(&rejected)
     );
     for check in &mut checks {
-        check.stop().await;
+        check.stop().await?;
     }
     Ok(())
 }
@@ -479,7 +469,7 @@ async fn three_checks_a_late_retry_and_a_withdrawn_ready_keep_every_attempt() ->
         );
     }
     for check in &mut checks {
-        check.stop().await;
+        check.stop().await?;
     }
     Ok(())
 }
@@ -579,7 +569,7 @@ async fn preemption_keeps_the_attempt_and_is_not_counted_as_a_retry() -> Result<
     );
     ensure!(again.evictions("Preempted") == 1, "{}", e2e::dump(&again));
     for c in &mut checks {
-        c.stop().await;
+        c.stop().await?;
     }
     Ok(())
 }

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,11 +16,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, LeaderContext, LeaderElection,
-    NoParameters, ReleaseContext, ReleaseReason, Revalidate, RuntimeConfig, run_until,
+    NoParameters, ReleaseContext, ReleaseReason, Revalidate, RuntimeConfig,
 };
 use serde_json::json;
-use tokio::sync::{Semaphore, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::Semaphore;
 
 /// What the probe check does and saw, shared between the test and every replica.
 #[derive(Default)]
@@ -124,46 +122,7 @@ impl AdmissionCheckController for Probe {
 }
 
 /// One running replica of the probe's runtime.
-struct Replica {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<Result<(), kueue_admission_sdk::Error>>,
-    http: SocketAddr,
-}
-
-impl Replica {
-    /// Stops it the way SIGTERM does and returns how the runtime ended.
-    async fn stop(mut self) -> Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let ended = tokio::time::timeout(Duration::from_secs(30), self.task).await??;
-        Ok(ended?)
-    }
-
-    /// Ends it without any clean-up, as a crash or `kill -9` would.
-    async fn kill(self) {
-        self.task.abort();
-        let _ = self.task.await;
-    }
-
-    /// Waits until `/readyz` answers 200 (caches synced).
-    async fn wait_ready(&self) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
-        while e2e::http_get(self.http, "/readyz")
-            .await
-            .map_or(true, |(code, _)| code != 200)
-        {
-            ensure!(tokio::time::Instant::now() < deadline, "never ready");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
-    }
-
-    async fn metric(&self, series: &str) -> Result<Option<f64>> {
-        let (_, body) = e2e::http_get(self.http, "/metrics").await?;
-        Ok(e2e::metric_sample(&body, series))
-    }
-}
+type Replica = e2e::Running;
 
 /// A ClusterQueue whose checks are `probe` (served by the runtime under test) and, if asked,
 /// `other` (answered by the test itself).
@@ -261,15 +220,7 @@ impl Setup {
             script: self.script.clone(),
             while_leading: Mutex::new(Some(extensions)),
         };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(run_until(client, probe, config, async move {
-            let _ = stopped.await;
-        }));
-        Ok(Replica {
-            stop: Some(stop),
-            task,
-            http,
-        })
+        Ok(e2e::Running::check(client, probe, config))
     }
 }
 
@@ -318,7 +269,7 @@ async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Re
     );
     ensure!(a.metric("kueue_ac_leader").await? == Some(1.0));
     ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
-    let (_, standby_metrics) = e2e::http_get(b.http, "/metrics").await?;
+    let (_, standby_metrics) = e2e::http_get(b.addr()?, "/metrics").await?;
     // Its decision series exist (at 0 from the check's first sync), and stay at 0.
     let decided: Vec<&str> = standby_metrics
         .lines()
@@ -710,7 +661,7 @@ async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
     );
     active.await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (code, _) = e2e::http_get(replica.http, "/readyz").await?;
+    let (code, _) = e2e::http_get(replica.addr()?, "/readyz").await?;
     ensure!(code == 503, "not ready without a Workload cache: {code}");
 
     let started = tokio::time::Instant::now();
@@ -746,9 +697,7 @@ async fn a_lease_made_by_another_program_is_left_alone() -> Result<()> {
     let election = LeaderElection::new(&env.ns, "shared-name");
     let replica = s.start(&env, "only", Some(election), None)?;
     // It ends by itself, without a stop (a stop while it waits to join would end it cleanly).
-    let Replica { stop, task, .. } = replica;
-    let ended = tokio::time::timeout(e2e::DEFAULT_TIMEOUT, task).await??;
-    drop(stop);
+    let ended = replica.ended_by_itself(e2e::DEFAULT_TIMEOUT).await?;
     let err = ended.expect_err("the runtime must refuse a foreign Lease");
     ensure!(
         err.to_string()
@@ -837,8 +786,8 @@ async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_ov
     let gauge = format!("kueue_ac_check_claimed_elsewhere{{check=\"{}\"}}", s.probe);
     // A standby stands down too (the gauge comes from the check watch every replica runs), so
     // b may see the claim before it has won its own Lease: wait for both, in either order.
-    e2e::wait_metric(b.http, &gauge, 1.0).await?;
-    e2e::wait_metric(b.http, "kueue_ac_leader", 1.0).await?;
+    e2e::wait_metric(b.addr()?, &gauge, 1.0).await?;
+    e2e::wait_metric(b.addr()?, "kueue_ac_leader", 1.0).await?;
     ensure!(a.metric(&gauge).await?.is_none(), "a is not standing down");
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(env.client.clone());
     let warning = e2e::wait_for_any(events, "a ClaimedElsewhere event on the check", |e| {
