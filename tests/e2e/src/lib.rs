@@ -385,6 +385,19 @@ impl Debug for TestEnv {
 }
 
 impl TestEnv {
+    /// The runtime settings of a controller this test runs in process: its own field manager,
+    /// four Workloads at once, no leader election, no HTTP endpoints (set `metrics_address` to
+    /// serve them).
+    pub fn runtime_config(&self) -> kueue_admission_sdk::RuntimeConfig {
+        kueue_admission_sdk::RuntimeConfig {
+            metrics_address: None,
+            field_manager: format!("e2e-{}", self.ns),
+            concurrency: 4,
+            leader_election: None,
+            ..Default::default()
+        }
+    }
+
     /// Creates a fresh namespace named after the test.
     pub async fn new(test: &str) -> Result<Self> {
         let client = admin_client().await?;

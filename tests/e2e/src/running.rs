@@ -21,6 +21,7 @@ type Ended = Arc<Mutex<Option<std::result::Result<(), String>>>>;
 /// Something running in this test process until it is stopped or killed (or dropped, which
 /// kills it: nothing a test started outlives the test).
 #[derive(Debug)]
+#[must_use = "dropping a Running kills what it runs"]
 pub struct Running {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,

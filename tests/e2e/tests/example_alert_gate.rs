@@ -13,7 +13,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
-use kueue_admission_sdk::RuntimeConfig;
 use kueue_admission_sdk::api::{
     AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, CheckState,
     workload_condition as cond,
@@ -186,12 +185,7 @@ async fn gated(test: &str, spec: AlertGateSpec) -> Result<Gated> {
         .await?
         .name_any();
     env.local_queue("lq", &cq).await?;
-    let runtime = RuntimeConfig {
-        metrics_address: None,
-        field_manager: format!("e2e-{}", env.ns),
-        leader_election: None,
-        ..Default::default()
-    };
+    let runtime = env.runtime_config();
     let controller = e2e::Running::check(
         env.client.clone(),
         // Every decision asks Alertmanager: the test orders an alert before a submission.

@@ -79,11 +79,8 @@ impl Budgeted {
         };
         let runtime = RuntimeConfig {
             metrics_address: base.metrics_address,
-            field_manager: format!("e2e-{}", self.env.ns),
-            concurrency: 4,
-            leader_election: None,
             shadow: base.shadow,
-            ..Default::default()
+            ..self.env.runtime_config()
         };
         e2e::Running::check(
             client,

@@ -13,8 +13,8 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use kueue_admission_sdk::RetryPolicy;
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
-use kueue_admission_sdk::{RetryPolicy, RuntimeConfig};
 use license_check::backend::{Saved, Versioned};
 use license_check::ledger::Ledger;
 use license_check::pool::Pool;
@@ -72,13 +72,7 @@ impl Licensed {
             pool_recheck: Duration::from_secs(1),
             sweep_interval: Duration::from_secs(3600),
         };
-        let runtime = RuntimeConfig {
-            metrics_address: None,
-            field_manager: format!("e2e-{}", self.env.ns),
-            concurrency: 4,
-            leader_election: None,
-            ..Default::default()
-        };
+        let runtime = self.env.runtime_config();
         e2e::Running::check(client, LicenseCheck::new(settings, backend), runtime)
     }
 

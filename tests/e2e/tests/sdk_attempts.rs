@@ -19,7 +19,7 @@ use kube::api::{Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, RetryPolicy, Revalidate,
-    RuntimeConfig, attempts,
+    attempts,
 };
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -157,13 +157,7 @@ impl Check {
             revalidate: self.revalidate,
             script: self.script.clone(),
         };
-        let config = RuntimeConfig {
-            metrics_address: None,
-            field_manager: format!("e2e-{}", env.ns),
-            concurrency: 4,
-            leader_election: None,
-            ..Default::default()
-        };
+        let config = env.runtime_config();
         self.running = Some(e2e::Running::check(env.client.clone(), controller, config));
     }
 

@@ -208,10 +208,8 @@ impl Setup {
         let http = e2e::free_local_address()?;
         let config = RuntimeConfig {
             metrics_address: Some(http),
-            field_manager: format!("e2e-{}", env.ns),
-            concurrency: 4,
             leader_election: election,
-            ..Default::default()
+            ..env.runtime_config()
         };
         let probe = Probe {
             controller_name: self.controller_name.clone(),

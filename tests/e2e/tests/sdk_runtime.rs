@@ -15,7 +15,7 @@ use kueue_admission_sdk::api::{
 };
 use kueue_admission_sdk::{
     AdmissionCheckController, ApiKind, CheckContext, Decision, NoParameters, ReleaseContext,
-    ReleaseReason, RetryPolicy, RuntimeConfig, run,
+    ReleaseReason, RetryPolicy, RuntimeConfig,
 };
 use serde_json::json;
 
@@ -75,6 +75,8 @@ struct Served {
     check: String,
     releases: Releases,
     http: SocketAddr,
+    /// The runtime, stopped with the test.
+    _runtime: e2e::Running,
 }
 
 /// Queues whose check is served by a runtime started for this test alone (its own
@@ -103,17 +105,14 @@ async fn serve(
     // A free loopback port for this runtime's endpoints.
     let http = e2e::free_local_address()?;
     let config = RuntimeConfig {
-        leader_election: None,
         metrics_address: Some(http),
-        field_manager: format!("e2e-{}", env.ns),
-        concurrency: 4,
-        ..Default::default()
+        ..env.runtime_config()
     };
-    tokio::spawn(run(env.client.clone(), controller, config));
     Ok(Served {
         check,
         releases,
         http,
+        _runtime: e2e::Running::check(env.client.clone(), controller, config),
     })
 }
 
@@ -154,6 +153,7 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
         check,
         releases,
         http,
+        _runtime,
     } = serve(&env, &scripts, RetryPolicy::default()).await?;
 
     // Nobody but the runtime marks the check Active; without it no quota would be reserved.
@@ -238,6 +238,7 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
         check,
         releases,
         http,
+        _runtime,
     } = serve(&env, &[("job", vec![Decision::retry("not yet")])], policy).await?;
     let wl_name = env.submit_job("job", "lq", "1").await?;
 
@@ -358,7 +359,13 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
 #[tokio::test]
 async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
     let env = TestEnv::new("sdk-params").await?;
-    let Served { check, http, .. } = serve(&env, &[], RetryPolicy::default()).await?;
+    // The runtime is bound: it runs until the test ends.
+    let Served {
+        check,
+        http,
+        _runtime,
+        ..
+    } = serve(&env, &[], RetryPolicy::default()).await?;
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
     e2e::wait_for(checks.clone(), &check, "Active=True", |ac| {
         active_condition(ac).is_some_and(|(s, _, _)| s == "True")
@@ -460,13 +467,10 @@ async fn a_failing_check_is_retried_with_growing_delays_until_it_answers() -> Re
     };
     let http = e2e::free_local_address()?;
     let config = RuntimeConfig {
-        leader_election: None,
         metrics_address: Some(http),
-        field_manager: format!("e2e-{}", env.ns),
-        concurrency: 4,
-        ..Default::default()
+        ..env.runtime_config()
     };
-    tokio::spawn(run(env.client.clone(), flaky, config));
+    let _runtime = e2e::Running::check(env.client.clone(), flaky, config);
     // Started, with the check resolved: its activation reconciles every Workload once, which
     // would come between a failure and its backoff.
     e2e::wait_for(
@@ -580,19 +584,12 @@ async fn a_check_whose_api_is_not_served_is_inactive_until_its_crd_is_installed(
     let queue = env.guarded_queue("check", &controller_name, "4").await?;
     // A group of this test's own: `<namespace>.e2e.example.com` (a DNS subdomain).
     let group: &'static str = Box::leak(format!("{}.e2e.example.com", env.ns).into_boxed_str());
-    let config = RuntimeConfig {
-        leader_election: None,
-        field_manager: format!("e2e-{}", env.ns),
-        ..Default::default()
+    let config = env.runtime_config();
+    let widgets = NeedsWidgets {
+        controller_name,
+        group,
     };
-    tokio::spawn(run(
-        env.client.clone(),
-        NeedsWidgets {
-            controller_name,
-            group,
-        },
-        config,
-    ));
+    let _runtime = e2e::Running::check(env.client.clone(), widgets, config);
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
     let not_served = |what: &'static str| {
         move |ac: &AdmissionCheck| {
