@@ -78,7 +78,11 @@ step "end-to-end tests against etcd, kube-apiserver and Kueue"
 E2E_HELM="$(bash tests/helm/install-helm.sh)"
 export E2E_HELM
 # Tests share the control plane; each uses its own namespace, so they may run in parallel.
-cargo test -p e2e --locked -- --test-threads "${E2E_THREADS:-4}"
+if ! cargo test -p e2e --locked -- --test-threads "${E2E_THREADS:-4}"; then
+  echo "the controllers the tests ran in process logged to target/debug/e2e-logs/<test binary>.log;" \
+    "the control plane to logs/ in its run directory (until its next start)" >&2
+  exit 1
+fi
 
 step "the container image's static binary"
 if ! wait "$static_pid"; then

@@ -384,6 +384,40 @@ impl Debug for TestEnv {
     }
 }
 
+/// Sends the logs of everything this test binary runs in process (the SDK runtime, the
+/// provisioning controller, the autoscaler simulator) to `e2e-logs/<binary>.log` beside the
+/// binary's directory (`target/debug/e2e-logs/`), so that a failure can be read after the
+/// fact. `E2E_LOG` sets the filter (default `info`). Once per process; a subscriber set
+/// before wins.
+fn log_to_file() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(exe) = std::env::current_exe() else {
+            return;
+        };
+        let (Some(deps), Some(stem)) = (exe.parent(), exe.file_stem()) else {
+            return;
+        };
+        // `<binary>-<hash>`: the name without the hash.
+        let stem = stem.to_string_lossy();
+        let name = stem
+            .rsplit_once('-')
+            .map_or(stem.as_ref(), |(name, _)| name);
+        let dir = deps.parent().unwrap_or(deps).join("e2e-logs");
+        let file = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::File::create(dir.join(format!("{name}.log"))));
+        let Ok(file) = file else {
+            return;
+        };
+        let filter = std::env::var("E2E_LOG").unwrap_or_else(|_| "info".into());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file))
+            .try_init();
+    });
+}
+
 impl TestEnv {
     /// The runtime settings of a controller this test runs in process: its own field manager,
     /// four Workloads at once, no leader election, no HTTP endpoints (set `metrics_address` to
@@ -400,6 +434,7 @@ impl TestEnv {
 
     /// Creates a fresh namespace named after the test.
     pub async fn new(test: &str) -> Result<Self> {
+        log_to_file();
         let client = admin_client().await?;
         let slug: String = test
             .chars()
