@@ -899,15 +899,15 @@ pub(crate) fn error_policy<C: AdmissionCheckController>(
 ) -> Action {
     ctx.metrics.error(err.label());
     let uid = wl.uid().unwrap_or_default();
-    let failures = ctx.memory.workload(&uid, |w| {
+    // One more failure in a row; its backoff is also when a reconcile of the same version may
+    // ask again (see `reconcile`).
+    let (failures, delay) = ctx.memory.workload(&uid, |w| {
         w.failures = w.failures.saturating_add(1);
-        w.failures
-    });
-    let delay = error_backoff().delay(failures, rand::random::<f64>());
-    ctx.memory.workload(&uid, |w| {
+        let delay = error_backoff().delay(w.failures, rand::random::<f64>());
         if let Some((_, until)) = &mut w.backing_off {
             *until = tokio::time::Instant::now() + delay;
         }
+        (w.failures, delay)
     });
     warn!(
         workload = %wl.name_any(), namespace = ?wl.namespace(), error = %err, kind = err.label(),

@@ -772,20 +772,31 @@ async fn a_reconcile_waiting_for_its_turn_is_small() {
     assert!(size <= 256, "a queued reconcile takes {size} bytes");
 }
 
+/// A whole reconcile in which the check answers `Ready` for the Workload (rv 11, written as
+/// rv 12): the context, its scripted API and the writer of its Workload cache.
+async fn decided_ready_once() -> (
+    Arc<Context<Probe>>,
+    ScriptedApi,
+    reflector::store::Writer<Workload>,
+) {
+    use kube::runtime::watcher::Event;
+    let (cache, mut writer) = reflector::store::<Workload>();
+    writer.apply_watcher_event(&Event::Apply(at("11", deciding())));
+    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache);
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(at("11", deciding())), ctx.clone())
+        .await
+        .expect("decided");
+    (ctx, api, writer)
+}
+
 /// A check deleted or renamed while a Workload held something for it: Kueue drops its entry
 /// (the Workload keeps its quota, admitted or not) and the check leaves the registry. What the
 /// Workload holds for it is still released (found by an end-to-end test: the old check's
 /// ProvisioningRequests leaked when only the registry's checks were released).
 #[tokio::test]
 async fn a_check_gone_from_the_registry_still_releases_what_its_workloads_hold() {
-    use kube::runtime::watcher::Event;
-    let (cache, mut writer) = reflector::store::<Workload>();
-    writer.apply_watcher_event(&Event::Apply(at("11", deciding())));
-    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache.clone());
-    api.answer(200, json(&at("12", deciding())));
-    super::reconcile(Arc::new(at("11", deciding())), ctx.clone())
-        .await
-        .expect("decided");
+    let (ctx, api, mut writer) = decided_ready_once().await;
     assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 1);
 
     // The check is renamed: its AdmissionCheck goes, the ClusterQueue names another check.
@@ -800,7 +811,7 @@ async fn a_check_gone_from_the_registry_still_releases_what_its_workloads_hold()
             .check("probe-renamed", CheckState::Pending)
             .quota_reserved("cq", "flavor"),
     );
-    writer.apply_watcher_event(&Event::Apply(renamed.clone()));
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(renamed.clone()));
     super::reconcile(Arc::new(renamed), ctx.clone())
         .await
         .expect("released");
@@ -828,14 +839,7 @@ async fn a_check_gone_from_the_registry_still_releases_what_its_workloads_hold()
 /// check is told exactly once that the Workload finished.
 #[tokio::test]
 async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_again() {
-    use kube::runtime::watcher::Event;
-    let (cache, mut writer) = reflector::store::<Workload>();
-    writer.apply_watcher_event(&Event::Apply(at("11", deciding())));
-    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache.clone());
-    api.answer(200, json(&at("12", deciding())));
-    super::reconcile(Arc::new(at("11", deciding())), ctx.clone())
-        .await
-        .expect("decided");
+    let (ctx, api, mut writer) = decided_ready_once().await;
     let finished = at(
         "13",
         deciding()
@@ -843,7 +847,7 @@ async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_a
             .admitted()
             .finished(),
     );
-    writer.apply_watcher_event(&Event::Apply(finished.clone()));
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(finished.clone()));
     let released = || {
         ctx.controller
             .released
