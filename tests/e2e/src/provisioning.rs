@@ -248,9 +248,7 @@ impl TestEnv {
         let mut config = RuntimeConfig {
             metrics_address: Some(http),
             field_manager: format!("e2e-prov-{}", self.ns),
-            concurrency: 4,
-            leader_election: None,
-            ..Default::default()
+            ..self.runtime_config()
         };
         tune(&mut config);
         Ok(Running::check(client, check, config))

@@ -1157,13 +1157,11 @@ pub async fn run(test: &str, config: RunConfig) -> Result<Report> {
             recorder: recorder.clone(),
         };
         let config = RuntimeConfig {
-            metrics_address: None,
             field_manager: format!("e2e-{}-{}", env.ns, spec.short),
             // Late answers sleep inside a reconcile: enough room that no Workload waits for
             // another one's sleep.
             concurrency: u16::try_from(config.in_flight * 2).unwrap_or(u16::MAX),
-            leader_election: None,
-            ..Default::default()
+            ..env.runtime_config()
         };
         runtimes.push(crate::Running::check(env.client.clone(), check, config));
     }
