@@ -10,6 +10,7 @@
 //! cannot start, the tests fail with its reason: they never skip.
 
 pub mod chart;
+pub mod probe;
 pub mod provisioning;
 pub mod running;
 pub mod scripted;
@@ -28,7 +29,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -625,6 +626,31 @@ impl TestEnv {
         })
     }
 
+    /// Creates or replaces the ConfigMap `name` in the test namespace with exactly `data`.
+    pub async fn put_config_map(&self, name: &str, data: &[(&str, &str)]) -> Result<ConfigMap> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        let mut cm = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(self.ns.clone()),
+                ..Default::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        Ok(match api.get_opt(name).await? {
+            None => api.create(&PostParams::default(), &cm).await?,
+            Some(old) => {
+                cm.metadata.resource_version = old.resource_version();
+                api.replace(name, &PostParams::default(), &cm).await?
+            }
+        })
+    }
+
     /// Creates a LocalQueue in the test namespace feeding `cluster_queue`.
     pub async fn local_queue(&self, name: &str, cluster_queue: &str) -> Result<LocalQueue> {
         let mut lq = LocalQueue::new(
@@ -1175,6 +1201,63 @@ pub async fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
+}
+
+/// A client that can be cut like a crashed process's connection: once the flag is set every
+/// new request fails, so nothing left of an aborted controller instance (its runtime's
+/// background tasks outlive an aborted future) can still write.
+pub fn severable_client(client: Client) -> (Client, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = cut.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (client, flag) = (client.clone(), flag.clone());
+        async move {
+            if flag.load(Ordering::SeqCst) {
+                return Err(tower::BoxError::from(
+                    "connection cut: this instance is dead",
+                ));
+            }
+            client.send(req).await.map_err(tower::BoxError::from)
+        }
+    });
+    (Client::new(service, "default"), cut)
+}
+
+/// Waits (bounded) until the object `name` no longer exists.
+pub async fn wait_gone<K>(api: Api<K>, name: &str) -> Result<()>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+    while let Some(obj) = api.get_opt(name).await? {
+        if tokio::time::Instant::now() > deadline {
+            bail!("{name} was not deleted: {:?}", obj.meta());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until `read` returns `expected`; on a timeout the error shows the last
+/// value read.
+pub async fn eventually_equal<T: PartialEq + Debug>(
+    what: &str,
+    read: impl Fn() -> T,
+    expected: T,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+    loop {
+        let seen = read();
+        if seen == expected {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "timed out after {DEFAULT_TIMEOUT:?} waiting for {what}: {seen:?}, expected {expected:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Whether `event` has this reason and is about the named object.

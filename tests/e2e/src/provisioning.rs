@@ -401,6 +401,27 @@ impl<K: Clone> History<K> {
     }
 }
 
+/// Whether the request has a condition of this type with status `True`.
+pub fn request_condition_is_true(r: &ProvisioningRequest, type_: &str) -> bool {
+    r.status
+        .as_ref()
+        .and_then(|s| kueue_admission_sdk::api::find_condition(&s.conditions, type_))
+        .is_some_and(|c| c.status == "True")
+}
+
+impl<K: kube::Resource + Clone> History<K> {
+    /// Waits until the history has seen a version of the object `name` satisfying `cond` (the
+    /// history's watch may lag behind the one a test waited on).
+    pub async fn wait_seen(&self, name: &str, what: &str, cond: impl Fn(&K) -> bool) -> Result<()> {
+        crate::eventually(what, || {
+            self.applied()
+                .iter()
+                .any(|k| k.meta().name.as_deref() == Some(name) && cond(k))
+        })
+        .await
+    }
+}
+
 impl<K: kube::Resource> History<K> {
     /// Names of the objects deleted so far.
     pub fn deleted(&self) -> Vec<String> {

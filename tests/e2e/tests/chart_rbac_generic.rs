@@ -19,10 +19,9 @@ use e2e::chart::{self, Grant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use kueue_admission_sdk::Options;
 use kueue_admission_sdk::api::AdmissionCheck;
-use serde_json::json;
 
 const CHART: &str = "charts/kueue-admission-check";
 const FIELD_MANAGER: &str = "e2e-chart-rbac-generic";
@@ -109,16 +108,9 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
         .context("the chart enables leader election")?;
 
     // What the operator provides: a budget for the namespace, a queue guarded by the check.
-    let budgets: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
-    budgets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": parsed.budgets_configmap},
-                "data": {env.ns.clone(): "10/day"},
-            }))?,
-        )
+    env.put_config_map(&parsed.budgets_configmap, &[(&env.ns, "10/day")])
         .await?;
+    let budgets: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
     let queue = env.guarded_queue("budget", &controller_name, "4").await?;
 
     let check = budget_check::BudgetCheck::new(

@@ -2,9 +2,7 @@
 //! instance per test, answering only that test's AdmissionCheck. Budgets and ledgers live in the
 //! test's namespace, which is also the namespace being budgeted.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Result, bail, ensure};
@@ -15,7 +13,7 @@ use budget_check::{Backend, BudgetCheck, ConfigMapBackend, Settings};
 use e2e::{DEFAULT_TIMEOUT, SuspendedJob, TestEnv};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
 use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
@@ -91,24 +89,7 @@ impl Budgeted {
 
     /// Sets (creates or replaces) the budgets ConfigMap.
     async fn set_budgets(&self, data: &[(&str, &str)]) -> Result<()> {
-        let api: Api<ConfigMap> = Api::namespaced(self.env.client.clone(), &self.env.ns);
-        let data: BTreeMap<String, String> = data
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let mut cm: ConfigMap = serde_json::from_value(json!({
-            "metadata": {"name": BUDGETS, "namespace": self.env.ns},
-            "data": data,
-        }))?;
-        match api.get_opt(BUDGETS).await? {
-            None => {
-                api.create(&PostParams::default(), &cm).await?;
-            }
-            Some(old) => {
-                cm.metadata.resource_version = old.resource_version();
-                api.replace(BUDGETS, &PostParams::default(), &cm).await?;
-            }
-        }
+        self.env.put_config_map(BUDGETS, data).await?;
         Ok(())
     }
 
@@ -191,24 +172,6 @@ fn open(ledger: &BudgetLedger) -> Vec<String> {
 
 fn today() -> Window {
     Window::containing(Period::Day, Timestamp::now())
-}
-
-/// A client that can be cut like a crashed process's connection (see example_license.rs).
-fn severable(client: Client) -> (Client, Arc<AtomicBool>) {
-    let cut = Arc::new(AtomicBool::new(false));
-    let flag = cut.clone();
-    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (client, flag) = (client.clone(), flag.clone());
-        async move {
-            if flag.load(Ordering::SeqCst) {
-                return Err(tower::BoxError::from(
-                    "connection cut: this instance is dead",
-                ));
-            }
-            client.send(req).await.map_err(tower::BoxError::from)
-        }
-    });
-    (Client::new(service, "default"), cut)
 }
 
 #[tokio::test]
@@ -424,7 +387,7 @@ async fn a_missing_or_malformed_budget_keeps_workloads_pending_with_the_reason()
 async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()> {
     let t = setup("budget-restart").await?;
     t.set_budget("3/day").await?;
-    let (client, cut) = severable(t.env.client.clone());
+    let (client, cut) = e2e::severable_client(t.env.client.clone());
     let first = t.start(client);
     let a = t.submit("job-a", "2", None).await?;
     t.env.wait_admitted(&a).await?;

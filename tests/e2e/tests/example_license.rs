@@ -1,9 +1,8 @@
 //! The license-check example against the real Kueue: its controller runs in this process, one
 //! instance (or two) per test, answering only that test's AdmissionCheck.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -77,24 +76,7 @@ impl Licensed {
     }
 
     async fn set_pool(&self, data: &[(&str, &str)]) -> Result<()> {
-        let api: Api<ConfigMap> = Api::namespaced(self.env.client.clone(), &self.env.ns);
-        let data: BTreeMap<String, String> = data
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let mut cm: ConfigMap = serde_json::from_value(json!({
-            "metadata": {"name": POOL, "namespace": self.env.ns},
-            "data": data,
-        }))?;
-        match api.get_opt(POOL).await? {
-            None => {
-                api.create(&PostParams::default(), &cm).await?;
-            }
-            Some(old) => {
-                cm.metadata.resource_version = old.resource_version();
-                api.replace(POOL, &PostParams::default(), &cm).await?;
-            }
-        }
+        self.env.put_config_map(POOL, data).await?;
         Ok(())
     }
 
@@ -223,26 +205,6 @@ impl Backend for Dawdling {
     fn ledger_name(&self) -> String {
         self.0.ledger_name()
     }
-}
-
-/// A client that can be cut like a crashed process's connection: once `cut` is set every new
-/// request fails, so nothing left of an aborted controller instance (its runtime's background
-/// tasks outlive an aborted future) can still write.
-fn severable(client: Client) -> (Client, Arc<AtomicBool>) {
-    let cut = Arc::new(AtomicBool::new(false));
-    let flag = cut.clone();
-    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (client, flag) = (client.clone(), flag.clone());
-        async move {
-            if flag.load(Ordering::SeqCst) {
-                return Err(tower::BoxError::from(
-                    "connection cut: this instance is dead",
-                ));
-            }
-            client.send(req).await.map_err(tower::BoxError::from)
-        }
-    });
-    (Client::new(service, "default"), cut)
 }
 
 #[tokio::test]
@@ -455,7 +417,7 @@ async fn a_missing_or_malformed_pool_keeps_workloads_pending_with_the_reason() -
 async fn a_restart_neither_leaks_nor_double_books() -> Result<()> {
     let t = setup("license-restart").await?;
     t.set_pool(&[("matlab", "1")]).await?;
-    let (client, cut) = severable(t.env.client.clone());
+    let (client, cut) = e2e::severable_client(t.env.client.clone());
     let first = t.start(client);
 
     let a = t.submit("job-a", "matlab=1").await?;

@@ -14,14 +14,14 @@ use anyhow::{Context, Result, bail, ensure};
 use autoscaler_simulator::{CLASS_DETAILS_ANNOTATION, SCRIPT_ANNOTATION};
 use e2e::Running;
 use e2e::TestEnv;
-use e2e::provisioning::{History, Provisioning};
+use e2e::provisioning::{History, Provisioning, request_condition_is_true};
 use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kueue_admission_sdk::api::{
-    AdmissionCheckState, CheckState, ProvisioningRequest, Workload, find_condition,
-    provisioning_condition as pr, workload_condition as cond,
+    AdmissionCheckState, CheckState, Workload, find_condition, provisioning_condition as pr,
+    workload_condition as cond,
 };
 use kueue_provisioning_controller::config::TIMEOUT_ANNOTATION;
 use serde_json::{Value, json};
@@ -179,22 +179,6 @@ fn retry_entries(
     out
 }
 
-/// Waits until the history has seen a version of `workload` satisfying `cond` (the history's
-/// watch may lag behind the one a test waited on).
-async fn seen(
-    h: &History<Workload>,
-    workload: &str,
-    what: &str,
-    cond: impl Fn(&Workload) -> bool,
-) -> Result<()> {
-    e2e::eventually(what, || {
-        h.applied()
-            .iter()
-            .any(|w| w.name_any() == workload && cond(w))
-    })
-    .await
-}
-
 /// Checks one delayed Retry entry: the delay Kueue got (`requeueAfterSeconds`) is the policy's
 /// `delay` seconds rounded up past the dropped fraction (so `delay + 1`, or `delay + 2` when
 /// the jitter crosses a second), the message's next-try time and Kueue's `requeueAt` are both
@@ -225,32 +209,6 @@ fn assert_retry(
     );
     assert_eq!(next_try(&entry.message), Some(due), "{entry:#?}");
     assert_eq!(*requeue_at, Some(due), "Kueue's requeueAt: {entry:#?}");
-}
-
-/// Waits until the object is gone.
-async fn wait_gone<K>(api: Api<K>, name: &str) -> Result<()>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
-    while let Some(obj) = api.get_opt(name).await? {
-        if tokio::time::Instant::now() > deadline {
-            bail!("{name} was not deleted: {:?}", obj.meta());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
-}
-
-/// Kueue names a Job's Workload after the Job, so deleting the Workload of a live Job makes
-/// Kueue create another one under the same name (another uid). The new Workload must not be
-/// admitted on the old one's request.
-fn is_true(r: &ProvisioningRequest, type_: &str) -> bool {
-    r.status
-        .as_ref()
-        .and_then(|s| find_condition(&s.conditions, type_))
-        .is_some_and(|c| c.status == "True")
 }
 
 #[tokio::test]
@@ -377,7 +335,7 @@ async fn two_failures_retry_with_growing_delays_then_the_third_attempt_admits() 
     let requests = env.request_history();
     let wl = env.job_with_script("job", "fail,fail,provision").await?;
     let admitted = env.wait_admitted(&wl).await?;
-    seen(&wls, &wl, "the history saw the admission", |w| {
+    wls.wait_seen(&wl, "the history saw the admission", |w| {
         w.condition_is_true(cond::ADMITTED)
     })
     .await?;
@@ -473,7 +431,7 @@ async fn every_retry_event_names_its_own_request() -> Result<()> {
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "fail,fail,provision").await?;
     env.wait_admitted(&wl).await?;
-    seen(&wls, &wl, "the history saw the admission", |w| {
+    wls.wait_seen(&wl, "the history saw the admission", |w| {
         w.condition_is_true(cond::ADMITTED)
     })
     .await?;
@@ -509,7 +467,7 @@ async fn failing_past_the_backoff_limit_rejects_deactivates_and_leaves_nothing()
         "ProvisioningRequest {} failed: simulated: no capacity (attempt 2: no retries left after 1)",
         t.qualified(&wl, 2)
     );
-    seen(&wls, &wl, "the Rejected entry", |w| {
+    wls.wait_seen(&wl, "the Rejected entry", |w| {
         w.admission_check(check)
             .is_some_and(|e| e.state == CheckState::Rejected)
     })
@@ -694,7 +652,7 @@ async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
     assert_eq!(entry.state, CheckState::Ready);
     let request = t.request(&wl, 1);
     env.wait_request(&request, "BookingExpired=True", |r| {
-        is_true(r, pr::BOOKING_EXPIRED)
+        request_condition_is_true(r, pr::BOOKING_EXPIRED)
     })
     .await?;
     // The controller's request watch sees the expiry (counted) and wakes the Workload: wait for
@@ -796,7 +754,7 @@ async fn a_request_never_provisioned_times_out_per_the_config_annotation_and_is_
         entry.message,
         format!("ProvisioningRequest {} provisioned", t.qualified(&wl, 2))
     );
-    seen(&wls, &wl, "the history saw the admission", |w| {
+    wls.wait_seen(&wl, "the history saw the admission", |w| {
         w.condition_is_true(cond::ADMITTED)
     })
     .await?;
@@ -832,7 +790,7 @@ async fn a_request_never_provisioned_times_out_per_the_config_annotation_and_is_
         .find(|r| r.name_any() == t.request(&wl, 1))
         .context("attempt 1's request")?;
     assert!(
-        !is_true(&first, pr::PROVISIONED),
+        !request_condition_is_true(&first, pr::PROVISIONED),
         "the first attempt was never provisioned"
     );
     let created = first
@@ -963,10 +921,12 @@ async fn a_restart_mid_provisioning_creates_no_second_request() -> Result<()> {
     let name = t.request(&wl, 1);
     let before = t
         .env
-        .wait_request(&name, "Accepted", |r| is_true(r, pr::ACCEPTED))
+        .wait_request(&name, "Accepted", |r| {
+            request_condition_is_true(r, pr::ACCEPTED)
+        })
         .await?;
     ensure!(
-        !is_true(&before, pr::PROVISIONED),
+        !request_condition_is_true(&before, pr::PROVISIONED),
         "killed too late: {}",
         e2e::dump(&before)
     );
@@ -1050,7 +1010,7 @@ async fn finishing_evicting_or_deleting_the_workload_leaves_nothing() -> Result<
         .await?;
 
     env.wait_nothing_left().await?;
-    wait_gone(env.workloads(), &deleted).await?;
+    e2e::wait_gone(env.workloads(), &deleted).await?;
     t.stop().await
 }
 
@@ -1067,7 +1027,7 @@ async fn a_workload_deleted_while_the_controller_is_down_is_cleaned_up_by_the_ne
     env.workloads()
         .delete(&wl, &DeleteParams::default())
         .await?;
-    wait_gone(env.workloads(), &wl).await?;
+    e2e::wait_gone(env.workloads(), &wl).await?;
     // No controller of ours runs, so nothing can clean up: the orphan waits for the next one.
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
     assert_eq!(
@@ -1159,6 +1119,9 @@ async fn metrics_and_events_account_for_every_request() -> Result<()> {
     t.stop().await
 }
 
+/// Kueue names a Job's Workload after the Job, so deleting the Workload of a live Job makes
+/// Kueue create another one under the same name (another uid). The new Workload must not be
+/// admitted on the old one's request.
 #[tokio::test]
 async fn a_workload_recreated_under_the_same_name_gets_its_own_request() -> Result<()> {
     let t = Setup::new("prov-recreated", retry_strategy(2, 1)).await?;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use e2e::Running;
 use e2e::TestEnv;
-use e2e::provisioning::Provisioning;
+use e2e::provisioning::{Provisioning, request_condition_is_true};
 use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -94,14 +94,6 @@ impl Setup {
     }
 }
 
-/// Whether the request has a condition of this type with status `True`.
-fn is_true(r: &ProvisioningRequest, type_: &str) -> bool {
-    r.status
-        .as_ref()
-        .and_then(|s| find_condition(&s.conditions, type_))
-        .is_some_and(|c| c.status == "True")
-}
-
 /// The `Active` condition of an object's status conditions.
 fn active(conditions: Option<&Vec<Condition>>) -> Option<&Condition> {
     conditions.and_then(|c| find_condition(c, ADMISSION_CHECK_ACTIVE))
@@ -140,22 +132,6 @@ async fn wait_cluster_queue_active(
     active(cq.status.as_ref().map(|s| &s.conditions))
         .cloned()
         .context("no Active condition")
-}
-
-/// Waits until the object is gone.
-async fn wait_gone<K>(api: Api<K>, name: &str) -> Result<()>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
-    while let Some(obj) = api.get_opt(name).await? {
-        if tokio::time::Instant::now() > deadline {
-            bail!("{name} still exists: {:?}", obj.meta());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
 }
 
 /// Adds `Provisioned=True` to the request, as cluster-autoscaler would, with the
@@ -229,7 +205,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
     );
     let before = env
         .wait_request(&first_request, "Provisioned", |r| {
-            is_true(r, pr::PROVISIONED)
+            request_condition_is_true(r, pr::PROVISIONED)
         })
         .await?;
     wait_cluster_queue_active(env, &p.cluster_queue, "True", "Ready").await?;
@@ -392,7 +368,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
     Api::<ClusterQueue>::all(env.client.clone())
         .delete(&p.cluster_queue, &DeleteParams::default())
         .await?;
-    wait_gone(flavors, &p.flavor).await?;
+    e2e::wait_gone(flavors, &p.flavor).await?;
     t.stop().await
 }
 
@@ -429,8 +405,10 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
     let admitted_before = env.wait_admitted(&admitted).await?;
     let pending = env.job_with_script("pending", "accept").await?;
     let pending_old = Setup::request(&pending, &p.check);
-    env.wait_request(&pending_old, "Accepted", |r| is_true(r, pr::ACCEPTED))
-        .await?;
+    env.wait_request(&pending_old, "Accepted", |r| {
+        request_condition_is_true(r, pr::ACCEPTED)
+    })
+    .await?;
     let waiting = format!(
         "waiting for ProvisioningRequest {}",
         t.qualified(&pending_old)
@@ -496,7 +474,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
             &Patch::Merge(&switch),
         )
         .await?;
-    wait_gone(checks.clone(), &p.check).await?;
+    e2e::wait_gone(checks.clone(), &p.check).await?;
 
     // The pending Workload: Kueue replaced its entry and kept its quota; our controller asked
     // the autoscaler again under the new name.
@@ -513,8 +491,10 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
         "{}",
         e2e::dump(&replaced)
     );
-    env.wait_request(&pending_new, "Accepted", |r| is_true(r, pr::ACCEPTED))
-        .await?;
+    env.wait_request(&pending_new, "Accepted", |r| {
+        request_condition_is_true(r, pr::ACCEPTED)
+    })
+    .await?;
     mark_provisioned(env, &pending_new).await?;
     let done = env
         .wait_workload(&pending, "Admitted with the new check Ready", |w| {
@@ -649,8 +629,10 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
 
     let wl = env.job_with_script("job", "accept").await?;
     let first = Setup::request(&wl, &p.check);
-    env.wait_request(&first, "Accepted", |r| is_true(r, pr::ACCEPTED))
-        .await?;
+    env.wait_request(&first, "Accepted", |r| {
+        request_condition_is_true(r, pr::ACCEPTED)
+    })
+    .await?;
     env.wait_check_pending_with_quota(&wl, &p.check).await?;
 
     // Forced out: the finalizer removed, then deleted (Kueue's finalizer would keep it).
@@ -663,7 +645,7 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
         )
         .await?;
     flavors.delete(&p.flavor, &DeleteParams::default()).await?;
-    wait_gone(flavors.clone(), &p.flavor).await?;
+    e2e::wait_gone(flavors.clone(), &p.flavor).await?;
     wait_cluster_queue_active(env, &p.cluster_queue, "False", "FlavorNotFound").await?;
 
     // The autoscaler provisions the request: the change asks the check again.
@@ -693,7 +675,7 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
         !w.condition_is_true(cond::QUOTA_RESERVED) && w.total_evictions() >= 1
     })
     .await?;
-    wait_gone(env.provisioning_requests(), &first).await?;
+    e2e::wait_gone(env.provisioning_requests(), &first).await?;
 
     // The flavor back: the ClusterQueue is active again and the Workload admitted on its
     // second attempt.
@@ -701,8 +683,10 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
     again.metadata.labels = saved.metadata.labels.clone();
     flavors.create(&Default::default(), &again).await?;
     let second = format!("{wl}-{}-2", p.check);
-    env.wait_request(&second, "Accepted", |r| is_true(r, pr::ACCEPTED))
-        .await?;
+    env.wait_request(&second, "Accepted", |r| {
+        request_condition_is_true(r, pr::ACCEPTED)
+    })
+    .await?;
     mark_provisioned(env, &second).await?;
     let admitted = env.wait_admitted(&wl).await?;
     let entry = admitted.admission_check(&p.check).context("our entry")?;

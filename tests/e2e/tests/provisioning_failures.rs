@@ -177,21 +177,6 @@ fn entries_in(
     out
 }
 
-/// Waits until the history has seen a version of `workload` satisfying `cond`.
-async fn seen(
-    h: &History<Workload>,
-    workload: &str,
-    what: &str,
-    cond: impl Fn(&Workload) -> bool,
-) -> Result<()> {
-    e2e::eventually(what, || {
-        h.applied()
-            .iter()
-            .any(|w| w.name_any() == workload && cond(w))
-    })
-    .await
-}
-
 fn ltt(e: &AdmissionCheckState) -> Result<Timestamp> {
     e.last_transition_time
         .as_ref()
@@ -295,7 +280,7 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
         })
         .await?;
     ensure!(evicted.is_active(), "{}", dump(&evicted));
-    seen(&wls, &wl, "the Retry entry", |w| {
+    wls.wait_seen(&wl, "the Retry entry", |w| {
         w.admission_check(check)
             .is_some_and(|e| e.state == CheckState::Retry)
     })
@@ -331,7 +316,7 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
         "Kueue did not copy the Job's changed annotation to the Workload:\n{}",
         dump(&deactivated)
     );
-    seen(&wls, &wl, "the Rejected entry", |w| {
+    wls.wait_seen(&wl, "the Rejected entry", |w| {
         w.admission_check(check)
             .is_some_and(|e| e.state == CheckState::Rejected)
     })
@@ -392,7 +377,7 @@ async fn a_fix_on_the_workload_during_the_hold_admits_it_without_an_eviction() -
         BTreeMap::from([(KEY.to_string(), "60".to_string())])
     );
     assert_eq!(admitted.total_evictions(), 0, "{}", dump(&admitted));
-    seen(&wls, &wl, "the admission", |w| {
+    wls.wait_seen(&wl, "the admission", |w| {
         w.condition_is_true(cond::ADMITTED)
     })
     .await?;
@@ -519,7 +504,7 @@ async fn an_absurd_retry_strategy_is_clamped_to_the_ceiling_and_reported() -> Re
         entry.message,
         format!("ProvisioningRequest {}/{wl}-{check}-2 provisioned", env.ns)
     );
-    seen(&wls, &wl, "the eviction", |w| {
+    wls.wait_seen(&wl, "the eviction", |w| {
         w.evictions("AdmissionCheck") == 1 && w.condition_is_true(cond::EVICTED)
     })
     .await?;

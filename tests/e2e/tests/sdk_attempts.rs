@@ -7,137 +7,17 @@
 //! a restarted controller must keep the count, and the Workload must be admitted once every
 //! check answers `Ready`.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use e2e::TestEnv;
+use e2e::probe::{Probe, ProbeScript};
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
-use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, NoParameters, RetryPolicy, Revalidate,
-    attempts,
-};
+use kueue_admission_sdk::{Decision, RetryPolicy, attempts};
 use serde_json::json;
-use tokio::sync::Semaphore;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// One scripted answer; a gated one waits for a permit from the test first.
-struct Step {
-    decision: Decision,
-    gate: Option<Arc<Semaphore>>,
-}
-
-/// What one check answers and what it was asked.
-struct Script {
-    /// Answers, in order; once empty, the answer for the attempt, or `otherwise`.
-    steps: Mutex<VecDeque<Step>>,
-    by_attempt: Mutex<std::collections::BTreeMap<u32, Decision>>,
-    otherwise: Mutex<Decision>,
-    /// The attempt of every call, in order.
-    attempts: Mutex<Vec<u32>>,
-    /// The attempt of every call, in order, per Workload name.
-    by_workload: Mutex<std::collections::BTreeMap<String, Vec<u32>>>,
-}
-
-impl Script {
-    fn new(otherwise: Decision) -> Arc<Self> {
-        Arc::new(Self {
-            steps: Mutex::default(),
-            by_attempt: Mutex::default(),
-            otherwise: Mutex::new(otherwise),
-            attempts: Mutex::default(),
-            by_workload: Mutex::default(),
-        })
-    }
-
-    fn then(&self, decision: Decision) {
-        lock(&self.steps).push_back(Step {
-            decision,
-            gate: None,
-        });
-    }
-
-    /// The next answer waits until the returned gate gets a permit.
-    fn then_gated(&self, decision: Decision) -> Arc<Semaphore> {
-        let gate = Arc::new(Semaphore::new(0));
-        lock(&self.steps).push_back(Step {
-            decision,
-            gate: Some(gate.clone()),
-        });
-        gate
-    }
-
-    /// Whenever asked about `attempt` (and no step is left), answer `decision`.
-    fn on_attempt(&self, attempt: u32, decision: Decision) {
-        lock(&self.by_attempt).insert(attempt, decision);
-    }
-
-    fn otherwise(&self, decision: Decision) {
-        *lock(&self.otherwise) = decision;
-    }
-
-    fn attempts(&self) -> Vec<u32> {
-        lock(&self.attempts).clone()
-    }
-
-    fn attempts_of(&self, workload: &str) -> Vec<u32> {
-        lock(&self.by_workload)
-            .get(workload)
-            .cloned()
-            .unwrap_or_default()
-    }
-}
-
-struct Scripted {
-    controller_name: String,
-    policy: RetryPolicy,
-    revalidate: Option<Duration>,
-    script: Arc<Script>,
-}
-
-impl AdmissionCheckController for Scripted {
-    type Parameters = NoParameters;
-    type Error = Infallible;
-
-    fn controller_name(&self) -> &str {
-        &self.controller_name
-    }
-
-    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
-        self.policy.clone()
-    }
-
-    fn revalidate(&self) -> Revalidate {
-        self.revalidate.map_or(Revalidate::Never, Revalidate::Every)
-    }
-
-    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
-        let attempt = ctx.attempt();
-        lock(&self.script.attempts).push(attempt);
-        lock(&self.script.by_workload)
-            .entry(ctx.workload.name_any())
-            .or_default()
-            .push(attempt);
-        let step = lock(&self.script.steps).pop_front();
-        let Some(step) = step else {
-            let by_attempt = lock(&self.script.by_attempt).get(&attempt).cloned();
-            return Ok(by_attempt.unwrap_or_else(|| lock(&self.script.otherwise).clone()));
-        };
-        if let Some(gate) = step.gate
-            && let Ok(permit) = gate.acquire().await
-        {
-            permit.forget();
-        }
-        Ok(step.decision)
-    }
-}
 
 /// One check: its AdmissionCheck, script, and the runtime serving it (while it runs).
 struct Check {
@@ -145,18 +25,15 @@ struct Check {
     controller_name: String,
     policy: RetryPolicy,
     revalidate: Option<Duration>,
-    script: Arc<Script>,
+    script: Arc<ProbeScript>,
     running: Option<e2e::Running>,
 }
 
 impl Check {
     fn start(&mut self, env: &TestEnv) {
-        let controller = Scripted {
-            controller_name: self.controller_name.clone(),
-            policy: self.policy.clone(),
-            revalidate: self.revalidate,
-            script: self.script.clone(),
-        };
+        let controller = Probe::new(&self.controller_name, self.script.clone())
+            .policy(self.policy.clone())
+            .revalidate_every(self.revalidate);
         let config = env.runtime_config();
         self.running = Some(e2e::Running::check(env.client.clone(), controller, config));
     }
@@ -190,12 +67,14 @@ async fn checks_on_one_queue(
             .admission_check(short, &controller_name)
             .await?
             .name_any();
+        let script = ProbeScript::new();
+        script.otherwise(otherwise);
         checks.push(Check {
             name,
             controller_name,
             policy,
             revalidate,
-            script: Script::new(otherwise),
+            script,
             running: None,
         });
     }
@@ -389,7 +268,7 @@ async fn three_checks_a_late_retry_and_a_withdrawn_ready_keep_every_attempt() ->
     .await?;
     let names: Vec<String> = checks.iter().map(|c| c.name.clone()).collect();
     let (a, b, c) = (&names[0], &names[1], &names[2]);
-    let scripts: Vec<Arc<Script>> = checks.iter().map(|c| c.script.clone()).collect();
+    let scripts: Vec<Arc<ProbeScript>> = checks.iter().map(|c| c.script.clone()).collect();
     let c_gate = scripts[2].then_gated(Decision::retry_after(
         "c: the licence server is busy",
         Duration::from_secs(10),

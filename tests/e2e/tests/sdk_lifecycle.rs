@@ -2,123 +2,24 @@
 //! of a decision, a decision computed from a stale Workload, a Retry that arrives after Kueue
 //! evicted the Workload, revalidation of a Ready answer, and a deleted Workload.
 
-use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use e2e::TestEnv;
 use e2e::chart::Grant;
+use e2e::probe::{Probe, ProbeScript};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
-    AdmissionCheckController, CheckContext, Decision, Extensions, LeaderContext, LeaderElection,
-    NoParameters, ReleaseContext, ReleaseReason, Revalidate, RuntimeConfig,
+    Decision, Extensions, LeaderContext, LeaderElection, ReleaseReason, RuntimeConfig,
 };
 use serde_json::json;
-use tokio::sync::Semaphore;
-
-/// What the probe check does and saw, shared between the test and every replica.
-#[derive(Default)]
-struct Script {
-    /// The answer per Job (default: Pending).
-    answers: Mutex<BTreeMap<String, Decision>>,
-    /// Jobs whose `decide` waits for a permit the test hands out.
-    gates: Mutex<BTreeMap<String, Arc<Semaphore>>>,
-    /// Every `decide` call, on entry: (replica, job, attempt).
-    calls: Mutex<Vec<(String, String, u32)>>,
-    /// Every release: (job, reason).
-    releases: Mutex<Vec<(String, ReleaseReason)>>,
-}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Script {
-    fn answer(&self, job: &str, decision: Decision) {
-        lock(&self.answers).insert(job.into(), decision);
-    }
-
-    /// From now on `decide` for `job` waits until [`Script::open`] hands out a permit.
-    fn gate(&self, job: &str) -> Arc<Semaphore> {
-        let gate = Arc::new(Semaphore::new(0));
-        lock(&self.gates).insert(job.into(), gate.clone());
-        gate
-    }
-
-    fn calls_for(&self, job: &str) -> Vec<(String, u32)> {
-        lock(&self.calls)
-            .iter()
-            .filter(|(_, j, _)| j == job)
-            .map(|(r, _, a)| (r.clone(), *a))
-            .collect()
-    }
-
-    fn releases_for(&self, job: &str) -> Vec<ReleaseReason> {
-        lock(&self.releases)
-            .iter()
-            .filter(|(j, _)| j == job)
-            .map(|(_, r)| *r)
-            .collect()
-    }
-}
-
-fn job_of(wl: &Workload) -> String {
-    wl.owner_references()
-        .first()
-        .map(|o| o.name.clone())
-        .unwrap_or_default()
-}
-
-struct Probe {
-    controller_name: String,
-    replica: String,
-    revalidate: Option<Duration>,
-    script: Arc<Script>,
-    /// What this replica runs while it leads (taken when it starts).
-    while_leading: Mutex<Option<Extensions>>,
-}
-
-impl AdmissionCheckController for Probe {
-    type Parameters = NoParameters;
-    type Error = Infallible;
-
-    fn controller_name(&self) -> &str {
-        &self.controller_name
-    }
-
-    fn revalidate(&self) -> Revalidate {
-        self.revalidate.map_or(Revalidate::Never, Revalidate::Every)
-    }
-
-    fn while_leading(&self) -> Extensions {
-        lock(&self.while_leading).take().unwrap_or_default()
-    }
-
-    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
-        let job = job_of(ctx.workload);
-        lock(&self.script.calls).push((self.replica.clone(), job.clone(), ctx.attempt()));
-        let gate = lock(&self.script.gates).get(&job).cloned();
-        if let Some(gate) = gate
-            && let Ok(permit) = gate.acquire().await
-        {
-            permit.forget();
-        }
-        Ok(lock(&self.script.answers)
-            .get(&job)
-            .cloned()
-            .unwrap_or_else(|| Decision::pending("no answer yet")))
-    }
-
-    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Infallible> {
-        let job = ctx.workload.map(job_of).unwrap_or_default();
-        lock(&self.script.releases).push((job, ctx.reason));
-        Ok(())
-    }
 }
 
 /// One running replica of the probe's runtime.
@@ -130,7 +31,7 @@ struct Setup {
     controller_name: String,
     probe: String,
     other: Option<String>,
-    script: Arc<Script>,
+    script: Arc<ProbeScript>,
 }
 
 async fn setup(env: &TestEnv, with_other: bool) -> Result<Setup> {
@@ -211,13 +112,10 @@ impl Setup {
             leader_election: election,
             ..env.runtime_config()
         };
-        let probe = Probe {
-            controller_name: self.controller_name.clone(),
-            replica: replica.into(),
-            revalidate,
-            script: self.script.clone(),
-            while_leading: Mutex::new(Some(extensions)),
-        };
+        let probe = Probe::new(&self.controller_name, self.script.clone())
+            .replica(replica)
+            .revalidate_every(revalidate)
+            .while_leading(extensions);
         Ok(e2e::Running::check(client, probe, config))
     }
 }

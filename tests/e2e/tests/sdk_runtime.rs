@@ -1,6 +1,5 @@
 //! The SDK runtime against the real Kueue: a scripted check served by `kueue_admission_sdk::run`.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -8,72 +7,22 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use e2e::TestEnv;
+use e2e::probe::{Probe, ProbeScript};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kueue_admission_sdk::api::{
     ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, find_condition, workload_condition as cond,
 };
 use kueue_admission_sdk::{
-    AdmissionCheckController, ApiKind, CheckContext, Decision, NoParameters, ReleaseContext,
-    ReleaseReason, RetryPolicy, RuntimeConfig,
+    AdmissionCheckController, ApiKind, CheckContext, Decision, NoParameters, ReleaseReason,
+    RetryPolicy, RuntimeConfig,
 };
 use serde_json::json;
 
-type Releases = Arc<Mutex<Vec<ReleaseReason>>>;
-
-/// Answers from a script per Job: the n-th decision for attempt n (the last one repeats), and
-/// records every release.
-struct ScriptedCheck {
-    controller_name: String,
-    scripts: BTreeMap<String, Vec<Decision>>,
-    policy: RetryPolicy,
-    releases: Releases,
-}
-
-impl AdmissionCheckController for ScriptedCheck {
-    type Parameters = NoParameters;
-    type Error = Infallible;
-
-    fn controller_name(&self) -> &str {
-        &self.controller_name
-    }
-
-    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
-        self.policy.clone()
-    }
-
-    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Infallible> {
-        let job = ctx
-            .workload
-            .owner_references()
-            .first()
-            .map(|o| o.name.clone())
-            .unwrap_or_default();
-        let script = self
-            .scripts
-            .get(&job)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let n = (ctx.attempt() as usize).min(script.len());
-        Ok(script
-            .get(n.wrapping_sub(1))
-            .cloned()
-            .unwrap_or_else(|| Decision::pending("no script for this job")))
-    }
-
-    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Infallible> {
-        self.releases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(ctx.reason);
-        Ok(())
-    }
-}
-
-/// What `serve` started: the check's name, its releases, and where its endpoints are served.
+/// What `serve` started: the check's name, its script, and where its endpoints are served.
 struct Served {
     check: String,
-    releases: Releases,
+    script: Arc<ProbeScript>,
     http: SocketAddr,
     /// The runtime, stopped with the test.
     _runtime: e2e::Running,
@@ -91,17 +40,11 @@ async fn serve(
         .guarded_queue("check", &controller_name, "4")
         .await?
         .check;
-    let scripts = scripts
-        .iter()
-        .map(|(job, s)| (job.to_string(), s.clone()))
-        .collect();
-    let releases = Releases::default();
-    let controller = ScriptedCheck {
-        controller_name,
-        scripts,
-        policy,
-        releases: releases.clone(),
-    };
+    let script = ProbeScript::new();
+    for (job, answers) in scripts {
+        script.answers(job, answers.clone());
+    }
+    let controller = Probe::new(controller_name, script.clone()).policy(policy);
     // A free loopback port for this runtime's endpoints.
     let http = e2e::free_local_address()?;
     let config = RuntimeConfig {
@@ -110,7 +53,7 @@ async fn serve(
     };
     Ok(Served {
         check,
-        releases,
+        script,
         http,
         _runtime: e2e::Running::check(env.client.clone(), controller, config),
     })
@@ -126,22 +69,6 @@ fn active_condition(ac: &AdmissionCheck) -> Option<(String, String, String)> {
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Waits (bounded) until the check has recorded exactly these releases, in this order.
-async fn wait_releases(releases: &Releases, expected: &[ReleaseReason]) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
-    loop {
-        let seen = releases.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if seen == expected {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "releases {seen:?}, expected {expected:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> Result<()> {
     let env = TestEnv::new("sdk-ready").await?;
@@ -151,7 +78,7 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
     ];
     let Served {
         check,
-        releases,
+        script,
         http,
         _runtime,
     } = serve(&env, &scripts, RetryPolicy::default()).await?;
@@ -179,10 +106,7 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
         format!("check {check}: approved")
     );
     assert!(
-        releases
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty(),
+        script.releases().is_empty(),
         "released an admitted workload"
     );
 
@@ -236,7 +160,7 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
     let policy = RetryPolicy::fixed(Duration::from_secs(3)).with_retry_limit(1);
     let Served {
         check,
-        releases,
+        script,
         http,
         _runtime,
     } = serve(&env, &[("job", vec![Decision::retry("not yet")])], policy).await?;
@@ -300,9 +224,10 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
     );
     assert!(!wl.condition_is_true(cond::ADMITTED));
 
-    wait_releases(
-        &releases,
-        &[ReleaseReason::Evicted, ReleaseReason::Deactivated],
+    e2e::eventually_equal(
+        "the releases",
+        || script.releases(),
+        vec![ReleaseReason::Evicted, ReleaseReason::Deactivated],
     )
     .await?;
     let retry_note = env.event_note(&wl_name, "CheckRetry").await?;
