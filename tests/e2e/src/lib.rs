@@ -683,20 +683,9 @@ impl TestEnv {
                 .map(|(k, v)| ((*k).into(), (*v).into()))
                 .collect()
         };
-        let annotations = map(job.pod_annotations);
         let mut spec = json!({
             "suspend": true,
-            "template": {
-                "metadata": {"annotations": annotations},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "main",
-                        "image": "registry.invalid/no-pod-runs-here:1",
-                        "resources": {"requests": {"cpu": job.cpu}},
-                    }],
-                },
-            },
+            "template": pod_template(map(job.pod_annotations).into(), job.cpu),
         });
         if let Some(n) = job.parallelism {
             spec["parallelism"] = n.into();
@@ -1201,6 +1190,41 @@ pub async fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
+}
+
+/// The pod template of every test workload: pods with these annotations, each one container
+/// asking for `cpu` that never runs (there is no kubelet).
+pub fn pod_template(annotations: serde_json::Value, cpu: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"annotations": annotations},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main",
+                "image": "registry.invalid/no-pod-runs-here:1",
+                "resources": {"requests": {"cpu": cpu}},
+            }],
+        },
+    })
+}
+
+/// A Workload owned by no Job (so it can be deleted without Kueue making it again) in
+/// LocalQueue `lq`: one podset `main` of one pod of `template`, with these annotations.
+pub fn standalone_workload(
+    namespace: &str,
+    name: &str,
+    annotations: serde_json::Value,
+    template: serde_json::Value,
+) -> Result<Workload> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "queueName": "lq",
+            "podSets": [{"name": "main", "count": 1, "template": template}],
+        },
+    }))?)
 }
 
 /// A client that can be cut like a crashed process's connection: once the flag is set every

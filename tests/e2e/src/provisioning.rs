@@ -25,6 +25,9 @@ use tokio::task::JoinHandle;
 
 use crate::{Running, TestEnv};
 
+/// The kind an AdmissionCheck's parameters name for the provisioning check.
+const PARAMETERS_KIND: &str = "ProvisioningRequestConfig";
+
 /// What [`TestEnv::provisioning`] set up.
 #[derive(Debug)]
 pub struct Provisioning {
@@ -74,7 +77,7 @@ impl TestEnv {
         }
         let config: ProvisioningRequestConfig = serde_json::from_value(json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ProvisioningRequestConfig",
+            "kind": PARAMETERS_KIND,
             "metadata": {"name": self.cluster_name(name), "annotations": annotations},
             "spec": full,
         }))?;
@@ -88,6 +91,18 @@ impl TestEnv {
     /// This test's provisioning class.
     pub fn provisioning_class(&self) -> String {
         format!("{}.e2e.kueue-admission-checks.dev", self.ns)
+    }
+
+    /// An AdmissionCheck answered by `controller_name` whose parameters are the
+    /// ProvisioningRequestConfig `config`.
+    pub async fn provisioning_check(
+        &self,
+        name: &str,
+        controller_name: &str,
+        config: &str,
+    ) -> Result<String> {
+        self.admission_check_with_parameters(name, controller_name, PARAMETERS_KIND, config)
+            .await
     }
 
     /// An AdmissionCheck answered by `controller_name` with a parameters reference of `kind`
@@ -139,12 +154,7 @@ impl TestEnv {
             .provisioning_config_with_annotations("prc", spec, annotations)
             .await?;
         let check = self
-            .admission_check_with_parameters(
-                "prov",
-                &controller_name,
-                "ProvisioningRequestConfig",
-                &config,
-            )
+            .provisioning_check("prov", &controller_name, &config)
             .await?;
         let flavor = self.provisioning_flavor("pool").await?;
         let mut checks = vec![check.as_str()];
@@ -529,32 +539,113 @@ impl TestEnv {
     /// submitted to LocalQueue `lq`, whose request the simulator answers with `script`. Unlike
     /// a Job's, it can be deleted without Kueue creating it again.
     pub async fn standalone_workload(&self, name: &str, script: &str) -> Result<Workload> {
-        let wl: Workload = serde_json::from_value(json!({
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "Workload",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {
-                "queueName": "lq",
-                "podSets": [{
-                    "name": "main",
-                    "count": 1,
-                    "template": {
-                        "metadata": {"annotations": {simulator::SCRIPT_ANNOTATION: script}},
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [{
-                                "name": "main",
-                                "image": "registry.invalid/no-pod-runs-here:1",
-                                "resources": {"requests": {"cpu": "1"}},
-                            }],
-                        },
-                    },
-                }],
-            },
-        }))?;
+        let template = crate::pod_template(json!({simulator::SCRIPT_ANNOTATION: script}), "1");
+        let wl = crate::standalone_workload(&self.ns, name, json!({}), template)?;
         self.workloads()
             .create(&PostParams::default(), &wl)
             .await
             .with_context(|| format!("creating Workload {name}"))
+    }
+}
+
+/// One provisioning test's world: its namespace, the objects of [`TestEnv::provisioning`], the
+/// controller under test (while it runs) and the autoscaler simulator.
+pub struct World {
+    /// The test's namespace and client.
+    pub env: TestEnv,
+    /// Its config, check, flavor and queues.
+    pub p: Provisioning,
+    /// The controller under test; a test that restarts it takes it out and puts another in.
+    pub controller: Option<Running>,
+    /// The simulator answering this test's requests.
+    pub simulator: Running,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World")
+            .field("namespace", &self.env.ns)
+            .field("p", &self.p)
+            .finish_non_exhaustive()
+    }
+}
+
+impl World {
+    /// Config `spec`, 4 cpu of quota, the controller as tests run it (no default timeout).
+    pub async fn new(test: &str, spec: Value) -> Result<Self> {
+        Self::tuned(test, spec, |_| {}).await
+    }
+
+    /// [`World::new`] with `tune` applied to the controller's runtime settings.
+    pub async fn tuned(
+        test: &str,
+        spec: Value,
+        tune: impl FnOnce(&mut RuntimeConfig),
+    ) -> Result<Self> {
+        let env = TestEnv::new(test).await?;
+        let p = env.provisioning(spec, "4").await?;
+        let controller = env.start_provisioning_controller_tuned(env.client.clone(), None, tune)?;
+        Self::around(env, p, controller)
+    }
+
+    /// A world of objects the test made itself, with `controller` and a new simulator.
+    pub fn around(env: TestEnv, p: Provisioning, controller: Running) -> Result<Self> {
+        let simulator = env.start_simulator()?;
+        Ok(Self {
+            env,
+            p,
+            controller: Some(controller),
+            simulator,
+        })
+    }
+
+    /// The name of attempt `attempt`'s request for `workload`.
+    pub fn request(&self, workload: &str, attempt: u32) -> String {
+        format!("{workload}-{}-{attempt}", self.p.check)
+    }
+
+    /// `<namespace>/<name>`, as messages name requests.
+    pub fn qualified_name(&self, name: &str) -> String {
+        format!("{}/{name}", self.env.ns)
+    }
+
+    /// `<namespace>/<request>` of attempt `attempt` for `workload`.
+    pub fn qualified(&self, workload: &str, attempt: u32) -> String {
+        self.qualified_name(&self.request(workload, attempt))
+    }
+
+    /// The controller, if it runs.
+    pub fn controller(&self) -> Result<&Running> {
+        self.controller
+            .as_ref()
+            .context("the controller is not running")
+    }
+
+    /// `name{check="<this test's check>"}`.
+    pub fn series(&self, name: &str) -> String {
+        format!("{name}{{check=\"{}\"}}", self.p.check)
+    }
+
+    /// A sample of the controller's metrics, 0 when the series was never written.
+    pub async fn metric(&self, series: &str) -> Result<f64> {
+        let text = self.controller()?.metrics().await?;
+        Ok(crate::metric_sample(&text, series).unwrap_or(0.0))
+    }
+
+    /// Waits until the controller's counter `name` for this test's check reads `value`.
+    pub async fn wait_counter(&self, name: &str, value: f64) -> Result<String> {
+        let addr = self
+            .controller()?
+            .http
+            .context("the controller's address")?;
+        crate::wait_metric(addr, &self.series(name), value).await
+    }
+
+    /// Stops the controller (if it runs) and the simulator as SIGTERM would.
+    pub async fn stop(mut self) -> Result<()> {
+        if let Some(c) = self.controller.take() {
+            c.stop().await?;
+        }
+        self.simulator.stop().await
     }
 }

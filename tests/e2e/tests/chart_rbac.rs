@@ -452,13 +452,8 @@ impl Run {
 
         let controller_name = &env.provisioning_controller_name();
         let config = env.cluster_name("prc");
-        env.admission_check_with_parameters(
-            "prov",
-            controller_name,
-            "ProvisioningRequestConfig",
-            &config,
-        )
-        .await?;
+        env.provisioning_check("prov", controller_name, &config)
+            .await?;
         step!(Step::CheckInactive, async {
             let inactive = "BadParametersRef";
             if let Err(why) =
@@ -838,32 +833,12 @@ async fn event_reasons(
 /// parameter longer than a ProvisioningRequest accepts.
 fn too_long_workload(namespace: &str, name: &str) -> Result<Workload> {
     let parameter = format!("{PARAMETER_ANNOTATION_PREFIX}too-long");
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": {parameter: "x".repeat(300)},
-        },
-        "spec": {
-            "queueName": "lq",
-            "podSets": [{
-                "name": "main",
-                "count": 1,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{
-                            "name": "main",
-                            "image": "registry.invalid/no-pod-runs-here:1",
-                            "resources": {"requests": {"cpu": "1"}},
-                        }],
-                    },
-                },
-            }],
-        },
-    }))?)
+    e2e::standalone_workload(
+        namespace,
+        name,
+        json!({parameter: "x".repeat(300)}),
+        e2e::pod_template(json!({}), "1"),
+    )
 }
 
 /// Takes `removal`'s verb out of its rule (the rule goes when no verb is left); returns what

@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use autoscaler_simulator::{CLASS_DETAILS_ANNOTATION, SCRIPT_ANNOTATION};
-use e2e::Running;
 use e2e::TestEnv;
-use e2e::provisioning::{History, Provisioning, request_condition_is_true};
+use e2e::provisioning::{History, World, request_condition_is_true};
 use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -35,84 +34,42 @@ fn retry_strategy(limit: i32, base: i32) -> Value {
     }})
 }
 
-/// One test's setup: the objects, the controller under test and the simulator.
-struct Setup {
-    env: TestEnv,
-    p: Provisioning,
-    controller: Option<Running>,
-    simulator: Running,
+/// One test's setup: config `spec`, 4 cpu of quota, `annotations` on the config and
+/// `extra_checks` beside ours on the ClusterQueue, the controller with `default_timeout`.
+async fn setup_with(
+    test: &str,
+    spec: Value,
+    annotations: &[(&str, &str)],
+    default_timeout: Option<Duration>,
+    extra_checks: &[&str],
+) -> Result<World> {
+    let env = TestEnv::new(test).await?;
+    let extra: Vec<String> = extra_checks.iter().map(|c| env.cluster_name(c)).collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let p = env
+        .provisioning_with(spec, annotations, "4", &extra)
+        .await?;
+    let controller = env.start_provisioning_controller(default_timeout)?;
+    World::around(env, p, controller)
 }
 
-impl Setup {
-    /// The usual setup: config `spec`, 4 cpu of quota, controller without a default timeout.
-    async fn new(test: &str, spec: Value) -> Result<Self> {
-        Self::with(test, spec, &[], None, &[]).await
-    }
+/// The usual setup with retry strategy (2, 1) and a second AdmissionCheck on the
+/// ClusterQueue, `gate`, active and answered by the test; returns its name too.
+async fn with_gate(test: &str) -> Result<(World, String)> {
+    let t = setup_with(test, retry_strategy(2, 1), &[], None, &["gate"]).await?;
+    let gate = t.env.cluster_name("gate");
+    let controller = format!("e2e.kueue-admission-checks.dev/gate-{}", t.env.ns);
+    t.env.admission_check("gate", &controller).await?;
+    t.env.set_admission_check_active(&gate, true).await?;
+    Ok((t, gate))
+}
 
-    async fn with(
-        test: &str,
-        spec: Value,
-        annotations: &[(&str, &str)],
-        default_timeout: Option<Duration>,
-        extra_checks: &[&str],
-    ) -> Result<Self> {
-        let env = TestEnv::new(test).await?;
-        let extra: Vec<String> = extra_checks.iter().map(|c| env.cluster_name(c)).collect();
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let p = env
-            .provisioning_with(spec, annotations, "4", &extra)
-            .await?;
-        let controller = Some(env.start_provisioning_controller(default_timeout)?);
-        let simulator = env.start_simulator()?;
-        Ok(Self {
-            env,
-            p,
-            controller,
-            simulator,
-        })
-    }
-
-    /// The usual setup with retry strategy (2, 1) and a second AdmissionCheck on the
-    /// ClusterQueue, `gate`, active and answered by the test; returns its name too.
-    async fn with_gate(test: &str) -> Result<(Self, String)> {
-        let t = Self::with(test, retry_strategy(2, 1), &[], None, &["gate"]).await?;
-        let gate = t.env.cluster_name("gate");
-        let controller = format!("e2e.kueue-admission-checks.dev/gate-{}", t.env.ns);
-        t.env.admission_check("gate", &controller).await?;
-        t.env.set_admission_check_active(&gate, true).await?;
-        Ok((t, gate))
-    }
-
-    /// The name of attempt `attempt`'s request for `workload`.
-    fn request(&self, workload: &str, attempt: u32) -> String {
-        format!("{workload}-{}-{attempt}", self.p.check)
-    }
-
-    /// `<namespace>/<request>`, as messages name requests.
-    fn qualified(&self, workload: &str, attempt: u32) -> String {
-        format!("{}/{}", self.env.ns, self.request(workload, attempt))
-    }
-
-    fn controller(&self) -> Result<&Running> {
-        self.controller
-            .as_ref()
-            .context("the controller is not running")
-    }
-
-    /// The controller's metrics, and a reader of one of its series for this test's check.
-    async fn metrics(&self) -> Result<Metrics> {
-        Ok(Metrics {
-            text: self.controller()?.metrics().await?,
-            check: self.p.check.clone(),
-        })
-    }
-
-    async fn stop(mut self) -> Result<()> {
-        if let Some(c) = self.controller.take() {
-            c.stop().await?;
-        }
-        self.simulator.stop().await
-    }
+/// The controller's metrics, and a reader of one of its series for this test's check.
+async fn metrics(t: &World) -> Result<Metrics> {
+    Ok(Metrics {
+        text: t.controller()?.metrics().await?,
+        check: t.p.check.clone(),
+    })
 }
 
 /// A `/metrics` text and the check whose series are read.
@@ -213,7 +170,7 @@ fn assert_retry(
 
 #[tokio::test]
 async fn provisioned_admits_and_the_job_gets_the_pod_set_updates() -> Result<()> {
-    let t = Setup::new(
+    let t = World::new(
         "prov-provisioned",
         json!({"podSetUpdates": {"nodeSelector": [{"key": "zone", "valueFromProvisioningClassDetail": "zone"}]}}),
     )
@@ -329,7 +286,7 @@ async fn provisioned_admits_and_the_job_gets_the_pod_set_updates() -> Result<()>
 
 #[tokio::test]
 async fn two_failures_retry_with_growing_delays_then_the_third_attempt_admits() -> Result<()> {
-    let t = Setup::new("prov-fail-twice", retry_strategy(2, 1)).await?;
+    let t = World::new("prov-fail-twice", retry_strategy(2, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let requests = env.request_history();
@@ -395,7 +352,7 @@ async fn two_failures_retry_with_growing_delays_then_the_third_attempt_admits() 
     );
 
     // The SDK's histogram has the exact delays: 1 s and 2 s, times the jitter.
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(
         m.get("kueue_ac_retry_delay_seconds_count"),
         Some(2.0),
@@ -426,7 +383,7 @@ async fn two_failures_retry_with_growing_delays_then_the_third_attempt_admits() 
 /// attempt 2's message never reached the events.
 #[tokio::test]
 async fn every_retry_event_names_its_own_request() -> Result<()> {
-    let t = Setup::new("prov-retry-events", retry_strategy(2, 1)).await?;
+    let t = World::new("prov-retry-events", retry_strategy(2, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "fail,fail,provision").await?;
@@ -455,7 +412,7 @@ async fn every_retry_event_names_its_own_request() -> Result<()> {
 
 #[tokio::test]
 async fn failing_past_the_backoff_limit_rejects_deactivates_and_leaves_nothing() -> Result<()> {
-    let t = Setup::new("prov-fail-limit", retry_strategy(1, 1)).await?;
+    let t = World::new("prov-fail-limit", retry_strategy(1, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "fail").await?;
@@ -504,7 +461,7 @@ async fn failing_past_the_backoff_limit_rejects_deactivates_and_leaves_nothing()
     let job = env.jobs().get("job").await?;
     assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
     env.wait_nothing_left().await?;
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(m.counter("requests_created"), 2.0, "{}", m.text);
     assert_eq!(m.counter("requests_failed"), 2.0, "{}", m.text);
     t.stop().await
@@ -512,7 +469,7 @@ async fn failing_past_the_backoff_limit_rejects_deactivates_and_leaves_nothing()
 
 #[tokio::test]
 async fn an_expired_booking_before_admission_retries_and_the_next_attempt_admits() -> Result<()> {
-    let (t, gate) = Setup::with_gate("prov-expired-before").await?;
+    let (t, gate) = with_gate("prov-expired-before").await?;
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "expire:2,provision").await?;
@@ -566,7 +523,7 @@ async fn an_expired_booking_before_admission_retries_and_the_next_attempt_admits
         annotations.get("autoscaling.x-k8s.io/consume-provisioning-request"),
         Some(&t.request(&wl, 2))
     );
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(m.counter("requests_booking_expired"), 1.0, "{}", m.text);
     assert_eq!(m.counter("requests_provisioned"), 2.0, "{}", m.text);
     t.stop().await
@@ -578,7 +535,7 @@ async fn an_expired_booking_before_admission_retries_and_the_next_attempt_admits
 /// would fail, spending a retry).
 #[tokio::test]
 async fn another_checks_eviction_keeps_our_attempt_and_its_request_name() -> Result<()> {
-    let (t, gate) = Setup::with_gate("prov-other-evicts").await?;
+    let (t, gate) = with_gate("prov-other-evicts").await?;
     let (env, check) = (&t.env, &t.p.check);
     let requests = env.request_history();
     let wl = env.job_with_script("job", "fail,provision").await?;
@@ -637,14 +594,14 @@ async fn another_checks_eviction_keeps_our_attempt_and_its_request_name() -> Res
         "{made:?}"
     );
     assert_eq!(env.our_requests().await?, [t.request(&wl, 2)]);
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(m.counter("requests_failed"), 1.0, "{}", m.text);
     t.stop().await
 }
 
 #[tokio::test]
 async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
-    let t = Setup::new("prov-expired-after", retry_strategy(2, 1)).await?;
+    let t = World::new("prov-expired-after", retry_strategy(2, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wl = env.job_with_script("job", "expire:2").await?;
     let admitted = env.wait_admitted(&wl).await?;
@@ -660,7 +617,7 @@ async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
     // reconcile that writes nothing is over; this quiet window can only pass falsely, never
     // fail falsely, on a loaded machine.)
     let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
-    while t.metrics().await?.counter("requests_booking_expired") < 1.0 {
+    while metrics(&t).await?.counter("requests_booking_expired") < 1.0 {
         ensure!(
             tokio::time::Instant::now() < deadline,
             "the controller never saw the booking expire"
@@ -682,14 +639,14 @@ async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
     assert_eq!(job.spec.and_then(|s| s.suspend), Some(false));
     // The pods may still consume the request: it stays.
     assert_eq!(env.our_requests().await?, [request]);
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(m.counter("requests_booking_expired"), 1.0, "{}", m.text);
     t.stop().await
 }
 
 #[tokio::test]
 async fn revoked_capacity_rejects_the_admitted_workload_and_leaves_nothing() -> Result<()> {
-    let t = Setup::new("prov-revoked", retry_strategy(2, 1)).await?;
+    let t = World::new("prov-revoked", retry_strategy(2, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wl = env.job_with_script("job", "revoke:2").await?;
     env.wait_admitted(&wl).await?;
@@ -720,7 +677,7 @@ async fn revoked_capacity_rejects_the_admitted_workload_and_leaves_nothing() -> 
         )
     );
     env.wait_nothing_left().await?;
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(m.counter("requests_capacity_revoked"), 1.0, "{}", m.text);
     assert_eq!(
         m.get_with("kueue_ac_decisions_total", "state=\"Rejected\""),
@@ -735,7 +692,7 @@ async fn revoked_capacity_rejects_the_admitted_workload_and_leaves_nothing() -> 
 async fn a_request_never_provisioned_times_out_per_the_config_annotation_and_is_retried()
 -> Result<()> {
     // The controller's default (60 s) would not fire within the test; the annotation's 3 s does.
-    let t = Setup::with(
+    let t = setup_with(
         "prov-timeout",
         retry_strategy(1, 1),
         &[(TIMEOUT_ANNOTATION, "3")],
@@ -812,7 +769,7 @@ async fn a_request_never_provisioned_times_out_per_the_config_annotation_and_is_
         "timed out after {after} s"
     );
 
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(m.counter("requests_timed_out"), 1.0, "{}", m.text);
     assert_eq!(m.counter("requests_failed"), 0.0, "{}", m.text);
     assert_eq!(m.counter("requests_created"), 2.0, "{}", m.text);
@@ -825,7 +782,7 @@ async fn the_controller_default_timeout_applies_without_the_annotation_and_0_tur
 -> Result<()> {
     // Two configs of one controller whose default timeout is 2 s: one without the annotation,
     // with no retries left after the first attempt; one whose annotation turns the timeout off.
-    let t = Setup::with(
+    let t = setup_with(
         "prov-timeout-default",
         retry_strategy(0, 1),
         &[],
@@ -842,10 +799,9 @@ async fn the_controller_default_timeout_applies_without_the_annotation_and_0_tur
         )
         .await?;
     let patient = env
-        .admission_check_with_parameters(
+        .provisioning_check(
             "prov-no-timeout",
             &env.provisioning_controller_name(),
-            "ProvisioningRequestConfig",
             &config,
         )
         .await?;
@@ -900,7 +856,7 @@ async fn the_controller_default_timeout_applies_without_the_annotation_and_0_tur
     assert_eq!(took, Some(4), "{conditions:#?}");
 
     env.wait_only_left(&[format!("{slow}-{patient}-1")]).await?;
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(m.counter("requests_timed_out"), 1.0, "{}", m.text);
     let patient_series =
         format!("kueue_provisioning_requests_timed_out_total{{check=\"{patient}\"}}");
@@ -915,7 +871,7 @@ async fn the_controller_default_timeout_applies_without_the_annotation_and_0_tur
 
 #[tokio::test]
 async fn a_restart_mid_provisioning_creates_no_second_request() -> Result<()> {
-    let mut t = Setup::new("prov-restart", retry_strategy(2, 1)).await?;
+    let mut t = World::new("prov-restart", retry_strategy(2, 1)).await?;
     let requests = t.env.request_history();
     let wl = t.env.job_with_script("job", "provision:4").await?;
     let name = t.request(&wl, 1);
@@ -952,7 +908,7 @@ async fn a_restart_mid_provisioning_creates_no_second_request() -> Result<()> {
         [(name, before.uid().unwrap_or_default())],
         "every request ever seen"
     );
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(
         m.get("kueue_provisioning_requests_created_total"),
         None,
@@ -965,7 +921,7 @@ async fn a_restart_mid_provisioning_creates_no_second_request() -> Result<()> {
 
 #[tokio::test]
 async fn finishing_evicting_or_deleting_the_workload_leaves_nothing() -> Result<()> {
-    let t = Setup::new("prov-cleanup", retry_strategy(2, 1)).await?;
+    let t = World::new("prov-cleanup", retry_strategy(2, 1)).await?;
     let env = &t.env;
     let finished = env.job_with_script("finished", "provision").await?;
     let deactivated = env.job_with_script("deactivated", "provision").await?;
@@ -1016,7 +972,7 @@ async fn finishing_evicting_or_deleting_the_workload_leaves_nothing() -> Result<
 
 #[tokio::test]
 async fn a_workload_deleted_while_the_controller_is_down_is_cleaned_up_by_the_next() -> Result<()> {
-    let mut t = Setup::new("prov-deleted-down", retry_strategy(2, 1)).await?;
+    let mut t = World::new("prov-deleted-down", retry_strategy(2, 1)).await?;
     let env = t.env.clone();
     let wl = env.standalone_workload("wl", "provision").await?.name_any();
     env.wait_admitted(&wl).await?;
@@ -1042,12 +998,12 @@ async fn a_workload_deleted_while_the_controller_is_down_is_cleaned_up_by_the_ne
 
 #[tokio::test]
 async fn metrics_and_events_account_for_every_request() -> Result<()> {
-    let t = Setup::new("prov-metrics", retry_strategy(1, 1)).await?;
+    let t = World::new("prov-metrics", retry_strategy(1, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wl = env.job_with_script("job", "fail,provision").await?;
     env.wait_admitted(&wl).await?;
 
-    let m = t.metrics().await?;
+    let m = metrics(&t).await?;
     assert_eq!(m.counter("requests_created"), 2.0, "{}", m.text);
     assert_eq!(m.counter("requests_failed"), 1.0, "{}", m.text);
     assert_eq!(m.counter("requests_provisioned"), 1.0, "{}", m.text);
@@ -1124,7 +1080,7 @@ async fn metrics_and_events_account_for_every_request() -> Result<()> {
 /// admitted on the old one's request.
 #[tokio::test]
 async fn a_workload_recreated_under_the_same_name_gets_its_own_request() -> Result<()> {
-    let t = Setup::new("prov-recreated", retry_strategy(2, 1)).await?;
+    let t = World::new("prov-recreated", retry_strategy(2, 1)).await?;
     let env = &t.env;
     let requests = env.request_history();
     let wl = env.job_with_script("job", "provision").await?;
@@ -1189,7 +1145,7 @@ async fn a_workload_recreated_under_the_same_name_gets_its_own_request() -> Resu
 #[tokio::test]
 async fn workloads_recreated_while_the_controller_is_down_get_their_own_requests() -> Result<()> {
     const JOBS: usize = 6;
-    let mut t = Setup::new("prov-recreated-down", retry_strategy(2, 1)).await?;
+    let mut t = World::new("prov-recreated-down", retry_strategy(2, 1)).await?;
     let env = t.env.clone();
     let check = t.p.check.clone();
     let requests = env.request_history();

@@ -11,9 +11,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::Running;
 use e2e::TestEnv;
-use e2e::provisioning::{Provisioning, request_condition_is_true};
+use e2e::provisioning::{World, request_condition_is_true};
 use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -32,66 +31,21 @@ const IN_USE_FINALIZER: &str = "kueue.x-k8s.io/resource-in-use";
 /// The pod annotation naming the request whose capacity the pods consume.
 const CONSUME_ANNOTATION: &str = "autoscaling.x-k8s.io/consume-provisioning-request";
 
-/// One test's objects (config, check, flavor, ClusterQueue with 4 cpu, LocalQueue `lq`), the
-/// controller under test and the simulator.
-struct Setup {
-    env: TestEnv,
-    p: Provisioning,
-    controller: Running,
-    simulator: Running,
+/// One test's world (config, check, flavor, ClusterQueue with 4 cpu, LocalQueue `lq`, the
+/// controller under test and the simulator), the controller keeping a Workload's quota only
+/// `hold` after a failure retrying cannot fix, if given.
+async fn setup(test: &str, hold: Option<Duration>) -> Result<World> {
+    World::tuned(test, json!({}), |config| {
+        if let Some(hold) = hold {
+            config.permanent_failure_hold = hold;
+        }
+    })
+    .await
 }
 
-impl Setup {
-    async fn new(test: &str) -> Result<Self> {
-        let env = TestEnv::new(test).await?;
-        let p = env.provisioning(json!({}), "4").await?;
-        let controller = env.start_provisioning_controller(None)?;
-        let simulator = env.start_simulator()?;
-        Ok(Self {
-            env,
-            p,
-            controller,
-            simulator,
-        })
-    }
-
-    /// [`Setup::new`] with the controller keeping a Workload's quota only `hold` after a
-    /// failure retrying cannot fix.
-    async fn with_hold(test: &str, hold: Duration) -> Result<Self> {
-        let env = TestEnv::new(test).await?;
-        let p = env.provisioning(json!({}), "4").await?;
-        let controller =
-            env.start_provisioning_controller_tuned(env.client.clone(), None, |config| {
-                config.permanent_failure_hold = hold;
-            })?;
-        let simulator = env.start_simulator()?;
-        Ok(Self {
-            env,
-            p,
-            controller,
-            simulator,
-        })
-    }
-
-    /// The name of attempt 1's request of `workload` under `check`.
-    fn request(workload: &str, check: &str) -> String {
-        format!("{workload}-{check}-1")
-    }
-
-    /// `<namespace>/<name>`, as messages name requests.
-    fn qualified(&self, name: &str) -> String {
-        format!("{}/{name}", self.env.ns)
-    }
-
-    /// A sample of the controller's metrics, 0 when the series was never written.
-    async fn metric(&self, series: &str) -> Result<f64> {
-        Ok(e2e::metric_sample(&self.controller.metrics().await?, series).unwrap_or(0.0))
-    }
-
-    async fn stop(self) -> Result<()> {
-        self.controller.stop().await?;
-        self.simulator.stop().await
-    }
+/// The name of attempt 1's request of `workload` under `check`.
+fn request(workload: &str, check: &str) -> String {
+    format!("{workload}-{check}-1")
 }
 
 /// The `Active` condition of an object's status conditions.
@@ -183,14 +137,14 @@ async fn mark_provisioned(env: &TestEnv, name: &str) -> Result<ProvisioningReque
 #[tokio::test]
 async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminating_and_nothing_of_ours_changes()
 -> Result<()> {
-    let t = Setup::new("cc-flavor-deleted").await?;
+    let t = setup("cc-flavor-deleted", None).await?;
     let (env, p) = (&t.env, &t.p);
     let flavors = Api::<ResourceFlavor>::all(env.client.clone());
     let requests = env.request_history();
 
     let first = env.job_with_script("first", "provision").await?;
     let admitted = env.wait_admitted(&first).await?;
-    let first_request = Setup::request(&first, &p.check);
+    let first_request = request(&first, &p.check);
     let entry = admitted
         .admission_check(&p.check)
         .cloned()
@@ -200,7 +154,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
         entry.message,
         format!(
             "ProvisioningRequest {} provisioned",
-            t.qualified(&first_request)
+            t.qualified_name(&first_request)
         )
     );
     let before = env
@@ -233,14 +187,14 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
     env.workloads()
         .patch(&first, &PatchParams::default(), &Patch::Merge(&touch))
         .await?;
-    let addr = t.controller.http.context("the controller's address")?;
+    let addr = t.controller()?.http.context("the controller's address")?;
     e2e::wait_metric_where(addr, ok, &format!("> {reconciled}"), |v| v > reconciled).await?;
 
     // A second Job gets quota on the terminating flavor, and our request for it the flavor's
     // node label and toleration.
     let second = env.job_with_script("second", "provision").await?;
     let second_admitted = env.wait_admitted(&second).await?;
-    let second_request = Setup::request(&second, &p.check);
+    let second_request = request(&second, &p.check);
     let assigned: Vec<String> = second_admitted
         .status
         .as_ref()
@@ -264,7 +218,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
             .map(|e| e.message.clone()),
         Some(format!(
             "ProvisioningRequest {} provisioned",
-            t.qualified(&second_request)
+            t.qualified_name(&second_request)
         ))
     );
     let template = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
@@ -397,21 +351,21 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
 #[tokio::test]
 async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing_quota()
 -> Result<()> {
-    let t = Setup::new("cc-check-renamed").await?;
+    let t = setup("cc-check-renamed", None).await?;
     let (env, p) = (&t.env, &t.p);
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
 
     let admitted = env.job_with_script("admitted", "provision").await?;
     let admitted_before = env.wait_admitted(&admitted).await?;
     let pending = env.job_with_script("pending", "accept").await?;
-    let pending_old = Setup::request(&pending, &p.check);
+    let pending_old = request(&pending, &p.check);
     env.wait_request(&pending_old, "Accepted", |r| {
         request_condition_is_true(r, pr::ACCEPTED)
     })
     .await?;
     let waiting = format!(
         "waiting for ProvisioningRequest {}",
-        t.qualified(&pending_old)
+        t.qualified_name(&pending_old)
     );
     let pending_before = env
         .wait_workload(&pending, &format!("holding quota, {waiting}"), |w| {
@@ -421,7 +375,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
                 })
         })
         .await?;
-    let admitted_old = Setup::request(&admitted, &p.check);
+    let admitted_old = request(&admitted, &p.check);
     assert_eq!(
         env.our_requests().await?,
         [admitted_old.clone(), pending_old.clone()]
@@ -432,12 +386,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
     // The new check, with the same controllerName and parameters: our controller makes it
     // active before the queue names it, so the queue never stops admitting.
     let renamed = env
-        .admission_check_with_parameters(
-            "prov-renamed",
-            &p.controller_name,
-            "ProvisioningRequestConfig",
-            &p.config,
-        )
+        .provisioning_check("prov-renamed", &p.controller_name, &p.config)
         .await?;
     e2e::wait_for(
         checks.clone(),
@@ -478,7 +427,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
 
     // The pending Workload: Kueue replaced its entry and kept its quota; our controller asked
     // the autoscaler again under the new name.
-    let pending_new = Setup::request(&pending, &renamed);
+    let pending_new = request(&pending, &renamed);
     let replaced = env
         .wait_workload(&pending, "only the new check's entry, Pending", |w| {
             entry_names(w) == [renamed.clone()]
@@ -508,7 +457,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
         done.admission_check(&renamed).map(|e| e.message.clone()),
         Some(format!(
             "ProvisioningRequest {} provisioned",
-            t.qualified(&pending_new)
+            t.qualified_name(&pending_new)
         ))
     );
     // The same reservation from start to admission: never released, never evicted.
@@ -622,13 +571,13 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
 #[tokio::test]
 async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_given_back()
 -> Result<()> {
-    let t = Setup::with_hold("cc-flavor-forced-out", Duration::from_secs(3)).await?;
+    let t = setup("cc-flavor-forced-out", Some(Duration::from_secs(3))).await?;
     let (env, p) = (&t.env, &t.p);
     let flavors = Api::<ResourceFlavor>::all(env.client.clone());
     let saved = flavors.get(&p.flavor).await?;
 
     let wl = env.job_with_script("job", "accept").await?;
-    let first = Setup::request(&wl, &p.check);
+    let first = request(&wl, &p.check);
     env.wait_request(&first, "Accepted", |r| {
         request_condition_is_true(r, pr::ACCEPTED)
     })

@@ -622,12 +622,7 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     let controller_name = env.provisioning_controller_name();
     let config = env.cluster_name("prc");
     let check = env
-        .admission_check_with_parameters(
-            "prov",
-            &controller_name,
-            "ProvisioningRequestConfig",
-            &config,
-        )
+        .provisioning_check("prov", &controller_name, &config)
         .await?;
     let flavor = env.provisioning_flavor("pool").await?;
     let cq = env
@@ -702,12 +697,7 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
 
     let config = env.provisioning_config("prc", json!({})).await?;
     let check = env
-        .admission_check_with_parameters(
-            "prov",
-            &env.provisioning_controller_name(),
-            "ProvisioningRequestConfig",
-            &config,
-        )
+        .provisioning_check("prov", &env.provisioning_controller_name(), &config)
         .await?;
     let controller = env.start_provisioning_controller_as(client, None)?;
     let c = wait_active(&env, &check, "False", "ParametersForbidden").await?;
@@ -866,12 +856,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
     let mut cases = Vec::new();
     for (name, config) in [("soon", &soon), ("negative", &negative)] {
         let check = env
-            .admission_check_with_parameters(
-                &format!("prov-{name}"),
-                &controller_name,
-                "ProvisioningRequestConfig",
-                config,
-            )
+            .provisioning_check(&format!("prov-{name}"), &controller_name, config)
             .await?;
         let cq = env
             .cluster_queue(&format!("cq-{name}"), &flavor, "4", &[&check])
@@ -936,12 +921,7 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
     // Kueue's check, with a config of the class our simulator serves.
     let kueue_config = env.provisioning_config("kueue-prc", json!({})).await?;
     let kueue_check = env
-        .admission_check_with_parameters(
-            "kueue-prov",
-            KUEUE_CONTROLLER_NAME,
-            "ProvisioningRequestConfig",
-            &kueue_config,
-        )
+        .provisioning_check("kueue-prov", KUEUE_CONTROLLER_NAME, &kueue_config)
         .await?;
     let kueue_cq = env
         .cluster_queue("kueue-cq", &p.flavor, "4", &[&kueue_check])
@@ -1069,10 +1049,9 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
     let controller_name = env.provisioning_controller_name();
     let config = env.provisioning_config("prc", json!({})).await?;
     let check = env
-        .admission_check_with_parameters(
+        .provisioning_check(
             "provisioning-check-with-a-name-long-enough-to-matter",
             &controller_name,
-            "ProvisioningRequestConfig",
             &config,
         )
         .await?;

@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use autoscaler_simulator::SCRIPT_ANNOTATION;
-use e2e::Running;
-use e2e::provisioning::{History, Provisioning};
+use e2e::provisioning::{History, World};
 use e2e::{SuspendedJob, TestEnv, dump, wait_for};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -55,108 +54,74 @@ fn too_long_value() -> String {
     "9".repeat(TOO_LONG)
 }
 
-/// One test's objects, the controller under test (hold [`HOLD`], ceiling [`CEILING`]) and the
-/// simulator.
-struct Setup {
-    env: TestEnv,
-    p: Provisioning,
-    controller: Running,
-    simulator: Running,
+/// One test's world: the controller keeps a Workload's quota [`HOLD`] after a permanent failure
+/// and waits at most [`CEILING`] between attempts.
+async fn setup(test: &str, spec: Value) -> Result<World> {
+    World::tuned(test, spec, |c| {
+        c.permanent_failure_hold = HOLD;
+        c.max_retry_delay = CEILING;
+    })
+    .await
 }
 
-impl Setup {
-    async fn new(test: &str, spec: Value) -> Result<Self> {
-        let env = TestEnv::new(test).await?;
-        let p = env.provisioning(spec, "4").await?;
-        let controller =
-            env.start_provisioning_controller_tuned(env.client.clone(), None, |c| {
-                c.permanent_failure_hold = HOLD;
-                c.max_retry_delay = CEILING;
-            })?;
-        let simulator = env.start_simulator()?;
-        Ok(Self {
-            env,
-            p,
-            controller,
-            simulator,
+/// What the controller says about the too long annotation on `workload` (see
+/// [`refusal::for_plan`]).
+fn too_long_reason(t: &World, workload: &str) -> String {
+    let subject = Subject {
+        namespace: &t.env.ns,
+        workload,
+        config: &t.p.config,
+    };
+    let error = PlanError::ParameterTooLong {
+        key: KEY.into(),
+        len: TOO_LONG,
+        from: ParameterSource::WorkloadAnnotation,
+    };
+    refusal::for_plan(&error, &subject).unwrap_or_default()
+}
+
+/// Submits Job `name` with the parameter annotation set to `value`, its requests answered
+/// with `script`; returns the Job and its Workload's name.
+async fn job_with_parameter(
+    t: &World,
+    name: &str,
+    value: &str,
+    script: &str,
+) -> Result<(Job, String)> {
+    let parameter = parameter_annotation();
+    let job = t
+        .env
+        .create_job(&SuspendedJob {
+            annotations: &[(parameter.as_str(), value)],
+            pod_annotations: &[(SCRIPT_ANNOTATION, script)],
+            ..SuspendedJob::new(name, "lq", "1")
         })
-    }
+        .await
+        .context("creating the Job")?;
+    let wl = t.env.workload_for_job(&job).await?.name_any();
+    Ok((job, wl))
+}
 
-    /// `series{check="<this test's check>"}`.
-    fn series(&self, name: &str) -> String {
-        format!("{name}{{check=\"{}\"}}", self.p.check)
-    }
+/// Sets the parameter annotation on the Workload, as `kubectl annotate --overwrite` does.
+async fn annotate_workload(t: &World, workload: &str, value: &str) -> Result<Workload> {
+    let patch = json!({"metadata": {"annotations": {parameter_annotation(): value}}});
+    t.env
+        .workloads()
+        .patch(workload, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .context("annotating the Workload")
+}
 
-    /// Waits until the controller's counter `name` for this test's check reads `value`.
-    async fn wait_counter(&self, name: &str, value: f64) -> Result<String> {
-        let addr = self.controller.http.context("the controller's address")?;
-        e2e::wait_metric(addr, &self.series(name), value).await
-    }
-
-    /// What the controller says about the too long annotation on `workload` (see
-    /// [`refusal::for_plan`]).
-    fn too_long_reason(&self, workload: &str) -> String {
-        let subject = Subject {
-            namespace: &self.env.ns,
-            workload,
-            config: &self.p.config,
-        };
-        let error = PlanError::ParameterTooLong {
-            key: KEY.into(),
-            len: TOO_LONG,
-            from: ParameterSource::WorkloadAnnotation,
-        };
-        refusal::for_plan(&error, &subject).unwrap_or_default()
-    }
-
-    /// Submits Job `name` with the parameter annotation set to `value`, its requests answered
-    /// with `script`; returns the Job and its Workload's name.
-    async fn job_with_parameter(
-        &self,
-        name: &str,
-        value: &str,
-        script: &str,
-    ) -> Result<(Job, String)> {
-        let parameter = parameter_annotation();
-        let job = self
-            .env
-            .create_job(&SuspendedJob {
-                annotations: &[(parameter.as_str(), value)],
-                pod_annotations: &[(SCRIPT_ANNOTATION, script)],
-                ..SuspendedJob::new(name, "lq", "1")
+/// Waits until the entry is `Pending` with a permanent failure's message.
+async fn wait_permanent_failure(t: &World, workload: &str) -> Result<Workload> {
+    let check = &t.p.check;
+    t.env
+        .wait_workload(workload, "the permanent failure on the entry", |w| {
+            w.admission_check(check).is_some_and(|e| {
+                e.state == CheckState::Pending && e.message.starts_with("Permanent failure: ")
             })
-            .await
-            .context("creating the Job")?;
-        let wl = self.env.workload_for_job(&job).await?.name_any();
-        Ok((job, wl))
-    }
-
-    /// Sets the parameter annotation on the Workload, as `kubectl annotate --overwrite` does.
-    async fn annotate_workload(&self, workload: &str, value: &str) -> Result<Workload> {
-        let patch = json!({"metadata": {"annotations": {parameter_annotation(): value}}});
-        self.env
-            .workloads()
-            .patch(workload, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .context("annotating the Workload")
-    }
-
-    /// Waits until the entry is `Pending` with a permanent failure's message.
-    async fn wait_permanent_failure(&self, workload: &str) -> Result<Workload> {
-        let check = &self.p.check;
-        self.env
-            .wait_workload(workload, "the permanent failure on the entry", |w| {
-                w.admission_check(check).is_some_and(|e| {
-                    e.state == CheckState::Pending && e.message.starts_with("Permanent failure: ")
-                })
-            })
-            .await
-    }
-
-    async fn stop(self) -> Result<()> {
-        self.controller.stop().await?;
-        self.simulator.stop().await
-    }
+        })
+        .await
 }
 
 /// The distinct entries of `check` on `workload` in `state` the history saw, in order.
@@ -202,15 +167,13 @@ fn retry_strategy(limit: i32) -> Value {
 #[tokio::test]
 async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_past_the_limit()
 -> Result<()> {
-    let t = Setup::new("provfail-rejected", retry_strategy(1)).await?;
+    let t = setup("provfail-rejected", retry_strategy(1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let requests = env.request_history();
     let submitted = Timestamp::now();
     let started = Instant::now();
-    let (_, wl) = t
-        .job_with_parameter("job", &too_long_value(), "provision")
-        .await?;
+    let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
     let created = env.workloads().get(&wl).await?;
     assert_eq!(
         created.annotations().get(&parameter_annotation()),
@@ -219,13 +182,13 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
     );
 
     // Within seconds: the reason on the entry, the quota still held.
-    let failed = t.wait_permanent_failure(&wl).await?;
+    let failed = wait_permanent_failure(&t, &wl).await?;
     let took = started.elapsed();
     ensure!(
         took < Duration::from_secs(10),
         "the permanent failure took {took:?} to reach the entry"
     );
-    let reason = t.too_long_reason(&wl);
+    let reason = too_long_reason(&t, &wl);
     let entry = failed.admission_check(check).cloned().unwrap_or_default();
     ensure!(
         entry.message.starts_with(&format!(
@@ -348,16 +311,14 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
 /// its first attempt, never evicted.
 #[tokio::test]
 async fn a_fix_on_the_workload_during_the_hold_admits_it_without_an_eviction() -> Result<()> {
-    let t = Setup::new("provfail-fix-hold", retry_strategy(1)).await?;
+    let t = setup("provfail-fix-hold", retry_strategy(1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
-    let (_, wl) = t
-        .job_with_parameter("job", &too_long_value(), "provision")
-        .await?;
-    let failed = t.wait_permanent_failure(&wl).await?;
+    let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
+    let failed = wait_permanent_failure(&t, &wl).await?;
     ensure!(failed.condition_is_true(cond::QUOTA_RESERVED));
 
-    let annotated = t.annotate_workload(&wl, "60").await?;
+    let annotated = annotate_workload(&t, &wl, "60").await?;
     ensure!(
         annotated.resource_version() != failed.resource_version(),
         "Kueue accepts the change of a Workload that holds quota"
@@ -391,17 +352,15 @@ async fn a_fix_on_the_workload_during_the_hold_admits_it_without_an_eviction() -
 /// the next attempt uses the fixed value and the Workload is admitted on it.
 #[tokio::test]
 async fn a_fix_on_the_workload_after_a_retry_is_picked_up_by_the_next_attempt() -> Result<()> {
-    let t = Setup::new("provfail-fix-retry", retry_strategy(2)).await?;
+    let t = setup("provfail-fix-retry", retry_strategy(2)).await?;
     let (env, check) = (&t.env, &t.p.check);
-    let (_, wl) = t
-        .job_with_parameter("job", &too_long_value(), "provision")
-        .await?;
-    t.wait_permanent_failure(&wl).await?;
+    let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
+    wait_permanent_failure(&t, &wl).await?;
     env.wait_workload(&wl, "evicted by the check's Retry", |w| {
         w.evictions("AdmissionCheck") == 1
     })
     .await?;
-    t.annotate_workload(&wl, "60").await?;
+    annotate_workload(&t, &wl, "60").await?;
 
     let admitted = env.wait_admitted(&wl).await?;
     let request = format!("{wl}-{check}-2");
@@ -428,7 +387,7 @@ async fn a_fix_on_the_workload_after_a_retry_is_picked_up_by_the_next_attempt() 
 /// 20 s and the next attempt admits.
 #[tokio::test]
 async fn an_absurd_retry_strategy_is_clamped_to_the_ceiling_and_reported() -> Result<()> {
-    let t = Setup::new(
+    let t = setup(
         "provfail-absurd",
         json!({"retryStrategy": {
             "backoffLimitCount": 3,

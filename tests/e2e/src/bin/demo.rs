@@ -54,12 +54,7 @@ async fn main() -> Result<()> {
         )
         .await?;
     let check = env
-        .admission_check_with_parameters(
-            "capacity",
-            &cli.controller_name,
-            "ProvisioningRequestConfig",
-            &config,
-        )
+        .provisioning_check("capacity", &cli.controller_name, &config)
         .await?;
     let flavor = env.provisioning_flavor("pool").await?;
     let cq = env.cluster_queue("cq", &flavor, "8", &[&check]).await?;

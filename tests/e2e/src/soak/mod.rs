@@ -336,20 +336,10 @@ async fn setup(env: &TestEnv) -> Result<Names> {
     merge["podSetMergePolicy"] = "IdenticalPodTemplates".into();
     let prc_merge = env.provisioning_config("prc-merge", merge).await?;
     let check_split = env
-        .admission_check_with_parameters(
-            "prov-split",
-            &prov_controller,
-            "ProvisioningRequestConfig",
-            &prc_split,
-        )
+        .provisioning_check("prov-split", &prov_controller, &prc_split)
         .await?;
     let check_merge = env
-        .admission_check_with_parameters(
-            "prov-merge",
-            &prov_controller,
-            "ProvisioningRequestConfig",
-            &prc_merge,
-        )
+        .provisioning_check("prov-merge", &prov_controller, &prc_merge)
         .await?;
     let check_license = env
         .admission_check("license", &license_controller)
@@ -586,17 +576,7 @@ fn pod_template(w: &WorkloadPlan, per_pod_licenses: bool) -> Value {
             format!("solver={}", w.licenses).into(),
         );
     }
-    json!({
-        "metadata": {"annotations": annotations},
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [{
-                "name": "main",
-                "image": "registry.invalid/no-pod-runs-here:1",
-                "resources": {"requests": {"cpu": "1"}},
-            }],
-        },
-    })
+    crate::pod_template(annotations.into(), "1")
 }
 
 async fn submit(env: &TestEnv, w: &WorkloadPlan) -> Result<()> {
