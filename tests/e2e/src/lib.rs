@@ -809,6 +809,22 @@ impl TestEnv {
         .await
     }
 
+    /// Submits a Job of one pod of 1 cpu to LocalQueue `lq` (see [`Self::submit_job`]), waits
+    /// until its Workload is admitted and returns the Workload's name.
+    pub async fn admitted_job(&self, name: &str) -> Result<String> {
+        let wl = self.submit_job(name, "lq", "1").await?;
+        self.wait_admitted(&wl).await?;
+        Ok(wl)
+    }
+
+    /// Deletes the Workload `name` of the test namespace.
+    pub async fn delete_workload(&self, name: &str) -> Result<()> {
+        self.workloads()
+            .delete(name, &kube::api::DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+
     /// Waits until the Workload is `Admitted`.
     pub async fn wait_admitted(&self, workload: &str) -> Result<Workload> {
         self.wait_workload(workload, "Admitted=True", |wl| {

@@ -125,6 +125,17 @@ impl ProbeScript {
             .collect()
     }
 
+    /// The replicas asked about `job`, each once, in the order of their first call.
+    pub fn replicas_asked(&self, job: &str) -> Vec<String> {
+        let mut replicas: Vec<String> = Vec::new();
+        for (replica, _) in self.calls_for(job) {
+            if !replicas.contains(&replica) {
+                replicas.push(replica);
+            }
+        }
+        replicas
+    }
+
     /// The attempt of every call, in order.
     pub fn attempts(&self) -> Vec<u32> {
         self.calls().iter().map(|c| c.attempt).collect()
@@ -151,6 +162,16 @@ impl ProbeScript {
             .filter(|(j, _)| j == job)
             .map(|(_, r)| *r)
             .collect()
+    }
+
+    /// Waits (bounded) until the releases of `job`'s Workload are exactly `expected`.
+    pub async fn wait_releases<const N: usize>(
+        &self,
+        job: &str,
+        expected: [ReleaseReason; N],
+    ) -> anyhow::Result<()> {
+        let what = format!("the releases of {job}");
+        crate::eventually_equal(&what, || self.releases_for(job), expected.to_vec()).await
     }
 
     async fn answer_call(&self, call: Call) -> Decision {

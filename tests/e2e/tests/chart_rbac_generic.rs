@@ -19,7 +19,7 @@ use e2e::chart::{self, Grant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
+use kube::api::Api;
 use kueue_admission_sdk::Options;
 use kueue_admission_sdk::api::AdmissionCheck;
 
@@ -148,8 +148,7 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
         )
         .await?;
         // 1 core for the default hour at 1 credit per core-hour: within 10/day.
-        let wl = env.submit_job("job", "lq", "1").await?;
-        env.wait_admitted(&wl).await?;
+        let wl = env.admitted_job("job").await?;
         let ledger_name = format!("budget-ledger-{}", env.ns);
         let charged = e2e::wait_for(
             budgets.clone(),
@@ -179,9 +178,7 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
         })
         .await?;
         // Gone without finishing (no pods run here): the charge is settled.
-        env.workloads()
-            .delete(&wl, &DeleteParams::default())
-            .await?;
+        env.delete_workload(&wl).await?;
         e2e::wait_for(
             budgets.clone(),
             &ledger_name,

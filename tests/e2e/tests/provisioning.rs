@@ -17,7 +17,7 @@ use e2e::provisioning::{History, World, request_condition_is_true};
 use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kueue_admission_sdk::api::{
     AdmissionCheckState, CheckState, Workload, find_condition, provisioning_condition as pr,
     workload_condition as cond,
@@ -961,9 +961,7 @@ async fn finishing_evicting_or_deleting_the_workload_leaves_nothing() -> Result<
             .await?;
     }
     // Deleted.
-    env.workloads()
-        .delete(&deleted, &DeleteParams::default())
-        .await?;
+    env.delete_workload(&deleted).await?;
 
     env.wait_nothing_left().await?;
     e2e::wait_gone(env.workloads(), &deleted).await?;
@@ -980,9 +978,7 @@ async fn a_workload_deleted_while_the_controller_is_down_is_cleaned_up_by_the_ne
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
 
     t.controller.take().context("running")?.kill().await;
-    env.workloads()
-        .delete(&wl, &DeleteParams::default())
-        .await?;
+    env.delete_workload(&wl).await?;
     e2e::wait_gone(env.workloads(), &wl).await?;
     // No controller of ours runs, so nothing can clean up: the orphan waits for the next one.
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
@@ -1086,9 +1082,7 @@ async fn a_workload_recreated_under_the_same_name_gets_its_own_request() -> Resu
     let wl = env.job_with_script("job", "provision").await?;
     let first = env.wait_admitted(&wl).await?;
     let old_uid = first.uid().unwrap_or_default();
-    env.workloads()
-        .delete(&wl, &DeleteParams::default())
-        .await?;
+    env.delete_workload(&wl).await?;
     let second = env
         .wait_workload(&wl, "re-created with another uid and admitted", |w| {
             w.uid().as_deref() != Some(old_uid.as_str()) && w.condition_is_true(cond::ADMITTED)
@@ -1172,7 +1166,7 @@ async fn workloads_recreated_while_the_controller_is_down_get_their_own_requests
     }
     t.controller.take().context("running")?.kill().await;
     for wl in &workloads {
-        env.workloads().delete(wl, &DeleteParams::default()).await?;
+        env.delete_workload(&wl).await?;
     }
     for wl in &workloads {
         let old_uid = old[wl].clone();

@@ -418,8 +418,7 @@ async fn merge_case(test: &str, policy: Option<&str>, groups: &[(&str, i32)]) ->
         .await?;
     env.wait_nothing_left().await?;
     controller.stop().await?;
-    simulator.stop().await?;
-    Ok(())
+    simulator.stop().await
 }
 
 /// Without a podSetMergePolicy nothing is merged: one request podset per Workload podset.
@@ -537,8 +536,7 @@ async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()>
     );
     assert_pod_set_updates(&entry, &["gpu"], &request, &p.class)?;
     controller.stop().await?;
-    simulator.stop().await?;
-    Ok(())
+    simulator.stop().await
 }
 
 // --- 3. parameter overrides ----------------------------------------------------------------
@@ -607,8 +605,7 @@ async fn workload_annotations_override_parameters_without_a_recreate_loop() -> R
         dump(&wl)
     );
     controller.stop().await?;
-    simulator.stop().await?;
-    Ok(())
+    simulator.stop().await
 }
 
 // --- 4. missing or wrong parameters --------------------------------------------------------
@@ -650,8 +647,7 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     wait_admitted_ready(&env, &wl, &check).await?;
     assert_eq!(env.our_requests().await?, [format!("{wl}-{check}-1")]);
     controller.stop().await?;
-    simulator.stop().await?;
-    Ok(())
+    simulator.stop().await
 }
 
 /// ClusterRole rules with what the controller needs to resolve its checks and watch, except
@@ -773,8 +769,7 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
         .await?;
     let c = wait_active(&env, &check, "False", "ParametersForbidden").await?;
     ensure!(c.message.contains(&format!("{other:?}")), "{c:?}");
-    controller.stop().await?;
-    Ok(())
+    controller.stop().await
 }
 
 /// Parameters of another kind: `Active=False` (`BadParametersRef`) naming both kinds, and the
@@ -807,8 +802,7 @@ async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
     let wl = env.submit_job("job", "lq", "1").await?;
     assert_not_admitted(&env, &wl, &cq).await?;
     assert_eq!(all_requests(&env).await?, []);
-    controller.stop().await?;
-    Ok(())
+    controller.stop().await
 }
 
 /// Configs the API server accepts but that cannot work (the CRD itself rejects an empty
@@ -904,8 +898,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
     wait_admitted_ready(&env, &workloads[0], &cases[0].1).await?;
     assert_not_admitted(&env, &workloads[1], &cases[1].2).await?;
     controller.stop().await?;
-    simulator.stop().await?;
-    Ok(())
+    simulator.stop().await
 }
 
 // --- 5. coexistence with Kueue's built-in check --------------------------------------------
@@ -1033,8 +1026,7 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
     }
     env.wait_nothing_left().await?;
     controller.stop().await?;
-    simulator.stop().await?;
-    Ok(())
+    simulator.stop().await
 }
 
 // --- 6. long names -------------------------------------------------------------------------
@@ -1128,6 +1120,5 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
         dump(&wl)
     );
     controller.stop().await?;
-    simulator.stop().await?;
-    Ok(())
+    simulator.stop().await
 }

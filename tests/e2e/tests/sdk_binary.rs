@@ -47,8 +47,7 @@ async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
         let _ = child.kill();
     }
     held?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_admitted(&wl).await?;
+    env.admitted_job("job").await?;
     let (_, metrics) = e2e::http_get(http, "/metrics").await?;
     ensure!(e2e::metric_sample(&metrics, "kueue_ac_leader") == Some(1.0));
 

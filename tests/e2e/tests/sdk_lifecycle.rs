@@ -11,7 +11,7 @@ use e2e::chart::Grant;
 use e2e::probe::{Probe, ProbeScript};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
     Decision, Extensions, LeaderContext, LeaderElection, ReleaseReason, RuntimeConfig,
@@ -34,7 +34,8 @@ struct Setup {
     script: Arc<ProbeScript>,
 }
 
-async fn setup(env: &TestEnv, with_other: bool) -> Result<Setup> {
+async fn setup(test: &str, with_other: bool) -> Result<(TestEnv, Setup)> {
+    let env = TestEnv::new(test).await?;
     let controller_name = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
     let flavor = env.resource_flavor("default").await?.name_any();
     let probe = env
@@ -59,12 +60,13 @@ async fn setup(env: &TestEnv, with_other: bool) -> Result<Setup> {
         .await?
         .name_any();
     env.local_queue("lq", &cq).await?;
-    Ok(Setup {
+    let s = Setup {
         controller_name,
         probe,
         other,
         script: Default::default(),
-    })
+    };
+    Ok((env, s))
 }
 
 impl Setup {
@@ -145,8 +147,7 @@ fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
 
 #[tokio::test]
 async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Result<()> {
-    let env = TestEnv::new("sdk-two-replicas").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-two-replicas", false).await?;
     let lease = Duration::from_secs(6);
     let a = s.start(&env, "a", Some(election(&env, "a", lease)), None)?;
     wait_holder(&env, Some("a")).await?;
@@ -156,12 +157,11 @@ async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Re
     ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
 
     s.script.answer("first", Decision::ready("approved"));
-    let first = env.submit_job("first", "lq", "1").await?;
-    env.wait_admitted(&first).await?;
-    ensure!(
-        s.script.calls_for("first").iter().all(|(r, _)| r == "a"),
-        "only the leader decides: {:?}",
-        s.script.calls_for("first")
+    env.admitted_job("first").await?;
+    assert_eq!(
+        s.script.replicas_asked("first"),
+        ["a"],
+        "only the leader decides"
     );
     ensure!(a.metric("kueue_ac_leader").await? == Some(1.0));
     ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
@@ -187,22 +187,19 @@ async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Re
     );
     wait_holder(&env, Some("b")).await?;
     s.script.answer("second", Decision::ready("approved"));
-    let second = env.submit_job("second", "lq", "1").await?;
-    env.wait_admitted(&second).await?;
+    env.admitted_job("second").await?;
     let calls = s.script.calls_for("second");
     ensure!(
         !calls.is_empty() && calls.iter().all(|(r, _)| r == "b"),
         "the new leader decides: {calls:?}"
     );
     ensure!(b.metric("kueue_ac_leader").await? == Some(1.0));
-    b.stop().await?;
-    Ok(())
+    b.stop().await
 }
 
 #[tokio::test]
 async fn a_replica_killed_mid_decision_is_replaced_and_nothing_is_lost_or_doubled() -> Result<()> {
-    let env = TestEnv::new("sdk-killed").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-killed", false).await?;
     let lease = Duration::from_secs(4);
     let gate = s.script.gate("job");
     s.script.answer("job", Decision::ready("approved"));
@@ -240,14 +237,12 @@ async fn a_replica_killed_mid_decision_is_replaced_and_nothing_is_lost_or_double
             .await?
             == Some(1.0)
     );
-    second.stop().await?;
-    Ok(())
+    second.stop().await
 }
 
 #[tokio::test]
 async fn a_decision_from_a_stale_workload_is_refused_and_recomputed() -> Result<()> {
-    let env = TestEnv::new("sdk-stale").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-stale", false).await?;
     let gate = s.script.gate("job");
     s.script.answer("job", Decision::ready("approved"));
     let replica = s.start(&env, "only", None, None)?;
@@ -282,14 +277,12 @@ async fn a_decision_from_a_stale_workload_is_refused_and_recomputed() -> Result<
         .unwrap_or(0.0);
     ensure!(conflicts >= 1.0, "the refused write was counted");
     ensure!(env.event_count(&wl, "CheckReady").await? == 1);
-    replica.stop().await?;
-    Ok(())
+    replica.stop().await
 }
 
 #[tokio::test]
 async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> Result<()> {
-    let env = TestEnv::new("sdk-late-retry").await?;
-    let s = setup(&env, true).await?;
+    let (env, s) = setup("sdk-late-retry", true).await?;
     let other = s.other.clone().expect("other check");
     let gate = s.script.gate("job");
     s.script.answer(
@@ -348,18 +341,15 @@ async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> 
             .is_some_and(|r| r.requeue_at.is_some())
     })
     .await?;
-    replica.stop().await?;
-    Ok(())
+    replica.stop().await
 }
 
 #[tokio::test]
 async fn revalidation_withdraws_a_ready_answer() -> Result<()> {
-    let env = TestEnv::new("sdk-revalidate").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-revalidate", false).await?;
     s.script.answer("job", Decision::ready("within budget"));
     let replica = s.start(&env, "only", None, Some(Duration::from_secs(1)))?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_admitted(&wl).await?;
+    let wl = env.admitted_job("job").await?;
     // The check changes its mind about an admitted Workload: Kueue must evict it.
     // An immediate Retry: a delayed one would keep the quota until the delay ends.
     s.script.answer(
@@ -380,59 +370,41 @@ async fn revalidation_withdraws_a_ready_answer() -> Result<()> {
         "{}",
         e2e::dump(&evicted)
     );
-    replica.stop().await?;
-    Ok(())
+    replica.stop().await
 }
 
 #[tokio::test]
 async fn a_deleted_workload_is_released_once() -> Result<()> {
-    let env = TestEnv::new("sdk-deleted").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-deleted", false).await?;
     s.script.answer("job", Decision::ready("licence granted"));
     let replica = s.start(&env, "only", None, None)?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_admitted(&wl).await?;
-    env.workloads()
-        .delete(&wl, &DeleteParams::default())
+    let wl = env.admitted_job("job").await?;
+    env.delete_workload(&wl).await?;
+    s.script
+        .wait_releases("job", [ReleaseReason::Deleted])
         .await?;
-    let script = s.script.clone();
-    e2e::eventually("the deleted workload released", || {
-        script.releases_for("job") == [ReleaseReason::Deleted]
-    })
-    .await?;
     // And not again later: a second Workload, admitted and deleted after the first, is a
     // marker. Once its own release is seen, the runtime has gone past everything the first
     // deletion could have caused; a sleep would only guess how long that takes.
     s.script
         .answer("marker", Decision::ready("licence granted"));
-    let marker = env.submit_job("marker", "lq", "1").await?;
-    env.wait_admitted(&marker).await?;
-    env.workloads()
-        .delete(&marker, &DeleteParams::default())
+    let marker = env.admitted_job("marker").await?;
+    env.delete_workload(&marker).await?;
+    s.script
+        .wait_releases("marker", [ReleaseReason::Deleted])
         .await?;
-    e2e::eventually("the marker released", || {
-        script.releases_for("marker") == [ReleaseReason::Deleted]
-    })
-    .await?;
-    ensure!(
-        s.script.releases_for("job") == [ReleaseReason::Deleted],
-        "{:?}",
-        s.script.releases_for("job")
-    );
-    replica.stop().await?;
-    Ok(())
+    assert_eq!(s.script.releases_for("job"), [ReleaseReason::Deleted]);
+    replica.stop().await
 }
 
 /// A process that starts after another answered `Ready` still releases the Workload when it
 /// finishes: the runtime remembers answers it finds on Workloads that hold quota.
 #[tokio::test]
 async fn a_workload_admitted_before_a_restart_is_released_when_it_finishes() -> Result<()> {
-    let env = TestEnv::new("sdk-restart-release").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-restart-release", false).await?;
     s.script.answer("job", Decision::ready("granted"));
     let first = s.start(&env, "first", None, None)?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_admitted(&wl).await?;
+    let wl = env.admitted_job("job").await?;
     first.stop().await?;
 
     let second = s.start(&env, "second", None, None)?;
@@ -442,28 +414,24 @@ async fn a_workload_admitted_before_a_restart_is_released_when_it_finishes() -> 
     tokio::time::sleep(Duration::from_secs(2)).await;
     // The Job completes: Kueue marks the Workload Finished.
     env.complete_job("job", &wl).await?;
-    let script = s.script.clone();
-    e2e::eventually("the finished workload released", || {
-        script.releases_for("job") == [ReleaseReason::Finished]
-    })
-    .await?;
+    s.script
+        .wait_releases("job", [ReleaseReason::Finished])
+        .await?;
     // (The first replica may have been asked twice: Kueue's own write right after the quota
     // reservation often refuses the first answer with 409.)
-    ensure!(
-        s.script.calls_for("job").iter().all(|(r, _)| r == "first"),
-        "the second replica asked the check again: {:?}",
-        s.script.calls_for("job")
+    assert_eq!(
+        s.script.replicas_asked("job"),
+        ["first"],
+        "the second replica asked the check again"
     );
-    second.stop().await?;
-    Ok(())
+    second.stop().await
 }
 
 /// A task beside the runtime sees the Workload cache and wakes a Workload when something outside
 /// it changed: the check is asked again at once, with no recheck timer.
 #[tokio::test]
 async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
-    let env = TestEnv::new("sdk-wake").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-wake", false).await?;
     // The check says Pending without asking to be asked again; only a wake can move it on.
     s.script
         .answer("job", Decision::pending("waiting for the outside world"));
@@ -509,8 +477,7 @@ async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
     go.send(()).await?;
     env.wait_admitted(&wl).await?;
     ensure!(lock(&cached).as_deref() == Some(wl.as_str()));
-    replica.stop().await?;
-    Ok(())
+    replica.stop().await
 }
 
 /// A replica whose Workload cache cannot fill (its RBAC forbids listing Workloads) never reports
@@ -518,8 +485,7 @@ async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
 /// (Kubernetes would otherwise kill it only after the grace period, at every rollout).
 #[tokio::test]
 async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
-    let env = TestEnv::new("sdk-unsynced").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-unsynced", false).await?;
     env.grant_cluster_rules(
         "probe",
         json!([
@@ -574,8 +540,7 @@ async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
 /// runtime refuses to start, naming the Lease and the flag to choose another.
 #[tokio::test]
 async fn a_lease_made_by_another_program_is_left_alone() -> Result<()> {
-    let env = TestEnv::new("sdk-foreign-lease").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-foreign-lease", false).await?;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     let foreign: Lease = serde_json::from_value(json!({
         "metadata": {"name": "shared-name"},
@@ -615,8 +580,7 @@ async fn a_lease_made_by_another_program_is_left_alone() -> Result<()> {
 /// 253-character limit (plain Workloads and pod groups choose their own names).
 #[tokio::test]
 async fn decisions_about_a_workload_with_a_253_character_name_have_their_events() -> Result<()> {
-    let env = TestEnv::new("sdk-long-name").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-long-name", false).await?;
     s.script.answer("", Decision::ready("approved"));
     let replica = s.start(&env, "only", None, None)?;
     let name = format!("w{}", "x".repeat(252));
@@ -638,8 +602,7 @@ async fn decisions_about_a_workload_with_a_253_character_name_have_their_events(
     env.wait_admitted(&name).await?;
     let note = env.event_note(&name, "CheckReady").await?;
     ensure!(note.contains("approved"), "{note}");
-    replica.stop().await?;
-    Ok(())
+    replica.stop().await
 }
 
 /// The claim condition a leader writes on each check it answers.
@@ -660,8 +623,7 @@ fn claim_on(ac: &kueue_admission_sdk::api::AdmissionCheck) -> Option<String> {
 /// second takes the check over by itself.
 #[tokio::test]
 async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_over() -> Result<()> {
-    let env = TestEnv::new("sdk-two-deployments").await?;
-    let s = setup(&env, false).await?;
+    let (env, s) = setup("sdk-two-deployments", false).await?;
     let lease = Duration::from_secs(6);
     let deployment = |lease_name: &str, identity: &str| LeaderElection {
         lease_name: lease_name.into(),
@@ -698,8 +660,7 @@ async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_ov
     );
 
     s.script.answer("first", Decision::ready("approved"));
-    let first = env.submit_job("first", "lq", "1").await?;
-    env.wait_admitted(&first).await?;
+    env.admitted_job("first").await?;
     let calls = s.script.calls_for("first");
     ensure!(
         !calls.is_empty() && calls.iter().all(|(r, _)| r == "a"),
@@ -719,8 +680,7 @@ async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_ov
     })
     .await?;
     s.script.answer("second", Decision::ready("approved"));
-    let second = env.submit_job("second", "lq", "1").await?;
-    env.wait_admitted(&second).await?;
+    env.admitted_job("second").await?;
     let calls = s.script.calls_for("second");
     ensure!(
         !calls.is_empty() && calls.iter().all(|(r, _)| r == "b"),
@@ -728,6 +688,5 @@ async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_ov
     );
     // Taken off in the same step that let b answer the check again.
     ensure!(b.metric(&gauge).await?.is_none(), "b no longer stands down");
-    b.stop().await?;
-    Ok(())
+    b.stop().await
 }

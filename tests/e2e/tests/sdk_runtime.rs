@@ -406,8 +406,7 @@ async fn a_failing_check_is_retried_with_growing_delays_until_it_answers() -> Re
     )
     .await?;
 
-    let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_admitted(&wl).await?;
+    let wl = env.admitted_job("job").await?;
     let note = env.event_note(&wl, "CheckFailed").await?;
     ensure!(
         note.contains(&check) && note.contains("the backend is down"),
@@ -568,8 +567,7 @@ async fn a_check_whose_api_is_not_served_is_inactive_until_its_crd_is_installed(
         active_condition(ac).is_some_and(|(s, _, _)| s == "True")
     })
     .await?;
-    let workload = env.submit_job("job", "lq", "1").await?;
-    env.wait_admitted(&workload).await?;
+    env.admitted_job("job").await?;
 
     Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(env.client.clone())
         .delete(&crd_name, &Default::default())
