@@ -18,6 +18,7 @@ use super::*;
 use crate::backend::Versioned;
 use crate::money::Credits;
 use crate::window::Period;
+use kueue_admission_sdk::configmap_store::MemoryStore;
 
 const CHECK: &str = "budget";
 const NS: &str = "team-a";
@@ -25,16 +26,17 @@ const NS: &str = "team-a";
 #[derive(Debug, Default)]
 struct FakeState {
     budgets: BTreeMap<String, Result<Budget, String>>,
-    ledgers: BTreeMap<String, (BudgetLedger, u64)>,
     workloads: BTreeMap<(String, String), Workload>,
-    saves: usize,
-    conflicts: usize,
 }
 
-/// Ledgers in memory with a version that every save must match, like `resourceVersion`. Reads
-/// yield to other tasks so that concurrent deciders interleave between read and write.
+/// Budgets and Workloads in memory, and the ledgers, by namespace, in the SDK's [`MemoryStore`]:
+/// a version that every save must match, like `resourceVersion`, and reads that yield to other
+/// tasks so that concurrent deciders interleave between read and write.
 #[derive(Clone, Debug, Default)]
-struct FakeBackend(Arc<Mutex<FakeState>>);
+struct FakeBackend {
+    state: Arc<Mutex<FakeState>>,
+    ledgers: Arc<MemoryStore<BudgetLedger>>,
+}
 
 impl FakeBackend {
     fn with_budget(budget: &str) -> Self {
@@ -46,15 +48,11 @@ impl FakeBackend {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
-        self.0.lock().expect("not poisoned")
+        self.state.lock().expect("not poisoned")
     }
 
     fn ledger(&self) -> BudgetLedger {
-        self.state()
-            .ledgers
-            .get(NS)
-            .map(|(l, _)| l.clone())
-            .unwrap_or_default()
+        self.ledgers.value(NS)
     }
 
     fn put_workload(&self, wl: &Workload) {
@@ -70,18 +68,7 @@ impl Backend for FakeBackend {
     }
 
     async fn load(&self, _: &Client, namespace: &str) -> Result<Versioned<BudgetLedger>, Error> {
-        let loaded = match self.state().ledgers.get(namespace) {
-            Some((l, v)) => Versioned {
-                value: l.clone(),
-                version: Some(v.to_string()),
-            },
-            None => Versioned {
-                value: BudgetLedger::default(),
-                version: None,
-            },
-        };
-        tokio::task::yield_now().await;
-        Ok(loaded)
+        Ok(self.ledgers.load(namespace).await)
     }
 
     async fn save(
@@ -91,22 +78,11 @@ impl Backend for FakeBackend {
         ledger: &BudgetLedger,
         version: Option<&str>,
     ) -> Result<Saved, Error> {
-        let mut state = self.state();
-        let current = state.ledgers.get(namespace).map(|(_, v)| v.to_string());
-        if current.as_deref() != version {
-            state.conflicts += 1;
-            return Ok(Saved::Conflict);
-        }
-        let next = state.ledgers.get(namespace).map_or(1, |(_, v)| v + 1);
-        state
-            .ledgers
-            .insert(namespace.into(), (ledger.clone(), next));
-        state.saves += 1;
-        Ok(Saved::Written)
+        Ok(self.ledgers.save(namespace, ledger, version))
     }
 
     async fn ledgers(&self, _: &Client) -> Result<Vec<String>, Error> {
-        Ok(self.state().ledgers.keys().cloned().collect())
+        Ok(self.ledgers.keys())
     }
 
     async fn workload(
@@ -205,7 +181,7 @@ async fn a_fitting_workload_is_charged_once_however_often_it_is_asked() {
     );
     assert_eq!(decide(&check, &wl).await, first);
     assert_eq!(spent_today(&fake), credits("4"));
-    assert_eq!(fake.state().saves, 1);
+    assert_eq!(fake.ledgers.saves(), 1);
 }
 
 #[tokio::test]
@@ -257,7 +233,7 @@ async fn what_can_never_fit_is_rejected_and_what_cannot_be_priced_too() {
         ),
         "{message}"
     );
-    assert_eq!(fake.state().saves, 0);
+    assert_eq!(fake.ledgers.saves(), 0);
 }
 
 #[tokio::test]
@@ -467,5 +443,5 @@ async fn concurrent_deciders_without_a_common_lock_never_overspend() {
     assert_eq!(ready.len(), 3, "{decisions:?}");
     assert_eq!(ready, charged);
     assert_eq!(spent_today(&fake), credits("9"));
-    assert!(fake.state().conflicts > 0, "the deciders did interleave");
+    assert!(fake.ledgers.conflicts() > 0, "the deciders did interleave");
 }

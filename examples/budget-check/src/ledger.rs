@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kueue_admission_sdk::configmap_store::CorruptEntry;
 use serde::{Deserialize, Serialize};
 
 use crate::money::Credits;
@@ -47,16 +48,6 @@ pub struct Settlement {
     pub used: Credits,
     /// What it did not use: given back.
     pub refund: Credits,
-}
-
-/// A ledger entry that cannot be read back; the message names the key.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("ledger entry {key:?}: {reason}")]
-pub struct CorruptEntry {
-    /// The ConfigMap key.
-    pub key: String,
-    /// What is wrong with it.
-    pub reason: String,
 }
 
 /// One namespace's spending.
