@@ -55,6 +55,18 @@ impl FakeBackend {
         self.ledgers.value(NS)
     }
 
+    /// The Workloads with an open charge in the namespace's ledger, by name.
+    fn charged(&self) -> Vec<String> {
+        let ledger = self.ledger();
+        let mut names: Vec<String> = ledger
+            .open_charges()
+            .values()
+            .map(|c| c.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
     fn put_workload(&self, wl: &Workload) {
         let key = (wl.namespace().unwrap_or_default(), wl.name_any());
         self.state().workloads.insert(key, wl.clone());
@@ -347,13 +359,7 @@ async fn before_making_a_workload_wait_it_settles_what_ended_unnoticed() {
             ),
             "{why}"
         );
-        let open: Vec<String> = fake
-            .ledger()
-            .open_charges()
-            .values()
-            .map(|c| c.name.clone())
-            .collect();
-        assert_eq!(open, vec!["b"], "{why}");
+        assert_eq!(fake.charged(), vec!["b"], "{why}");
     }
 }
 
@@ -388,13 +394,7 @@ async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
             ("team-b".into(), "gone-too".into())
         ]
     );
-    let open: Vec<String> = fake
-        .ledger()
-        .open_charges()
-        .values()
-        .map(|c| c.name.clone())
-        .collect();
-    assert_eq!(open, vec!["live"]);
+    assert_eq!(fake.charged(), vec!["live"]);
     assert_eq!(
         check.sweep(&offline_client(), None).await.expect("sweeps"),
         vec![],
@@ -429,15 +429,8 @@ async fn concurrent_deciders_without_a_common_lock_never_overspend() {
         .filter(|(_, d)| matches!(d, Decision::Ready { .. }))
         .map(|(wl, _)| wl.name_any())
         .collect();
-    let mut charged: Vec<String> = fake
-        .ledger()
-        .open_charges()
-        .values()
-        .map(|c| c.name.clone())
-        .collect();
-    charged.sort();
     assert_eq!(ready.len(), 3, "{decisions:?}");
-    assert_eq!(ready, charged);
+    assert_eq!(ready, fake.charged());
     assert_eq!(spent_today(&fake), credits("9"));
     assert!(fake.ledgers.conflicts() > 0, "the deciders did interleave");
 }
