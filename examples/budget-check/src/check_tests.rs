@@ -57,14 +57,7 @@ impl FakeBackend {
 
     /// The Workloads with an open charge in the namespace's ledger, by name.
     fn charged(&self) -> Vec<String> {
-        let ledger = self.ledger();
-        let mut names: Vec<String> = ledger
-            .open_charges()
-            .values()
-            .map(|c| c.name.clone())
-            .collect();
-        names.sort();
-        names
+        self.ledger().charged_workloads()
     }
 
     fn put_workload(&self, wl: &Workload) {

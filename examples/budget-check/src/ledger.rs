@@ -87,6 +87,13 @@ impl BudgetLedger {
         &self.open
     }
 
+    /// The names of the Workloads with an open charge, sorted.
+    pub fn charged_workloads(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.open.values().map(|c| c.name.clone()).collect();
+        names.sort();
+        names
+    }
+
     /// Settled spending per day.
     pub fn settled_days(&self) -> &BTreeMap<i64, Credits> {
         &self.settled
