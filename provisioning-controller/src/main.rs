@@ -1,10 +1,10 @@
 //! `kueue-provisioning-controller`: flags and environment → the SDK runtime.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 use kueue_admission_sdk::Options;
+use kueue_admission_sdk::options::Seconds;
 use kueue_provisioning_controller::{DEFAULT_CONTROLLER_NAME, ProvisioningCheck, Settings};
 
 /// Kueue admission check that admits a Workload once cluster-autoscaler has provisioned the
@@ -23,9 +23,8 @@ struct Cli {
     /// attempt (retried with the config's backoff). Unset waits forever, as Kueue does. A
     /// ProvisioningRequestConfig can override it with the annotation
     /// kueue-admission-checks.dev/provisioning-timeout-seconds.
-    #[arg(long, env = "PROVISIONING_TIMEOUT_SECONDS",
-          value_parser = clap::value_parser!(u64).range(1..=2_147_483_647))]
-    provisioning_timeout_seconds: Option<u64>,
+    #[arg(long, env = "PROVISIONING_TIMEOUT_SECONDS")]
+    provisioning_timeout_seconds: Option<Seconds<1, 2_147_483_647>>,
 
     #[command(flatten)]
     runtime: Options,
@@ -49,7 +48,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let check = ProvisioningCheck::new(Settings {
         controller_name: cli.controller_name,
-        default_timeout: cli.provisioning_timeout_seconds.map(Duration::from_secs),
+        default_timeout: cli.provisioning_timeout_seconds.map(Seconds::duration),
     });
     cli.runtime.run(check).await
 }

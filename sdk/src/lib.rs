@@ -13,6 +13,7 @@
 //! - [`extensions`]: work a check runs beside the runtime while its replica leads;
 //! - [`decide`]: the pure rules that turn a decision into a safe status write, or refuse it;
 //! - [`holding`]: whether what a check holds for a Workload (outside it) is still needed;
+//! - [`configmap_store`]: state a check keeps in a ConfigMap, updated with optimistic concurrency;
 //! - [`shadow`]: shadow mode, which decides and publishes what would be answered, writing nothing;
 //! - [`runtime`]: the thin I/O shell that watches, reconciles and writes, with leader election;
 //! - [`options`]: the flags and environment variables of a check binary;
@@ -29,6 +30,7 @@ mod readme {}
 pub mod api;
 pub mod attempts;
 pub mod check;
+pub mod configmap_store;
 pub mod decide;
 pub mod error;
 pub mod extensions;

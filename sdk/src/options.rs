@@ -62,6 +62,66 @@ impl std::str::FromStr for MetricsAddress {
     }
 }
 
+/// A flag of whole seconds from `MIN` to `MAX`, as the [`Duration`] it means. A check binary
+/// declares the range in the field's type and the flag refuses anything outside it:
+///
+/// ```
+/// use clap::Parser;
+/// use kueue_admission_sdk::options::Seconds;
+///
+/// #[derive(Parser)]
+/// struct Cli {
+///     /// How often the ledger is swept.
+///     #[arg(long, env = "MY_CHECK_SWEEP_INTERVAL_SECONDS", default_value = "300")]
+///     sweep_interval_seconds: Seconds<1, 86_400>,
+/// }
+///
+/// let cli = Cli::try_parse_from(["check"]).unwrap();
+/// assert_eq!(cli.sweep_interval_seconds.duration(), std::time::Duration::from_secs(300));
+/// assert!(Cli::try_parse_from(["check", "--sweep-interval-seconds=0"]).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Seconds<const MIN: u64, const MAX: u64>(u64);
+
+impl<const MIN: u64, const MAX: u64> Seconds<MIN, MAX> {
+    /// `seconds`, if it is within the range.
+    pub fn new(seconds: u64) -> Option<Self> {
+        (MIN..=MAX).contains(&seconds).then_some(Self(seconds))
+    }
+
+    /// The number of seconds.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// As a duration.
+    pub fn duration(self) -> Duration {
+        Duration::from_secs(self.0)
+    }
+}
+
+impl<const MIN: u64, const MAX: u64> From<Seconds<MIN, MAX>> for Duration {
+    fn from(seconds: Seconds<MIN, MAX>) -> Duration {
+        seconds.duration()
+    }
+}
+
+impl<const MIN: u64, const MAX: u64> std::fmt::Display for Seconds<MIN, MAX> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<const MIN: u64, const MAX: u64> std::str::FromStr for Seconds<MIN, MAX> {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let seconds: u64 = s
+            .parse()
+            .map_err(|_| format!("{s:?} is not a whole number of seconds"))?;
+        Self::new(seconds).ok_or_else(|| format!("{seconds} is not in {MIN}..={MAX}"))
+    }
+}
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -94,15 +154,21 @@ pub struct Options {
     /// Longest retry delay written, in seconds; longer ones (an absurd backoff in a parameters
     /// object, an explicit delay) are written as this, counted and shown on the check. Kueue
     /// keeps a Workload's quota for the whole delay.
-    #[arg(long, env = "KUEUE_AC_MAX_RETRY_DELAY_SECONDS", default_value_t = 86_400,
-          value_parser = clap::value_parser!(u64).range(1..=i32::MAX as u64))]
-    pub max_retry_delay_seconds: u64,
+    #[arg(
+        long,
+        env = "KUEUE_AC_MAX_RETRY_DELAY_SECONDS",
+        default_value = "86400"
+    )]
+    pub max_retry_delay_seconds: Seconds<1, { i32::MAX as u64 }>,
 
     /// Seconds a Workload keeps its quota after its check failed in a way retrying cannot fix
     /// (the reason is on its entry) before the check answers Retry and gives the quota back.
-    #[arg(long, env = "KUEUE_AC_PERMANENT_FAILURE_HOLD_SECONDS", default_value_t = 120,
-          value_parser = clap::value_parser!(u64).range(0..=86_400))]
-    pub permanent_failure_hold_seconds: u64,
+    #[arg(
+        long,
+        env = "KUEUE_AC_PERMANENT_FAILURE_HOLD_SECONDS",
+        default_value = "120"
+    )]
+    pub permanent_failure_hold_seconds: Seconds<0, 86_400>,
 
     /// Sustained requests per second to the API server (client-side rate limit; the leader
     /// election's Lease requests are not counted).
@@ -117,9 +183,8 @@ pub struct Options {
     /// Seconds each API request (not a watch) may wait for its answer once sent, before it
     /// fails and is retried; Lease requests wait at most 10 s. Time spent waiting for the rate
     /// limit does not count.
-    #[arg(long, env = "KUEUE_AC_KUBE_API_TIMEOUT_SECONDS", default_value_t = 30,
-          value_parser = clap::value_parser!(u64).range(1..=600))]
-    pub kube_api_timeout_seconds: u64,
+    #[arg(long, env = "KUEUE_AC_KUBE_API_TIMEOUT_SECONDS", default_value = "30")]
+    pub kube_api_timeout_seconds: Seconds<1, 600>,
 
     /// Shadow mode, for trying a check on a live cluster before it blocks anyone: decide for
     /// Workloads holding quota and publish what would have been answered (Events WouldAnswer,
@@ -159,9 +224,8 @@ pub struct Options {
     pub leader_election_id: Option<String>,
 
     /// Seconds a leader's Lease stays valid without renewal (a standby takes over after that).
-    #[arg(long, env = "KUEUE_AC_LEASE_DURATION_SECONDS", default_value_t = 15,
-          value_parser = clap::value_parser!(u64).range(3..=3600))]
-    pub lease_duration_seconds: u64,
+    #[arg(long, env = "KUEUE_AC_LEASE_DURATION_SECONDS", default_value = "15")]
+    pub lease_duration_seconds: Seconds<3, 3600>,
 
     /// Prefix of the server-side apply field managers and the events' reporting controller.
     #[arg(
@@ -221,7 +285,7 @@ impl Options {
             self.kube_config().await?,
             self.kube_api_qps,
             self.kube_api_burst,
-            Duration::from_secs(self.kube_api_timeout_seconds),
+            self.kube_api_timeout_seconds.duration(),
         )
     }
 
@@ -262,8 +326,8 @@ impl Options {
                 .clone()
                 .unwrap_or_else(|| lease_name_for(controller_name));
             let mut election = LeaderElection::new(namespace, lease);
-            election.lease_duration = Duration::from_secs(self.lease_duration_seconds);
-            election.renew_grace = Duration::from_secs(self.lease_duration_seconds / 3);
+            election.lease_duration = self.lease_duration_seconds.duration();
+            election.renew_grace = Duration::from_secs(self.lease_duration_seconds.get() / 3);
             election
         });
         RuntimeConfig {
@@ -271,8 +335,8 @@ impl Options {
             field_manager: self.field_manager.clone(),
             concurrency: self.concurrency,
             leader_election,
-            max_retry_delay: Duration::from_secs(self.max_retry_delay_seconds),
-            permanent_failure_hold: Duration::from_secs(self.permanent_failure_hold_seconds),
+            max_retry_delay: self.max_retry_delay_seconds.duration(),
+            permanent_failure_hold: self.permanent_failure_hold_seconds.duration(),
             shadow: self
                 .shadow
                 .then(|| crate::shadow::ShadowScope::of(self.shadow_cluster_queues.clone())),
@@ -389,6 +453,28 @@ mod tests {
             let err = Cli::try_parse_from(["check", bad]).expect_err(bad);
             assert!(!err.to_string().is_empty());
         }
+    }
+
+    #[test]
+    fn seconds_keep_their_range() {
+        assert_eq!("0".parse::<Seconds<0, 5>>().map(Seconds::get), Ok(0));
+        assert_eq!(
+            "5".parse::<Seconds<1, 5>>().map(Seconds::duration),
+            Ok(Duration::from_secs(5))
+        );
+        for (bad, why) in [
+            ("0", "0 is not in 1..=5"),
+            ("6", "6 is not in 1..=5"),
+            ("-1", "\"-1\" is not a whole number of seconds"),
+            ("1.5", "\"1.5\" is not a whole number of seconds"),
+        ] {
+            assert_eq!(bad.parse::<Seconds<1, 5>>(), Err(why.to_string()), "{bad}");
+        }
+        assert_eq!(
+            Seconds::<1, 5>::new(3).map(|s| s.to_string()),
+            Some("3".into())
+        );
+        assert_eq!(Seconds::<1, 5>::new(9), None);
     }
 
     #[test]

@@ -126,6 +126,24 @@ mod tests {
         )
     }
 
+    /// A Workload holding quota with the check's entry in `state`.
+    fn holding_quota(state: CheckState) -> WorkloadBuilder {
+        WorkloadBuilder::new("ns", "w")
+            .check("c", state)
+            .quota_reserved("cq", "f")
+    }
+
+    /// What the check answers for `wl` with its gate asking the Alertmanager at `alertmanager`.
+    async fn answer(
+        check: &AlertGateCheck,
+        wl: &kueue_admission_sdk::api::Workload,
+        alertmanager: std::net::SocketAddr,
+    ) -> Decision {
+        decide_once(check, wl, "c", &gate(alertmanager))
+            .await
+            .expect("decided")
+    }
+
     #[tokio::test]
     async fn a_ready_answer_not_admitted_is_withdrawn_while_an_alert_fires_and_kept_when_nothing_answers()
      {
@@ -133,51 +151,39 @@ mod tests {
             fake_alertmanager(r#"[{"labels":{"alertname":"EtcdDown","severity":"critical"}}]"#)
                 .await;
         let check = AlertGateCheck::new("example.com/g").answers_fresh_for(Duration::ZERO);
-        let ready = WorkloadBuilder::new("ns", "w")
-            .check("c", CheckState::Ready)
-            .quota_reserved("cq", "f")
-            .build();
-        let d = decide_once(&check, &ready, "c", &gate(firing))
-            .await
-            .expect("decided");
+        let ready = holding_quota(CheckState::Ready).build();
+        let d = answer(&check, &ready, firing).await;
         assert_eq!(d.state(), CheckState::Retry);
         assert_eq!(
             d.message(),
             "withdrawn: held back while 1 alert(s) matching severity=\"critical\" fire: EtcdDown{severity=critical}"
         );
         // Once admitted, a running job is never evicted for an alert.
-        let admitted = WorkloadBuilder::new("ns", "w")
-            .check("c", CheckState::Ready)
-            .quota_reserved("cq", "f")
-            .admitted()
-            .build();
-        let d = decide_once(&check, &admitted, "c", &gate(firing))
-            .await
-            .expect("decided");
-        assert_eq!(d.state(), CheckState::Ready);
+        let admitted = holding_quota(CheckState::Ready).admitted().build();
+        assert_eq!(
+            answer(&check, &admitted, firing).await.state(),
+            CheckState::Ready
+        );
 
         // Alertmanager down: a Ready answer stands (a monitoring outage stalls nothing), but a
         // Pending one is never turned Ready.
         let closed = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port");
-        let d = decide_once(&check, &ready, "c", &gate(closed))
-            .await
-            .expect("decided");
-        assert_eq!(d.state(), CheckState::Ready);
-        let pending = WorkloadBuilder::new("ns", "w")
-            .check("c", CheckState::Pending)
-            .quota_reserved("cq", "f")
-            .build();
-        let d = decide_once(&check, &pending, "c", &gate(closed))
-            .await
-            .expect("decided");
-        assert_eq!(d.state(), CheckState::Pending);
+        assert_eq!(
+            answer(&check, &ready, closed).await.state(),
+            CheckState::Ready
+        );
+        let pending = holding_quota(CheckState::Pending).build();
+        assert_eq!(
+            answer(&check, &pending, closed).await.state(),
+            CheckState::Pending
+        );
 
         let quiet = fake_alertmanager("[]").await;
-        let d = decide_once(&check, &pending, "c", &gate(quiet))
-            .await
-            .expect("decided");
-        assert_eq!(d.state(), CheckState::Ready);
+        assert_eq!(
+            answer(&check, &pending, quiet).await.state(),
+            CheckState::Ready
+        );
     }
 }

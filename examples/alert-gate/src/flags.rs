@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kueue_admission_sdk::Options;
+use kueue_admission_sdk::options::Seconds;
 
 use crate::{AlertGateCheck, DEFAULT_CONTROLLER_NAME};
 
@@ -19,15 +20,13 @@ pub struct Flags {
     /// Look again at Ready answers this often and, while a matching alert fires, withdraw
     /// those Kueue has not admitted yet (a Retry: the quota goes back for the gate's
     /// retryDelaySeconds); 0 never withdraws. A running job is never evicted.
-    #[arg(long, env = "ALERT_GATE_WITHDRAW_READY_SECONDS", default_value_t = 0,
-          value_parser = clap::value_parser!(u64).range(0..=3600))]
-    pub withdraw_ready_seconds: u64,
+    #[arg(long, env = "ALERT_GATE_WITHDRAW_READY_SECONDS", default_value = "0")]
+    pub withdraw_ready_seconds: Seconds<0, 3600>,
 
     /// Seconds one answer of an Alertmanager serves every Workload of a gate (an alert that
     /// starts firing is seen at most this late); 0 asks for every decision.
-    #[arg(long, env = "ALERT_GATE_ANSWER_FRESH_SECONDS", default_value_t = 2,
-          value_parser = clap::value_parser!(u64).range(0..=300))]
-    pub answer_fresh_seconds: u64,
+    #[arg(long, env = "ALERT_GATE_ANSWER_FRESH_SECONDS", default_value = "2")]
+    pub answer_fresh_seconds: Seconds<0, 300>,
 
     /// Print the AlertGate CustomResourceDefinition (YAML as JSON) and exit.
     #[arg(long)]
@@ -41,10 +40,10 @@ impl Flags {
     /// The check the flags describe.
     pub fn check(&self) -> AlertGateCheck {
         let check = AlertGateCheck::new(self.controller_name.clone())
-            .answers_fresh_for(Duration::from_secs(self.answer_fresh_seconds));
-        match self.withdraw_ready_seconds {
-            0 => check,
-            seconds => check.withdraw_ready_every(Duration::from_secs(seconds)),
+            .answers_fresh_for(self.answer_fresh_seconds.duration());
+        match self.withdraw_ready_seconds.duration() {
+            Duration::ZERO => check,
+            every => check.withdraw_ready_every(every),
         }
     }
 }

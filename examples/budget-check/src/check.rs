@@ -4,9 +4,9 @@
 //! Why a namespace is never charged twice or beyond its budget: every charge is a
 //! read-modify-write of the namespace's ledger that carries the `resourceVersion` it was read at,
 //! so of two writers that read the same ledger only one lands; the other gets 409, reads again
-//! and decides again. Charges are keyed by Workload uid, so asking again (after a conflict or a
-//! restart) finds the charge instead of making another. A mutex makes the runtime's concurrent
-//! reconciles in one process take turns.
+//! and decides again (the SDK's [`Updater`] runs that loop, and makes the runtime's concurrent
+//! reconciles in one process take turns). Charges are keyed by Workload uid, so asking again
+//! (after a conflict or a restart) finds the charge instead of making another.
 //!
 //! Why nothing is lost: the runtime calls [`release`](AdmissionCheckController::release) when a
 //! Workload it asked about finishes or is evicted, and the charge is settled (what was not used
@@ -23,23 +23,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{Workload, workload_condition as cond};
+use kueue_admission_sdk::configmap_store::{Attempt, Updater};
 use kueue_admission_sdk::holding::{self, Holding, Lasts};
 use kueue_admission_sdk::shadow::ShadowScope;
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
     RetryPolicy,
 };
-use tokio::sync::Mutex;
 use tracing::info;
 
 use crate::backend::{Backend, ConfigMapBackend, Saved};
 use crate::cost::{Estimate, Prices, estimate};
 use crate::error::Error;
 use crate::ledger::{BudgetLedger, Charge, Fit, Settlement};
+use crate::money::Credits;
 use crate::window::{Budget, Window, format_time};
-
-/// How often one ledger update is tried again after a conflict before giving up for now.
-const MAX_CONFLICTS: usize = 8;
 
 /// How the check behaves, beyond where its state lives.
 #[derive(Clone, Debug)]
@@ -61,22 +59,24 @@ pub struct Settings {
     pub sweep_interval: Duration,
 }
 
-/// The budget check. Cheap to clone: clones share the ledger lock.
-#[derive(Debug)]
+/// The budget check. Cheap to clone: clones share the ledgers' updater, so the sweep and the
+/// runtime's reconciles take turns.
+#[derive(Clone, Debug)]
 pub struct BudgetCheck<B = ConfigMapBackend> {
     settings: Arc<Settings>,
     backend: Arc<B>,
-    ledger_lock: Arc<Mutex<()>>,
+    ledgers: Updater,
 }
 
-impl<B> Clone for BudgetCheck<B> {
-    fn clone(&self) -> Self {
-        Self {
-            settings: self.settings.clone(),
-            backend: self.backend.clone(),
-            ledger_lock: self.ledger_lock.clone(),
-        }
-    }
+/// What a Workload asks to be charged, and the budget it is judged against.
+struct Asking<'a> {
+    ctx: &'a CheckContext<'a, NoParameters>,
+    uid: String,
+    namespace: String,
+    estimate: Estimate,
+    budget: Budget,
+    window: Window,
+    evictions: i32,
 }
 
 /// A charge settled because its Workload ended unnoticed.
@@ -90,17 +90,21 @@ pub struct Swept {
     pub reason: String,
 }
 
-impl<B: Backend> BudgetCheck<B> {
-    /// A check with these settings, keeping its state in `backend`.
-    pub fn new(settings: Settings, backend: B) -> Self {
-        Self {
-            settings: Arc::new(settings),
-            backend: Arc::new(backend),
-            ledger_lock: Arc::default(),
-        }
+impl<B: Backend> AdmissionCheckController for BudgetCheck<B> {
+    type Parameters = NoParameters;
+    type Error = Error;
+
+    fn controller_name(&self) -> &str {
+        &self.settings.controller_name
     }
 
-    async fn decide_for(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
+    /// The delay of every `Retry` is explicit (until the window resets), and waiting for money
+    /// is not a failure: no attempt limit.
+    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
+        RetryPolicy::immediate()
+    }
+
+    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
         let wl = ctx.workload;
         let (Some(uid), Some(ns)) = (wl.uid(), wl.namespace()) else {
             return Err(Error::NotFromTheApiServer(wl.name_any()));
@@ -129,101 +133,196 @@ impl<B: Backend> BudgetCheck<B> {
                 budget.period
             )));
         }
-        let now = ctx.now;
-        let window = Window::containing(budget.period, now);
-        let evictions = evictions_of(wl);
+        let asking = Asking {
+            ctx,
+            window: Window::containing(budget.period, ctx.now),
+            evictions: wl.total_evictions(),
+            uid,
+            namespace: ns,
+            estimate,
+            budget,
+        };
+        let ledger_name = self.backend.ledger_name(&asking.namespace);
+        self.ledgers
+            .update(&ledger_name, || self.try_charge(&asking))
+            .await
+    }
 
-        let _turn = self.ledger_lock.lock().await;
-        for _ in 0..MAX_CONFLICTS {
-            let loaded = self.backend.load(ctx.client, &ns).await?;
-            let mut ledger = loaded.value;
-            ledger.prune(now);
-            let mut changed = false;
-            let mut swept = Vec::new();
-            if let Some(charge) = ledger.open_charge(&uid) {
-                if charge.evictions == evictions {
-                    // Asked again for the admission already charged.
-                    return Ok(Decision::ready(charged(
-                        &ns, &estimate, &ledger, &budget, &window,
-                    )));
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
+        let uid = ctx.workload.and_then(|wl| wl.uid());
+        let settlements = self
+            .ledgers
+            .update(&self.backend.ledger_name(ctx.namespace), || async {
+                let loaded = self.backend.load(ctx.client, ctx.namespace).await?;
+                let mut ledger = loaded.value;
+                // Without the Workload (and so its uid), every charge of that name is settled.
+                let uids: Vec<String> = ledger
+                    .open_charges()
+                    .iter()
+                    .filter(|(u, c)| uid.as_ref().map_or(c.name == ctx.name, |uid| *u == uid))
+                    .map(|(u, _)| u.clone())
+                    .collect();
+                if uids.is_empty() {
+                    return Ok(Attempt::Done(Vec::new()));
                 }
-                // Charged for an admission that ended (evicted) without a release reaching us.
-                let end = end_of_use(Some(wl), charge, now);
-                if let Some(settlement) = ledger.settle(&uid, end) {
-                    swept.push(Swept {
-                        namespace: ns.clone(),
-                        settlement,
-                        reason: "evicted since it was charged".into(),
-                    });
-                }
-                changed = true;
-            }
-            let mut fit = ledger.check_fit(estimate.cost, &budget, &window);
-            if matches!(fit, Fit::Exceeds { .. }) {
-                // Make it wait only for money really spent: settle what ended unnoticed first.
-                let stale = self
-                    .settle_stale(ctx.client, &ns, &mut ledger, now, ctx.shadow)
-                    .await?;
-                if !stale.is_empty() {
-                    changed = true;
-                    swept.extend(stale);
-                    fit = ledger.check_fit(estimate.cost, &budget, &window);
-                }
-            }
-            let decision = match fit {
-                Fit::Fits { .. } => {
-                    ledger.charge(
-                        &uid,
-                        Charge {
-                            name: wl.name_any(),
-                            check: ctx.check_name().to_string(),
-                            cost: estimate.cost,
-                            runtime_seconds: estimate.runtime.as_secs(),
-                            charged_at: Time(now),
-                            evictions,
-                        },
-                    );
-                    changed = true;
-                    Decision::ready(charged(&ns, &estimate, &ledger, &budget, &window))
-                }
-                Fit::Exceeds { spent } => {
-                    let wait = window.remaining(now);
-                    let wait = s.max_wait.map_or(wait, |max| wait.min(max));
-                    Decision::retry_after(
-                        format!(
-                            "the estimated cost of {} credits ({}) would take namespace {ns} over its budget: {spent} of {} credits spent this {}; the budget starts again at {}",
-                            estimate.cost,
-                            estimate.describe(),
-                            budget.limit,
-                            budget.period,
-                            format_time(window.end())
-                        ),
-                        wait,
-                    )
-                }
-                Fit::Never => {
-                    Decision::rejected("the estimated cost is more than the whole budget")
-                }
-            };
-            if changed
-                && self
+                let settlements: Vec<Settlement> = uids
+                    .iter()
+                    .filter_map(|u| {
+                        let end = ledger
+                            .open_charge(u)
+                            .map(|c| end_of_use(ctx.workload, c, ctx.now))?;
+                        ledger.settle(u, end)
+                    })
+                    .collect();
+                let saved = self
                     .backend
-                    .save(ctx.client, &ns, &ledger, loaded.version.as_deref())
-                    .await?
-                    == Saved::Conflict
-            {
-                continue;
-            }
-            log_swept(&swept);
-            if let Decision::Ready { .. } = decision {
-                info!(workload = %wl.name_any(), namespace = %ns, cost = %estimate.cost, "charged");
-            }
-            return Ok(decision);
+                    .save(
+                        ctx.client,
+                        ctx.namespace,
+                        &ledger,
+                        loaded.version.as_deref(),
+                    )
+                    .await?;
+                Ok::<_, Error>(Attempt::saved(saved, settlements))
+            })
+            .await?;
+        for s in settlements {
+            info!(workload = %ctx.name, namespace = ctx.namespace, reason = ctx.reason.as_str(),
+                  used = %s.used, refund = %s.refund, "charge settled");
         }
-        Err(Error::Contention(
-            self.backend.ledger_name(&ns),
-            MAX_CONFLICTS,
-        ))
+        Ok(())
+    }
+
+    /// The sweep: once when this replica takes the lead, then every
+    /// [`Settings::sweep_interval`].
+    fn while_leading(&self) -> Extensions {
+        let check = self.clone();
+        Extensions::new().every(
+            "budget-ledger-sweep",
+            self.settings.sweep_interval,
+            move |ctx| {
+                let check = check.clone();
+                async move { check.sweep(&ctx.client, ctx.shadow.as_ref()).await }
+            },
+        )
+    }
+}
+
+impl<B: Backend> BudgetCheck<B> {
+    /// A check with these settings, keeping its state in `backend`.
+    pub fn new(settings: Settings, backend: B) -> Self {
+        Self {
+            settings: Arc::new(settings),
+            backend: Arc::new(backend),
+            ledgers: Updater::default(),
+        }
+    }
+
+    /// One read-decide-write of the Workload's charge, on the ledger as read now.
+    async fn try_charge(&self, asking: &Asking<'_>) -> Result<Attempt<Decision>, Error> {
+        let Asking {
+            ctx,
+            uid,
+            namespace: ns,
+            estimate,
+            budget,
+            window,
+            evictions,
+        } = asking;
+        let now = ctx.now;
+        let loaded = self.backend.load(ctx.client, ns).await?;
+        let mut ledger = loaded.value;
+        ledger.prune(now);
+        let mut changed = false;
+        let mut swept = Vec::new();
+        if let Some(charge) = ledger.open_charge(uid) {
+            if charge.evictions == *evictions {
+                // Asked again for the admission already charged.
+                let message = charged(ns, estimate, &ledger, budget, window);
+                return Ok(Attempt::Done(Decision::ready(message)));
+            }
+            // Charged for an admission that ended (evicted) without a release reaching us.
+            let end = end_of_use(Some(ctx.workload), charge, now);
+            if let Some(settlement) = ledger.settle(uid, end) {
+                swept.push(Swept {
+                    namespace: ns.clone(),
+                    settlement,
+                    reason: "evicted since it was charged".into(),
+                });
+            }
+            changed = true;
+        }
+        let mut fit = ledger.check_fit(estimate.cost, budget, window);
+        if matches!(fit, Fit::Exceeds { .. }) {
+            // Make it wait only for money really spent: settle what ended unnoticed first.
+            let stale = self
+                .settle_stale(ctx.client, ns, &mut ledger, now, ctx.shadow)
+                .await?;
+            if !stale.is_empty() {
+                changed = true;
+                swept.extend(stale);
+                fit = ledger.check_fit(estimate.cost, budget, window);
+            }
+        }
+        let decision = match fit {
+            Fit::Fits { .. } => {
+                ledger.charge(
+                    uid,
+                    Charge {
+                        name: ctx.workload.name_any(),
+                        check: ctx.check_name().to_string(),
+                        cost: estimate.cost,
+                        runtime_seconds: estimate.runtime.as_secs(),
+                        charged_at: Time(now),
+                        evictions: *evictions,
+                    },
+                );
+                changed = true;
+                Decision::ready(charged(ns, estimate, &ledger, budget, window))
+            }
+            Fit::Exceeds { spent } => self.over_budget(asking, spent),
+            Fit::Never => Decision::rejected("the estimated cost is more than the whole budget"),
+        };
+        if changed
+            && self
+                .backend
+                .save(ctx.client, ns, &ledger, loaded.version.as_deref())
+                .await?
+                == Saved::Conflict
+        {
+            return Ok(Attempt::Conflict);
+        }
+        log_swept(&swept);
+        if let Decision::Ready { .. } = decision {
+            info!(workload = %ctx.workload.name_any(), namespace = %ns, cost = %estimate.cost, "charged");
+        }
+        Ok(Attempt::Done(decision))
+    }
+
+    /// The `Retry` of a Workload that would take its namespace over budget: until the window
+    /// resets, or at most the configured wait.
+    fn over_budget(&self, asking: &Asking<'_>, spent: Credits) -> Decision {
+        let Asking {
+            ctx,
+            namespace: ns,
+            estimate,
+            budget,
+            window,
+            ..
+        } = asking;
+        let wait = window.remaining(ctx.now);
+        let wait = self.settings.max_wait.map_or(wait, |max| wait.min(max));
+        Decision::retry_after(
+            format!(
+                "the estimated cost of {} credits ({}) would take namespace {ns} over its budget: {spent} of {} credits spent this {}; the budget starts again at {}",
+                estimate.cost,
+                estimate.describe(),
+                budget.limit,
+                budget.period,
+                format_time(window.end())
+            ),
+            wait,
+        )
     }
 
     /// Settles, in `ledger`, every open charge whose Workload no longer needs it, judged on
@@ -278,84 +377,29 @@ impl<B: Backend> BudgetCheck<B> {
         ns: &str,
         shadow: Option<&ShadowScope>,
     ) -> Result<Vec<Swept>, Error> {
-        let _turn = self.ledger_lock.lock().await;
-        for _ in 0..MAX_CONFLICTS {
-            let loaded = self.backend.load(client, ns).await?;
-            let mut ledger = loaded.value;
-            let before = ledger.clone();
-            let now = Timestamp::now();
-            ledger.prune(now);
-            let swept = self
-                .settle_stale(client, ns, &mut ledger, now, shadow)
-                .await?;
-            if ledger == before {
-                return Ok(swept);
-            }
-            if self
-                .backend
-                .save(client, ns, &ledger, loaded.version.as_deref())
-                .await?
-                == Saved::Written
-            {
-                log_swept(&swept);
-                return Ok(swept);
-            }
-        }
-        Err(Error::Contention(
-            self.backend.ledger_name(ns),
-            MAX_CONFLICTS,
-        ))
-    }
-
-    async fn release_for(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
-        let uid = ctx.workload.and_then(|wl| wl.uid());
-        let _turn = self.ledger_lock.lock().await;
-        for _ in 0..MAX_CONFLICTS {
-            let loaded = self.backend.load(ctx.client, ctx.namespace).await?;
-            let mut ledger = loaded.value;
-            // Without the Workload (and so its uid), every charge of that name is settled.
-            let uids: Vec<String> = ledger
-                .open_charges()
-                .iter()
-                .filter(|(u, c)| uid.as_ref().map_or(c.name == ctx.name, |uid| *u == uid))
-                .map(|(u, _)| u.clone())
-                .collect();
-            if uids.is_empty() {
-                return Ok(());
-            }
-            let settlements: Vec<Settlement> = uids
-                .iter()
-                .filter_map(|u| {
-                    let end = ledger
-                        .open_charge(u)
-                        .map(|c| end_of_use(ctx.workload, c, ctx.now))?;
-                    ledger.settle(u, end)
-                })
-                .collect();
-            match self
-                .backend
-                .save(
-                    ctx.client,
-                    ctx.namespace,
-                    &ledger,
-                    loaded.version.as_deref(),
-                )
-                .await?
-            {
-                Saved::Written => {
-                    for s in settlements {
-                        info!(workload = %ctx.name, namespace = ctx.namespace, reason = ctx.reason.as_str(),
-                              used = %s.used, refund = %s.refund, "charge settled");
-                    }
-                    return Ok(());
+        let swept = self
+            .ledgers
+            .update(&self.backend.ledger_name(ns), || async {
+                let loaded = self.backend.load(client, ns).await?;
+                let mut ledger = loaded.value;
+                let before = ledger.clone();
+                let now = Timestamp::now();
+                ledger.prune(now);
+                let swept = self
+                    .settle_stale(client, ns, &mut ledger, now, shadow)
+                    .await?;
+                if ledger == before {
+                    return Ok(Attempt::Done(swept));
                 }
-                Saved::Conflict => continue,
-            }
-        }
-        Err(Error::Contention(
-            self.backend.ledger_name(ctx.namespace),
-            MAX_CONFLICTS,
-        ))
+                let saved = self
+                    .backend
+                    .save(client, ns, &ledger, loaded.version.as_deref())
+                    .await?;
+                Ok::<_, Error>(Attempt::saved(saved, swept))
+            })
+            .await?;
+        log_swept(&swept);
+        Ok(swept)
     }
 }
 
@@ -384,14 +428,6 @@ fn log_swept(swept: &[Swept]) {
               used = %s.settlement.used, refund = %s.settlement.refund,
               "charge settled for a workload that ended unnoticed");
     }
-}
-
-/// Kueue's count of the Workload's evictions, whatever their reason.
-pub fn evictions_of(wl: &Workload) -> i32 {
-    wl.status
-        .as_ref()
-        .and_then(|s| s.scheduling_stats.as_ref())
-        .map_or(0, |s| s.evictions.iter().map(|e| e.count).sum())
 }
 
 /// Why an open charge is stale, judged on its Workload as read now (`None`: it no longer
@@ -425,43 +461,6 @@ pub fn end_of_use(wl: Option<&Workload>, charge: &Charge, now: Timestamp) -> Tim
         .or_else(|| when(cond::EVICTED, false).filter(|t| *t > charge.charged_at.0))
         .unwrap_or(now);
     end.min(now)
-}
-
-impl<B: Backend> AdmissionCheckController for BudgetCheck<B> {
-    type Parameters = NoParameters;
-    type Error = Error;
-
-    fn controller_name(&self) -> &str {
-        &self.settings.controller_name
-    }
-
-    /// The delay of every `Retry` is explicit (until the window resets), and waiting for money
-    /// is not a failure: no attempt limit.
-    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
-        RetryPolicy::immediate()
-    }
-
-    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
-        self.decide_for(ctx).await
-    }
-
-    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
-        self.release_for(ctx).await
-    }
-
-    /// The sweep: once when this replica takes the lead, then every
-    /// [`Settings::sweep_interval`].
-    fn while_leading(&self) -> Extensions {
-        let check = self.clone();
-        Extensions::new().every(
-            "budget-ledger-sweep",
-            self.settings.sweep_interval,
-            move |ctx| {
-                let check = check.clone();
-                async move { check.sweep(&ctx.client, ctx.shadow.as_ref()).await }
-            },
-        )
-    }
 }
 
 #[cfg(test)]

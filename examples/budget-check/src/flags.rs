@@ -1,11 +1,10 @@
 //! The binary's flags and environment variables, and the check they describe.
 
-use std::time::Duration;
-
 use crate::cost::Prices;
 use crate::{BudgetCheck, ConfigMapBackend, DEFAULT_CONTROLLER_NAME, Settings};
 use clap::Parser;
 use kueue_admission_sdk::Options;
+use kueue_admission_sdk::options::Seconds;
 
 /// Kueue admission check for per-namespace budgets: a Workload is admitted and charged if its
 /// estimated cost fits its namespace's daily or weekly budget, waits for the next window if not,
@@ -44,26 +43,34 @@ pub struct Flags {
 
     /// Run time assumed for a Workload without maximumExecutionTimeSeconds (Jobs set it with
     /// the kueue.x-k8s.io/max-exec-time-seconds label).
-    #[arg(long, env = "BUDGET_CHECK_DEFAULT_RUNTIME_SECONDS", default_value_t = 3600,
-          value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
-    pub default_runtime_seconds: u64,
+    #[arg(
+        long,
+        env = "BUDGET_CHECK_DEFAULT_RUNTIME_SECONDS",
+        default_value = "3600"
+    )]
+    pub default_runtime_seconds: Seconds<1, 31_536_000>,
 
     /// Longest wait of a Workload over budget before it is asked again; unset waits until the
     /// window resets (Kueue keeps its quota reserved meanwhile).
-    #[arg(long, env = "BUDGET_CHECK_MAX_WAIT_SECONDS",
-          value_parser = clap::value_parser!(u64).range(1..=2_147_483_647))]
-    pub max_wait_seconds: Option<u64>,
+    #[arg(long, env = "BUDGET_CHECK_MAX_WAIT_SECONDS")]
+    pub max_wait_seconds: Option<Seconds<1, 2_147_483_647>>,
 
     /// How soon a Workload left Pending by a missing or malformed budget is looked at again.
-    #[arg(long, env = "BUDGET_CHECK_BUDGET_RECHECK_SECONDS", default_value_t = 30,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub budget_recheck_seconds: u64,
+    #[arg(
+        long,
+        env = "BUDGET_CHECK_BUDGET_RECHECK_SECONDS",
+        default_value = "30"
+    )]
+    pub budget_recheck_seconds: Seconds<1, 86_400>,
 
     /// How often ledgers are checked against the Workloads, settling charges of Workloads that
     /// finished or vanished unnoticed (e.g. while no controller ran).
-    #[arg(long, env = "BUDGET_CHECK_SWEEP_INTERVAL_SECONDS", default_value_t = 300,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub sweep_interval_seconds: u64,
+    #[arg(
+        long,
+        env = "BUDGET_CHECK_SWEEP_INTERVAL_SECONDS",
+        default_value = "300"
+    )]
+    pub sweep_interval_seconds: Seconds<1, 86_400>,
 
     #[command(flatten)]
     pub runtime: Options,
@@ -77,10 +84,10 @@ impl Flags {
             Settings {
                 controller_name: self.controller_name,
                 prices: self.prices,
-                default_runtime: Duration::from_secs(self.default_runtime_seconds),
-                budget_recheck: Duration::from_secs(self.budget_recheck_seconds),
-                max_wait: self.max_wait_seconds.map(Duration::from_secs),
-                sweep_interval: Duration::from_secs(self.sweep_interval_seconds),
+                default_runtime: self.default_runtime_seconds.duration(),
+                budget_recheck: self.budget_recheck_seconds.duration(),
+                max_wait: self.max_wait_seconds.map(Seconds::duration),
+                sweep_interval: self.sweep_interval_seconds.duration(),
             },
             ConfigMapBackend {
                 namespace: self.namespace.clone(),

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kueue_admission_sdk::configmap_store::CorruptEntry;
 use serde::{Deserialize, Serialize};
 
 use crate::money::Credits;
@@ -49,16 +50,6 @@ pub struct Settlement {
     pub refund: Credits,
 }
 
-/// A ledger entry that cannot be read back; the message names the key.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("ledger entry {key:?}: {reason}")]
-pub struct CorruptEntry {
-    /// The ConfigMap key.
-    pub key: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
 /// One namespace's spending.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BudgetLedger {
@@ -94,6 +85,13 @@ impl BudgetLedger {
     /// Every open charge, by uid.
     pub fn open_charges(&self) -> &BTreeMap<String, Charge> {
         &self.open
+    }
+
+    /// The names of the Workloads with an open charge, sorted.
+    pub fn charged_workloads(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.open.values().map(|c| c.name.clone()).collect();
+        names.sort();
+        names
     }
 
     /// Settled spending per day.

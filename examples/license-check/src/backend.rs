@@ -1,42 +1,26 @@
-//! Where the pool and the ledger live: two ConfigMaps, read and written with optimistic
-//! concurrency. The [`Backend`] trait is the seam that lets unit tests run the whole check
-//! against memory.
+//! Where the pool and the ledger live: two ConfigMaps; the ledger is the SDK's
+//! [`OwnedConfigMap`], read and written with optimistic concurrency. The [`Backend`] trait is
+//! the seam that lets unit tests run the whole check against memory.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::api::Api;
 use kueue_admission_sdk::api::Workload;
+use kueue_admission_sdk::configmap_store::OwnedConfigMap;
+pub use kueue_admission_sdk::configmap_store::{Saved, Versioned};
 
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::pool::Pool;
 
-/// Label on the ledger ConfigMap, so people and tools can find it.
+/// Label on the ledger ConfigMap (value `true`), so people and tools can find it and the check
+/// never overwrites a ConfigMap of that name that is not its ledger.
 pub const LEDGER_LABEL: &str = "kueue-admission-checks.dev/license-ledger";
 
-/// A value with the version it was read at (`None`: the object does not exist yet).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Versioned<T> {
-    /// The value.
-    pub value: T,
-    /// The `resourceVersion` it was read at; a save must carry it.
-    pub version: Option<String>,
-}
-
-/// Whether a save landed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Saved {
-    /// Written.
-    Written,
-    /// Someone wrote the ledger since it was read (409): read again and decide again.
-    Conflict,
-}
-
 /// What the check reads and writes. Every call gets the runtime's client.
-pub trait Backend: Send + Sync + 'static {
+pub trait Backend: Clone + Send + Sync + 'static {
     /// The pool: `Ok(Err(message))` when it is missing or malformed (a message for the user).
     fn pool(
         &self,
@@ -70,12 +54,6 @@ pub trait Backend: Send + Sync + 'static {
     fn ledger_name(&self) -> String;
 }
 
-/// Whether a ConfigMap is a ledger (the label this check writes on it), and so may be read as
-/// one and overwritten.
-pub fn is_ledger(cm: &ConfigMap) -> bool {
-    cm.labels().get(LEDGER_LABEL).map(String::as_str) == Some("true")
-}
-
 /// The pool and the ledger as ConfigMaps in one namespace.
 #[derive(Clone, Debug)]
 pub struct ConfigMapBackend {
@@ -90,6 +68,11 @@ pub struct ConfigMapBackend {
 impl ConfigMapBackend {
     fn api(&self, client: &Client) -> Api<ConfigMap> {
         Api::namespaced(client.clone(), &self.namespace)
+    }
+
+    /// The ledger ConfigMap: the check's only when labelled [`LEDGER_LABEL`]`=true`.
+    pub fn ledger_configmap(&self) -> OwnedConfigMap {
+        OwnedConfigMap::new(&self.namespace, &self.ledger, LEDGER_LABEL, "true")
     }
 }
 
@@ -107,31 +90,8 @@ impl Backend for ConfigMapBackend {
     }
 
     async fn load(&self, client: &Client) -> Result<Versioned<Ledger>, Error> {
-        let Some(cm) = self.api(client).get_opt(&self.ledger).await? else {
-            return Ok(Versioned {
-                value: Ledger::default(),
-                version: None,
-            });
-        };
-        // Found by name only: it is ours only if labelled as a ledger.
-        if !is_ledger(&cm) {
-            return Err(Error::NotALedger(
-                self.ledger_name(),
-                format!("{LEDGER_LABEL}=true"),
-            ));
-        }
-        let version = cm.resource_version();
-        let ledger =
-            Ledger::from_config_map_data(&cm.data.unwrap_or_default()).map_err(|source| {
-                Error::CorruptLedger {
-                    configmap: self.ledger_name(),
-                    source,
-                }
-            })?;
-        Ok(Versioned {
-            value: ledger,
-            version,
-        })
+        let ledger = self.ledger_configmap();
+        Ok(ledger.load(client, Ledger::from_config_map_data).await?)
     }
 
     async fn save(
@@ -140,31 +100,8 @@ impl Backend for ConfigMapBackend {
         ledger: &Ledger,
         version: Option<&str>,
     ) -> Result<Saved, Error> {
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(self.ledger.clone()),
-                namespace: Some(self.namespace.clone()),
-                resource_version: version.map(str::to_string),
-                labels: Some(BTreeMap::from([(
-                    LEDGER_LABEL.to_string(),
-                    "true".to_string(),
-                )])),
-                ..Default::default()
-            },
-            data: Some(ledger.to_config_map_data()),
-            ..Default::default()
-        };
-        let api = self.api(client);
-        let written = match version {
-            None => api.create(&PostParams::default(), &cm).await,
-            Some(_) => api.replace(&self.ledger, &PostParams::default(), &cm).await,
-        };
-        match written {
-            Ok(_) => Ok(Saved::Written),
-            // 409: a stale resourceVersion, or someone created the ledger first.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Saved::Conflict),
-            Err(e) => Err(e.into()),
-        }
+        let data = ledger.to_config_map_data();
+        Ok(self.ledger_configmap().save(client, data, version).await?)
     }
 
     async fn workload(
@@ -179,23 +116,6 @@ impl Backend for ConfigMapBackend {
     }
 
     fn ledger_name(&self) -> String {
-        format!("{}/{}", self.namespace, self.ledger)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_labelled_ledger_is_ours() {
-        let mut cm = ConfigMap::default();
-        cm.metadata.name = Some("license-ledger".into());
-        // The right name, someone else's ConfigMap.
-        assert!(!is_ledger(&cm));
-        cm.labels_mut().insert(LEDGER_LABEL.into(), "false".into());
-        assert!(!is_ledger(&cm));
-        cm.labels_mut().insert(LEDGER_LABEL.into(), "true".into());
-        assert!(is_ledger(&cm));
+        self.ledger_configmap().to_string()
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! Why licenses are never handed out twice: every grant is a read-modify-write of the one ledger
 //! object that carries the `resourceVersion` it was read at, so of two writers that read the
-//! same ledger only one lands; the other gets 409, reads again and decides again. A mutex in the
-//! check makes the runtime's concurrent reconciles in one process take turns, so 409s come only
-//! from other processes (e.g. two replicas during a leader hand-over).
+//! same ledger only one lands; the other gets 409, reads again and decides again (the SDK's
+//! [`Updater`] runs that loop). The updater also makes the runtime's concurrent reconciles in
+//! one process take turns, so 409s come only from other processes (e.g. two replicas during a
+//! leader hand-over).
 //!
 //! Why none leak: the runtime calls [`release`](AdmissionCheckController::release) when a
 //! Workload it asked about goes idle, but forgets what it asked on restart, and a Workload can be
@@ -20,22 +21,20 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::Workload;
+use kueue_admission_sdk::configmap_store::{Attempt, Updater};
 use kueue_admission_sdk::holding as sdk_holding;
 use kueue_admission_sdk::shadow::ShadowScope;
 use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
     RetryPolicy,
 };
-use tokio::sync::Mutex;
 use tracing::info;
 
 use crate::backend::{Backend, ConfigMapBackend, Saved};
 use crate::error::Error;
 use crate::ledger::{Acquired, Holding, Ledger, describe_holding};
+use crate::pool::Pool;
 use crate::request::{format_licenses, requested_licenses};
-
-/// How often one ledger update is tried again after a conflict before giving up for now.
-const MAX_CONFLICTS: usize = 8;
 
 /// How the check behaves, beyond where its state lives.
 #[derive(Clone, Debug)]
@@ -51,23 +50,13 @@ pub struct Settings {
     pub sweep_interval: Duration,
 }
 
-/// The license check. Cheap to clone: clones share the ledger lock, so a sweeper task and
+/// The license check. Cheap to clone: clones share the ledger's updater, so a sweeper task and
 /// the runtime take turns.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct LicenseCheck<B = ConfigMapBackend> {
     settings: Arc<Settings>,
     backend: Arc<B>,
-    ledger_lock: Arc<Mutex<()>>,
-}
-
-impl<B> Clone for LicenseCheck<B> {
-    fn clone(&self) -> Self {
-        Self {
-            settings: self.settings.clone(),
-            backend: self.backend.clone(),
-            ledger_lock: self.ledger_lock.clone(),
-        }
-    }
+    ledger: Updater,
 }
 
 /// A holding dropped because its Workload no longer needs it.
@@ -81,22 +70,19 @@ pub struct Swept {
     pub reason: String,
 }
 
-impl<B: Backend> LicenseCheck<B> {
-    /// A check with these settings, keeping its state in `backend`.
-    pub fn new(settings: Settings, backend: B) -> Self {
-        Self {
-            settings: Arc::new(settings),
-            backend: Arc::new(backend),
-            ledger_lock: Arc::default(),
-        }
+impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
+    type Parameters = NoParameters;
+    type Error = Error;
+
+    fn controller_name(&self) -> &str {
+        &self.settings.controller_name
     }
 
-    /// The backend.
-    pub fn backend(&self) -> &B {
-        &self.backend
+    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
+        self.settings.retry_policy.clone()
     }
 
-    async fn decide_for(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
+    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
         let wl = ctx.workload;
         let request = match requested_licenses(wl) {
             Ok(r) => r,
@@ -126,48 +112,123 @@ impl<B: Backend> LicenseCheck<B> {
             since: Time(ctx.now),
         };
 
-        let _turn = self.ledger_lock.lock().await;
-        for _ in 0..MAX_CONFLICTS {
-            let loaded = self.backend.load(ctx.client).await?;
-            let mut ledger = loaded.value;
-            let mut result = ledger.acquire(&uid, wanted.clone(), &pool);
-            let mut swept = Vec::new();
-            if result.is_err() {
-                // Refuse only for licenses really in use: drop what finished or vanished first.
-                swept = self.stale_holdings(ctx.client, &ledger, ctx.shadow).await?;
-                if !swept.is_empty() {
-                    for s in &swept {
-                        ledger.release(&s.uid);
+        self.ledger
+            .update(&self.backend.ledger_name(), || {
+                self.try_grant(ctx, &uid, &wanted, &pool)
+            })
+            .await
+    }
+
+    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
+        let uid = ctx.workload.and_then(|wl| wl.uid());
+        let released = self
+            .ledger
+            .update(&self.backend.ledger_name(), || async {
+                let loaded = self.backend.load(ctx.client).await?;
+                let mut ledger = loaded.value;
+                let released: Vec<Holding> = match &uid {
+                    Some(uid) => ledger.release(uid).into_iter().collect(),
+                    None => {
+                        let before = ledger.clone();
+                        ledger
+                            .release_by_name(ctx.namespace, ctx.name)
+                            .iter()
+                            .filter_map(|uid| before.holding(uid).cloned())
+                            .collect()
                     }
-                    result = ledger.acquire(&uid, wanted.clone(), &pool);
+                };
+                if released.is_empty() {
+                    return Ok(Attempt::Done(released));
                 }
-            }
-            let changed = matches!(result, Ok(Acquired::Granted)) || !swept.is_empty();
-            if changed
-                && self
+                let saved = self
                     .backend
                     .save(ctx.client, &ledger, loaded.version.as_deref())
-                    .await?
-                    == Saved::Conflict
-            {
-                continue;
-            }
-            log_swept(&swept);
-            return Ok(match result {
-                Ok(acquired) => {
-                    let held = ledger.holding(&uid).unwrap_or(&wanted);
-                    if acquired == Acquired::Granted {
-                        info!(workload = %held.workload(), licenses = %format_licenses(&held.licenses), "licenses granted");
-                    }
-                    Decision::ready(format!(
-                        "holds {} until the workload finishes or is evicted",
-                        format_licenses(&held.licenses)
-                    ))
-                }
-                Err(shortage) => Decision::retry(ledger.describe_shortage(&shortage, &pool)),
-            });
+                    .await?;
+                Ok::<_, Error>(Attempt::saved(saved, released))
+            })
+            .await?;
+        for h in &released {
+            info!(holding = %describe_holding(h), reason = ctx.reason.as_str(), "licenses released");
         }
-        Err(Error::Contention(self.backend.ledger_name(), MAX_CONFLICTS))
+        Ok(())
+    }
+
+    /// The sweep: once when this replica takes the lead, then every
+    /// [`Settings::sweep_interval`].
+    fn while_leading(&self) -> Extensions {
+        let check = self.clone();
+        Extensions::new().every(
+            "license-ledger-sweep",
+            self.settings.sweep_interval,
+            move |ctx| {
+                let check = check.clone();
+                async move { check.sweep(&ctx.client, ctx.shadow.as_ref()).await }
+            },
+        )
+    }
+}
+
+impl<B: Backend> LicenseCheck<B> {
+    /// A check with these settings, keeping its state in `backend`.
+    pub fn new(settings: Settings, backend: B) -> Self {
+        Self {
+            settings: Arc::new(settings),
+            backend: Arc::new(backend),
+            ledger: Updater::default(),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// One read-decide-write of the Workload's licenses, on the ledger as read now.
+    async fn try_grant(
+        &self,
+        ctx: &CheckContext<'_, NoParameters>,
+        uid: &str,
+        wanted: &Holding,
+        pool: &Pool,
+    ) -> Result<Attempt<Decision>, Error> {
+        let loaded = self.backend.load(ctx.client).await?;
+        let mut ledger = loaded.value;
+        let mut result = ledger.acquire(uid, wanted.clone(), pool);
+        let mut swept = Vec::new();
+        if result.is_err() {
+            // Refuse only for licenses really in use: drop what finished or vanished first.
+            swept = self.stale_holdings(ctx.client, &ledger, ctx.shadow).await?;
+            if !swept.is_empty() {
+                for s in &swept {
+                    ledger.release(&s.uid);
+                }
+                result = ledger.acquire(uid, wanted.clone(), pool);
+            }
+        }
+        let changed = matches!(result, Ok(Acquired::Granted)) || !swept.is_empty();
+        if changed
+            && self
+                .backend
+                .save(ctx.client, &ledger, loaded.version.as_deref())
+                .await?
+                == Saved::Conflict
+        {
+            return Ok(Attempt::Conflict);
+        }
+        log_swept(&swept);
+        Ok(Attempt::Done(match result {
+            Ok(acquired) => {
+                let held = ledger.holding(uid).unwrap_or(wanted);
+                if acquired == Acquired::Granted {
+                    info!(workload = %held.workload(), licenses = %format_licenses(&held.licenses), "licenses granted");
+                }
+                Decision::ready(format!(
+                    "holds {} until the workload finishes or is evicted",
+                    format_licenses(&held.licenses)
+                ))
+            }
+            Err(shortage) => Decision::retry(ledger.describe_shortage(&shortage, pool)),
+        }))
     }
 
     /// Holdings whose Workload no longer needs them, judged on Workloads read after the ledger:
@@ -203,65 +264,27 @@ impl<B: Backend> LicenseCheck<B> {
         client: &Client,
         shadow: Option<&ShadowScope>,
     ) -> Result<Vec<Swept>, Error> {
-        let _turn = self.ledger_lock.lock().await;
-        for _ in 0..MAX_CONFLICTS {
-            let loaded = self.backend.load(client).await?;
-            let mut ledger = loaded.value;
-            let swept = self.stale_holdings(client, &ledger, shadow).await?;
-            if swept.is_empty() {
-                return Ok(swept);
-            }
-            for s in &swept {
-                ledger.release(&s.uid);
-            }
-            if self
-                .backend
-                .save(client, &ledger, loaded.version.as_deref())
-                .await?
-                == Saved::Written
-            {
-                log_swept(&swept);
-                return Ok(swept);
-            }
-        }
-        Err(Error::Contention(self.backend.ledger_name(), MAX_CONFLICTS))
-    }
-
-    async fn release_for(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
-        let uid = ctx.workload.and_then(|wl| wl.uid());
-        let _turn = self.ledger_lock.lock().await;
-        for _ in 0..MAX_CONFLICTS {
-            let loaded = self.backend.load(ctx.client).await?;
-            let mut ledger = loaded.value;
-            let released: Vec<Holding> = match &uid {
-                Some(uid) => ledger.release(uid).into_iter().collect(),
-                None => {
-                    let before = ledger.clone();
-                    ledger
-                        .release_by_name(ctx.namespace, ctx.name)
-                        .iter()
-                        .filter_map(|uid| before.holding(uid).cloned())
-                        .collect()
+        let swept = self
+            .ledger
+            .update(&self.backend.ledger_name(), || async {
+                let loaded = self.backend.load(client).await?;
+                let mut ledger = loaded.value;
+                let swept = self.stale_holdings(client, &ledger, shadow).await?;
+                if swept.is_empty() {
+                    return Ok(Attempt::Done(swept));
                 }
-            };
-            if released.is_empty() {
-                return Ok(());
-            }
-            match self
-                .backend
-                .save(ctx.client, &ledger, loaded.version.as_deref())
-                .await?
-            {
-                Saved::Written => {
-                    for h in &released {
-                        info!(holding = %describe_holding(h), reason = ctx.reason.as_str(), "licenses released");
-                    }
-                    return Ok(());
+                for s in &swept {
+                    ledger.release(&s.uid);
                 }
-                Saved::Conflict => continue,
-            }
-        }
-        Err(Error::Contention(self.backend.ledger_name(), MAX_CONFLICTS))
+                let saved = self
+                    .backend
+                    .save(client, &ledger, loaded.version.as_deref())
+                    .await?;
+                Ok::<_, Error>(Attempt::saved(saved, swept))
+            })
+            .await?;
+        log_swept(&swept);
+        Ok(swept)
     }
 }
 
@@ -286,41 +309,6 @@ pub fn stale_reason(
         lasts: sdk_holding::Lasts::WhileAnswered,
     };
     sdk_holding::stale_reason(&held, wl, shadow)
-}
-
-impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
-    type Parameters = NoParameters;
-    type Error = Error;
-
-    fn controller_name(&self) -> &str {
-        &self.settings.controller_name
-    }
-
-    fn retry_policy(&self, _: &NoParameters) -> RetryPolicy {
-        self.settings.retry_policy.clone()
-    }
-
-    async fn decide(&self, ctx: &CheckContext<'_, NoParameters>) -> Result<Decision, Error> {
-        self.decide_for(ctx).await
-    }
-
-    async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
-        self.release_for(ctx).await
-    }
-
-    /// The sweep: once when this replica takes the lead, then every
-    /// [`Settings::sweep_interval`].
-    fn while_leading(&self) -> Extensions {
-        let check = self.clone();
-        Extensions::new().every(
-            "license-ledger-sweep",
-            self.settings.sweep_interval,
-            move |ctx| {
-                let check = check.clone();
-                async move { check.sweep(&ctx.client, ctx.shadow.as_ref()).await }
-            },
-        )
-    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{CheckState, Workload};
+use kueue_admission_sdk::configmap_store::MemoryStore;
 use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once, offline_client};
 use kueue_admission_sdk::{
     AdmissionCheckController, Decision, NoParameters, ReleaseContext, ReleaseReason, RetryDelay,
@@ -15,7 +16,7 @@ use kueue_admission_sdk::{
 };
 
 use super::*;
-use crate::backend::Versioned;
+use crate::backend::{Saved, Versioned};
 use crate::pool::Pool;
 use crate::request::LICENSES_ANNOTATION;
 
@@ -24,17 +25,20 @@ const CHECK: &str = "licenses";
 #[derive(Debug, Default)]
 struct FakeState {
     pool: Option<Result<Pool, String>>,
-    ledger: Ledger,
-    version: u64,
     workloads: BTreeMap<(String, String), Workload>,
-    saves: usize,
-    conflicts: usize,
 }
 
-/// The ledger in memory with a version that every save must match, like `resourceVersion`.
-/// Reads yield to other tasks so that concurrent deciders interleave between read and write.
+/// The pool and the Workloads in memory, and the ledger in the SDK's [`MemoryStore`]: a version
+/// that every save must match, like `resourceVersion`, and reads that yield to other tasks so
+/// that concurrent deciders interleave between read and write.
 #[derive(Clone, Debug, Default)]
-struct FakeBackend(Arc<Mutex<FakeState>>);
+struct FakeBackend {
+    state: Arc<Mutex<FakeState>>,
+    ledger: Arc<MemoryStore<Ledger>>,
+}
+
+/// The ledger's key in the [`MemoryStore`].
+const LEDGER: &str = "ledger";
 
 impl FakeBackend {
     fn with_pool(items: &[(&str, u32)]) -> Self {
@@ -46,21 +50,16 @@ impl FakeBackend {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
-        self.0.lock().expect("not poisoned")
+        self.state.lock().expect("not poisoned")
     }
 
     fn held(&self) -> BTreeMap<String, u32> {
-        self.state().ledger.in_use()
+        self.ledger.value(LEDGER).in_use()
     }
 
     fn holders(&self) -> Vec<String> {
-        let state = self.state();
-        state
-            .ledger
-            .holdings()
-            .values()
-            .map(|h| h.name.clone())
-            .collect()
+        let ledger = self.ledger.value(LEDGER);
+        ledger.holdings().values().map(|h| h.name.clone()).collect()
     }
 
     fn put_workload(&self, wl: &Workload) {
@@ -76,15 +75,7 @@ impl Backend for FakeBackend {
     }
 
     async fn load(&self, _: &Client) -> Result<Versioned<Ledger>, Error> {
-        let loaded = {
-            let state = self.state();
-            Versioned {
-                value: state.ledger.clone(),
-                version: Some(state.version.to_string()),
-            }
-        };
-        tokio::task::yield_now().await;
-        Ok(loaded)
+        Ok(self.ledger.load(LEDGER).await)
     }
 
     async fn save(
@@ -93,15 +84,7 @@ impl Backend for FakeBackend {
         ledger: &Ledger,
         version: Option<&str>,
     ) -> Result<Saved, Error> {
-        let mut state = self.state();
-        if version != Some(state.version.to_string().as_str()) {
-            state.conflicts += 1;
-            return Ok(Saved::Conflict);
-        }
-        state.ledger = ledger.clone();
-        state.version += 1;
-        state.saves += 1;
-        Ok(Saved::Written)
+        Ok(self.ledger.save(LEDGER, ledger, version))
     }
 
     async fn workload(
@@ -184,7 +167,7 @@ async fn a_workload_without_the_annotation_passes_without_touching_the_ledger() 
         decide(&check, &wl).await,
         Decision::ready("no licenses requested")
     );
-    assert_eq!(fake.state().saves, 0);
+    assert_eq!(fake.ledger.saves(), 0);
 }
 
 #[tokio::test]
@@ -210,7 +193,7 @@ async fn bad_requests_are_rejected_with_what_is_wrong() {
         };
         assert!(message.ends_with(expected), "{value}: {message}");
     }
-    assert_eq!(fake.state().saves, 0);
+    assert_eq!(fake.ledger.saves(), 0);
 }
 
 #[tokio::test]
@@ -239,7 +222,7 @@ async fn grants_once_and_recognises_the_holder_when_asked_again() {
     // A conflict or a restart makes the runtime ask again for the same attempt.
     assert_eq!(decide(&check, &wl).await, first);
     assert_eq!(fake.held(), BTreeMap::from([("matlab".into(), 2)]));
-    assert_eq!(fake.state().saves, 1, "the second answer wrote nothing");
+    assert_eq!(fake.ledger.saves(), 1, "the second answer wrote nothing");
 }
 
 #[tokio::test]
@@ -396,5 +379,5 @@ async fn concurrent_deciders_without_a_common_lock_never_exceed_the_pool() {
     holders.sort();
     assert_eq!(ready.len(), 3, "{decisions:?}");
     assert_eq!(ready, holders);
-    assert!(fake.state().conflicts > 0, "the deciders did interleave");
+    assert!(fake.ledger.conflicts() > 0, "the deciders did interleave");
 }

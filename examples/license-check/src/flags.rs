@@ -1,9 +1,8 @@
 //! The binary's flags and environment variables, and the check they describe.
 
-use std::time::Duration;
-
 use crate::{ConfigMapBackend, DEFAULT_CONTROLLER_NAME, LicenseCheck, Settings};
 use clap::Parser;
+use kueue_admission_sdk::options::Seconds;
 use kueue_admission_sdk::{Options, RetryPolicy};
 
 /// Kueue admission check for floating licenses: a Workload is admitted once the licenses it
@@ -37,29 +36,29 @@ pub struct Flags {
 
     /// Delay before the second attempt of a Workload that found its licenses taken; doubles
     /// with each attempt.
-    #[arg(long, env = "LICENSE_CHECK_BACKOFF_BASE_SECONDS", default_value_t = 30,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub backoff_base_seconds: u64,
+    #[arg(long, env = "LICENSE_CHECK_BACKOFF_BASE_SECONDS", default_value = "30")]
+    pub backoff_base_seconds: Seconds<1, 86_400>,
 
     /// Longest delay between two attempts.
-    #[arg(long, env = "LICENSE_CHECK_BACKOFF_MAX_SECONDS", default_value_t = 600,
-          value_parser = clap::value_parser!(u64).range(1..=2_147_483_647))]
-    pub backoff_max_seconds: u64,
+    #[arg(long, env = "LICENSE_CHECK_BACKOFF_MAX_SECONDS", default_value = "600")]
+    pub backoff_max_seconds: Seconds<1, 2_147_483_647>,
 
     /// Reject a Workload after this many attempts without free licenses; unset waits forever.
     #[arg(long, env = "LICENSE_CHECK_RETRY_LIMIT")]
     pub retry_limit: Option<u32>,
 
     /// How soon a Workload left Pending by a missing or malformed pool is looked at again.
-    #[arg(long, env = "LICENSE_CHECK_POOL_RECHECK_SECONDS", default_value_t = 30,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub pool_recheck_seconds: u64,
+    #[arg(long, env = "LICENSE_CHECK_POOL_RECHECK_SECONDS", default_value = "30")]
+    pub pool_recheck_seconds: Seconds<1, 86_400>,
 
     /// How often the ledger is checked against the Workloads, reclaiming licenses of Workloads
     /// that finished or vanished unnoticed (e.g. while no controller ran).
-    #[arg(long, env = "LICENSE_CHECK_SWEEP_INTERVAL_SECONDS", default_value_t = 300,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub sweep_interval_seconds: u64,
+    #[arg(
+        long,
+        env = "LICENSE_CHECK_SWEEP_INTERVAL_SECONDS",
+        default_value = "300"
+    )]
+    pub sweep_interval_seconds: Seconds<1, 86_400>,
 
     #[command(flatten)]
     pub runtime: Options,
@@ -69,19 +68,16 @@ impl Flags {
     /// The check the flags describe, and the runtime options to run it with (the leader Lease
     /// beside the check's ConfigMaps unless a flag or `$POD_NAMESPACE` says otherwise).
     pub fn into_check(self) -> (LicenseCheck, Options) {
-        let mut retry_policy = RetryPolicy::exponential(
-            Duration::from_secs(self.backoff_base_seconds),
-            2.0,
-            Duration::from_secs(self.backoff_max_seconds.max(self.backoff_base_seconds)),
-            0.1,
-        );
+        let base = self.backoff_base_seconds.duration();
+        let max = self.backoff_max_seconds.duration().max(base);
+        let mut retry_policy = RetryPolicy::exponential(base, 2.0, max, 0.1);
         retry_policy.retry_limit = self.retry_limit;
         let check = LicenseCheck::new(
             Settings {
                 controller_name: self.controller_name,
                 retry_policy,
-                pool_recheck: Duration::from_secs(self.pool_recheck_seconds),
-                sweep_interval: Duration::from_secs(self.sweep_interval_seconds),
+                pool_recheck: self.pool_recheck_seconds.duration(),
+                sweep_interval: self.sweep_interval_seconds.duration(),
             },
             ConfigMapBackend {
                 namespace: self.namespace.clone(),

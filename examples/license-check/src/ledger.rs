@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kueue_admission_sdk::configmap_store::CorruptEntry;
 use serde::{Deserialize, Serialize};
 
 use crate::pool::Pool;
@@ -52,16 +53,6 @@ pub enum Acquired {
     Granted,
     /// The Workload already held licenses; nothing changed.
     AlreadyHeld,
-}
-
-/// A ledger entry that cannot be read back; the message names the key.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("ledger entry {key:?}: {reason}")]
-pub struct CorruptEntry {
-    /// The ConfigMap key.
-    pub key: String,
-    /// What is wrong with it.
-    pub reason: String,
 }
 
 /// Every holding, by Workload uid.
