@@ -1166,7 +1166,7 @@ async fn workloads_recreated_while_the_controller_is_down_get_their_own_requests
     }
     t.controller.take().context("running")?.kill().await;
     for wl in &workloads {
-        env.delete_workload(&wl).await?;
+        env.delete_workload(wl).await?;
     }
     for wl in &workloads {
         let old_uid = old[wl].clone();
