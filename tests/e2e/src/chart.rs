@@ -339,6 +339,33 @@ pub async fn wait_for_authorizer(
     }
 }
 
+/// Applies the chart's ServiceAccount and RBAC objects (ServiceAccount, ClusterRole and Role
+/// with their bindings) and waits until the authorizer allows the ServiceAccount everything
+/// its roles grant and nothing in `denied`; returns the ServiceAccount's name and what its
+/// roles grant.
+pub async fn apply_rbac(
+    admin: &Client,
+    namespace: &str,
+    objects: &[Value],
+    field_manager: &str,
+    denied: &[Grant],
+) -> Result<(String, Vec<Grant>)> {
+    for kind in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ] {
+        apply(admin, the(objects, kind)?, field_manager).await?;
+    }
+    let service_account = name_of(the(objects, "ServiceAccount")?)?.to_string();
+    let mut allowed = grants(the(objects, "ClusterRole")?);
+    allowed.extend(grants(the(objects, "Role")?));
+    wait_for_authorizer(admin, namespace, &service_account, &allowed, denied).await?;
+    Ok((service_account, allowed))
+}
+
 /// The provisioning controller's command line, parsed as the binary parses it.
 #[derive(Debug, Parser)]
 struct ProvisioningArgs {

@@ -156,14 +156,9 @@ impl TestEnv {
         let check = self
             .provisioning_check("prov", &controller_name, &config)
             .await?;
-        let flavor = self.provisioning_flavor("pool").await?;
         let mut checks = vec![check.as_str()];
         checks.extend_from_slice(extra_checks);
-        let cq = self
-            .cluster_queue("cq", &flavor, cpu, &checks)
-            .await?
-            .name_any();
-        self.local_queue("lq", &cq).await?;
+        let (flavor, cq) = self.pool_queues(cpu, &checks).await?;
         Ok(Provisioning {
             controller_name,
             class: self.provisioning_class(),
@@ -172,6 +167,30 @@ impl TestEnv {
             cluster_queue: cq,
             flavor,
         })
+    }
+
+    /// The flavor `pool` ([`Self::provisioning_flavor`]), ClusterQueue `cq` with `cpu` of it
+    /// guarded by `checks`, and LocalQueue `lq`; returns the flavor's and the ClusterQueue's
+    /// cluster-scoped names.
+    pub async fn pool_queues(&self, cpu: &str, checks: &[&str]) -> Result<(String, String)> {
+        let flavor = self.provisioning_flavor("pool").await?;
+        let cq = self
+            .cluster_queue("cq", &flavor, cpu, checks)
+            .await?
+            .name_any();
+        self.local_queue("lq", &cq).await?;
+        Ok((flavor, cq))
+    }
+
+    /// The toleration of the flavor [`Self::provisioning_flavor`] makes as `pool`.
+    pub fn pool_toleration() -> k8s_openapi::api::core::v1::Toleration {
+        k8s_openapi::api::core::v1::Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Equal".into()),
+            value: Some("pool".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        }
     }
 
     /// A ResourceFlavor with node label `pool=<name>` and a `dedicated=<name>:NoSchedule`

@@ -96,6 +96,17 @@ impl Running {
         }
     }
 
+    /// Stops each in turn, as [`Running::stop`]; the first error, after trying them all.
+    pub async fn stop_all(all: impl IntoIterator<Item = Running>) -> Result<()> {
+        let mut first_error = None;
+        for running in all {
+            if let Err(e) = running.stop().await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// Waits until it ends by itself (no stop is sent), at most `within`, and returns how:
     /// `Err` with the error's text.
     pub async fn ended_by_itself(

@@ -268,30 +268,16 @@ impl Run {
             None => None,
             Some(r) => Some(remove(&mut objects, r)?),
         };
-        for kind in [
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Role",
-            "RoleBinding",
-        ] {
-            chart::apply(&env.client, chart::the(&objects, kind)?, FIELD_MANAGER).await?;
-        }
-        let service_account = chart::name_of(chart::the(&objects, "ServiceAccount")?)?.to_string();
-        let mut allowed = chart::grants(chart::the(&objects, "ClusterRole")?);
-        allowed.extend(chart::grants(chart::the(&objects, "Role")?));
-        chart::wait_for_authorizer(
+        let (service_account, _) = chart::apply_rbac(
             &env.client,
             &env.ns,
-            &service_account,
-            &allowed,
+            &objects,
+            FIELD_MANAGER,
             removed.as_deref().unwrap_or_default(),
         )
         .await?;
 
-        let flavor = env.provisioning_flavor("pool").await?;
-        let cq = env.cluster_queue("cq", &flavor, "4", &[&check]).await?;
-        env.local_queue("lq", &cq.name_any()).await?;
+        env.pool_queues("4", &[&check]).await?;
         // A request of this instance whose Workload is gone, as one deleted while no replica ran
         // leaves it; its class is one no simulator serves.
         let orphan_request = "gone-prov-1".to_string();

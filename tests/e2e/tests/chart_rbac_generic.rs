@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, ensure};
 use clap::Parser;
 use e2e::TestEnv;
-use e2e::chart::{self, Grant};
+use e2e::chart::{self};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
@@ -69,19 +69,8 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
             &set,
         ],
     )?;
-    for kind in [
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
-    ] {
-        chart::apply(&env.client, chart::the(&objects, kind)?, FIELD_MANAGER).await?;
-    }
-    let service_account = chart::name_of(chart::the(&objects, "ServiceAccount")?)?.to_string();
-    let mut granted: Vec<Grant> = chart::grants(chart::the(&objects, "ClusterRole")?);
-    granted.extend(chart::grants(chart::the(&objects, "Role")?));
-    chart::wait_for_authorizer(&env.client, &env.ns, &service_account, &granted, &[]).await?;
+    let (service_account, granted) =
+        chart::apply_rbac(&env.client, &env.ns, &objects, FIELD_MANAGER, &[]).await?;
 
     // The Deployment's arguments, with what Kubernetes would expand in the pod.
     let deployment = chart::the(&objects, "Deployment")?;

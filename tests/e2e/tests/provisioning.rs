@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail, ensure};
 use autoscaler_simulator::{CLASS_DETAILS_ANNOTATION, SCRIPT_ANNOTATION};
 use e2e::TestEnv;
 use e2e::provisioning::{History, World, request_condition_is_true};
-use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
+use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -267,14 +267,7 @@ async fn provisioned_admits_and_the_job_gets_the_pod_set_updates() -> Result<()>
         Some(BTreeMap::from([("pool".to_string(), "pool".to_string())])),
         "the PodTemplate's nodeSelector"
     );
-    let toleration = Toleration {
-        key: Some("dedicated".into()),
-        operator: Some("Equal".into()),
-        value: Some("pool".into()),
-        effect: Some("NoSchedule".into()),
-        ..Default::default()
-    };
-    assert_eq!(spec.tolerations, Some(vec![toleration]));
+    assert_eq!(spec.tolerations, Some(vec![TestEnv::pool_toleration()]));
     let requests = spec.containers[0]
         .resources
         .as_ref()

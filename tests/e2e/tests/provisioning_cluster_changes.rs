@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use e2e::TestEnv;
 use e2e::provisioning::{World, request_condition_is_true};
-use k8s_openapi::api::core::v1::{PodTemplate, Toleration};
+use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -243,14 +243,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
         spec.node_selector.unwrap_or_default().get("pool"),
         Some(&"pool".to_string())
     );
-    let toleration = Toleration {
-        key: Some("dedicated".into()),
-        operator: Some("Equal".into()),
-        value: Some("pool".into()),
-        effect: Some("NoSchedule".into()),
-        ..Default::default()
-    };
-    assert_eq!(spec.tolerations, Some(vec![toleration]));
+    assert_eq!(spec.tolerations, Some(vec![TestEnv::pool_toleration()]));
 
     // Still terminating, the ClusterQueue still active: Kueue admitted the second Job on it.
     let cq_active = wait_cluster_queue_active(env, &p.cluster_queue, "True", "Ready").await?;

@@ -111,6 +111,22 @@ impl Collision {
         workload(&self.env, self.theirs, "kueue-lq").await
     }
 
+    /// Submits Kueue's Workload and waits until Kueue's check admitted it on the shared
+    /// request; returns its entry, and the request and PodTemplate, checked to be Kueue's.
+    async fn admit_theirs(
+        &self,
+    ) -> Result<(AdmissionCheckState, ProvisioningRequest, PodTemplate)> {
+        let theirs = self.submit_theirs().await?;
+        let entry = wait_ready(&self.env, self.theirs, &self.kueue_check).await?;
+        assert_consumes(&entry, &self.shared)?;
+        let request = self.env.provisioning_requests().get(&self.shared).await?;
+        let template = templates(&self.env)
+            .get(&names::pod_template_name(&self.shared, "main"))
+            .await?;
+        assert_kueues(&request, &template, &theirs)?;
+        Ok((entry, request, template))
+    }
+
     async fn stop(self) -> Result<()> {
         self.controller.stop().await?;
         self.simulator.stop().await
@@ -252,14 +268,7 @@ async fn kueue_first_ours_takes_another_name_and_leaves_kueues_alone() -> Result
     let c = Collision::new("collide-kueue-first", true).await?;
     let env = &c.env;
     let history = env.workload_history();
-    let theirs = c.submit_theirs().await?;
-    let theirs_entry = wait_ready(env, c.theirs, &c.kueue_check).await?;
-    assert_consumes(&theirs_entry, &c.shared)?;
-    let kr = env.provisioning_requests().get(&c.shared).await?;
-    let kt = templates(env)
-        .get(&names::pod_template_name(&c.shared, "main"))
-        .await?;
-    assert_kueues(&kr, &kt, &theirs)?;
+    let (theirs_entry, kr, kt) = c.admit_theirs().await?;
     let (kr_v, kt_v) = (version(&kr), version(&kt));
 
     let ours = c.submit_ours().await?;
@@ -327,14 +336,7 @@ async fn ours_first_leaves_the_shared_name_to_kueues_check() -> Result<()> {
         .await?;
     let (or_v, ot_v) = (version(&or), version(&ot));
 
-    let theirs = c.submit_theirs().await?;
-    let theirs_entry = wait_ready(env, c.theirs, &c.kueue_check).await?;
-    assert_consumes(&theirs_entry, &c.shared)?;
-    let kr = env.provisioning_requests().get(&c.shared).await?;
-    let kt = templates(env)
-        .get(&names::pod_template_name(&c.shared, "main"))
-        .await?;
-    assert_kueues(&kr, &kt, &theirs)?;
+    c.admit_theirs().await?;
     // Ours untouched, still admitted on its own request.
     let or = env.provisioning_requests().get(&alt).await?;
     let ot = templates(env).get(&ot.name_any()).await?;

@@ -417,42 +417,36 @@ async fn merge_case(test: &str, policy: Option<&str>, groups: &[(&str, i32)]) ->
         .delete("multi", &DeleteParams::background())
         .await?;
     env.wait_nothing_left().await?;
-    controller.stop().await?;
-    simulator.stop().await
+    e2e::Running::stop_all([controller, simulator]).await
 }
 
-/// Without a podSetMergePolicy nothing is merged: one request podset per Workload podset.
+/// Each podSetMergePolicy groups the four podsets as documented (the cases run at once, each
+/// in its own namespace):
+/// - none: nothing is merged, one request podset per Workload podset;
+/// - `IdenticalPodTemplates` merges only the identical `a` and `d` (counts 1 + 4);
+/// - `IdenticalWorkloadSchedulingRequirements` also merges `c`, which differs from `a` only in
+///   its image and env (counts 1 + 3 + 4), but not `b`, whose requests differ.
 #[tokio::test]
-async fn without_a_merge_policy_every_podset_is_its_own() -> Result<()> {
-    merge_case(
-        "prc-merge-none",
-        None,
-        &[("a", 1), ("b", 2), ("c", 3), ("d", 4)],
-    )
-    .await
-}
-
-/// `IdenticalPodTemplates` merges only the identical `a` and `d` (counts 1 + 4).
-#[tokio::test]
-async fn identical_pod_templates_merge_identical_podsets() -> Result<()> {
-    merge_case(
-        "prc-merge-templates",
-        Some("IdenticalPodTemplates"),
-        &[("a", 5), ("b", 2), ("c", 3)],
-    )
-    .await
-}
-
-/// `IdenticalWorkloadSchedulingRequirements` also merges `c`, which differs from `a` only in its
-/// image and env (counts 1 + 3 + 4), but not `b`, whose requests differ.
-#[tokio::test]
-async fn identical_scheduling_requirements_ignore_image_and_env() -> Result<()> {
-    merge_case(
-        "prc-merge-sched",
-        Some("IdenticalWorkloadSchedulingRequirements"),
-        &[("a", 8), ("b", 2)],
-    )
-    .await
+async fn each_merge_policy_groups_the_podsets_it_should() -> Result<()> {
+    futures::future::try_join_all([
+        merge_case(
+            "prc-merge-none",
+            None,
+            &[("a", 1), ("b", 2), ("c", 3), ("d", 4)],
+        ),
+        merge_case(
+            "prc-merge-templates",
+            Some("IdenticalPodTemplates"),
+            &[("a", 5), ("b", 2), ("c", 3)],
+        ),
+        merge_case(
+            "prc-merge-sched",
+            Some("IdenticalWorkloadSchedulingRequirements"),
+            &[("a", 8), ("b", 2)],
+        ),
+    ])
+    .await?;
+    Ok(())
 }
 
 // --- 2. managedResources -------------------------------------------------------------------
@@ -535,8 +529,7 @@ async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()>
         [format!("ppt-{request}-gpu")]
     );
     assert_pod_set_updates(&entry, &["gpu"], &request, &p.class)?;
-    controller.stop().await?;
-    simulator.stop().await
+    e2e::Running::stop_all([controller, simulator]).await
 }
 
 // --- 3. parameter overrides ----------------------------------------------------------------
@@ -604,8 +597,7 @@ async fn workload_annotations_override_parameters_without_a_recreate_loop() -> R
         "no longer admitted:\n{}",
         dump(&wl)
     );
-    controller.stop().await?;
-    simulator.stop().await
+    e2e::Running::stop_all([controller, simulator]).await
 }
 
 // --- 4. missing or wrong parameters --------------------------------------------------------
@@ -621,12 +613,7 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     let check = env
         .provisioning_check("prov", &controller_name, &config)
         .await?;
-    let flavor = env.provisioning_flavor("pool").await?;
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    let (_, cq) = env.pool_queues("4", &[&check]).await?;
     let controller = env.start_provisioning_controller(None)?;
     let simulator = env.start_simulator()?;
 
@@ -646,8 +633,7 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     ensure!(!c.message.is_empty(), "{c:?}");
     wait_admitted_ready(&env, &wl, &check).await?;
     assert_eq!(env.our_requests().await?, [format!("{wl}-{check}-1")]);
-    controller.stop().await?;
-    simulator.stop().await
+    e2e::Running::stop_all([controller, simulator]).await
 }
 
 /// ClusterRole rules with what the controller needs to resolve its checks and watch, except
@@ -785,12 +771,7 @@ async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
             "settings",
         )
         .await?;
-    let flavor = env.provisioning_flavor("pool").await?;
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    let (_, cq) = env.pool_queues("4", &[&check]).await?;
     let controller = env.start_provisioning_controller(None)?;
 
     let c = wait_active(&env, &check, "False", "BadParametersRef").await?;
@@ -897,8 +878,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
     wait_active(&env, &cases[0].1, "True", "Active").await?;
     wait_admitted_ready(&env, &workloads[0], &cases[0].1).await?;
     assert_not_admitted(&env, &workloads[1], &cases[1].2).await?;
-    controller.stop().await?;
-    simulator.stop().await
+    e2e::Running::stop_all([controller, simulator]).await
 }
 
 // --- 5. coexistence with Kueue's built-in check --------------------------------------------
@@ -1025,8 +1005,7 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
         env.complete_job(job, wl).await?;
     }
     env.wait_nothing_left().await?;
-    controller.stop().await?;
-    simulator.stop().await
+    e2e::Running::stop_all([controller, simulator]).await
 }
 
 // --- 6. long names -------------------------------------------------------------------------
@@ -1047,12 +1026,7 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
             &config,
         )
         .await?;
-    let flavor = env.provisioning_flavor("pool").await?;
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    env.pool_queues("4", &[&check]).await?;
 
     let workload = format!("long-{}", "w".repeat(235));
     assert_eq!(workload.len(), 240);
@@ -1119,6 +1093,5 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
         "the answer changed after the restart:\n{}",
         dump(&wl)
     );
-    controller.stop().await?;
-    simulator.stop().await
+    e2e::Running::stop_all([controller, simulator]).await
 }

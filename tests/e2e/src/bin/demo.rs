@@ -56,15 +56,11 @@ async fn main() -> Result<()> {
     let check = env
         .provisioning_check("capacity", &cli.controller_name, &config)
         .await?;
-    let flavor = env.provisioning_flavor("pool").await?;
-    let cq = env.cluster_queue("cq", &flavor, "8", &[&check]).await?;
-    env.local_queue("lq", &cq.name_any()).await?;
+    let (_, cq) = env.pool_queues("8", &[&check]).await?;
     say(&format!(
         "ProvisioningRequestConfig {config} (class {}, retries after 5 s, 10 s, 20 s), \
          AdmissionCheck {check} ({}), ClusterQueue {}, LocalQueue lq",
-        cli.class,
-        cli.controller_name,
-        cq.name_any()
+        cli.class, cli.controller_name, cq
     ));
 
     let jobs = [

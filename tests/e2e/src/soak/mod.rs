@@ -417,49 +417,53 @@ fn specs(config: &SoakConfig, names: &Names) -> Vec<Spec> {
             format!("--field-manager=soak-{controller}"),
         ]
     };
+    // (controller, binary, its own flags)
+    let controllers: [(&'static str, &str, Vec<String>); 3] = [
+        (
+            "prov",
+            "kueue-provisioning-controller",
+            vec![
+                format!("--controller-name={}", names.prov_controller),
+                format!(
+                    "--provisioning-timeout-seconds={}",
+                    plan::PROVISIONING_TIMEOUT.as_secs()
+                ),
+            ],
+        ),
+        (
+            "license",
+            "license-check",
+            vec![
+                format!("--controller-name={}", names.license_controller),
+                format!("--namespace={}", names.ns),
+                format!("--ledger-configmap={LEDGER}"),
+                "--backoff-base-seconds=1".into(),
+                "--backoff-max-seconds=4".into(),
+                "--sweep-interval-seconds=10".into(),
+            ],
+        ),
+        (
+            "budget",
+            "budget-check",
+            vec![
+                format!("--controller-name={}", names.budget_controller),
+                format!("--namespace={}", names.ns),
+                "--sweep-interval-seconds=10".into(),
+            ],
+        ),
+    ];
     let mut specs = Vec::new();
     for replica in 0..2 {
-        let mut prov = common("prov");
-        prov.extend([
-            format!("--controller-name={}", names.prov_controller),
-            format!(
-                "--provisioning-timeout-seconds={}",
-                plan::PROVISIONING_TIMEOUT.as_secs()
-            ),
-        ]);
-        specs.push(Spec {
-            slot: format!("prov-{replica}"),
-            controller: "prov",
-            program: config.bin_dir.join("kueue-provisioning-controller"),
-            args: prov,
-        });
-        let mut license = common("license");
-        license.extend([
-            format!("--controller-name={}", names.license_controller),
-            format!("--namespace={}", names.ns),
-            format!("--ledger-configmap={LEDGER}"),
-            "--backoff-base-seconds=1".into(),
-            "--backoff-max-seconds=4".into(),
-            "--sweep-interval-seconds=10".into(),
-        ]);
-        specs.push(Spec {
-            slot: format!("license-{replica}"),
-            controller: "license",
-            program: config.bin_dir.join("license-check"),
-            args: license,
-        });
-        let mut budget = common("budget");
-        budget.extend([
-            format!("--controller-name={}", names.budget_controller),
-            format!("--namespace={}", names.ns),
-            "--sweep-interval-seconds=10".into(),
-        ]);
-        specs.push(Spec {
-            slot: format!("budget-{replica}"),
-            controller: "budget",
-            program: config.bin_dir.join("budget-check"),
-            args: budget,
-        });
+        for (controller, binary, own) in &controllers {
+            let mut args = common(controller);
+            args.extend(own.iter().cloned());
+            specs.push(Spec {
+                slot: format!("{controller}-{replica}"),
+                controller,
+                program: config.bin_dir.join(binary),
+                args,
+            });
+        }
     }
     specs.push(Spec {
         slot: "simulator".into(),
