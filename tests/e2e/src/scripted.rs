@@ -850,15 +850,7 @@ impl Recorder {
         };
         if let Some(wrong) = wrong {
             let what = format!("scripted to end {end:?}, but it was {wrong}");
-            track
-                .timeline
-                .push(format!("{} VIOLATION (5) {what}", self.secs(now)));
-            track.ended = Some(now);
-            state.violations.push(Violation {
-                invariant: Invariant::EndStateInTime,
-                workload: index,
-                what,
-            });
+            self.missed_end(Some(track), &mut state.violations, index, what, now);
             return true;
         }
         if !reached {
@@ -876,13 +868,27 @@ impl Recorder {
     fn give_up(&self, state: &mut State, index: usize, bound: Duration, now: Instant) {
         let end = self.script.workloads.get(index).map(|w| w.end);
         let what = format!("not at its scripted end state {end:?} within its bound of {bound:?}");
-        if let Some(track) = state.workloads.get_mut(&index) {
+        let track = state.workloads.get_mut(&index);
+        self.missed_end(track, &mut state.violations, index, what, now);
+    }
+
+    /// Records a (5) violation on the Workload's timeline and in the list; the run stops
+    /// waiting for it.
+    fn missed_end(
+        &self,
+        track: Option<&mut WorkloadTrack>,
+        violations: &mut Vec<Violation>,
+        index: usize,
+        what: String,
+        now: Instant,
+    ) {
+        if let Some(track) = track {
             track
                 .timeline
                 .push(format!("{} VIOLATION (5) {what}", self.secs(now)));
             track.ended = Some(now);
         }
-        state.violations.push(Violation {
+        violations.push(Violation {
             invariant: Invariant::EndStateInTime,
             workload: index,
             what,
