@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kueue_admission_sdk::api::{
-    CheckState, PodSetUpdate, ProvisioningRequest, ProvisioningRequestConfigSpec,
-    ProvisioningRequestPodSetUpdatesNodeSelector, ResourceFlavorSpec, Workload,
+    AdmissionCheckState, CheckState, PodSetUpdate, ProvisioningRequest,
+    ProvisioningRequestConfigSpec, ProvisioningRequestPodSetUpdatesNodeSelector,
+    ResourceFlavorSpec, Workload, workload_condition as cond,
 };
-use kueue_admission_sdk::decide::{Eligibility, Plan, PlanInput};
 use kueue_admission_sdk::retry::{Backoff, ExponentialBackoff, MAX_DELAY};
+use kueue_admission_sdk::testing::{PlanSettings, Planned, PlannedWrite, plan_once};
 use kueue_admission_sdk::{CheckParameters, Decision, RetryPolicy};
 use kueue_provisioning_controller::config::ProvisioningParameters;
 use kueue_provisioning_controller::{names, outcome as prov_outcome, plan as prov_plan};
@@ -40,11 +41,13 @@ pub fn all() -> Vec<Target> {
     vec![
         Target {
             name: "sdk_decide",
-            covers: "sdk decide::plan, decide::eligibility, decide::status_apply_patch",
-            asserts: "deterministic; a write only when the Workload is eligible; the entry is the check's, \
-                      never carries retryCount, message within Kueue's limit, requeueAfterSeconds within the \
-                      ceiling, podSetUpdates within the limit; gave_up only for an exhausted Retry; the apply \
-                      body carries the read's resourceVersion",
+            covers: "sdk testing::plan_once (decide::plan, decide::eligibility, decide::status_apply_patch)",
+            asserts: "deterministic; a write (or no change) only when the Workload may be answered (holds \
+                      quota, active, not evicted, finished or deleted, entry Pending or Ready under \
+                      revalidation), a refusal as not needed or answered only when it may not; the entry is \
+                      the check's, never carries retryCount, message within Kueue's limit, \
+                      requeueAfterSeconds within the ceiling, podSetUpdates within the limit; gave_up only \
+                      for an exhausted Retry; the apply body carries the read's resourceVersion",
             run: sdk_decide,
         },
         Target {
@@ -217,7 +220,6 @@ struct DecideCase {
     message: String,
     delay_seconds: Option<u64>,
     updates: Vec<PodSetUpdate>,
-    attempt: u32,
     policy: PolicyCase,
     max_retry_delay_seconds: u64,
     revalidate_ready: bool,
@@ -225,8 +227,38 @@ struct DecideCase {
     jitter_sample: f64,
 }
 
+impl DecideCase {
+    fn decision(&self) -> Decision {
+        let message = self.message.clone();
+        match (self.state.as_str(), self.delay_seconds) {
+            ("Ready", _) if self.updates.is_empty() => Decision::ready(message),
+            ("Ready", _) => Decision::ready_with_updates(message, self.updates.clone()),
+            ("Retry", None) => Decision::retry(message),
+            ("Retry", Some(s)) => Decision::retry_after(message, Duration::from_secs(s)),
+            ("Rejected", _) => Decision::rejected(message),
+            (_, None) => Decision::pending(message),
+            (_, Some(s)) => Decision::pending_recheck_after(message, Duration::from_secs(s)),
+        }
+    }
+}
+
+/// The rule the runtime answers by, restated from the Workload's own fields (the oracle for
+/// `sdk_decide`): it holds quota, is active and not about to be deactivated, not evicted,
+/// finished or being deleted, and the check's entry is `Pending` (or `Ready`, revalidating).
+fn may_be_answered(wl: &Workload, check: &str, revalidate_ready: bool) -> bool {
+    let entry_open = wl.admission_check(check).is_some_and(|e| {
+        e.state == CheckState::Pending || (revalidate_ready && e.state == CheckState::Ready)
+    });
+    entry_open
+        && wl.condition_is_true(cond::QUOTA_RESERVED)
+        && wl.is_active()
+        && !wl.condition_is_true(cond::DEACTIVATION_TARGET)
+        && !wl.condition_is_true(cond::EVICTED)
+        && !wl.condition_is_true(cond::FINISHED)
+        && wl.metadata.deletion_timestamp.is_none()
+}
+
 fn sdk_decide(input: &[u8]) -> bool {
-    use kueue_admission_sdk::decide::{MAX_MESSAGE_CHARS, MAX_POD_SET_UPDATES};
     let Some(c) = case::<DecideCase>(input) else {
         return false;
     };
@@ -238,78 +270,85 @@ fn sdk_decide(input: &[u8]) -> bool {
     if policy.validate().is_err() || !(0.0..1.0).contains(&c.jitter_sample) {
         return false;
     }
-    let message = c.message.clone();
-    let decision = match (c.state.as_str(), c.delay_seconds) {
-        ("Ready", _) if c.updates.is_empty() => Decision::ready(message),
-        ("Ready", _) => Decision::ready_with_updates(message, c.updates.clone()),
-        ("Retry", None) => Decision::retry(message),
-        ("Retry", Some(s)) => Decision::retry_after(message, Duration::from_secs(s)),
-        ("Rejected", _) => Decision::rejected(message),
-        (_, None) => Decision::pending(message),
-        (_, Some(s)) => Decision::pending_recheck_after(message, Duration::from_secs(s)),
-    };
+    let decision = c.decision();
     let asked_retry = decision.state() == CheckState::Retry;
-    let max_retry_delay = Duration::from_secs(c.max_retry_delay_seconds);
-    let input = PlanInput {
-        workload: wl,
-        check: &c.check,
-        decision,
-        attempt: c.attempt,
-        policy: &policy,
-        max_retry_delay,
+    let settings = PlanSettings {
+        policy,
+        max_retry_delay: Duration::from_secs(c.max_retry_delay_seconds),
         revalidate_ready: c.revalidate_ready,
-        now,
+        now: Some(now),
         jitter_sample: c.jitter_sample,
     };
-    let planned = kueue_admission_sdk::decide::plan(input.clone());
+    let planned = plan_once(wl, &c.check, decision.clone(), &settings);
     assert_eq!(
         planned,
-        kueue_admission_sdk::decide::plan(input),
+        plan_once(wl, &c.check, decision, &settings),
         "not deterministic"
     );
-    let eligible = matches!(
-        kueue_admission_sdk::decide::eligibility(wl, &c.check, c.revalidate_ready),
-        Eligibility::Decide { .. }
-    );
+    let answerable = may_be_answered(wl, &c.check, c.revalidate_ready);
     match &planned {
-        Plan::Write(w) => {
-            assert!(eligible, "a write for a Workload that is not eligible");
-            assert_eq!(w.entry.name, c.check, "another check's entry");
-            assert_eq!(w.entry.retry_count, None, "retryCount belongs to Kueue");
-            assert!(w.entry.message.chars().count() <= MAX_MESSAGE_CHARS);
-            assert!(w.entry.pod_set_updates.len() <= MAX_POD_SET_UPDATES);
-            if let Some(s) = w.entry.requeue_after_seconds {
-                let ceiling = max_retry_delay.min(MAX_DELAY).as_secs();
-                assert!(s >= 0, "negative requeueAfterSeconds {s}");
-                assert!(
-                    (s as u64) <= ceiling.max(1),
-                    "requeueAfterSeconds {s} over the ceiling {ceiling}"
-                );
-            }
-            if w.gave_up {
-                assert!(asked_retry, "gave up on a decision that was not Retry");
-                assert_eq!(w.entry.state, CheckState::Rejected);
-                assert!(policy.exhausted(w.attempt), "gave up before the limit");
-            }
-            match kueue_admission_sdk::decide::status_apply_patch(wl, &w.entry) {
-                Some(body) => {
-                    assert_eq!(
-                        body["metadata"]["resourceVersion"].as_str(),
-                        wl.metadata.resource_version.as_deref(),
-                        "the write is not conditioned on the read"
-                    );
-                    assert_eq!(
-                        body["status"]["admissionChecks"][0]["name"],
-                        c.check.as_str()
-                    );
-                }
-                None => assert!(wl.metadata.resource_version.is_none()),
-            }
+        Planned::Write(w) => {
+            assert!(
+                answerable,
+                "a write for a Workload that may not be answered"
+            );
+            assert_safe_write(w, wl, &c.check, &settings, asked_retry);
         }
-        Plan::Unchanged { .. } => assert!(eligible, "unchanged for a Workload not eligible"),
-        Plan::Refused(_) => {}
+        Planned::Unchanged { .. } => {
+            assert!(
+                answerable,
+                "unchanged for a Workload that may not be answered"
+            );
+        }
+        Planned::NotNeeded(_) | Planned::AlreadyAnswered(_) => {
+            assert!(!answerable, "refused a Workload that may be answered");
+        }
+        Planned::Invalid(_) => {}
     }
     true
+}
+
+/// What every write `sdk_decide` plans keeps to: only the check's own entry, never Kueue's
+/// `retryCount`, Kueue's limits, the delay ceiling, `Rejected` for `Retry` only past the retry
+/// limit, and the apply conditioned on the read's `resourceVersion`.
+fn assert_safe_write(
+    w: &PlannedWrite,
+    wl: &Workload,
+    check: &str,
+    settings: &PlanSettings,
+    asked_retry: bool,
+) {
+    assert_eq!(w.entry.name, check, "another check's entry");
+    assert_eq!(w.entry.retry_count, None, "retryCount belongs to Kueue");
+    assert!(w.entry.message.chars().count() <= AdmissionCheckState::MAX_MESSAGE_CHARS);
+    assert!(w.entry.pod_set_updates.len() <= AdmissionCheckState::MAX_POD_SET_UPDATES);
+    if let Some(s) = w.entry.requeue_after_seconds {
+        let ceiling = settings.max_retry_delay.min(MAX_DELAY).as_secs();
+        assert!(s >= 0, "negative requeueAfterSeconds {s}");
+        assert!(
+            (s as u64) <= ceiling.max(1),
+            "requeueAfterSeconds {s} over the ceiling {ceiling}"
+        );
+    }
+    if w.gave_up {
+        assert!(asked_retry, "gave up on a decision that was not Retry");
+        assert_eq!(w.entry.state, CheckState::Rejected);
+        assert!(
+            settings.policy.exhausted(w.attempt),
+            "gave up before the limit"
+        );
+    }
+    match &w.status_apply {
+        Some(body) => {
+            assert_eq!(
+                body["metadata"]["resourceVersion"].as_str(),
+                wl.metadata.resource_version.as_deref(),
+                "the write is not conditioned on the read"
+            );
+            assert_eq!(body["status"]["admissionChecks"][0]["name"], check);
+        }
+        None => assert!(wl.metadata.resource_version.is_none()),
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

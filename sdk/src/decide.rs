@@ -24,11 +24,6 @@ use crate::check::{Decision, RetryDelay};
 use crate::release::ReleaseReason;
 use crate::retry::{RetryPolicy, requeue_after_seconds};
 
-/// Kueue's limit on `status.admissionChecks[].message` (characters).
-pub const MAX_MESSAGE_CHARS: usize = 32_768;
-/// Kueue's limit on `status.admissionChecks[].podSetUpdates`.
-pub const MAX_POD_SET_UPDATES: usize = 18;
-
 /// Whether a check should be asked about a Workload now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Eligibility {
@@ -332,10 +327,11 @@ fn validate_decision(wl: &Workload, decision: &Decision, revalidating: bool) -> 
         pod_set_updates, ..
     } = decision
     {
-        if pod_set_updates.len() > MAX_POD_SET_UPDATES {
+        if pod_set_updates.len() > AdmissionCheckState::MAX_POD_SET_UPDATES {
             return Err(format!(
-                "{} podSetUpdates, Kueue accepts at most {MAX_POD_SET_UPDATES}",
-                pod_set_updates.len()
+                "{} podSetUpdates, Kueue accepts at most {}",
+                pod_set_updates.len(),
+                AdmissionCheckState::MAX_POD_SET_UPDATES
             ));
         }
         let pod_sets: Vec<&str> = wl.spec.pod_sets.iter().map(|p| p.name.as_str()).collect();
@@ -370,7 +366,7 @@ fn at_seconds(now: Timestamp, secs: i32) -> String {
 
 /// Cuts a message to Kueue's limit on a character boundary, marking the cut.
 fn truncate_message(message: String) -> String {
-    crate::check::truncate_chars(&message, MAX_MESSAGE_CHARS)
+    crate::check::truncate_chars(&message, AdmissionCheckState::MAX_MESSAGE_CHARS)
 }
 
 /// The body of the server-side apply that writes one entry: only identity, the
@@ -398,3 +394,6 @@ fn conditioned_apply_body(wl: &Workload) -> Option<serde_json::Value> {
         },
     }))
 }
+
+#[cfg(test)]
+mod tests;

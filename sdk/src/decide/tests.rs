@@ -4,14 +4,13 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kueue_admission_sdk::api::{AdmissionCheckState, CheckState, PodSetUpdate, Workload};
-use kueue_admission_sdk::decide::{
-    Eligibility, LateRetry, MAX_MESSAGE_CHARS, Plan, PlanInput, Refusal, Write, eligibility, plan,
-    status_apply_patch,
-};
-use kueue_admission_sdk::testing::WorkloadBuilder;
-use kueue_admission_sdk::{Decision, ReleaseReason, RetryDelay, RetryPolicy};
-use kueue_admission_sdk::{attempts, retry};
+
+use super::*;
+use crate::api::PodSetUpdate;
+use crate::retry;
+use crate::testing::WorkloadBuilder;
+
+mod properties;
 
 const CHECK: &str = "budget";
 
@@ -28,8 +27,10 @@ fn deciding() -> WorkloadBuilder {
         .quota_reserved("cq", "on-demand")
 }
 
-fn plan_for(wl: &Workload, decision: Decision, policy: &RetryPolicy) -> Plan {
-    plan(PlanInput {
+/// What the runtime plans for CHECK on `wl` at [`now`]: its attempt, the largest ceiling, no
+/// revalidation, no jitter. Tests change a field with `PlanInput { .., ..input(..) }`.
+fn input<'a>(wl: &'a Workload, decision: Decision, policy: &'a RetryPolicy) -> PlanInput<'a> {
+    PlanInput {
         workload: wl,
         check: CHECK,
         decision,
@@ -39,7 +40,11 @@ fn plan_for(wl: &Workload, decision: Decision, policy: &RetryPolicy) -> Plan {
         revalidate_ready: false,
         now: now(),
         jitter_sample: 0.0,
-    })
+    }
+}
+
+fn plan_for(wl: &Workload, decision: Decision, policy: &RetryPolicy) -> Plan {
+    plan(input(wl, decision, policy))
 }
 
 fn written(plan: Plan) -> Write {
@@ -47,6 +52,11 @@ fn written(plan: Plan) -> Write {
         Plan::Write(w) => w,
         other => panic!("expected a write, got {other:?}"),
     }
+}
+
+/// The write planned for `decision` on `wl`, which must be one.
+fn write_for(wl: &Workload, decision: Decision, policy: &RetryPolicy) -> Write {
+    written(plan_for(wl, decision, policy))
 }
 
 #[test]
@@ -109,11 +119,11 @@ fn ready_writes_a_complete_entry_and_never_retry_count() {
         name: "workers".into(),
         ..Default::default()
     };
-    let w = written(plan_for(
+    let w = write_for(
         &wl,
         Decision::ready_with_updates("ok", vec![update.clone()]),
         &RetryPolicy::default(),
-    ));
+    );
     assert_eq!(
         w.entry,
         AdmissionCheckState {
@@ -134,11 +144,7 @@ fn ready_writes_a_complete_entry_and_never_retry_count() {
 #[test]
 fn retry_follows_the_policy_and_tells_the_user_attempt_and_time() {
     let wl = deciding().build();
-    let w = written(plan_for(
-        &wl,
-        Decision::retry("over budget"),
-        &RetryPolicy::default(),
-    ));
+    let w = write_for(&wl, Decision::retry("over budget"), &RetryPolicy::default());
     assert_eq!(w.entry.state, CheckState::Retry);
     assert_eq!(w.entry.requeue_after_seconds, Some(60));
     assert_eq!(w.retry_delay, Some(Duration::from_secs(60)));
@@ -153,11 +159,11 @@ fn retry_follows_the_policy_and_tells_the_user_attempt_and_time() {
     );
 
     let third = deciding().retry_count(CHECK, 2).build();
-    let w = written(plan_for(
+    let w = write_for(
         &third,
         Decision::retry("over budget"),
         &RetryPolicy::default(),
-    ));
+    );
     assert_eq!(w.entry.requeue_after_seconds, Some(240));
     assert!(
         w.entry.message.contains("attempt 3 of 4"),
@@ -169,11 +175,11 @@ fn retry_follows_the_policy_and_tells_the_user_attempt_and_time() {
 #[test]
 fn retry_past_the_limit_becomes_rejected() {
     let wl = deciding().retry_count(CHECK, 3).build();
-    let w = written(plan_for(
+    let w = write_for(
         &wl,
         Decision::retry_after("still over budget", Duration::from_secs(5)),
         &RetryPolicy::default(),
-    ));
+    );
     assert_eq!(w.entry.state, CheckState::Rejected);
     assert!(w.gave_up);
     assert_eq!(w.entry.requeue_after_seconds, None);
@@ -186,22 +192,18 @@ fn retry_past_the_limit_becomes_rejected() {
 #[test]
 fn explicit_and_immediate_retry_delays() {
     let wl = deciding().retry_count(CHECK, 1).build();
-    let w = written(plan_for(
+    let w = write_for(
         &wl,
         Decision::retry_after("window closed", Duration::from_millis(90_500)),
         &RetryPolicy::default(),
-    ));
+    );
     assert_eq!(
         w.entry.requeue_after_seconds,
         Some(91),
         "rounded up, never shorter than asked"
     );
 
-    let w = written(plan_for(
-        &wl,
-        Decision::retry("flaky"),
-        &RetryPolicy::immediate(),
-    ));
+    let w = write_for(&wl, Decision::retry("flaky"), &RetryPolicy::immediate());
     assert_eq!(
         w.entry.requeue_after_seconds,
         Some(0),
@@ -271,11 +273,11 @@ fn pending_writes_only_changes() {
         }
     );
 
-    let w = written(plan_for(
+    let w = write_for(
         &wl,
         Decision::pending("budget service answered slowly"),
         &RetryPolicy::default(),
-    ));
+    );
     assert!(!w.state_changed);
     assert_eq!(
         w.entry.last_transition_time, entry.last_transition_time,
@@ -317,15 +319,8 @@ fn revalidation_may_keep_retry_or_reject_but_not_unready() {
     let policy = RetryPolicy::default();
     let revalidate = |decision| {
         plan(PlanInput {
-            workload: &wl,
-            check: CHECK,
-            decision,
-            attempt: attempts::attempt(&wl, CHECK),
-            policy: &policy,
-            max_retry_delay: retry::MAX_DELAY,
             revalidate_ready: true,
-            now: now(),
-            jitter_sample: 0.0,
+            ..input(&wl, decision, &policy)
         })
     };
     assert_eq!(
@@ -346,23 +341,22 @@ fn revalidation_may_keep_retry_or_reject_but_not_unready() {
 #[test]
 fn long_messages_are_cut_to_kueues_limit() {
     let wl = deciding().build();
-    let w = written(plan_for(
+    let w = write_for(
         &wl,
         Decision::rejected("é".repeat(40_000)),
         &RetryPolicy::default(),
-    ));
-    assert_eq!(w.entry.message.chars().count(), MAX_MESSAGE_CHARS);
+    );
+    assert_eq!(
+        w.entry.message.chars().count(),
+        AdmissionCheckState::MAX_MESSAGE_CHARS
+    );
     assert!(w.entry.message.ends_with('…'));
 }
 
 #[test]
 fn the_apply_patch_carries_the_resource_version_and_only_our_entry() {
     let wl = deciding().check("someone-elses", CheckState::Ready).build();
-    let w = written(plan_for(
-        &wl,
-        Decision::ready("ok"),
-        &RetryPolicy::default(),
-    ));
+    let w = write_for(&wl, Decision::ready("ok"), &RetryPolicy::default());
     let patch = status_apply_patch(&wl, &w.entry).expect("read from the API server");
     assert_eq!(patch["metadata"]["resourceVersion"], "1");
     assert_eq!(patch["metadata"]["namespace"], "team-a");
@@ -389,15 +383,8 @@ fn retry_delay_survives_whole_second_timestamps() {
     let policy = RetryPolicy::fixed(Duration::from_secs(10));
     let at: Timestamp = "2026-11-22T12:00:00.700Z".parse().expect("ts");
     let w = written(plan(PlanInput {
-        workload: &wl,
-        check: CHECK,
-        decision: Decision::retry("later"),
-        attempt: attempts::attempt(&wl, CHECK),
-        policy: &policy,
-        max_retry_delay: retry::MAX_DELAY,
-        revalidate_ready: false,
         now: at,
-        jitter_sample: 0.0,
+        ..input(&wl, Decision::retry("later"), &policy)
     }));
     // Kueue retries at 12:00:00 (stored) + requeueAfterSeconds, which must be >= 12:00:10.7.
     assert_eq!(w.entry.requeue_after_seconds, Some(11));
@@ -414,11 +401,11 @@ fn retry_delay_survives_whole_second_timestamps() {
 #[test]
 fn a_late_retry_keeps_what_is_left_of_its_delay() {
     let wl = deciding().build();
-    let w = written(plan_for(
+    let w = write_for(
         &wl,
         Decision::retry_after("window full", Duration::from_secs(40)),
         &RetryPolicy::default(),
-    ));
+    );
     let late = LateRetry::from_refused(&w, "window full", now()).expect("a delayed Retry");
     assert_eq!(late.attempt, 1);
     assert_eq!(late.not_before, "2026-11-22T12:00:40Z".parse().expect("ts"));
@@ -458,7 +445,7 @@ fn only_delayed_retries_are_carried_over() {
         Decision::rejected("no"),
         Decision::retry_after("now", Duration::ZERO),
     ] {
-        let w = written(plan_for(&wl, decision.clone(), &policy));
+        let w = write_for(&wl, decision.clone(), &policy);
         assert_eq!(
             LateRetry::from_refused(&w, decision.message(), now()),
             None,
@@ -467,7 +454,7 @@ fn only_delayed_retries_are_carried_over() {
     }
     // Past the retry limit the Retry became Rejected: nothing to carry.
     let last = deciding().retry_count(CHECK, 3).build();
-    let w = written(plan_for(&last, Decision::retry("again"), &policy));
+    let w = write_for(&last, Decision::retry("again"), &policy);
     assert_eq!(w.entry.state, CheckState::Rejected);
     assert_eq!(LateRetry::from_refused(&w, "again", now()), None);
 }
