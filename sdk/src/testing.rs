@@ -504,12 +504,8 @@ pub async fn decide_once<C: AdmissionCheckController>(
 /// The time [`decide_once`] and [`plan_once`] decide at: the Workload's newest condition, or the
 /// epoch.
 fn decision_time(workload: &Workload) -> Timestamp {
-    let conditions = workload
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    conditions
+    workload
+        .conditions()
         .iter()
         .map(|c| c.last_transition_time.0)
         .max()

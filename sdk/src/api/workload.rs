@@ -242,7 +242,7 @@ pub mod workload_condition {
 }
 
 impl Workload {
-    fn conditions(&self) -> &[Condition] {
+    pub(crate) fn conditions(&self) -> &[Condition] {
         self.status
             .as_ref()
             .map_or(&[], |s| s.conditions.as_slice())
