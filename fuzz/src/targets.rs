@@ -48,21 +48,21 @@ pub fn all() -> Vec<Target> {
                       the check's, never carries retryCount, message within Kueue's limit, \
                       requeueAfterSeconds within the ceiling, podSetUpdates within the limit; gave_up only \
                       for an exhausted Retry; the apply body carries the read's resourceVersion",
-            run: sdk_decide,
+            run: |input| on_case(input, sdk_decide),
         },
         Target {
             name: "sdk_retry",
             covers: "sdk RetryPolicy::{validate, delay, longest_delay, exhausted}, retry::requeue_after_seconds",
             asserts: "a valid policy's delays fit Kueue's int32 seconds, grow with the attempt without jitter, \
                       never exceed longest_delay before the limit; exhausted exactly past the limit",
-            run: sdk_retry,
+            run: |input| on_case(input, sdk_retry),
         },
         Target {
             name: "sdk_attempt_record",
             covers: "sdk attempts::AttemptRecord::{parse, attempt_at}, attempts::annotation_key",
             asserts: "what parses prints back to itself; an attempt is at least 1; annotation keys are valid \
                       qualified names",
-            run: sdk_attempt_record,
+            run: |input| on_case(input, sdk_attempt_record),
         },
         Target {
             name: "sdk_text",
@@ -76,7 +76,7 @@ pub fn all() -> Vec<Target> {
             covers: "provisioning ProvisioningParameters::{validate, retry_policy, timeout_override, timeout}",
             asserts: "a config that validates gives a retry policy the SDK accepts (the check stays Active) \
                       and a readable timeout",
-            run: prov_config,
+            run: |input| on_case(input, prov_config),
         },
         Target {
             name: "prov_plan",
@@ -84,7 +84,7 @@ pub fn all() -> Vec<Target> {
             asserts: "deterministic; names are DNS subdomains within 253 characters that read back the attempt; \
                       every assigned podset is in exactly one planned podset; parameters within the CRD's \
                       limits; the objects built carry the planned names",
-            run: prov_plan,
+            run: |input| on_case(input, prov_plan),
         },
         Target {
             name: "prov_names",
@@ -92,61 +92,63 @@ pub fn all() -> Vec<Target> {
                      pod_template_name, checks_may_share_names}",
             asserts: "valid names within 253 characters; the attempt reads back; the two names differ; \
                       deterministic; sharing is symmetric",
-            run: prov_names,
+            run: |input| on_case(input, prov_names),
         },
         Target {
             name: "prov_outcome",
             covers: "provisioning outcome::{outcome, decision, pod_set_updates}",
             asserts: "deterministic; a timeout is never later than configured; revoked capacity rejects; \
                       provisioned is Ready with one update per podset naming the request",
-            run: prov_outcome_target,
+            run: |input| on_case(input, prov_outcome_target),
         },
         Target {
             name: "prov_refusal",
             covers: "provisioning refusal::for_api (an API server's refusal of a created object)",
             asserts: "a value the API server quotes back (a parameter can be a secret) never reaches the \
                       message; transient codes are no refusal; the message stays bounded",
-            run: prov_refusal,
+            run: |input| on_case(input, prov_refusal),
         },
         Target {
             name: "budget_quantity",
             covers: "budget-check quantity::parse_quantity",
             asserts: "a quantity read is finite and non-negative",
-            run: budget_quantity,
+            run: |input| on_text(input, budget_quantity),
         },
         Target {
             name: "budget_prices",
             covers: "budget-check cost::Prices (the --prices flag)",
             asserts: "what parses prints back to itself; every priced resource has a name",
-            run: budget_prices,
+            run: |input| on_text(input, budget_prices),
         },
         Target {
             name: "budget_ledger",
             covers: "budget-check ledger::BudgetLedger::{from_config_map_data, to_config_map_data, spent}",
             asserts: "what reads writes back to the same data; one key per day",
-            run: budget_ledger,
+            run: |input| on_case(input, budget_ledger),
         },
         Target {
             name: "budget_estimate",
             covers: "budget-check cost::estimate",
             asserts: "no panic on any Workload; an estimate has a positive runtime",
-            run: budget_estimate,
+            run: |input| on_case(input, budget_estimate),
         },
         Target {
             name: "license_request",
             covers: "license-check request::{parse_licenses, format_licenses, requested_licenses}",
             asserts: "what parses prints back to itself; counts are at least 1; a Workload's request never panics",
-            run: license_request,
+            run: |input| on_case(input, license_request),
         },
     ]
 }
 
-fn case<T: DeserializeOwned>(input: &[u8]) -> Option<T> {
-    serde_json::from_slice(input).ok()
+/// Runs `target` on `input` read as its JSON case; `false` (nothing checked) when it is not one.
+fn on_case<T: DeserializeOwned>(input: &[u8], target: fn(T) -> bool) -> bool {
+    serde_json::from_slice(input).is_ok_and(target)
 }
 
-fn text(input: &[u8]) -> Option<&str> {
-    std::str::from_utf8(input).ok()
+/// Runs `target` on `input` read as UTF-8 text; `false` (nothing checked) when it is not.
+fn on_text(input: &[u8], target: fn(&str) -> bool) -> bool {
+    std::str::from_utf8(input).is_ok_and(target)
 }
 
 /// A DNS-1123 subdomain of at most 253 characters (object names).
@@ -258,10 +260,7 @@ fn may_be_answered(wl: &Workload, check: &str, revalidate_ready: bool) -> bool {
         && wl.metadata.deletion_timestamp.is_none()
 }
 
-fn sdk_decide(input: &[u8]) -> bool {
-    let Some(c) = case::<DecideCase>(input) else {
-        return false;
-    };
+fn sdk_decide(c: DecideCase) -> bool {
     let (Some(wl), Some(now)) = (c.workload.as_ref(), timestamp(c.now)) else {
         return false;
     };
@@ -359,11 +358,8 @@ struct RetryCase {
     jitter_sample: f64,
 }
 
-fn sdk_retry(input: &[u8]) -> bool {
+fn sdk_retry(c: RetryCase) -> bool {
     use kueue_admission_sdk::retry::requeue_after_seconds;
-    let Some(c) = case::<RetryCase>(input) else {
-        return false;
-    };
     let policy = c.policy.policy();
     let _ = kueue_admission_sdk::retry::describe(&policy);
     let u = c.jitter_sample;
@@ -409,11 +405,8 @@ struct AttemptCase {
     check: String,
 }
 
-fn sdk_attempt_record(input: &[u8]) -> bool {
+fn sdk_attempt_record(c: AttemptCase) -> bool {
     use kueue_admission_sdk::attempts::{AttemptRecord, annotation_key};
-    let Some(c) = case::<AttemptCase>(input) else {
-        return false;
-    };
     if let Some(r) = AttemptRecord::parse(&c.record) {
         assert_eq!(
             AttemptRecord::parse(&r.to_string()),
@@ -470,10 +463,7 @@ fn sdk_text(input: &[u8]) -> bool {
     true
 }
 
-fn prov_config(input: &[u8]) -> bool {
-    let Some(params) = case::<ProvisioningParameters>(input) else {
-        return false;
-    };
+fn prov_config(params: ProvisioningParameters) -> bool {
     if params.validate().is_ok() {
         let policy = params.retry_policy();
         assert!(
@@ -500,10 +490,7 @@ struct PlanCase {
     flavors: BTreeMap<String, ResourceFlavorSpec>,
 }
 
-fn prov_plan(input: &[u8]) -> bool {
-    let Some(c) = case::<PlanCase>(input) else {
-        return false;
-    };
+fn prov_plan(c: PlanCase) -> bool {
     let Some(wl) = c.workload.as_ref() else {
         return false;
     };
@@ -590,10 +577,7 @@ struct NamesCase {
     pod_set: String,
 }
 
-fn prov_names(input: &[u8]) -> bool {
-    let Some(c) = case::<NamesCase>(input) else {
-        return false;
-    };
+fn prov_names(c: NamesCase) -> bool {
     assert_eq!(
         names::checks_may_share_names(&c.check, &c.other_check),
         names::checks_may_share_names(&c.other_check, &c.check)
@@ -632,11 +616,8 @@ struct OutcomeCase {
     node_selector: Vec<ProvisioningRequestPodSetUpdatesNodeSelector>,
 }
 
-fn prov_outcome_target(input: &[u8]) -> bool {
+fn prov_outcome_target(c: OutcomeCase) -> bool {
     use prov_outcome::Outcome;
-    let Some(c) = case::<OutcomeCase>(input) else {
-        return false;
-    };
     let (Some(r), Some(now)) = (c.request.as_ref(), timestamp(c.now)) else {
         return false;
     };
@@ -671,21 +652,15 @@ fn prov_outcome_target(input: &[u8]) -> bool {
     true
 }
 
-fn budget_quantity(input: &[u8]) -> bool {
-    let Some(s) = text(input) else {
-        return false;
-    };
+fn budget_quantity(s: &str) -> bool {
     if let Ok(v) = budget_check::quantity::parse_quantity(s) {
         assert!(v.is_finite() && v >= 0.0, "{s:?} read as {v}");
     }
     true
 }
 
-fn budget_prices(input: &[u8]) -> bool {
+fn budget_prices(s: &str) -> bool {
     use budget_check::cost::Prices;
-    let Some(s) = text(input) else {
-        return false;
-    };
     if let Ok(p) = s.parse::<Prices>() {
         assert!(p.0.keys().all(|k| !k.is_empty()), "an unnamed resource");
         let printed = p.to_string();
@@ -697,11 +672,8 @@ fn budget_prices(input: &[u8]) -> bool {
     true
 }
 
-fn budget_ledger(input: &[u8]) -> bool {
+fn budget_ledger(data: BTreeMap<String, String>) -> bool {
     use budget_check::ledger::BudgetLedger;
-    let Some(data) = case::<BTreeMap<String, String>>(input) else {
-        return false;
-    };
     let Ok(ledger) = BudgetLedger::from_config_map_data(&data) else {
         return true;
     };
@@ -725,10 +697,7 @@ struct EstimateCase {
     default_runtime_seconds: u64,
 }
 
-fn budget_estimate(input: &[u8]) -> bool {
-    let Some(c) = case::<EstimateCase>(input) else {
-        return false;
-    };
+fn budget_estimate(c: EstimateCase) -> bool {
     let (Some(wl), Ok(prices)) = (c.workload.as_ref(), c.prices.parse()) else {
         return false;
     };
@@ -747,11 +716,8 @@ struct LicenseCase {
     workload: Option<Workload>,
 }
 
-fn license_request(input: &[u8]) -> bool {
+fn license_request(c: LicenseCase) -> bool {
     use license_check::request::{format_licenses, parse_licenses, requested_licenses};
-    let Some(c) = case::<LicenseCase>(input) else {
-        return false;
-    };
     if let Ok(l) = parse_licenses(&c.value) {
         assert!(l.values().all(|n| *n >= 1));
         let printed = format_licenses(&l);
@@ -779,11 +745,8 @@ mod kube_core_status {
     pub use kube::core::Status;
 }
 
-fn prov_refusal(input: &[u8]) -> bool {
+fn prov_refusal(c: RefusalCase) -> bool {
     use kueue_provisioning_controller::refusal::{Kind, Subject, for_api};
-    let Some(c) = case::<RefusalCase>(input) else {
-        return false;
-    };
     let Some(mut status) = c.status else {
         return false;
     };
