@@ -220,21 +220,13 @@ impl WorkloadBuilder {
 
     /// Adds an annotation (e.g. one the check reads its request from).
     pub fn annotation(mut self, key: &str, value: &str) -> Self {
-        self.wl
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(key.into(), value.into());
+        insert(&mut self.wl.metadata.annotations, key, value);
         self
     }
 
     /// Adds a label.
     pub fn label(mut self, key: &str, value: &str) -> Self {
-        self.wl
-            .metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(key.into(), value.into());
+        insert(&mut self.wl.metadata.labels, key, value);
         self
     }
 
@@ -269,6 +261,12 @@ impl WorkloadBuilder {
     pub fn build(self) -> Workload {
         self.wl
     }
+}
+
+/// Sets `key` in a map of labels or annotations, which metadata leaves absent when empty.
+fn insert(map: &mut Option<BTreeMap<String, String>>, key: &str, value: &str) {
+    map.get_or_insert_with(Default::default)
+        .insert(key.into(), value.into());
 }
 
 /// A client for unit tests: every request fails at once with an error saying there is no API
