@@ -875,7 +875,7 @@ async fn written<C: AdmissionCheckController>(
 /// Backoff for a Workload whose reconciles keep failing: 1 s, 2 s, 4 s ... up to 5 min, with
 /// 20 % jitter so that many Workloads failing together (an API outage) do not retry in step.
 fn error_backoff() -> RetryPolicy {
-    RetryPolicy::exponential(Duration::from_secs(1), 2.0, Duration::from_secs(300), 0.2)
+    RetryPolicy::runtime_backoff(Duration::from_secs(300))
 }
 
 pub(crate) fn error_policy<C: AdmissionCheckController>(
