@@ -330,13 +330,14 @@ impl Inputs {
 ///
 /// Asks the check (or reuses its answer, see [`Decided`]), plans the write with
 /// [`crate::decide::plan`] and applies it; a write refused because the Workload changed is
-/// decided again on a fresh read, up to [`CONFLICT_ATTEMPTS`] times.
+/// decided again on a fresh read, up to [`CONFLICT_ATTEMPTS`] times. `stands` is where the check
+/// stands on the cached Workload; it is worked out again after each fresh read.
 async fn decide_one<C: AdmissionCheckController>(
     ctx: &Context<C>,
     cached: &Workload,
     check: &str,
     active: &ActiveCheck<C::Parameters>,
-    stands: Eligibility,
+    mut stands: Eligibility,
 ) -> Result<Option<Duration>, Error> {
     let namespace = cached
         .namespace()
@@ -364,9 +365,6 @@ async fn decide_one<C: AdmissionCheckController>(
     // The cached Workload is borrowed; an owned copy exists only after a 409 made us read again.
     let mut wl = Cow::Borrowed(cached);
     let mut kept: Option<Decided> = None;
-    // Where the check stands on the Workload being decided: given for the cached version,
-    // worked out again after each fresh read.
-    let mut stands = stands;
     for _ in 0..CONFLICT_ATTEMPTS {
         let Eligibility::Decide { revalidating } = stands else {
             return Ok(None);
