@@ -3,7 +3,7 @@
 //! Exit code 1 with the input and the seed when a property breaks; the input is written under
 //! `target/fuzz-crashes/<target>/`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -59,36 +59,51 @@ fn main() -> ExitCode {
     );
     let mut total = 0;
     for target in &targets {
-        let corpus = match fuzz_targets::runner::load_corpus(&corpus_root, target.name) {
-            Ok(files) => files
-                .into_iter()
-                .map(|(_, bytes)| bytes)
-                .collect::<Vec<_>>(),
-            Err(e) => {
-                eprintln!("fuzz: no corpus for {}: {e}", target.name);
-                return ExitCode::FAILURE;
-            }
-        };
-        match fuzz_targets::run_target(target, &corpus, seed, each, Some(&crash_dir)) {
-            Ok(stats) => {
-                total += stats.inputs;
-                println!(
-                    "  {:<20} {:>9} inputs, {:>3} % checkable, {} corpus files, {:.1} s: ok",
-                    stats.target,
-                    stats.inputs,
-                    stats.checked * 100 / stats.inputs.max(1),
-                    stats.corpus,
-                    stats.elapsed.as_secs_f64()
-                );
-            }
-            Err(crash) => {
-                eprintln!("\nfuzz: FAILED\n{crash}");
-                return ExitCode::FAILURE;
-            }
+        match fuzz_one(target, &corpus_root, seed, each, &crash_dir) {
+            Some(inputs) => total += inputs,
+            None => return ExitCode::FAILURE,
         }
     }
     println!("fuzz: {total} inputs, 0 failures (seed {seed})");
     ExitCode::SUCCESS
+}
+
+/// Fuzzes one target from its corpus for `time` and prints how it went; the inputs run, or
+/// `None` when it has no corpus or a property broke.
+fn fuzz_one(
+    target: &fuzz_targets::Target,
+    corpus_root: &Path,
+    seed: u64,
+    time: Duration,
+    crash_dir: &Path,
+) -> Option<u64> {
+    let corpus = match fuzz_targets::runner::load_corpus(corpus_root, target.name) {
+        Ok(files) => files
+            .into_iter()
+            .map(|(_, bytes)| bytes)
+            .collect::<Vec<_>>(),
+        Err(e) => {
+            eprintln!("fuzz: no corpus for {}: {e}", target.name);
+            return None;
+        }
+    };
+    match fuzz_targets::run_target(target, &corpus, seed, time, Some(crash_dir)) {
+        Ok(stats) => {
+            println!(
+                "  {:<20} {:>9} inputs, {:>3} % checkable, {} corpus files, {:.1} s: ok",
+                stats.target,
+                stats.inputs,
+                stats.checked * 100 / stats.inputs.max(1),
+                stats.corpus,
+                stats.elapsed.as_secs_f64()
+            );
+            Some(stats.inputs)
+        }
+        Err(crash) => {
+            eprintln!("\nfuzz: FAILED\n{crash}");
+            None
+        }
+    }
 }
 
 fn usage(problem: &str) -> ExitCode {

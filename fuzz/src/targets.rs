@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kueue_admission_sdk::api::{
-    CheckState, PodSetUpdate, ProvisioningRequest, ProvisioningRequestConfigSpec,
-    ProvisioningRequestPodSetUpdatesNodeSelector, ResourceFlavorSpec, Workload,
+    AdmissionCheckState, CheckState, PodSetUpdate, ProvisioningRequest,
+    ProvisioningRequestConfigSpec, ProvisioningRequestPodSetUpdatesNodeSelector,
+    ResourceFlavorSpec, Workload, workload_condition as cond,
 };
-use kueue_admission_sdk::decide::{Eligibility, Plan, PlanInput};
 use kueue_admission_sdk::retry::{Backoff, ExponentialBackoff, MAX_DELAY};
+use kueue_admission_sdk::testing::{PlanSettings, Planned, PlannedWrite, plan_once};
 use kueue_admission_sdk::{CheckParameters, Decision, RetryPolicy};
 use kueue_provisioning_controller::config::ProvisioningParameters;
 use kueue_provisioning_controller::{names, outcome as prov_outcome, plan as prov_plan};
@@ -40,26 +41,28 @@ pub fn all() -> Vec<Target> {
     vec![
         Target {
             name: "sdk_decide",
-            covers: "sdk decide::plan, decide::eligibility, decide::status_apply_patch",
-            asserts: "deterministic; a write only when the Workload is eligible; the entry is the check's, \
-                      never carries retryCount, message within Kueue's limit, requeueAfterSeconds within the \
-                      ceiling, podSetUpdates within the limit; gave_up only for an exhausted Retry; the apply \
-                      body carries the read's resourceVersion",
-            run: sdk_decide,
+            covers: "sdk testing::plan_once (decide::plan, decide::eligibility, decide::status_apply_patch)",
+            asserts: "deterministic; a write (or no change) only when the Workload may be answered (holds \
+                      quota, active, not evicted, finished or deleted, entry Pending or Ready under \
+                      revalidation), a refusal as not needed or answered only when it may not; the entry is \
+                      the check's, never carries retryCount, message within Kueue's limit, \
+                      requeueAfterSeconds within the ceiling, podSetUpdates within the limit; gave_up only \
+                      for an exhausted Retry; the apply body carries the read's resourceVersion",
+            run: |input| on_case(input, sdk_decide),
         },
         Target {
             name: "sdk_retry",
             covers: "sdk RetryPolicy::{validate, delay, longest_delay, exhausted}, retry::requeue_after_seconds",
             asserts: "a valid policy's delays fit Kueue's int32 seconds, grow with the attempt without jitter, \
                       never exceed longest_delay before the limit; exhausted exactly past the limit",
-            run: sdk_retry,
+            run: |input| on_case(input, sdk_retry),
         },
         Target {
             name: "sdk_attempt_record",
             covers: "sdk attempts::AttemptRecord::{parse, attempt_at}, attempts::annotation_key",
             asserts: "what parses prints back to itself; an attempt is at least 1; annotation keys are valid \
                       qualified names",
-            run: sdk_attempt_record,
+            run: |input| on_case(input, sdk_attempt_record),
         },
         Target {
             name: "sdk_text",
@@ -73,7 +76,7 @@ pub fn all() -> Vec<Target> {
             covers: "provisioning ProvisioningParameters::{validate, retry_policy, timeout_override, timeout}",
             asserts: "a config that validates gives a retry policy the SDK accepts (the check stays Active) \
                       and a readable timeout",
-            run: prov_config,
+            run: |input| on_case(input, prov_config),
         },
         Target {
             name: "prov_plan",
@@ -81,7 +84,7 @@ pub fn all() -> Vec<Target> {
             asserts: "deterministic; names are DNS subdomains within 253 characters that read back the attempt; \
                       every assigned podset is in exactly one planned podset; parameters within the CRD's \
                       limits; the objects built carry the planned names",
-            run: prov_plan,
+            run: |input| on_case(input, prov_plan),
         },
         Target {
             name: "prov_names",
@@ -89,61 +92,63 @@ pub fn all() -> Vec<Target> {
                      pod_template_name, checks_may_share_names}",
             asserts: "valid names within 253 characters; the attempt reads back; the two names differ; \
                       deterministic; sharing is symmetric",
-            run: prov_names,
+            run: |input| on_case(input, prov_names),
         },
         Target {
             name: "prov_outcome",
             covers: "provisioning outcome::{outcome, decision, pod_set_updates}",
             asserts: "deterministic; a timeout is never later than configured; revoked capacity rejects; \
                       provisioned is Ready with one update per podset naming the request",
-            run: prov_outcome_target,
+            run: |input| on_case(input, prov_outcome_target),
         },
         Target {
             name: "prov_refusal",
             covers: "provisioning refusal::for_api (an API server's refusal of a created object)",
             asserts: "a value the API server quotes back (a parameter can be a secret) never reaches the \
                       message; transient codes are no refusal; the message stays bounded",
-            run: prov_refusal,
+            run: |input| on_case(input, prov_refusal),
         },
         Target {
             name: "budget_quantity",
             covers: "budget-check quantity::parse_quantity",
             asserts: "a quantity read is finite and non-negative",
-            run: budget_quantity,
+            run: |input| on_text(input, budget_quantity),
         },
         Target {
             name: "budget_prices",
             covers: "budget-check cost::Prices (the --prices flag)",
             asserts: "what parses prints back to itself; every priced resource has a name",
-            run: budget_prices,
+            run: |input| on_text(input, budget_prices),
         },
         Target {
             name: "budget_ledger",
             covers: "budget-check ledger::BudgetLedger::{from_config_map_data, to_config_map_data, spent}",
             asserts: "what reads writes back to the same data; one key per day",
-            run: budget_ledger,
+            run: |input| on_case(input, budget_ledger),
         },
         Target {
             name: "budget_estimate",
             covers: "budget-check cost::estimate",
             asserts: "no panic on any Workload; an estimate has a positive runtime",
-            run: budget_estimate,
+            run: |input| on_case(input, budget_estimate),
         },
         Target {
             name: "license_request",
             covers: "license-check request::{parse_licenses, format_licenses, requested_licenses}",
             asserts: "what parses prints back to itself; counts are at least 1; a Workload's request never panics",
-            run: license_request,
+            run: |input| on_case(input, license_request),
         },
     ]
 }
 
-fn case<T: DeserializeOwned>(input: &[u8]) -> Option<T> {
-    serde_json::from_slice(input).ok()
+/// Runs `target` on `input` read as its JSON case; `false` (nothing checked) when it is not one.
+fn on_case<T: DeserializeOwned>(input: &[u8], target: fn(T) -> bool) -> bool {
+    serde_json::from_slice(input).is_ok_and(target)
 }
 
-fn text(input: &[u8]) -> Option<&str> {
-    std::str::from_utf8(input).ok()
+/// Runs `target` on `input` read as UTF-8 text; `false` (nothing checked) when it is not.
+fn on_text(input: &[u8], target: fn(&str) -> bool) -> bool {
+    std::str::from_utf8(input).is_ok_and(target)
 }
 
 /// A DNS-1123 subdomain of at most 253 characters (object names).
@@ -217,7 +222,6 @@ struct DecideCase {
     message: String,
     delay_seconds: Option<u64>,
     updates: Vec<PodSetUpdate>,
-    attempt: u32,
     policy: PolicyCase,
     max_retry_delay_seconds: u64,
     revalidate_ready: bool,
@@ -225,11 +229,38 @@ struct DecideCase {
     jitter_sample: f64,
 }
 
-fn sdk_decide(input: &[u8]) -> bool {
-    use kueue_admission_sdk::decide::{MAX_MESSAGE_CHARS, MAX_POD_SET_UPDATES};
-    let Some(c) = case::<DecideCase>(input) else {
-        return false;
-    };
+impl DecideCase {
+    fn decision(&self) -> Decision {
+        let message = self.message.clone();
+        match (self.state.as_str(), self.delay_seconds) {
+            ("Ready", _) if self.updates.is_empty() => Decision::ready(message),
+            ("Ready", _) => Decision::ready_with_updates(message, self.updates.clone()),
+            ("Retry", None) => Decision::retry(message),
+            ("Retry", Some(s)) => Decision::retry_after(message, Duration::from_secs(s)),
+            ("Rejected", _) => Decision::rejected(message),
+            (_, None) => Decision::pending(message),
+            (_, Some(s)) => Decision::pending_recheck_after(message, Duration::from_secs(s)),
+        }
+    }
+}
+
+/// The rule the runtime answers by, restated from the Workload's own fields (the oracle for
+/// `sdk_decide`): it holds quota, is active and not about to be deactivated, not evicted,
+/// finished or being deleted, and the check's entry is `Pending` (or `Ready`, revalidating).
+fn may_be_answered(wl: &Workload, check: &str, revalidate_ready: bool) -> bool {
+    let entry_open = wl.admission_check(check).is_some_and(|e| {
+        e.state == CheckState::Pending || (revalidate_ready && e.state == CheckState::Ready)
+    });
+    entry_open
+        && wl.condition_is_true(cond::QUOTA_RESERVED)
+        && wl.is_active()
+        && !wl.condition_is_true(cond::DEACTIVATION_TARGET)
+        && !wl.condition_is_true(cond::EVICTED)
+        && !wl.condition_is_true(cond::FINISHED)
+        && wl.metadata.deletion_timestamp.is_none()
+}
+
+fn sdk_decide(c: DecideCase) -> bool {
     let (Some(wl), Some(now)) = (c.workload.as_ref(), timestamp(c.now)) else {
         return false;
     };
@@ -238,78 +269,85 @@ fn sdk_decide(input: &[u8]) -> bool {
     if policy.validate().is_err() || !(0.0..1.0).contains(&c.jitter_sample) {
         return false;
     }
-    let message = c.message.clone();
-    let decision = match (c.state.as_str(), c.delay_seconds) {
-        ("Ready", _) if c.updates.is_empty() => Decision::ready(message),
-        ("Ready", _) => Decision::ready_with_updates(message, c.updates.clone()),
-        ("Retry", None) => Decision::retry(message),
-        ("Retry", Some(s)) => Decision::retry_after(message, Duration::from_secs(s)),
-        ("Rejected", _) => Decision::rejected(message),
-        (_, None) => Decision::pending(message),
-        (_, Some(s)) => Decision::pending_recheck_after(message, Duration::from_secs(s)),
-    };
+    let decision = c.decision();
     let asked_retry = decision.state() == CheckState::Retry;
-    let max_retry_delay = Duration::from_secs(c.max_retry_delay_seconds);
-    let input = PlanInput {
-        workload: wl,
-        check: &c.check,
-        decision,
-        attempt: c.attempt,
-        policy: &policy,
-        max_retry_delay,
+    let settings = PlanSettings {
+        policy,
+        max_retry_delay: Duration::from_secs(c.max_retry_delay_seconds),
         revalidate_ready: c.revalidate_ready,
-        now,
+        now: Some(now),
         jitter_sample: c.jitter_sample,
     };
-    let planned = kueue_admission_sdk::decide::plan(input.clone());
+    let planned = plan_once(wl, &c.check, decision.clone(), &settings);
     assert_eq!(
         planned,
-        kueue_admission_sdk::decide::plan(input),
+        plan_once(wl, &c.check, decision, &settings),
         "not deterministic"
     );
-    let eligible = matches!(
-        kueue_admission_sdk::decide::eligibility(wl, &c.check, c.revalidate_ready),
-        Eligibility::Decide { .. }
-    );
+    let answerable = may_be_answered(wl, &c.check, c.revalidate_ready);
     match &planned {
-        Plan::Write(w) => {
-            assert!(eligible, "a write for a Workload that is not eligible");
-            assert_eq!(w.entry.name, c.check, "another check's entry");
-            assert_eq!(w.entry.retry_count, None, "retryCount belongs to Kueue");
-            assert!(w.entry.message.chars().count() <= MAX_MESSAGE_CHARS);
-            assert!(w.entry.pod_set_updates.len() <= MAX_POD_SET_UPDATES);
-            if let Some(s) = w.entry.requeue_after_seconds {
-                let ceiling = max_retry_delay.min(MAX_DELAY).as_secs();
-                assert!(s >= 0, "negative requeueAfterSeconds {s}");
-                assert!(
-                    (s as u64) <= ceiling.max(1),
-                    "requeueAfterSeconds {s} over the ceiling {ceiling}"
-                );
-            }
-            if w.gave_up {
-                assert!(asked_retry, "gave up on a decision that was not Retry");
-                assert_eq!(w.entry.state, CheckState::Rejected);
-                assert!(policy.exhausted(w.attempt), "gave up before the limit");
-            }
-            match kueue_admission_sdk::decide::status_apply_patch(wl, &w.entry) {
-                Some(body) => {
-                    assert_eq!(
-                        body["metadata"]["resourceVersion"].as_str(),
-                        wl.metadata.resource_version.as_deref(),
-                        "the write is not conditioned on the read"
-                    );
-                    assert_eq!(
-                        body["status"]["admissionChecks"][0]["name"],
-                        c.check.as_str()
-                    );
-                }
-                None => assert!(wl.metadata.resource_version.is_none()),
-            }
+        Planned::Write(w) => {
+            assert!(
+                answerable,
+                "a write for a Workload that may not be answered"
+            );
+            assert_safe_write(w, wl, &c.check, &settings, asked_retry);
         }
-        Plan::Unchanged { .. } => assert!(eligible, "unchanged for a Workload not eligible"),
-        Plan::Refused(_) => {}
+        Planned::Unchanged { .. } => {
+            assert!(
+                answerable,
+                "unchanged for a Workload that may not be answered"
+            );
+        }
+        Planned::NotNeeded(_) | Planned::AlreadyAnswered(_) => {
+            assert!(!answerable, "refused a Workload that may be answered");
+        }
+        Planned::Invalid(_) => {}
     }
     true
+}
+
+/// What every write `sdk_decide` plans keeps to: only the check's own entry, never Kueue's
+/// `retryCount`, Kueue's limits, the delay ceiling, `Rejected` for `Retry` only past the retry
+/// limit, and the apply conditioned on the read's `resourceVersion`.
+fn assert_safe_write(
+    w: &PlannedWrite,
+    wl: &Workload,
+    check: &str,
+    settings: &PlanSettings,
+    asked_retry: bool,
+) {
+    assert_eq!(w.entry.name, check, "another check's entry");
+    assert_eq!(w.entry.retry_count, None, "retryCount belongs to Kueue");
+    assert!(w.entry.message.chars().count() <= AdmissionCheckState::MAX_MESSAGE_CHARS);
+    assert!(w.entry.pod_set_updates.len() <= AdmissionCheckState::MAX_POD_SET_UPDATES);
+    if let Some(s) = w.entry.requeue_after_seconds {
+        let ceiling = settings.max_retry_delay.min(MAX_DELAY).as_secs();
+        assert!(s >= 0, "negative requeueAfterSeconds {s}");
+        assert!(
+            (s as u64) <= ceiling.max(1),
+            "requeueAfterSeconds {s} over the ceiling {ceiling}"
+        );
+    }
+    if w.gave_up {
+        assert!(asked_retry, "gave up on a decision that was not Retry");
+        assert_eq!(w.entry.state, CheckState::Rejected);
+        assert!(
+            settings.policy.exhausted(w.attempt),
+            "gave up before the limit"
+        );
+    }
+    match &w.status_apply {
+        Some(body) => {
+            assert_eq!(
+                body["metadata"]["resourceVersion"].as_str(),
+                wl.metadata.resource_version.as_deref(),
+                "the write is not conditioned on the read"
+            );
+            assert_eq!(body["status"]["admissionChecks"][0]["name"], check);
+        }
+        None => assert!(wl.metadata.resource_version.is_none()),
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -320,11 +358,8 @@ struct RetryCase {
     jitter_sample: f64,
 }
 
-fn sdk_retry(input: &[u8]) -> bool {
+fn sdk_retry(c: RetryCase) -> bool {
     use kueue_admission_sdk::retry::requeue_after_seconds;
-    let Some(c) = case::<RetryCase>(input) else {
-        return false;
-    };
     let policy = c.policy.policy();
     let _ = kueue_admission_sdk::retry::describe(&policy);
     let u = c.jitter_sample;
@@ -370,11 +405,8 @@ struct AttemptCase {
     check: String,
 }
 
-fn sdk_attempt_record(input: &[u8]) -> bool {
+fn sdk_attempt_record(c: AttemptCase) -> bool {
     use kueue_admission_sdk::attempts::{AttemptRecord, annotation_key};
-    let Some(c) = case::<AttemptCase>(input) else {
-        return false;
-    };
     if let Some(r) = AttemptRecord::parse(&c.record) {
         assert_eq!(
             AttemptRecord::parse(&r.to_string()),
@@ -431,10 +463,7 @@ fn sdk_text(input: &[u8]) -> bool {
     true
 }
 
-fn prov_config(input: &[u8]) -> bool {
-    let Some(params) = case::<ProvisioningParameters>(input) else {
-        return false;
-    };
+fn prov_config(params: ProvisioningParameters) -> bool {
     if params.validate().is_ok() {
         let policy = params.retry_policy();
         assert!(
@@ -461,10 +490,7 @@ struct PlanCase {
     flavors: BTreeMap<String, ResourceFlavorSpec>,
 }
 
-fn prov_plan(input: &[u8]) -> bool {
-    let Some(c) = case::<PlanCase>(input) else {
-        return false;
-    };
+fn prov_plan(c: PlanCase) -> bool {
     let Some(wl) = c.workload.as_ref() else {
         return false;
     };
@@ -551,10 +577,7 @@ struct NamesCase {
     pod_set: String,
 }
 
-fn prov_names(input: &[u8]) -> bool {
-    let Some(c) = case::<NamesCase>(input) else {
-        return false;
-    };
+fn prov_names(c: NamesCase) -> bool {
     assert_eq!(
         names::checks_may_share_names(&c.check, &c.other_check),
         names::checks_may_share_names(&c.other_check, &c.check)
@@ -593,11 +616,8 @@ struct OutcomeCase {
     node_selector: Vec<ProvisioningRequestPodSetUpdatesNodeSelector>,
 }
 
-fn prov_outcome_target(input: &[u8]) -> bool {
+fn prov_outcome_target(c: OutcomeCase) -> bool {
     use prov_outcome::Outcome;
-    let Some(c) = case::<OutcomeCase>(input) else {
-        return false;
-    };
     let (Some(r), Some(now)) = (c.request.as_ref(), timestamp(c.now)) else {
         return false;
     };
@@ -632,21 +652,15 @@ fn prov_outcome_target(input: &[u8]) -> bool {
     true
 }
 
-fn budget_quantity(input: &[u8]) -> bool {
-    let Some(s) = text(input) else {
-        return false;
-    };
+fn budget_quantity(s: &str) -> bool {
     if let Ok(v) = budget_check::quantity::parse_quantity(s) {
         assert!(v.is_finite() && v >= 0.0, "{s:?} read as {v}");
     }
     true
 }
 
-fn budget_prices(input: &[u8]) -> bool {
+fn budget_prices(s: &str) -> bool {
     use budget_check::cost::Prices;
-    let Some(s) = text(input) else {
-        return false;
-    };
     if let Ok(p) = s.parse::<Prices>() {
         assert!(p.0.keys().all(|k| !k.is_empty()), "an unnamed resource");
         let printed = p.to_string();
@@ -658,11 +672,8 @@ fn budget_prices(input: &[u8]) -> bool {
     true
 }
 
-fn budget_ledger(input: &[u8]) -> bool {
+fn budget_ledger(data: BTreeMap<String, String>) -> bool {
     use budget_check::ledger::BudgetLedger;
-    let Some(data) = case::<BTreeMap<String, String>>(input) else {
-        return false;
-    };
     let Ok(ledger) = BudgetLedger::from_config_map_data(&data) else {
         return true;
     };
@@ -686,10 +697,7 @@ struct EstimateCase {
     default_runtime_seconds: u64,
 }
 
-fn budget_estimate(input: &[u8]) -> bool {
-    let Some(c) = case::<EstimateCase>(input) else {
-        return false;
-    };
+fn budget_estimate(c: EstimateCase) -> bool {
     let (Some(wl), Ok(prices)) = (c.workload.as_ref(), c.prices.parse()) else {
         return false;
     };
@@ -708,11 +716,8 @@ struct LicenseCase {
     workload: Option<Workload>,
 }
 
-fn license_request(input: &[u8]) -> bool {
+fn license_request(c: LicenseCase) -> bool {
     use license_check::request::{format_licenses, parse_licenses, requested_licenses};
-    let Some(c) = case::<LicenseCase>(input) else {
-        return false;
-    };
     if let Ok(l) = parse_licenses(&c.value) {
         assert!(l.values().all(|n| *n >= 1));
         let printed = format_licenses(&l);
@@ -740,11 +745,8 @@ mod kube_core_status {
     pub use kube::core::Status;
 }
 
-fn prov_refusal(input: &[u8]) -> bool {
+fn prov_refusal(c: RefusalCase) -> bool {
     use kueue_provisioning_controller::refusal::{Kind, Subject, for_api};
-    let Some(c) = case::<RefusalCase>(input) else {
-        return false;
-    };
     let Some(mut status) = c.status else {
         return false;
     };

@@ -268,33 +268,30 @@ mod tests {
     /// default ceiling of a day: (`requeueAfterSeconds`, the delay asked for when clamped).
     fn written_retry(policy: &RetryPolicy, attempt: u32) -> (Option<i32>, Option<Duration>) {
         use kueue_admission_sdk::api::CheckState;
-        use kueue_admission_sdk::decide::{Plan, PlanInput, plan};
-        use kueue_admission_sdk::testing::WorkloadBuilder;
+        use kueue_admission_sdk::testing::{PlanSettings, Planned, WorkloadBuilder, plan_once};
         let now = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).expect("valid");
+        // Kueue's retryCount says which attempt is decided: one less.
+        let retries = i32::try_from(attempt.saturating_sub(1)).expect("a small attempt");
         let wl = WorkloadBuilder::new("ns", "wl")
             .at(now)
             .pod_set("main", 1, "1")
             .check("prov", CheckState::Pending)
+            .retry_count("prov", retries)
             .quota_reserved("cq", "default")
             .build();
-        let planned = plan(PlanInput {
-            workload: &wl,
-            check: "prov",
-            decision: crate::outcome::decision(
-                &crate::outcome::Outcome::Failed("no capacity".into()),
-                "ns/wl-prov-1",
-                attempt,
-                Vec::new,
-            ),
+        let decision = crate::outcome::decision(
+            &crate::outcome::Outcome::Failed("no capacity".into()),
+            "ns/wl-prov-1",
             attempt,
-            policy,
-            max_retry_delay: kueue_admission_sdk::retry::DEFAULT_MAX_RETRY_DELAY,
+            Vec::new,
+        );
+        let settings = PlanSettings {
+            policy: policy.clone(),
             revalidate_ready: true,
-            now,
-            jitter_sample: 0.0,
-        });
-        match planned {
-            Plan::Write(w) => {
+            ..PlanSettings::default()
+        };
+        match plan_once(&wl, "prov", decision, &settings) {
+            Planned::Write(w) => {
                 assert_eq!(w.entry.state, CheckState::Retry, "{w:?}");
                 (w.entry.requeue_after_seconds, w.clamped_from)
             }

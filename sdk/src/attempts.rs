@@ -221,8 +221,16 @@ mod tests {
     use crate::api::CheckState;
     use crate::testing::WorkloadBuilder;
 
-    fn with_record(b: WorkloadBuilder, check: &str, value: &str) -> WorkloadBuilder {
-        b.annotation(&annotation_key(check), value)
+    fn with_record(b: WorkloadBuilder, value: &str) -> WorkloadBuilder {
+        b.annotation(&annotation_key("a"), value)
+    }
+
+    /// A [`deciding`] Workload with attempt record `value` for check `a`, evicted `evictions`
+    /// times by checks' Retries.
+    fn recorded(value: &str, evictions: i32) -> Workload {
+        with_record(deciding(), value)
+            .eviction_count("AdmissionCheck", evictions)
+            .build()
     }
 
     fn deciding() -> WorkloadBuilder {
@@ -278,26 +286,20 @@ mod tests {
     #[test]
     fn a_reset_retry_count_does_not_take_the_attempt_back() {
         // Two retries counted; another check's eviction dropped Kueue's count.
-        let wl = with_record(deciding(), "a", "retries=2,evictions=3")
-            .eviction_count("AdmissionCheck", 5)
-            .build();
+        let wl = recorded("retries=2,evictions=3", 5);
         assert_eq!(attempt(&wl, "a"), 3);
     }
 
     #[test]
     fn a_retry_of_the_current_attempt_is_counted_once() {
-        let wl = with_record(deciding(), "a", "retries=2,evictions=4")
-            .eviction_count("AdmissionCheck", 4)
-            .build();
+        let wl = recorded("retries=2,evictions=4", 4);
         assert_eq!(attempt(&wl, "a"), 2, "the counted Retry is this attempt's");
         assert_eq!(record_to_write(&wl, "a", 2, true), None, "already counted");
     }
 
     #[test]
     fn a_retry_is_recorded_at_the_current_eviction_count() {
-        let wl = with_record(deciding(), "a", "retries=1,evictions=0")
-            .eviction_count("AdmissionCheck", 2)
-            .build();
+        let wl = recorded("retries=1,evictions=0", 2);
         assert_eq!(attempt(&wl, "a"), 2);
         assert_eq!(
             record_to_write(&wl, "a", 2, true),
@@ -313,9 +315,7 @@ mod tests {
     fn a_counted_retry_that_never_landed_is_taken_back_without_moving_the_attempt() {
         // The record of a Retry landed at eviction count 2, its entry write did not: the entry
         // is still Pending at 2, and the check now answers Ready.
-        let wl = with_record(deciding(), "a", "retries=2,evictions=2")
-            .eviction_count("AdmissionCheck", 2)
-            .build();
+        let wl = recorded("retries=2,evictions=2", 2);
         assert_eq!(attempt(&wl, "a"), 2);
         let back = record_to_write(&wl, "a", 2, false).expect("taken back");
         assert_eq!(
@@ -325,13 +325,9 @@ mod tests {
                 evictions: None
             }
         );
-        let after = with_record(deciding(), "a", &back.to_string())
-            .eviction_count("AdmissionCheck", 2)
-            .build();
+        let after = recorded(&back.to_string(), 2);
         assert_eq!(attempt(&after, "a"), 2, "the attempt decided stays");
-        let later = with_record(deciding(), "a", &back.to_string())
-            .eviction_count("AdmissionCheck", 3)
-            .build();
+        let later = recorded(&back.to_string(), 3);
         assert_eq!(
             attempt(&later, "a"),
             2,
@@ -345,7 +341,7 @@ mod tests {
         let caught_up = record_to_write(&wl, "a", 3, false).expect("a catch-up");
         assert_eq!(caught_up.attempt_at(wl.total_evictions()), 3);
         // Once written, a reset of retryCount keeps attempt 3.
-        let after_reset = with_record(deciding(), "a", &caught_up.to_string())
+        let after_reset = with_record(deciding(), &caught_up.to_string())
             .eviction_count("Preempted", 1)
             .build();
         assert_eq!(attempt(&after_reset, "a"), 3);

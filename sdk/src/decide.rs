@@ -18,16 +18,13 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::api::{AdmissionCheckState, CheckState, Workload, workload_condition as cond};
+use crate::api::{
+    AdmissionCheckState, CheckState, PodSetUpdate, Workload, workload_condition as cond,
+};
 use crate::attempts::{self, AttemptRecord};
 use crate::check::{Decision, RetryDelay};
 use crate::release::ReleaseReason;
 use crate::retry::{RetryPolicy, requeue_after_seconds};
-
-/// Kueue's limit on `status.admissionChecks[].message` (characters).
-pub const MAX_MESSAGE_CHARS: usize = 32_768;
-/// Kueue's limit on `status.admissionChecks[].podSetUpdates`.
-pub const MAX_POD_SET_UPDATES: usize = 18;
 
 /// Whether a check should be asked about a Workload now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,7 +154,6 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
         now,
         jitter_sample,
     } = input;
-    let ceiling = max_retry_delay.min(crate::retry::MAX_DELAY);
     let revalidating = match eligibility(wl, check, revalidate_ready) {
         Eligibility::Decide { revalidating } => revalidating,
         other => return Plan::Refused(Refusal::NotEligible(other)),
@@ -170,100 +166,174 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     if let Err(why) = validate_decision(wl, &decision, revalidating) {
         return Plan::Refused(Refusal::InvalidDecision(why));
     }
-    let mut clamped_from = None;
-    let mut gave_up = false;
-    let mut retry_delay = None;
-    let mut recheck_after = None;
-    let (state, message, pod_set_updates, requeue_after) = match decision {
-        Decision::Ready {
-            message,
-            pod_set_updates,
-        } => (CheckState::Ready, message, pod_set_updates, None),
-        Decision::Pending {
-            message,
-            recheck_after: after,
-        } => {
-            recheck_after = after;
-            (CheckState::Pending, message, vec![], None)
-        }
-        Decision::Rejected { message } => (CheckState::Rejected, message, vec![], None),
-        Decision::Retry { message, .. } if policy.exhausted(attempt) => {
-            gave_up = true;
-            let limit = policy.retry_limit.unwrap_or_default();
-            let message = format!("{message} (attempt {attempt}: no retries left after {limit})");
-            (CheckState::Rejected, message, vec![], None)
-        }
-        Decision::Retry { message, delay } => {
-            let mut delay = match delay {
-                RetryDelay::Policy => policy.delay(attempt, jitter_sample),
-                RetryDelay::After(d) => d,
-            };
-            if delay > ceiling {
-                clamped_from = Some(delay);
-                delay = ceiling;
-            }
-            retry_delay = Some(delay);
-            // Kueue stores lastTransitionTime at whole seconds and retries at that time plus
-            // requeueAfterSeconds; counting the dropped fraction keeps the delay from shrinking.
-            let dropped = Duration::from_nanos(u64::try_from(now.subsec_nanosecond()).unwrap_or(0));
-            let secs = requeue_after_seconds(delay.saturating_add(dropped).min(ceiling))
-                .filter(|_| !delay.is_zero());
-            let of = policy
-                .retry_limit
-                .map(|l| format!(" of {}", l.saturating_add(1)))
-                .unwrap_or_default();
-            let when = match secs {
-                Some(s) => format!("next attempt not before {}", at_seconds(now, s)),
-                None => "next attempt as soon as Kueue requeues the workload".to_string(),
-            };
-            let capped = match clamped_from {
-                Some(asked) => format!(
-                    "; the delay asked for, {}, is capped at {}",
-                    crate::retry::human(asked),
-                    crate::retry::human(ceiling)
-                ),
-                None => String::new(),
-            };
-            let message = format!("{message} (attempt {attempt}{of}; {when}{capped})");
-            // 0 rather than absent: an earlier delay must not linger on the entry.
-            (CheckState::Retry, message, vec![], Some(secs.unwrap_or(0)))
-        }
+    let terms = RetryTerms {
+        attempt,
+        policy,
+        ceiling: max_retry_delay.min(crate::retry::MAX_DELAY),
+        now,
+        jitter_sample,
     };
-    let message = truncate_message(message);
-
-    let unchanged = current.state == state
-        && current.message == message
-        && current.pod_set_updates == pod_set_updates
-        && (state != CheckState::Retry);
+    let asked = asked(decision, terms);
+    let unchanged = current.state == asked.state
+        && current.message == asked.message
+        && current.pod_set_updates == asked.pod_set_updates
+        && (asked.state != CheckState::Retry);
     if unchanged {
-        return Plan::Unchanged { recheck_after };
+        return Plan::Unchanged {
+            recheck_after: asked.recheck_after,
+        };
     }
-    let state_changed = current.state != state;
+    let state_changed = current.state != asked.state;
     let last_transition_time = if state_changed {
         Some(Time(now))
     } else {
         current.last_transition_time.clone().or(Some(Time(now)))
     };
-    let record = attempts::record_to_write(wl, check, attempt, state == CheckState::Retry);
+    let record = attempts::record_to_write(wl, check, attempt, asked.state == CheckState::Retry);
     let entry = AdmissionCheckState {
         name: check.to_string(),
-        state,
+        state: asked.state,
         last_transition_time,
-        message,
-        requeue_after_seconds: requeue_after,
+        message: asked.message,
+        requeue_after_seconds: asked.requeue_after_seconds,
         retry_count: None,
-        pod_set_updates,
+        pod_set_updates: asked.pod_set_updates,
     };
     Plan::Write(Write {
         entry,
         attempt,
         record,
-        clamped_from,
+        clamped_from: asked.clamped_from,
         state_changed,
-        retry_delay,
-        gave_up,
-        recheck_after,
+        retry_delay: asked.retry_delay,
+        gave_up: asked.gave_up,
+        recheck_after: asked.recheck_after,
     })
+}
+
+/// What a `Retry` is written under.
+#[derive(Clone, Copy)]
+struct RetryTerms<'a> {
+    attempt: u32,
+    policy: &'a RetryPolicy,
+    /// The longest delay written.
+    ceiling: Duration,
+    now: Timestamp,
+    jitter_sample: f64,
+}
+
+/// What a decision asks to write, before it is compared with the entry as read.
+struct Asked {
+    state: CheckState,
+    /// Within Kueue's limit.
+    message: String,
+    pod_set_updates: Vec<PodSetUpdate>,
+    requeue_after_seconds: Option<i32>,
+    /// For a `Retry`: the delay written, and the one asked for when the ceiling cut it.
+    retry_delay: Option<Duration>,
+    clamped_from: Option<Duration>,
+    /// A `Retry` past the retry limit, written as `Rejected`.
+    gave_up: bool,
+    recheck_after: Option<Duration>,
+}
+
+impl Asked {
+    /// `state` with `message` and nothing else.
+    fn only(state: CheckState, message: String) -> Self {
+        Self {
+            state,
+            message: truncate_message(message),
+            pod_set_updates: Vec::new(),
+            requeue_after_seconds: None,
+            retry_delay: None,
+            clamped_from: None,
+            gave_up: false,
+            recheck_after: None,
+        }
+    }
+}
+
+/// What `decision` asks to write; a `Retry` past the retry limit is `Rejected`.
+fn asked(decision: Decision, terms: RetryTerms<'_>) -> Asked {
+    let RetryTerms {
+        attempt, policy, ..
+    } = terms;
+    match decision {
+        Decision::Ready {
+            message,
+            pod_set_updates,
+        } => Asked {
+            pod_set_updates,
+            ..Asked::only(CheckState::Ready, message)
+        },
+        Decision::Pending {
+            message,
+            recheck_after,
+        } => Asked {
+            recheck_after,
+            ..Asked::only(CheckState::Pending, message)
+        },
+        Decision::Rejected { message } => Asked::only(CheckState::Rejected, message),
+        Decision::Retry { message, .. } if policy.exhausted(attempt) => {
+            let limit = policy.retry_limit.unwrap_or_default();
+            let message = format!("{message} (attempt {attempt}: no retries left after {limit})");
+            Asked {
+                gave_up: true,
+                ..Asked::only(CheckState::Rejected, message)
+            }
+        }
+        Decision::Retry { message, delay } => delayed_retry(&message, delay, terms),
+    }
+}
+
+/// A `Retry` within the retry limit: its delay, cut to the ceiling, in whole seconds, and a
+/// message that tells the attempt and when the next one starts.
+fn delayed_retry(message: &str, delay: RetryDelay, terms: RetryTerms<'_>) -> Asked {
+    let RetryTerms {
+        attempt,
+        policy,
+        ceiling,
+        now,
+        jitter_sample,
+    } = terms;
+    let mut delay = match delay {
+        RetryDelay::Policy => policy.delay(attempt, jitter_sample),
+        RetryDelay::After(d) => d,
+    };
+    let mut clamped_from = None;
+    if delay > ceiling {
+        clamped_from = Some(delay);
+        delay = ceiling;
+    }
+    // Kueue stores lastTransitionTime at whole seconds and retries at that time plus
+    // requeueAfterSeconds; counting the dropped fraction keeps the delay from shrinking.
+    let dropped = Duration::from_nanos(u64::try_from(now.subsec_nanosecond()).unwrap_or(0));
+    let secs = requeue_after_seconds(delay.saturating_add(dropped).min(ceiling))
+        .filter(|_| !delay.is_zero());
+    let of = policy
+        .retry_limit
+        .map(|l| format!(" of {}", l.saturating_add(1)))
+        .unwrap_or_default();
+    let when = match secs {
+        Some(s) => format!("next attempt not before {}", at_seconds(now, s)),
+        None => "next attempt as soon as Kueue requeues the workload".to_string(),
+    };
+    let capped = match clamped_from {
+        Some(asked) => format!(
+            "; the delay asked for, {}, is capped at {}",
+            crate::retry::human(asked),
+            crate::retry::human(ceiling)
+        ),
+        None => String::new(),
+    };
+    let message = format!("{message} (attempt {attempt}{of}; {when}{capped})");
+    Asked {
+        // 0 rather than absent: an earlier delay must not linger on the entry.
+        requeue_after_seconds: Some(secs.unwrap_or(0)),
+        retry_delay: Some(delay),
+        clamped_from,
+        ..Asked::only(CheckState::Retry, message)
+    }
 }
 
 /// A `Retry` with a delay that was never written because Kueue evicted the Workload (or moved
@@ -332,10 +402,11 @@ fn validate_decision(wl: &Workload, decision: &Decision, revalidating: bool) -> 
         pod_set_updates, ..
     } = decision
     {
-        if pod_set_updates.len() > MAX_POD_SET_UPDATES {
+        if pod_set_updates.len() > AdmissionCheckState::MAX_POD_SET_UPDATES {
             return Err(format!(
-                "{} podSetUpdates, Kueue accepts at most {MAX_POD_SET_UPDATES}",
-                pod_set_updates.len()
+                "{} podSetUpdates, Kueue accepts at most {}",
+                pod_set_updates.len(),
+                AdmissionCheckState::MAX_POD_SET_UPDATES
             ));
         }
         let pod_sets: Vec<&str> = wl.spec.pod_sets.iter().map(|p| p.name.as_str()).collect();
@@ -370,7 +441,7 @@ fn at_seconds(now: Timestamp, secs: i32) -> String {
 
 /// Cuts a message to Kueue's limit on a character boundary, marking the cut.
 fn truncate_message(message: String) -> String {
-    crate::check::truncate_chars(&message, MAX_MESSAGE_CHARS)
+    crate::check::truncate_chars(&message, AdmissionCheckState::MAX_MESSAGE_CHARS)
 }
 
 /// The body of the server-side apply that writes one entry: only identity, the
@@ -398,3 +469,6 @@ fn conditioned_apply_body(wl: &Workload) -> Option<serde_json::Value> {
         },
     }))
 }
+
+#[cfg(test)]
+mod tests;

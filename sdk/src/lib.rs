@@ -11,7 +11,8 @@
 //! - [`check`]: the trait, the [`Decision`] it returns and the context it gets;
 //! - [`release`]: what a check is told when a Workload no longer needs it;
 //! - [`extensions`]: work a check runs beside the runtime while its replica leads;
-//! - [`decide`]: the pure rules that turn a decision into a safe status write, or refuse it;
+//! - `decide` (inside the crate): the pure rules that turn a decision into a safe status write,
+//!   or refuse it; [`testing::plan_once`] shows what they make of one;
 //! - [`holding`]: whether what a check holds for a Workload (outside it) is still needed;
 //! - [`configmap_store`]: state a check keeps in a ConfigMap, updated with optimistic concurrency;
 //! - [`shadow`]: shadow mode, which decides and publishes what would be answered, writing nothing;
@@ -31,7 +32,7 @@ pub mod api;
 pub mod attempts;
 pub mod check;
 pub mod configmap_store;
-pub mod decide;
+pub(crate) mod decide;
 pub mod error;
 pub mod extensions;
 pub mod holding;

@@ -164,6 +164,12 @@ impl RetryPolicy {
         }
     }
 
+    /// The runtime's own backoff after a failure: 1 s doubling up to `max`, each delay up to
+    /// 20 % longer so that many things failing together (an API outage) do not retry in step.
+    pub(crate) fn runtime_backoff(max: Duration) -> Self {
+        Self::exponential(Duration::from_secs(1), 2.0, max, 0.2)
+    }
+
     /// The same policy, answering `Rejected` instead of a `Retry` once `limit` retries were made.
     pub fn with_retry_limit(mut self, limit: u32) -> Self {
         self.retry_limit = Some(limit);

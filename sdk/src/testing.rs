@@ -34,9 +34,10 @@
 //! ```
 //!
 //! To see what the runtime would write for a decision (the retry delay, the attempt in the
-//! message, or a refusal), pass it to [`crate::decide::plan`] with the same Workload.
+//! message, or a refusal), pass it to [`plan_once`] with the same Workload.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -47,7 +48,10 @@ use crate::api::{
     Admission, AdmissionCheckState, CheckState, PodSet, PodSetAssignment, Workload, WorkloadSpec,
     WorkloadStatus, workload_condition as cond,
 };
-use crate::check::{AdmissionCheckController, CheckContext};
+use crate::check::{AdmissionCheckController, CheckContext, Decision};
+use crate::decide::{Eligibility, Plan, PlanInput, Refusal, plan, status_apply_patch};
+use crate::release::ReleaseReason;
+use crate::retry::RetryPolicy;
 
 /// Builds Workloads in the shapes Kueue gives them. Starts with no podsets, no checks, no quota
 /// and `resourceVersion` "1".
@@ -216,21 +220,13 @@ impl WorkloadBuilder {
 
     /// Adds an annotation (e.g. one the check reads its request from).
     pub fn annotation(mut self, key: &str, value: &str) -> Self {
-        self.wl
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(key.into(), value.into());
+        insert(&mut self.wl.metadata.annotations, key, value);
         self
     }
 
     /// Adds a label.
     pub fn label(mut self, key: &str, value: &str) -> Self {
-        self.wl
-            .metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(key.into(), value.into());
+        insert(&mut self.wl.metadata.labels, key, value);
         self
     }
 
@@ -265,6 +261,12 @@ impl WorkloadBuilder {
     pub fn build(self) -> Workload {
         self.wl
     }
+}
+
+/// Sets `key` in a map of labels or annotations, which metadata leaves absent when empty.
+fn insert(map: &mut Option<BTreeMap<String, String>>, key: &str, value: &str) {
+    map.get_or_insert_with(Default::default)
+        .insert(key.into(), value.into());
 }
 
 /// A client for unit tests: every request fails at once with an error saying there is no API
@@ -480,37 +482,273 @@ pub async fn decide_once<C: AdmissionCheckController>(
     workload: &Workload,
     check: &str,
     parameters: &C::Parameters,
-) -> Result<crate::check::Decision, C::Error> {
+) -> Result<Decision, C::Error> {
     #[allow(clippy::expect_used)] // documented: a broken test setup
     let entry = workload
         .admission_check(check)
         .expect("the workload has an entry for the check");
-    let conditions = workload
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    let now = conditions
-        .iter()
-        .map(|c| c.last_transition_time.0)
-        .max()
-        .unwrap_or(Timestamp::UNIX_EPOCH);
     let client = offline_client();
     let ctx = CheckContext {
         workload,
         entry,
         parameters,
         client: &client,
-        now,
+        now: decision_time(workload),
         shadow: None,
     };
     controller.decide(&ctx).await
+}
+
+/// The time [`decide_once`] and [`plan_once`] decide at: the Workload's newest condition, or the
+/// epoch.
+fn decision_time(workload: &Workload) -> Timestamp {
+    workload
+        .conditions()
+        .iter()
+        .map(|c| c.last_transition_time.0)
+        .max()
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// What the runtime knows besides the Workload and the decision when it plans a write, for
+/// [`plan_once`]. The default is the runtime's: Kueue's retry policy, a delay ceiling of a day,
+/// no revalidation, the time [`decide_once`] decides at, no jitter.
+#[derive(Clone, Debug)]
+pub struct PlanSettings {
+    /// The check's retry policy ([`AdmissionCheckController::retry_policy`]).
+    pub policy: RetryPolicy,
+    /// The longest retry delay written (`--max-retry-delay-seconds`).
+    pub max_retry_delay: Duration,
+    /// Whether the check revalidates `Ready` entries ([`AdmissionCheckController::revalidate`]).
+    pub revalidate_ready: bool,
+    /// The time of the decision; `None`: the Workload's newest condition, as in [`decide_once`].
+    pub now: Option<Timestamp>,
+    /// A sample in `[0, 1)` for the policy's jitter; the runtime draws one at random.
+    pub jitter_sample: f64,
+}
+
+impl Default for PlanSettings {
+    fn default() -> Self {
+        Self {
+            policy: RetryPolicy::default(),
+            max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
+            revalidate_ready: false,
+            now: None,
+            jitter_sample: 0.0,
+        }
+    }
+}
+
+/// What the runtime does with a decision, from [`plan_once`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Planned {
+    /// It writes this.
+    Write(PlannedWrite),
+    /// The entry already says this: nothing is written.
+    Unchanged {
+        /// The check is asked again after this long (a `Pending` that asked for it).
+        recheck_after: Option<Duration>,
+    },
+    /// The Workload, as read, does not need the check now (it does not hold quota, is evicted,
+    /// finished, deactivated or deleted, or has no entry for it): nothing is written, and what
+    /// the check gave it is released for this reason.
+    NotNeeded(ReleaseReason),
+    /// The entry holds an answer Kueue has yet to act on (`Retry`, `Rejected`, or `Ready`
+    /// without revalidation): nothing is written.
+    AlreadyAnswered(CheckState),
+    /// Kueue would not take the decision (a podSetUpdate for a podset the Workload does not
+    /// have, say): nothing is written; the runtime reports the reason in an `InvalidDecision`
+    /// Event and retries with backoff.
+    Invalid(String),
+}
+
+/// A status write the runtime would send, from [`plan_once`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedWrite {
+    /// The whole entry: state, message (for a `Retry`, with the attempt and the time of the
+    /// next one), `lastTransitionTime`, `requeueAfterSeconds`, `podSetUpdates`; never Kueue's
+    /// `retryCount`.
+    pub entry: AdmissionCheckState,
+    /// The attempt answered, 1 for the first ([`crate::attempts::attempt`] of the Workload).
+    pub attempt: u32,
+    /// The check answered `Retry` past the policy's retry limit, so `Rejected` is written.
+    pub gave_up: bool,
+    /// For a `Retry` whose delay was cut to the ceiling: the delay asked for.
+    pub clamped_from: Option<Duration>,
+    /// The check is asked again after this long (a `Pending` that asked for it).
+    pub recheck_after: Option<Duration>,
+    /// The server-side apply sent to the Workload's status: its identity, the
+    /// `resourceVersion` it was read at (so the API server refuses the write if the Workload
+    /// changed since) and this entry alone. `None` for a Workload without a
+    /// `resourceVersion`: the runtime never writes unconditionally.
+    pub status_apply: Option<serde_json::Value>,
+}
+
+/// What the runtime would write for `decision` of `check` on `workload` (as read), with the
+/// attempt counted from the Workload as the runtime counts it: the retry delay and message, the
+/// retry limit turning `Retry` into `Rejected`, or why nothing is written.
+///
+/// ```
+/// use std::time::Duration;
+/// use kueue_admission_sdk::Decision;
+/// use kueue_admission_sdk::api::CheckState;
+/// use kueue_admission_sdk::testing::{PlanSettings, Planned, WorkloadBuilder, plan_once};
+///
+/// let wl = WorkloadBuilder::new("team-a", "job-1")
+///     .at("2026-11-22T12:00:00Z".parse().unwrap())
+///     .pod_set("main", 2, "1")
+///     .check("budget", CheckState::Pending)
+///     .quota_reserved("cq", "default-flavor")
+///     .build();
+/// let retry = Decision::retry_after("over budget", Duration::from_secs(90));
+/// let Planned::Write(w) = plan_once(&wl, "budget", retry, &PlanSettings::default()) else {
+///     panic!("a Workload holding quota with a Pending entry is answered");
+/// };
+/// assert_eq!(w.entry.state, CheckState::Retry);
+/// assert_eq!(w.entry.requeue_after_seconds, Some(90));
+/// assert_eq!(
+///     w.entry.message,
+///     "over budget (attempt 1 of 4; next attempt not before 2026-11-22T12:01:30Z)"
+/// );
+/// ```
+pub fn plan_once(
+    workload: &Workload,
+    check: &str,
+    decision: Decision,
+    settings: &PlanSettings,
+) -> Planned {
+    let planned = plan(PlanInput {
+        workload,
+        check,
+        decision,
+        attempt: crate::attempts::attempt(workload, check),
+        policy: &settings.policy,
+        max_retry_delay: settings.max_retry_delay,
+        revalidate_ready: settings.revalidate_ready,
+        now: settings.now.unwrap_or_else(|| decision_time(workload)),
+        jitter_sample: settings.jitter_sample,
+    });
+    match planned {
+        Plan::Write(w) => Planned::Write(PlannedWrite {
+            status_apply: status_apply_patch(workload, &w.entry),
+            entry: w.entry,
+            attempt: w.attempt,
+            gave_up: w.gave_up,
+            clamped_from: w.clamped_from,
+            recheck_after: w.recheck_after,
+        }),
+        Plan::Unchanged { recheck_after } => Planned::Unchanged { recheck_after },
+        Plan::Refused(Refusal::NotEligible(Eligibility::Idle(reason))) => {
+            Planned::NotNeeded(reason)
+        }
+        Plan::Refused(Refusal::NotEligible(Eligibility::Wait(state))) => {
+            Planned::AlreadyAnswered(state)
+        }
+        // `plan` refuses only a Workload that may not be answered.
+        Plan::Refused(Refusal::NotEligible(Eligibility::Decide { .. })) => {
+            unreachable!("plan refused an eligible Workload")
+        }
+        Plan::Refused(Refusal::InvalidDecision(why)) => Planned::Invalid(why),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use kube::ResourceExt;
+
+    fn noon() -> Timestamp {
+        "2026-11-22T12:00:00Z".parse().expect("timestamp")
+    }
+
+    /// Holds quota with the entry of check `c` Pending, every condition at [`noon`].
+    fn deciding() -> WorkloadBuilder {
+        WorkloadBuilder::new("team-a", "wl")
+            .at(noon())
+            .pod_set("main", 1, "1")
+            .check("c", CheckState::Pending)
+            .quota_reserved("cq", "f")
+    }
+
+    fn planned_write(planned: Planned) -> PlannedWrite {
+        match planned {
+            Planned::Write(w) => w,
+            other => panic!("expected a write, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn plan_once_gives_the_write_the_runtime_would_send() {
+        let defaults = PlanSettings::default();
+        let wl = deciding().build();
+        let w = planned_write(plan_once(&wl, "c", Decision::ready("ok"), &defaults));
+        assert_eq!(w.entry.state, CheckState::Ready);
+        assert_eq!(
+            w.entry.last_transition_time,
+            Some(Time(noon())),
+            "decided at the newest condition, as decide_once"
+        );
+        assert_eq!(w.attempt, 1);
+        let body = w.status_apply.expect("read from the API server");
+        assert_eq!(body["metadata"]["resourceVersion"], "1");
+        assert_eq!(body["status"]["admissionChecks"][0]["message"], "ok");
+        let unread = deciding().with(|wl| wl.metadata.resource_version = None);
+        let w = planned_write(plan_once(
+            &unread.build(),
+            "c",
+            Decision::ready("ok"),
+            &defaults,
+        ));
+        assert_eq!(w.status_apply, None, "never an unconditioned write");
+
+        let last = deciding().retry_count("c", 3).build();
+        let w = planned_write(plan_once(&last, "c", Decision::retry("again"), &defaults));
+        assert_eq!(
+            (w.entry.state, w.attempt, w.gave_up),
+            (CheckState::Rejected, 4, true)
+        );
+
+        let short_ceiling = PlanSettings {
+            max_retry_delay: Duration::from_secs(60),
+            now: Some(noon()),
+            ..PlanSettings::default()
+        };
+        let two_hours = Decision::retry_after("later", Duration::from_secs(7200));
+        let w = planned_write(plan_once(&wl, "c", two_hours, &short_ceiling));
+        assert_eq!(w.entry.requeue_after_seconds, Some(60));
+        assert_eq!(w.clamped_from, Some(Duration::from_secs(7200)));
+    }
+
+    #[test]
+    fn plan_once_says_why_nothing_is_written() {
+        let defaults = PlanSettings::default();
+        let again = Decision::pending_recheck_after("", Duration::from_secs(30));
+        assert_eq!(
+            plan_once(&deciding().build(), "c", again, &defaults),
+            Planned::Unchanged {
+                recheck_after: Some(Duration::from_secs(30))
+            }
+        );
+        let evicted = deciding().evicted("Preempted").build();
+        assert_eq!(
+            plan_once(&evicted, "c", Decision::ready("ok"), &defaults),
+            Planned::NotNeeded(ReleaseReason::Evicted)
+        );
+        let answered = deciding().check("c", CheckState::Retry).build();
+        assert_eq!(
+            plan_once(&answered, "c", Decision::ready("ok"), &defaults),
+            Planned::AlreadyAnswered(CheckState::Retry)
+        );
+        let unknown_pod_set = crate::api::PodSetUpdate {
+            name: "nope".into(),
+            ..Default::default()
+        };
+        let invalid = Decision::ready_with_updates("ok", vec![unknown_pod_set]);
+        match plan_once(&deciding().build(), "c", invalid, &defaults) {
+            Planned::Invalid(why) => assert!(why.contains("\"nope\""), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
 
     #[test]
     fn setters_shape_the_workload_the_way_the_api_helpers_read_it() {

@@ -165,6 +165,13 @@ pub struct AdmissionCheckState {
     pub pod_set_updates: Vec<PodSetUpdate>,
 }
 
+impl AdmissionCheckState {
+    /// Kueue's limit on `message`, in characters.
+    pub const MAX_MESSAGE_CHARS: usize = 32_768;
+    /// Kueue's limit on `podSetUpdates`.
+    pub const MAX_POD_SET_UPDATES: usize = 18;
+}
+
 /// `status.admissionChecks[].state`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum CheckState {
@@ -235,7 +242,7 @@ pub mod workload_condition {
 }
 
 impl Workload {
-    fn conditions(&self) -> &[Condition] {
+    pub(crate) fn conditions(&self) -> &[Condition] {
         self.status
             .as_ref()
             .map_or(&[], |s| s.conditions.as_slice())

@@ -463,12 +463,7 @@ struct Retry {
 /// Backoff for syncing one AdmissionCheck again after a failure: 1 s, 2 s, 4 s ... (each up to
 /// 20 % longer) and never over 1 min.
 fn check_retry_backoff() -> crate::retry::RetryPolicy {
-    crate::retry::RetryPolicy::exponential(
-        Duration::from_secs(1),
-        2.0,
-        Duration::from_secs(60),
-        0.2,
-    )
+    crate::retry::RetryPolicy::runtime_backoff(Duration::from_secs(60))
 }
 
 async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {

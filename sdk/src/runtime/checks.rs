@@ -399,6 +399,15 @@ pub(crate) mod discovery_fixtures {
         })
     }
 
+    /// The answer to `GET /apis/<group>/<version>` for a version the cluster does not serve.
+    pub(crate) fn version_not_served(api: &crate::testing::ScriptedApi) {
+        api.fail(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    }
+
     /// `GET /apis`: an APIGroupList of `(group, versions)`.
     pub(crate) fn group_list(groups: &[(&str, &[&str])]) -> serde_json::Value {
         json!({
@@ -450,11 +459,7 @@ mod tests {
     #[tokio::test]
     async fn an_api_at_another_version_is_named_with_the_versions_served() {
         let api = ScriptedApi::new();
-        api.fail(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        );
+        discovery_fixtures::version_not_served(&api);
         api.answer(200, groups(&["v1beta1"]));
         let err = require_served(&api.client(), &[PROVISIONING_REQUEST])
             .await
@@ -476,11 +481,7 @@ mod tests {
     #[tokio::test]
     async fn a_missing_group_or_resource_is_named() {
         let api = ScriptedApi::new();
-        api.fail(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        );
+        discovery_fixtures::version_not_served(&api);
         api.answer(200, groups(&[]));
         let err = require_served(&api.client(), &[PROVISIONING_REQUEST])
             .await

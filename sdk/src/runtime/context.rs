@@ -92,6 +92,14 @@ impl<C: AdmissionCheckController> Context<C> {
         self.controller.revalidate().asks_again()
     }
 
+    /// A failure of the check's `decide` that is tried again with backoff: said in a
+    /// `CheckFailed` Event on the Workload, and returned as the reconcile's error.
+    pub(super) async fn check_failed(&self, wl: &Workload, note: String, error: C::Error) -> Error {
+        self.event(wl, EventType::Warning, "CheckFailed", note)
+            .await;
+        Error::Check(Box::new(error))
+    }
+
     /// Publishes an event on the Workload; a failure to publish is logged, never fatal.
     pub(super) async fn event(&self, wl: &Workload, type_: EventType, reason: &str, note: String) {
         let note = truncate_note(note);

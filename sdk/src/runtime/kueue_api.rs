@@ -122,11 +122,7 @@ mod tests {
     #[tokio::test]
     async fn a_kueue_older_than_v0_15_is_named_with_the_versions_it_serves() {
         let api = ScriptedApi::new();
-        api.fail(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        );
+        discovery_fixtures::version_not_served(&api);
         api.answer(200, kueue_only_at(&["v1beta1", "v1alpha1"]));
         let why = missing(&api.client())
             .await
@@ -143,11 +139,7 @@ mod tests {
     #[tokio::test]
     async fn no_kueue_at_all_is_named() {
         let api = ScriptedApi::new();
-        api.fail(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        );
+        discovery_fixtures::version_not_served(&api);
         api.answer(200, discovery_fixtures::group_list(&[]));
         let why = missing(&api.client())
             .await
@@ -170,17 +162,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_wait_shows_the_reason_on_readyz_and_ends_once_the_api_is_served() {
         let api = ScriptedApi::new();
-        api.fail(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        );
+        discovery_fixtures::version_not_served(&api);
         api.answer(200, kueue_only_at(&["v1beta1"]));
-        api.fail(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        );
+        discovery_fixtures::version_not_served(&api);
         api.answer(200, kueue_only_at(&["v1beta1"]));
         api.answer(200, resources(&["workloads", "admissionchecks"]));
         api.answer(200, resources(&["workloads", "admissionchecks"]));

@@ -152,12 +152,7 @@ fn is_transient(error: &crate::Error) -> bool {
 /// 1 s doubling to 30 s: a restarting API server is back within seconds, a longer outage is
 /// probed twice a minute.
 fn join_backoff() -> crate::retry::RetryPolicy {
-    crate::retry::RetryPolicy::exponential(
-        Duration::from_secs(1),
-        2.0,
-        Duration::from_secs(30),
-        0.2,
-    )
+    crate::retry::RetryPolicy::runtime_backoff(Duration::from_secs(30))
 }
 
 /// A Lease name derived from a controller name (`example.com/budget` → `example.com-budget`):

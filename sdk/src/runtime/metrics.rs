@@ -268,14 +268,12 @@ impl Metrics {
         }
         let labels = state_labels(check, state);
         self.decisions.get_or_create(&labels).inc();
-        let check_labels = CheckLabels {
-            check: check.into(),
-        };
+        let per_check = check_labels(check);
         self.attempt
-            .get_or_create(&check_labels)
+            .get_or_create(&per_check)
             .observe(f64::from(attempt));
         if let Some(delay) = retry_delay {
-            self.retry_delay.get_or_create(&check_labels).observe(delay);
+            self.retry_delay.get_or_create(&per_check).observe(delay);
         }
         if state != CheckState::Pending
             && let Some(reserved) = wl
@@ -297,33 +295,17 @@ impl Metrics {
     }
 
     pub fn conflict(&self, check: &str) {
-        if !self.is_live(check) {
-            return;
-        }
-        self.conflicts
-            .get_or_create(&CheckLabels {
-                check: check.into(),
-            })
-            .inc();
+        self.count(&self.conflicts, check);
     }
 
     /// Resolving or writing a check failed; it is tried again.
     pub fn check_sync_error(&self, check: &str) {
-        if !self.is_live(check) {
-            return;
-        }
-        self.check_sync_errors
-            .get_or_create(&CheckLabels {
-                check: check.into(),
-            })
-            .inc();
+        self.count(&self.check_sync_errors, check);
     }
 
     /// Another deployment claims the check (1), or no longer does (the series goes away).
     pub fn check_claimed_elsewhere(&self, check: &str, claimed: bool) {
-        let labels = CheckLabels {
-            check: check.into(),
-        };
+        let labels = check_labels(check);
         if claimed {
             self.check_claimed_elsewhere.get_or_create(&labels).set(1);
         } else {
@@ -333,23 +315,19 @@ impl Metrics {
 
     /// A Retry delay was cut to the ceiling.
     pub fn retry_delay_clamped(&self, check: &str) {
-        if self.is_live(check) {
-            self.retry_delays_clamped
-                .get_or_create(&CheckLabels {
-                    check: check.into(),
-                })
-                .inc();
-        }
+        self.count(&self.retry_delays_clamped, check);
     }
 
     /// A decision failed permanently.
     pub fn permanent_failure(&self, check: &str) {
+        self.count(&self.permanent_failures, check);
+    }
+
+    /// One more in `counter` for `check`, unless the check was forgotten meanwhile (its series
+    /// must not come back).
+    fn count(&self, counter: &Family<CheckLabels, Counter>, check: &str) {
         if self.is_live(check) {
-            self.permanent_failures
-                .get_or_create(&CheckLabels {
-                    check: check.into(),
-                })
-                .inc();
+            counter.get_or_create(&check_labels(check)).inc();
         }
     }
 
@@ -359,9 +337,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(check.into());
-        let labels = CheckLabels {
-            check: check.into(),
-        };
+        let labels = check_labels(check);
         self.check_active
             .get_or_create(&labels)
             .set(i64::from(active));
@@ -392,9 +368,7 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(check);
-        let labels = CheckLabels {
-            check: check.into(),
-        };
+        let labels = check_labels(check);
         self.check_active.remove(&labels);
         for state in STATES {
             self.decisions.remove(&state_labels(check, state));
@@ -407,6 +381,12 @@ impl Metrics {
         self.permanent_failures.remove(&labels);
         self.retry_delay.remove(&labels);
         self.attempt.remove(&labels);
+    }
+}
+
+fn check_labels(check: &str) -> CheckLabels {
+    CheckLabels {
+        check: check.into(),
     }
 }
 

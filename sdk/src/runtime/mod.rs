@@ -1,4 +1,5 @@
-//! The thin I/O shell around [`crate::decide`]: watches, reconcile, status writes.
+//! The thin I/O shell around the crate's pure decision layer (`decide`): watches, reconcile,
+//! status writes.
 //!
 //! [`run_until`] (this file) puts the parts together; each hop of the work has a file:
 //! - `admission_checks`: the AdmissionCheck loop keeps the checks whose `controllerName` is
@@ -8,9 +9,9 @@
 //!   deletions on while this replica leads (`relist`: what a re-list means);
 //! - `leader` elects; `lead` runs the leader's part: kube-runtime's controller (one reconcile
 //!   at a time per Workload, backoff on errors) and the check's own tasks ([`Extensions`]);
-//! - `reconcile` asks the check whenever [`crate::decide::eligibility`] says so and applies
-//!   what [`crate::decide::plan`] allows (`shadow`: the same, writing nothing; `memory`: what
-//!   is kept per Workload between reconciles; `own_writes`: our writes the cache lacks yet);
+//! - `reconcile` asks the check whenever `decide::eligibility` says so and applies what
+//!   `decide::plan` allows (`shadow`: the same, writing nothing; `memory`: what is kept per
+//!   Workload between reconciles; `own_writes`: our writes the cache lacks yet);
 //! - `http` serves metrics and probes (`metrics`); `kueue_api` waits for a Kueue we can talk
 //!   to; `tasks` ties every task to the run.
 //!

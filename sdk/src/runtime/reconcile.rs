@@ -330,13 +330,14 @@ impl Inputs {
 ///
 /// Asks the check (or reuses its answer, see [`Decided`]), plans the write with
 /// [`crate::decide::plan`] and applies it; a write refused because the Workload changed is
-/// decided again on a fresh read, up to [`CONFLICT_ATTEMPTS`] times.
+/// decided again on a fresh read, up to [`CONFLICT_ATTEMPTS`] times. `stands` is where the check
+/// stands on the cached Workload; it is worked out again after each fresh read.
 async fn decide_one<C: AdmissionCheckController>(
     ctx: &Context<C>,
     cached: &Workload,
     check: &str,
     active: &ActiveCheck<C::Parameters>,
-    stands: Eligibility,
+    mut stands: Eligibility,
 ) -> Result<Option<Duration>, Error> {
     let namespace = cached
         .namespace()
@@ -357,21 +358,19 @@ async fn decide_one<C: AdmissionCheckController>(
     }
     let pair = Pair {
         check,
+        active,
         key: (uid, check.to_string()),
         api: Api::namespaced(ctx.client.clone(), &namespace),
     };
     // The cached Workload is borrowed; an owned copy exists only after a 409 made us read again.
     let mut wl = Cow::Borrowed(cached);
     let mut kept: Option<Decided> = None;
-    // Where the check stands on the Workload being decided: given for the cached version,
-    // worked out again after each fresh read.
-    let mut stands = stands;
     for _ in 0..CONFLICT_ATTEMPTS {
         let Eligibility::Decide { revalidating } = stands else {
             return Ok(None);
         };
         let asking = (revalidating, kept.take());
-        let Some(decided) = decision_for(ctx, &wl, &pair, active, asking).await? else {
+        let Some(decided) = decision_for(ctx, &wl, &pair, asking).await? else {
             return Ok(None);
         };
         let revalidate_after = ctx
@@ -379,7 +378,7 @@ async fn decide_one<C: AdmissionCheckController>(
             .revalidate()
             .period()
             .filter(|_| decided.revalidating);
-        let write = match plan_write(ctx, &wl, check, active, &decided).await? {
+        let write = match plan_write(ctx, &wl, &pair, &decided).await? {
             Ok(write) => write,
             Err(recheck_after) => return Ok(recheck_after.or(revalidate_after)),
         };
@@ -413,8 +412,10 @@ async fn decide_one<C: AdmissionCheckController>(
 }
 
 /// The Workload and check one [`decide_one`] is about.
-struct Pair<'a> {
+struct Pair<'a, P> {
     check: &'a str,
+    /// The check as resolved: its parameters and retry policy.
+    active: &'a ActiveCheck<P>,
     key: PairKey,
     /// Workloads in the Workload's namespace.
     api: Api<Workload>,
@@ -437,8 +438,7 @@ enum Next {
 async fn decision_for<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_>,
-    active: &ActiveCheck<C::Parameters>,
+    pair: &Pair<'_, C::Parameters>,
     (revalidating, kept): (bool, Option<Decided>),
 ) -> Result<Option<Decided>, Error> {
     let asked_at = AskedAt::of(wl, pair.check);
@@ -450,18 +450,7 @@ async fn decision_for<C: AdmissionCheckController>(
     };
     match kept.filter(still_valid) {
         Some(d) => Ok(Some(d)),
-        None => {
-            ask(
-                ctx,
-                wl,
-                pair.check,
-                active,
-                &pair.key,
-                revalidating,
-                asked_at,
-            )
-            .await
-        }
+        None => ask(ctx, wl, pair, revalidating, asked_at).await,
     }
 }
 
@@ -470,16 +459,16 @@ async fn decision_for<C: AdmissionCheckController>(
 async fn plan_write<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    check: &str,
-    active: &ActiveCheck<C::Parameters>,
+    pair: &Pair<'_, C::Parameters>,
     decided: &Decided,
 ) -> Result<Result<crate::decide::Write, Option<Duration>>, Error> {
+    let check = pair.check;
     let input = PlanInput {
         workload: wl,
         check,
         decision: decided.decision.clone(),
         attempt: decided.at.map_or(1, |a| a.attempt),
-        policy: &active.policy,
+        policy: &pair.active.policy,
         max_retry_delay: ctx.max_retry_delay,
         revalidate_ready: ctx.revalidates(),
         now: decided.now,
@@ -507,7 +496,7 @@ async fn plan_write<C: AdmissionCheckController>(
 async fn after_refused_write<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_>,
+    pair: &Pair<'_, C::Parameters>,
     decided: Decided,
     write: &crate::decide::Write,
     failure: WriteFailure,
@@ -547,8 +536,7 @@ async fn after_refused_write<C: AdmissionCheckController>(
                 crate::check::redact_quoted(&status.message, &[])
             );
             warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "status write refused");
-            let decision =
-                permanent_decision(ctx, wl, check, &pair.key, message, decided.now).await;
+            let decision = permanent_decision(ctx, wl, pair, message, decided.now).await;
             let kept = Decided {
                 decision,
                 ..decided
@@ -584,7 +572,7 @@ async fn after_refused_write<C: AdmissionCheckController>(
 async fn after_conflict<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_>,
+    pair: &Pair<'_, C::Parameters>,
     decided: Decided,
     write: &crate::decide::Write,
 ) -> Result<Next, Error> {
@@ -619,7 +607,7 @@ async fn after_conflict<C: AdmissionCheckController>(
                 && let Some(late) =
                     LateRetry::from_refused(write, decided.decision.message(), decided.now)
             {
-                carry_over(ctx, &fresh, check, &pair.key, late).await;
+                carry_over(ctx, &fresh, pair, late).await;
             }
             None
         }
@@ -638,12 +626,11 @@ const PERMANENT_MARK: &str = "Permanent failure: ";
 async fn ask<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    check: &str,
-    active: &ActiveCheck<C::Parameters>,
-    key: &PairKey,
+    pair: &Pair<'_, C::Parameters>,
     revalidating: bool,
     at: Option<AskedAt>,
 ) -> Result<Option<Decided>, Error> {
+    let (check, key) = (pair.check, &pair.key);
     let now = Timestamp::now();
     // A Retry refused because Kueue evicted the Workload while the check decided is honoured
     // now, for what is left of its delay, instead of asking the check again.
@@ -672,7 +659,7 @@ async fn ask<C: AdmissionCheckController>(
     let check_ctx = CheckContext {
         workload: wl,
         entry,
-        parameters: &active.parameters,
+        parameters: &pair.active.parameters,
         client: &ctx.client,
         now,
         shadow: None,
@@ -684,18 +671,15 @@ async fn ask<C: AdmissionCheckController>(
         }
         Err(e) => match ctx.controller.classify_error(&e) {
             ErrorClass::Transient => {
-                let note = format!("check {check}: {e}");
-                ctx.event(wl, EventType::Warning, "CheckFailed", note).await;
-                return Err(Error::Check(Box::new(e)));
+                return Err(ctx.check_failed(wl, format!("check {check}: {e}"), e).await);
             }
             ErrorClass::Permanent { message } => {
                 if revalidating {
                     // An admitted answer is not taken back for an error; it is tried again.
                     let note = format!("check {check} (revalidating): {message}");
-                    ctx.event(wl, EventType::Warning, "CheckFailed", note).await;
-                    return Err(Error::Check(Box::new(e)));
+                    return Err(ctx.check_failed(wl, note, e).await);
                 }
-                permanent_decision(ctx, wl, check, key, message, now).await
+                permanent_decision(ctx, wl, pair, message, now).await
             }
         },
     };
@@ -718,11 +702,11 @@ async fn ask<C: AdmissionCheckController>(
 async fn permanent_decision<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    check: &str,
-    key: &PairKey,
+    pair: &Pair<'_, C::Parameters>,
     message: String,
     now: Timestamp,
 ) -> Decision {
+    let (check, key) = (pair.check, &pair.key);
     let evictions = wl.total_evictions();
     let (since, first) = ctx.memory.pair(key, |p| {
         // Another attempt (eviction count) starts another hold.
@@ -784,10 +768,10 @@ const MAX_PERMANENT_MESSAGE: usize = 600;
 async fn carry_over<C: AdmissionCheckController>(
     ctx: &Context<C>,
     fresh: &Workload,
-    check: &str,
-    key: &PairKey,
+    pair: &Pair<'_, C::Parameters>,
     late: LateRetry,
 ) {
+    let check = pair.check;
     let note = format!(
         "check {check}: Retry decided for attempt {} arrived after Kueue evicted the workload; \
          the next attempt waits until {}",
@@ -797,7 +781,7 @@ async fn carry_over<C: AdmissionCheckController>(
     info!(workload = %fresh.name_any(), namespace = ?fresh.namespace(), check, "late Retry kept for the next attempt");
     ctx.event(fresh, EventType::Normal, "CheckRetryCarriedOver", note)
         .await;
-    ctx.memory.pair(key, |p| p.late = Some(late));
+    ctx.memory.pair(&pair.key, |p| p.late = Some(late));
 }
 
 /// Which of the two writes of [`apply`] failed.
@@ -889,7 +873,7 @@ async fn written<C: AdmissionCheckController>(
 /// Backoff for a Workload whose reconciles keep failing: 1 s, 2 s, 4 s ... up to 5 min, with
 /// 20 % jitter so that many Workloads failing together (an API outage) do not retry in step.
 fn error_backoff() -> RetryPolicy {
-    RetryPolicy::exponential(Duration::from_secs(1), 2.0, Duration::from_secs(300), 0.2)
+    RetryPolicy::runtime_backoff(Duration::from_secs(300))
 }
 
 pub(crate) fn error_policy<C: AdmissionCheckController>(

@@ -20,7 +20,7 @@ use crate::check::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
 };
 use crate::retry::RetryPolicy;
-use crate::testing::{ScriptedApi, SeenRequest, WorkloadBuilder, status_body};
+use crate::testing::{ScriptedApi, SeenRequest, WorkloadBuilder};
 
 const CHECK: &str = "probe";
 
@@ -40,6 +40,21 @@ struct Probe {
 /// The answer of [`Probe`] that stands for "retry at the next whole minute": computed from
 /// `ctx.now`, as a budget check computes "until midnight".
 const UNTIL_NEXT_MINUTE: &str = "until the next minute";
+
+impl Probe {
+    /// How often the check was asked.
+    fn asked(&self) -> u32 {
+        self.asked.load(Ordering::SeqCst)
+    }
+
+    /// The releases so far: check and reason.
+    fn released(&self) -> Vec<(String, ReleaseReason)> {
+        self.released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
 
 impl AdmissionCheckController for Probe {
     type Parameters = NoParameters;
@@ -157,18 +172,22 @@ impl Harness {
         }
     }
 
+    /// The next request fails with `code`, a `Status` of `reason` and `message`.
+    fn fail(&self, code: u16, reason: &str, message: &str) {
+        self.api.fail(code, reason, message);
+    }
+
     /// The next request finds the Workload deleted.
     fn workload_gone(&self) {
-        self.api.fail(404, "NotFound", "workloads \"wl\" not found");
+        self.fail(404, "NotFound", "workloads \"wl\" not found");
     }
 
     fn conflict(&self) {
-        self.api
-            .fail(409, "Conflict", "the object has been modified");
+        self.fail(409, "Conflict", "the object has been modified");
     }
 
     fn asked(&self) -> u32 {
-        self.ctx.controller.asked.load(Ordering::SeqCst)
+        self.ctx.controller.asked()
     }
 
     /// Every request, Events included.
@@ -181,6 +200,13 @@ impl Harness {
     /// Requests other than Events.
     fn api_requests(&self) -> Vec<SeenRequest> {
         self.api.requests()
+    }
+
+    /// The `resourceVersion` the write at `index` of [`Self::api_requests`] was conditioned on.
+    fn conditioned_on(&self, index: usize) -> String {
+        let request = &self.api_requests()[index];
+        let version = request.body["metadata"]["resourceVersion"].as_str();
+        version.unwrap_or_default().to_string()
     }
 
     /// Requests other than Events, as `METHOD status|workload`.
@@ -203,6 +229,11 @@ impl Harness {
         self.api.event_reasons()
     }
 
+    /// Whether an Event of `reason` was sent.
+    fn sent_event(&self, reason: &str) -> bool {
+        self.events().iter().any(|r| r == reason)
+    }
+
     async fn decide(&self, wl: &Workload) -> Result<Option<Duration>, crate::Error> {
         let stands = crate::decide::eligibility(wl, CHECK, self.ctx.revalidates());
         decide_one(&self.ctx, wl, CHECK, &self.active, stands).await
@@ -218,6 +249,15 @@ fn deciding() -> WorkloadBuilder {
         .pod_set("main", 1, "1")
         .check(CHECK, CheckState::Pending)
         .quota_reserved("cq", "flavor")
+}
+
+/// Kueue touched only its own status fields (`requeueState`): same attempt, same inputs.
+fn with_kueues_bookkeeping(b: WorkloadBuilder) -> WorkloadBuilder {
+    b.with(|w| {
+        if let Some(s) = w.status.as_mut() {
+            s.requeue_state = Some(Default::default());
+        }
+    })
 }
 
 fn json(wl: &Workload) -> serde_json::Value {
@@ -250,6 +290,16 @@ async fn a_cache_behind_the_runtimes_own_write_does_not_ask_the_check_again() {
     );
 }
 
+/// Our check's entry in `state` with `message`.
+fn our_entry(state: CheckState, message: &str) -> AdmissionCheckState {
+    AdmissionCheckState {
+        name: CHECK.into(),
+        state,
+        message: message.into(),
+        ..Default::default()
+    }
+}
+
 fn with_record(b: WorkloadBuilder, value: &str) -> WorkloadBuilder {
     b.annotation(&crate::attempts::annotation_key(CHECK), value)
 }
@@ -261,13 +311,8 @@ async fn a_conflict_whose_fresh_read_shows_our_own_answer_is_already_written() {
     // record, carrying the stale resourceVersion, is refused, and the fresh read shows this
     // attempt already answered.
     h.conflict();
-    let answered =
-        with_record(deciding(), "retries=1,evictions=0").check_entry(AdmissionCheckState {
-            name: CHECK.into(),
-            state: CheckState::Retry,
-            message: "busy (attempt 1 of 4; ...)".into(),
-            ..Default::default()
-        });
+    let answered = with_record(deciding(), "retries=1,evictions=0")
+        .check_entry(our_entry(CheckState::Retry, "busy (attempt 1 of 4; ...)"));
     h.answer(200, json(&at("12", answered)));
     let next = h.decide(&at("10", deciding())).await.expect("no error");
     assert_eq!(next, None);
@@ -278,11 +323,7 @@ async fn a_conflict_whose_fresh_read_shows_our_own_answer_is_already_written() {
         kept.checks.values().all(|p| p.late.is_none()),
         "our own Retry was taken for a late one"
     );
-    assert!(
-        !h.events().iter().any(|r| r == "CheckRetryCarriedOver"),
-        "{:?}",
-        h.events()
-    );
+    assert!(!h.sent_event("CheckRetryCarriedOver"), "{:?}", h.events());
 }
 
 #[tokio::test]
@@ -291,21 +332,12 @@ async fn a_pending_decided_on_a_stale_read_of_our_own_ready_is_not_written() {
     // for this attempt must not get the Pending decided for the stale Pending entry.
     let h = Harness::with(Decision::pending("waiting"), true);
     h.conflict();
-    let ready = deciding().check_entry(AdmissionCheckState {
-        name: CHECK.into(),
-        state: CheckState::Ready,
-        message: "fine".into(),
-        ..Default::default()
-    });
+    let ready = deciding().check_entry(our_entry(CheckState::Ready, "fine"));
     h.answer(200, json(&at("11", ready)));
     let next = h.decide(&at("10", deciding())).await.expect("no error");
     assert_eq!(next, None);
     assert_eq!(h.calls(), ["PATCH status", "GET workload"]);
-    assert!(
-        !h.events().iter().any(|r| r == "InvalidDecision"),
-        "{:?}",
-        h.events()
-    );
+    assert!(!h.sent_event("InvalidDecision"), "{:?}", h.events());
 }
 
 #[tokio::test]
@@ -343,7 +375,7 @@ async fn a_conflict_after_kueue_moved_on_carries_a_delayed_retry_over_once() {
         "retries=1,evictions=1",
         "counted once, at the attempt it lands on"
     );
-    assert_eq!(requests[2].body["metadata"]["resourceVersion"], "14");
+    assert_eq!(h.conditioned_on(2), "14");
     let entry = &requests[3].body["status"]["admissionChecks"][0];
     assert_eq!(entry["state"], "Retry");
     assert!(
@@ -352,8 +384,8 @@ async fn a_conflict_after_kueue_moved_on_carries_a_delayed_retry_over_once() {
             .is_some_and(|m| m.contains("decided for attempt 1")),
         "{entry}"
     );
-    assert_eq!(requests[3].body["metadata"]["resourceVersion"], "15");
-    assert!(h.events().iter().any(|r| r == "CheckRetryCarriedOver"));
+    assert_eq!(h.conditioned_on(3), "15");
+    assert!(h.sent_event("CheckRetryCarriedOver"));
 }
 
 #[tokio::test]
@@ -387,17 +419,7 @@ async fn the_same_answer_written_again_after_a_conflict_is_counted_once() {
     let recorded = || with_record(deciding(), "retries=1,evictions=0");
     h.answer(200, json(&at("11", recorded())));
     h.conflict();
-    h.answer(
-        200,
-        json(&at(
-            "12",
-            recorded().with(|w| {
-                if let Some(s) = w.status.as_mut() {
-                    s.requeue_state = Some(Default::default());
-                }
-            }),
-        )),
-    );
+    h.answer(200, json(&at("12", with_kueues_bookkeeping(recorded()))));
     h.answer(200, json(&at("13", recorded())));
     h.decide(&at("10", deciding())).await.expect("no error");
     assert_eq!(h.asked(), 1);
@@ -411,31 +433,19 @@ async fn the_same_answer_written_again_after_a_conflict_is_counted_once() {
         ],
         "one attempt record only"
     );
-    assert_eq!(
-        h.api_requests()[3].body["metadata"]["resourceVersion"],
-        "12"
-    );
+    assert_eq!(h.conditioned_on(3), "12");
 }
 
 #[tokio::test]
 async fn a_conflict_from_kueues_bookkeeping_writes_the_same_answer_without_asking_again() {
     let h = Harness::new(Decision::ready("fine"));
     h.conflict();
-    // Kueue touched only its own status fields: same attempt, same inputs.
-    let touched = deciding().with(|w| {
-        if let Some(s) = w.status.as_mut() {
-            s.requeue_state = Some(Default::default());
-        }
-    });
-    h.answer(200, json(&at("11", touched)));
+    h.answer(200, json(&at("11", with_kueues_bookkeeping(deciding()))));
     h.answer(200, json(&at("12", deciding())));
     h.decide(&at("10", deciding())).await.expect("no error");
     assert_eq!(h.asked(), 1);
     assert_eq!(h.calls(), ["PATCH status", "GET workload", "PATCH status"]);
-    assert_eq!(
-        h.api_requests()[2].body["metadata"]["resourceVersion"],
-        "11"
-    );
+    assert_eq!(h.conditioned_on(2), "11");
 }
 
 #[tokio::test]
@@ -452,13 +462,10 @@ async fn a_conflict_from_a_changed_label_asks_the_check_again() {
 #[tokio::test]
 async fn a_write_the_api_server_refuses_as_invalid_becomes_a_permanent_failure_on_the_entry() {
     let h = Harness::new(Decision::ready("fine"));
-    h.answer(
+    h.fail(
         422,
-        status_body(
-            422,
-            "Invalid",
-            "status.admissionChecks[0].podSetUpdates[0].labels: Invalid value",
-        ),
+        "Invalid",
+        "status.admissionChecks[0].podSetUpdates[0].labels: Invalid value",
     );
     h.answer(200, json(&at("11", deciding())));
     let next = h.decide(&at("10", deciding())).await.expect("no error");
@@ -472,7 +479,7 @@ async fn a_write_the_api_server_refuses_as_invalid_becomes_a_permanent_failure_o
         "{message}"
     );
     assert!(next.is_some(), "looked at again when the hold ends");
-    assert!(h.events().iter().any(|r| r == "CheckFailedPermanently"));
+    assert!(h.sent_event("CheckFailedPermanently"));
 }
 
 #[tokio::test]
@@ -506,9 +513,10 @@ async fn a_delay_computed_by_the_check_still_ends_when_it_said_after_a_conflict(
 
 // The fault tier: every way the API server can fail the write path, answered deterministically.
 
-#[tokio::test]
-async fn a_workload_deleted_before_the_write_is_no_error() {
-    let h = Harness::new(Decision::ready("fine"));
+/// `answer` decided for a Workload deleted before the write: the write and the read that
+/// confirms the deletion find nothing, which is no error and ends the reconcile.
+async fn decided_for_a_workload_deleted_since_the_read(answer: Decision) -> Harness {
+    let h = Harness::new(answer);
     h.workload_gone();
     h.workload_gone();
     let next = h
@@ -516,6 +524,12 @@ async fn a_workload_deleted_before_the_write_is_no_error() {
         .await
         .expect("a deletion is not an error");
     assert_eq!(next, None);
+    h
+}
+
+#[tokio::test]
+async fn a_workload_deleted_before_the_write_is_no_error() {
+    let h = decided_for_a_workload_deleted_since_the_read(Decision::ready("fine")).await;
     assert_eq!(h.calls(), ["PATCH status", "GET workload"]);
     assert!(h.events().is_empty(), "{:?}", h.events());
 }
@@ -523,13 +537,10 @@ async fn a_workload_deleted_before_the_write_is_no_error() {
 #[tokio::test]
 async fn a_404_for_a_workload_that_still_exists_is_an_error() {
     let h = Harness::new(Decision::ready("fine"));
-    h.answer(
+    h.fail(
         404,
-        status_body(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        ),
+        "NotFound",
+        "the server could not find the requested resource",
     );
     h.answer(200, json(&at("10", deciding())));
     let err = h.decide(&at("10", deciding())).await.expect_err("reported");
@@ -541,7 +552,7 @@ async fn a_404_for_a_workload_that_still_exists_is_an_error() {
 /// written, and the error goes back to the controller, which retries with backoff.
 async fn transient(code: u16, reason: &str) -> Harness {
     let h = Harness::new(Decision::ready("fine"));
-    h.answer(code, status_body(code, reason, "try again later"));
+    h.fail(code, reason, "try again later");
     let err = h
         .decide(&at("10", deciding()))
         .await
@@ -550,7 +561,7 @@ async fn transient(code: u16, reason: &str) -> Harness {
     assert_eq!(h.calls(), ["PATCH status"], "{code}");
     assert_eq!(h.asked(), 1);
     assert!(
-        !h.events().iter().any(|r| r == "CheckFailedPermanently"),
+        !h.sent_event("CheckFailedPermanently"),
         "{code}: {:?}",
         h.events()
     );
@@ -584,13 +595,10 @@ async fn a_dropped_connection_is_retried_and_the_next_reconcile_writes() {
 #[tokio::test]
 async fn a_retry_whose_attempt_record_is_forbidden_is_never_written_uncounted() {
     let h = Harness::new(Decision::retry("busy"));
-    h.answer(
+    h.fail(
         403,
-        status_body(
-            403,
-            "Forbidden",
-            "workloads.kueue.x-k8s.io is forbidden: User cannot patch",
-        ),
+        "Forbidden",
+        "workloads.kueue.x-k8s.io is forbidden: User cannot patch",
     );
     let err = h
         .decide(&at("10", deciding()))
@@ -617,14 +625,7 @@ async fn a_retry_whose_attempt_record_is_forbidden_is_never_written_uncounted() 
 /// list of Workloads in the cluster).
 #[tokio::test]
 async fn a_retry_for_a_workload_deleted_since_the_read_creates_nothing() {
-    let h = Harness::new(Decision::retry("busy"));
-    h.workload_gone();
-    h.workload_gone();
-    let next = h
-        .decide(&at("10", deciding()))
-        .await
-        .expect("a deletion is not an error");
-    assert_eq!(next, None);
+    let h = decided_for_a_workload_deleted_since_the_read(Decision::retry("busy")).await;
     assert_eq!(h.calls(), ["PATCH workload", "GET workload"]);
     let record = &h.requests()[0];
     assert_eq!(
@@ -696,7 +697,7 @@ async fn a_reconcile_that_waited_for_its_turn_decides_on_the_newest_version() {
     let written: Vec<String> = api.requests().iter().map(|r| r.method.clone()).collect();
     assert_eq!(written, ["PATCH"], "one status write");
     assert_eq!(
-        ctx.controller.asked.load(Ordering::SeqCst),
+        ctx.controller.asked(),
         1,
         "the check was not asked: the reconcile judged the queued version (no quota)"
     );
@@ -720,17 +721,13 @@ async fn a_failed_reconcile_backs_off_unless_the_workload_changes() {
     // What kube hands the error policy next (its kind only labels a counter).
     let err = crate::Error::MalformedWorkload("the write failed".into());
     let _ = super::error_policy(failed.clone(), &err, ctx.clone());
-    assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 1);
+    assert_eq!(ctx.controller.asked(), 1);
 
     // The same version again (a reconcile of everything): not asked, looked at after the backoff.
     let again = super::reconcile(failed.clone(), ctx.clone())
         .await
         .expect("no error");
-    assert_eq!(
-        ctx.controller.asked.load(Ordering::SeqCst),
-        1,
-        "asked during the backoff"
-    );
+    assert_eq!(ctx.controller.asked(), 1, "asked during the backoff");
     assert!(api.requests().len() == 1, "{:?}", api.requests());
     assert_ne!(
         again,
@@ -744,7 +741,7 @@ async fn a_failed_reconcile_backs_off_unless_the_workload_changes() {
     super::reconcile(Arc::new(at("11", deciding())), ctx.clone())
         .await
         .expect("written");
-    assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 2);
+    assert_eq!(ctx.controller.asked(), 2);
     assert!(ctx.memory.of("uid-ns-wl").backing_off.is_none());
 }
 
@@ -757,7 +754,7 @@ async fn a_reconcile_of_a_workload_deleted_while_it_waited_decides_nothing() {
     super::reconcile(Arc::new(at("10", deciding())), ctx.clone())
         .await
         .expect("no error");
-    assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 0);
+    assert_eq!(ctx.controller.asked(), 0);
     assert!(api.requests().is_empty());
 }
 
@@ -797,7 +794,7 @@ async fn decided_ready_once() -> (
 #[tokio::test]
 async fn a_check_gone_from_the_registry_still_releases_what_its_workloads_hold() {
     let (ctx, api, mut writer) = decided_ready_once().await;
-    assert_eq!(ctx.controller.asked.load(Ordering::SeqCst), 1);
+    assert_eq!(ctx.controller.asked(), 1);
 
     // The check is renamed: its AdmissionCheck goes, the ClusterQueue names another check.
     ctx.registry
@@ -816,17 +813,10 @@ async fn a_check_gone_from_the_registry_still_releases_what_its_workloads_hold()
         .await
         .expect("released");
     assert_eq!(
-        *ctx.controller
-            .released
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()),
+        ctx.controller.released(),
         [(CHECK.to_string(), ReleaseReason::CheckRemoved)]
     );
-    assert_eq!(
-        ctx.controller.asked.load(Ordering::SeqCst),
-        1,
-        "not asked again"
-    );
+    assert_eq!(ctx.controller.asked(), 1, "not asked again");
     assert_eq!(
         api.requests().len(),
         1,
@@ -848,13 +838,6 @@ async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_a
             .finished(),
     );
     writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(finished.clone()));
-    let released = || {
-        ctx.controller
-            .released
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    };
 
     ctx.controller.failing_releases.store(1, Ordering::SeqCst);
     let err = super::reconcile(Arc::new(finished.clone()), ctx.clone())
@@ -865,7 +848,7 @@ async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_a
         api.event_reasons()
             .contains(&"CheckReleaseFailed".to_string())
     );
-    assert!(released().is_empty());
+    assert!(ctx.controller.released().is_empty());
     assert!(
         ctx.memory.of("uid-ns-wl").checks[CHECK].asked.is_some(),
         "still to release"
@@ -876,11 +859,10 @@ async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_a
             .await
             .expect("released");
     }
-    assert_eq!(released(), [(CHECK.to_string(), ReleaseReason::Finished)]);
-    assert!(ctx.memory.of("uid-ns-wl").checks.is_empty(), "forgotten");
     assert_eq!(
-        ctx.controller.asked.load(Ordering::SeqCst),
-        1,
-        "never asked again"
+        ctx.controller.released(),
+        [(CHECK.to_string(), ReleaseReason::Finished)]
     );
+    assert!(ctx.memory.of("uid-ns-wl").checks.is_empty(), "forgotten");
+    assert_eq!(ctx.controller.asked(), 1, "never asked again");
 }

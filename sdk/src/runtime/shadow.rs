@@ -143,8 +143,7 @@ async fn decide_in_shadow<C: AdmissionCheckController>(
         Err(e) => match ctx.controller.classify_error(&e) {
             ErrorClass::Transient => {
                 let note = format!("check {check} (shadow mode): {e}");
-                ctx.event(wl, EventType::Warning, "CheckFailed", note).await;
-                return Err(Error::Check(Box::new(e)));
+                return Err(ctx.check_failed(wl, note, e).await);
             }
             // Enforcing would show it on the entry, keep the quota a while, then retry.
             ErrorClass::Permanent { message } => {

@@ -4,14 +4,13 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kueue_admission_sdk::api::{AdmissionCheckState, CheckState, PodSetUpdate, Workload};
-use kueue_admission_sdk::decide::{
-    Eligibility, LateRetry, MAX_MESSAGE_CHARS, Plan, PlanInput, Refusal, Write, eligibility, plan,
-    status_apply_patch,
-};
-use kueue_admission_sdk::testing::WorkloadBuilder;
-use kueue_admission_sdk::{Decision, ReleaseReason, RetryDelay, RetryPolicy};
-use kueue_admission_sdk::{attempts, retry};
+
+use super::*;
+use crate::api::PodSetUpdate;
+use crate::retry;
+use crate::testing::WorkloadBuilder;
+
+mod properties;
 
 const CHECK: &str = "budget";
 
@@ -28,8 +27,10 @@ fn deciding() -> WorkloadBuilder {
         .quota_reserved("cq", "on-demand")
 }
 
-fn plan_for(wl: &Workload, decision: Decision, policy: &RetryPolicy) -> Plan {
-    plan(PlanInput {
+/// What the runtime plans for CHECK on `wl` at [`now`]: its attempt, the largest ceiling, no
+/// revalidation, no jitter. Tests change a field with `PlanInput { .., ..input(..) }`.
+fn input<'a>(wl: &'a Workload, decision: Decision, policy: &'a RetryPolicy) -> PlanInput<'a> {
+    PlanInput {
         workload: wl,
         check: CHECK,
         decision,
@@ -39,7 +40,12 @@ fn plan_for(wl: &Workload, decision: Decision, policy: &RetryPolicy) -> Plan {
         revalidate_ready: false,
         now: now(),
         jitter_sample: 0.0,
-    })
+    }
+}
+
+/// What is planned for `decision` on `wl` under Kueue's default retry policy.
+fn plan_for(wl: &Workload, decision: Decision) -> Plan {
+    plan(input(wl, decision, &RetryPolicy::default()))
 }
 
 fn written(plan: Plan) -> Write {
@@ -47,6 +53,20 @@ fn written(plan: Plan) -> Write {
         Plan::Write(w) => w,
         other => panic!("expected a write, got {other:?}"),
     }
+}
+
+/// The write planned for `decision` on `wl` under Kueue's default retry policy.
+fn write_for(wl: &Workload, decision: Decision) -> Write {
+    written(plan_for(wl, decision))
+}
+
+/// The write planned for `decision` on a [`deciding`] Workload at `attempt` (Kueue's
+/// `retryCount` is one less), under Kueue's default retry policy.
+fn write_at_attempt(attempt: i32, decision: Decision) -> Write {
+    write_for(
+        &deciding().retry_count(CHECK, attempt - 1).build(),
+        decision,
+    )
 }
 
 #[test]
@@ -104,16 +124,11 @@ fn eligibility_follows_the_workload_lifecycle() {
 
 #[test]
 fn ready_writes_a_complete_entry_and_never_retry_count() {
-    let wl = deciding().retry_count(CHECK, 2).build();
     let update = PodSetUpdate {
         name: "workers".into(),
         ..Default::default()
     };
-    let w = written(plan_for(
-        &wl,
-        Decision::ready_with_updates("ok", vec![update.clone()]),
-        &RetryPolicy::default(),
-    ));
+    let w = write_at_attempt(3, Decision::ready_with_updates("ok", vec![update.clone()]));
     assert_eq!(
         w.entry,
         AdmissionCheckState {
@@ -134,11 +149,7 @@ fn ready_writes_a_complete_entry_and_never_retry_count() {
 #[test]
 fn retry_follows_the_policy_and_tells_the_user_attempt_and_time() {
     let wl = deciding().build();
-    let w = written(plan_for(
-        &wl,
-        Decision::retry("over budget"),
-        &RetryPolicy::default(),
-    ));
+    let w = write_for(&wl, Decision::retry("over budget"));
     assert_eq!(w.entry.state, CheckState::Retry);
     assert_eq!(w.entry.requeue_after_seconds, Some(60));
     assert_eq!(w.retry_delay, Some(Duration::from_secs(60)));
@@ -152,12 +163,7 @@ fn retry_follows_the_policy_and_tells_the_user_attempt_and_time() {
         "over budget (attempt 1 of 4; next attempt not before 2026-11-22T12:01:00Z)"
     );
 
-    let third = deciding().retry_count(CHECK, 2).build();
-    let w = written(plan_for(
-        &third,
-        Decision::retry("over budget"),
-        &RetryPolicy::default(),
-    ));
+    let w = write_at_attempt(3, Decision::retry("over budget"));
     assert_eq!(w.entry.requeue_after_seconds, Some(240));
     assert!(
         w.entry.message.contains("attempt 3 of 4"),
@@ -168,12 +174,10 @@ fn retry_follows_the_policy_and_tells_the_user_attempt_and_time() {
 
 #[test]
 fn retry_past_the_limit_becomes_rejected() {
-    let wl = deciding().retry_count(CHECK, 3).build();
-    let w = written(plan_for(
-        &wl,
+    let w = write_at_attempt(
+        4,
         Decision::retry_after("still over budget", Duration::from_secs(5)),
-        &RetryPolicy::default(),
-    ));
+    );
     assert_eq!(w.entry.state, CheckState::Rejected);
     assert!(w.gave_up);
     assert_eq!(w.entry.requeue_after_seconds, None);
@@ -186,22 +190,21 @@ fn retry_past_the_limit_becomes_rejected() {
 #[test]
 fn explicit_and_immediate_retry_delays() {
     let wl = deciding().retry_count(CHECK, 1).build();
-    let w = written(plan_for(
+    let w = write_for(
         &wl,
         Decision::retry_after("window closed", Duration::from_millis(90_500)),
-        &RetryPolicy::default(),
-    ));
+    );
     assert_eq!(
         w.entry.requeue_after_seconds,
         Some(91),
         "rounded up, never shorter than asked"
     );
 
-    let w = written(plan_for(
+    let w = written(plan(input(
         &wl,
         Decision::retry("flaky"),
         &RetryPolicy::immediate(),
-    ));
+    )));
     assert_eq!(
         w.entry.requeue_after_seconds,
         Some(0),
@@ -220,7 +223,6 @@ fn explicit_and_immediate_retry_delays() {
 /// evicted, finished or deactivated, whatever the check answered.
 #[test]
 fn no_write_outside_a_quota_reservation() {
-    let policy = RetryPolicy::default();
     let cases = [
         (
             deciding().evicted("Preempted").build(),
@@ -244,7 +246,7 @@ fn no_write_outside_a_quota_reservation() {
             Decision::pending("x"),
         ] {
             assert_eq!(
-                plan_for(&wl, decision.clone(), &policy),
+                plan_for(&wl, decision.clone()),
                 Plan::Refused(Refusal::NotEligible(Eligibility::Idle(reason))),
                 "{decision:?} on a workload that is {reason:?}"
             );
@@ -265,17 +267,13 @@ fn pending_writes_only_changes() {
     let again =
         Decision::pending_recheck_after("waiting for the budget service", Duration::from_secs(30));
     assert_eq!(
-        plan_for(&wl, again, &RetryPolicy::default()),
+        plan_for(&wl, again),
         Plan::Unchanged {
             recheck_after: Some(Duration::from_secs(30))
         }
     );
 
-    let w = written(plan_for(
-        &wl,
-        Decision::pending("budget service answered slowly"),
-        &RetryPolicy::default(),
-    ));
+    let w = write_for(&wl, Decision::pending("budget service answered slowly"));
     assert!(!w.state_changed);
     assert_eq!(
         w.entry.last_transition_time, entry.last_transition_time,
@@ -286,8 +284,7 @@ fn pending_writes_only_changes() {
 #[test]
 fn invalid_decisions_are_refused_with_a_reason() {
     let wl = deciding().build();
-    let policy = RetryPolicy::default();
-    let refusal = |decision| match plan_for(&wl, decision, &policy) {
+    let refusal = |decision| match plan_for(&wl, decision) {
         Plan::Refused(Refusal::InvalidDecision(why)) => why,
         other => panic!("expected a refusal, got {other:?}"),
     };
@@ -317,15 +314,8 @@ fn revalidation_may_keep_retry_or_reject_but_not_unready() {
     let policy = RetryPolicy::default();
     let revalidate = |decision| {
         plan(PlanInput {
-            workload: &wl,
-            check: CHECK,
-            decision,
-            attempt: attempts::attempt(&wl, CHECK),
-            policy: &policy,
-            max_retry_delay: retry::MAX_DELAY,
             revalidate_ready: true,
-            now: now(),
-            jitter_sample: 0.0,
+            ..input(&wl, decision, &policy)
         })
     };
     assert_eq!(
@@ -346,23 +336,18 @@ fn revalidation_may_keep_retry_or_reject_but_not_unready() {
 #[test]
 fn long_messages_are_cut_to_kueues_limit() {
     let wl = deciding().build();
-    let w = written(plan_for(
-        &wl,
-        Decision::rejected("é".repeat(40_000)),
-        &RetryPolicy::default(),
-    ));
-    assert_eq!(w.entry.message.chars().count(), MAX_MESSAGE_CHARS);
+    let w = write_for(&wl, Decision::rejected("é".repeat(40_000)));
+    assert_eq!(
+        w.entry.message.chars().count(),
+        AdmissionCheckState::MAX_MESSAGE_CHARS
+    );
     assert!(w.entry.message.ends_with('…'));
 }
 
 #[test]
 fn the_apply_patch_carries_the_resource_version_and_only_our_entry() {
     let wl = deciding().check("someone-elses", CheckState::Ready).build();
-    let w = written(plan_for(
-        &wl,
-        Decision::ready("ok"),
-        &RetryPolicy::default(),
-    ));
+    let w = write_for(&wl, Decision::ready("ok"));
     let patch = status_apply_patch(&wl, &w.entry).expect("read from the API server");
     assert_eq!(patch["metadata"]["resourceVersion"], "1");
     assert_eq!(patch["metadata"]["namespace"], "team-a");
@@ -389,15 +374,8 @@ fn retry_delay_survives_whole_second_timestamps() {
     let policy = RetryPolicy::fixed(Duration::from_secs(10));
     let at: Timestamp = "2026-11-22T12:00:00.700Z".parse().expect("ts");
     let w = written(plan(PlanInput {
-        workload: &wl,
-        check: CHECK,
-        decision: Decision::retry("later"),
-        attempt: attempts::attempt(&wl, CHECK),
-        policy: &policy,
-        max_retry_delay: retry::MAX_DELAY,
-        revalidate_ready: false,
         now: at,
-        jitter_sample: 0.0,
+        ..input(&wl, Decision::retry("later"), &policy)
     }));
     // Kueue retries at 12:00:00 (stored) + requeueAfterSeconds, which must be >= 12:00:10.7.
     assert_eq!(w.entry.requeue_after_seconds, Some(11));
@@ -414,11 +392,10 @@ fn retry_delay_survives_whole_second_timestamps() {
 #[test]
 fn a_late_retry_keeps_what_is_left_of_its_delay() {
     let wl = deciding().build();
-    let w = written(plan_for(
+    let w = write_for(
         &wl,
         Decision::retry_after("window full", Duration::from_secs(40)),
-        &RetryPolicy::default(),
-    ));
+    );
     let late = LateRetry::from_refused(&w, "window full", now()).expect("a delayed Retry");
     assert_eq!(late.attempt, 1);
     assert_eq!(late.not_before, "2026-11-22T12:00:40Z".parse().expect("ts"));
@@ -451,14 +428,13 @@ fn a_late_retry_keeps_what_is_left_of_its_delay() {
 #[test]
 fn only_delayed_retries_are_carried_over() {
     let wl = deciding().build();
-    let policy = RetryPolicy::default();
     for decision in [
         Decision::ready("ok"),
         Decision::pending("wait"),
         Decision::rejected("no"),
         Decision::retry_after("now", Duration::ZERO),
     ] {
-        let w = written(plan_for(&wl, decision.clone(), &policy));
+        let w = write_for(&wl, decision.clone());
         assert_eq!(
             LateRetry::from_refused(&w, decision.message(), now()),
             None,
@@ -466,8 +442,7 @@ fn only_delayed_retries_are_carried_over() {
         );
     }
     // Past the retry limit the Retry became Rejected: nothing to carry.
-    let last = deciding().retry_count(CHECK, 3).build();
-    let w = written(plan_for(&last, Decision::retry("again"), &policy));
+    let w = write_at_attempt(4, Decision::retry("again"));
     assert_eq!(w.entry.state, CheckState::Rejected);
     assert_eq!(LateRetry::from_refused(&w, "again", now()), None);
 }

@@ -3,16 +3,10 @@
 //! finished and the entry is Pending (or Ready under revalidation); a written entry never
 //! carries Kueue's retryCount; a Retry always carries its delay and starts it now.
 
-use std::time::Duration;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use kueue_admission_sdk::api::{CheckState, workload_condition as cond};
-use kueue_admission_sdk::decide::{Plan, PlanInput, plan};
-use kueue_admission_sdk::testing::WorkloadBuilder;
-use kueue_admission_sdk::{Decision, RetryPolicy};
-use kueue_admission_sdk::{attempts, retry};
 use proptest::prelude::*;
+
+use super::*;
+use crate::api::workload_condition as cond;
 
 fn any_state() -> impl Strategy<Value = CheckState> {
     prop_oneof![
@@ -74,11 +68,11 @@ fn any_situation() -> impl Strategy<Value = Situation> {
 proptest! {
     #[test]
     fn writes_happen_only_inside_a_reservation(s in any_situation(), decision in any_decision(), u in 0.0f64..1.0) {
-        let now: Timestamp = "2026-11-22T12:00:00Z".parse().expect("ts");
+        let now = now();
         let mut b = WorkloadBuilder::new("ns", "wl").pod_set("main", 1, "1");
         if let Some(state) = s.entry {
-            b = b.check("c", state);
-            if let Some(n) = s.retry_count { b = b.retry_count("c", n); }
+            b = b.check(CHECK, state);
+            if let Some(n) = s.retry_count { b = b.retry_count(CHECK, n); }
         }
         if s.quota { b = b.quota_reserved("cq", "f"); }
         if s.evicted { b = b.evicted("Preempted"); }
@@ -89,16 +83,14 @@ proptest! {
 
         let policy = RetryPolicy::default();
         let result = plan(PlanInput {
-            workload: &wl, check: "c", decision, attempt: attempts::attempt(&wl, "c"),
-            policy: &policy, max_retry_delay: retry::MAX_DELAY,
-            revalidate_ready: s.revalidate, now, jitter_sample: u,
+            revalidate_ready: s.revalidate, jitter_sample: u, ..input(&wl, decision, &policy)
         });
         if let Plan::Write(w) = result {
             prop_assert!(wl.condition_is_true(cond::QUOTA_RESERVED));
             prop_assert!(!s.evicted && !s.finished && !s.inactive && !s.deleting);
             prop_assert!(s.entry == Some(CheckState::Pending) || (s.revalidate && s.entry == Some(CheckState::Ready)));
             prop_assert_eq!(w.entry.retry_count, None);
-            prop_assert_eq!(w.entry.name.as_str(), "c");
+            prop_assert_eq!(w.entry.name.as_str(), CHECK);
             if w.entry.state == CheckState::Retry {
                 prop_assert!(w.entry.requeue_after_seconds.is_some());
                 prop_assert_eq!(w.entry.last_transition_time, Some(Time(now)));
