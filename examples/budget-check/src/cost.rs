@@ -129,7 +129,7 @@ pub fn estimate(
         .map_or(default_runtime, Duration::from_secs);
     let mut resources: BTreeMap<String, f64> = BTreeMap::new();
     for pod_set in &wl.spec.pod_sets {
-        let pods = f64::from(pods_of(wl, &pod_set.name, pod_set.count));
+        let pods = f64::from(wl.pod_count(&pod_set.name));
         let Some(spec) = pod_set.template.spec.as_ref() else {
             continue;
         };
@@ -162,17 +162,6 @@ pub fn estimate(
         runtime,
         resources,
     })
-}
-
-/// Pods of a podset: the count Kueue assigned, else the one asked for.
-fn pods_of(wl: &Workload, pod_set: &str, asked: i32) -> u32 {
-    let assigned = wl
-        .status
-        .as_ref()
-        .and_then(|s| s.admission.as_ref())
-        .and_then(|a| a.pod_set_assignments.iter().find(|p| p.name == pod_set))
-        .and_then(|p| p.count);
-    u32::try_from(assigned.unwrap_or(asked)).unwrap_or(0)
 }
 
 /// What one pod of this spec requests, per resource.

@@ -88,24 +88,9 @@ pub fn requested_licenses(wl: &Workload) -> Result<Licenses, String> {
                 pod_set.name
             )
         })?;
-        add(
-            &mut total,
-            &per_pod,
-            pods_of(wl, &pod_set.name, pod_set.count),
-        )?;
+        add(&mut total, &per_pod, wl.pod_count(&pod_set.name))?;
     }
     Ok(total)
-}
-
-/// Pods of a podset: the count Kueue assigned, else the one asked for.
-fn pods_of(wl: &Workload, pod_set: &str, asked: i32) -> u32 {
-    let assigned = wl
-        .status
-        .as_ref()
-        .and_then(|s| s.admission.as_ref())
-        .and_then(|a| a.pod_set_assignments.iter().find(|p| p.name == pod_set))
-        .and_then(|p| p.count);
-    u32::try_from(assigned.unwrap_or(asked)).unwrap_or(0)
 }
 
 fn add(total: &mut Licenses, more: &Licenses, times: u32) -> Result<(), String> {

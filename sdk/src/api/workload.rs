@@ -295,8 +295,55 @@ impl Workload {
             })
     }
 
+    /// Pods of the podset `pod_set`: the count Kueue assigned (with partial admission it can be
+    /// less than asked), else the count the spec asks for; 0 for an unknown podset or a
+    /// negative count.
+    pub fn pod_count(&self, pod_set: &str) -> u32 {
+        let assigned = self
+            .status
+            .as_ref()
+            .and_then(|s| s.admission.as_ref())
+            .and_then(|a| a.pod_set_assignments.iter().find(|p| p.name == pod_set))
+            .and_then(|p| p.count);
+        let asked = self
+            .spec
+            .pod_sets
+            .iter()
+            .find(|p| p.name == pod_set)
+            .map(|p| p.count);
+        assigned
+            .or(asked)
+            .map_or(0, |n| u32::try_from(n).unwrap_or(0))
+    }
+
     /// `spec.active`, which defaults to true.
     pub fn is_active(&self) -> bool {
         self.spec.active.unwrap_or(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::WorkloadBuilder;
+
+    #[test]
+    fn pod_count_is_the_assigned_count_else_the_asked_one() {
+        let asked = WorkloadBuilder::new("ns", "wl")
+            .pod_set("main", 4, "1")
+            .pod_set("aux", -1, "1")
+            .build();
+        assert_eq!(asked.pod_count("main"), 4);
+        assert_eq!(asked.pod_count("aux"), 0, "a negative count counts no pods");
+        assert_eq!(asked.pod_count("unknown"), 0);
+
+        let partial = WorkloadBuilder::new("ns", "wl")
+            .pod_set("main", 4, "1")
+            .quota_reserved("cq", "default")
+            .with(|wl| {
+                let admission = wl.status.as_mut().and_then(|s| s.admission.as_mut());
+                admission.expect("reserved").pod_set_assignments[0].count = Some(2);
+            })
+            .build();
+        assert_eq!(partial.pod_count("main"), 2, "partial admission");
     }
 }
