@@ -295,6 +295,16 @@ impl Workload {
             })
     }
 
+    /// `status.requeueState.requeueAt`: when Kueue requeues the workload (set by a `Retry`
+    /// with a delay, among others; cleared once it requeues).
+    pub fn requeue_at(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.requeue_state.as_ref())
+            .and_then(|r| r.requeue_at.as_ref())
+            .map(|t| t.0)
+    }
+
     /// Pods of the podset `pod_set`: the count Kueue assigned (with partial admission it can be
     /// less than asked), else the count the spec asks for; 0 for an unknown podset or a
     /// negative count.

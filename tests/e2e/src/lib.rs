@@ -30,7 +30,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -1306,7 +1306,63 @@ fn is_event_on(event: &k8s_openapi::api::events::v1::Event, name: &str, reason: 
         && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
 }
 
+/// The `Active` condition among `conditions`.
+fn active_of(conditions: &[Condition]) -> Option<&Condition> {
+    kueue_admission_sdk::api::find_condition(conditions, "Active")
+}
+
+/// Whether an `Active` condition has `status` and, if given, `reason`.
+fn active_is(condition: Option<&Condition>, status: &str, reason: Option<&str>) -> bool {
+    condition.is_some_and(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
+}
+
 impl TestEnv {
+    /// Waits until the ClusterQueue's `Active` condition has `status` (and `reason`, if given);
+    /// returns the condition.
+    pub async fn wait_cluster_queue_active(
+        &self,
+        name: &str,
+        status: &str,
+        reason: Option<&str>,
+    ) -> Result<Condition> {
+        let conditions = |cq: &ClusterQueue| {
+            cq.status
+                .as_ref()
+                .and_then(|s| active_of(&s.conditions))
+                .cloned()
+        };
+        let what = format!("ClusterQueue Active={status} (reason {reason:?})");
+        let cq = wait_for(
+            Api::<ClusterQueue>::all(self.client.clone()),
+            name,
+            &what,
+            |cq| active_is(conditions(cq).as_ref(), status, reason),
+        )
+        .await?;
+        conditions(&cq).context("no Active condition")
+    }
+
+    /// Waits until the AdmissionCheck's `Active` condition has `status` (and `reason`, if
+    /// given); returns the condition.
+    pub async fn wait_check_active(
+        &self,
+        name: &str,
+        status: &str,
+        reason: Option<&str>,
+    ) -> Result<Condition> {
+        let what = format!("AdmissionCheck Active={status} (reason {reason:?})");
+        let ac = wait_for(
+            Api::<AdmissionCheck>::all(self.client.clone()),
+            name,
+            &what,
+            |ac| active_is(ac.active_condition(), status, reason),
+        )
+        .await?;
+        ac.active_condition()
+            .cloned()
+            .context("no Active condition")
+    }
+
     /// Waits for an event with this reason on the Workload and returns its note.
     pub async fn event_note(&self, workload: &str, reason: &str) -> Result<String> {
         let events: Api<k8s_openapi::api::events::v1::Event> =

@@ -776,11 +776,8 @@ impl Recorder {
             .map(|c| format!("({})", c.reason))
             .unwrap_or_default();
         let requeue_at = wl
-            .status
-            .as_ref()
-            .and_then(|s| s.requeue_state.as_ref())
-            .and_then(|r| r.requeue_at.as_ref())
-            .map(|t| format!(" requeueAt={}", t.0))
+            .requeue_at()
+            .map(|t| format!(" requeueAt={}", t))
             .unwrap_or_default();
         track.timeline.push(format!(
             "{at} rv {rv}: QuotaReserved={} Admitted={} Evicted={}{evicted_reason} Requeued={} \

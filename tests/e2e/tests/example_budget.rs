@@ -219,8 +219,7 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
     let waiting = t
         .env
         .wait_workload(&b, "Retry, and Kueue's requeueAt set", |wl| {
-            let requeue_at = wl.status.as_ref().and_then(|s| s.requeue_state.as_ref());
-            t.entry(wl).0 == CheckState::Retry && requeue_at.is_some_and(|r| r.requeue_at.is_some())
+            t.entry(wl).0 == CheckState::Retry && wl.requeue_at().is_some()
         })
         .await?;
     let (_, message, delay) = t.entry(&waiting);
@@ -249,12 +248,7 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
         "{message}"
     );
     // Kueue holds the quota through a delayed Retry (docs/kueue-behaviour.md), until the reset.
-    let requeue_at = waiting
-        .status
-        .as_ref()
-        .and_then(|s| s.requeue_state.as_ref())
-        .and_then(|r| r.requeue_at.as_ref())
-        .map(|t| t.0.as_second());
+    let requeue_at = waiting.requeue_at().map(|t| t.as_second());
     assert_eq!(
         requeue_at,
         Some(window.end().as_second()),

@@ -36,22 +36,8 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
 
     // Nobody has marked the check Active yet: Kueue makes the ClusterQueue inactive, and an
     // inactive ClusterQueue reserves no quota (contract section 2).
-    let cqs = kube::Api::<kueue_admission_sdk::api::ClusterQueue>::all(env.client.clone());
-    e2e::wait_for(
-        cqs,
-        &q.cluster_queue,
-        "Active=False, reason AdmissionCheckInactive",
-        |cq| {
-            let conds = cq
-                .status
-                .as_ref()
-                .map(|s| s.conditions.as_slice())
-                .unwrap_or_default();
-            kueue_admission_sdk::api::find_condition(conds, "Active")
-                .is_some_and(|c| c.status == "False" && c.reason == "AdmissionCheckInactive")
-        },
-    )
-    .await?;
+    env.wait_cluster_queue_active(&q.cluster_queue, "False", Some("AdmissionCheckInactive"))
+        .await?;
 
     let wl_name = env.submit_job("job", "lq", "1").await?;
     // The entry appears before any quota is reserved (contract section 3): a check must not
@@ -163,10 +149,7 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
         .await?;
     let wl = env
         .wait_workload(&wl_name, "requeueState.requeueAt set", |wl| {
-            wl.status
-                .as_ref()
-                .and_then(|s| s.requeue_state.as_ref())
-                .is_some_and(|r| r.requeue_at.is_some())
+            wl.requeue_at().is_some()
         })
         .await?;
     assert_eq!(
@@ -178,13 +161,7 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
 
     // Every version until the eviction holds the quota with the entry still Retry, and the
     // eviction itself does not come before requeueAt (stored at whole seconds: 1 s of slack).
-    let requeue_at = wl
-        .status
-        .as_ref()
-        .and_then(|s| s.requeue_state.as_ref())
-        .and_then(|r| r.requeue_at.as_ref())
-        .map(|t| t.0)
-        .context("requeueAt")?;
+    let requeue_at = wl.requeue_at().context("requeueAt")?;
     let versions = env
         .versions_until(&wl_name, "evicted at requeueAt", |wl| {
             wl.evictions("AdmissionCheck") >= 1 || wl.condition_is_true(cond::EVICTED)

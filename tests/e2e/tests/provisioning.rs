@@ -120,12 +120,7 @@ fn retry_entries(
         else {
             continue;
         };
-        let requeue_at = wl
-            .status
-            .as_ref()
-            .and_then(|s| s.requeue_state.as_ref())
-            .and_then(|r| r.requeue_at.as_ref())
-            .map(|t| t.0);
+        let requeue_at = wl.requeue_at();
         match out.iter_mut().find(|(o, _)| {
             o.last_transition_time == e.last_transition_time && o.message == e.message
         }) {

@@ -66,28 +66,6 @@ fn entry_names(wl: &Workload) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Waits until the ClusterQueue's `Active` condition has this status and reason.
-async fn wait_cluster_queue_active(
-    env: &TestEnv,
-    cq: &str,
-    status: &str,
-    reason: &str,
-) -> Result<Condition> {
-    let cq = e2e::wait_for(
-        Api::<ClusterQueue>::all(env.client.clone()),
-        cq,
-        &format!("Active={status} with reason {reason}"),
-        |cq: &ClusterQueue| {
-            active(cq.status.as_ref().map(|s| &s.conditions))
-                .is_some_and(|c| c.status == status && c.reason == reason)
-        },
-    )
-    .await?;
-    active(cq.status.as_ref().map(|s| &s.conditions))
-        .cloned()
-        .context("no Active condition")
-}
-
 /// Adds `Provisioned=True` to the request, as cluster-autoscaler would, with the
 /// resourceVersion it read (read again on a conflict with the simulator's own write).
 async fn mark_provisioned(env: &TestEnv, name: &str) -> Result<ProvisioningRequest> {
@@ -162,7 +140,8 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
             request_condition_is_true(r, pr::PROVISIONED)
         })
         .await?;
-    wait_cluster_queue_active(env, &p.cluster_queue, "True", "Ready").await?;
+    env.wait_cluster_queue_active(&p.cluster_queue, "True", Some("Ready"))
+        .await?;
 
     flavors.delete(&p.flavor, &DeleteParams::default()).await?;
     let terminating = e2e::wait_for(
@@ -246,7 +225,9 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
     assert_eq!(spec.tolerations, Some(vec![TestEnv::pool_toleration()]));
 
     // Still terminating, the ClusterQueue still active: Kueue admitted the second Job on it.
-    let cq_active = wait_cluster_queue_active(env, &p.cluster_queue, "True", "Ready").await?;
+    let cq_active = env
+        .wait_cluster_queue_active(&p.cluster_queue, "True", Some("Ready"))
+        .await?;
     assert_eq!(cq_active.message, "Can admit new workloads");
     let still = flavors.get(&p.flavor).await?;
     assert_eq!(still.uid(), terminating.uid());
@@ -588,7 +569,8 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
         .await?;
     flavors.delete(&p.flavor, &DeleteParams::default()).await?;
     e2e::wait_gone(flavors.clone(), &p.flavor).await?;
-    wait_cluster_queue_active(env, &p.cluster_queue, "False", "FlavorNotFound").await?;
+    env.wait_cluster_queue_active(&p.cluster_queue, "False", Some("FlavorNotFound"))
+        .await?;
 
     // The autoscaler provisions the request: the change asks the check again.
     mark_provisioned(env, &first).await?;

@@ -14,7 +14,6 @@ use autoscaler_simulator as simulator;
 use e2e::Running;
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kueue_admission_sdk::api::{
@@ -158,26 +157,6 @@ fn assert_pod_set_updates(
     Ok(())
 }
 
-/// Waits until the AdmissionCheck's `Active` condition has this status and reason.
-async fn wait_active(env: &TestEnv, check: &str, status: &str, reason: &str) -> Result<Condition> {
-    let ac = wait_for(
-        Api::<AdmissionCheck>::all(env.client.clone()),
-        check,
-        &format!("Active={status} with reason {reason}"),
-        |ac: &AdmissionCheck| {
-            active_condition(ac).is_some_and(|c| c.status == status && c.reason == reason)
-        },
-    )
-    .await?;
-    active_condition(&ac)
-        .cloned()
-        .ok_or_else(|| anyhow!("no Active condition"))
-}
-
-fn active_condition(ac: &AdmissionCheck) -> Option<&Condition> {
-    ac.active_condition()
-}
-
 /// A ClusterQueue for all namespaces with quotas for several resources in one flavor.
 async fn cluster_queue_with(
     env: &TestEnv,
@@ -291,23 +270,6 @@ async fn assert_not_admitted(env: &TestEnv, workload: &str, cq: &str) -> Result<
         "Workload {workload} admitted on an inactive check:\n{}",
         dump(&wl)
     );
-    Ok(())
-}
-
-/// Waits until Kueue reports the ClusterQueue inactive because of its admission check.
-async fn wait_cluster_queue_inactive(env: &TestEnv, cq: &str) -> Result<()> {
-    wait_for(
-        Api::<ClusterQueue>::all(env.client.clone()),
-        cq,
-        "Active=False with reason AdmissionCheckInactive",
-        |cq: &ClusterQueue| {
-            cq.status
-                .as_ref()
-                .and_then(|s| find_condition(&s.conditions, "Active"))
-                .is_some_and(|c| c.status == "False" && c.reason == "AdmissionCheckInactive")
-        },
-    )
-    .await?;
     Ok(())
 }
 
@@ -617,19 +579,24 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     let controller = env.start_provisioning_controller(None)?;
     let simulator = env.start_simulator()?;
 
-    let c = wait_active(&env, &check, "False", "BadParametersRef").await?;
+    let c = env
+        .wait_check_active(&check, "False", Some("BadParametersRef"))
+        .await?;
     ensure!(
         c.message.contains(&format!("{config:?}")) && c.message.contains("does not exist"),
         "the message should name the missing ProvisioningRequestConfig: {c:?}"
     );
-    wait_cluster_queue_inactive(&env, &cq).await?;
+    env.wait_cluster_queue_active(&cq, "False", Some("AdmissionCheckInactive"))
+        .await?;
     let wl = env.submit_job("job", "lq", "1").await?;
     assert_not_admitted(&env, &wl, &cq).await?;
 
     // Creating the config fixes it.
     let created = env.provisioning_config("prc", json!({})).await?;
     assert_eq!(created, config);
-    let c = wait_active(&env, &check, "True", "Active").await?;
+    let c = env
+        .wait_check_active(&check, "True", Some("Active"))
+        .await?;
     ensure!(!c.message.is_empty(), "{c:?}");
     wait_admitted_ready(&env, &wl, &check).await?;
     assert_eq!(env.our_requests().await?, [format!("{wl}-{check}-1")]);
@@ -682,7 +649,9 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
         .provisioning_check("prov", &env.provisioning_controller_name(), &config)
         .await?;
     let controller = env.start_provisioning_controller_as(client, None)?;
-    let c = wait_active(&env, &check, "False", "ParametersForbidden").await?;
+    let c = env
+        .wait_check_active(&check, "False", Some("ParametersForbidden"))
+        .await?;
     ensure!(
         c.message.starts_with(&format!(
             "the controller may not read ProvisioningRequestConfig {config:?} ("
@@ -699,7 +668,9 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
     // config would wake it, an RBAC fix does not), each failed try counted: the controller has
     // tried again at least once (the cause) and the check still says why.
     e2e::wait_metric_where(http, &sync_errors, "at least 2", |n| n >= 2.0).await?;
-    let still = wait_active(&env, &check, "False", "ParametersForbidden").await?;
+    let still = env
+        .wait_check_active(&check, "False", Some("ParametersForbidden"))
+        .await?;
     ensure!(still == c, "{still:?}");
     let metrics = e2e::http_get(http, "/metrics").await?.1;
     ensure!(
@@ -711,7 +682,9 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
     // The operator fixes the RBAC; nothing the controller watches changes.
     env.grant_cluster_rules("controller", limited_rules(true))
         .await?;
-    let c = wait_active(&env, &check, "True", "Active").await?;
+    let c = env
+        .wait_check_active(&check, "True", Some("Active"))
+        .await?;
     ensure!(c.message == "The admission check is active", "{c:?}");
 
     // Once active, a 403 (the grant taken away again, then the config changed) does not stop
@@ -740,7 +713,9 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
         e2e::metric_sample(&metrics, &active_gauge) == Some(1.0),
         "{metrics}"
     );
-    let kept = wait_active(&env, &check, "True", "Active").await?;
+    let kept = env
+        .wait_check_active(&check, "True", Some("Active"))
+        .await?;
     ensure!(kept == c, "the condition is untouched: {kept:?}");
 
     // A new spec is another matter: the check names another config, which it may not read
@@ -753,7 +728,9 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
             &Patch::Merge(json!({"spec": {"parameters": {"name": other}}})),
         )
         .await?;
-    let c = wait_active(&env, &check, "False", "ParametersForbidden").await?;
+    let c = env
+        .wait_check_active(&check, "False", Some("ParametersForbidden"))
+        .await?;
     ensure!(c.message.contains(&format!("{other:?}")), "{c:?}");
     controller.stop().await
 }
@@ -774,12 +751,15 @@ async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
     let (_, cq) = env.pool_queues("4", &[&check]).await?;
     let controller = env.start_provisioning_controller(None)?;
 
-    let c = wait_active(&env, &check, "False", "BadParametersRef").await?;
+    let c = env
+        .wait_check_active(&check, "False", Some("BadParametersRef"))
+        .await?;
     ensure!(
         c.message.contains("ConfigMap") && c.message.contains("ProvisioningRequestConfig"),
         "the message should name the wrong kind and the expected one: {c:?}"
     );
-    wait_cluster_queue_inactive(&env, &cq).await?;
+    env.wait_cluster_queue_active(&cq, "False", Some("AdmissionCheckInactive"))
+        .await?;
     let wl = env.submit_job("job", "lq", "1").await?;
     assert_not_admitted(&env, &wl, &cq).await?;
     assert_eq!(all_requests(&env).await?, []);
@@ -843,21 +823,26 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
     let controller = env.start_provisioning_controller(None)?;
     let simulator = env.start_simulator()?;
 
-    let c = wait_active(&env, &cases[0].1, "False", "InvalidParameters").await?;
+    let c = env
+        .wait_check_active(&cases[0].1, "False", Some("InvalidParameters"))
+        .await?;
     ensure!(
         c.message
             .contains(kueue_provisioning_controller::config::TIMEOUT_ANNOTATION)
             && c.message.contains("\"soon\""),
         "the message should name the annotation and its value: {c:?}"
     );
-    let c = wait_active(&env, &cases[1].1, "False", "InvalidParameters").await?;
+    let c = env
+        .wait_check_active(&cases[1].1, "False", Some("InvalidParameters"))
+        .await?;
     ensure!(
         c.message.contains("backoffLimitCount") && c.message.contains("-1"),
         "the message should name the field and its value: {c:?}"
     );
     let mut workloads = Vec::new();
     for (name, _, cq) in &cases {
-        wait_cluster_queue_inactive(&env, cq).await?;
+        env.wait_cluster_queue_active(cq, "False", Some("AdmissionCheckInactive"))
+            .await?;
         workloads.push(
             env.submit_job(&format!("job-{name}"), &format!("lq-{name}"), "1")
                 .await?,
@@ -875,7 +860,8 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
     Api::<ProvisioningRequestConfig>::all(env.client.clone())
         .patch(&soon, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    wait_active(&env, &cases[0].1, "True", "Active").await?;
+    env.wait_check_active(&cases[0].1, "True", Some("Active"))
+        .await?;
     wait_admitted_ready(&env, &workloads[0], &cases[0].1).await?;
     assert_not_admitted(&env, &workloads[1], &cases[1].2).await?;
     e2e::Running::stop_all([controller, simulator]).await
@@ -903,7 +889,8 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
     env.local_queue("kueue-lq", &kueue_cq).await?;
     let controller = env.start_provisioning_controller(None)?;
     let simulator = env.start_simulator()?;
-    wait_active(&env, &kueue_check, "True", "Active").await?;
+    env.wait_check_active(&kueue_check, "True", Some("Active"))
+        .await?;
 
     let ours_job = env
         .job_with_pod_annotations("ours", "lq", "1", 1, &[])

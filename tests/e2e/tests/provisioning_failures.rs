@@ -422,10 +422,7 @@ async fn an_absurd_retry_strategy_is_clamped_to_the_ceiling_and_reported() -> Re
         .wait_workload(&wl, "Retry with Kueue's requeueAt set", |w| {
             w.admission_check(check)
                 .is_some_and(|e| e.state == CheckState::Retry)
-                && w.status
-                    .as_ref()
-                    .and_then(|s| s.requeue_state.as_ref())
-                    .is_some_and(|r| r.requeue_at.is_some())
+                && w.requeue_at().is_some()
         })
         .await?;
     let entry = retrying.admission_check(check).cloned().unwrap_or_default();
@@ -439,12 +436,7 @@ async fn an_absurd_retry_strategy_is_clamped_to_the_ceiling_and_reported() -> Re
     // Kueue keeps the quota for the delay and takes requeueAfterSeconds as it is.
     ensure!(retrying.condition_is_true(cond::QUOTA_RESERVED));
     let due = ltt(&entry)?.checked_add(SignedDuration::from_secs(20))?;
-    let requeue_at = retrying
-        .status
-        .as_ref()
-        .and_then(|s| s.requeue_state.as_ref())
-        .and_then(|r| r.requeue_at.as_ref())
-        .map(|t| t.0);
+    let requeue_at = retrying.requeue_at();
     assert_eq!(requeue_at, Some(due), "{}", dump(&retrying));
     assert_eq!(
         env.event_note(&wl, "RetryDelayClamped").await?,

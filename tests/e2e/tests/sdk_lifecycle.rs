@@ -335,10 +335,7 @@ async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> 
     let note = env.event_note(&wl, "CheckRetryCarriedOver").await?;
     ensure!(note.contains("arrived after Kueue evicted"), "{note}");
     env.wait_workload(&wl, "Kueue scheduling the next attempt (requeueAt)", |w| {
-        w.status
-            .as_ref()
-            .and_then(|s| s.requeue_state.as_ref())
-            .is_some_and(|r| r.requeue_at.is_some())
+        w.requeue_at().is_some()
     })
     .await?;
     replica.stop().await

@@ -10,9 +10,7 @@ use e2e::TestEnv;
 use e2e::probe::{Probe, ProbeScript};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kueue_admission_sdk::api::{
-    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, find_condition, workload_condition as cond,
-};
+use kueue_admission_sdk::api::{AdmissionCheck, CheckState, workload_condition as cond};
 use kueue_admission_sdk::{
     AdmissionCheckController, ApiKind, CheckContext, Decision, NoParameters, ReleaseReason,
     RetryPolicy, RuntimeConfig,
@@ -59,16 +57,6 @@ async fn serve(
     })
 }
 
-fn active_condition(ac: &AdmissionCheck) -> Option<(String, String, String)> {
-    let conds = ac
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    find_condition(conds, ADMISSION_CHECK_ACTIVE)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
 #[tokio::test]
 async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> Result<()> {
     let env = TestEnv::new("sdk-ready").await?;
@@ -84,12 +72,8 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
     } = serve(&env, &scripts, RetryPolicy::default()).await?;
 
     // Nobody but the runtime marks the check Active; without it no quota would be reserved.
-    let checks = Api::<AdmissionCheck>::all(env.client.clone());
-    e2e::wait_for(checks, &check, "Active=True set by the runtime", |ac| {
-        active_condition(ac)
-            .is_some_and(|(status, reason, _)| status == "True" && reason == "Active")
-    })
-    .await?;
+    env.wait_check_active(&check, "True", Some("Active"))
+        .await?;
 
     let wl = env.submit_job("job", "lq", "1").await?;
     let admitted = env.wait_admitted(&wl).await?;
@@ -171,10 +155,7 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
     // lastTransitionTime drops, so 3 s become 3 or 4.
     let wl = env
         .wait_workload(&wl_name, "Retry with requeueState.requeueAt set", |wl| {
-            wl.status
-                .as_ref()
-                .and_then(|s| s.requeue_state.as_ref())
-                .is_some_and(|r| r.requeue_at.is_some())
+            wl.requeue_at().is_some()
         })
         .await?;
     let entry = wl.admission_check(&check).cloned().unwrap_or_default();
@@ -292,26 +273,18 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
         ..
     } = serve(&env, &[], RetryPolicy::default()).await?;
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
-    e2e::wait_for(checks.clone(), &check, "Active=True", |ac| {
-        active_condition(ac).is_some_and(|(s, _, _)| s == "True")
-    })
-    .await?;
+    env.wait_check_active(&check, "True", None).await?;
 
     let set = |params: serde_json::Value| json!({"spec": {"parameters": params}});
     let bad = set(json!({"apiGroup": "example.com", "kind": "Budget", "name": "weekly"}));
     checks
         .patch(&check, &PatchParams::default(), &Patch::Merge(&bad))
         .await?;
-    let ac = e2e::wait_for(
-        checks.clone(),
-        &check,
-        "Active=False BadParametersRef",
-        |ac| active_condition(ac).is_some_and(|(s, r, _)| s == "False" && r == "BadParametersRef"),
-    )
-    .await?;
-    let (_, _, message) = active_condition(&ac).unwrap_or_default();
+    let inactive = env
+        .wait_check_active(&check, "False", Some("BadParametersRef"))
+        .await?;
     assert_eq!(
-        message,
+        inactive.message,
         "this check takes no parameters, but spec.parameters names Budget weekly"
     );
     let (_, metrics) = e2e::http_get(http, "/metrics").await?;
@@ -331,10 +304,7 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
             &Patch::Merge(&set(serde_json::Value::Null)),
         )
         .await?;
-    e2e::wait_for(checks, &check, "Active=True again", |ac| {
-        active_condition(ac).is_some_and(|(s, _, _)| s == "True")
-    })
-    .await?;
+    env.wait_check_active(&check, "True", None).await?;
     Ok(())
 }
 
@@ -398,13 +368,7 @@ async fn a_failing_check_is_retried_with_growing_delays_until_it_answers() -> Re
     let _runtime = e2e::Running::check(env.client.clone(), flaky, config);
     // Started, with the check resolved: its activation reconciles every Workload once, which
     // would come between a failure and its backoff.
-    e2e::wait_for(
-        Api::<AdmissionCheck>::all(env.client.clone()),
-        &check,
-        "Active=True",
-        |ac| active_condition(ac).is_some_and(|(s, _, _)| s == "True"),
-    )
-    .await?;
+    env.wait_check_active(&check, "True", None).await?;
 
     let wl = env.admitted_job("job").await?;
     let note = env.event_note(&wl, "CheckFailed").await?;
@@ -517,8 +481,9 @@ async fn a_check_whose_api_is_not_served_is_inactive_until_its_crd_is_installed(
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
     let not_served = |what: &'static str| {
         move |ac: &AdmissionCheck| {
-            active_condition(ac)
-                .is_some_and(|(s, r, m)| s == "False" && r == "ApiNotServed" && m.contains(what))
+            ac.active_condition().is_some_and(|c| {
+                c.status == "False" && c.reason == "ApiNotServed" && c.message.contains(what)
+            })
         }
     };
     let ac = e2e::wait_for(
@@ -528,27 +493,17 @@ async fn a_check_whose_api_is_not_served_is_inactive_until_its_crd_is_installed(
         not_served("serves no version of the API group"),
     )
     .await?;
-    let (_, _, message) = active_condition(&ac).unwrap_or_default();
+    let message = ac
+        .active_condition()
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
     assert!(
         message.contains(&format!("widgets.{group}/v1 (Widget)"))
             && message.contains("CustomResourceDefinition"),
         "{message}"
     );
-    let cqs = Api::<kueue_admission_sdk::api::ClusterQueue>::all(env.client.clone());
-    e2e::wait_for(
-        cqs,
-        &queue.cluster_queue,
-        "ClusterQueue Active=False",
-        |cq| {
-            let conds = cq
-                .status
-                .as_ref()
-                .map(|s| s.conditions.as_slice())
-                .unwrap_or_default();
-            find_condition(conds, "Active").is_some_and(|c| c.status == "False")
-        },
-    )
-    .await?;
+    env.wait_cluster_queue_active(&queue.cluster_queue, "False", None)
+        .await?;
 
     // Installed at another version: named, still inactive (looked at again with backoff).
     let crd_name = format!("widgets.{group}");
@@ -563,10 +518,7 @@ async fn a_check_whose_api_is_not_served_is_inactive_until_its_crd_is_installed(
 
     // Served at v1 too: active by itself, and a Job is admitted through the check.
     e2e::chart::apply(&env.client, &widget_crd(group, &["v1alpha1", "v1"]), "e2e").await?;
-    e2e::wait_for(checks, &queue.check, "Active=True", |ac| {
-        active_condition(ac).is_some_and(|(s, _, _)| s == "True")
-    })
-    .await?;
+    env.wait_check_active(&queue.check, "True", None).await?;
     env.admitted_job("job").await?;
 
     Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(env.client.clone())
