@@ -1263,6 +1263,28 @@ pub fn severable_client(client: Client) -> (Client, std::sync::Arc<std::sync::at
     (Client::new(service, "default"), cut)
 }
 
+/// Asserts the samples of a `/metrics` text: each `(name, extra labels, value)` is the series
+/// `name{labels,extra}` (or `name{labels}` without extra labels).
+pub fn assert_samples(metrics: &str, labels: &str, expected: &[(&str, &str, f64)]) {
+    let series = |name: &str, extra: &str| match extra {
+        "" => format!("{name}{{{labels}}}"),
+        _ => format!("{name}{{{labels},{extra}}}"),
+    };
+    let seen: Vec<(String, Option<f64>)> = expected
+        .iter()
+        .map(|(name, extra, _)| {
+            let s = series(name, extra);
+            let value = metric_sample(metrics, &s);
+            (s, value)
+        })
+        .collect();
+    let want: Vec<(String, Option<f64>)> = expected
+        .iter()
+        .map(|(name, extra, value)| (series(name, extra), Some(*value)))
+        .collect();
+    assert_eq!(seen, want, "{metrics}");
+}
+
 /// Waits (bounded) until the object `name` no longer exists.
 pub async fn wait_gone<K>(api: Api<K>, name: &str) -> Result<()>
 where

@@ -97,6 +97,15 @@ impl Metrics {
         self.get(&format!("kueue_provisioning_{name}_total"))
             .unwrap_or(0.0)
     }
+
+    /// Asserts that our counters `(name, value)` read these values.
+    fn assert_counters(&self, expected: &[(&str, f64)]) {
+        let seen: Vec<(&str, f64)> = expected
+            .iter()
+            .map(|(n, _)| (*n, self.counter(n)))
+            .collect();
+        assert_eq!(seen, expected, "{}", self.text);
+    }
 }
 
 /// The time a Retry message names: `... next attempt not before <RFC 3339>)`.
@@ -450,8 +459,7 @@ async fn failing_past_the_backoff_limit_rejects_deactivates_and_leaves_nothing()
     assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
     env.wait_nothing_left().await?;
     let m = metrics(&t).await?;
-    assert_eq!(m.counter("requests_created"), 2.0, "{}", m.text);
-    assert_eq!(m.counter("requests_failed"), 2.0, "{}", m.text);
+    m.assert_counters(&[("requests_created", 2.0), ("requests_failed", 2.0)]);
     t.stop().await
 }
 
@@ -512,8 +520,10 @@ async fn an_expired_booking_before_admission_retries_and_the_next_attempt_admits
         Some(&t.request(&wl, 2))
     );
     let m = metrics(&t).await?;
-    assert_eq!(m.counter("requests_booking_expired"), 1.0, "{}", m.text);
-    assert_eq!(m.counter("requests_provisioned"), 2.0, "{}", m.text);
+    m.assert_counters(&[
+        ("requests_booking_expired", 1.0),
+        ("requests_provisioned", 2.0),
+    ]);
     t.stop().await
 }
 
@@ -583,7 +593,7 @@ async fn another_checks_eviction_keeps_our_attempt_and_its_request_name() -> Res
     );
     assert_eq!(env.our_requests().await?, [t.request(&wl, 2)]);
     let m = metrics(&t).await?;
-    assert_eq!(m.counter("requests_failed"), 1.0, "{}", m.text);
+    m.assert_counters(&[("requests_failed", 1.0)]);
     t.stop().await
 }
 
@@ -628,7 +638,7 @@ async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
     // The pods may still consume the request: it stays.
     assert_eq!(env.our_requests().await?, [request]);
     let m = metrics(&t).await?;
-    assert_eq!(m.counter("requests_booking_expired"), 1.0, "{}", m.text);
+    m.assert_counters(&[("requests_booking_expired", 1.0)]);
     t.stop().await
 }
 
@@ -666,7 +676,7 @@ async fn revoked_capacity_rejects_the_admitted_workload_and_leaves_nothing() -> 
     );
     env.wait_nothing_left().await?;
     let m = metrics(&t).await?;
-    assert_eq!(m.counter("requests_capacity_revoked"), 1.0, "{}", m.text);
+    m.assert_counters(&[("requests_capacity_revoked", 1.0)]);
     assert_eq!(
         m.get_with("kueue_ac_decisions_total", "state=\"Rejected\""),
         Some(1.0),
@@ -758,9 +768,11 @@ async fn a_request_never_provisioned_times_out_per_the_config_annotation_and_is_
     );
 
     let m = metrics(&t).await?;
-    assert_eq!(m.counter("requests_timed_out"), 1.0, "{}", m.text);
-    assert_eq!(m.counter("requests_failed"), 0.0, "{}", m.text);
-    assert_eq!(m.counter("requests_created"), 2.0, "{}", m.text);
+    m.assert_counters(&[
+        ("requests_timed_out", 1.0),
+        ("requests_failed", 0.0),
+        ("requests_created", 2.0),
+    ]);
     assert_eq!(env.our_requests().await?, [t.request(&wl, 2)]);
     t.stop().await
 }
@@ -845,7 +857,7 @@ async fn the_controller_default_timeout_applies_without_the_annotation_and_0_tur
 
     env.wait_only_left(&[format!("{slow}-{patient}-1")]).await?;
     let m = metrics(&t).await?;
-    assert_eq!(m.counter("requests_timed_out"), 1.0, "{}", m.text);
+    m.assert_counters(&[("requests_timed_out", 1.0)]);
     let patient_series =
         format!("kueue_provisioning_requests_timed_out_total{{check=\"{patient}\"}}");
     assert_eq!(
@@ -903,7 +915,7 @@ async fn a_restart_mid_provisioning_creates_no_second_request() -> Result<()> {
         "{}",
         m.text
     );
-    assert_eq!(m.counter("requests_provisioned"), 1.0, "{}", m.text);
+    m.assert_counters(&[("requests_provisioned", 1.0)]);
     t.stop().await
 }
 
@@ -988,9 +1000,11 @@ async fn metrics_and_events_account_for_every_request() -> Result<()> {
     env.wait_admitted(&wl).await?;
 
     let m = metrics(&t).await?;
-    assert_eq!(m.counter("requests_created"), 2.0, "{}", m.text);
-    assert_eq!(m.counter("requests_failed"), 1.0, "{}", m.text);
-    assert_eq!(m.counter("requests_provisioned"), 1.0, "{}", m.text);
+    m.assert_counters(&[
+        ("requests_created", 2.0),
+        ("requests_failed", 1.0),
+        ("requests_provisioned", 1.0),
+    ]);
     for zero in [
         "requests_booking_expired",
         "requests_capacity_revoked",

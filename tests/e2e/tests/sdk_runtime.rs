@@ -110,29 +110,21 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
         1.0,
     )
     .await?;
-    let value = |series: String| e2e::metric_sample(&metrics, &series);
-    assert_eq!(
-        value(format!("kueue_ac_decisions_total{{{c},state=\"Ready\"}}")),
-        Some(1.0),
-        "{metrics}"
+    e2e::assert_samples(
+        &metrics,
+        &c,
+        &[
+            ("kueue_ac_decisions_total", r#"state="Ready""#, 1.0),
+            ("kueue_ac_decisions_total", r#"state="Pending""#, 1.0),
+            ("kueue_ac_workloads_waiting", "", 1.0),
+            ("kueue_ac_check_active", "", 1.0),
+            (
+                "kueue_ac_time_to_decision_seconds_count",
+                r#"state="Ready""#,
+                1.0,
+            ),
+        ],
     );
-    assert_eq!(
-        value(format!("kueue_ac_decisions_total{{{c},state=\"Pending\"}}")),
-        Some(1.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        value(format!("kueue_ac_workloads_waiting{{{c}}}")),
-        Some(1.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        value(format!("kueue_ac_check_active{{{c}}}")),
-        Some(1.0),
-        "{metrics}"
-    );
-    let ready_waits = format!("kueue_ac_time_to_decision_seconds_count{{{c},state=\"Ready\"}}");
-    assert_eq!(value(ready_waits), Some(1.0), "{metrics}");
     Ok(())
 }
 
@@ -224,38 +216,18 @@ async fn retry_with_delay_then_past_the_limit_rejects_and_deactivates() -> Resul
 
     let (_, metrics) = e2e::http_get(http, "/metrics").await?;
     let c = format!("check=\"{check}\"");
-    let value = |series: String| e2e::metric_sample(&metrics, &series);
-    assert_eq!(
-        value(format!("kueue_ac_decisions_total{{{c},state=\"Retry\"}}")),
-        Some(1.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        value(format!(
-            "kueue_ac_decisions_total{{{c},state=\"Rejected\"}}"
-        )),
-        Some(1.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        value(format!("kueue_ac_retry_delay_seconds_count{{{c}}}")),
-        Some(1.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        value(format!("kueue_ac_retry_delay_seconds_sum{{{c}}}")),
-        Some(3.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        value(format!("kueue_ac_decision_attempt_sum{{{c}}}")),
-        Some(3.0),
-        "attempts 1 and 2\n{metrics}"
-    );
-    assert_eq!(
-        value(format!("kueue_ac_workloads_waiting{{{c}}}")),
-        Some(0.0),
-        "{metrics}"
+    // Attempts 1 and 2: an attempt sum of 3.
+    e2e::assert_samples(
+        &metrics,
+        &c,
+        &[
+            ("kueue_ac_decisions_total", r#"state="Retry""#, 1.0),
+            ("kueue_ac_decisions_total", r#"state="Rejected""#, 1.0),
+            ("kueue_ac_retry_delay_seconds_count", "", 1.0),
+            ("kueue_ac_retry_delay_seconds_sum", "", 3.0),
+            ("kueue_ac_decision_attempt_sum", "", 3.0),
+            ("kueue_ac_workloads_waiting", "", 0.0),
+        ],
     );
     Ok(())
 }
