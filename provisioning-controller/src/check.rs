@@ -83,21 +83,11 @@ impl ProvisioningCheck {
     ) -> Result<BTreeMap<String, ResourceFlavorSpec>, Error> {
         let api: Api<ResourceFlavor> = Api::all(client.clone());
         let mut flavors = BTreeMap::new();
-        let names: HashSet<&String> = wl
-            .status
-            .as_ref()
-            .and_then(|s| s.admission.as_ref())
-            .map(|a| {
-                a.pod_set_assignments
-                    .iter()
-                    .flat_map(|p| p.flavors.values())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let names: HashSet<&str> = plan::assigned_flavor_names(wl).into_iter().collect();
         for name in names {
             // A missing flavor is left out; the plan says which one it needed.
             if let Some(f) = api.get_opt(name).await? {
-                flavors.insert(name.clone(), f.spec);
+                flavors.insert(name.to_string(), f.spec);
             }
         }
         Ok(flavors)
