@@ -62,9 +62,7 @@ fn assignment_mut<'a>(wl: &'a mut Workload, name: &str) -> &'a mut PodSetAssignm
 fn spot_cpu_and(resource: &str, quantity: &str, flavor: &str) -> Workload {
     let ps = main_pod_set("main", 1, &[("cpu", "1"), (resource, quantity)], &[]);
     let mut wl = workload(vec![ps], "spot");
-    assignment_mut(&mut wl, "main")
-        .flavors
-        .insert(resource.into(), flavor.into());
+    assign_flavor(&mut wl, "main", resource, flavor);
     wl
 }
 
@@ -75,6 +73,12 @@ fn keep_only_assignment_of(wl: &mut Workload, name: &str) {
         .expect("admission")
         .pod_set_assignments
         .retain(|a| a.name == name);
+}
+
+/// Assigns `flavor` to `resource` of podset `pod_set`.
+fn assign_flavor(wl: &mut Workload, pod_set: &str, resource: &str, flavor: &str) {
+    let assignment = assignment_mut(wl, pod_set);
+    assignment.flavors.insert(resource.into(), flavor.into());
 }
 
 fn config() -> ProvisioningRequestConfigSpec {
@@ -488,9 +492,7 @@ fn templates_are_compared_before_the_flavor_additions() {
 #[test]
 fn podsets_on_different_flavors_are_not_merged() {
     let mut wl = workload(vec![cpu_pod_set("a", 1), cpu_pod_set("b", 1)], "default");
-    assignment_mut(&mut wl, "b")
-        .flavors
-        .insert("cpu".into(), "spot".into());
+    assign_flavor(&mut wl, "b", "cpu", "spot");
     for policy in [
         "IdenticalPodTemplates",
         "IdenticalWorkloadSchedulingRequirements",
@@ -851,9 +853,7 @@ fn semantic_equality_treats_empty_maps_as_absent() {
 #[test]
 fn assigned_flavor_names_are_every_resources_in_podset_order() {
     let mut wl = workload(vec![cpu_pod_set("a", 1), cpu_pod_set("b", 1)], "spot");
-    assignment_mut(&mut wl, "a")
-        .flavors
-        .insert("memory".into(), "default".into());
+    assign_flavor(&mut wl, "a", "memory", "default");
     assert_eq!(assigned_flavor_names(&wl), ["spot", "default", "spot"]);
     wl.status = None;
     assert!(assigned_flavor_names(&wl).is_empty());
