@@ -162,7 +162,10 @@ async fn a_forbidden_or_failing_template_create_stops_before_the_request() {
         let s = setup();
         s.api.fail(code, reason, "podtemplates is not possible now");
         let err = s.create().await.expect_err("refused");
-        assert!(matches!(err, Error::Api(_)), "{code}: {err}");
+        assert!(matches!(err, Error::Api { .. }), "{code}: {err}");
+        // The message says which call failed on which object.
+        let call = format!("create PodTemplate ns/{}", s.plan.pod_sets[0].template_name);
+        assert!(err.to_string().contains(&call), "{code}: {err}");
         assert!(
             !matches!(
                 err.class(),

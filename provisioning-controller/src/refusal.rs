@@ -107,7 +107,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::ProvisioningRequest => "ProvisioningRequest",
             Kind::PodTemplate => "PodTemplate",
