@@ -188,11 +188,12 @@ impl ProvisioningCheck {
     /// when the first name was freed after it was made under the second.
     async fn locate(
         &self,
-        api: &Api<ProvisioningRequest>,
+        client: &Client,
         namespace: &str,
         me: &Identity<'_>,
         attempt: u32,
     ) -> Result<Located, Error> {
+        let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), namespace);
         let mut holders = Vec::new();
         for name in names::request_names(me.workload, me.workload_uid, me.check, attempt) {
             let holder = api.get_opt(&name).await;
@@ -389,8 +390,10 @@ impl ProvisioningCheck {
             workload_uid: &uid,
             check: &ctx.entry.name,
         };
-        let api: Api<ProvisioningRequest> = Api::namespaced(ctx.client.clone(), namespace);
-        let Located::Ours(request) = self.locate(&api, namespace, &me, ctx.attempt()).await? else {
+        let located = self
+            .locate(ctx.client, namespace, &me, ctx.attempt())
+            .await?;
+        let Located::Ours(request) = located else {
             return Ok(keep);
         };
         let name = request.name_any();
@@ -612,8 +615,7 @@ impl AdmissionCheckController for ProvisioningCheck {
             workload_uid: &uid,
             check,
         };
-        let api: Api<ProvisioningRequest> = Api::namespaced(ctx.client.clone(), &namespace);
-        let request = match self.locate(&api, &namespace, &me, attempt).await? {
+        let request = match self.locate(ctx.client, &namespace, &me, attempt).await? {
             Located::Ours(r) if r.metadata.deletion_timestamp.is_some() => {
                 return Ok(Decision::pending(format!(
                     "waiting for the old ProvisioningRequest {namespace}/{} to be deleted",
