@@ -556,6 +556,19 @@ mod tests {
         ac
     }
 
+    /// A Workload holding quota, check `name` Pending.
+    fn pending_on(name: &str) -> Workload {
+        WorkloadBuilder::new("ns", "w")
+            .pod_set("main", 1, "1")
+            .check(name, CheckState::Pending)
+            .quota_reserved("cq", "default")
+            .build()
+    }
+
+    fn assert_advice_starts(r: &Report, start: &str) {
+        assert!(r.advice.starts_with(start), "{}", r.advice);
+    }
+
     #[test]
     fn waiting_for_quota_quotes_kueue() {
         let wl = WorkloadBuilder::new("ns", "w")
@@ -606,18 +619,14 @@ mod tests {
         );
         s.cluster_queue = None;
         let r = report(&s, t("2026-01-01T00:01:00Z"));
-        assert!(
-            r.advice.starts_with("ClusterQueue cq does not exist"),
-            "{}",
-            r.advice
-        );
+        assert_advice_starts(&r, "ClusterQueue cq does not exist");
     }
 
     #[test]
     fn a_missing_local_queue_or_queue_label_is_named() {
         let wl = WorkloadBuilder::new("ns", "w").build();
         let r = report(&snapshot(wl.clone()), t("2026-01-01T00:00:00Z"));
-        assert!(r.advice.starts_with("No queue"), "{}", r.advice);
+        assert_advice_starts(&r, "No queue");
         let mut s = snapshot(
             WorkloadBuilder::new("ns", "w")
                 .with(|wl| wl.spec.queue_name = Some("lq".into()))
@@ -625,21 +634,12 @@ mod tests {
         );
         s.local_queue_exists = Some(false);
         let r = report(&s, t("2026-01-01T00:00:00Z"));
-        assert!(
-            r.advice.starts_with("LocalQueue lq does not exist"),
-            "{}",
-            r.advice
-        );
+        assert_advice_starts(&r, "LocalQueue lq does not exist");
     }
 
     #[test]
     fn a_pending_check_that_is_inactive_says_why() {
-        let wl = WorkloadBuilder::new("ns", "w")
-            .pod_set("main", 1, "1")
-            .check("c", CheckState::Pending)
-            .quota_reserved("cq", "default")
-            .build();
-        let mut s = snapshot(wl);
+        let mut s = snapshot(pending_on("c"));
         s.admission_checks
             .insert("c".into(), check("c", false, "parameters missing"));
         let r = report(&s, t("2026-01-01T00:00:00Z"));
@@ -648,11 +648,7 @@ mod tests {
         assert_eq!(r.quota.flavors["main"]["cpu"], "default");
         let s = snapshot(s.workload.clone());
         let r = report(&s, t("2026-01-01T00:00:00Z"));
-        assert!(
-            r.advice.starts_with("AdmissionCheck c does not exist"),
-            "{}",
-            r.advice
-        );
+        assert_advice_starts(&r, "AdmissionCheck c does not exist");
     }
 
     #[test]
@@ -693,12 +689,7 @@ mod tests {
 
     #[test]
     fn a_failed_request_is_the_autoscalers_word() {
-        let wl = WorkloadBuilder::new("ns", "w")
-            .pod_set("main", 1, "1")
-            .check("prov", CheckState::Pending)
-            .quota_reserved("cq", "default")
-            .build();
-        let mut s = snapshot(wl);
+        let mut s = snapshot(pending_on("prov"));
         s.admission_checks
             .insert("prov".into(), check("prov", true, "ok"));
         let mut pr = ProvisioningRequest::new("w-prov-1", ProvisioningRequestSpec::default());
@@ -746,12 +737,7 @@ mod tests {
             .build();
         let r = report(&snapshot(wl), t("2026-01-01T00:00:00Z"));
         assert_eq!(r.phase, Phase::Deactivated);
-        assert!(
-            r.advice
-                .starts_with("Rejected by check c: needs 4 licenses, the pool has 2."),
-            "{}",
-            r.advice
-        );
+        assert_advice_starts(&r, "Rejected by check c: needs 4 licenses, the pool has 2.");
         let admitted = WorkloadBuilder::new("ns", "w")
             .pod_set("main", 1, "1")
             .quota_reserved("cq", "default")

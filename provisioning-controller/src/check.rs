@@ -21,7 +21,7 @@ use kueue_admission_sdk::{
 use tracing::{info, warn};
 
 use crate::config::ProvisioningParameters;
-use crate::error::Error;
+use crate::error::{ApiCall, Error};
 use crate::identity::{self, Identity, Ownership, ownership};
 use crate::metrics::Metrics;
 use crate::names;
@@ -83,21 +83,12 @@ impl ProvisioningCheck {
     ) -> Result<BTreeMap<String, ResourceFlavorSpec>, Error> {
         let api: Api<ResourceFlavor> = Api::all(client.clone());
         let mut flavors = BTreeMap::new();
-        let names: HashSet<&String> = wl
-            .status
-            .as_ref()
-            .and_then(|s| s.admission.as_ref())
-            .map(|a| {
-                a.pod_set_assignments
-                    .iter()
-                    .flat_map(|p| p.flavors.values())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let names: HashSet<&str> = plan::assigned_flavor_names(wl).into_iter().collect();
         for name in names {
             // A missing flavor is left out; the plan says which one it needed.
-            if let Some(f) = api.get_opt(name).await? {
-                flavors.insert(name.clone(), f.spec);
+            let flavor = api.get_opt(name).await;
+            if let Some(f) = flavor.map_err(Error::api::<ResourceFlavor>("get", "", name))? {
+                flavors.insert(name.to_string(), f.spec);
             }
         }
         Ok(flavors)
@@ -133,7 +124,11 @@ impl ProvisioningCheck {
                 r
             }
             Err(e) if is_already_exists(&e) => {
-                let existing = requests.get(&plan.name).await?;
+                let existing = requests.get(&plan.name).await.map_err(Error::api::<
+                    ProvisioningRequest,
+                >(
+                    "get", &namespace, &plan.name,
+                ))?;
                 ours_or_taken(existing, me, "ProvisioningRequest", &namespace)?
             }
             Err(e) => {
@@ -172,7 +167,10 @@ impl ProvisioningCheck {
             let t = match templates.create(&PostParams::default(), t).await {
                 Ok(t) => t,
                 Err(e) if is_already_exists(&e) => {
-                    let existing = templates.get(&t.name_any()).await?;
+                    let name = t.name_any();
+                    let existing = templates.get(&name).await;
+                    let existing =
+                        existing.map_err(Error::api::<PodTemplate>("get", &namespace, &name))?;
                     ours_or_taken(existing, me, "PodTemplate", &namespace)?
                 }
                 Err(e) => {
@@ -190,13 +188,17 @@ impl ProvisioningCheck {
     /// when the first name was freed after it was made under the second.
     async fn locate(
         &self,
-        api: &Api<ProvisioningRequest>,
+        client: &Client,
+        namespace: &str,
         me: &Identity<'_>,
         attempt: u32,
     ) -> Result<Located, Error> {
+        let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), namespace);
         let mut holders = Vec::new();
         for name in names::request_names(me.workload, me.workload_uid, me.check, attempt) {
-            let holder = api.get_opt(&name).await?;
+            let holder = api.get_opt(&name).await;
+            let holder =
+                holder.map_err(Error::api::<ProvisioningRequest>("get", namespace, &name))?;
             if let Some(r) = holder.as_ref()
                 && ownership(&r.metadata, me) == Ownership::Ours
             {
@@ -216,10 +218,9 @@ impl ProvisioningCheck {
         me: &Identity<'_>,
     ) -> Result<bool, Error> {
         let api: Api<Workload> = Api::namespaced(client.clone(), namespace);
-        Ok(api
-            .get_opt(me.workload)
-            .await?
-            .is_some_and(|w| w.uid().as_deref() == Some(me.workload_uid)))
+        let current = api.get_opt(me.workload).await;
+        let current = current.map_err(Error::api::<Workload>("get", namespace, me.workload))?;
+        Ok(current.is_some_and(|w| w.uid().as_deref() == Some(me.workload_uid)))
     }
 
     /// Whether the PodTemplates of `plan` can be created: each name is free or holds ours (an
@@ -234,7 +235,13 @@ impl ProvisioningCheck {
     ) -> Result<Result<(), String>, Error> {
         let templates: Api<PodTemplate> = Api::namespaced(client.clone(), namespace);
         for ps in &plan.pod_sets {
-            let Some(t) = templates.get_opt(&ps.template_name).await? else {
+            let template = templates.get_opt(&ps.template_name).await;
+            let template = template.map_err(Error::api::<PodTemplate>(
+                "get",
+                namespace,
+                &ps.template_name,
+            ))?;
+            let Some(t) = template else {
                 continue;
             };
             match ownership(&t.metadata, me) {
@@ -349,9 +356,9 @@ impl ProvisioningCheck {
         check: &str,
     ) -> Result<Vec<String>, Error> {
         let api: Api<AdmissionCheck> = Api::all(client.clone());
-        let mut found: Vec<String> = api
-            .list(&ListParams::default())
-            .await?
+        let checks = api.list(&ListParams::default()).await;
+        let mut found: Vec<String> = checks
+            .map_err(Error::api_list::<AdmissionCheck>("", ""))?
             .items
             .into_iter()
             .filter(|ac| ac.spec.controller_name == identity::KUEUE_CONTROLLER_NAME)
@@ -383,8 +390,10 @@ impl ProvisioningCheck {
             workload_uid: &uid,
             check: &ctx.entry.name,
         };
-        let api: Api<ProvisioningRequest> = Api::namespaced(ctx.client.clone(), namespace);
-        let Located::Ours(request) = self.locate(&api, &me, ctx.attempt()).await? else {
+        let located = self
+            .locate(ctx.client, namespace, &me, ctx.attempt())
+            .await?;
+        let Located::Ours(request) = located else {
             return Ok(keep);
         };
         let name = request.name_any();
@@ -450,10 +459,18 @@ fn refused(
     wl: &Workload,
     config: &str,
 ) -> Error {
-    let kube::Error::Api(status) = &e else {
-        return e.into();
-    };
     let (namespace, workload) = (wl.namespace().unwrap_or_default(), wl.name_any());
+    let failed_create = |source| Error::Api {
+        call: Box::new(ApiCall {
+            verb: "create",
+            kind: kind.as_str().into(),
+            object: format!("{namespace}/{object}"),
+        }),
+        source,
+    };
+    let kube::Error::Api(status) = &e else {
+        return failed_create(e);
+    };
     let subject = Subject {
         namespace: &namespace,
         workload: &workload,
@@ -468,7 +485,7 @@ fn refused(
                 api: Some(e),
             }
         }
-        None => e.into(),
+        None => failed_create(e),
     }
 }
 
@@ -598,8 +615,7 @@ impl AdmissionCheckController for ProvisioningCheck {
             workload_uid: &uid,
             check,
         };
-        let api: Api<ProvisioningRequest> = Api::namespaced(ctx.client.clone(), &namespace);
-        let request = match self.locate(&api, &me, attempt).await? {
+        let request = match self.locate(ctx.client, &namespace, &me, attempt).await? {
             Located::Ours(r) if r.metadata.deletion_timestamp.is_some() => {
                 return Ok(Decision::pending(format!(
                     "waiting for the old ProvisioningRequest {namespace}/{} to be deleted",

@@ -88,6 +88,15 @@ impl Setup {
         serde_json::to_value(r).unwrap_or_default()
     }
 
+    /// Scripts a create that finds the request's name taken: the template is created, the
+    /// request refused as already existing, and the read that follows answers `holder`.
+    fn request_name_held_by(&self, holder: serde_json::Value) {
+        self.api.answer(201, self.template());
+        self.api
+            .fail(409, "AlreadyExists", "provisioningrequests already exists");
+        self.api.answer(200, holder);
+    }
+
     /// Writes (anything but GET), as `METHOD resource`.
     fn writes(&self) -> Vec<String> {
         self.api
@@ -113,13 +122,10 @@ fn resource(path: &str) -> &str {
 #[tokio::test]
 async fn a_request_name_taken_by_someone_else_is_never_adopted_or_touched() {
     let s = setup();
-    s.api.answer(201, s.template());
-    s.api
-        .fail(409, "AlreadyExists", "provisioningrequests already exists");
     // What holds the name: Kueue's built-in check's request (no instance label of ours).
     let mut foreign = s.ours();
     foreign["metadata"]["labels"] = serde_json::json!({"kueue.x-k8s.io/managed": "true"});
-    s.api.answer(200, foreign);
+    s.request_name_held_by(foreign);
     let err = s.create().await.expect_err("the name is taken");
     assert!(matches!(err, Error::NameTaken(_)), "{err}");
     assert!(
@@ -136,10 +142,7 @@ async fn a_request_name_taken_by_someone_else_is_never_adopted_or_touched() {
 #[tokio::test]
 async fn our_own_request_found_after_a_restart_is_adopted_not_created_twice() {
     let s = setup();
-    s.api.answer(201, s.template());
-    s.api
-        .fail(409, "AlreadyExists", "provisioningrequests already exists");
-    s.api.answer(200, s.ours());
+    s.request_name_held_by(s.ours());
     let request = s.create().await.expect("ours is adopted");
     assert_eq!(request.name_any(), s.plan.name);
     assert_eq!(
@@ -159,7 +162,10 @@ async fn a_forbidden_or_failing_template_create_stops_before_the_request() {
         let s = setup();
         s.api.fail(code, reason, "podtemplates is not possible now");
         let err = s.create().await.expect_err("refused");
-        assert!(matches!(err, Error::Api(_)), "{code}: {err}");
+        assert!(matches!(err, Error::Api { .. }), "{code}: {err}");
+        // The message says which call failed on which object.
+        let call = format!("create PodTemplate ns/{}", s.plan.pod_sets[0].template_name);
+        assert!(err.to_string().contains(&call), "{code}: {err}");
         assert!(
             !matches!(
                 err.class(),

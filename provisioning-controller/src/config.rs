@@ -216,6 +216,25 @@ mod tests {
         }
     }
 
+    /// [`class`] with a `retryStrategy` of this `backoffLimitCount`, `backoffBaseSeconds` and
+    /// `backoffMaxSeconds` (`None`: unset).
+    fn retrying(limit: Option<i32>, base: Option<i32>, max: Option<i32>) -> ProvisioningParameters {
+        let mut spec = class();
+        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: limit,
+            backoff_base_seconds: base,
+            backoff_max_seconds: max,
+        });
+        params(spec)
+    }
+
+    /// Why [`class`] changed by `change` is refused.
+    fn refusal(change: impl FnOnce(&mut ProvisioningRequestConfigSpec)) -> String {
+        let mut spec = class();
+        change(&mut spec);
+        params(spec).validate().expect_err("invalid")
+    }
+
     #[test]
     fn absent_retry_strategy_gives_kueues_defaults_60_120_240_then_rejected() {
         let p = params(class()).retry_policy();
@@ -230,13 +249,7 @@ mod tests {
 
     #[test]
     fn partial_retry_strategy_defaults_the_missing_fields() {
-        let mut spec = class();
-        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
-            backoff_limit_count: Some(1),
-            backoff_base_seconds: None,
-            backoff_max_seconds: Some(90),
-        });
-        let p = params(spec).retry_policy();
+        let p = retrying(Some(1), None, Some(90)).retry_policy();
         assert_eq!(p.retry_limit, Some(1));
         assert_eq!(p.delay(1, 0.0).as_secs(), 60);
         assert_eq!(p.delay(2, 0.0).as_secs(), 90);
@@ -244,22 +257,10 @@ mod tests {
 
     #[test]
     fn base_zero_means_no_delay_and_max_zero_no_cap() {
-        let mut spec = class();
-        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
-            backoff_limit_count: Some(0),
-            backoff_base_seconds: Some(0),
-            backoff_max_seconds: Some(10),
-        });
-        let p = params(spec).retry_policy();
+        let p = retrying(Some(0), Some(0), Some(10)).retry_policy();
         assert_eq!(p.backoff, Backoff::Immediate);
         assert!(p.exhausted(1), "a limit of 0 rejects the first failure");
-        let mut spec = class();
-        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
-            backoff_limit_count: Some(30),
-            backoff_base_seconds: Some(10),
-            backoff_max_seconds: Some(0),
-        });
-        let p = params(spec).retry_policy();
+        let p = retrying(Some(30), Some(10), Some(0)).retry_policy();
         assert_eq!(p.delay(11, 0.0).as_secs(), 10 * 1024);
         assert!(p.validate().is_ok());
     }
@@ -301,13 +302,7 @@ mod tests {
 
     #[test]
     fn a_cap_below_the_base_waits_the_cap_every_time_as_kueue_does() {
-        let mut spec = class();
-        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
-            backoff_limit_count: Some(4),
-            backoff_base_seconds: Some(60),
-            backoff_max_seconds: Some(10),
-        });
-        let p = params(spec);
+        let p = retrying(Some(4), Some(60), Some(10));
         assert_eq!(p.validate(), Ok(()));
         let policy = p.retry_policy();
         assert_eq!(policy.validate(), Ok(()), "the check stays Active");
@@ -321,13 +316,7 @@ mod tests {
     #[test]
     fn an_absurd_retry_strategy_is_valid_and_every_delay_is_clamped_to_the_ceiling() {
         // Accepted by the CRD: a base of 68 years and no cap.
-        let mut spec = class();
-        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
-            backoff_limit_count: Some(3),
-            backoff_base_seconds: Some(i32::MAX),
-            backoff_max_seconds: Some(0),
-        });
-        let p = params(spec);
+        let p = retrying(Some(3), Some(i32::MAX), Some(0));
         assert_eq!(p.validate(), Ok(()), "the check stays Active");
         let policy = p.retry_policy();
         assert_eq!(policy.validate(), Ok(()), "the SDK takes the policy");
@@ -361,13 +350,7 @@ mod tests {
             assert_eq!(written_retry(&policy, attempt), (Some(secs), None));
         }
         // A cap just under the ceiling is kept as it is.
-        let mut spec = class();
-        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
-            backoff_limit_count: Some(20),
-            backoff_base_seconds: Some(3600),
-            backoff_max_seconds: Some(86_400),
-        });
-        let policy = params(spec).retry_policy();
+        let policy = retrying(Some(20), Some(3600), Some(86_400)).retry_policy();
         assert_eq!(written_retry(&policy, 2), (Some(7200), None));
         assert_eq!(written_retry(&policy, 10), (Some(86_400), None));
         // The cap holds after Kueue's jitter too, so the Active message names no clamp.
@@ -399,57 +382,32 @@ mod tests {
 
     #[test]
     fn validation_explains_what_is_wrong() {
-        assert!(
-            params(ProvisioningRequestConfigSpec::default())
-                .validate()
-                .expect_err("invalid")
-                .contains("provisioningClassName")
-        );
-        let mut spec = class();
-        spec.pod_set_merge_policy = Some("Sometimes".into());
-        assert!(
-            params(spec)
-                .validate()
-                .expect_err("invalid")
-                .contains("Sometimes")
-        );
-        let mut spec = class();
-        spec.retry_strategy = Some(ProvisioningRequestRetryStrategy {
-            backoff_limit_count: Some(-1),
-            ..Default::default()
+        let no_class = refusal(|spec| spec.provisioning_class_name.clear());
+        assert!(no_class.contains("provisioningClassName"), "{no_class}");
+        let merge = refusal(|spec| spec.pod_set_merge_policy = Some("Sometimes".into()));
+        assert!(merge.contains("Sometimes"), "{merge}");
+        let limit = retrying(Some(-1), None, None)
+            .validate()
+            .expect_err("invalid");
+        assert!(limit.contains("backoffLimitCount"), "{limit}");
+        let long = refusal(|spec| {
+            spec.parameters.insert("k".into(), "x".repeat(256));
         });
-        assert!(
-            params(spec)
-                .validate()
-                .expect_err("invalid")
-                .contains("backoffLimitCount")
-        );
-        let mut spec = class();
-        spec.parameters.insert("k".into(), "x".repeat(256));
-        assert!(
-            params(spec)
-                .validate()
-                .expect_err("invalid")
-                .contains("255")
-        );
+        assert!(long.contains("255"), "{long}");
         // Counted in characters like the CRD and the plan: 255 two-byte characters are fine
         // (they were refused as 510 bytes, so the check went Inactive for a valid config).
         let mut spec = class();
         spec.parameters.insert("k".into(), "é".repeat(255));
         assert_eq!(params(spec).validate(), Ok(()));
-        let mut spec = class();
-        spec.pod_set_updates = Some(ProvisioningRequestPodSetUpdates {
-            node_selector: vec![ProvisioningRequestPodSetUpdatesNodeSelector {
-                key: "zone".into(),
-                value_from_provisioning_class_detail: String::new(),
-            }],
+        let node_selector = refusal(|spec| {
+            spec.pod_set_updates = Some(ProvisioningRequestPodSetUpdates {
+                node_selector: vec![ProvisioningRequestPodSetUpdatesNodeSelector {
+                    key: "zone".into(),
+                    value_from_provisioning_class_detail: String::new(),
+                }],
+            })
         });
-        assert!(
-            params(spec)
-                .validate()
-                .expect_err("invalid")
-                .contains("nodeSelector")
-        );
+        assert!(node_selector.contains("nodeSelector"), "{node_selector}");
         let mut p = params(class());
         p.metadata
             .annotations

@@ -1,5 +1,8 @@
 //! The one error type of the provisioning controller.
 
+use std::fmt;
+
+use kube::Resource;
 use kueue_admission_sdk::ErrorClass;
 
 /// What can go wrong while deciding or cleaning up. A failed or stuck request is not an error
@@ -12,9 +15,15 @@ use kueue_admission_sdk::ErrorClass;
 /// `CheckFailed` event, the logs and `kueue_ac_reconcile_errors_total`.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A call to the API server failed.
-    #[error("Kubernetes API: {0}")]
-    Api(#[from] kube::Error),
+    /// A call to the API server failed; the message names the call and the object.
+    #[error("Kubernetes API, {call}: {source}")]
+    Api {
+        /// What was asked of which object (boxed: errors stay small).
+        call: Box<ApiCall>,
+        /// The API server's answer, or why there was none.
+        #[source]
+        source: kube::Error,
+    },
     /// The Workload and the config do not give a request (e.g. a ResourceFlavor is missing).
     #[error("cannot plan the ProvisioningRequest: {0}")]
     Plan(#[from] crate::plan::PlanError),
@@ -38,11 +47,91 @@ pub enum Error {
     },
 }
 
+/// A call to the API server, as an [`Error::Api`] names it: `get PodTemplate team-a/ppt-x-main`,
+/// `list AdmissionCheck in the cluster`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiCall {
+    /// `get`, `list`, `create`, `patch` or `delete`.
+    pub verb: &'static str,
+    /// The kind of the object (of the objects listed).
+    pub kind: String,
+    /// `namespace/name`, the name of a cluster-scoped object, or where a list looked.
+    pub object: String,
+}
+
+impl ApiCall {
+    /// `verb` on the object of kind `K` named `name` in `namespace` (empty: cluster-scoped).
+    pub fn on<K: Resource<DynamicType = ()>>(
+        verb: &'static str,
+        namespace: &str,
+        name: &str,
+    ) -> Self {
+        let object = if namespace.is_empty() {
+            name.to_string()
+        } else {
+            format!("{namespace}/{name}")
+        };
+        Self {
+            verb,
+            kind: K::kind(&()).into_owned(),
+            object,
+        }
+    }
+
+    /// A list of the objects of kind `K` in `namespace` (empty: the whole cluster) that carry
+    /// the labels `selector` (empty: all).
+    pub fn list<K: Resource<DynamicType = ()>>(namespace: &str, selector: &str) -> Self {
+        let mut object = if namespace.is_empty() {
+            "in the cluster".to_string()
+        } else {
+            format!("in namespace {namespace}")
+        };
+        if !selector.is_empty() {
+            object.push_str(&format!(" labelled {selector}"));
+        }
+        Self {
+            verb: "list",
+            kind: K::kind(&()).into_owned(),
+            object,
+        }
+    }
+}
+
+impl fmt::Display for ApiCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.verb, self.kind, self.object)
+    }
+}
+
 impl Error {
+    /// For `map_err`: the failure of `verb` on the object of kind `K` named `name` in
+    /// `namespace` (empty: cluster-scoped).
+    pub fn api<K: Resource<DynamicType = ()>>(
+        verb: &'static str,
+        namespace: &str,
+        name: &str,
+    ) -> impl FnOnce(kube::Error) -> Error {
+        move |source| Error::Api {
+            call: Box::new(ApiCall::on::<K>(verb, namespace, name)),
+            source,
+        }
+    }
+
+    /// For `map_err`: the failure of a list of the objects of kind `K` ([`ApiCall::list`]).
+    pub fn api_list<K: Resource<DynamicType = ()>>(
+        namespace: &str,
+        selector: &str,
+    ) -> impl FnOnce(kube::Error) -> Error {
+        move |source| Error::Api {
+            call: Box::new(ApiCall::list::<K>(namespace, selector)),
+            source,
+        }
+    }
+
     /// A stable label for metrics and logs.
     pub fn label(&self) -> &'static str {
         match self {
-            Error::Api(_) => "api",
+            Error::Api { .. } => "api",
             Error::Plan(_) => "plan",
             Error::MalformedWorkload(..) => "malformed_workload",
             Error::NameTaken(_) => "name_taken",
@@ -57,7 +146,7 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Refused { message, .. } => ErrorClass::permanent(message.clone()),
-            Error::Api(e) => ErrorClass::of(e),
+            Error::Api { source, .. } => ErrorClass::of(source),
             Error::Plan(_) | Error::MalformedWorkload(..) | Error::NameTaken(_) => {
                 ErrorClass::Transient
             }
@@ -67,6 +156,9 @@ impl Error {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::PodTemplate;
+    use kueue_admission_sdk::api::{AdmissionCheck, ProvisioningRequest, ResourceFlavor};
+
     use super::*;
 
     fn api(code: u16, reason: &str) -> kube::Error {
@@ -75,6 +167,46 @@ mod tests {
                 .with_code(code)
                 .boxed(),
         )
+    }
+
+    fn failed_get(source: kube::Error) -> Error {
+        Error::api::<PodTemplate>("get", "team-a", "ppt-a-main")(source)
+    }
+
+    #[test]
+    fn api_errors_name_the_call_and_the_object_and_keep_their_label() {
+        let get = failed_get(api(403, "Forbidden"));
+        assert_eq!(get.label(), "api");
+        let message = get.to_string();
+        assert!(
+            message.starts_with("Kubernetes API, get PodTemplate team-a/ppt-a-main: "),
+            "{message}"
+        );
+        assert!(
+            message.contains("refused"),
+            "the API server's message: {message}"
+        );
+        let cluster_scoped = Error::api::<ResourceFlavor>("get", "", "spot")(api(500, "x"));
+        assert!(
+            cluster_scoped
+                .to_string()
+                .starts_with("Kubernetes API, get ResourceFlavor spot: "),
+            "{cluster_scoped}"
+        );
+        let selector = "kueue-admission-checks.dev/instance=pr-1";
+        for (list, call) in [
+            (
+                Error::api_list::<ProvisioningRequest>("team-a", selector)(api(500, "x")),
+                format!("list ProvisioningRequest in namespace team-a labelled {selector}: "),
+            ),
+            (
+                Error::api_list::<AdmissionCheck>("", "")(api(500, "x")),
+                "list AdmissionCheck in the cluster: ".to_string(),
+            ),
+        ] {
+            assert_eq!(list.label(), "api");
+            assert!(list.to_string().contains(&call), "{list}");
+        }
     }
 
     #[test]
@@ -88,13 +220,13 @@ mod tests {
             ErrorClass::permanent("annotation x is too long")
         );
         assert!(matches!(
-            Error::Api(api(422, "Invalid")).class(),
+            failed_get(api(422, "Invalid")).class(),
             ErrorClass::Permanent { .. }
         ));
         for transient in [
-            Error::Api(api(500, "InternalError")),
-            Error::Api(api(403, "Forbidden")),
-            Error::Api(api(409, "Conflict")),
+            failed_get(api(500, "InternalError")),
+            failed_get(api(403, "Forbidden")),
+            failed_get(api(409, "Conflict")),
             Error::NameTaken("x".into()),
             Error::Plan(crate::plan::PlanError::NoQuotaReservation),
         ] {

@@ -169,29 +169,30 @@ mod tests {
     }
 
     #[test]
-    fn ours_only_with_instance_workload_uid_and_check() {
-        assert_eq!(
-            ownership(&ours("uid-a", "a", "b-c", "pr-1"), &ME),
-            Ownership::Ours
-        );
+    fn ours_only_with_instance_workload_uid_and_check_predecessor_with_another_uid() {
+        use Ownership::{Foreign, Ours, Predecessor};
+        // `ours`' arguments (uid, workload, check, instance) and what `ME` makes of the object.
+        for case @ &(uid, workload, check, instance, expected) in &[
+            ("uid-a", "a", "b-c", "pr-1", Ours),
+            // Another instance of this controller (another controllerName).
+            ("uid-a", "a", "b-c", "pr-2", Foreign),
+            // Another check of the same Workload.
+            ("uid-a", "a", "c", "pr-1", Foreign),
+            // Another live Workload whose name and check concatenate to the same request name.
+            ("uid-ab", "a-b", "b-c", "pr-1", Foreign),
+            // A deleted Workload's object of the same name is a predecessor...
+            ("uid-old", "a", "b-c", "pr-1", Predecessor),
+            // ...but without a recorded uid it cannot be told apart: foreign.
+            ("", "a", "b-c", "pr-1", Foreign),
+            // Another instance's orphan is that instance's business.
+            ("uid-old", "a", "b-c", "pr-2", Foreign),
+        ] {
+            let object = ours(uid, workload, check, instance);
+            assert_eq!(ownership(&object, &ME), expected, "{case:?}");
+        }
         // The right name says nothing.
         assert_eq!(ownership(&meta(&[], &[]), &ME), Ownership::Foreign);
         assert_eq!(ownership(&ObjectMeta::default(), &ME), Ownership::Foreign);
-        // Another instance of this controller (another controllerName).
-        assert_eq!(
-            ownership(&ours("uid-a", "a", "b-c", "pr-2"), &ME),
-            Ownership::Foreign
-        );
-        // Another check of the same Workload.
-        assert_eq!(
-            ownership(&ours("uid-a", "a", "c", "pr-1"), &ME),
-            Ownership::Foreign
-        );
-        // Another live Workload whose name and check concatenate to the same request name.
-        assert_eq!(
-            ownership(&ours("uid-ab", "a-b", "b-c", "pr-1"), &ME),
-            Ownership::Foreign
-        );
         // Half of the identity is not enough.
         for partial in [
             meta(&[(INSTANCE_LABEL, "pr-1")], &[(CHECK_ANNOTATION, "b-c")]),
@@ -206,24 +207,6 @@ mod tests {
         ] {
             assert_eq!(ownership(&partial, &ME), Ownership::Foreign, "{partial:?}");
         }
-    }
-
-    #[test]
-    fn a_deleted_workloads_object_of_the_same_name_is_a_predecessor() {
-        assert_eq!(
-            ownership(&ours("uid-old", "a", "b-c", "pr-1"), &ME),
-            Ownership::Predecessor
-        );
-        // Without a recorded uid it cannot be told apart: foreign.
-        assert_eq!(
-            ownership(&ours("", "a", "b-c", "pr-1"), &ME),
-            Ownership::Foreign
-        );
-        // Another instance's orphan is that instance's business.
-        assert_eq!(
-            ownership(&ours("uid-old", "a", "b-c", "pr-2"), &ME),
-            Ownership::Foreign
-        );
     }
 
     #[test]

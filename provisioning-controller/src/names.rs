@@ -27,14 +27,7 @@ const HASH_LEN: usize = 10;
 /// `<workload>-<check>` part is shortened and followed by a hash of it, and the name still ends
 /// with `-<attempt>`.
 pub fn request_name(workload: &str, check: &str, attempt: u32) -> String {
-    let base = format!("{workload}-{check}");
-    let suffix = format!("-{attempt}");
-    if base.len() + suffix.len() <= MAX_NAME_LEN {
-        return base + &suffix;
-    }
-    let mut name = shorten(&base, MAX_NAME_LEN - suffix.len());
-    name.push_str(&suffix);
-    name
+    with_attempt(format!("{workload}-{check}"), attempt)
 }
 
 /// The names a request of `check` for the Workload `workload` (uid `workload_uid`) may take on
@@ -63,6 +56,12 @@ pub fn alternative_request_name(
         "{workload}-{check}-{}",
         short_hash(&format!("{workload_uid}/{check}"))
     );
+    with_attempt(base, attempt)
+}
+
+/// `<base>-<attempt>`, with `base` shortened when the whole would exceed [`MAX_NAME_LEN`]: the
+/// attempt suffix is always kept whole, so [`attempt_of`] reads it back.
+fn with_attempt(base: String, attempt: u32) -> String {
     let suffix = format!("-{attempt}");
     if base.len() + suffix.len() <= MAX_NAME_LEN {
         return base + &suffix;

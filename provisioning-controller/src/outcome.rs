@@ -241,37 +241,32 @@ mod tests {
 
     #[test]
     fn first_match_wins_in_kueues_order() {
-        let now = at(10);
-        let all = request(&[
+        let conditions = [
             (pr::PROVISIONED, 1, ""),
-            (pr::BOOKING_EXPIRED, 2, "expired"),
+            (pr::BOOKING_EXPIRED, 2, ""),
             (pr::CAPACITY_REVOKED, 3, "revoked"),
             (pr::FAILED, 4, "no nodes"),
-        ]);
-        assert_eq!(
-            outcome(&all, false, None, now),
-            Outcome::Failed("no nodes".into())
-        );
-        let revoked = request(&[
-            (pr::PROVISIONED, 1, ""),
-            (pr::BOOKING_EXPIRED, 2, "expired"),
-            (pr::CAPACITY_REVOKED, 3, "revoked"),
-        ]);
-        assert_eq!(
-            outcome(&revoked, true, None, now),
-            Outcome::Revoked("revoked".into())
-        );
-        let expired = request(&[(pr::PROVISIONED, 1, ""), (pr::BOOKING_EXPIRED, 2, "")]);
-        assert_eq!(
-            outcome(&expired, false, None, now),
-            Outcome::BookingExpired("BookingExpiredReason".into()),
-            "an empty message falls back to the reason"
-        );
-        assert_eq!(
-            outcome(&expired, true, None, now),
-            Outcome::Provisioned,
-            "an expired booking after admission changes nothing"
-        );
+        ];
+        // (how many of the conditions the request has, admitted, expected, why)
+        for (n, admitted, expected, why) in [
+            (4, false, Outcome::Failed("no nodes".into()), "failed first"),
+            (3, true, Outcome::Revoked("revoked".into()), "then revoked"),
+            (
+                2,
+                false,
+                Outcome::BookingExpired("BookingExpiredReason".into()),
+                "an empty message falls back to the reason",
+            ),
+            (
+                2,
+                true,
+                Outcome::Provisioned,
+                "an expired booking after admission changes nothing",
+            ),
+        ] {
+            let r = request(&conditions[..n]);
+            assert_eq!(outcome(&r, admitted, None, at(10)), expected, "{why}");
+        }
     }
 
     #[test]

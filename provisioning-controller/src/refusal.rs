@@ -107,7 +107,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Kind::ProvisioningRequest => "ProvisioningRequest",
             Kind::PodTemplate => "PodTemplate",
@@ -253,24 +253,40 @@ mod tests {
         .expect("a Status")
     }
 
+    /// What the user reads when parameter `key` is `len` characters long.
+    fn too_long(key: &str, len: usize, from: ParameterSource) -> String {
+        let err = PlanError::ParameterTooLong {
+            key: key.into(),
+            len,
+            from,
+        };
+        for_plan(&err, &S).expect("the user's to fix")
+    }
+
+    fn assert_mentions(message: &str, parts: &[&str]) {
+        for part in parts {
+            assert!(message.contains(part), "{part:?} missing from {message}");
+        }
+    }
+
     #[test]
     fn a_long_annotation_names_the_annotation_the_limit_and_the_fix_on_the_workload() {
-        let err = PlanError::ParameterTooLong {
-            key: "ValidUntilSeconds".into(),
-            len: 300,
-            from: ParameterSource::WorkloadAnnotation,
-        };
-        let m = for_plan(&err, &S).expect("the user's to fix");
-        for part in [
-            "annotation provreq.kueue.x-k8s.io/ValidUntilSeconds on this Workload is 300 characters long",
-            "spec.parameters[ValidUntilSeconds]",
-            "at most 255",
-            "kubectl annotate workload -n team-a job-train-5f2a1 provreq.kueue.x-k8s.io/ValidUntilSeconds=<new value> --overwrite",
-            "resubmit the Job",
-            "Kueue copies a Job's annotations only when it creates the Workload",
-        ] {
-            assert!(m.contains(part), "{part:?} missing from {m}");
-        }
+        let m = too_long(
+            "ValidUntilSeconds",
+            300,
+            ParameterSource::WorkloadAnnotation,
+        );
+        assert_mentions(
+            &m,
+            &[
+                "annotation provreq.kueue.x-k8s.io/ValidUntilSeconds on this Workload is 300 characters long",
+                "spec.parameters[ValidUntilSeconds]",
+                "at most 255",
+                "kubectl annotate workload -n team-a job-train-5f2a1 provreq.kueue.x-k8s.io/ValidUntilSeconds=<new value> --overwrite",
+                "resubmit the Job",
+                "Kueue copies a Job's annotations only when it creates the Workload",
+            ],
+        );
         // Bounded, whatever the value: with usual names, within the SDK's 600 characters.
         assert!(m.chars().count() < 500, "{}", m.chars().count());
     }
@@ -282,12 +298,13 @@ mod tests {
             flavor: "spot".into(),
         };
         let m = for_plan(&err, &S).expect("the user's to fix");
-        for part in [
-            "ResourceFlavor spot (assigned to podset main) no longer exists",
-            "Re-create the ResourceFlavor",
-        ] {
-            assert!(m.contains(part), "{part:?} missing from {m}");
-        }
+        assert_mentions(
+            &m,
+            &[
+                "ResourceFlavor spot (assigned to podset main) no longer exists",
+                "Re-create the ResourceFlavor",
+            ],
+        );
         let class = crate::error::Error::Refused {
             message: m,
             api: None,
@@ -301,14 +318,8 @@ mod tests {
 
     #[test]
     fn a_long_config_value_is_the_operators_to_fix() {
-        let err = PlanError::ParameterTooLong {
-            key: "k".into(),
-            len: 256,
-            from: ParameterSource::Config,
-        };
-        let m = for_plan(&err, &S).expect("permanent");
-        assert!(m.contains("ProvisioningRequestConfig capacity"), "{m}");
-        assert!(m.contains("operator"), "{m}");
+        let m = too_long("k", 256, ParameterSource::Config);
+        assert_mentions(&m, &["ProvisioningRequestConfig capacity", "operator"]);
     }
 
     #[test]
@@ -318,11 +329,13 @@ mod tests {
             from_annotations: 5,
         };
         let m = for_plan(&err, &S).expect("permanent");
-        assert!(m.contains("103 parameters, 5 of them added by"), "{m}");
-        assert!(m.contains("Remove at least 3"), "{m}");
-        assert!(
-            m.contains("kubectl annotate workload -n team-a job-train-5f2a1"),
-            "{m}"
+        assert_mentions(
+            &m,
+            &[
+                "103 parameters, 5 of them added by",
+                "Remove at least 3",
+                "kubectl annotate workload -n team-a job-train-5f2a1",
+            ],
         );
     }
 
@@ -352,14 +365,15 @@ mod tests {
         let m =
             for_api(Kind::ProvisioningRequest, "wl-prov-1", &status, &keys, &S).expect("permanent");
         assert!(!m.contains("hunter2"), "the value leaked: {m}");
-        for part in [
-            "refused to create ProvisioningRequest team-a/wl-prov-1 (Invalid, 422)",
-            "spec.parameters.token: Invalid value: <320 characters>: too long",
-            "annotation provreq.kueue.x-k8s.io/token on this Workload",
-            "kubectl annotate workload -n team-a job-train-5f2a1 provreq.kueue.x-k8s.io/token=",
-        ] {
-            assert!(m.contains(part), "{part:?} missing from {m}");
-        }
+        assert_mentions(
+            &m,
+            &[
+                "refused to create ProvisioningRequest team-a/wl-prov-1 (Invalid, 422)",
+                "spec.parameters.token: Invalid value: <320 characters>: too long",
+                "annotation provreq.kueue.x-k8s.io/token on this Workload",
+                "kubectl annotate workload -n team-a job-train-5f2a1 provreq.kueue.x-k8s.io/token=",
+            ],
+        );
     }
 
     #[test]

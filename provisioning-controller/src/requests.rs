@@ -40,7 +40,10 @@ pub async fn delete_requests_of(
         "{INSTANCE_LABEL}={instance},{}={uid}",
         plan::WORKLOAD_UID_LABEL
     );
-    let requests = api.list(&ListParams::default().labels(&selector)).await?;
+    let requests = api.list(&ListParams::default().labels(&selector)).await;
+    let requests = requests.map_err(Error::api_list::<ProvisioningRequest>(
+        &namespace, &selector,
+    ))?;
     let mut deleted = 0;
     for r in requests
         .items
@@ -94,7 +97,9 @@ pub(crate) async fn delete_templates(
     let namespace = request.namespace().unwrap_or_default();
     let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
     for p in &request.spec.pod_sets {
-        let Some(t) = templates.get_opt(&p.pod_template_ref.name).await? else {
+        let name = &p.pod_template_ref.name;
+        let template = templates.get_opt(name).await;
+        let Some(t) = template.map_err(Error::api::<PodTemplate>("get", &namespace, name))? else {
             continue;
         };
         if ownership(&t.metadata, &recorded) != Ownership::Ours {
@@ -108,7 +113,7 @@ pub(crate) async fn delete_templates(
 /// Deletes this very object (a uid precondition), not one re-created under its name meanwhile.
 pub(crate) async fn delete_exactly<K>(api: &Api<K>, object: &K) -> Result<(), Error>
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -117,11 +122,15 @@ where
         }),
         ..DeleteParams::background()
     };
-    match api.delete(&object.name_any(), &params).await {
+    let name = object.name_any();
+    match api.delete(&name, &params).await {
         Ok(_) => Ok(()),
         // Gone, or replaced by another object of the same name (precondition failed).
         Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
-        Err(e) => Err(e.into()),
+        Err(e) => {
+            let namespace = object.namespace().unwrap_or_default();
+            Err(Error::api::<K>("delete", &namespace, &name)(e))
+        }
     }
 }
 

@@ -3,14 +3,17 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Container;
 use kueue_admission_sdk::api::{
-    Admission, PodSet, PodSetAssignment, ProvisioningRequestConfigSpec, ResourceFlavorSpec,
-    Workload, WorkloadSpec, WorkloadStatus,
+    PodSet, ProvisioningRequestConfigSpec, ResourceFlavorSpec, Workload,
 };
+use kueue_admission_sdk::testing::WorkloadBuilder;
 use kueue_provisioning_controller::plan::{Plan, PlanInput, plan};
 use proptest::prelude::*;
+
+#[path = "support/pod_sets.rs"]
+mod pod_sets;
+use pod_sets::{container, pod_set};
 
 #[derive(Clone, Debug)]
 struct GenPodSet {
@@ -21,15 +24,6 @@ struct GenPodSet {
     image: &'static str,
     disk: Option<&'static str>,
     flavor: &'static str,
-}
-
-fn resource_list(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, Quantity>> {
-    (!pairs.is_empty()).then(|| {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-            .collect()
-    })
 }
 
 type Resources = Vec<(&'static str, &'static str)>;
@@ -68,56 +62,31 @@ fn workload(specs: &[GenPodSet]) -> Workload {
     let pod_sets: Vec<PodSet> = specs
         .iter()
         .enumerate()
-        .map(|(i, g)| PodSet {
-            name: format!("ps{i}"),
-            count: g.count,
-            min_count: None,
-            template: PodTemplateSpec {
-                metadata: None,
-                spec: Some(PodSpec {
-                    containers: vec![Container {
-                        name: "main".into(),
-                        image: Some(g.image.into()),
-                        resources: Some(ResourceRequirements {
-                            requests: resource_list(&g.requests),
-                            limits: resource_list(&g.limits),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }],
-                    node_selector: g
-                        .disk
-                        .map(|d| BTreeMap::from([("disk".to_string(), d.to_string())])),
-                    ..Default::default()
-                }),
-            },
+        .map(|(i, g)| {
+            let main = Container {
+                image: Some(g.image.into()),
+                ..container("main", &g.requests, &g.limits)
+            };
+            let mut generated = pod_set(&format!("ps{i}"), g.count, vec![main]);
+            if let Some(spec) = &mut generated.template.spec {
+                spec.node_selector = g
+                    .disk
+                    .map(|d| BTreeMap::from([("disk".to_string(), d.to_string())]));
+            }
+            generated
         })
         .collect();
-    let assignments = specs
-        .iter()
-        .enumerate()
-        .map(|(i, g)| PodSetAssignment {
-            name: format!("ps{i}"),
-            flavors: BTreeMap::from([("cpu".to_string(), g.flavor.to_string())]),
-            count: g.assigned,
-            ..Default::default()
-        })
-        .collect();
-    let mut wl = Workload::new(
-        "wl",
-        WorkloadSpec {
-            pod_sets,
-            ..Default::default()
-        },
-    );
-    wl.metadata.namespace = Some("ns".into());
-    wl.status = Some(WorkloadStatus {
-        admission: Some(Admission {
-            cluster_queue: "cq".into(),
-            pod_set_assignments: assignments,
-        }),
-        ..Default::default()
-    });
+    let mut wl = WorkloadBuilder::new("ns", "wl")
+        .with(|wl| wl.spec.pod_sets = pod_sets)
+        .quota_reserved("cq", "default")
+        .build();
+    // Each podset's own flavor and assigned count (none: Kueue's count is the podset's).
+    let admission = wl.status.as_mut().and_then(|s| s.admission.as_mut());
+    let assignments = &mut admission.expect("quota reserved").pod_set_assignments;
+    for (assignment, g) in assignments.iter_mut().zip(specs) {
+        assignment.flavors = BTreeMap::from([("cpu".to_string(), g.flavor.to_string())]);
+        assignment.count = g.assigned;
+    }
     wl
 }
 

@@ -33,16 +33,27 @@ progress_stop() {
   progress_pid=""
 }
 
-build_etcd() {
-  local out="$ETCD_BIN"
+# Builds a component unless its binary OUT is there, saying WHAT it builds meanwhile: BUILD (a
+# function) gets a fresh source directory SRC under the cache and the file to write, which is
+# moved into place only once complete.
+build_component() { # out what src build
+  local out=$1 what=$2 src=$3 build=$4
   [[ -x $out ]] && return 0
-  log "building etcd $ETCD_VERSION"
-  progress_start "building etcd $ETCD_VERSION"
-  local src="$CACHE_DIR/src/etcd-$ETCD_VERSION"
-  rm -rf "$src"; wrapper_module "$src" etcd
-  (cd "$src" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" &&
-    go build -pgo=off -trimpath -o "$out.tmp" go.etcd.io/etcd/server/v3)
+  log "building $what"
+  progress_start "building $what"
+  rm -rf "$src"
+  "$build" "$src" "$out.tmp"
   mv "$out.tmp" "$out"
+}
+
+build_etcd_in() { # module dir, output
+  wrapper_module "$1" etcd
+  (cd "$1" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" &&
+    go build -pgo=off -trimpath -o "$2" go.etcd.io/etcd/server/v3)
+}
+
+build_etcd() {
+  build_component "$ETCD_BIN" "etcd $ETCD_VERSION" "$CACHE_DIR/src/etcd-$ETCD_VERSION" build_etcd_in
 }
 
 # The go.mod of a wrapper module that builds kube-apiserver: it requires k8s.io/kubernetes and
@@ -102,31 +113,28 @@ kueue_kubernetes_minor() {
   awk '$1=="k8s.io/api"{split($2, v, "."); print v[2]; exit}' "$gomod"
 }
 
+build_kube_apiserver_in() { # module dir, output
+  mkdir -p "$1"
+  write_kubernetes_gomod "$1"
+  go_build_kube_apiserver "$1" "$2"
+}
+
 build_kube_apiserver() {
-  local out="$APISERVER_BIN"
-  [[ -x $out ]] && return 0
-  log "building kube-apiserver $KUBERNETES_VERSION"
-  progress_start "building kube-apiserver $KUBERNETES_VERSION"
-  local src="$CACHE_DIR/src/kube-apiserver-$KUBERNETES_VERSION"
-  rm -rf "$src"; mkdir -p "$src"
-  write_kubernetes_gomod "$src"
-  go_build_kube_apiserver "$src" "$out.tmp"
-  mv "$out.tmp" "$out"
+  build_component "$APISERVER_BIN" "kube-apiserver $KUBERNETES_VERSION" \
+    "$CACHE_DIR/src/kube-apiserver-$KUBERNETES_VERSION" build_kube_apiserver_in
+}
+
+# `go install sigs.k8s.io/kueue/cmd/kueue@v` would do, but it asks the proxy for Kueue's version
+# list (a deprecation check) and some proxies refuse that. A wrapper module that starts from
+# Kueue's own go.sum verifies every dependency against the hashes Kueue recorded.
+build_kueue_in() { # module dir, output
+  wrapper_module "$1" kueue
+  add_kueue "$1"
+  go_build_kueue "$1" "$2"
 }
 
 build_kueue() {
-  local out="$KUEUE_BIN"
-  [[ -x $out ]] && return 0
-  log "building kueue $KUEUE_VERSION"
-  progress_start "building kueue $KUEUE_VERSION"
-  # `go install sigs.k8s.io/kueue/cmd/kueue@v` would do, but it asks the proxy for Kueue's version
-  # list (a deprecation check) and some proxies refuse that. A wrapper module that starts from
-  # Kueue's own go.sum verifies every dependency against the hashes Kueue recorded.
-  local src="$CACHE_DIR/src/kueue-$KUEUE_VERSION"
-  rm -rf "$src"; wrapper_module "$src" kueue
-  add_kueue "$src"
-  go_build_kueue "$src" "$out.tmp"
-  mv "$out.tmp" "$out"
+  build_component "$KUEUE_BIN" "kueue $KUEUE_VERSION" "$CACHE_DIR/src/kueue-$KUEUE_VERSION" build_kueue_in
 }
 
 # Kueue imports about 1,100 of kube-apiserver's 1,800 packages (client-go, apiserver, api, ...).

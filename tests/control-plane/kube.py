@@ -88,6 +88,22 @@ def conversion_targets(kustomization_dir):
             if (doc.get("spec") or {}).get("conversion", {}).get("strategy") == "Webhook"}
 
 
+def wait_established(client, names, timeout):
+    """Waits until the CRDs `names` are Established; returns those that are not after `timeout`
+    seconds. Also used by the chart test's kube_apply.py."""
+    deadline = time.monotonic() + timeout
+    pending = set(names)
+    while pending and time.monotonic() < deadline:
+        for name in sorted(pending):
+            code, crd = client.request("GET", f"{PATHS['CustomResourceDefinition']}/{name}")
+            conds = (crd.get("status") or {}).get("conditions") or []
+            if code == 200 and any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                pending.discard(name)
+        if pending:
+            time.sleep(0.2)
+    return pending
+
+
 def cmd_apply_crds(client, convert_url, ca_file, kustomization_dir, *paths, timeout=60):
     """Applies CRDs, then waits until every one is Established (Kueue checks APIs at start-up).
 
@@ -107,16 +123,7 @@ def cmd_apply_crds(client, convert_url, ca_file, kustomization_dir, *paths, time
                             "conversionReviewVersions": ["v1"]},
             }
         names.append(apply(client, doc))
-    deadline = time.monotonic() + timeout
-    pending = set(names)
-    while pending and time.monotonic() < deadline:
-        for name in sorted(pending):
-            code, crd = client.request("GET", f"{PATHS['CustomResourceDefinition']}/{name}")
-            conds = (crd.get("status") or {}).get("conditions") or []
-            if code == 200 and any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-                pending.discard(name)
-        if pending:
-            time.sleep(0.2)
+    pending = wait_established(client, names, timeout)
     if pending:
         fail(f"CRDs not Established within {timeout}s: {', '.join(sorted(pending))}")
     print(f"[control-plane] {len(names)} CRDs Established ({len(converted)} with Kueue's conversion webhook)",

@@ -11,8 +11,12 @@ ETCD_BIN="$BIN_DIR/etcd-$ETCD_VERSION/etcd"
 APISERVER_BIN="$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
 KUEUE_BIN="$BIN_DIR/kueue-$KUEUE_VERSION/kueue"
 
-log() { printf '[control-plane] %s\n' "$*" >&2; }
-die() { printf '[control-plane] error: %s\n' "$*" >&2; exit 1; }
+# A message on stderr under a [tag], and the same as an error that ends the script; the chart
+# scripts, which source this file, log under their own tag.
+tagged_log() { local tag=$1; shift; printf '[%s] %s\n' "$tag" "$*" >&2; }
+tagged_die() { local tag=$1; shift; printf '[%s] error: %s\n' "$tag" "$*" >&2; exit 1; }
+log() { tagged_log control-plane "$@"; }
+die() { tagged_die control-plane "$@"; }
 
 # Reads one top-level string field of a JSON object on stdin (go mod download -json output).
 json_field() { python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }

@@ -28,20 +28,14 @@ import tempfile
 
 import yaml
 
+from chart_failures import check, failures, finish
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 SOURCES = ["sdk/src/runtime/metrics.rs", "provisioning-controller/src/metrics.rs"]
 # Labels Prometheus (through a ServiceMonitor) adds to every scraped series.
 TARGET_LABELS = {"namespace", "pod", "job", "service", "instance", "endpoint", "container"}
 STATES = {"Pending", "Ready", "Retry", "Rejected"}
 GRAFANA_VARS = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m"}
-
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-    return cond
 
 
 def metrics_from_code():
@@ -266,11 +260,7 @@ def main():
     check_docs_metrics(args.docs, families)
     if args.promtool:
         promtool_checks(args.promtool, rule_docs, dash_exprs, args.alerts_test, args.test_rules)
-    if failures:
-        for f in failures:
-            print(f"[chart] {f}", file=sys.stderr)
-        sys.exit(1)
-    print(f"[chart] dashboard ({len(dash_exprs)} expressions) and alerts OK", file=sys.stderr)
+    finish("", f"dashboard ({len(dash_exprs)} expressions) and alerts OK")
 
 
 if __name__ == "__main__":

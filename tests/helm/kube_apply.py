@@ -24,12 +24,15 @@ import os
 import ssl
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 import yaml
+
+# The control plane's client module: reading manifests and waiting for CRDs are the same here.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "control-plane"))
+from kube import documents, wait_established  # noqa: E402
 
 FIELD_MANAGER = "kueue-ac-chart-test"
 PSS_LABELS = {
@@ -133,14 +136,6 @@ class Client:
         return f"{base}/{doc['metadata']['name']}" if name else base
 
 
-def documents(paths):
-    for path in paths:
-        with open(path) as f:
-            for doc in yaml.safe_load_all(f):
-                if doc:
-                    yield doc
-
-
 def apply(client, doc, namespace=None, dry_run=False):
     query = {"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": "Strict"}
     if dry_run:
@@ -176,16 +171,7 @@ def cmd_namespace(client, name):
 def cmd_crds(client, *paths, timeout=60):
     names = [must_apply(client, doc).split(" ", 1)[1] for doc in documents(paths)]
     check_no_warnings(client, "applying CRDs")
-    deadline = time.monotonic() + timeout
-    pending = set(names)
-    while pending and time.monotonic() < deadline:
-        for name in sorted(pending):
-            code, crd = client.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conds = (crd.get("status") or {}).get("conditions") or []
-            if code == 200 and any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-                pending.discard(name)
-        if pending:
-            time.sleep(0.2)
+    pending = wait_established(client, names, timeout)
     if pending:
         fail(f"CRDs not Established within {timeout}s: {', '.join(sorted(pending))}")
     log(f"{len(names)} CRD(s) Established: {', '.join(names)}")

@@ -16,8 +16,8 @@ PROMTOOL_BIN="$BIN_DIR/promtool-$PROMETHEUS_MODULE_VERSION/promtool"
 # Debian's promtool, unpacked from its prometheus package (PROMTOOL_FROM=go skips it).
 DEBIAN_PROMTOOL_BIN="$BIN_DIR/promtool-debian/promtool"
 
-hlog() { printf '[chart] %s\n' "$*" >&2; }
-hdie() { printf '[chart] error: %s\n' "$*" >&2; exit 1; }
+hlog() { tagged_log chart "$@"; }
+hdie() { tagged_die chart "$@"; }
 
 # The directory of a downloaded module (downloading it if needed).
 module_dir() { # module version

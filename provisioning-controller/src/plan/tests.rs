@@ -3,52 +3,37 @@
 use super::merge::{canonical_quantity, semantic};
 use super::*;
 
+#[path = "../../tests/support/pod_sets.rs"]
+mod pod_sets;
+use pod_sets::{container, pod_set, resources};
+
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodSpec,
     ResourceRequirements, Toleration,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kueue_admission_sdk::api::{Admission, PodSetAssignment, WorkloadSpec, WorkloadStatus};
+use kueue_admission_sdk::api::PodSetAssignment;
+use kueue_admission_sdk::testing::WorkloadBuilder;
 
-fn resources(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, Quantity>> {
-    (!pairs.is_empty()).then(|| {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-            .collect()
-    })
-}
-
-fn container(name: &str, requests: &[(&str, &str)], limits: &[(&str, &str)]) -> Container {
-    Container {
-        name: name.into(),
-        image: Some(format!("img-{name}")),
-        resources: Some(ResourceRequirements {
-            requests: resources(requests),
-            limits: resources(limits),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn pod_set(name: &str, count: i32, containers: Vec<Container>) -> PodSet {
-    PodSet {
-        name: name.into(),
-        count,
-        template: PodTemplateSpec {
-            spec: Some(PodSpec {
-                containers,
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        min_count: None,
-    }
+/// A podset whose pods run one container, `main`, with these requests and limits.
+fn main_pod_set(
+    name: &str,
+    count: i32,
+    requests: &[(&str, &str)],
+    limits: &[(&str, &str)],
+) -> PodSet {
+    pod_set(name, count, vec![container("main", requests, limits)])
 }
 
 fn cpu_pod_set(name: &str, count: i32) -> PodSet {
-    pod_set(name, count, vec![container("main", &[("cpu", "1")], &[])])
+    main_pod_set(name, count, &[("cpu", "1")], &[])
+}
+
+/// The test config, with `nvidia.com/gpu` its only managed resource.
+fn gpu_managed() -> ProvisioningRequestConfigSpec {
+    ProvisioningRequestConfigSpec {
+        managed_resources: vec!["nvidia.com/gpu".into()],
+        ..config()
+    }
 }
 
 fn spec_of(ps: &mut PodSet) -> &mut PodSpec {
@@ -57,32 +42,11 @@ fn spec_of(ps: &mut PodSet) -> &mut PodSpec {
 
 /// A Workload holding quota: every podset assigned `flavor` for cpu, with its own count.
 fn workload(pod_sets: Vec<PodSet>, flavor: &str) -> Workload {
-    let assignments = pod_sets
-        .iter()
-        .map(|ps| PodSetAssignment {
-            name: ps.name.clone(),
-            flavors: BTreeMap::from([("cpu".to_string(), flavor.to_string())]),
-            count: Some(ps.count),
-            ..Default::default()
-        })
-        .collect();
-    let mut wl = Workload::new(
-        "job-1",
-        WorkloadSpec {
-            pod_sets,
-            ..Default::default()
-        },
-    );
-    wl.metadata.namespace = Some("team-a".into());
-    wl.metadata.uid = Some("uid-1".into());
-    wl.status = Some(WorkloadStatus {
-        admission: Some(Admission {
-            cluster_queue: "cq".into(),
-            pod_set_assignments: assignments,
-        }),
-        ..Default::default()
-    });
-    wl
+    WorkloadBuilder::new("team-a", "job-1")
+        .uid("uid-1")
+        .with(|wl| wl.spec.pod_sets = pod_sets)
+        .quota_reserved("cq", flavor)
+        .build()
 }
 
 fn assignment_mut<'a>(wl: &'a mut Workload, name: &str) -> &'a mut PodSetAssignment {
@@ -91,6 +55,30 @@ fn assignment_mut<'a>(wl: &'a mut Workload, name: &str) -> &'a mut PodSetAssignm
         .and_then(|s| s.admission.as_mut())
         .and_then(|a| a.pod_set_assignments.iter_mut().find(|p| p.name == name))
         .expect("assignment")
+}
+
+/// One podset, `main`, of one pod requesting a cpu, assigned flavor `spot`, and `quantity` of
+/// `resource`, assigned `flavor`.
+fn spot_cpu_and(resource: &str, quantity: &str, flavor: &str) -> Workload {
+    let ps = main_pod_set("main", 1, &[("cpu", "1"), (resource, quantity)], &[]);
+    let mut wl = workload(vec![ps], "spot");
+    assign_flavor(&mut wl, "main", resource, flavor);
+    wl
+}
+
+/// Removes every podset assignment but `name`'s.
+fn keep_only_assignment_of(wl: &mut Workload, name: &str) {
+    let admission = wl.status.as_mut().and_then(|s| s.admission.as_mut());
+    admission
+        .expect("admission")
+        .pod_set_assignments
+        .retain(|a| a.name == name);
+}
+
+/// Assigns `flavor` to `resource` of podset `pod_set`.
+fn assign_flavor(wl: &mut Workload, pod_set: &str, resource: &str, flavor: &str) {
+    let assignment = assignment_mut(wl, pod_set);
+    assignment.flavors.insert(resource.into(), flavor.into());
 }
 
 fn config() -> ProvisioningRequestConfigSpec {
@@ -235,42 +223,20 @@ fn counts_come_from_the_assignment_then_the_podset() {
 
 #[test]
 fn managed_resources_select_podsets() {
-    let gpu = pod_set(
-        "gpu",
-        2,
-        vec![container(
-            "main",
-            &[("cpu", "1"), ("nvidia.com/gpu", "1")],
-            &[],
-        )],
-    );
+    let gpu = main_pod_set("gpu", 2, &[("cpu", "1"), ("nvidia.com/gpu", "1")], &[]);
     let wl = workload(vec![cpu_pod_set("cpu", 3), gpu], "default");
-    let config = ProvisioningRequestConfigSpec {
-        managed_resources: vec!["nvidia.com/gpu".into()],
-        ..config()
-    };
+    let config = gpu_managed();
     assert_eq!(members(&request(&wl, &config)), vec![(vec!["gpu"], 2)]);
 }
 
 #[test]
 fn managed_resources_count_limits_and_init_containers() {
-    let limits_only = pod_set(
-        "limits",
-        1,
-        vec![container(
-            "main",
-            &[("cpu", "1")],
-            &[("nvidia.com/gpu", "1")],
-        )],
-    );
+    let limits_only = main_pod_set("limits", 1, &[("cpu", "1")], &[("nvidia.com/gpu", "1")]);
     let mut init = cpu_pod_set("init", 2);
     spec_of(&mut init).init_containers =
         Some(vec![container("setup", &[("nvidia.com/gpu", "1")], &[])]);
     let wl = workload(vec![limits_only, cpu_pod_set("cpu", 3), init], "default");
-    let config = ProvisioningRequestConfigSpec {
-        managed_resources: vec!["nvidia.com/gpu".into()],
-        ..config()
-    };
+    let config = gpu_managed();
     assert_eq!(
         members(&request(&wl, &config)),
         vec![(vec!["limits"], 1), (vec!["init"], 2)]
@@ -280,21 +246,14 @@ fn managed_resources_count_limits_and_init_containers() {
 #[test]
 fn not_needed_when_no_podset_uses_managed_resources() {
     let wl = workload(vec![cpu_pod_set("a", 3)], "default");
-    let config = ProvisioningRequestConfigSpec {
-        managed_resources: vec!["nvidia.com/gpu".into()],
-        ..config()
-    };
+    let config = gpu_managed();
     assert_eq!(run(&wl, &config), Ok(Plan::NotNeeded));
 }
 
 #[test]
 fn skipped_podsets_need_no_assignment() {
     let mut wl = workload(vec![cpu_pod_set("a", 3), cpu_pod_set("b", 0)], "default");
-    let admission = wl.status.as_mut().and_then(|s| s.admission.as_mut());
-    admission
-        .expect("admission")
-        .pod_set_assignments
-        .retain(|a| a.name == "a");
+    keep_only_assignment_of(&mut wl, "a");
     assert_eq!(members(&request(&wl, &config())), vec![(vec!["a"], 3)]);
 }
 
@@ -323,19 +282,7 @@ fn flavor_node_labels_and_tolerations_are_added() {
 
 #[test]
 fn every_assigned_flavor_contributes() {
-    let ps = pod_set(
-        "main",
-        1,
-        vec![container(
-            "main",
-            &[("cpu", "1"), ("nvidia.com/gpu", "1")],
-            &[],
-        )],
-    );
-    let mut wl = workload(vec![ps], "spot");
-    assignment_mut(&mut wl, "main")
-        .flavors
-        .insert("nvidia.com/gpu".into(), "gpu".into());
+    let wl = spot_cpu_and("nvidia.com/gpu", "1", "gpu");
     let r = request(&wl, &config());
     let spec = pod_spec(&r.pod_sets[0]);
     let selector = spec.node_selector.as_ref().expect("nodeSelector");
@@ -372,15 +319,7 @@ fn template_node_selector_conflicting_with_a_flavor_is_an_error() {
 
 #[test]
 fn flavors_with_conflicting_labels_are_an_error() {
-    let ps = pod_set(
-        "main",
-        1,
-        vec![container("main", &[("cpu", "1"), ("memory", "1Gi")], &[])],
-    );
-    let mut wl = workload(vec![ps], "spot");
-    assignment_mut(&mut wl, "main")
-        .flavors
-        .insert("memory".into(), "other-pool".into());
+    let wl = spot_cpu_and("memory", "1Gi", "other-pool");
     let err = run(&wl, &config()).expect_err("conflict");
     assert_eq!(
         err,
@@ -416,11 +355,7 @@ fn unknown_flavor_is_named() {
 #[test]
 fn missing_assignment_is_an_error() {
     let mut wl = workload(vec![cpu_pod_set("a", 1), cpu_pod_set("b", 1)], "default");
-    let admission = wl.status.as_mut().and_then(|s| s.admission.as_mut());
-    admission
-        .expect("admission")
-        .pod_set_assignments
-        .retain(|a| a.name == "a");
+    keep_only_assignment_of(&mut wl, "a");
     assert_eq!(
         run(&wl, &config()),
         Err(PlanError::MissingAssignment {
@@ -452,14 +387,11 @@ fn config_errors() {
 
 #[test]
 fn limits_are_copied_into_missing_requests() {
-    let mut ps = pod_set(
+    let mut ps = main_pod_set(
         "main",
         1,
-        vec![container(
-            "main",
-            &[("cpu", "500m")],
-            &[("cpu", "2"), ("memory", "1Gi")],
-        )],
+        &[("cpu", "500m")],
+        &[("cpu", "2"), ("memory", "1Gi")],
     );
     let spec = spec_of(&mut ps);
     spec.init_containers = Some(vec![container("init", &[], &[("cpu", "1")])]);
@@ -506,7 +438,7 @@ fn without_a_policy_nothing_is_merged() {
 
 #[test]
 fn identical_pod_templates_merge_into_the_first_match() {
-    let big = pod_set("b", 2, vec![container("main", &[("cpu", "4")], &[])]);
+    let big = main_pod_set("b", 2, &[("cpu", "4")], &[]);
     let wl = workload(vec![cpu_pod_set("a", 1), big, cpu_pod_set("c", 3)], "spot");
     let r = request(&wl, &with_policy("IdenticalPodTemplates"));
     assert_eq!(members(&r), vec![(vec!["a", "c"], 4), (vec!["b"], 2)]);
@@ -532,20 +464,8 @@ fn identical_pod_templates_compare_the_whole_template() {
 
 #[test]
 fn identical_pod_templates_compare_quantities_by_value() {
-    let a = pod_set(
-        "a",
-        1,
-        vec![container("main", &[("cpu", "1"), ("memory", "1Gi")], &[])],
-    );
-    let b = pod_set(
-        "b",
-        2,
-        vec![container(
-            "main",
-            &[("cpu", "1000m"), ("memory", "1024Mi")],
-            &[],
-        )],
-    );
+    let a = main_pod_set("a", 1, &[("cpu", "1"), ("memory", "1Gi")], &[]);
+    let b = main_pod_set("b", 2, &[("cpu", "1000m"), ("memory", "1024Mi")], &[]);
     let wl = workload(vec![a, b], "default");
     let r = request(&wl, &with_policy("IdenticalPodTemplates"));
     assert_eq!(members(&r), vec![(vec!["a", "b"], 3)]);
@@ -572,9 +492,7 @@ fn templates_are_compared_before_the_flavor_additions() {
 #[test]
 fn podsets_on_different_flavors_are_not_merged() {
     let mut wl = workload(vec![cpu_pod_set("a", 1), cpu_pod_set("b", 1)], "default");
-    assignment_mut(&mut wl, "b")
-        .flavors
-        .insert("cpu".into(), "spot".into());
+    assign_flavor(&mut wl, "b", "cpu", "spot");
     for policy in [
         "IdenticalPodTemplates",
         "IdenticalWorkloadSchedulingRequirements",
@@ -881,24 +799,29 @@ fn workload_without_uid_gets_no_uid_label() {
 #[test]
 fn quantities_in_canonical_form() {
     let c = |s: &str| canonical_quantity(s);
-    assert_eq!(c("1"), c("1000m"));
-    assert_eq!(c("1e3"), c("1k"));
-    assert_eq!(c("1e-3"), c("1m"));
-    assert_eq!(c("1Gi"), c("1024Mi"));
-    assert_eq!(c("1Gi"), c("1073741824"));
-    assert_eq!(c("0.5"), c("500m"));
-    assert_eq!(c("1.5k"), c("1500"));
-    assert_eq!(c("1E3"), c("1k"));
-    assert_eq!(c("1E"), c("1e18"));
-    assert_eq!(c("0"), c("0m"));
-    assert_eq!(c("+2"), c("2"));
-    assert_ne!(c("1"), c("1Ki"));
-    assert_ne!(c("-1"), c("1"));
+    for (a, b) in [
+        ("1", "1000m"),
+        ("1e3", "1k"),
+        ("1e-3", "1m"),
+        ("1Gi", "1024Mi"),
+        ("1Gi", "1073741824"),
+        ("0.5", "500m"),
+        ("1.5k", "1500"),
+        ("1E3", "1k"),
+        ("1E", "1e18"),
+        ("0", "0m"),
+        ("+2", "2"),
+    ] {
+        assert_eq!(c(a), c(b), "{a} = {b}");
+    }
+    for (a, b) in [("1", "1Ki"), ("-1", "1")] {
+        assert_ne!(c(a), c(b), "{a} != {b}");
+    }
     assert_eq!(c("1"), "1e0");
     // Not a quantity: unchanged.
-    assert_eq!(c("lots"), "lots");
-    assert_eq!(c("1..2"), "1..2");
-    assert_eq!(c("1Xi"), "1Xi");
+    for not_a_quantity in ["lots", "1..2", "1Xi"] {
+        assert_eq!(c(not_a_quantity), not_a_quantity);
+    }
 }
 
 #[test]
@@ -925,4 +848,13 @@ fn semantic_equality_treats_empty_maps_as_absent() {
         ..Default::default()
     };
     assert_ne!(semantic("template", &b), semantic("template", &c));
+}
+
+#[test]
+fn assigned_flavor_names_are_every_resources_in_podset_order() {
+    let mut wl = workload(vec![cpu_pod_set("a", 1), cpu_pod_set("b", 1)], "spot");
+    assign_flavor(&mut wl, "a", "memory", "default");
+    assert_eq!(assigned_flavor_names(&wl), ["spot", "default", "spot"]);
+    wl.status = None;
+    assert!(assigned_flavor_names(&wl).is_empty());
 }

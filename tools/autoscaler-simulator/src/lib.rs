@@ -781,95 +781,89 @@ mod tests {
         assert_eq!(parse_class_details(""), (BTreeMap::new(), vec![]));
     }
 
+    /// `step` decided on each `(status so far, second, expected decision)`; `None`: no status
+    /// written yet.
+    fn assert_decides(step: &Step, cases: &[(Option<&ProvisioningRequestStatus>, i64, Decision)]) {
+        for (i, (status, now, expected)) in cases.iter().enumerate() {
+            let decided = decide(*status, step, at(*now));
+            assert_eq!(&decided, expected, "{step:?}, case {i}");
+        }
+    }
+
     #[test]
     fn provision_accepts_and_provisions_at_once() {
-        let step = Step::Provision { after: secs(0) };
-        assert_eq!(
-            decide(None, &step, at(0)),
-            decision(&[ACCEPTED, PROVISIONED], None)
-        );
         let done = status(&[(ACCEPTED, "True", 0), (PROVISIONED, "True", 0)]);
-        assert_eq!(decide(Some(&done), &step, at(100)), Decision::default());
-        // A Provisioned=False (capacity not found yet) is overwritten.
         let waiting = status(&[(ACCEPTED, "True", 0), (PROVISIONED, "False", 0)]);
-        assert_eq!(
-            decide(Some(&waiting), &step, at(1)),
-            decision(&[PROVISIONED], None)
+        assert_decides(
+            &Step::Provision { after: secs(0) },
+            &[
+                (None, 0, decision(&[ACCEPTED, PROVISIONED], None)),
+                (Some(&done), 100, Decision::default()),
+                // A Provisioned=False (capacity not found yet) is overwritten.
+                (Some(&waiting), 1, decision(&[PROVISIONED], None)),
+            ],
         );
     }
 
     #[test]
     fn delayed_provision_counts_from_acceptance() {
-        let step = Step::Provision { after: secs(10) };
-        assert_eq!(decide(None, &step, at(0)), decision(&[ACCEPTED], Some(10)));
         let accepted = status(&[(ACCEPTED, "True", 0)]);
-        assert_eq!(
-            decide(Some(&accepted), &step, at(4)),
-            decision(&[], Some(10))
-        );
-        assert_eq!(
-            decide(Some(&accepted), &step, at(10)),
-            decision(&[PROVISIONED], None)
-        );
-        // A restart long after the due time provisions at once.
-        assert_eq!(
-            decide(Some(&accepted), &step, at(1000)),
-            decision(&[PROVISIONED], None)
+        assert_decides(
+            &Step::Provision { after: secs(10) },
+            &[
+                (None, 0, decision(&[ACCEPTED], Some(10))),
+                (Some(&accepted), 4, decision(&[], Some(10))),
+                (Some(&accepted), 10, decision(&[PROVISIONED], None)),
+                // A restart long after the due time provisions at once.
+                (Some(&accepted), 1000, decision(&[PROVISIONED], None)),
+            ],
         );
     }
 
     #[test]
     fn fail_and_accept_and_ignore() {
-        assert_eq!(
-            decide(None, &Step::Fail, at(0)),
-            decision(&[ACCEPTED, FAILED], None)
-        );
         let accepted = status(&[(ACCEPTED, "True", 0)]);
-        assert_eq!(
-            decide(Some(&accepted), &Step::Fail, at(1)),
-            decision(&[FAILED], None)
+        assert_decides(
+            &Step::Fail,
+            &[
+                (None, 0, decision(&[ACCEPTED, FAILED], None)),
+                (Some(&accepted), 1, decision(&[FAILED], None)),
+            ],
         );
-        assert_eq!(
-            decide(None, &Step::Accept, at(0)),
-            decision(&[ACCEPTED], None)
+        assert_decides(
+            &Step::Accept,
+            &[
+                (None, 0, decision(&[ACCEPTED], None)),
+                (Some(&accepted), 9, Decision::default()),
+            ],
         );
-        assert_eq!(
-            decide(Some(&accepted), &Step::Accept, at(9)),
-            Decision::default()
-        );
-        assert_eq!(decide(None, &Step::Ignore, at(0)), Decision::default());
+        assert_decides(&Step::Ignore, &[(None, 0, Decision::default())]);
     }
 
     #[test]
     fn expire_and_revoke_count_from_provisioning() {
+        let provisioned = status(&[(ACCEPTED, "True", 0), (PROVISIONED, "True", 5)]);
         for (step, last) in [
             (Step::Expire { after: secs(30) }, BOOKING_EXPIRED),
             (Step::Revoke { after: secs(30) }, CAPACITY_REVOKED),
         ] {
-            assert_eq!(
-                decide(None, &step, at(0)),
-                decision(&[ACCEPTED, PROVISIONED], Some(30))
-            );
-            let provisioned = status(&[(ACCEPTED, "True", 0), (PROVISIONED, "True", 5)]);
-            assert_eq!(
-                decide(Some(&provisioned), &step, at(20)),
-                decision(&[], Some(35))
-            );
-            assert_eq!(
-                decide(Some(&provisioned), &step, at(35)),
-                decision(&[last], None)
-            );
             let finished = status(&[
                 (ACCEPTED, "True", 0),
                 (PROVISIONED, "True", 5),
                 (last, "True", 35),
             ]);
-            assert_eq!(decide(Some(&finished), &step, at(99)), Decision::default());
+            assert_decides(
+                &step,
+                &[
+                    (None, 0, decision(&[ACCEPTED, PROVISIONED], Some(30))),
+                    (Some(&provisioned), 20, decision(&[], Some(35))),
+                    (Some(&provisioned), 35, decision(&[last], None)),
+                    (Some(&finished), 99, Decision::default()),
+                ],
+            );
         }
-        assert_eq!(
-            decide(None, &Step::Expire { after: secs(0) }, at(0)),
-            decision(&[ACCEPTED, PROVISIONED, BOOKING_EXPIRED], None)
-        );
+        let at_once = decision(&[ACCEPTED, PROVISIONED, BOOKING_EXPIRED], None);
+        assert_decides(&Step::Expire { after: secs(0) }, &[(None, 0, at_once)]);
     }
 
     #[test]
