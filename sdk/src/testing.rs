@@ -269,6 +269,28 @@ fn insert(map: &mut Option<BTreeMap<String, String>>, key: &str, value: &str) {
         .insert(key.into(), value.into());
 }
 
+/// A check binary's flags `F` parsed from no arguments (its defaults), after asserting that
+/// each argument of `refused` alone is refused. For a binary's own unit test of its flags:
+///
+/// ```
+/// # #[derive(clap::Parser)] struct Flags { #[arg(long, default_value_t = 1,
+/// #   value_parser = clap::value_parser!(u8).range(1..))] tries: u8 }
+/// let defaults: Flags = kueue_admission_sdk::testing::defaults_refusing(&["--tries=0"]);
+/// assert_eq!(defaults.tries, 1);
+/// ```
+pub fn defaults_refusing<F: clap::Parser>(refused: &[&str]) -> F {
+    let accepted: Vec<&str> = refused
+        .iter()
+        .copied()
+        .filter(|arg| F::try_parse_from(["binary", arg]).is_ok())
+        .collect();
+    assert!(
+        accepted.is_empty(),
+        "accepted, should be refused: {accepted:?}"
+    );
+    F::try_parse_from(["binary"]).unwrap_or_else(|e| panic!("the defaults do not parse: {e}"))
+}
+
 /// A client for unit tests: every request fails at once with an error saying there is no API
 /// server, so a check that unexpectedly calls the API fails its test instead of hanging.
 pub fn offline_client() -> kube::Client {

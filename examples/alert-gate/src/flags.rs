@@ -55,7 +55,10 @@ mod tests {
 
     #[test]
     fn ready_answers_are_withdrawn_only_when_asked() {
-        let flags = Flags::try_parse_from(["alert-gate"]).expect("defaults parse");
+        let flags: Flags = kueue_admission_sdk::testing::defaults_refusing(&[
+            "--withdraw-ready-seconds=3601",
+            "--answer-fresh-seconds=301",
+        ]);
         assert_eq!(flags.check().revalidate(), Revalidate::Never);
         let flags =
             Flags::try_parse_from(["alert-gate", "--withdraw-ready-seconds=30"]).expect("parses");
@@ -63,11 +66,5 @@ mod tests {
             flags.check().revalidate(),
             Revalidate::Every(Duration::from_secs(30))
         );
-        for bad in [
-            "--withdraw-ready-seconds=3601",
-            "--answer-fresh-seconds=301",
-        ] {
-            assert!(Flags::try_parse_from(["alert-gate", bad]).is_err(), "{bad}");
-        }
     }
 }

@@ -106,20 +106,14 @@ mod tests {
 
     #[test]
     fn defaults_and_refusals() {
-        let cli = Flags::try_parse_from(["budget-check"]).expect("defaults parse");
-        assert_eq!(cli.controller_name, DEFAULT_CONTROLLER_NAME);
-        assert_eq!(cli.prices.to_string(), "cpu=1,memory=0.1");
-        assert_eq!(cli.max_wait_seconds, None);
-        for bad in [
+        let cli: Flags = kueue_admission_sdk::testing::defaults_refusing(&[
             "--prices=cpu",
             "--prices=cpu=-1",
             "--default-runtime-seconds=0",
             "--max-wait-seconds=0",
-        ] {
-            assert!(
-                Flags::try_parse_from(["budget-check", bad]).is_err(),
-                "{bad}"
-            );
-        }
+        ]);
+        assert_eq!(cli.controller_name, DEFAULT_CONTROLLER_NAME);
+        assert_eq!(cli.prices.to_string(), "cpu=1,memory=0.1");
+        assert_eq!(cli.max_wait_seconds, None);
     }
 }
