@@ -364,6 +364,8 @@ pub struct GuardedQueue {
     pub flavor: String,
     /// The AdmissionCheck.
     pub check: String,
+    /// The controllerName the AdmissionCheck names.
+    pub controller_name: String,
     /// The ClusterQueue.
     pub cluster_queue: String,
 }
@@ -600,6 +602,12 @@ impl TestEnv {
         .await
     }
 
+    /// A controllerName no other test uses (so parallel tests' controllers never answer each
+    /// other's checks): `e2e.kueue-admission-checks.dev/<prefix>-<namespace>`.
+    pub fn own_controller_name(&self, prefix: &str) -> String {
+        format!("e2e.kueue-admission-checks.dev/{prefix}-{}", self.ns)
+    }
+
     /// The usual setup of a test of one check: ResourceFlavor `default`, AdmissionCheck `check`
     /// answered by `controller_name`, ClusterQueue `cq` with `cpu` quota guarded by it, and
     /// LocalQueue `lq`.
@@ -622,6 +630,7 @@ impl TestEnv {
         Ok(GuardedQueue {
             flavor,
             check,
+            controller_name: controller_name.into(),
             cluster_queue,
         })
     }

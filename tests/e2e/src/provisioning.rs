@@ -48,7 +48,7 @@ pub struct Provisioning {
 impl TestEnv {
     /// This test's controllerName.
     pub fn provisioning_controller_name(&self) -> String {
-        format!("e2e.kueue-admission-checks.dev/prov-{}", self.ns)
+        self.own_controller_name("prov")
     }
 
     /// A ProvisioningRequestConfig with this spec (merged over this test's class name).

@@ -53,7 +53,7 @@ struct BudgetArgs {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_needs() -> Result<()> {
     let env = TestEnv::new("chart-kac-budget").await?;
-    let controller_name = format!("e2e.kueue-admission-checks.dev/kac-{}", env.ns);
+    let controller_name = env.own_controller_name("kac");
     let values = chart::repo_root()
         .join(CHART)
         .join("ci/budget-check-values.yaml");

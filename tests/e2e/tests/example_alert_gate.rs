@@ -163,7 +163,7 @@ async fn gated(test: &str, spec: AlertGateSpec) -> Result<Gated> {
         .create(&PostParams::default(), &AlertGate::new(&gate, spec))
         .await
         .context("creating the AlertGate")?;
-    let controller_name = format!("e2e.kueue-admission-checks.dev/alert-gate-{}", env.ns);
+    let controller_name = env.own_controller_name("alert-gate");
     let ac = AdmissionCheck::new(
         &env.cluster_name("alerts"),
         AdmissionCheckSpec {

@@ -10,13 +10,13 @@ use budget_check::ledger::BudgetLedger;
 use budget_check::money::Credits;
 use budget_check::window::{Period, Window};
 use budget_check::{Backend, BudgetCheck, ConfigMapBackend, Settings};
-use e2e::{DEFAULT_TIMEOUT, SuspendedJob, TestEnv};
+use e2e::{DEFAULT_TIMEOUT, GuardedQueue, SuspendedJob, TestEnv};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
-use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::shadow::ShadowScope;
 use serde_json::json;
 
@@ -25,29 +25,21 @@ const BUDGETS: &str = "budgets";
 /// One test's queue, check and the ConfigMaps its controller uses.
 struct Budgeted {
     env: TestEnv,
-    check: String,
-    controller_name: String,
+    q: GuardedQueue,
     backend: ConfigMapBackend,
 }
 
 async fn setup(test: &str) -> Result<Budgeted> {
     let env = TestEnv::new(test).await?;
-    let controller_name = format!("e2e.kueue-admission-checks.dev/budget-{}", env.ns);
-    let check = env
-        .guarded_queue("budget", &controller_name, "20")
-        .await?
-        .check;
+    let q = env
+        .guarded_queue("budget", &env.own_controller_name("budget"), "20")
+        .await?;
     let backend = ConfigMapBackend {
         namespace: env.ns.clone(),
         budgets: BUDGETS.into(),
         ledger_prefix: "budget-ledger-".into(),
     };
-    Ok(Budgeted {
-        env,
-        check,
-        controller_name,
-        backend,
-    })
+    Ok(Budgeted { env, q, backend })
 }
 
 fn credits(s: &str) -> Credits {
@@ -68,7 +60,7 @@ impl Budgeted {
     /// [`Budgeted::start`] with `base`'s metrics address and shadow mode.
     fn start_with(&self, client: Client, base: RuntimeConfig) -> e2e::Running {
         let settings = Settings {
-            controller_name: self.controller_name.clone(),
+            controller_name: self.q.controller_name.clone(),
             prices: "cpu=1".parse().unwrap_or_default(),
             default_runtime: Duration::from_secs(3600),
             budget_recheck: Duration::from_secs(1),
@@ -149,7 +141,10 @@ impl Budgeted {
     }
 
     fn entry(&self, wl: &Workload) -> (CheckState, String, Option<i32>) {
-        let e = wl.admission_check(&self.check).cloned().unwrap_or_default();
+        let e = wl
+            .admission_check(&self.q.check)
+            .cloned()
+            .unwrap_or_default();
         (e.state, e.message, e.requeue_after_seconds)
     }
 
@@ -201,7 +196,7 @@ async fn a_fitting_workload_is_admitted_and_charged_its_estimate() -> Result<()>
         .ok_or_else(|| anyhow::anyhow!("no charge for the uid: {ledger:#?}"))?;
     assert_eq!(
         (charge.cost, charge.runtime_seconds, charge.check),
-        (credits("1"), 1800, t.check.clone())
+        (credits("1"), 1800, t.q.check.clone())
     );
     assert_eq!(ledger.spent(&today()), credits("1"));
     Ok(())
@@ -224,7 +219,7 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
         .await?;
     let (_, message, delay) = t.entry(&waiting);
     let entry = waiting
-        .admission_check(&t.check)
+        .admission_check(&t.q.check)
         .cloned()
         .unwrap_or_default();
     let decided = entry
@@ -392,7 +387,7 @@ async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()>
 
     let finished = t.finish("job-a", &a).await?;
     let b = t.submit("job-b", "2", None).await?;
-    t.env.wait_check_pending_with_quota(&b, &t.check).await?;
+    t.env.wait_check_pending_with_quota(&b, &t.q.check).await?;
     let a_charge = t
         .ledger()
         .await?
@@ -550,7 +545,7 @@ async fn many_workloads_at_once_never_overspend_at_any_version() -> Result<()> {
 #[tokio::test]
 async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refused() -> Result<()> {
     let env = TestEnv::new("budget-shadow").await?;
-    let controller_name = format!("e2e.kueue-admission-checks.dev/budget-{}", env.ns);
+    let controller_name = env.own_controller_name("budget");
     let flavor = env.resource_flavor("default").await?.name_any();
     let check = env
         .admission_check("budget", &controller_name)
@@ -567,12 +562,13 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
         budgets: BUDGETS.into(),
         ledger_prefix: "budget-ledger-".into(),
     };
-    let t = Budgeted {
-        env,
+    let q = GuardedQueue {
+        flavor,
         check,
         controller_name,
-        backend,
+        cluster_queue: cq.clone(),
     };
+    let t = Budgeted { env, q, backend };
     t.set_budget("3/week").await?;
     let http = e2e::free_local_address()?;
     let _controller = t.start_with(
@@ -584,20 +580,11 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
         },
     );
     // The check says it is in shadow mode, and that no queue may wait on it.
-    let ac = e2e::wait_for(
-        Api::<AdmissionCheck>::all(t.env.client.clone()),
-        &t.check,
-        "Active=False, reason ShadowMode",
-        |ac| {
-            ac.active_condition()
-                .is_some_and(|c| c.status == "False" && c.reason == "ShadowMode")
-        },
-    )
-    .await?;
-    let message = ac
-        .active_condition()
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    let message = t
+        .env
+        .wait_check_active(&t.q.check, "False", Some("ShadowMode"))
+        .await?
+        .message;
     assert!(
         message.contains(&format!("ClusterQueues {cq}")) && message.contains("--shadow"),
         "{message}"
@@ -622,7 +609,7 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
     let series = |state: &str| {
         format!(
             "kueue_ac_shadow_decisions_total{{check=\"{}\",state=\"{state}\"}}",
-            t.check
+            t.q.check
         )
     };
     let metrics = e2e::wait_metric(http, &series("Rejected"), 2.0).await?;
@@ -647,7 +634,7 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
             &metrics,
             &format!(
                 "kueue_ac_decisions_total{{check=\"{}\",state=\"Rejected\"}}",
-                t.check
+                t.q.check
             )
         ),
         Some(0.0),
@@ -667,7 +654,11 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
     let ours = format!("e2e-{}", t.env.ns);
     for wl in [&fits, &over, &huge[0], &huge[1]] {
         let wl = t.env.workloads().get(wl).await?;
-        assert!(wl.admission_check(&t.check).is_none(), "{}", e2e::dump(&wl));
+        assert!(
+            wl.admission_check(&t.q.check).is_none(),
+            "{}",
+            e2e::dump(&wl)
+        );
         assert!(
             !wl.annotations()
                 .keys()

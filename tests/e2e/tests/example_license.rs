@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{DEFAULT_TIMEOUT, TestEnv};
+use e2e::{DEFAULT_TIMEOUT, GuardedQueue, TestEnv};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -27,29 +27,21 @@ const LEDGER: &str = "license-ledger";
 /// One test's queue, check and the ConfigMaps its controller uses.
 struct Licensed {
     env: TestEnv,
-    check: String,
-    controller_name: String,
+    q: GuardedQueue,
     backend: ConfigMapBackend,
 }
 
 async fn setup(test: &str) -> Result<Licensed> {
     let env = TestEnv::new(test).await?;
-    let controller_name = format!("e2e.kueue-admission-checks.dev/license-{}", env.ns);
-    let check = env
-        .guarded_queue("licenses", &controller_name, "20")
-        .await?
-        .check;
+    let q = env
+        .guarded_queue("licenses", &env.own_controller_name("license"), "20")
+        .await?;
     let backend = ConfigMapBackend {
         namespace: env.ns.clone(),
         pool: POOL.into(),
         ledger: LEDGER.into(),
     };
-    Ok(Licensed {
-        env,
-        check,
-        controller_name,
-        backend,
-    })
+    Ok(Licensed { env, q, backend })
 }
 
 impl Licensed {
@@ -61,7 +53,7 @@ impl Licensed {
 
     fn start_with<B: Backend>(&self, client: Client, backend: B) -> e2e::Running {
         let settings = Settings {
-            controller_name: self.controller_name.clone(),
+            controller_name: self.q.controller_name.clone(),
             retry_policy: RetryPolicy::exponential(
                 Duration::from_secs(1),
                 2.0,
@@ -130,7 +122,10 @@ impl Licensed {
     }
 
     fn entry(&self, wl: &Workload) -> (CheckState, String, Option<i32>, Option<i32>) {
-        let e = wl.admission_check(&self.check).cloned().unwrap_or_default();
+        let e = wl
+            .admission_check(&self.q.check)
+            .cloned()
+            .unwrap_or_default();
         (e.state, e.message, e.retry_count, e.requeue_after_seconds)
     }
 
@@ -441,7 +436,7 @@ async fn a_restart_neither_leaks_nor_double_books() -> Result<()> {
         .delete(&a, &DeleteParams::default())
         .await?;
     let c = t.submit("job-c", "matlab=1").await?;
-    t.env.wait_check_pending_with_quota(&c, &t.check).await?;
+    t.env.wait_check_pending_with_quota(&c, &t.q.check).await?;
     let ledger = t.ledger().await?;
     ensure!(
         ledger.holding(&a_uid).is_some(),
@@ -560,7 +555,7 @@ async fn two_instances_deciding_at_once_never_exceed_the_pool() -> Result<()> {
                 workload_versions += 1;
                 let name = wl.name_any();
                 if wl
-                    .admission_check(&t.check)
+                    .admission_check(&t.q.check)
                     .is_some_and(|e| e.state == CheckState::Retry)
                 {
                     retried.insert(name.clone());

@@ -47,7 +47,7 @@ async fn a_workload_without_quota_quotes_kueues_reason() -> Result<()> {
 #[tokio::test]
 async fn a_pending_then_retried_then_admitted_workload() -> Result<()> {
     let env = TestEnv::new("explain-check").await?;
-    let controller = format!("e2e.kueue-admission-checks.dev/explain-{}", env.ns);
+    let controller = env.own_controller_name("explain");
     let q = env.guarded_queue("gate", &controller, "4").await?;
     env.set_admission_check_active(&q.check, true).await?;
     let wl = env.submit_job("job", "lq", "1").await?;
@@ -118,7 +118,7 @@ async fn a_pending_then_retried_then_admitted_workload() -> Result<()> {
 #[tokio::test]
 async fn admitted_and_rejected_workloads_say_so() -> Result<()> {
     let env = TestEnv::new("explain-ends").await?;
-    let controller = format!("e2e.kueue-admission-checks.dev/explain-{}", env.ns);
+    let controller = env.own_controller_name("explain");
     let q = env.guarded_queue("gate", &controller, "4").await?;
     env.set_admission_check_active(&q.check, true).await?;
     let ok = env.submit_job("ok", "lq", "1").await?;

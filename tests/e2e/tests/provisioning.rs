@@ -58,7 +58,7 @@ async fn setup_with(
 async fn with_gate(test: &str) -> Result<(World, String)> {
     let t = setup_with(test, retry_strategy(2, 1), &[], None, &["gate"]).await?;
     let gate = t.env.cluster_name("gate");
-    let controller = format!("e2e.kueue-admission-checks.dev/gate-{}", t.env.ns);
+    let controller = t.env.own_controller_name("gate");
     t.env.admission_check("gate", &controller).await?;
     t.env.set_admission_check_active(&gate, true).await?;
     Ok((t, gate))
