@@ -199,11 +199,7 @@ impl Grant {
 
 impl std::fmt::Display for Grant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let group = if self.group.is_empty() {
-            "core"
-        } else {
-            &self.group
-        };
+        let group = crate::group_name(&self.group);
         write!(f, "{} {} ({group})", self.role_kind, self.resource)?;
         if let Some(name) = &self.name {
             write!(f, " [{name}]")?;

@@ -153,13 +153,14 @@ pub struct Audited {
 /// A request the API server refused with 403.
 pub type Forbidden = Audited;
 
+/// An API group as people name it: `core` for the empty group.
+pub fn group_name(group: &str) -> &str {
+    if group.is_empty() { "core" } else { group }
+}
+
 impl std::fmt::Display for Audited {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let group = if self.group.is_empty() {
-            "core"
-        } else {
-            &self.group
-        };
+        let group = group_name(&self.group);
         write!(f, "{} {} ({group})", self.verb, self.resource)?;
         if let Some(ns) = &self.namespace {
             write!(f, " in {ns}")?;
