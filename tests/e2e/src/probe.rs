@@ -7,6 +7,9 @@
 //! on the Job ([`ProbeScript::gate`]), the Job's answers by attempt ([`ProbeScript::answer`],
 //! [`ProbeScript::answers`]), an answer for the attempt ([`ProbeScript::on_attempt`]), and
 //! last [`ProbeScript::otherwise`] (by default `Pending` "no answer yet").
+//!
+//! A whole test of the SDK against Kueue takes a dozen lines with the harness's steps:
+//! `sdk_runtime::a_probe_test_in_twelve_lines` is the model.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;

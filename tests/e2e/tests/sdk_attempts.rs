@@ -31,11 +31,10 @@ struct Check {
 
 impl Check {
     fn start(&mut self, env: &TestEnv) {
-        let controller = Probe::new(&self.controller_name, self.script.clone())
+        let probe = Probe::new(&self.controller_name, self.script.clone())
             .policy(self.policy.clone())
             .revalidate_every(self.revalidate);
-        let config = env.runtime_config();
-        self.running = Some(e2e::Running::check(env.client.clone(), controller, config));
+        self.running = Some(probe.run(env, env.client.clone(), |config| config));
     }
 
     /// Ends the runtime without any clean-up, as `kill -9` would.

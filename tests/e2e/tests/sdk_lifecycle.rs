@@ -109,16 +109,15 @@ impl Setup {
         extensions: Extensions,
     ) -> Result<Replica> {
         let http = e2e::free_local_address()?;
-        let config = RuntimeConfig {
-            metrics_address: Some(http),
-            leader_election: election,
-            ..env.runtime_config()
-        };
         let probe = Probe::new(&self.controller_name, self.script.clone())
             .replica(replica)
             .revalidate_every(revalidate)
             .while_leading(extensions);
-        Ok(e2e::Running::check(client, probe, config))
+        Ok(probe.run(env, client, |config| RuntimeConfig {
+            metrics_address: Some(http),
+            leader_election: election,
+            ..config
+        }))
     }
 }
 

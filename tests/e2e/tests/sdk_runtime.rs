@@ -42,19 +42,43 @@ async fn serve(
     for (job, answers) in scripts {
         script.answers(job, answers.clone());
     }
-    let controller = Probe::new(controller_name, script.clone()).policy(policy);
     // A free loopback port for this runtime's endpoints.
     let http = e2e::free_local_address()?;
-    let config = RuntimeConfig {
-        metrics_address: Some(http),
-        ..env.runtime_config()
-    };
+    let runtime = Probe::new(controller_name, script.clone())
+        .policy(policy)
+        .run(env, env.client.clone(), |config| RuntimeConfig {
+            metrics_address: Some(http),
+            ..config
+        });
     Ok(Served {
         check,
         script,
         http,
-        _runtime: e2e::Running::check(env.client.clone(), controller, config),
+        _runtime: runtime,
     })
+}
+
+/// The model of a short SDK test (see `e2e::probe`): a Ready answer admits the Job, on the first
+/// attempt, and deleting the Workload releases it.
+#[tokio::test]
+async fn a_probe_test_in_twelve_lines() -> Result<()> {
+    let env = TestEnv::new("sdk-short").await?;
+    let q = env
+        .guarded_queue("check", &env.own_controller_name("probe"), "4")
+        .await?;
+    let script = ProbeScript::new();
+    script.answer("job", Decision::ready("granted"));
+    let _running =
+        Probe::new(&q.controller_name, script.clone()).run(&env, env.client.clone(), |c| c);
+    let wl = env.admitted_job("job").await?;
+    assert!(
+        script
+            .calls_for("job")
+            .iter()
+            .all(|(_, attempt)| *attempt == 1)
+    );
+    env.delete_workload(&wl).await?;
+    script.wait_releases("job", [ReleaseReason::Deleted]).await
 }
 
 #[tokio::test]
