@@ -8,8 +8,8 @@
 //! [`ProbeScript::answers`]), an answer for the attempt ([`ProbeScript::on_attempt`]), and
 //! last [`ProbeScript::otherwise`] (by default `Pending` "no answer yet").
 //!
-//! A whole test of the SDK against Kueue takes a dozen lines with the harness's steps:
-//! `sdk_runtime::a_probe_test_in_twelve_lines` is the model.
+//! A whole test of the SDK against Kueue takes about fifteen lines with the harness's steps:
+//! `sdk_runtime::a_probe_test_is_this_short` is the model.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;

@@ -61,7 +61,7 @@ async fn serve(
 /// The model of a short SDK test (see `e2e::probe`): a Ready answer admits the Job, on the first
 /// attempt, and deleting the Workload releases it.
 #[tokio::test]
-async fn a_probe_test_in_twelve_lines() -> Result<()> {
+async fn a_probe_test_is_this_short() -> Result<()> {
     let env = TestEnv::new("sdk-short").await?;
     let q = env
         .guarded_queue("check", &env.own_controller_name("probe"), "4")
