@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use kueue_admission_sdk::api::{
-    AdmissionCheck, CheckState, ProvisioningRequest, ResourceFlavor, ResourceFlavorSpec, Workload,
+    AdmissionCheck, CheckState, ProvisioningRequest, ResourceFlavorSpec, Workload,
     workload_condition as cond,
 };
 use kueue_admission_sdk::prometheus_client::registry::Registry;
@@ -20,8 +20,10 @@ use kueue_admission_sdk::{
 };
 use tracing::{info, warn};
 
+use crate::cache::Unavailable;
 use crate::config::ProvisioningParameters;
 use crate::error::{ApiCall, Error};
+use crate::flavors::FlavorCache;
 use crate::identity::{self, Identity, Ownership, ownership};
 use crate::metrics::Metrics;
 use crate::names;
@@ -51,6 +53,8 @@ pub struct ProvisioningCheck {
     metrics: Arc<Metrics>,
     /// Requests whose timeout was already counted (a decision may be computed twice).
     timed_out: Arc<Mutex<HashSet<String>>>,
+    /// The ResourceFlavors, kept by a watch while this replica leads.
+    flavors: FlavorCache,
 }
 
 impl ProvisioningCheck {
@@ -62,6 +66,7 @@ impl ProvisioningCheck {
             instance,
             metrics: Arc::new(Metrics::new()),
             timed_out: Default::default(),
+            flavors: FlavorCache::default(),
         }
     }
 
@@ -73,25 +78,6 @@ impl ProvisioningCheck {
     /// The label value that marks this instance's requests and templates.
     pub fn instance(&self) -> &str {
         &self.instance
-    }
-
-    /// The ResourceFlavors assigned to the Workload, by name.
-    async fn assigned_flavors(
-        &self,
-        client: &Client,
-        wl: &Workload,
-    ) -> Result<BTreeMap<String, ResourceFlavorSpec>, Error> {
-        let api: Api<ResourceFlavor> = Api::all(client.clone());
-        let mut flavors = BTreeMap::new();
-        let names: HashSet<&str> = plan::assigned_flavor_names(wl).into_iter().collect();
-        for name in names {
-            // A missing flavor is left out; the plan says which one it needed.
-            let flavor = api.get_opt(name).await;
-            if let Some(f) = flavor.map_err(Error::api::<ResourceFlavor>("get", "", name))? {
-                flavors.insert(name.to_string(), f.spec);
-            }
-        }
-        Ok(flavors)
     }
 
     /// Creates the attempt's PodTemplates, then its request, then makes the request the
@@ -408,6 +394,18 @@ impl ProvisioningCheck {
     }
 }
 
+/// The answer while a cache a decision reads cannot be read: `Pending`, naming what is missing
+/// (a refused permission, or a first list not done yet), asked again a while later since no
+/// watch event follows a permission granted.
+fn unavailable(why: Unavailable) -> Decision {
+    warn!(%why, "a decision waits for a cache");
+    let after = match why {
+        Unavailable::NotListed { .. } => Duration::from_secs(5),
+        Unavailable::Refused { .. } => BLOCKED_RECHECK,
+    };
+    Decision::pending_recheck_after(why.to_string(), after)
+}
+
 /// Whether an existing request is the one `plan` describes (class, parameters, podsets).
 fn matches_plan(plan: &RequestPlan, request: &ProvisioningRequest) -> bool {
     let spec = &request.spec;
@@ -554,9 +552,14 @@ impl AdmissionCheckController for ProvisioningCheck {
     // transitions and remove orphans.
     fn while_leading(&self) -> Extensions {
         let (instance, metrics) = (self.instance().to_string(), self.metrics());
-        Extensions::new().while_leading("provisioning-requests", move |ctx| {
-            crate::request_watch::watch_requests(ctx, instance, metrics)
-        })
+        let flavors = self.flavors.shared();
+        Extensions::new()
+            .while_leading("provisioning-requests", move |ctx| {
+                crate::request_watch::watch_requests(ctx, instance, metrics)
+            })
+            .while_leading("resource-flavors", move |ctx| {
+                FlavorCache::watch(flavors, ctx)
+            })
     }
 
     // Without cluster-autoscaler's ProvisioningRequest CRD at v1 nothing can be provisioned:
@@ -599,7 +602,11 @@ impl AdmissionCheckController for ProvisioningCheck {
         }
         let check = ctx.entry.name.as_str();
         let attempt = ctx.attempt();
-        let Some(plan) = self.plan_for(ctx, &namespace).await? else {
+        let flavors = match self.flavors.assigned(wl).await {
+            Ok(flavors) => flavors,
+            Err(why) => return Ok(unavailable(why)),
+        };
+        let Some(plan) = self.plan_for(ctx, &namespace, &flavors).await? else {
             return Ok(Decision::ready(
                 "no podset needs capacity: the provisioning request is not needed",
             ));
@@ -661,15 +668,15 @@ impl ProvisioningCheck {
         &self,
         ctx: &CheckContext<'_, ProvisioningParameters>,
         namespace: &str,
+        flavors: &BTreeMap<String, ResourceFlavorSpec>,
     ) -> Result<Option<RequestPlan>, Error> {
         let wl = ctx.workload;
-        let flavors = self.assigned_flavors(ctx.client, wl).await?;
         let plan = plan::plan(&PlanInput {
             workload: wl,
             check: &ctx.entry.name,
             attempt: ctx.attempt(),
             config: &ctx.parameters.spec,
-            flavors: &flavors,
+            flavors,
         })
         .map_err(|e| {
             let subject = Subject {

@@ -58,6 +58,36 @@ fn setup() -> Setup {
 }
 
 impl Setup {
+    /// The config `setup`'s plan was made from, as the runtime resolves it.
+    fn parameters() -> crate::config::ProvisioningParameters {
+        crate::config::ProvisioningParameters {
+            metadata: crate::config::ConfigMetadata {
+                name: "cfg".into(),
+                ..Default::default()
+            },
+            spec: ProvisioningRequestConfigSpec {
+                provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The context the runtime decides `wl` in, with `setup`'s config.
+    fn context<'a>(
+        wl: &'a kueue_admission_sdk::api::Workload,
+        parameters: &'a crate::config::ProvisioningParameters,
+        client: &'a kube::Client,
+    ) -> kueue_admission_sdk::CheckContext<'a, crate::config::ProvisioningParameters> {
+        kueue_admission_sdk::CheckContext {
+            workload: wl,
+            entry: wl.admission_check(CHECK).expect("the entry"),
+            parameters,
+            client,
+            now: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            shadow: None,
+        }
+    }
+
     async fn create(&self) -> Result<kueue_admission_sdk::api::ProvisioningRequest, Error> {
         let me = Identity {
             instance: self.check.instance(),
@@ -344,7 +374,7 @@ async fn a_list_that_fails_deletes_nothing() {
 /// nobody would use).
 #[tokio::test]
 async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_request() {
-    use kueue_admission_sdk::{AdmissionCheckController, CheckContext};
+    use kueue_admission_sdk::AdmissionCheckController;
     let s = setup();
     let wl = WorkloadBuilder::new("ns", "wl")
         .uid("u-1")
@@ -353,23 +383,8 @@ async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_reque
         .quota_reserved("cq", "flavor")
         .admitted()
         .build();
-    let parameters = crate::config::ProvisioningParameters {
-        spec: ProvisioningRequestConfigSpec {
-            provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let entry = wl.admission_check(CHECK).cloned().expect("our entry");
-    let client = s.api.client();
-    let ctx = CheckContext {
-        workload: &wl,
-        entry: &entry,
-        parameters: &parameters,
-        client: &client,
-        now: k8s_openapi::jiff::Timestamp::now(),
-        shadow: None,
-    };
+    let (parameters, client) = (Setup::parameters(), s.api.client());
+    let ctx = Setup::context(&wl, &parameters, &client);
     let decision = s.check.decide(&ctx).await.expect("decided");
     assert_eq!(decision.state(), CheckState::Ready);
     assert_eq!(decision.message(), super::ADMITTED_BEFORE_THE_CHECK);
@@ -381,7 +396,6 @@ async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_reque
 /// made again; nothing else is touched.
 #[tokio::test]
 async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_made_again() {
-    use kueue_admission_sdk::CheckContext;
     use kueue_admission_sdk::api::ProvisioningRequest;
 
     let s = setup();
@@ -393,25 +407,8 @@ async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_m
     s.api.answer(200, s.template());
     s.api.answer(200, &deleted);
     s.api.answer(200, &deleted);
-    let parameters = crate::config::ProvisioningParameters {
-        metadata: crate::config::ConfigMetadata {
-            name: "cfg".into(),
-            ..Default::default()
-        },
-        spec: ProvisioningRequestConfigSpec {
-            provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
-            ..Default::default()
-        },
-    };
-    let client = s.api.client();
-    let ctx = CheckContext {
-        workload: &s.wl,
-        entry: s.wl.admission_check(CHECK).expect("the entry"),
-        parameters: &parameters,
-        client: &client,
-        now: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        shadow: None,
-    };
+    let (parameters, client) = (Setup::parameters(), s.api.client());
+    let ctx = Setup::context(&s.wl, &parameters, &client);
     let decision = s
         .check
         .answer_from(&ctx, "ns", &stale, &s.plan)
@@ -437,4 +434,112 @@ async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_m
         .map(|r| r.body["preconditions"]["uid"].clone())
         .collect();
     assert_eq!(uids, ["t-1", "r-1"], "each deleted by uid");
+}
+
+// Requests per decision: what a decide sends to the API server, once the caches hold what the
+// watches deliver.
+
+impl Setup {
+    /// Fills the flavor cache as the watch's first list does, with `flavor` (the one `setup`'s
+    /// Workload is assigned).
+    fn flavors_listed(&self) {
+        use kube::runtime::watcher::Event;
+        use kueue_admission_sdk::api::ResourceFlavor;
+        let cache = self.check.flavors.shared();
+        let keep = |f: &ResourceFlavor| f.spec.clone();
+        cache.apply(&Event::Init, keep);
+        let flavor = ResourceFlavor::new("flavor", ResourceFlavorSpec::default());
+        cache.apply(&Event::InitApply(flavor), keep);
+        cache.apply(&Event::<ResourceFlavor>::InitDone, keep);
+    }
+
+    /// One decide for `setup`'s Workload, as the runtime calls it.
+    async fn decide(&self) -> kueue_admission_sdk::Decision {
+        use kueue_admission_sdk::AdmissionCheckController;
+        let (parameters, client) = (Self::parameters(), self.api.client());
+        let ctx = Self::context(&self.wl, &parameters, &client);
+        self.check.decide(&ctx).await.expect("decided")
+    }
+
+    /// The calls sent, as `METHOD resource` (`LIST` for a GET of a collection).
+    fn calls(&self) -> Vec<String> {
+        self.api
+            .requests()
+            .iter()
+            .map(|r| {
+                let mut parts = r.path.rsplit('/');
+                let last = parts.next().unwrap_or_default();
+                match (r.method.as_str(), KINDS.contains(&last)) {
+                    ("GET", true) => format!("LIST {last}"),
+                    (method, true) => format!("{method} {last}"),
+                    (method, false) => format!("{method} {}", parts.next().unwrap_or_default()),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The resources a decision may call.
+const KINDS: [&str; 5] = [
+    "podtemplates",
+    "provisioningrequests",
+    "admissionchecks",
+    "resourceflavors",
+    "workloads",
+];
+
+fn empty_list(kind: &str) -> serde_json::Value {
+    serde_json::json!({"kind": kind, "metadata": {"resourceVersion": "1"}, "items": []})
+}
+
+#[tokio::test]
+async fn the_first_decide_creates_the_template_and_the_request_reading_no_flavor() {
+    let s = setup();
+    s.flavors_listed();
+    let not_found = |what| s.api.fail(404, "NotFound", what);
+    not_found("provisioningrequests not found");
+    not_found("provisioningrequests not found");
+    s.api.answer(200, empty_list("ProvisioningRequestList"));
+    s.api.answer(200, empty_list("AdmissionCheckList"));
+    not_found("podtemplates not found");
+    s.api.answer(201, s.template());
+    s.api.answer(201, s.listed("r-1"));
+    s.api.answer(200, s.template());
+    let decision = s.decide().await;
+    assert!(
+        decision
+            .message()
+            .starts_with("created ProvisioningRequest ns/wl-prov-1"),
+        "{}",
+        decision.message()
+    );
+    assert_eq!(
+        s.calls(),
+        [
+            "GET provisioningrequests",
+            "GET provisioningrequests",
+            "LIST provisioningrequests",
+            "LIST admissionchecks",
+            "GET podtemplates",
+            "POST podtemplates",
+            "POST provisioningrequests",
+            "PATCH podtemplates",
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decide_while_the_flavor_watch_is_refused_says_which_verb_and_reads_nothing() {
+    let s = setup();
+    let refused = crate::cache::forbidden("watch", "resourceflavors is forbidden");
+    assert_eq!(s.check.flavors.shared().failed(&refused), Some("watch"));
+    let decision = s.decide().await;
+    assert_eq!(decision.state(), CheckState::Pending);
+    for part in [
+        "may not watch resourceflavors.kueue.x-k8s.io",
+        "grant its ServiceAccount list and watch",
+    ] {
+        assert!(decision.message().contains(part), "{}", decision.message());
+    }
+    assert!(s.api.requests().is_empty(), "{:?}", s.calls());
 }
