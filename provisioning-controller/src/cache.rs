@@ -23,6 +23,9 @@ use tracing::{error, info, warn};
 /// the watch starts right after the list, so a refusal comes well within this.
 const CONFIRM: Duration = Duration::from_secs(5);
 
+/// How long a decision waits for a watch's first list before it answers that it waits.
+pub const FIRST_LIST_WAIT: Duration = Duration::from_secs(5);
+
 /// The longest wait before a refused watch is started again.
 const MAX_RESTART_DELAY: Duration = Duration::from_secs(60);
 

@@ -20,7 +20,7 @@ use kueue_admission_sdk::{
 };
 use tracing::{info, warn};
 
-use crate::cache::Unavailable;
+use crate::cache::{self, Unavailable, WatchedCache};
 use crate::config::ProvisioningParameters;
 use crate::error::{ApiCall, Error};
 use crate::flavors::FlavorCache;
@@ -30,7 +30,7 @@ use crate::names;
 use crate::outcome::{self, Outcome};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
 use crate::refusal::{self, Subject};
-use crate::requests;
+use crate::requests::{self, RequestCache};
 
 /// How often a Workload whose request names are all held by foreign objects looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
@@ -55,6 +55,8 @@ pub struct ProvisioningCheck {
     timed_out: Arc<Mutex<HashSet<String>>>,
     /// The ResourceFlavors, kept by a watch while this replica leads.
     flavors: FlavorCache,
+    /// This instance's requests, kept by the leader's watch of them.
+    requests: Arc<RequestCache>,
 }
 
 impl ProvisioningCheck {
@@ -67,6 +69,7 @@ impl ProvisioningCheck {
             metrics: Arc::new(Metrics::new()),
             timed_out: Default::default(),
             flavors: FlavorCache::default(),
+            requests: requests::request_cache(),
         }
     }
 
@@ -82,8 +85,8 @@ impl ProvisioningCheck {
 
     /// Creates the attempt's PodTemplates, then its request, then makes the request the
     /// templates' owner (so that deleting the request collects them). Objects of ours under the
-    /// same names (a restart between two steps) are kept; a name taken meanwhile by anything
-    /// else is an error, and the next pass picks another name.
+    /// same names (a restart between two steps) are kept; a name taken by anything else is
+    /// [`Error::NameTaken`] (the templates made for it deleted), and the caller tries the next.
     async fn create(
         &self,
         client: &Client,
@@ -110,12 +113,23 @@ impl ProvisioningCheck {
                 r
             }
             Err(e) if is_already_exists(&e) => {
+                // Not in the cache: foreign, or ours not delivered yet (a lost response).
                 let existing = requests.get(&plan.name).await.map_err(Error::api::<
                     ProvisioningRequest,
                 >(
                     "get", &namespace, &plan.name,
                 ))?;
-                ours_or_taken(existing, me, "ProvisioningRequest", &namespace)?
+                let taken = ours_or_taken(existing, me, "ProvisioningRequest", &namespace);
+                if taken.is_err() {
+                    // Made for this name only: the next name gets its own. Best effort: the
+                    // template sweep deletes what is left.
+                    for t in &made {
+                        if let Err(e) = requests::delete_exactly(&templates, t).await {
+                            warn!(template = %t.name_any(), error = %e, "deleting a template of a taken name");
+                        }
+                    }
+                }
+                taken?
             }
             Err(e) => {
                 return Err(refused(
@@ -127,6 +141,8 @@ impl ProvisioningCheck {
                 ));
             }
         };
+        let key = (namespace.clone(), created.name_any());
+        self.requests.created(key, requests::kept(&created));
         if let Some(owner) = created.controller_owner_ref(&()) {
             owned_by(&templates, &made, owner).await;
         }
@@ -169,22 +185,24 @@ impl ProvisioningCheck {
         Ok(made)
     }
 
-    /// Our request for this attempt, under whichever of its names it has, or what holds each
-    /// name (`None`: free). Both names are looked at, so a restart finds the request again even
-    /// when the first name was freed after it was made under the second.
+    /// Our request for this attempt, under whichever of its names it has, or what of this
+    /// instance's holds each name (`None`: free, or held by a foreign object, which only a
+    /// create finds). Both names are looked at, so a restart finds the request again even when
+    /// the first name was freed after it was made under the second. Read from the cache only.
     async fn locate(
         &self,
-        client: &Client,
         namespace: &str,
         me: &Identity<'_>,
         attempt: u32,
-    ) -> Result<Located, Error> {
-        let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), namespace);
+    ) -> Result<Located, Unavailable> {
+        let requests = &self.requests;
+        requests
+            .wait_until(cache::FIRST_LIST_WAIT, WatchedCache::settled)
+            .await;
         let mut holders = Vec::new();
         for name in names::request_names(me.workload, me.workload_uid, me.check, attempt) {
-            let holder = api.get_opt(&name).await;
-            let holder =
-                holder.map_err(Error::api::<ProvisioningRequest>("get", namespace, &name))?;
+            let holder = requests.get(&(namespace.to_string(), name.clone()))?;
+            let holder = holder.map(|r| ProvisioningRequest::clone(&r));
             if let Some(r) = holder.as_ref()
                 && ownership(&r.metadata, me) == Ownership::Ours
             {
@@ -262,7 +280,6 @@ impl ProvisioningCheck {
         holders: &[(String, Option<ProvisioningRequest>)],
     ) -> Result<Decision, Error> {
         let (client, wl) = (ctx.client, ctx.workload);
-        let config = ctx.parameters.metadata.name.as_str();
         let namespace = wl.namespace().unwrap_or_default();
         // Left by a deleted Workload of the same name: never adopt its capacity, and free the
         // name for this one (as before names could collide).
@@ -277,9 +294,16 @@ impl ProvisioningCheck {
                  the same name"
             )));
         }
-        requests::delete_requests_of(client, &self.instance, wl, me.check, |r| {
-            names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt)
-        })
+        let earlier =
+            |r: &ProvisioningRequest| names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt);
+        requests::delete_requests_of(
+            client,
+            &self.instance,
+            wl,
+            me.check,
+            &self.requests,
+            earlier,
+        )
         .await?;
         let mut taken: Vec<String> = Vec::new();
         // Kueue's built-in check never steps aside: a name it may want for one of its own
@@ -295,19 +319,11 @@ impl ProvisioningCheck {
                 ));
                 continue;
             }
-            if let Some(r) = holder {
-                taken.push(format!(
-                    "ProvisioningRequest {namespace}/{name} exists, {}",
-                    identity::describe_owner(&r.metadata, me)
-                ));
-                continue;
-            }
             let plan = plan.renamed(name);
-            if let Err(why) = self.templates_usable(client, &namespace, me, &plan).await? {
+            if let Err(why) = self.create_under(ctx, me, &plan, holder).await? {
                 taken.push(why);
                 continue;
             }
-            self.create(client, wl, me, attempt, &plan, config).await?;
             let mut message = format!(
                 "created ProvisioningRequest {namespace}/{name} (attempt {attempt}); waiting for \
                  it to be provisioned"
@@ -332,6 +348,39 @@ impl ProvisioningCheck {
             ),
             BLOCKED_RECHECK,
         ))
+    }
+
+    /// Creates the request `plan` names (and its templates) unless what holds the name (`holder`,
+    /// of this instance's, else found by the create) or a template's name is not ours:
+    /// `Ok(Err(why))` then says what holds it.
+    async fn create_under(
+        &self,
+        ctx: &CheckContext<'_, ProvisioningParameters>,
+        me: &Identity<'_>,
+        plan: &RequestPlan,
+        holder: &Option<ProvisioningRequest>,
+    ) -> Result<Result<(), String>, Error> {
+        let (client, wl) = (ctx.client, ctx.workload);
+        let namespace = wl.namespace().unwrap_or_default();
+        if let Some(r) = holder {
+            return Ok(Err(format!(
+                "ProvisioningRequest {namespace}/{} exists, {}",
+                plan.name,
+                identity::describe_owner(&r.metadata, me)
+            )));
+        }
+        if let Err(why) = self.templates_usable(client, &namespace, me, plan).await? {
+            return Ok(Err(why));
+        }
+        let config = ctx.parameters.metadata.name.as_str();
+        match self
+            .create(client, wl, me, ctx.attempt(), plan, config)
+            .await
+        {
+            Ok(_) => Ok(Ok(())),
+            Err(Error::NameTaken(why)) => Ok(Err(why)),
+            Err(e) => Err(e),
+        }
     }
 
     /// The AdmissionChecks of Kueue's built-in provisioning check whose requests can take the
@@ -376,10 +425,9 @@ impl ProvisioningCheck {
             workload_uid: &uid,
             check: &ctx.entry.name,
         };
-        let located = self
-            .locate(ctx.client, namespace, &me, ctx.attempt())
-            .await?;
-        let Located::Ours(request) = located else {
+        // Unreadable: the answer stands until the cache can say otherwise.
+        let located = self.locate(namespace, &me, ctx.attempt()).await;
+        let Ok(Located::Ours(request)) = located else {
             return Ok(keep);
         };
         let name = request.name_any();
@@ -508,7 +556,8 @@ fn ours_or_taken<K: ResourceExt>(
 enum Located {
     /// Our request, under one of them.
     Ours(Box<ProvisioningRequest>),
-    /// None of ours: each name with what holds it (`None`: free), in order of preference.
+    /// None of ours: each name with what of this instance's holds it (`None`: free, or held by
+    /// a foreign object), in order of preference.
     Absent(Vec<(String, Option<ProvisioningRequest>)>),
 }
 
@@ -552,10 +601,10 @@ impl AdmissionCheckController for ProvisioningCheck {
     // transitions and remove orphans.
     fn while_leading(&self) -> Extensions {
         let (instance, metrics) = (self.instance().to_string(), self.metrics());
-        let flavors = self.flavors.shared();
+        let (flavors, requests) = (self.flavors.shared(), self.requests.clone());
         Extensions::new()
             .while_leading("provisioning-requests", move |ctx| {
-                crate::request_watch::watch_requests(ctx, instance, metrics)
+                crate::request_watch::watch_requests(ctx, instance, metrics, requests)
             })
             .while_leading("resource-flavors", move |ctx| {
                 FlavorCache::watch(flavors, ctx)
@@ -622,7 +671,11 @@ impl AdmissionCheckController for ProvisioningCheck {
             workload_uid: &uid,
             check,
         };
-        let request = match self.locate(ctx.client, &namespace, &me, attempt).await? {
+        let located = match self.locate(&namespace, &me, attempt).await {
+            Ok(located) => located,
+            Err(why) => return Ok(unavailable(why)),
+        };
+        let request = match located {
             Located::Ours(r) if r.metadata.deletion_timestamp.is_some() => {
                 return Ok(Decision::pending(format!(
                     "waiting for the old ProvisioningRequest {namespace}/{} to be deleted",
@@ -643,9 +696,12 @@ impl AdmissionCheckController for ProvisioningCheck {
         let Some(wl) = ctx.workload else {
             return Ok(());
         };
+        let (client, check) = (ctx.client, ctx.check_name);
         let deleted =
-            requests::delete_requests_of(ctx.client, &self.instance, wl, ctx.check_name, |_| true)
-                .await?;
+            requests::delete_requests_of(client, &self.instance, wl, check, &self.requests, |_| {
+                true
+            })
+            .await?;
         if deleted > 0 {
             info!(
                 workload = %ctx.name,

@@ -127,6 +127,16 @@ impl Setup {
         self.api.answer(200, holder);
     }
 
+    /// [`Self::request_name_held_by`] Kueue's built-in check's request (no instance label of
+    /// ours); the template made for the name is deleted again.
+    fn request_name_held_by_kueue(&self) {
+        let mut foreign = self.ours();
+        foreign["metadata"]["labels"] = serde_json::json!({"kueue.x-k8s.io/managed": "true"});
+        self.request_name_held_by(foreign);
+        let deleted = serde_json::json!({"kind": "Status", "status": "Success"});
+        self.api.answer(200, deleted);
+    }
+
     /// Writes (anything but GET), as `METHOD resource`.
     fn writes(&self) -> Vec<String> {
         self.api
@@ -152,21 +162,24 @@ fn resource(path: &str) -> &str {
 #[tokio::test]
 async fn a_request_name_taken_by_someone_else_is_never_adopted_or_touched() {
     let s = setup();
-    // What holds the name: Kueue's built-in check's request (no instance label of ours).
-    let mut foreign = s.ours();
-    foreign["metadata"]["labels"] = serde_json::json!({"kueue.x-k8s.io/managed": "true"});
-    s.request_name_held_by(foreign);
+    s.request_name_held_by_kueue();
     let err = s.create().await.expect_err("the name is taken");
     assert!(matches!(err, Error::NameTaken(_)), "{err}");
     assert!(
         err.to_string().contains("another name is tried next"),
         "{err}"
     );
-    // Nothing patched or deleted: only our template was created.
+    // Nothing of theirs patched or deleted: our template made for that name is deleted again,
+    // by its uid.
     assert_eq!(
         s.writes(),
-        ["POST podtemplates", "POST provisioningrequests"]
+        [
+            "POST podtemplates",
+            "POST provisioningrequests",
+            "DELETE podtemplates"
+        ]
     );
+    assert_eq!(s.deletes(), ["podtemplates t-1"]);
 }
 
 #[tokio::test]
@@ -276,6 +289,7 @@ impl Setup {
             self.check.instance(),
             &self.wl,
             CHECK,
+            &self.check.requests,
             |_| true,
         )
         .await
@@ -440,17 +454,27 @@ async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_m
 // watches deliver.
 
 impl Setup {
-    /// Fills the flavor cache as the watch's first list does, with `flavor` (the one `setup`'s
-    /// Workload is assigned).
-    fn flavors_listed(&self) {
+    /// Fills the caches as the watches' first lists do: the flavor `setup`'s Workload is
+    /// assigned, and `requests` (this instance's).
+    fn watches_listed(&self, requests: &[serde_json::Value]) {
         use kube::runtime::watcher::Event;
-        use kueue_admission_sdk::api::ResourceFlavor;
-        let cache = self.check.flavors.shared();
+        use kueue_admission_sdk::api::{ProvisioningRequest, ResourceFlavor};
+        let flavors = self.check.flavors.shared();
         let keep = |f: &ResourceFlavor| f.spec.clone();
-        cache.apply(&Event::Init, keep);
+        flavors.apply(&Event::Init, keep);
         let flavor = ResourceFlavor::new("flavor", ResourceFlavorSpec::default());
-        cache.apply(&Event::InitApply(flavor), keep);
-        cache.apply(&Event::<ResourceFlavor>::InitDone, keep);
+        flavors.apply(&Event::InitApply(flavor), keep);
+        flavors.apply(&Event::<ResourceFlavor>::InitDone, keep);
+        let cache = &self.check.requests;
+        cache.apply(&Event::Init, crate::requests::kept);
+        for r in requests {
+            let r: ProvisioningRequest = serde_json::from_value(r.clone()).expect("a request");
+            cache.apply(&Event::InitApply(r), crate::requests::kept);
+        }
+        cache.apply(
+            &Event::<ProvisioningRequest>::InitDone,
+            crate::requests::kept,
+        );
     }
 
     /// One decide for `setup`'s Workload, as the runtime calls it.
@@ -488,23 +512,35 @@ const KINDS: [&str; 5] = [
     "workloads",
 ];
 
+/// The calls that create the request under a free name: its template's name looked at, the
+/// template and the request created, the request made the template's owner.
+const CREATING: [&str; 4] = [
+    "GET podtemplates",
+    "POST podtemplates",
+    "POST provisioningrequests",
+    "PATCH podtemplates",
+];
+
+impl Setup {
+    /// Scripts the answers to [`CREATING`]; the request gets uid `uid`.
+    fn creating(&self, uid: &str) {
+        self.api.fail(404, "NotFound", "podtemplates not found");
+        self.api.answer(201, self.template());
+        self.api.answer(201, self.listed(uid));
+        self.api.answer(200, self.template());
+    }
+}
+
 fn empty_list(kind: &str) -> serde_json::Value {
     serde_json::json!({"kind": kind, "metadata": {"resourceVersion": "1"}, "items": []})
 }
 
 #[tokio::test]
-async fn the_first_decide_creates_the_template_and_the_request_reading_no_flavor() {
+async fn the_first_decide_creates_the_template_and_the_request_and_later_ones_read_nothing() {
     let s = setup();
-    s.flavors_listed();
-    let not_found = |what| s.api.fail(404, "NotFound", what);
-    not_found("provisioningrequests not found");
-    not_found("provisioningrequests not found");
-    s.api.answer(200, empty_list("ProvisioningRequestList"));
+    s.watches_listed(&[]);
     s.api.answer(200, empty_list("AdmissionCheckList"));
-    not_found("podtemplates not found");
-    s.api.answer(201, s.template());
-    s.api.answer(201, s.listed("r-1"));
-    s.api.answer(200, s.template());
+    s.creating("r-1");
     let decision = s.decide().await;
     assert!(
         decision
@@ -515,15 +551,42 @@ async fn the_first_decide_creates_the_template_and_the_request_reading_no_flavor
     );
     assert_eq!(
         s.calls(),
+        [&["LIST admissionchecks"][..], &CREATING].concat()
+    );
+    // Decided again before the watch delivers the request: found as created, nothing sent.
+    let before = s.api.requests().len();
+    let again = s.decide().await;
+    assert_eq!(again.state(), CheckState::Pending);
+    // Then the watch delivers it provisioned: Ready, still from the cache only.
+    let mut provisioned = s.listed("r-1");
+    provisioned["status"] = serde_json::json!({"conditions": [{
+        "type": "Provisioned", "status": "True", "reason": "Provisioned", "message": "",
+        "lastTransitionTime": "1970-01-01T00:00:00Z",
+    }]});
+    let provisioned: kueue_admission_sdk::api::ProvisioningRequest =
+        serde_json::from_value(provisioned).expect("a request");
+    let event = kube::runtime::watcher::Event::Apply(provisioned);
+    s.check.requests.apply(&event, crate::requests::kept);
+    let ready = s.decide().await;
+    assert_eq!(ready.state(), CheckState::Ready, "{}", ready.message());
+    assert_eq!(s.api.requests().len(), before, "{:?}", &s.calls()[before..]);
+}
+
+#[tokio::test]
+async fn release_reads_the_requests_from_the_cache_once_listed() {
+    let s = setup();
+    s.watches_listed(&[s.listed("r-1")]);
+    s.api.answer(200, s.template());
+    let deleted = serde_json::json!({"kind": "Status", "status": "Success"});
+    s.api.answer(200, &deleted);
+    s.api.answer(200, &deleted);
+    assert_eq!(s.release().await.expect("released"), 1);
+    assert_eq!(
+        s.calls(),
         [
-            "GET provisioningrequests",
-            "GET provisioningrequests",
-            "LIST provisioningrequests",
-            "LIST admissionchecks",
             "GET podtemplates",
-            "POST podtemplates",
-            "POST provisioningrequests",
-            "PATCH podtemplates",
+            "DELETE podtemplates",
+            "DELETE provisioningrequests"
         ]
     );
 }
@@ -542,4 +605,36 @@ async fn a_decide_while_the_flavor_watch_is_refused_says_which_verb_and_reads_no
         assert!(decision.message().contains(part), "{}", decision.message());
     }
     assert!(s.api.requests().is_empty(), "{:?}", s.calls());
+}
+
+/// The cache holds only this instance's requests: a foreign request under the first name is
+/// found by the create, which deletes the template it made for that name, and the second name
+/// is used in the same decide.
+#[tokio::test]
+async fn a_foreign_request_found_by_the_create_sends_the_decide_to_the_second_name() {
+    let s = setup();
+    s.watches_listed(&[]);
+    s.api.answer(200, empty_list("AdmissionCheckList"));
+    s.api.fail(404, "NotFound", "podtemplates not found");
+    s.request_name_held_by_kueue();
+    s.creating("r-2");
+    let decision = s.decide().await;
+    assert!(
+        decision.message().contains("not the usual name")
+            && decision
+                .message()
+                .contains("made by Kueue's built-in provisioning check"),
+        "{}",
+        decision.message()
+    );
+    let first_name = [
+        "LIST admissionchecks",
+        "GET podtemplates",
+        "POST podtemplates",
+        "POST provisioningrequests",
+        "GET provisioningrequests",
+        "DELETE podtemplates",
+    ];
+    assert_eq!(s.calls(), [&first_name[..], &CREATING].concat());
+    assert_eq!(s.api.unused(), 0);
 }

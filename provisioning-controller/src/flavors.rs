@@ -12,12 +12,12 @@ use kube::runtime::watcher;
 use kueue_admission_sdk::LeaderContext;
 use kueue_admission_sdk::api::{ResourceFlavor, ResourceFlavorSpec, Workload};
 
-use crate::cache::{Key, Unavailable, WatchedCache};
+use crate::cache::{FIRST_LIST_WAIT, Key, Unavailable, WatchedCache};
 use crate::plan;
 
-/// How long a decision waits for the watch's first list, or for an assigned flavor the cache
-/// lacks (Kueue assigned it, so it existed a moment ago): the watch delivers it first.
-const WAIT: Duration = Duration::from_secs(5);
+/// How long a decision waits for an assigned flavor the cache lacks (Kueue assigned it, so it
+/// existed a moment ago): the watch delivers it first.
+const MISSING_WAIT: Duration = Duration::from_secs(5);
 
 /// ResourceFlavor name → the part of its spec the planner reads.
 #[derive(Clone, Debug)]
@@ -65,12 +65,14 @@ impl FlavorCache {
     ) -> Result<BTreeMap<String, ResourceFlavorSpec>, Unavailable> {
         let names: BTreeSet<&str> = plan::assigned_flavor_names(wl).into_iter().collect();
         let cache = &self.0;
-        cache.wait_until(WAIT, WatchedCache::settled).await;
+        cache
+            .wait_until(FIRST_LIST_WAIT, WatchedCache::settled)
+            .await;
         // Until each is delivered, or the cache cannot be read at all.
         let delivered = |c: &WatchedCache<ResourceFlavorSpec>| {
             names.iter().all(|n| !matches!(c.get(&key(n)), Ok(None)))
         };
-        cache.wait_until(WAIT, delivered).await;
+        cache.wait_until(MISSING_WAIT, delivered).await;
         let mut flavors = BTreeMap::new();
         for name in names {
             if let Some(spec) = cache.get(&key(name))? {
