@@ -121,13 +121,7 @@ impl ProvisioningCheck {
                 ))?;
                 let taken = ours_or_taken(existing, me, "ProvisioningRequest", &namespace);
                 if taken.is_err() {
-                    // Made for this name only: the next name gets its own. Best effort: the
-                    // template sweep deletes what is left.
-                    for t in &made {
-                        if let Err(e) = requests::delete_exactly(&templates, t).await {
-                            warn!(template = %t.name_any(), error = %e, "deleting a template of a taken name");
-                        }
-                    }
+                    discard(&templates, &made).await;
                 }
                 taken?
             }
@@ -149,7 +143,10 @@ impl ProvisioningCheck {
         Ok(created)
     }
 
-    /// Creates the request's PodTemplates (or takes ours that exist already).
+    /// Creates the request's PodTemplates, taking ours that exist already (a pass interrupted
+    /// after making them). A name held by anything else is [`Error::NameTaken`], and the
+    /// templates made so far are deleted again. No name is read before: a create that finds it
+    /// taken is the only read.
     async fn create_templates(
         &self,
         templates: &Api<PodTemplate>,
@@ -159,30 +156,66 @@ impl ProvisioningCheck {
         plan: &RequestPlan,
         config: &str,
     ) -> Result<Vec<PodTemplate>, Error> {
-        let namespace = wl.namespace().unwrap_or_default();
         let mut objects =
             plan::pod_template_objects(plan, wl, me.check, attempt, identity::MANAGED_BY);
         let mut made = Vec::with_capacity(objects.len());
         for t in &mut objects {
             t.labels_mut()
                 .insert(identity::INSTANCE_LABEL.into(), self.instance.clone());
-            let t = match templates.create(&PostParams::default(), t).await {
-                Ok(t) => t,
-                Err(e) if is_already_exists(&e) => {
-                    let name = t.name_any();
-                    let existing = templates.get(&name).await;
-                    let existing =
-                        existing.map_err(Error::api::<PodTemplate>("get", &namespace, &name))?;
-                    ours_or_taken(existing, me, "PodTemplate", &namespace)?
-                }
+            match self.create_template(templates, wl, me, t, config).await {
+                Ok(t) => made.push(t),
                 Err(e) => {
-                    let kind = refusal::Kind::PodTemplate;
-                    return Err(refused(e, kind, &t.name_any(), wl, config));
+                    if matches!(e, Error::NameTaken(_)) {
+                        discard(templates, &made).await;
+                    }
+                    return Err(e);
                 }
-            };
-            made.push(t);
+            }
         }
         Ok(made)
+    }
+
+    /// Creates `template`. A template of ours under its name is taken; a predecessor's (left
+    /// by a deleted Workload of the same name) is deleted once the Workload is confirmed
+    /// current, and the create tried again; anything else is [`Error::NameTaken`].
+    async fn create_template(
+        &self,
+        templates: &Api<PodTemplate>,
+        wl: &Workload,
+        me: &Identity<'_>,
+        template: &PodTemplate,
+        config: &str,
+    ) -> Result<PodTemplate, Error> {
+        let namespace = wl.namespace().unwrap_or_default();
+        let name = template.name_any();
+        let mut replaced = false;
+        loop {
+            match templates.create(&PostParams::default(), template).await {
+                Ok(t) => return Ok(t),
+                Err(e) if is_already_exists(&e) => {}
+                Err(e) => return Err(refused(e, refusal::Kind::PodTemplate, &name, wl, config)),
+            }
+            let existing = templates.get(&name).await;
+            let existing = existing.map_err(Error::api::<PodTemplate>("get", &namespace, &name))?;
+            match ownership(&existing.metadata, me) {
+                Ownership::Ours => return Ok(existing),
+                Ownership::Predecessor
+                    if !replaced
+                        && self
+                            .workload_is_current(&templates.clone().into_client(), &namespace, me)
+                            .await? =>
+                {
+                    requests::delete_exactly(templates, &existing).await?;
+                    replaced = true;
+                }
+                _ => {
+                    return Err(Error::NameTaken(format!(
+                        "PodTemplate {namespace}/{name} exists, {}",
+                        identity::describe_owner(&existing.metadata, me)
+                    )));
+                }
+            }
+        }
     }
 
     /// Our request for this attempt, under whichever of its names it has, or what of this
@@ -225,46 +258,6 @@ impl ProvisioningCheck {
         let current = api.get_opt(me.workload).await;
         let current = current.map_err(Error::api::<Workload>("get", namespace, me.workload))?;
         Ok(current.is_some_and(|w| w.uid().as_deref() == Some(me.workload_uid)))
-    }
-
-    /// Whether the PodTemplates of `plan` can be created: each name is free or holds ours (an
-    /// interrupted earlier pass). A predecessor's template is deleted; a foreign one makes the
-    /// name unusable, described in the `Err`.
-    async fn templates_usable(
-        &self,
-        client: &Client,
-        namespace: &str,
-        me: &Identity<'_>,
-        plan: &RequestPlan,
-    ) -> Result<Result<(), String>, Error> {
-        let templates: Api<PodTemplate> = Api::namespaced(client.clone(), namespace);
-        for ps in &plan.pod_sets {
-            let template = templates.get_opt(&ps.template_name).await;
-            let template = template.map_err(Error::api::<PodTemplate>(
-                "get",
-                namespace,
-                &ps.template_name,
-            ))?;
-            let Some(t) = template else {
-                continue;
-            };
-            match ownership(&t.metadata, me) {
-                Ownership::Ours => {}
-                Ownership::Predecessor
-                    if self.workload_is_current(client, namespace, me).await? =>
-                {
-                    requests::delete_exactly(&templates, &t).await?;
-                }
-                _ => {
-                    return Ok(Err(format!(
-                        "PodTemplate {namespace}/{} exists, {}",
-                        ps.template_name,
-                        identity::describe_owner(&t.metadata, me)
-                    )));
-                }
-            }
-        }
-        Ok(Ok(()))
     }
 
     /// No request of ours exists for this attempt: clear what earlier attempts left, then create
@@ -369,9 +362,6 @@ impl ProvisioningCheck {
                 identity::describe_owner(&r.metadata, me)
             )));
         }
-        if let Err(why) = self.templates_usable(client, &namespace, me, plan).await? {
-            return Ok(Err(why));
-        }
         let config = ctx.parameters.metadata.name.as_str();
         match self
             .create(client, wl, me, ctx.attempt(), plan, config)
@@ -471,6 +461,16 @@ fn matches_plan(plan: &RequestPlan, request: &ProvisioningRequest) -> bool {
 
 pub(crate) fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
+}
+
+/// Deletes templates made for a name that turned out taken: the next name gets its own. Best
+/// effort: the template sweep deletes what is left.
+async fn discard(templates: &Api<PodTemplate>, made: &[PodTemplate]) {
+    for t in made {
+        if let Err(e) = requests::delete_exactly(templates, t).await {
+            warn!(template = %t.name_any(), error = %e, "deleting a template of a taken name");
+        }
+    }
 }
 
 /// Makes `owner` (the request) an owner of the templates made for it, for the garbage

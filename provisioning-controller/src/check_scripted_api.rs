@@ -512,10 +512,9 @@ const KINDS: [&str; 5] = [
     "workloads",
 ];
 
-/// The calls that create the request under a free name: its template's name looked at, the
-/// template and the request created, the request made the template's owner.
-const CREATING: [&str; 4] = [
-    "GET podtemplates",
+/// The calls that create the request under a free name: the template and the request
+/// created, the request made the template's owner.
+const CREATING: [&str; 3] = [
     "POST podtemplates",
     "POST provisioningrequests",
     "PATCH podtemplates",
@@ -524,7 +523,6 @@ const CREATING: [&str; 4] = [
 impl Setup {
     /// Scripts the answers to [`CREATING`]; the request gets uid `uid`.
     fn creating(&self, uid: &str) {
-        self.api.fail(404, "NotFound", "podtemplates not found");
         self.api.answer(201, self.template());
         self.api.answer(201, self.listed(uid));
         self.api.answer(200, self.template());
@@ -615,7 +613,6 @@ async fn a_foreign_request_found_by_the_create_sends_the_decide_to_the_second_na
     let s = setup();
     s.watches_listed(&[]);
     s.api.answer(200, empty_list("AdmissionCheckList"));
-    s.api.fail(404, "NotFound", "podtemplates not found");
     s.request_name_held_by_kueue();
     s.creating("r-2");
     let decision = s.decide().await;
@@ -629,7 +626,6 @@ async fn a_foreign_request_found_by_the_create_sends_the_decide_to_the_second_na
     );
     let first_name = [
         "LIST admissionchecks",
-        "GET podtemplates",
         "POST podtemplates",
         "POST provisioningrequests",
         "GET provisioningrequests",
@@ -637,4 +633,61 @@ async fn a_foreign_request_found_by_the_create_sends_the_decide_to_the_second_na
     ];
     assert_eq!(s.calls(), [&first_name[..], &CREATING].concat());
     assert_eq!(s.api.unused(), 0);
+}
+
+/// A template's name is only read when its create finds it taken: ours is taken as it is, a
+/// predecessor's replaced once the Workload is confirmed current, anything else makes the name
+/// unusable (and the next one is tried).
+#[tokio::test]
+async fn a_taken_template_name_is_read_only_after_the_create_finds_it_taken() {
+    let exists = |s: &Setup| {
+        s.api
+            .fail(409, "AlreadyExists", "podtemplates already exists")
+    };
+    // Ours, from a pass interrupted after creating it.
+    let s = setup();
+    exists(&s);
+    s.api.answer(200, s.template());
+    s.api.answer(201, s.listed("r-1"));
+    s.api.answer(200, s.template());
+    s.create().await.expect("ours is taken");
+    let ours = ["POST podtemplates", "GET podtemplates"];
+    assert_eq!(s.calls(), [&ours[..], &CREATING[1..]].concat());
+
+    // A deleted Workload's of the same name: deleted by uid, then made again.
+    let s = setup();
+    let mut predecessor = s.template();
+    predecessor["metadata"]["labels"][plan::WORKLOAD_UID_LABEL] = "u-0".into();
+    exists(&s);
+    s.api.answer(200, predecessor);
+    s.api
+        .answer(200, serde_json::to_value(&s.wl).unwrap_or_default());
+    s.api.answer(
+        200,
+        serde_json::json!({"kind": "Status", "status": "Success"}),
+    );
+    s.creating("r-1");
+    s.create().await.expect("replaced");
+    let replaced = [
+        "POST podtemplates",
+        "GET podtemplates",
+        "GET workloads",
+        "DELETE podtemplates",
+    ];
+    assert_eq!(s.calls(), [&replaced[..], &CREATING].concat());
+    assert_eq!(s.deletes(), ["podtemplates t-1"]);
+
+    // Kueue's: the name is taken, nothing of it touched.
+    let s = setup();
+    let mut kueues = s.template();
+    kueues["metadata"]["labels"] = serde_json::json!({"kueue.x-k8s.io/managed": "true"});
+    exists(&s);
+    s.api.answer(200, kueues);
+    let err = s.create().await.expect_err("taken");
+    assert!(
+        err.to_string()
+            .contains("exists, made by Kueue's built-in provisioning check"),
+        "{err}"
+    );
+    assert_eq!(s.calls(), ["POST podtemplates", "GET podtemplates"]);
 }
