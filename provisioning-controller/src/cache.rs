@@ -239,17 +239,16 @@ impl<V: Clone> WatchedCache<V> {
         Ok(found.cloned())
     }
 
-    /// The objects `select` picks.
-    pub fn select(&self, select: impl Fn(&Key, &V) -> bool) -> Result<Vec<V>, Unavailable> {
+    /// The objects `select` picks, with their keys.
+    pub fn select(&self, select: impl Fn(&Key, &V) -> bool) -> Result<Vec<(Key, V)>, Unavailable> {
         let inner = self.lock();
         Self::readable(&inner, self.resource, Instant::now())?;
-        let created = inner.created.iter().map(|(k, (v, _))| (k, v));
-        let found = inner
-            .objects
-            .iter()
-            .chain(created)
-            .filter(|(k, v)| select(k, v));
-        Ok(found.map(|(_, v)| v.clone()).collect())
+        let created = (inner.created.iter())
+            .filter(|(k, _)| !inner.objects.contains_key(*k))
+            .map(|(k, (v, _))| (k, v));
+        let found = inner.objects.iter().chain(created);
+        let found = found.filter(|(k, v)| select(k, v));
+        Ok(found.map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 
     /// Waits at most `bound` for the cache to change (a delivery or a failure); returns at
@@ -264,6 +263,13 @@ impl<V: Clone> WatchedCache<V> {
             }
         };
         let _ = tokio::time::timeout(bound, wait).await;
+    }
+
+    /// Waits at most [`FIRST_LIST_WAIT`] for the watch's first list, then says whether the cache
+    /// can be read.
+    pub async fn listed(&self) -> Result<(), Unavailable> {
+        self.wait_until(FIRST_LIST_WAIT, Self::settled).await;
+        Self::readable(&self.lock(), self.resource, Instant::now())
     }
 
     /// Whether a reader waiting for the first list can stop: listed, or refused.
@@ -326,6 +332,18 @@ impl<V: Clone + Send + 'static> WatchedCache<V> {
                 }
             }
         })
+    }
+}
+
+impl<V: Clone + Send + 'static> WatchedCache<V> {
+    /// Keeps the cache filled from a watch of every object `api` reaches, until dropped.
+    pub async fn fill<K>(self: std::sync::Arc<Self>, api: Api<K>, keep: fn(&K) -> V)
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + fmt::Debug,
+        K: Send + Sync + 'static,
+    {
+        let events = self.watch(api, watcher::Config::default(), keep);
+        events.for_each(|_| async {}).await;
     }
 }
 
@@ -395,7 +413,8 @@ mod tests {
         let cache = listed(&["a", "b"]);
         cache.apply(&Event::Apply(flavor("c")), name_of);
         cache.apply(&Event::Delete(flavor("a")), name_of);
-        let mut all = cache.select(|_, _| true).expect("readable");
+        let all = cache.select(|_, _| true).expect("readable");
+        let mut all: Vec<String> = all.into_iter().map(|(_, v)| v).collect();
         all.sort();
         assert_eq!(all, ["b", "c"]);
         // A relist in progress keeps answering from the last complete one.
@@ -403,7 +422,10 @@ mod tests {
         cache.apply(&Event::InitApply(flavor("d")), name_of);
         assert_eq!(cache.get(&key("b")), Ok(Some("b".into())));
         cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
-        assert_eq!(cache.select(|_, _| true), Ok(vec!["d".to_string()]));
+        assert_eq!(
+            cache.select(|_, _| true),
+            Ok(vec![(key("d"), "d".to_string())])
+        );
     }
 
     #[test]
@@ -451,6 +473,13 @@ mod tests {
         assert_eq!(cache.get(&key("new")), Ok(Some("new".into())));
         cache.apply(&Event::Delete(flavor("new")), name_of);
         assert_eq!(cache.get(&key("new")), Ok(None));
+        // Created during a list that has it: read once.
+        cache.apply(&Event::Init, name_of);
+        cache.apply(&Event::InitApply(flavor("both")), name_of);
+        cache.created(key("both"), "created".into());
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        let both = cache.select(|k, _| *k == key("both"));
+        assert_eq!(both, Ok(vec![(key("both"), "both".to_string())]));
         // Created, then deleted while the watch was down: the next list does not have it.
         cache.created(key("gone"), "created".into());
         cache.apply(&Event::Init, name_of);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use kueue_admission_sdk::api::{
     AdmissionCheck, CheckState, ProvisioningRequest, ResourceFlavorSpec, Workload,
@@ -20,7 +20,7 @@ use kueue_admission_sdk::{
 };
 use tracing::{info, warn};
 
-use crate::cache::{self, Unavailable, WatchedCache};
+use crate::cache::{Unavailable, WatchedCache};
 use crate::config::ProvisioningParameters;
 use crate::error::{ApiCall, Error};
 use crate::flavors::FlavorCache;
@@ -57,6 +57,8 @@ pub struct ProvisioningCheck {
     flavors: FlavorCache,
     /// This instance's requests, kept by the leader's watch of them.
     requests: Arc<RequestCache>,
+    /// Every AdmissionCheck's name → whether Kueue's built-in check answers it.
+    admission_checks: Arc<WatchedCache<bool>>,
 }
 
 impl ProvisioningCheck {
@@ -70,6 +72,7 @@ impl ProvisioningCheck {
             timed_out: Default::default(),
             flavors: FlavorCache::default(),
             requests: requests::request_cache(),
+            admission_checks: Arc::new(WatchedCache::new("admissionchecks.kueue.x-k8s.io")),
         }
     }
 
@@ -229,9 +232,7 @@ impl ProvisioningCheck {
         attempt: u32,
     ) -> Result<Located, Unavailable> {
         let requests = &self.requests;
-        requests
-            .wait_until(cache::FIRST_LIST_WAIT, WatchedCache::settled)
-            .await;
+        requests.listed().await?;
         let mut holders = Vec::new();
         for name in names::request_names(me.workload, me.workload_uid, me.check, attempt) {
             let holder = requests.get(&(namespace.to_string(), name.clone()))?;
@@ -287,21 +288,14 @@ impl ProvisioningCheck {
                  the same name"
             )));
         }
-        let earlier =
-            |r: &ProvisioningRequest| names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt);
-        requests::delete_requests_of(
-            client,
-            &self.instance,
-            wl,
-            me.check,
-            &self.requests,
-            earlier,
-        )
-        .await?;
+        self.delete_earlier_attempts(ctx, me, attempt).await?;
         let mut taken: Vec<String> = Vec::new();
         // Kueue's built-in check never steps aside: a name it may want for one of its own
         // Workloads is left to it, whoever comes first.
-        let kueue_checks = self.kueue_checks_sharing_names(client, me.check).await?;
+        let kueue_checks = match self.kueue_checks_sharing_names(me.check).await {
+            Ok(checks) => checks,
+            Err(why) => return Ok(unavailable(why)),
+        };
         for (i, (name, holder)) in holders.iter().enumerate() {
             if i == 0 && !kueue_checks.is_empty() {
                 taken.push(format!(
@@ -343,6 +337,20 @@ impl ProvisioningCheck {
         ))
     }
 
+    /// Deletes this Workload's requests for `check` of attempts before `attempt`, with their
+    /// templates.
+    async fn delete_earlier_attempts(
+        &self,
+        ctx: &CheckContext<'_, ProvisioningParameters>,
+        me: &Identity<'_>,
+        attempt: u32,
+    ) -> Result<usize, Error> {
+        let earlier =
+            |r: &ProvisioningRequest| names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt);
+        let (client, wl, instance) = (ctx.client, ctx.workload, &self.instance);
+        requests::delete_requests_of(client, instance, wl, me.check, &self.requests, earlier).await
+    }
+
     /// Creates the request `plan` names (and its templates) unless what holds the name (`holder`,
     /// of this instance's, else found by the create) or a template's name is not ours:
     /// `Ok(Err(why))` then says what holds it.
@@ -374,21 +382,14 @@ impl ProvisioningCheck {
     }
 
     /// The AdmissionChecks of Kueue's built-in provisioning check whose requests can take the
-    /// names of `check`'s ([`names::checks_may_share_names`]).
-    async fn kueue_checks_sharing_names(
-        &self,
-        client: &Client,
-        check: &str,
-    ) -> Result<Vec<String>, Error> {
-        let api: Api<AdmissionCheck> = Api::all(client.clone());
-        let checks = api.list(&ListParams::default()).await;
-        let mut found: Vec<String> = checks
-            .map_err(Error::api_list::<AdmissionCheck>("", ""))?
-            .items
+    /// names of `check`'s ([`names::checks_may_share_names`]), from the cache.
+    async fn kueue_checks_sharing_names(&self, check: &str) -> Result<Vec<String>, Unavailable> {
+        self.admission_checks.listed().await?;
+        let mut found: Vec<String> = self
+            .admission_checks
+            .select(|(_, name), kueues| *kueues && names::checks_may_share_names(check, name))?
             .into_iter()
-            .filter(|ac| ac.spec.controller_name == identity::KUEUE_CONTROLLER_NAME)
-            .map(|ac| ac.name_any())
-            .filter(|k| names::checks_may_share_names(check, k))
+            .map(|((_, name), _)| name)
             .collect();
         found.sort();
         Ok(found)
@@ -430,6 +431,11 @@ impl ProvisioningCheck {
             _ => keep,
         })
     }
+}
+
+/// What the cache of AdmissionChecks keeps: whether Kueue's built-in check answers it.
+fn is_kueues(check: &AdmissionCheck) -> bool {
+    check.spec.controller_name == identity::KUEUE_CONTROLLER_NAME
 }
 
 /// The answer while a cache a decision reads cannot be read: `Pending`, naming what is missing
@@ -602,12 +608,16 @@ impl AdmissionCheckController for ProvisioningCheck {
     fn while_leading(&self) -> Extensions {
         let (instance, metrics) = (self.instance().to_string(), self.metrics());
         let (flavors, requests) = (self.flavors.shared(), self.requests.clone());
+        let admission_checks = self.admission_checks.clone();
         Extensions::new()
             .while_leading("provisioning-requests", move |ctx| {
                 crate::request_watch::watch_requests(ctx, instance, metrics, requests)
             })
             .while_leading("resource-flavors", move |ctx| {
                 FlavorCache::watch(flavors, ctx)
+            })
+            .while_leading("admission-checks", move |ctx| {
+                admission_checks.fill(Api::all(ctx.client), is_kueues)
             })
     }
 

@@ -458,7 +458,7 @@ impl Setup {
     /// assigned, and `requests` (this instance's).
     fn watches_listed(&self, requests: &[serde_json::Value]) {
         use kube::runtime::watcher::Event;
-        use kueue_admission_sdk::api::{ProvisioningRequest, ResourceFlavor};
+        use kueue_admission_sdk::api::{AdmissionCheck, ProvisioningRequest, ResourceFlavor};
         let flavors = self.check.flavors.shared();
         let keep = |f: &ResourceFlavor| f.spec.clone();
         flavors.apply(&Event::Init, keep);
@@ -475,6 +475,9 @@ impl Setup {
             &Event::<ProvisioningRequest>::InitDone,
             crate::requests::kept,
         );
+        let checks = &self.check.admission_checks;
+        checks.apply(&Event::Init, super::is_kueues);
+        checks.apply(&Event::<AdmissionCheck>::InitDone, super::is_kueues);
     }
 
     /// One decide for `setup`'s Workload, as the runtime calls it.
@@ -521,6 +524,16 @@ const CREATING: [&str; 3] = [
 ];
 
 impl Setup {
+    /// Decides with the answers to [`CREATING`] scripted (the request gets uid `uid`) and
+    /// asserts that the answer says each of `says`.
+    async fn decide_creating(&self, uid: &str, says: &[&str]) {
+        self.creating(uid);
+        let decision = self.decide().await;
+        for part in says {
+            assert!(decision.message().contains(part), "{}", decision.message());
+        }
+    }
+
     /// Scripts the answers to [`CREATING`]; the request gets uid `uid`.
     fn creating(&self, uid: &str) {
         self.api.answer(201, self.template());
@@ -529,28 +542,13 @@ impl Setup {
     }
 }
 
-fn empty_list(kind: &str) -> serde_json::Value {
-    serde_json::json!({"kind": kind, "metadata": {"resourceVersion": "1"}, "items": []})
-}
-
 #[tokio::test]
 async fn the_first_decide_creates_the_template_and_the_request_and_later_ones_read_nothing() {
     let s = setup();
     s.watches_listed(&[]);
-    s.api.answer(200, empty_list("AdmissionCheckList"));
-    s.creating("r-1");
-    let decision = s.decide().await;
-    assert!(
-        decision
-            .message()
-            .starts_with("created ProvisioningRequest ns/wl-prov-1"),
-        "{}",
-        decision.message()
-    );
-    assert_eq!(
-        s.calls(),
-        [&["LIST admissionchecks"][..], &CREATING].concat()
-    );
+    s.decide_creating("r-1", &["created ProvisioningRequest ns/wl-prov-1 "])
+        .await;
+    assert_eq!(s.calls(), CREATING);
     // Decided again before the watch delivers the request: found as created, nothing sent.
     let before = s.api.requests().len();
     let again = s.decide().await;
@@ -612,26 +610,15 @@ async fn a_decide_while_the_flavor_watch_is_refused_says_which_verb_and_reads_no
 async fn a_foreign_request_found_by_the_create_sends_the_decide_to_the_second_name() {
     let s = setup();
     s.watches_listed(&[]);
-    s.api.answer(200, empty_list("AdmissionCheckList"));
     s.request_name_held_by_kueue();
-    s.creating("r-2");
-    let decision = s.decide().await;
-    assert!(
-        decision.message().contains("not the usual name")
-            && decision
-                .message()
-                .contains("made by Kueue's built-in provisioning check"),
-        "{}",
-        decision.message()
-    );
-    let first_name = [
-        "LIST admissionchecks",
-        "POST podtemplates",
-        "POST provisioningrequests",
-        "GET provisioningrequests",
-        "DELETE podtemplates",
+    let says = [
+        "not the usual name",
+        "made by Kueue's built-in provisioning check",
     ];
-    assert_eq!(s.calls(), [&first_name[..], &CREATING].concat());
+    s.decide_creating("r-2", &says).await;
+    // Both created under the first name, the holder read, our template deleted again.
+    let taken = ["GET provisioningrequests", "DELETE podtemplates"];
+    assert_eq!(s.calls(), [&CREATING[..2], &taken, &CREATING].concat());
     assert_eq!(s.api.unused(), 0);
 }
 
@@ -690,4 +677,26 @@ async fn a_taken_template_name_is_read_only_after_the_create_finds_it_taken() {
         "{err}"
     );
     assert_eq!(s.calls(), ["POST podtemplates", "GET podtemplates"]);
+}
+
+/// A name Kueue's built-in check may want (one of its AdmissionChecks names its requests the
+/// same way) is left to it, known from the watch of AdmissionChecks: the second name is used.
+#[tokio::test]
+async fn a_name_kueues_check_may_want_is_left_to_it_without_a_list() {
+    use kueue_admission_sdk::api::{AdmissionCheck, AdmissionCheckSpec};
+    let s = setup();
+    s.watches_listed(&[]);
+    let spec = AdmissionCheckSpec {
+        controller_name: crate::identity::KUEUE_CONTROLLER_NAME.into(),
+        parameters: None,
+    };
+    // Its Workload `w` gets `w-x-prov-1`, as Workload `w-x` does here.
+    let kueues = kube::runtime::watcher::Event::Apply(AdmissionCheck::new("x-prov", spec));
+    s.check.admission_checks.apply(&kueues, super::is_kueues);
+    let says = [
+        "may be wanted by Kueue's built-in check",
+        "(AdmissionCheck x-prov)",
+    ];
+    s.decide_creating("r-2", &says).await;
+    assert_eq!(s.calls(), CREATING);
 }

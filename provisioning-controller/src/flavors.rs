@@ -6,13 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::watcher;
 use kueue_admission_sdk::LeaderContext;
 use kueue_admission_sdk::api::{ResourceFlavor, ResourceFlavorSpec, Workload};
 
-use crate::cache::{FIRST_LIST_WAIT, Key, Unavailable, WatchedCache};
+use crate::cache::{Key, Unavailable, WatchedCache};
 use crate::plan;
 
 /// How long a decision waits for an assigned flavor the cache lacks (Kueue assigned it, so it
@@ -46,9 +44,7 @@ fn kept(flavor: &ResourceFlavor) -> ResourceFlavorSpec {
 impl FlavorCache {
     /// The watch that fills the cache, while this replica leads.
     pub async fn watch(cache: Arc<WatchedCache<ResourceFlavorSpec>>, ctx: LeaderContext) {
-        let api: Api<ResourceFlavor> = Api::all(ctx.client);
-        let events = cache.watch(api, watcher::Config::default(), kept);
-        events.for_each(|_| async {}).await;
+        cache.fill(Api::all(ctx.client), kept).await;
     }
 
     /// The cache, for the task that fills it.
@@ -65,9 +61,7 @@ impl FlavorCache {
     ) -> Result<BTreeMap<String, ResourceFlavorSpec>, Unavailable> {
         let names: BTreeSet<&str> = plan::assigned_flavor_names(wl).into_iter().collect();
         let cache = &self.0;
-        cache
-            .wait_until(FIRST_LIST_WAIT, WatchedCache::settled)
-            .await;
+        cache.listed().await?;
         // Until each is delivered, or the cache cannot be read at all.
         let delivered = |c: &WatchedCache<ResourceFlavorSpec>| {
             names.iter().all(|n| !matches!(c.get(&key(n)), Ok(None)))

@@ -58,7 +58,7 @@ pub async fn delete_requests_of(
     };
     let cached = cache.select(|(ns, _), _| *ns == namespace);
     let requests = match cached {
-        Ok(requests) => requests,
+        Ok(requests) => requests.into_iter().map(|(_, r)| r).collect(),
         Err(_) => list_requests(client, &namespace, instance, &uid).await?,
     };
     let mut deleted = 0;
