@@ -481,6 +481,15 @@ async fn discard(templates: &Api<PodTemplate>, made: &[PodTemplate]) {
 
 /// Makes `owner` (the request) an owner of the templates made for it, for the garbage
 /// collector. Best effort: release and the sweep delete templates anyway.
+///
+/// A patch after the creates rather than an ownerReference in the create: an owner's uid
+/// exists only once the request does, and the templates are created before the request on
+/// purpose. A request created first would be seen by the autoscaler without its templates
+/// (the simulator retries a second later, cluster-autoscaler may fail it: an attempt lost), a
+/// crash between the two would leave such a request behind, and a template name found taken
+/// would mean deleting a request the autoscaler may already have acted on. Templates first, a
+/// crash leaves only templates, which the sweep deletes, and deleting (`requests.rs`) keeps its
+/// order: the templates by uid, then the request, whose deletion collects anything left.
 async fn owned_by(templates: &Api<PodTemplate>, made: &[PodTemplate], owner: OwnerReference) {
     let owner = OwnerReference {
         controller: Some(false),
