@@ -176,6 +176,11 @@ impl<V: Clone> WatchedCache<V> {
                     inner.objects.remove(&key(k));
                 }
             }
+            // A change the watch delivered after a list: the watch works.
+            let watched = matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_));
+            if watched && inner.relisting.is_none() {
+                inner.health = Health::Synced;
+            }
         }
         self.changes.send_modify(|n| *n += 1);
     }
@@ -312,8 +317,14 @@ impl<V: Clone + Send + 'static> WatchedCache<V> {
                     match current.next().await {
                         Some(Ok(event)) => {
                             cache.apply(&event, keep);
-                            if matches!(event, watcher::Event::InitDone) && refusals > 0 {
-                                info!(resource = cache.resource, "listed again after a refusal");
+                            match event {
+                                watcher::Event::InitDone if refusals > 0 => {
+                                    info!(resource = cache.resource, "listed again after a refusal")
+                                }
+                                watcher::Event::Apply(_) | watcher::Event::Delete(_) => {
+                                    refusals = 0
+                                }
+                                _ => {}
                             }
                             return Some((event, (events, refusals)));
                         }
@@ -451,9 +462,14 @@ mod tests {
             cache.apply(&Event::Init, name_of);
             cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
             assert!(cache.get(&key("a")).is_err());
-            let inner = cache.lock();
-            let later = Instant::now() + CONFIRM;
-            assert_eq!(WatchedCache::readable(&inner, "x", later), Ok(()));
+            {
+                let inner = cache.lock();
+                let later = Instant::now() + CONFIRM;
+                assert_eq!(WatchedCache::readable(&inner, "x", later), Ok(()));
+            }
+            // A change delivered by the watch proves it works at once.
+            cache.apply(&Event::Apply(flavor("b")), name_of);
+            assert_eq!(cache.get(&key("b")), Ok(Some("b".into())));
         }
         // Other failures (a timeout, an expired version) are the watcher's to retry.
         let cache = listed(&["a"]);
