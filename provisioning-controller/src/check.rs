@@ -561,7 +561,7 @@ fn ours_or_taken<K: ResourceExt>(
         return Ok(object);
     }
     Err(Error::NameTaken(format!(
-        "{kind} {namespace}/{} was created meanwhile, {}; another name is tried next",
+        "{kind} {namespace}/{} exists, {}",
         object.name_any(),
         identity::describe_owner(object.meta(), me)
     )))

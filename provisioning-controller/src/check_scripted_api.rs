@@ -166,7 +166,8 @@ async fn a_request_name_taken_by_someone_else_is_never_adopted_or_touched() {
     let err = s.create().await.expect_err("the name is taken");
     assert!(matches!(err, Error::NameTaken(_)), "{err}");
     assert!(
-        err.to_string().contains("another name is tried next"),
+        err.to_string()
+            .contains("exists, made by Kueue's built-in provisioning check"),
         "{err}"
     );
     // Nothing of theirs patched or deleted: our template made for that name is deleted again,
