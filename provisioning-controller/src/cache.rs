@@ -55,6 +55,8 @@ pub enum Unavailable {
     NotListed {
         /// The resource, `resourceflavors.kueue.x-k8s.io`.
         resource: &'static str,
+        /// Why the last list failed, if one did (e.g. the resource is not served).
+        last_error: Option<String>,
     },
     /// The API server refuses this controller a verb the cache needs.
     Refused {
@@ -70,11 +72,20 @@ pub enum Unavailable {
 impl fmt::Display for Unavailable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Unavailable::NotListed { resource } => write!(
-                f,
-                "waiting for this controller's watch of {resource} to list them (it reads them \
-                 from that watch only)"
-            ),
+            Unavailable::NotListed {
+                resource,
+                last_error,
+            } => {
+                write!(
+                    f,
+                    "waiting for this controller's watch of {resource} to list them (it reads \
+                     them from that watch only)"
+                )?;
+                match last_error {
+                    Some(e) => write!(f, "; the last list failed: {e}"),
+                    None => Ok(()),
+                }
+            }
             Unavailable::Refused {
                 resource,
                 verb,
@@ -109,6 +120,8 @@ struct Inner<V> {
     created: HashMap<Key, (V, u64)>,
     /// Lists started so far.
     lists: u64,
+    /// The last failure of the watch that was not a refusal, until a list succeeds.
+    last_error: Option<String>,
     health: Health,
 }
 
@@ -122,6 +135,7 @@ impl<V: Clone> WatchedCache<V> {
                 relisting: None,
                 created: HashMap::new(),
                 lists: 0,
+                last_error: None,
                 health: Health::Starting,
             }),
             changes: watch::channel(0).0,
@@ -151,6 +165,7 @@ impl<V: Clone> WatchedCache<V> {
                         .insert(key(k), value);
                 }
                 watcher::Event::InitDone => {
+                    inner.last_error = None;
                     inner.objects = inner.relisting.take().unwrap_or_default();
                     // Created before this list began and not in it: deleted since.
                     let (lists, objects) = (inner.lists, std::mem::take(&mut inner.objects));
@@ -193,9 +208,13 @@ impl<V: Clone> WatchedCache<V> {
             watcher::Error::WatchStartFailed(kube::Error::Api(s))
             | watcher::Error::WatchFailed(kube::Error::Api(s)) => ("watch", s.as_ref()),
             watcher::Error::WatchError(s) => ("watch", s.as_ref()),
-            _ => return None,
+            _ => {
+                self.lock().last_error = Some(error.to_string());
+                return None;
+            }
         };
         if status.code != 403 {
+            self.lock().last_error = Some(error.to_string());
             return None;
         }
         self.lock().health = Health::Refused {
@@ -224,7 +243,10 @@ impl<V: Clone> WatchedCache<V> {
             Health::Refused {
                 relisted: Some(at), ..
             } if now.duration_since(*at) >= CONFIRM => Ok(()),
-            Health::Starting => Err(Unavailable::NotListed { resource }),
+            Health::Starting => Err(Unavailable::NotListed {
+                resource,
+                last_error: inner.last_error.clone(),
+            }),
             Health::Refused { verb, message, .. } => Err(Unavailable::Refused {
                 resource,
                 verb,
@@ -471,6 +493,17 @@ mod tests {
             cache.apply(&Event::Apply(flavor("b")), name_of);
             assert_eq!(cache.get(&key("b")), Ok(Some("b".into())));
         }
+        // A list that fails otherwise (the resource not served) is said while nothing is listed.
+        let cache = WatchedCache::<String>::new("x");
+        let missing = kube::core::Status::failure("the server could not find it", "NotFound");
+        let missing = kube::Error::Api(missing.with_code(404).boxed());
+        assert_eq!(
+            cache.failed(&watcher::Error::InitialListFailed(missing)),
+            None
+        );
+        let err = cache.get(&key("a")).expect_err("not listed").to_string();
+        assert!(err.contains("the last list failed: "), "{err}");
+        assert!(err.contains("could not find it"), "{err}");
         // Other failures (a timeout, an expired version) are the watcher's to retry.
         let cache = listed(&["a"]);
         let gone = kube::core::Status::failure("too old", "Expired")
