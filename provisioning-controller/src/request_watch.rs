@@ -112,21 +112,30 @@ pub async fn watch_requests(
     // Requests (by uid) this sweep deleted and whose deletion the watch has not shown yet: the
     // versions still queued for them need no second read, list and delete each.
     let mut swept: HashSet<String> = HashSet::new();
+    // The requests of a list in progress, swept and woken once it is complete: the cache is
+    // complete only then, and decisions wait for it rather than for the sweep.
+    let mut initial: Vec<ProvisioningRequest> = Vec::new();
     while let Some(event) = events.next().await {
         match event {
             watcher::Event::Init => {
                 listed.clear();
                 swept.clear();
+                initial.clear();
             }
             watcher::Event::InitApply(r) => {
                 counted.insert(r.uid().unwrap_or_default(), counted_conditions(&r));
                 listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
-                if sweep_one(&ctx, &instance, &r).await {
-                    swept.insert(r.uid().unwrap_or_default());
-                }
-                wake(&ctx, &r).await;
+                initial.push(r);
             }
-            watcher::Event::InitDone => sweep_templates(&ctx, &instance, &listed).await,
+            watcher::Event::InitDone => {
+                for r in initial.drain(..) {
+                    if sweep_one(&ctx, &instance, &r).await {
+                        swept.insert(r.uid().unwrap_or_default());
+                    }
+                    wake(&ctx, &r).await;
+                }
+                sweep_templates(&ctx, &instance, &listed).await;
+            }
             watcher::Event::Apply(r) => {
                 let now = counted_conditions(&r);
                 let before = counted.insert(r.uid().unwrap_or_default(), now.clone());
