@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use kueue_admission_sdk::api::{
-    AdmissionCheck, CheckState, ProvisioningRequest, ResourceFlavor, ResourceFlavorSpec, Workload,
+    AdmissionCheck, CheckState, ProvisioningRequest, ResourceFlavorSpec, Workload,
     workload_condition as cond,
 };
 use kueue_admission_sdk::prometheus_client::registry::Registry;
@@ -20,15 +20,17 @@ use kueue_admission_sdk::{
 };
 use tracing::{info, warn};
 
+use crate::cache::{Unavailable, WatchedCache};
 use crate::config::ProvisioningParameters;
 use crate::error::{ApiCall, Error};
+use crate::flavors::FlavorCache;
 use crate::identity::{self, Identity, Ownership, ownership};
 use crate::metrics::Metrics;
 use crate::names;
 use crate::outcome::{self, Outcome};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
 use crate::refusal::{self, Subject};
-use crate::requests;
+use crate::requests::{self, RequestCache};
 
 /// How often a Workload whose request names are all held by foreign objects looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
@@ -51,6 +53,12 @@ pub struct ProvisioningCheck {
     metrics: Arc<Metrics>,
     /// Requests whose timeout was already counted (a decision may be computed twice).
     timed_out: Arc<Mutex<HashSet<String>>>,
+    /// The ResourceFlavors, kept by a watch while this replica leads.
+    flavors: FlavorCache,
+    /// This instance's requests, kept by the leader's watch of them.
+    requests: Arc<RequestCache>,
+    /// Every AdmissionCheck's name → whether Kueue's built-in check answers it.
+    admission_checks: Arc<WatchedCache<bool>>,
 }
 
 impl ProvisioningCheck {
@@ -62,6 +70,9 @@ impl ProvisioningCheck {
             instance,
             metrics: Arc::new(Metrics::new()),
             timed_out: Default::default(),
+            flavors: FlavorCache::default(),
+            requests: requests::request_cache(),
+            admission_checks: Arc::new(WatchedCache::new("admissionchecks.kueue.x-k8s.io")),
         }
     }
 
@@ -75,29 +86,10 @@ impl ProvisioningCheck {
         &self.instance
     }
 
-    /// The ResourceFlavors assigned to the Workload, by name.
-    async fn assigned_flavors(
-        &self,
-        client: &Client,
-        wl: &Workload,
-    ) -> Result<BTreeMap<String, ResourceFlavorSpec>, Error> {
-        let api: Api<ResourceFlavor> = Api::all(client.clone());
-        let mut flavors = BTreeMap::new();
-        let names: HashSet<&str> = plan::assigned_flavor_names(wl).into_iter().collect();
-        for name in names {
-            // A missing flavor is left out; the plan says which one it needed.
-            let flavor = api.get_opt(name).await;
-            if let Some(f) = flavor.map_err(Error::api::<ResourceFlavor>("get", "", name))? {
-                flavors.insert(name.to_string(), f.spec);
-            }
-        }
-        Ok(flavors)
-    }
-
     /// Creates the attempt's PodTemplates, then its request, then makes the request the
     /// templates' owner (so that deleting the request collects them). Objects of ours under the
-    /// same names (a restart between two steps) are kept; a name taken meanwhile by anything
-    /// else is an error, and the next pass picks another name.
+    /// same names (a restart between two steps) are kept; a name taken by anything else is
+    /// [`Error::NameTaken`] (the templates made for it deleted), and the caller tries the next.
     async fn create(
         &self,
         client: &Client,
@@ -124,12 +116,17 @@ impl ProvisioningCheck {
                 r
             }
             Err(e) if is_already_exists(&e) => {
+                // Not in the cache: foreign, or ours not delivered yet (a lost response).
                 let existing = requests.get(&plan.name).await.map_err(Error::api::<
                     ProvisioningRequest,
                 >(
                     "get", &namespace, &plan.name,
                 ))?;
-                ours_or_taken(existing, me, "ProvisioningRequest", &namespace)?
+                let taken = ours_or_taken(existing, me, "ProvisioningRequest", &namespace);
+                if taken.is_err() {
+                    discard(&templates, &made).await;
+                }
+                taken?
             }
             Err(e) => {
                 return Err(refused(
@@ -141,13 +138,18 @@ impl ProvisioningCheck {
                 ));
             }
         };
+        let key = (namespace.clone(), created.name_any());
+        self.requests.created(key, requests::kept(&created));
         if let Some(owner) = created.controller_owner_ref(&()) {
             owned_by(&templates, &made, owner).await;
         }
         Ok(created)
     }
 
-    /// Creates the request's PodTemplates (or takes ours that exist already).
+    /// Creates the request's PodTemplates, taking ours that exist already (a pass interrupted
+    /// after making them). A name held by anything else is [`Error::NameTaken`], and the
+    /// templates made so far are deleted again. No name is read before: a create that finds it
+    /// taken is the only read.
     async fn create_templates(
         &self,
         templates: &Api<PodTemplate>,
@@ -157,48 +159,84 @@ impl ProvisioningCheck {
         plan: &RequestPlan,
         config: &str,
     ) -> Result<Vec<PodTemplate>, Error> {
-        let namespace = wl.namespace().unwrap_or_default();
         let mut objects =
             plan::pod_template_objects(plan, wl, me.check, attempt, identity::MANAGED_BY);
         let mut made = Vec::with_capacity(objects.len());
         for t in &mut objects {
             t.labels_mut()
                 .insert(identity::INSTANCE_LABEL.into(), self.instance.clone());
-            let t = match templates.create(&PostParams::default(), t).await {
-                Ok(t) => t,
-                Err(e) if is_already_exists(&e) => {
-                    let name = t.name_any();
-                    let existing = templates.get(&name).await;
-                    let existing =
-                        existing.map_err(Error::api::<PodTemplate>("get", &namespace, &name))?;
-                    ours_or_taken(existing, me, "PodTemplate", &namespace)?
-                }
+            match self.create_template(templates, wl, me, t, config).await {
+                Ok(t) => made.push(t),
                 Err(e) => {
-                    let kind = refusal::Kind::PodTemplate;
-                    return Err(refused(e, kind, &t.name_any(), wl, config));
+                    if matches!(e, Error::NameTaken(_)) {
+                        discard(templates, &made).await;
+                    }
+                    return Err(e);
                 }
-            };
-            made.push(t);
+            }
         }
         Ok(made)
     }
 
-    /// Our request for this attempt, under whichever of its names it has, or what holds each
-    /// name (`None`: free). Both names are looked at, so a restart finds the request again even
-    /// when the first name was freed after it was made under the second.
+    /// Creates `template`. A template of ours under its name is taken; a predecessor's (left
+    /// by a deleted Workload of the same name) is deleted once the Workload is confirmed
+    /// current, and the create tried again; anything else is [`Error::NameTaken`].
+    async fn create_template(
+        &self,
+        templates: &Api<PodTemplate>,
+        wl: &Workload,
+        me: &Identity<'_>,
+        template: &PodTemplate,
+        config: &str,
+    ) -> Result<PodTemplate, Error> {
+        let namespace = wl.namespace().unwrap_or_default();
+        let name = template.name_any();
+        let mut replaced = false;
+        loop {
+            match templates.create(&PostParams::default(), template).await {
+                Ok(t) => return Ok(t),
+                Err(e) if is_already_exists(&e) => {}
+                Err(e) => return Err(refused(e, refusal::Kind::PodTemplate, &name, wl, config)),
+            }
+            let existing = templates.get(&name).await;
+            let existing = existing.map_err(Error::api::<PodTemplate>("get", &namespace, &name))?;
+            match ownership(&existing.metadata, me) {
+                Ownership::Ours => return Ok(existing),
+                Ownership::Predecessor
+                    if !replaced
+                        && self
+                            .workload_is_current(&templates.clone().into_client(), &namespace, me)
+                            .await? =>
+                {
+                    requests::delete_exactly(templates, &existing).await?;
+                    replaced = true;
+                }
+                _ => {
+                    return Err(Error::NameTaken(format!(
+                        "PodTemplate {namespace}/{name} exists, {}",
+                        identity::describe_owner(&existing.metadata, me)
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Our request for this attempt, under whichever of its names it has, or what of this
+    /// instance's holds each name (`None`: free, or held by a foreign object, which only a
+    /// create finds). Both names are looked at, so a restart finds the request again even when
+    /// the first name was freed after it was made under the second. Read from the cache only.
     async fn locate(
         &self,
-        client: &Client,
         namespace: &str,
         me: &Identity<'_>,
         attempt: u32,
-    ) -> Result<Located, Error> {
-        let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), namespace);
+    ) -> Result<Located, Unavailable> {
+        let requests = &self.requests;
+        requests.listed().await?;
         let mut holders = Vec::new();
         for name in names::request_names(me.workload, me.workload_uid, me.check, attempt) {
-            let holder = api.get_opt(&name).await;
-            let holder =
-                holder.map_err(Error::api::<ProvisioningRequest>("get", namespace, &name))?;
+            let holder = requests.get(&(namespace.to_string(), name.clone()))?;
+            let holder = holder.map(|r| ProvisioningRequest::clone(&r));
             if let Some(r) = holder.as_ref()
                 && ownership(&r.metadata, me) == Ownership::Ours
             {
@@ -223,46 +261,6 @@ impl ProvisioningCheck {
         Ok(current.is_some_and(|w| w.uid().as_deref() == Some(me.workload_uid)))
     }
 
-    /// Whether the PodTemplates of `plan` can be created: each name is free or holds ours (an
-    /// interrupted earlier pass). A predecessor's template is deleted; a foreign one makes the
-    /// name unusable, described in the `Err`.
-    async fn templates_usable(
-        &self,
-        client: &Client,
-        namespace: &str,
-        me: &Identity<'_>,
-        plan: &RequestPlan,
-    ) -> Result<Result<(), String>, Error> {
-        let templates: Api<PodTemplate> = Api::namespaced(client.clone(), namespace);
-        for ps in &plan.pod_sets {
-            let template = templates.get_opt(&ps.template_name).await;
-            let template = template.map_err(Error::api::<PodTemplate>(
-                "get",
-                namespace,
-                &ps.template_name,
-            ))?;
-            let Some(t) = template else {
-                continue;
-            };
-            match ownership(&t.metadata, me) {
-                Ownership::Ours => {}
-                Ownership::Predecessor
-                    if self.workload_is_current(client, namespace, me).await? =>
-                {
-                    requests::delete_exactly(&templates, &t).await?;
-                }
-                _ => {
-                    return Ok(Err(format!(
-                        "PodTemplate {namespace}/{} exists, {}",
-                        ps.template_name,
-                        identity::describe_owner(&t.metadata, me)
-                    )));
-                }
-            }
-        }
-        Ok(Ok(()))
-    }
-
     /// No request of ours exists for this attempt: clear what earlier attempts left, then create
     /// the request under the first name whose request and templates are free (or ours). Names
     /// held by anything else are skipped, never deleted; when all are held, the answer is
@@ -276,7 +274,6 @@ impl ProvisioningCheck {
         holders: &[(String, Option<ProvisioningRequest>)],
     ) -> Result<Decision, Error> {
         let (client, wl) = (ctx.client, ctx.workload);
-        let config = ctx.parameters.metadata.name.as_str();
         let namespace = wl.namespace().unwrap_or_default();
         // Left by a deleted Workload of the same name: never adopt its capacity, and free the
         // name for this one (as before names could collide).
@@ -291,14 +288,14 @@ impl ProvisioningCheck {
                  the same name"
             )));
         }
-        requests::delete_requests_of(client, &self.instance, wl, me.check, |r| {
-            names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt)
-        })
-        .await?;
+        self.delete_earlier_attempts(ctx, me, attempt).await?;
         let mut taken: Vec<String> = Vec::new();
         // Kueue's built-in check never steps aside: a name it may want for one of its own
         // Workloads is left to it, whoever comes first.
-        let kueue_checks = self.kueue_checks_sharing_names(client, me.check).await?;
+        let kueue_checks = match self.kueue_checks_sharing_names(me.check).await {
+            Ok(checks) => checks,
+            Err(why) => return Ok(unavailable(why)),
+        };
         for (i, (name, holder)) in holders.iter().enumerate() {
             if i == 0 && !kueue_checks.is_empty() {
                 taken.push(format!(
@@ -309,19 +306,11 @@ impl ProvisioningCheck {
                 ));
                 continue;
             }
-            if let Some(r) = holder {
-                taken.push(format!(
-                    "ProvisioningRequest {namespace}/{name} exists, {}",
-                    identity::describe_owner(&r.metadata, me)
-                ));
-                continue;
-            }
             let plan = plan.renamed(name);
-            if let Err(why) = self.templates_usable(client, &namespace, me, &plan).await? {
+            if let Err(why) = self.create_under(ctx, me, &plan, holder).await? {
                 taken.push(why);
                 continue;
             }
-            self.create(client, wl, me, attempt, &plan, config).await?;
             let mut message = format!(
                 "created ProvisioningRequest {namespace}/{name} (attempt {attempt}); waiting for \
                  it to be provisioned"
@@ -348,22 +337,59 @@ impl ProvisioningCheck {
         ))
     }
 
-    /// The AdmissionChecks of Kueue's built-in provisioning check whose requests can take the
-    /// names of `check`'s ([`names::checks_may_share_names`]).
-    async fn kueue_checks_sharing_names(
+    /// Deletes this Workload's requests for `check` of attempts before `attempt`, with their
+    /// templates.
+    async fn delete_earlier_attempts(
         &self,
-        client: &Client,
-        check: &str,
-    ) -> Result<Vec<String>, Error> {
-        let api: Api<AdmissionCheck> = Api::all(client.clone());
-        let checks = api.list(&ListParams::default()).await;
-        let mut found: Vec<String> = checks
-            .map_err(Error::api_list::<AdmissionCheck>("", ""))?
-            .items
+        ctx: &CheckContext<'_, ProvisioningParameters>,
+        me: &Identity<'_>,
+        attempt: u32,
+    ) -> Result<usize, Error> {
+        let earlier =
+            |r: &ProvisioningRequest| names::attempt_of(&r.name_any()).is_some_and(|a| a < attempt);
+        let (client, wl, instance) = (ctx.client, ctx.workload, &self.instance);
+        requests::delete_requests_of(client, instance, wl, me.check, &self.requests, earlier).await
+    }
+
+    /// Creates the request `plan` names (and its templates) unless what holds the name (`holder`,
+    /// of this instance's, else found by the create) or a template's name is not ours:
+    /// `Ok(Err(why))` then says what holds it.
+    async fn create_under(
+        &self,
+        ctx: &CheckContext<'_, ProvisioningParameters>,
+        me: &Identity<'_>,
+        plan: &RequestPlan,
+        holder: &Option<ProvisioningRequest>,
+    ) -> Result<Result<(), String>, Error> {
+        let (client, wl) = (ctx.client, ctx.workload);
+        let namespace = wl.namespace().unwrap_or_default();
+        if let Some(r) = holder {
+            return Ok(Err(format!(
+                "ProvisioningRequest {namespace}/{} exists, {}",
+                plan.name,
+                identity::describe_owner(&r.metadata, me)
+            )));
+        }
+        let config = ctx.parameters.metadata.name.as_str();
+        match self
+            .create(client, wl, me, ctx.attempt(), plan, config)
+            .await
+        {
+            Ok(_) => Ok(Ok(())),
+            Err(Error::NameTaken(why)) => Ok(Err(why)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The AdmissionChecks of Kueue's built-in provisioning check whose requests can take the
+    /// names of `check`'s ([`names::checks_may_share_names`]), from the cache.
+    async fn kueue_checks_sharing_names(&self, check: &str) -> Result<Vec<String>, Unavailable> {
+        self.admission_checks.listed().await?;
+        let mut found: Vec<String> = self
+            .admission_checks
+            .select(|(_, name), kueues| *kueues && names::checks_may_share_names(check, name))?
             .into_iter()
-            .filter(|ac| ac.spec.controller_name == identity::KUEUE_CONTROLLER_NAME)
-            .map(|ac| ac.name_any())
-            .filter(|k| names::checks_may_share_names(check, k))
+            .map(|((_, name), _)| name)
             .collect();
         found.sort();
         Ok(found)
@@ -390,10 +416,9 @@ impl ProvisioningCheck {
             workload_uid: &uid,
             check: &ctx.entry.name,
         };
-        let located = self
-            .locate(ctx.client, namespace, &me, ctx.attempt())
-            .await?;
-        let Located::Ours(request) = located else {
+        // Unreadable: the answer stands until the cache can say otherwise.
+        let located = self.locate(namespace, &me, ctx.attempt()).await;
+        let Ok(Located::Ours(request)) = located else {
             return Ok(keep);
         };
         let name = request.name_any();
@@ -406,6 +431,23 @@ impl ProvisioningCheck {
             _ => keep,
         })
     }
+}
+
+/// What the cache of AdmissionChecks keeps: whether Kueue's built-in check answers it.
+fn is_kueues(check: &AdmissionCheck) -> bool {
+    check.spec.controller_name == identity::KUEUE_CONTROLLER_NAME
+}
+
+/// The answer while a cache a decision reads cannot be read: `Pending`, naming what is missing
+/// (a refused permission, or a first list not done yet), asked again a while later since no
+/// watch event follows a permission granted.
+fn unavailable(why: Unavailable) -> Decision {
+    warn!(%why, "a decision waits for a cache");
+    let after = match why {
+        Unavailable::NotListed { .. } => Duration::from_secs(5),
+        Unavailable::Refused { .. } => BLOCKED_RECHECK,
+    };
+    Decision::pending_recheck_after(why.to_string(), after)
 }
 
 /// Whether an existing request is the one `plan` describes (class, parameters, podsets).
@@ -427,8 +469,27 @@ pub(crate) fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
 }
 
+/// Deletes templates made for a name that turned out taken: the next name gets its own. Best
+/// effort: the template sweep deletes what is left.
+async fn discard(templates: &Api<PodTemplate>, made: &[PodTemplate]) {
+    for t in made {
+        if let Err(e) = requests::delete_exactly(templates, t).await {
+            warn!(template = %t.name_any(), error = %e, "deleting a template of a taken name");
+        }
+    }
+}
+
 /// Makes `owner` (the request) an owner of the templates made for it, for the garbage
 /// collector. Best effort: release and the sweep delete templates anyway.
+///
+/// A patch after the creates rather than an ownerReference in the create: an owner's uid
+/// exists only once the request does, and the templates are created before the request on
+/// purpose. A request created first would be seen by the autoscaler without its templates
+/// (the simulator retries a second later, cluster-autoscaler may fail it: an attempt lost), a
+/// crash between the two would leave such a request behind, and a template name found taken
+/// would mean deleting a request the autoscaler may already have acted on. Templates first, a
+/// crash leaves only templates, which the sweep deletes, and deleting (`requests.rs`) keeps its
+/// order: the templates by uid, then the request, whose deletion collects anything left.
 async fn owned_by(templates: &Api<PodTemplate>, made: &[PodTemplate], owner: OwnerReference) {
     let owner = OwnerReference {
         controller: Some(false),
@@ -500,7 +561,7 @@ fn ours_or_taken<K: ResourceExt>(
         return Ok(object);
     }
     Err(Error::NameTaken(format!(
-        "{kind} {namespace}/{} was created meanwhile, {}; another name is tried next",
+        "{kind} {namespace}/{} exists, {}",
         object.name_any(),
         identity::describe_owner(object.meta(), me)
     )))
@@ -510,7 +571,8 @@ fn ours_or_taken<K: ResourceExt>(
 enum Located {
     /// Our request, under one of them.
     Ours(Box<ProvisioningRequest>),
-    /// None of ours: each name with what holds it (`None`: free), in order of preference.
+    /// None of ours: each name with what of this instance's holds it (`None`: free, or held by
+    /// a foreign object), in order of preference.
     Absent(Vec<(String, Option<ProvisioningRequest>)>),
 }
 
@@ -554,9 +616,18 @@ impl AdmissionCheckController for ProvisioningCheck {
     // transitions and remove orphans.
     fn while_leading(&self) -> Extensions {
         let (instance, metrics) = (self.instance().to_string(), self.metrics());
-        Extensions::new().while_leading("provisioning-requests", move |ctx| {
-            crate::request_watch::watch_requests(ctx, instance, metrics)
-        })
+        let (flavors, requests) = (self.flavors.shared(), self.requests.clone());
+        let admission_checks = self.admission_checks.clone();
+        Extensions::new()
+            .while_leading("provisioning-requests", move |ctx| {
+                crate::request_watch::watch_requests(ctx, instance, metrics, requests)
+            })
+            .while_leading("resource-flavors", move |ctx| {
+                FlavorCache::watch(flavors, ctx)
+            })
+            .while_leading("admission-checks", move |ctx| {
+                admission_checks.fill(Api::all(ctx.client), is_kueues)
+            })
     }
 
     // Without cluster-autoscaler's ProvisioningRequest CRD at v1 nothing can be provisioned:
@@ -599,7 +670,11 @@ impl AdmissionCheckController for ProvisioningCheck {
         }
         let check = ctx.entry.name.as_str();
         let attempt = ctx.attempt();
-        let Some(plan) = self.plan_for(ctx, &namespace).await? else {
+        let flavors = match self.flavors.assigned(wl).await {
+            Ok(flavors) => flavors,
+            Err(why) => return Ok(unavailable(why)),
+        };
+        let Some(plan) = self.plan_for(ctx, &namespace, &flavors).await? else {
             return Ok(Decision::ready(
                 "no podset needs capacity: the provisioning request is not needed",
             ));
@@ -615,7 +690,11 @@ impl AdmissionCheckController for ProvisioningCheck {
             workload_uid: &uid,
             check,
         };
-        let request = match self.locate(ctx.client, &namespace, &me, attempt).await? {
+        let located = match self.locate(&namespace, &me, attempt).await {
+            Ok(located) => located,
+            Err(why) => return Ok(unavailable(why)),
+        };
+        let request = match located {
             Located::Ours(r) if r.metadata.deletion_timestamp.is_some() => {
                 return Ok(Decision::pending(format!(
                     "waiting for the old ProvisioningRequest {namespace}/{} to be deleted",
@@ -636,9 +715,12 @@ impl AdmissionCheckController for ProvisioningCheck {
         let Some(wl) = ctx.workload else {
             return Ok(());
         };
+        let (client, check) = (ctx.client, ctx.check_name);
         let deleted =
-            requests::delete_requests_of(ctx.client, &self.instance, wl, ctx.check_name, |_| true)
-                .await?;
+            requests::delete_requests_of(client, &self.instance, wl, check, &self.requests, |_| {
+                true
+            })
+            .await?;
         if deleted > 0 {
             info!(
                 workload = %ctx.name,
@@ -661,15 +743,15 @@ impl ProvisioningCheck {
         &self,
         ctx: &CheckContext<'_, ProvisioningParameters>,
         namespace: &str,
+        flavors: &BTreeMap<String, ResourceFlavorSpec>,
     ) -> Result<Option<RequestPlan>, Error> {
         let wl = ctx.workload;
-        let flavors = self.assigned_flavors(ctx.client, wl).await?;
         let plan = plan::plan(&PlanInput {
             workload: wl,
             check: &ctx.entry.name,
             attempt: ctx.attempt(),
             config: &ctx.parameters.spec,
-            flavors: &flavors,
+            flavors,
         })
         .map_err(|e| {
             let subject = Subject {

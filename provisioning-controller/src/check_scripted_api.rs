@@ -58,6 +58,36 @@ fn setup() -> Setup {
 }
 
 impl Setup {
+    /// The config `setup`'s plan was made from, as the runtime resolves it.
+    fn parameters() -> crate::config::ProvisioningParameters {
+        crate::config::ProvisioningParameters {
+            metadata: crate::config::ConfigMetadata {
+                name: "cfg".into(),
+                ..Default::default()
+            },
+            spec: ProvisioningRequestConfigSpec {
+                provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The context the runtime decides `wl` in, with `setup`'s config.
+    fn context<'a>(
+        wl: &'a kueue_admission_sdk::api::Workload,
+        parameters: &'a crate::config::ProvisioningParameters,
+        client: &'a kube::Client,
+    ) -> kueue_admission_sdk::CheckContext<'a, crate::config::ProvisioningParameters> {
+        kueue_admission_sdk::CheckContext {
+            workload: wl,
+            entry: wl.admission_check(CHECK).expect("the entry"),
+            parameters,
+            client,
+            now: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            shadow: None,
+        }
+    }
+
     async fn create(&self) -> Result<kueue_admission_sdk::api::ProvisioningRequest, Error> {
         let me = Identity {
             instance: self.check.instance(),
@@ -97,6 +127,16 @@ impl Setup {
         self.api.answer(200, holder);
     }
 
+    /// [`Self::request_name_held_by`] Kueue's built-in check's request (no instance label of
+    /// ours); the template made for the name is deleted again.
+    fn request_name_held_by_kueue(&self) {
+        let mut foreign = self.ours();
+        foreign["metadata"]["labels"] = serde_json::json!({"kueue.x-k8s.io/managed": "true"});
+        self.request_name_held_by(foreign);
+        let deleted = serde_json::json!({"kind": "Status", "status": "Success"});
+        self.api.answer(200, deleted);
+    }
+
     /// Writes (anything but GET), as `METHOD resource`.
     fn writes(&self) -> Vec<String> {
         self.api
@@ -122,21 +162,25 @@ fn resource(path: &str) -> &str {
 #[tokio::test]
 async fn a_request_name_taken_by_someone_else_is_never_adopted_or_touched() {
     let s = setup();
-    // What holds the name: Kueue's built-in check's request (no instance label of ours).
-    let mut foreign = s.ours();
-    foreign["metadata"]["labels"] = serde_json::json!({"kueue.x-k8s.io/managed": "true"});
-    s.request_name_held_by(foreign);
+    s.request_name_held_by_kueue();
     let err = s.create().await.expect_err("the name is taken");
     assert!(matches!(err, Error::NameTaken(_)), "{err}");
     assert!(
-        err.to_string().contains("another name is tried next"),
+        err.to_string()
+            .contains("exists, made by Kueue's built-in provisioning check"),
         "{err}"
     );
-    // Nothing patched or deleted: only our template was created.
+    // Nothing of theirs patched or deleted: our template made for that name is deleted again,
+    // by its uid.
     assert_eq!(
         s.writes(),
-        ["POST podtemplates", "POST provisioningrequests"]
+        [
+            "POST podtemplates",
+            "POST provisioningrequests",
+            "DELETE podtemplates"
+        ]
     );
+    assert_eq!(s.deletes(), ["podtemplates t-1"]);
 }
 
 #[tokio::test]
@@ -246,6 +290,7 @@ impl Setup {
             self.check.instance(),
             &self.wl,
             CHECK,
+            &self.check.requests,
             |_| true,
         )
         .await
@@ -344,7 +389,7 @@ async fn a_list_that_fails_deletes_nothing() {
 /// nobody would use).
 #[tokio::test]
 async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_request() {
-    use kueue_admission_sdk::{AdmissionCheckController, CheckContext};
+    use kueue_admission_sdk::AdmissionCheckController;
     let s = setup();
     let wl = WorkloadBuilder::new("ns", "wl")
         .uid("u-1")
@@ -353,23 +398,8 @@ async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_reque
         .quota_reserved("cq", "flavor")
         .admitted()
         .build();
-    let parameters = crate::config::ProvisioningParameters {
-        spec: ProvisioningRequestConfigSpec {
-            provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let entry = wl.admission_check(CHECK).cloned().expect("our entry");
-    let client = s.api.client();
-    let ctx = CheckContext {
-        workload: &wl,
-        entry: &entry,
-        parameters: &parameters,
-        client: &client,
-        now: k8s_openapi::jiff::Timestamp::now(),
-        shadow: None,
-    };
+    let (parameters, client) = (Setup::parameters(), s.api.client());
+    let ctx = Setup::context(&wl, &parameters, &client);
     let decision = s.check.decide(&ctx).await.expect("decided");
     assert_eq!(decision.state(), CheckState::Ready);
     assert_eq!(decision.message(), super::ADMITTED_BEFORE_THE_CHECK);
@@ -381,7 +411,6 @@ async fn an_admitted_workload_that_gets_the_check_later_is_ready_without_a_reque
 /// made again; nothing else is touched.
 #[tokio::test]
 async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_made_again() {
-    use kueue_admission_sdk::CheckContext;
     use kueue_admission_sdk::api::ProvisioningRequest;
 
     let s = setup();
@@ -393,25 +422,8 @@ async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_m
     s.api.answer(200, s.template());
     s.api.answer(200, &deleted);
     s.api.answer(200, &deleted);
-    let parameters = crate::config::ProvisioningParameters {
-        metadata: crate::config::ConfigMetadata {
-            name: "cfg".into(),
-            ..Default::default()
-        },
-        spec: ProvisioningRequestConfigSpec {
-            provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
-            ..Default::default()
-        },
-    };
-    let client = s.api.client();
-    let ctx = CheckContext {
-        workload: &s.wl,
-        entry: s.wl.admission_check(CHECK).expect("the entry"),
-        parameters: &parameters,
-        client: &client,
-        now: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        shadow: None,
-    };
+    let (parameters, client) = (Setup::parameters(), s.api.client());
+    let ctx = Setup::context(&s.wl, &parameters, &client);
     let decision = s
         .check
         .answer_from(&ctx, "ns", &stale, &s.plan)
@@ -437,4 +449,255 @@ async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_m
         .map(|r| r.body["preconditions"]["uid"].clone())
         .collect();
     assert_eq!(uids, ["t-1", "r-1"], "each deleted by uid");
+}
+
+// Requests per decision: what a decide sends to the API server, once the caches hold what the
+// watches deliver.
+
+impl Setup {
+    /// Fills the caches as the watches' first lists do: the flavor `setup`'s Workload is
+    /// assigned, and `requests` (this instance's).
+    fn watches_listed(&self, requests: &[serde_json::Value]) {
+        use kube::runtime::watcher::Event;
+        use kueue_admission_sdk::api::{AdmissionCheck, ProvisioningRequest, ResourceFlavor};
+        let flavors = self.check.flavors.shared();
+        let keep = |f: &ResourceFlavor| f.spec.clone();
+        flavors.apply(&Event::Init, keep);
+        let flavor = ResourceFlavor::new("flavor", ResourceFlavorSpec::default());
+        flavors.apply(&Event::InitApply(flavor), keep);
+        flavors.apply(&Event::<ResourceFlavor>::InitDone, keep);
+        let cache = &self.check.requests;
+        cache.apply(&Event::Init, crate::requests::kept);
+        for r in requests {
+            let r: ProvisioningRequest = serde_json::from_value(r.clone()).expect("a request");
+            cache.apply(&Event::InitApply(r), crate::requests::kept);
+        }
+        cache.apply(
+            &Event::<ProvisioningRequest>::InitDone,
+            crate::requests::kept,
+        );
+        let checks = &self.check.admission_checks;
+        checks.apply(&Event::Init, super::is_kueues);
+        checks.apply(&Event::<AdmissionCheck>::InitDone, super::is_kueues);
+    }
+
+    /// One decide for `setup`'s Workload, as the runtime calls it.
+    async fn decide(&self) -> kueue_admission_sdk::Decision {
+        use kueue_admission_sdk::AdmissionCheckController;
+        let (parameters, client) = (Self::parameters(), self.api.client());
+        let ctx = Self::context(&self.wl, &parameters, &client);
+        self.check.decide(&ctx).await.expect("decided")
+    }
+
+    /// The calls sent, as `METHOD resource` (`LIST` for a GET of a collection).
+    fn calls(&self) -> Vec<String> {
+        self.api
+            .requests()
+            .iter()
+            .map(|r| {
+                let mut parts = r.path.rsplit('/');
+                let last = parts.next().unwrap_or_default();
+                match (r.method.as_str(), KINDS.contains(&last)) {
+                    ("GET", true) => format!("LIST {last}"),
+                    (method, true) => format!("{method} {last}"),
+                    (method, false) => format!("{method} {}", parts.next().unwrap_or_default()),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The resources a decision may call.
+const KINDS: [&str; 5] = [
+    "podtemplates",
+    "provisioningrequests",
+    "admissionchecks",
+    "resourceflavors",
+    "workloads",
+];
+
+/// The calls that create the request under a free name: the template and the request
+/// created, the request made the template's owner.
+const CREATING: [&str; 3] = [
+    "POST podtemplates",
+    "POST provisioningrequests",
+    "PATCH podtemplates",
+];
+
+impl Setup {
+    /// Decides with the answers to [`CREATING`] scripted (the request gets uid `uid`) and
+    /// asserts that the answer says each of `says`.
+    async fn decide_creating(&self, uid: &str, says: &[&str]) {
+        self.creating(uid);
+        let decision = self.decide().await;
+        for part in says {
+            assert!(decision.message().contains(part), "{}", decision.message());
+        }
+    }
+
+    /// Scripts the answers to [`CREATING`]; the request gets uid `uid`.
+    fn creating(&self, uid: &str) {
+        self.api.answer(201, self.template());
+        self.api.answer(201, self.listed(uid));
+        self.api.answer(200, self.template());
+    }
+}
+
+#[tokio::test]
+async fn the_first_decide_creates_the_template_and_the_request_and_later_ones_read_nothing() {
+    let s = setup();
+    s.watches_listed(&[]);
+    s.decide_creating("r-1", &["created ProvisioningRequest ns/wl-prov-1 "])
+        .await;
+    assert_eq!(s.calls(), CREATING);
+    // Decided again before the watch delivers the request: found as created, nothing sent.
+    let before = s.api.requests().len();
+    let again = s.decide().await;
+    assert_eq!(again.state(), CheckState::Pending);
+    // Then the watch delivers it provisioned: Ready, still from the cache only.
+    let mut provisioned = s.listed("r-1");
+    provisioned["status"] = serde_json::json!({"conditions": [{
+        "type": "Provisioned", "status": "True", "reason": "Provisioned", "message": "",
+        "lastTransitionTime": "1970-01-01T00:00:00Z",
+    }]});
+    let provisioned: kueue_admission_sdk::api::ProvisioningRequest =
+        serde_json::from_value(provisioned).expect("a request");
+    let event = kube::runtime::watcher::Event::Apply(provisioned);
+    s.check.requests.apply(&event, crate::requests::kept);
+    let ready = s.decide().await;
+    assert_eq!(ready.state(), CheckState::Ready, "{}", ready.message());
+    assert_eq!(s.api.requests().len(), before, "{:?}", &s.calls()[before..]);
+}
+
+#[tokio::test]
+async fn release_reads_the_requests_from_the_cache_once_listed() {
+    let s = setup();
+    s.watches_listed(&[s.listed("r-1")]);
+    s.api.answer(200, s.template());
+    let deleted = serde_json::json!({"kind": "Status", "status": "Success"});
+    s.api.answer(200, &deleted);
+    s.api.answer(200, &deleted);
+    assert_eq!(s.release().await.expect("released"), 1);
+    assert_eq!(
+        s.calls(),
+        [
+            "GET podtemplates",
+            "DELETE podtemplates",
+            "DELETE provisioningrequests"
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_decide_while_the_flavor_watch_is_refused_says_which_verb_and_reads_nothing() {
+    let s = setup();
+    let refused = crate::cache::forbidden("watch", "resourceflavors is forbidden");
+    assert_eq!(s.check.flavors.shared().failed(&refused), Some("watch"));
+    let decision = s.decide().await;
+    assert_eq!(decision.state(), CheckState::Pending);
+    for part in [
+        "may not watch resourceflavors.kueue.x-k8s.io",
+        "grant its ServiceAccount list and watch",
+    ] {
+        assert!(decision.message().contains(part), "{}", decision.message());
+    }
+    assert!(s.api.requests().is_empty(), "{:?}", s.calls());
+}
+
+/// The cache holds only this instance's requests: a foreign request under the first name is
+/// found by the create, which deletes the template it made for that name, and the second name
+/// is used in the same decide.
+#[tokio::test]
+async fn a_foreign_request_found_by_the_create_sends_the_decide_to_the_second_name() {
+    let s = setup();
+    s.watches_listed(&[]);
+    s.request_name_held_by_kueue();
+    let says = [
+        "not the usual name",
+        "made by Kueue's built-in provisioning check",
+    ];
+    s.decide_creating("r-2", &says).await;
+    // Both created under the first name, the holder read, our template deleted again.
+    let taken = ["GET provisioningrequests", "DELETE podtemplates"];
+    assert_eq!(s.calls(), [&CREATING[..2], &taken, &CREATING].concat());
+    assert_eq!(s.api.unused(), 0);
+}
+
+/// A template's name is only read when its create finds it taken: ours is taken as it is, a
+/// predecessor's replaced once the Workload is confirmed current, anything else makes the name
+/// unusable (and the next one is tried).
+#[tokio::test]
+async fn a_taken_template_name_is_read_only_after_the_create_finds_it_taken() {
+    let exists = |s: &Setup| {
+        s.api
+            .fail(409, "AlreadyExists", "podtemplates already exists")
+    };
+    // Ours, from a pass interrupted after creating it.
+    let s = setup();
+    exists(&s);
+    s.api.answer(200, s.template());
+    s.api.answer(201, s.listed("r-1"));
+    s.api.answer(200, s.template());
+    s.create().await.expect("ours is taken");
+    let ours = ["POST podtemplates", "GET podtemplates"];
+    assert_eq!(s.calls(), [&ours[..], &CREATING[1..]].concat());
+
+    // A deleted Workload's of the same name: deleted by uid, then made again.
+    let s = setup();
+    let mut predecessor = s.template();
+    predecessor["metadata"]["labels"][plan::WORKLOAD_UID_LABEL] = "u-0".into();
+    exists(&s);
+    s.api.answer(200, predecessor);
+    s.api
+        .answer(200, serde_json::to_value(&s.wl).unwrap_or_default());
+    s.api.answer(
+        200,
+        serde_json::json!({"kind": "Status", "status": "Success"}),
+    );
+    s.creating("r-1");
+    s.create().await.expect("replaced");
+    let replaced = [
+        "POST podtemplates",
+        "GET podtemplates",
+        "GET workloads",
+        "DELETE podtemplates",
+    ];
+    assert_eq!(s.calls(), [&replaced[..], &CREATING].concat());
+    assert_eq!(s.deletes(), ["podtemplates t-1"]);
+
+    // Kueue's: the name is taken, nothing of it touched.
+    let s = setup();
+    let mut kueues = s.template();
+    kueues["metadata"]["labels"] = serde_json::json!({"kueue.x-k8s.io/managed": "true"});
+    exists(&s);
+    s.api.answer(200, kueues);
+    let err = s.create().await.expect_err("taken");
+    assert!(
+        err.to_string()
+            .contains("exists, made by Kueue's built-in provisioning check"),
+        "{err}"
+    );
+    assert_eq!(s.calls(), ["POST podtemplates", "GET podtemplates"]);
+}
+
+/// A name Kueue's built-in check may want (one of its AdmissionChecks names its requests the
+/// same way) is left to it, known from the watch of AdmissionChecks: the second name is used.
+#[tokio::test]
+async fn a_name_kueues_check_may_want_is_left_to_it_without_a_list() {
+    use kueue_admission_sdk::api::{AdmissionCheck, AdmissionCheckSpec};
+    let s = setup();
+    s.watches_listed(&[]);
+    let spec = AdmissionCheckSpec {
+        controller_name: crate::identity::KUEUE_CONTROLLER_NAME.into(),
+        parameters: None,
+    };
+    // Its Workload `w` gets `w-x-prov-1`, as Workload `w-x` does here.
+    let kueues = kube::runtime::watcher::Event::Apply(AdmissionCheck::new("x-prov", spec));
+    s.check.admission_checks.apply(&kueues, super::is_kueues);
+    let says = [
+        "may be wanted by Kueue's built-in check",
+        "(AdmissionCheck x-prov)",
+    ];
+    s.decide_creating("r-2", &says).await;
+    assert_eq!(s.calls(), CREATING);
 }

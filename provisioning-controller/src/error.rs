@@ -30,8 +30,8 @@ pub enum Error {
     /// A Workload without a uid or namespace: not one read from the API server.
     #[error("workload {0} has no {1}")]
     MalformedWorkload(String, &'static str),
-    /// A name this controller was about to use was taken meanwhile by an object it did not
-    /// make; the next pass picks another name.
+    /// A name this controller was about to use is held by an object it did not make, found by
+    /// the create (the caches hold only this instance's objects); the next name is tried.
     #[error("{0}")]
     NameTaken(String),
     /// What this check must create for the Workload is refused by the API server, or would be

@@ -9,7 +9,8 @@
 //! - the task below watches this instance's requests while the replica leads: on taking the
 //!   lead it sees every existing request, and deletes those whose Workload is gone or no longer
 //!   needs them (also after this controller was down while the Workload was deleted). The same
-//!   watch wakes a request's Workload on every change, so the check answers at once.
+//!   watch wakes a request's Workload on every change, so the check answers at once, and keeps
+//!   the cache ([`RequestCache`]) the decisions read the requests from.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kueue_admission_sdk::LeaderContext;
 use kueue_admission_sdk::api::{
     ProvisioningRequest, Workload, find_condition, provisioning_condition as pr,
@@ -33,7 +34,7 @@ use crate::identity::{INSTANCE_LABEL, Identity, Ownership, ownership};
 use crate::metrics::{Metrics, Transition};
 use crate::names;
 use crate::plan;
-use crate::requests::{delete_exactly, delete_request, delete_templates};
+use crate::requests::{RequestCache, delete_exactly, delete_request, delete_templates, kept};
 
 /// Templates younger than this are never swept as orphans: a template is created just before
 /// its request.
@@ -94,10 +95,16 @@ fn transition(r: &ProvisioningRequest, condition: &str) -> Option<Transition> {
 
 /// The task beside the runtime: watches this instance's requests, wakes their Workloads,
 /// counts their transitions and deletes orphans. Runs until dropped.
-pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<Metrics>) {
+pub async fn watch_requests(
+    ctx: LeaderContext,
+    instance: String,
+    metrics: Arc<Metrics>,
+    cache: Arc<RequestCache>,
+) {
     let api: Api<ProvisioningRequest> = Api::all(ctx.client.clone());
     let config = watcher::Config::default().labels(&format!("{INSTANCE_LABEL}={instance}"));
-    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    // The decisions read the requests from this cache: its events are already in it.
+    let mut events = std::pin::pin!(cache.watch(api, config, kept));
     // Conditions already counted, by request uid: a restart counts only what changes after it.
     let mut counted: HashMap<String, BTreeSet<&'static str>> = HashMap::new();
     // Requests listed while (re)starting the watch, for the template sweep.
@@ -105,22 +112,31 @@ pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<M
     // Requests (by uid) this sweep deleted and whose deletion the watch has not shown yet: the
     // versions still queued for them need no second read, list and delete each.
     let mut swept: HashSet<String> = HashSet::new();
+    // The requests of a list in progress, swept and woken once it is complete: the cache is
+    // complete only then, and decisions wait for it rather than for the sweep.
+    let mut initial: Vec<ProvisioningRequest> = Vec::new();
     while let Some(event) = events.next().await {
         match event {
-            Ok(watcher::Event::Init) => {
+            watcher::Event::Init => {
                 listed.clear();
                 swept.clear();
+                initial.clear();
             }
-            Ok(watcher::Event::InitApply(r)) => {
+            watcher::Event::InitApply(r) => {
                 counted.insert(r.uid().unwrap_or_default(), counted_conditions(&r));
                 listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
-                if sweep_one(&ctx, &instance, &r).await {
-                    swept.insert(r.uid().unwrap_or_default());
-                }
-                wake(&ctx, &r).await;
+                initial.push(r);
             }
-            Ok(watcher::Event::InitDone) => sweep_templates(&ctx, &instance, &listed).await,
-            Ok(watcher::Event::Apply(r)) => {
+            watcher::Event::InitDone => {
+                for r in initial.drain(..) {
+                    if sweep_one(&ctx, &instance, &r).await {
+                        swept.insert(r.uid().unwrap_or_default());
+                    }
+                    wake(&ctx, &r).await;
+                }
+                sweep_templates(&ctx, &instance, &listed).await;
+            }
+            watcher::Event::Apply(r) => {
                 let now = counted_conditions(&r);
                 let before = counted.insert(r.uid().unwrap_or_default(), now.clone());
                 let check = r
@@ -139,7 +155,7 @@ pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<M
                 }
                 wake(&ctx, &r).await;
             }
-            Ok(watcher::Event::Delete(r)) => {
+            watcher::Event::Delete(r) => {
                 counted.remove(&r.uid().unwrap_or_default());
                 swept.remove(&r.uid().unwrap_or_default());
                 if let Err(e) = delete_templates(&ctx.client, &instance, &r).await {
@@ -147,7 +163,6 @@ pub async fn watch_requests(ctx: LeaderContext, instance: String, metrics: Arc<M
                 }
                 wake(&ctx, &r).await;
             }
-            Err(e) => warn!(error = %e, "watching ProvisioningRequests"),
         }
     }
 }

@@ -2,23 +2,45 @@
 //! made with it, an object by uid. Nothing is deleted that the identity rule
 //! ([`crate::identity::ownership`]) does not call ours.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::PodTemplate;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{ProvisioningRequest, Workload};
 
+use crate::cache::WatchedCache;
 use crate::error::Error;
 use crate::identity::{INSTANCE_LABEL, Identity, Ownership, ownership};
 use crate::plan;
 
+/// This instance's requests as the leader's watch of them delivered them.
+pub type RequestCache = WatchedCache<Arc<ProvisioningRequest>>;
+
+/// An empty [`RequestCache`], not listed yet.
+pub fn request_cache() -> Arc<RequestCache> {
+    Arc::new(WatchedCache::new(
+        "provisioningrequests.autoscaling.x-k8s.io",
+    ))
+}
+
+/// What the cache keeps of a request: all but its managedFields.
+pub fn kept(request: &ProvisioningRequest) -> Arc<ProvisioningRequest> {
+    let mut kept = request.clone();
+    kept.metadata.managed_fields = None;
+    Arc::new(kept)
+}
+
 /// Deletes the requests of `wl` for `check` that `which` selects, with their templates: only
-/// those this instance made for this Workload and check ([`Ownership::Ours`]). Returns how many
-/// requests it deleted.
+/// those this instance made for this Workload and check ([`Ownership::Ours`]). They are read
+/// from `cache`; listed only while it cannot be read (the same verb its watch lists with, so a
+/// refused verb still shows). Returns how many requests it deleted.
 pub async fn delete_requests_of(
     client: &Client,
     instance: &str,
     wl: &Workload,
     check: &str,
+    cache: &RequestCache,
     which: impl Fn(&ProvisioningRequest) -> bool,
 ) -> Result<usize, Error> {
     let namespace = wl
@@ -34,19 +56,13 @@ pub async fn delete_requests_of(
         workload_uid: &uid,
         check,
     };
-    let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
-    // The selector only narrows the list; the rule decides.
-    let selector = format!(
-        "{INSTANCE_LABEL}={instance},{}={uid}",
-        plan::WORKLOAD_UID_LABEL
-    );
-    let requests = api.list(&ListParams::default().labels(&selector)).await;
-    let requests = requests.map_err(Error::api_list::<ProvisioningRequest>(
-        &namespace, &selector,
-    ))?;
+    let cached = cache.select(|(ns, _), _| *ns == namespace);
+    let requests = match cached {
+        Ok(requests) => requests.into_iter().map(|(_, r)| r).collect(),
+        Err(_) => list_requests(client, &namespace, instance, &uid).await?,
+    };
     let mut deleted = 0;
     for r in requests
-        .items
         .iter()
         .filter(|r| ownership(&r.metadata, &me) == Ownership::Ours && which(r))
     {
@@ -55,6 +71,25 @@ pub async fn delete_requests_of(
         }
     }
     Ok(deleted)
+}
+
+/// The requests in `namespace` labelled as this instance's for the Workload of uid `uid`.
+async fn list_requests(
+    client: &Client,
+    namespace: &str,
+    instance: &str,
+    uid: &str,
+) -> Result<Vec<Arc<ProvisioningRequest>>, Error> {
+    let api: Api<ProvisioningRequest> = Api::namespaced(client.clone(), namespace);
+    // The selector only narrows the list; the rule decides.
+    let selector = format!(
+        "{INSTANCE_LABEL}={instance},{}={uid}",
+        plan::WORKLOAD_UID_LABEL
+    );
+    let requests = api.list(&ListParams::default().labels(&selector)).await;
+    let requests =
+        requests.map_err(Error::api_list::<ProvisioningRequest>(namespace, &selector))?;
+    Ok(requests.items.into_iter().map(Arc::new).collect())
 }
 
 /// Deletes a request this instance made (for whichever Workload its labels record) and the

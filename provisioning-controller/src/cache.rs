@@ -1,0 +1,574 @@
+//! Caches kept by watches while this replica leads, so that decisions read objects without a
+//! request to the API server.
+//!
+//! A cache answers only while its watch is known to work: before its first list a reader waits
+//! for it, and while the API server refuses the list or the watch, every read fails with
+//! [`Unavailable`], which names the verb refused. Nothing falls back to a GET: a refused verb
+//! shows on the decisions and in the log (the chart's RBAC test depends on that), and comes
+//! back once granted (the watch is started again, from a fresh list, with backoff).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt, stream::BoxStream};
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+/// After a refusal, how long a new list's watch must go unrefused before the cache is trusted:
+/// the watch starts right after the list, so a refusal comes well within this.
+const CONFIRM: Duration = Duration::from_secs(5);
+
+/// How long a decision waits for a watch's first list before it answers that it waits.
+pub const FIRST_LIST_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest wait before a refused watch is started again.
+const MAX_RESTART_DELAY: Duration = Duration::from_secs(60);
+
+/// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
+pub type Key = (String, String);
+
+/// Whether a cache can be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Health {
+    /// Not listed yet.
+    Starting,
+    /// Listed, and the watch not refused since.
+    Synced,
+    /// The API server refused `verb`. `relisted`: when a list succeeded after the refusal; the
+    /// cache is trusted again [`CONFIRM`] after it unless refused meanwhile.
+    Refused {
+        verb: &'static str,
+        message: String,
+        relisted: Option<Instant>,
+    },
+}
+
+/// Why a cache cannot answer now. Its `Display` is for the user (a decision's message).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// The watch has not listed the objects yet.
+    NotListed {
+        /// The resource, `resourceflavors.kueue.x-k8s.io`.
+        resource: &'static str,
+        /// Why the last list failed, if one did (e.g. the resource is not served).
+        last_error: Option<String>,
+    },
+    /// The API server refuses this controller a verb the cache needs.
+    Refused {
+        /// The resource, `resourceflavors.kueue.x-k8s.io`.
+        resource: &'static str,
+        /// `list` or `watch`.
+        verb: &'static str,
+        /// The API server's message.
+        message: String,
+    },
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unavailable::NotListed {
+                resource,
+                last_error,
+            } => {
+                write!(
+                    f,
+                    "waiting for this controller's watch of {resource} to list them (it reads \
+                     them from that watch only)"
+                )?;
+                match last_error {
+                    Some(e) => write!(f, "; the last list failed: {e}"),
+                    None => Ok(()),
+                }
+            }
+            Unavailable::Refused {
+                resource,
+                verb,
+                message,
+            } => write!(
+                f,
+                "this controller may not {verb} {resource} ({message}); it reads them from a \
+                 watch only: grant its ServiceAccount list and watch on {resource} (the Helm \
+                 chart's ClusterRole does)"
+            ),
+        }
+    }
+}
+
+/// Objects of one kind as a watch last delivered them, reduced to what is read (`V`).
+#[derive(Debug)]
+pub struct WatchedCache<V> {
+    /// `resourceflavors.kueue.x-k8s.io`: for messages.
+    resource: &'static str,
+    inner: Mutex<Inner<V>>,
+    /// Bumped on every change, for readers waiting on one.
+    changes: watch::Sender<u64>,
+}
+
+#[derive(Debug)]
+struct Inner<V> {
+    objects: HashMap<Key, V>,
+    /// What a list in progress has delivered so far.
+    relisting: Option<HashMap<Key, V>>,
+    /// Objects this controller created that the watch has not delivered yet, with the number
+    /// of the list they were created during.
+    created: HashMap<Key, (V, u64)>,
+    /// Lists started so far.
+    lists: u64,
+    /// The last failure of the watch that was not a refusal, until a list succeeds.
+    last_error: Option<String>,
+    health: Health,
+}
+
+impl<V: Clone> WatchedCache<V> {
+    /// An empty cache of `resource`, not listed yet.
+    pub fn new(resource: &'static str) -> Self {
+        Self {
+            resource,
+            inner: Mutex::new(Inner {
+                objects: HashMap::new(),
+                relisting: None,
+                created: HashMap::new(),
+                lists: 0,
+                last_error: None,
+                health: Health::Starting,
+            }),
+            changes: watch::channel(0).0,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<V>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes in what the watch delivered; `keep` reduces an object to what is read.
+    pub fn apply<K: Resource>(&self, event: &watcher::Event<K>, keep: impl Fn(&K) -> V) {
+        let key = |k: &K| (k.namespace().unwrap_or_default(), k.name_any());
+        {
+            let mut inner = self.lock();
+            match event {
+                watcher::Event::Init => {
+                    inner.lists += 1;
+                    inner.relisting = Some(HashMap::new());
+                }
+                watcher::Event::InitApply(k) => {
+                    inner.created.remove(&key(k));
+                    let value = keep(k);
+                    inner
+                        .relisting
+                        .get_or_insert_with(HashMap::new)
+                        .insert(key(k), value);
+                }
+                watcher::Event::InitDone => {
+                    inner.last_error = None;
+                    inner.objects = inner.relisting.take().unwrap_or_default();
+                    // Created before this list began and not in it: deleted since.
+                    let (lists, objects) = (inner.lists, std::mem::take(&mut inner.objects));
+                    inner
+                        .created
+                        .retain(|k, (_, during)| *during >= lists || objects.contains_key(k));
+                    inner.objects = objects;
+                    inner.health = match &inner.health {
+                        Health::Refused { verb, message, .. } => Health::Refused {
+                            verb,
+                            message: message.clone(),
+                            relisted: Some(Instant::now()),
+                        },
+                        _ => Health::Synced,
+                    };
+                }
+                watcher::Event::Apply(k) => {
+                    inner.created.remove(&key(k));
+                    inner.objects.insert(key(k), keep(k));
+                }
+                watcher::Event::Delete(k) => {
+                    inner.created.remove(&key(k));
+                    inner.objects.remove(&key(k));
+                }
+            }
+            // A change the watch delivered after a list: the watch works.
+            let watched = matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_));
+            if watched && inner.relisting.is_none() {
+                inner.health = Health::Synced;
+            }
+        }
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Takes in a failure of the watch. Returns the refused verb when the API server refused
+    /// the list or the watch (403): the watch must then be started again.
+    pub fn failed(&self, error: &watcher::Error) -> Option<&'static str> {
+        let (verb, status) = match error {
+            watcher::Error::InitialListFailed(kube::Error::Api(s)) => ("list", s.as_ref()),
+            watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            | watcher::Error::WatchFailed(kube::Error::Api(s)) => ("watch", s.as_ref()),
+            watcher::Error::WatchError(s) => ("watch", s.as_ref()),
+            _ => {
+                self.lock().last_error = Some(error.to_string());
+                return None;
+            }
+        };
+        if status.code != 403 {
+            self.lock().last_error = Some(error.to_string());
+            return None;
+        }
+        self.lock().health = Health::Refused {
+            verb,
+            message: status.message.clone(),
+            relisted: None,
+        };
+        self.changes.send_modify(|n| *n += 1);
+        Some(verb)
+    }
+
+    /// Records an object this controller just created, until the watch delivers it: read
+    /// like a delivered one, so a decision right after the create does not create it again.
+    pub fn created(&self, key: Key, value: V) {
+        let mut inner = self.lock();
+        if !inner.objects.contains_key(&key) {
+            let lists = inner.lists;
+            inner.created.insert(key, (value, lists));
+        }
+    }
+
+    /// `Ok` when the cache may be read at `now`.
+    fn readable(inner: &Inner<V>, resource: &'static str, now: Instant) -> Result<(), Unavailable> {
+        match &inner.health {
+            Health::Synced => Ok(()),
+            Health::Refused {
+                relisted: Some(at), ..
+            } if now.duration_since(*at) >= CONFIRM => Ok(()),
+            Health::Starting => Err(Unavailable::NotListed {
+                resource,
+                last_error: inner.last_error.clone(),
+            }),
+            Health::Refused { verb, message, .. } => Err(Unavailable::Refused {
+                resource,
+                verb,
+                message: message.clone(),
+            }),
+        }
+    }
+
+    /// The object under `key`, `None` when there is none.
+    pub fn get(&self, key: &Key) -> Result<Option<V>, Unavailable> {
+        let inner = self.lock();
+        Self::readable(&inner, self.resource, Instant::now())?;
+        let found = inner
+            .objects
+            .get(key)
+            .or(inner.created.get(key).map(|c| &c.0));
+        Ok(found.cloned())
+    }
+
+    /// The objects `select` picks, with their keys.
+    pub fn select(&self, select: impl Fn(&Key, &V) -> bool) -> Result<Vec<(Key, V)>, Unavailable> {
+        let inner = self.lock();
+        Self::readable(&inner, self.resource, Instant::now())?;
+        let created = (inner.created.iter())
+            .filter(|(k, _)| !inner.objects.contains_key(*k))
+            .map(|(k, (v, _))| (k, v));
+        let found = inner.objects.iter().chain(created);
+        let found = found.filter(|(k, v)| select(k, v));
+        Ok(found.map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+
+    /// Waits at most `bound` for the cache to change (a delivery or a failure); returns at
+    /// once when `ready` already holds.
+    pub async fn wait_until(&self, bound: Duration, ready: impl Fn(&Self) -> bool) {
+        let mut changes = self.changes.subscribe();
+        let wait = async {
+            while !ready(self) {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(bound, wait).await;
+    }
+
+    /// Waits at most [`FIRST_LIST_WAIT`] for the watch's first list, then says whether the cache
+    /// can be read.
+    pub async fn listed(&self) -> Result<(), Unavailable> {
+        self.wait_until(FIRST_LIST_WAIT, Self::settled).await;
+        Self::readable(&self.lock(), self.resource, Instant::now())
+    }
+
+    /// Whether a reader waiting for the first list can stop: listed, or refused.
+    pub fn settled(&self) -> bool {
+        self.lock().health != Health::Starting
+    }
+}
+
+impl<V: Clone + Send + 'static> WatchedCache<V> {
+    /// The events of a watch of `api` after the cache has taken each in, without end. A
+    /// refusal is logged and the watch started again from a fresh list, after 1 s doubling to
+    /// a minute; other failures are retried by the watcher with its backoff.
+    pub fn watch<K>(
+        self: std::sync::Arc<Self>,
+        api: Api<K>,
+        config: watcher::Config,
+        keep: fn(&K) -> V,
+    ) -> impl Stream<Item = watcher::Event<K>> + Send
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + fmt::Debug,
+        K: Send + Sync + 'static,
+    {
+        let start = move || {
+            watcher(api.clone(), config.clone())
+                .default_backoff()
+                .boxed()
+        };
+        let state: (Option<BoxStream<'static, _>>, u32) = (None, 0);
+        futures::stream::unfold(state, move |(mut events, mut refusals)| {
+            let (cache, start) = (self.clone(), start.clone());
+            async move {
+                loop {
+                    let current = match events.as_mut() {
+                        Some(current) => current,
+                        None => {
+                            tokio::time::sleep(restart_delay(refusals)).await;
+                            events.insert(start())
+                        }
+                    };
+                    match current.next().await {
+                        Some(Ok(event)) => {
+                            cache.apply(&event, keep);
+                            match event {
+                                watcher::Event::InitDone if refusals > 0 => {
+                                    info!(resource = cache.resource, "listed again after a refusal")
+                                }
+                                watcher::Event::Apply(_) | watcher::Event::Delete(_) => {
+                                    refusals = 0
+                                }
+                                _ => {}
+                            }
+                            return Some((event, (events, refusals)));
+                        }
+                        Some(Err(e)) => match cache.failed(&e) {
+                            Some(verb) => {
+                                error!(resource = cache.resource, verb, error = %e,
+                                    "the API server refuses this controller a verb it needs; \
+                                     decisions that read these objects wait until it is granted");
+                                refusals = refusals.saturating_add(1);
+                                events = None;
+                            }
+                            None => warn!(resource = cache.resource, error = %e, "watching"),
+                        },
+                        None => events = None,
+                    }
+                }
+            }
+        })
+    }
+}
+
+impl<V: Clone + Send + 'static> WatchedCache<V> {
+    /// Keeps the cache filled from a watch of every object `api` reaches, until dropped.
+    pub async fn fill<K>(self: std::sync::Arc<Self>, api: Api<K>, keep: fn(&K) -> V)
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + fmt::Debug,
+        K: Send + Sync + 'static,
+    {
+        let events = self.watch(api, watcher::Config::default(), keep);
+        events.for_each(|_| async {}).await;
+    }
+}
+
+/// The wait before starting a watch again after `refusals` refusals in a row.
+fn restart_delay(refusals: u32) -> Duration {
+    if refusals == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs(1u64 << refusals.min(7).saturating_sub(1)).min(MAX_RESTART_DELAY)
+}
+
+/// The watcher's error for a 403 on `verb` (`list` or `watch`), for tests.
+#[cfg(test)]
+pub(crate) fn forbidden(verb: &str, message: &str) -> watcher::Error {
+    let status = kube::core::Status::failure(message, "Forbidden")
+        .with_code(403)
+        .boxed();
+    match verb {
+        "list" => watcher::Error::InitialListFailed(kube::Error::Api(status)),
+        _ => watcher::Error::WatchStartFailed(kube::Error::Api(status)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+    use kueue_admission_sdk::api::{ResourceFlavor, ResourceFlavorSpec};
+
+    fn flavor(name: &str) -> ResourceFlavor {
+        ResourceFlavor::new(name, ResourceFlavorSpec::default())
+    }
+
+    fn key(name: &str) -> Key {
+        (String::new(), name.into())
+    }
+
+    fn name_of(f: &ResourceFlavor) -> String {
+        f.name_any()
+    }
+
+    fn listed(names: &[&str]) -> WatchedCache<String> {
+        let cache = WatchedCache::new("resourceflavors.kueue.x-k8s.io");
+        cache.apply(&Event::Init, name_of);
+        for n in names {
+            cache.apply(&Event::InitApply(flavor(n)), name_of);
+        }
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        cache
+    }
+
+    #[test]
+    fn nothing_is_read_before_the_first_list_completes() {
+        let cache = WatchedCache::<String>::new("resourceflavors.kueue.x-k8s.io");
+        cache.apply(&Event::Init, name_of);
+        cache.apply(&Event::InitApply(flavor("a")), name_of);
+        let err = cache.get(&key("a")).expect_err("not listed");
+        assert!(err.to_string().contains("to list them"), "{err}");
+        assert!(!cache.settled());
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        assert_eq!(cache.get(&key("a")), Ok(Some("a".into())));
+        assert_eq!(cache.get(&key("b")), Ok(None));
+    }
+
+    #[test]
+    fn changes_and_deletions_are_taken_in_and_a_relist_replaces_everything() {
+        let cache = listed(&["a", "b"]);
+        cache.apply(&Event::Apply(flavor("c")), name_of);
+        cache.apply(&Event::Delete(flavor("a")), name_of);
+        let all = cache.select(|_, _| true).expect("readable");
+        let mut all: Vec<String> = all.into_iter().map(|(_, v)| v).collect();
+        all.sort();
+        assert_eq!(all, ["b", "c"]);
+        // A relist in progress keeps answering from the last complete one.
+        cache.apply(&Event::Init, name_of);
+        cache.apply(&Event::InitApply(flavor("d")), name_of);
+        assert_eq!(cache.get(&key("b")), Ok(Some("b".into())));
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        assert_eq!(
+            cache.select(|_, _| true),
+            Ok(vec![(key("d"), "d".to_string())])
+        );
+    }
+
+    #[test]
+    fn a_refused_list_or_watch_is_named_and_blocks_reads_until_confirmed_again() {
+        for verb in ["list", "watch"] {
+            let cache = listed(&["a"]);
+            assert_eq!(
+                cache.failed(&forbidden(verb, "forbidden by test")),
+                Some(verb)
+            );
+            let err = cache.get(&key("a")).expect_err("refused");
+            let message = err.to_string();
+            assert!(
+                message.contains(&format!("may not {verb} resourceflavors")),
+                "{message}"
+            );
+            assert!(message.contains("forbidden by test"), "{message}");
+            assert!(
+                message.contains("grant its ServiceAccount list and watch"),
+                "{message}"
+            );
+            // Listed again: still refused until the watch has gone unrefused for a while.
+            cache.apply(&Event::Init, name_of);
+            cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+            assert!(cache.get(&key("a")).is_err());
+            {
+                let inner = cache.lock();
+                let later = Instant::now() + CONFIRM;
+                assert_eq!(WatchedCache::readable(&inner, "x", later), Ok(()));
+            }
+            // A change delivered by the watch proves it works at once.
+            cache.apply(&Event::Apply(flavor("b")), name_of);
+            assert_eq!(cache.get(&key("b")), Ok(Some("b".into())));
+        }
+        // A list that fails otherwise (the resource not served) is said while nothing is listed.
+        let cache = WatchedCache::<String>::new("x");
+        let missing = kube::core::Status::failure("the server could not find it", "NotFound");
+        let missing = kube::Error::Api(missing.with_code(404).boxed());
+        assert_eq!(
+            cache.failed(&watcher::Error::InitialListFailed(missing)),
+            None
+        );
+        let err = cache.get(&key("a")).expect_err("not listed").to_string();
+        assert!(err.contains("the last list failed: "), "{err}");
+        assert!(err.contains("could not find it"), "{err}");
+        // Other failures (a timeout, an expired version) are the watcher's to retry.
+        let cache = listed(&["a"]);
+        let gone = kube::core::Status::failure("too old", "Expired")
+            .with_code(410)
+            .boxed();
+        assert_eq!(cache.failed(&watcher::Error::WatchError(gone)), None);
+        assert!(cache.get(&key("a")).is_ok());
+    }
+
+    #[test]
+    fn a_created_object_is_read_until_the_watch_delivers_it_or_a_relist_lacks_it() {
+        let cache = listed(&[]);
+        cache.created(key("new"), "created".into());
+        assert_eq!(cache.get(&key("new")), Ok(Some("created".into())));
+        cache.apply(&Event::Apply(flavor("new")), name_of);
+        assert_eq!(cache.get(&key("new")), Ok(Some("new".into())));
+        cache.apply(&Event::Delete(flavor("new")), name_of);
+        assert_eq!(cache.get(&key("new")), Ok(None));
+        // Created during a list that has it: read once.
+        cache.apply(&Event::Init, name_of);
+        cache.apply(&Event::InitApply(flavor("both")), name_of);
+        cache.created(key("both"), "created".into());
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        let both = cache.select(|k, _| *k == key("both"));
+        assert_eq!(both, Ok(vec![(key("both"), "both".to_string())]));
+        // Created, then deleted while the watch was down: the next list does not have it.
+        cache.created(key("gone"), "created".into());
+        cache.apply(&Event::Init, name_of);
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        assert_eq!(cache.get(&key("gone")), Ok(None));
+        // Created while a list was in progress: kept, the list may predate it.
+        cache.apply(&Event::Init, name_of);
+        cache.created(key("during"), "created".into());
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        assert_eq!(cache.get(&key("during")), Ok(Some("created".into())));
+    }
+
+    #[test]
+    fn restarts_back_off_to_a_minute() {
+        let delays: Vec<u64> = (0..9).map(|n| restart_delay(n).as_secs()).collect();
+        assert_eq!(delays, [0, 1, 2, 4, 8, 16, 32, 60, 60]);
+        assert!(restart_delay(u32::MAX) <= MAX_RESTART_DELAY);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_waits_for_the_first_list_at_most_its_bound() {
+        let cache = std::sync::Arc::new(WatchedCache::<String>::new("x"));
+        let waiting = tokio::spawn({
+            let cache = cache.clone();
+            async move {
+                cache
+                    .wait_until(Duration::from_secs(10), WatchedCache::settled)
+                    .await;
+                cache.get(&key("a"))
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cache.apply(&Event::Init, name_of);
+        cache.apply(&Event::InitApply(flavor("a")), name_of);
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        assert_eq!(waiting.await.expect("joined"), Ok(Some("a".into())));
+        let never = WatchedCache::<String>::new("x");
+        never
+            .wait_until(Duration::from_secs(10), WatchedCache::settled)
+            .await;
+        assert!(never.get(&key("a")).is_err());
+    }
+}
