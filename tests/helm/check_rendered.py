@@ -31,7 +31,7 @@ SDK_RULES = {
 }
 PROVISIONING_RULES = {**SDK_RULES, **{
     ("kueue.x-k8s.io", "provisioningrequestconfigs"): {"get", "list", "watch"},
-    ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+    ("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
     ("autoscaling.x-k8s.io", "provisioningrequests"): {"get", "list", "watch", "create", "delete"},
     ("", "podtemplates"): {"get", "list", "create", "patch", "delete"},
 }}
