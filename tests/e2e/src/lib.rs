@@ -1338,14 +1338,23 @@ fn is_event_on(event: &k8s_openapi::api::events::v1::Event, name: &str, reason: 
         && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
 }
 
-/// The `Active` condition among `conditions`.
-fn active_of(conditions: &[Condition]) -> Option<&Condition> {
-    kueue_admission_sdk::api::find_condition(conditions, "Active")
-}
-
-/// Whether an `Active` condition has `status` and, if given, `reason`.
-fn active_is(condition: Option<&Condition>, status: &str, reason: Option<&str>) -> bool {
-    condition.is_some_and(|c| c.status == status && reason.is_none_or(|r| c.reason == r))
+/// Waits until the `Active` condition of the cluster-scoped object `name` (found by
+/// `active`) has `status` and, if given, `reason`; returns the condition.
+async fn wait_active<K>(
+    api: Api<K>,
+    name: &str,
+    status: &str,
+    reason: Option<&str>,
+    active: impl Fn(&K) -> Option<&Condition>,
+) -> Result<Condition>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    let matches = |c: &Condition| c.status == status && reason.is_none_or(|r| c.reason == r);
+    let what = format!("Active={status} (reason {reason:?})");
+    let object = wait_for(api, name, &what, |k| active(k).is_some_and(matches)).await?;
+    active(&object).cloned().context("no Active condition")
 }
 
 impl TestEnv {
@@ -1357,21 +1366,12 @@ impl TestEnv {
         status: &str,
         reason: Option<&str>,
     ) -> Result<Condition> {
-        let conditions = |cq: &ClusterQueue| {
-            cq.status
-                .as_ref()
-                .and_then(|s| active_of(&s.conditions))
-                .cloned()
-        };
-        let what = format!("ClusterQueue Active={status} (reason {reason:?})");
-        let cq = wait_for(
-            Api::<ClusterQueue>::all(self.client.clone()),
-            name,
-            &what,
-            |cq| active_is(conditions(cq).as_ref(), status, reason),
-        )
-        .await?;
-        conditions(&cq).context("no Active condition")
+        let api = Api::<ClusterQueue>::all(self.client.clone());
+        wait_active(api, name, status, reason, |cq| {
+            let conditions = cq.status.as_ref().map(|s| s.conditions.as_slice());
+            kueue_admission_sdk::api::find_condition(conditions.unwrap_or_default(), "Active")
+        })
+        .await
     }
 
     /// Waits until the AdmissionCheck's `Active` condition has `status` (and `reason`, if
@@ -1382,17 +1382,8 @@ impl TestEnv {
         status: &str,
         reason: Option<&str>,
     ) -> Result<Condition> {
-        let what = format!("AdmissionCheck Active={status} (reason {reason:?})");
-        let ac = wait_for(
-            Api::<AdmissionCheck>::all(self.client.clone()),
-            name,
-            &what,
-            |ac| active_is(ac.active_condition(), status, reason),
-        )
-        .await?;
-        ac.active_condition()
-            .cloned()
-            .context("no Active condition")
+        let api = Api::<AdmissionCheck>::all(self.client.clone());
+        wait_active(api, name, status, reason, AdmissionCheck::active_condition).await
     }
 
     /// Waits for an event with this reason on the Workload and returns its note.
