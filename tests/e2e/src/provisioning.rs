@@ -661,10 +661,7 @@ impl World {
     }
 
     /// Stops the controller (if it runs) and the simulator as SIGTERM would.
-    pub async fn stop(mut self) -> Result<()> {
-        if let Some(c) = self.controller.take() {
-            c.stop().await?;
-        }
-        self.simulator.stop().await
+    pub async fn stop(self) -> Result<()> {
+        Running::stop_all(self.controller.into_iter().chain([self.simulator])).await
     }
 }

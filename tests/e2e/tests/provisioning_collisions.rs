@@ -128,8 +128,7 @@ impl Collision {
     }
 
     async fn stop(self) -> Result<()> {
-        self.controller.stop().await?;
-        self.simulator.stop().await
+        Running::stop_all([self.controller, self.simulator]).await
     }
 }
 
