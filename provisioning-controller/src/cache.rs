@@ -112,17 +112,51 @@ pub struct WatchedCache<V> {
 
 #[derive(Debug)]
 struct Inner<V> {
-    objects: HashMap<Key, V>,
+    /// What the watch delivered: each object's uid and what is kept of it.
+    objects: HashMap<Key, (String, V)>,
     /// What a list in progress has delivered so far.
-    relisting: Option<HashMap<Key, V>>,
-    /// Objects this controller created that the watch has not delivered yet, with the number
-    /// of the list they were created during.
-    created: HashMap<Key, (V, u64)>,
+    relisting: Option<HashMap<Key, (String, V)>>,
+    /// Objects this controller created that the watch has not delivered yet: uid, value and
+    /// the number of the list they were created during. Read in place of what `objects`
+    /// holds under the key (a create succeeds only once the name is free).
+    created: HashMap<Key, (String, V, u64)>,
+    /// Objects (by uid) this controller deleted whose deletion the watch has not delivered
+    /// yet, with the number of the list they were deleted during: not read, so a decision
+    /// right after a delete does not answer from the object it deleted.
+    deleted: HashMap<Key, (String, u64)>,
     /// Lists started so far.
     lists: u64,
     /// The last failure of the watch that was not a refusal, until a list succeeds.
     last_error: Option<String>,
     health: Health,
+}
+
+impl<V> Inner<V> {
+    /// What is read under `key`: our own create not delivered yet, else what the watch
+    /// delivered, unless we deleted that very object.
+    fn read(&self, key: &Key) -> Option<&V> {
+        let deleted = |uid: &str| self.deleted.get(key).is_some_and(|(d, _)| d == uid);
+        let created = self.created.get(key).filter(|(uid, ..)| !deleted(uid));
+        let created = created.map(|(_, v, _)| v);
+        let delivered = || {
+            let found = self.objects.get(key).filter(|(uid, _)| !deleted(uid));
+            found.map(|(_, v)| v)
+        };
+        created.or_else(delivered)
+    }
+
+    /// The end of a list: it replaces what was delivered, and our creates and deletes that
+    /// it settles are forgotten. One begun before the list is settled by it: delivered or
+    /// absent. One begun during the list may be missing from it, so it is kept.
+    fn list_done(&mut self) {
+        self.objects = self.relisting.take().unwrap_or_default();
+        let (lists, objects) = (self.lists, &self.objects);
+        let listed_uid = |k: &Key| objects.get(k).map(|(uid, _)| uid.as_str());
+        self.created
+            .retain(|k, (uid, _, during)| *during >= lists && listed_uid(k) != Some(uid));
+        self.deleted
+            .retain(|k, (uid, during)| *during >= lists || listed_uid(k) == Some(uid));
+    }
 }
 
 impl<V: Clone> WatchedCache<V> {
@@ -134,6 +168,7 @@ impl<V: Clone> WatchedCache<V> {
                 objects: HashMap::new(),
                 relisting: None,
                 created: HashMap::new(),
+                deleted: HashMap::new(),
                 lists: 0,
                 last_error: None,
                 health: Health::Starting,
@@ -149,6 +184,7 @@ impl<V: Clone> WatchedCache<V> {
     /// Takes in what the watch delivered; `keep` reduces an object to what is read.
     pub fn apply<K: Resource>(&self, event: &watcher::Event<K>, keep: impl Fn(&K) -> V) {
         let key = |k: &K| (k.namespace().unwrap_or_default(), k.name_any());
+        let uid = |k: &K| k.uid().unwrap_or_default();
         {
             let mut inner = self.lock();
             match event {
@@ -157,22 +193,13 @@ impl<V: Clone> WatchedCache<V> {
                     inner.relisting = Some(HashMap::new());
                 }
                 watcher::Event::InitApply(k) => {
-                    inner.created.remove(&key(k));
-                    let value = keep(k);
-                    inner
-                        .relisting
-                        .get_or_insert_with(HashMap::new)
-                        .insert(key(k), value);
+                    let value = (uid(k), keep(k));
+                    let relisting = inner.relisting.get_or_insert_with(HashMap::new);
+                    relisting.insert(key(k), value);
                 }
                 watcher::Event::InitDone => {
                     inner.last_error = None;
-                    inner.objects = inner.relisting.take().unwrap_or_default();
-                    // Created before this list began and not in it: deleted since.
-                    let (lists, objects) = (inner.lists, std::mem::take(&mut inner.objects));
-                    inner
-                        .created
-                        .retain(|k, (_, during)| *during >= lists || objects.contains_key(k));
-                    inner.objects = objects;
+                    inner.list_done();
                     inner.health = match &inner.health {
                         Health::Refused { verb, message, .. } => Health::Refused {
                             verb,
@@ -183,12 +210,23 @@ impl<V: Clone> WatchedCache<V> {
                     };
                 }
                 watcher::Event::Apply(k) => {
-                    inner.created.remove(&key(k));
-                    inner.objects.insert(key(k), keep(k));
+                    let (key, uid) = (key(k), uid(k));
+                    // Our create delivered. (A version of another object under the name, an
+                    // older one, does not replace it.)
+                    if inner.created.get(&key).is_some_and(|(c, ..)| *c == uid) {
+                        inner.created.remove(&key);
+                    }
+                    inner.objects.insert(key, (uid, keep(k)));
                 }
                 watcher::Event::Delete(k) => {
-                    inner.created.remove(&key(k));
-                    inner.objects.remove(&key(k));
+                    let (key, uid) = (key(k), uid(k));
+                    inner.objects.remove(&key);
+                    if inner.created.get(&key).is_some_and(|(c, ..)| *c == uid) {
+                        inner.created.remove(&key);
+                    }
+                    if inner.deleted.get(&key).is_some_and(|(d, _)| *d == uid) {
+                        inner.deleted.remove(&key);
+                    }
                 }
             }
             // A change the watch delivered after a list: the watch works.
@@ -226,14 +264,22 @@ impl<V: Clone> WatchedCache<V> {
         Some(verb)
     }
 
-    /// Records an object this controller just created, until the watch delivers it: read
-    /// like a delivered one, so a decision right after the create does not create it again.
-    pub fn created(&self, key: Key, value: V) {
+    /// Records an object (of uid `uid`) this controller just created, until the watch delivers
+    /// it: read like a delivered one, so a decision right after the create does not create it
+    /// again, and in place of any older object the watch still shows under its name.
+    pub fn created(&self, key: Key, uid: String, value: V) {
         let mut inner = self.lock();
-        if !inner.objects.contains_key(&key) {
-            let lists = inner.lists;
-            inner.created.insert(key, (value, lists));
-        }
+        let lists = inner.lists;
+        inner.created.insert(key, (uid, value, lists));
+    }
+
+    /// Records that this controller deleted the object of uid `uid` under `key` (or found it
+    /// gone), until the watch delivers the deletion: not read meanwhile, so a decision right
+    /// after the delete does not answer from it.
+    pub fn deleted(&self, key: Key, uid: String) {
+        let mut inner = self.lock();
+        let lists = inner.lists;
+        inner.deleted.insert(key, (uid, lists));
     }
 
     /// `Ok` when the cache may be read at `now`.
@@ -259,21 +305,19 @@ impl<V: Clone> WatchedCache<V> {
     pub fn get(&self, key: &Key) -> Result<Option<V>, Unavailable> {
         let inner = self.lock();
         Self::readable(&inner, self.resource, Instant::now())?;
-        let found = inner
-            .objects
-            .get(key)
-            .or(inner.created.get(key).map(|c| &c.0));
-        Ok(found.cloned())
+        Ok(inner.read(key).cloned())
     }
 
     /// The objects `select` picks, with their keys.
     pub fn select(&self, select: impl Fn(&Key, &V) -> bool) -> Result<Vec<(Key, V)>, Unavailable> {
         let inner = self.lock();
         Self::readable(&inner, self.resource, Instant::now())?;
-        let created = (inner.created.iter())
-            .filter(|(k, _)| !inner.objects.contains_key(*k))
-            .map(|(k, (v, _))| (k, v));
-        let found = inner.objects.iter().chain(created);
+        let created = inner
+            .created
+            .keys()
+            .filter(|k| !inner.objects.contains_key(*k));
+        let keys = inner.objects.keys().chain(created);
+        let found = keys.filter_map(|k| inner.read(k).map(|v| (k, v)));
         let found = found.filter(|(k, v)| select(k, v));
         Ok(found.map(|(k, v)| (k.clone(), v.clone())).collect())
     }
@@ -513,32 +557,105 @@ mod tests {
         assert!(cache.get(&key("a")).is_ok());
     }
 
+    /// A flavor named `name` of uid `uid`, kept as `"name/uid"`.
+    fn versioned(name: &str, uid: &str) -> ResourceFlavor {
+        let mut f = flavor(name);
+        f.metadata.uid = Some(uid.into());
+        f
+    }
+
+    fn name_and_uid(f: &ResourceFlavor) -> String {
+        format!("{}/{}", f.name_any(), f.uid().unwrap_or_default())
+    }
+
+    fn read(cache: &WatchedCache<String>, name: &str) -> Option<String> {
+        cache.get(&key(name)).expect("readable")
+    }
+
+    fn select_all(cache: &WatchedCache<String>) -> Vec<String> {
+        let all = cache.select(|_, _| true).expect("readable");
+        let mut all: Vec<String> = all.into_iter().map(|(_, v)| v).collect();
+        all.sort();
+        all
+    }
+
     #[test]
     fn a_created_object_is_read_until_the_watch_delivers_it_or_a_relist_lacks_it() {
         let cache = listed(&[]);
-        cache.created(key("new"), "created".into());
-        assert_eq!(cache.get(&key("new")), Ok(Some("created".into())));
-        cache.apply(&Event::Apply(flavor("new")), name_of);
-        assert_eq!(cache.get(&key("new")), Ok(Some("new".into())));
-        cache.apply(&Event::Delete(flavor("new")), name_of);
-        assert_eq!(cache.get(&key("new")), Ok(None));
-        // Created during a list that has it: read once.
-        cache.apply(&Event::Init, name_of);
-        cache.apply(&Event::InitApply(flavor("both")), name_of);
-        cache.created(key("both"), "created".into());
-        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
-        let both = cache.select(|k, _| *k == key("both"));
-        assert_eq!(both, Ok(vec![(key("both"), "both".to_string())]));
+        let apply = |e: Event<ResourceFlavor>| cache.apply(&e, name_and_uid);
+        cache.created(key("new"), "1".into(), "created".into());
+        assert_eq!(read(&cache, "new").as_deref(), Some("created"));
+        assert_eq!(select_all(&cache), ["created"]);
+        apply(Event::Apply(versioned("new", "1")));
+        assert_eq!(read(&cache, "new").as_deref(), Some("new/1"));
+        apply(Event::Delete(versioned("new", "1")));
+        assert_eq!(read(&cache, "new"), None);
+        // Created under the name of an object the watch still shows (its deletion not delivered
+        // yet): ours is read, also when that older object's deletion arrives.
+        apply(Event::Apply(versioned("reused", "1")));
+        cache.created(key("reused"), "2".into(), "created".into());
+        assert_eq!(read(&cache, "reused").as_deref(), Some("created"));
+        apply(Event::Apply(versioned("reused", "1")));
+        apply(Event::Delete(versioned("reused", "1")));
+        assert_eq!(read(&cache, "reused").as_deref(), Some("created"));
+        apply(Event::Apply(versioned("reused", "2")));
+        assert_eq!(read(&cache, "reused").as_deref(), Some("reused/2"));
+        // Created during a list that has it: delivered.
+        apply(Event::Init);
+        apply(Event::InitApply(versioned("both", "1")));
+        cache.created(key("both"), "1".into(), "created".into());
+        apply(Event::InitDone);
+        assert_eq!(read(&cache, "both").as_deref(), Some("both/1"));
         // Created, then deleted while the watch was down: the next list does not have it.
-        cache.created(key("gone"), "created".into());
-        cache.apply(&Event::Init, name_of);
-        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
-        assert_eq!(cache.get(&key("gone")), Ok(None));
+        cache.created(key("gone"), "1".into(), "created".into());
+        apply(Event::Init);
+        apply(Event::InitDone);
+        assert_eq!(read(&cache, "gone"), None);
         // Created while a list was in progress: kept, the list may predate it.
-        cache.apply(&Event::Init, name_of);
-        cache.created(key("during"), "created".into());
-        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
-        assert_eq!(cache.get(&key("during")), Ok(Some("created".into())));
+        apply(Event::Init);
+        cache.created(key("during"), "1".into(), "created".into());
+        apply(Event::InitDone);
+        assert_eq!(read(&cache, "during").as_deref(), Some("created"));
+    }
+
+    #[test]
+    fn a_deleted_object_is_not_read_though_the_watch_has_not_delivered_its_deletion() {
+        let cache = WatchedCache::new("x");
+        let apply = |e: Event<ResourceFlavor>| cache.apply(&e, name_and_uid);
+        apply(Event::Init);
+        apply(Event::InitApply(versioned("a", "1")));
+        apply(Event::InitApply(versioned("b", "1")));
+        apply(Event::InitDone);
+        cache.deleted(key("a"), "1".into());
+        assert_eq!(read(&cache, "a"), None);
+        assert_eq!(select_all(&cache), ["b/1"]);
+        // Versions of it queued before the deletion stay unread; the deletion ends the record.
+        apply(Event::Apply(versioned("a", "1")));
+        assert_eq!(read(&cache, "a"), None);
+        apply(Event::Delete(versioned("a", "1")));
+        assert!(cache.lock().deleted.is_empty());
+        // Another object under the name is read: only that very object was deleted.
+        cache.deleted(key("b"), "1".into());
+        apply(Event::Apply(versioned("b", "2")));
+        assert_eq!(read(&cache, "b").as_deref(), Some("b/2"));
+        // Ours, created and deleted before the watch delivered either.
+        cache.created(key("c"), "1".into(), "created".into());
+        cache.deleted(key("c"), "1".into());
+        assert_eq!(read(&cache, "c"), None);
+        // A list that still has a deleted object (its deletion pending, or the list older than
+        // the delete) keeps it unread; a list without it ends the record.
+        cache.deleted(key("d"), "1".into());
+        apply(Event::Init);
+        apply(Event::InitApply(versioned("d", "1")));
+        apply(Event::InitDone);
+        assert_eq!(read(&cache, "d"), None);
+        apply(Event::Init);
+        apply(Event::InitDone);
+        let inner = cache.lock();
+        assert!(
+            inner.deleted.is_empty() && inner.created.is_empty(),
+            "{inner:?}"
+        );
     }
 
     #[test]

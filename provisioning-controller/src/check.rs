@@ -139,7 +139,8 @@ impl ProvisioningCheck {
             }
         };
         let key = (namespace.clone(), created.name_any());
-        self.requests.created(key, requests::kept(&created));
+        let uid = created.uid().unwrap_or_default();
+        self.requests.created(key, uid, requests::kept(&created));
         if let Some(owner) = created.controller_owner_ref(&()) {
             owned_by(&templates, &made, owner).await;
         }
@@ -282,7 +283,7 @@ impl ProvisioningCheck {
                 .is_some_and(|r| ownership(&r.metadata, me) == Ownership::Predecessor)
         }) && self.workload_is_current(client, &namespace, me).await?
         {
-            requests::delete_request(client, &self.instance, old).await?;
+            requests::delete_request(client, &self.instance, &self.requests, old).await?;
             return Ok(Decision::pending(format!(
                 "replacing ProvisioningRequest {namespace}/{name}, left by an earlier Workload of \
                  the same name"
@@ -785,7 +786,7 @@ impl ProvisioningCheck {
             // The config changed since the request was made (the request spec is immutable).
             // The desired request already includes the Workload's annotation overrides, so a
             // request made from them is never judged out of date: no recreate loop.
-            requests::delete_request(ctx.client, &self.instance, request).await?;
+            requests::delete_request(ctx.client, &self.instance, &self.requests, request).await?;
             return Ok(Decision::pending(format!(
                 "ProvisioningRequest {qualified} no longer matches ProvisioningRequestConfig {}; \
                  recreating it",

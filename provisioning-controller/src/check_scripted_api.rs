@@ -535,6 +535,16 @@ impl Setup {
         }
     }
 
+    /// Our request of uid `uid`, provisioned.
+    fn provisioned(&self, uid: &str) -> serde_json::Value {
+        let mut provisioned = self.listed(uid);
+        provisioned["status"] = serde_json::json!({"conditions": [{
+            "type": "Provisioned", "status": "True", "reason": "Provisioned", "message": "",
+            "lastTransitionTime": "1970-01-01T00:00:00Z",
+        }]});
+        provisioned
+    }
+
     /// Scripts the answers to [`CREATING`]; the request gets uid `uid`.
     fn creating(&self, uid: &str) {
         self.api.answer(201, self.template());
@@ -555,13 +565,7 @@ async fn the_first_decide_creates_the_template_and_the_request_and_later_ones_re
     let again = s.decide().await;
     assert_eq!(again.state(), CheckState::Pending);
     // Then the watch delivers it provisioned: Ready, still from the cache only.
-    let mut provisioned = s.listed("r-1");
-    provisioned["status"] = serde_json::json!({"conditions": [{
-        "type": "Provisioned", "status": "True", "reason": "Provisioned", "message": "",
-        "lastTransitionTime": "1970-01-01T00:00:00Z",
-    }]});
-    let provisioned: kueue_admission_sdk::api::ProvisioningRequest =
-        serde_json::from_value(provisioned).expect("a request");
+    let provisioned = serde_json::from_value(s.provisioned("r-1")).expect("a request");
     let event = kube::runtime::watcher::Event::Apply(provisioned);
     s.check.requests.apply(&event, crate::requests::kept);
     let ready = s.decide().await;
@@ -586,6 +590,35 @@ async fn release_reads_the_requests_from_the_cache_once_listed() {
             "DELETE provisioningrequests"
         ]
     );
+}
+
+/// An eviction releases the provisioned request, Kueue reserves quota again and our entry is
+/// `Pending` on the same attempt: the decide that follows must not answer `Ready` from the
+/// request it deleted, still in the cache until the watch delivers the deletion (found by CI:
+/// the Workload was admitted with no request behind it).
+#[tokio::test]
+async fn a_request_released_before_the_watch_shows_the_deletion_is_made_again_not_answered_from()
+{
+    let s = setup();
+    s.watches_listed(&[s.provisioned("r-1")]);
+    assert_eq!(s.decide().await.state(), CheckState::Ready);
+    s.api.answer(200, s.template());
+    let deleted = serde_json::json!({"kind": "Status", "status": "Success"});
+    s.api.answer(200, &deleted);
+    s.api.answer(200, &deleted);
+    assert_eq!(s.release().await.expect("released"), 1);
+    let released = s.api.requests().len();
+    s.decide_creating("r-2", &["created ProvisioningRequest ns/wl-prov-1 "])
+        .await;
+    assert_eq!(s.calls()[released..], CREATING);
+    // The deletion, delivered late, leaves the new request read.
+    let old: kueue_admission_sdk::api::ProvisioningRequest =
+        serde_json::from_value(s.provisioned("r-1")).expect("a request");
+    let event = kube::runtime::watcher::Event::Delete(old);
+    s.check.requests.apply(&event, crate::requests::kept);
+    let pending = s.decide().await;
+    assert_eq!(pending.state(), CheckState::Pending, "{}", pending.message());
+    assert_eq!(s.api.requests().len(), released + CREATING.len());
 }
 
 #[tokio::test(start_paused = true)]

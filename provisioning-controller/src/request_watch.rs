@@ -104,7 +104,7 @@ pub async fn watch_requests(
     let api: Api<ProvisioningRequest> = Api::all(ctx.client.clone());
     let config = watcher::Config::default().labels(&format!("{INSTANCE_LABEL}={instance}"));
     // The decisions read the requests from this cache: its events are already in it.
-    let mut events = std::pin::pin!(cache.watch(api, config, kept));
+    let mut events = std::pin::pin!(cache.clone().watch(api, config, kept));
     // Conditions already counted, by request uid: a restart counts only what changes after it.
     let mut counted: HashMap<String, BTreeSet<&'static str>> = HashMap::new();
     // Requests listed while (re)starting the watch, for the template sweep.
@@ -129,7 +129,7 @@ pub async fn watch_requests(
             }
             watcher::Event::InitDone => {
                 for r in initial.drain(..) {
-                    if sweep_one(&ctx, &instance, &r).await {
+                    if sweep_one(&ctx, &instance, &cache, &r).await {
                         swept.insert(r.uid().unwrap_or_default());
                     }
                     wake(&ctx, &r).await;
@@ -150,7 +150,7 @@ pub async fn watch_requests(
                     }
                 }
                 let uid = r.uid().unwrap_or_default();
-                if !swept.contains(&uid) && sweep_one(&ctx, &instance, &r).await {
+                if !swept.contains(&uid) && sweep_one(&ctx, &instance, &cache, &r).await {
                     swept.insert(uid);
                 }
                 wake(&ctx, &r).await;
@@ -178,7 +178,12 @@ async fn wake(ctx: &LeaderContext, r: &ProvisioningRequest) {
 
 /// Deletes `r` if it is an orphan, confirming with a fresh read of the Workload: the cache may
 /// not have seen a Workload created a moment ago. Returns whether it deleted it.
-async fn sweep_one(ctx: &LeaderContext, instance: &str, r: &ProvisioningRequest) -> bool {
+async fn sweep_one(
+    ctx: &LeaderContext,
+    instance: &str,
+    cache: &RequestCache,
+    r: &ProvisioningRequest,
+) -> bool {
     if r.metadata.deletion_timestamp.is_some() {
         return false;
     }
@@ -203,7 +208,7 @@ async fn sweep_one(ctx: &LeaderContext, instance: &str, r: &ProvisioningRequest)
     let Some(reason) = orphan_reason(r, fresh.as_ref()) else {
         return false;
     };
-    match delete_request(&ctx.client, instance, r).await {
+    match delete_request(&ctx.client, instance, cache, r).await {
         Ok(true) => {
             info!(request = %r.name_any(), namespace, reason, "deleted an orphaned ProvisioningRequest");
             true

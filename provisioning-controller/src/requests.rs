@@ -66,7 +66,7 @@ pub async fn delete_requests_of(
         .iter()
         .filter(|r| ownership(&r.metadata, &me) == Ownership::Ours && which(r))
     {
-        if delete_request(client, instance, r).await? {
+        if delete_request(client, instance, cache, r).await? {
             deleted += 1;
         }
     }
@@ -95,10 +95,12 @@ async fn list_requests(
 /// Deletes a request this instance made (for whichever Workload its labels record) and the
 /// PodTemplates it names that were made with it. Anything else is left alone and `false`
 /// returned; callers decide first whether the Workload still needs the request. Objects
-/// already gone are fine.
+/// already gone are fine. `cache` stops answering with the request at once: its watch may
+/// deliver the deletion after the next decision reads it.
 pub async fn delete_request(
     client: &Client,
     instance: &str,
+    cache: &RequestCache,
     request: &ProvisioningRequest,
 ) -> Result<bool, Error> {
     let Some(recorded) = Identity::recorded_on(&request.metadata, instance) else {
@@ -115,6 +117,8 @@ pub async fn delete_request(
     // `request` may be a stale copy, and a successor's request may already exist under the same
     // name (a Workload re-created with the same name).
     delete_exactly(&api, request).await?;
+    let key = (namespace, request.name_any());
+    cache.deleted(key, request.uid().unwrap_or_default());
     Ok(true)
 }
 
