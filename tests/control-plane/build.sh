@@ -169,7 +169,7 @@ build_kube_apiserver_and_kueue() {
 # at the autoscaler API version that this Kueue release pins.
 fetch_manifests() {
   local dst="$MANIFEST_DIR"
-  [[ -f $dst/.complete-v3 ]] && return 0
+  [[ -f $dst/.complete-v4 ]] && return 0
   log "collecting manifests for kueue $KUEUE_VERSION"
   rm -rf "$dst"; mkdir -p "$dst/crds"
   local tmp kdir kgomod asv adir
@@ -183,12 +183,15 @@ fetch_manifests() {
   cp -r "$kdir/config/components/crd/kustomization.yaml" "$kdir/config/components/crd/patches" \
     "$dst/crd-kustomization/"
   cp "$kdir/config/components/webhook/manifests.yaml" "$dst/webhooks.yaml"
+  # The release's own manager configuration: the control plane runs Kueue with its reconcile
+  # concurrency, as a deployment from the release manifests would.
+  cp "$kdir/config/components/manager/controller_manager_config.yaml" "$dst/manager-config.yaml"
   asv="$(awk '$1=="k8s.io/autoscaler/cluster-autoscaler/apis"{print $2; exit}' "$kgomod")"
   [[ -n $asv ]] || die "kueue $KUEUE_VERSION does not pin k8s.io/autoscaler/cluster-autoscaler/apis"
   adir="$(cd "$tmp" && go mod download -json "k8s.io/autoscaler/cluster-autoscaler/apis@$asv" | json_field Dir)"
   cp "$adir/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml" "$dst/crds/"
   chmod -R u+w "$dst"; rm -rf "$tmp"
-  touch "$dst/.complete-v3"
+  touch "$dst/.complete-v4"
 }
 
 main() {

@@ -29,6 +29,9 @@ KUEUE_HEALTH_PORT="${CP_KUEUE_HEALTH_PORT:-18081}"
 KUEUE_METRICS_PORT="${CP_KUEUE_METRICS_PORT:-18443}"
 SERVER="https://127.0.0.1:$APISERVER_PORT"
 KUBECONFIG_PATH="$RUN_DIR/admin.kubeconfig"
+# The users Kueue and the autoscaler simulator authenticate as (audited; see the audit policy).
+KUEUE_USER=kueue-controller-manager
+SIMULATOR_USER=autoscaler-simulator
 # Kueue v0.15+ reads its metrics serving certificate from this fixed path when it does not
 # manage certificates itself (cmd/kueue/main.go); there is no setting to move it.
 KUEUE_METRICS_CERT_DIR=/etc/kueue/metrics/certs
@@ -107,7 +110,7 @@ kueue_ready() { curl -sf "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" >/dev/null
 # --- certificates and configuration ------------------------------------------------------------
 
 make_pki() {
-  [[ -f $PKI/.complete ]] && return 0
+  [[ -f $PKI/.complete-v2 ]] && return 0
   command -v openssl >/dev/null || die "openssl is required to make the control plane's certificates"
   rm -rf "$PKI"; mkdir -p "$PKI"
   (
@@ -128,8 +131,13 @@ extendedKeyUsage=serverAuth
 keyUsage=critical,digitalSignature,keyEncipherment"
     sign apiserver "/CN=kube-apiserver" "$serving"
     sign kueue-webhook "/CN=kueue-webhook" "$serving"
-    sign admin "/O=system:masters/CN=kueue-ac-admin" "extendedKeyUsage=clientAuth
+    local client="extendedKeyUsage=clientAuth
 keyUsage=critical,digitalSignature,keyEncipherment"
+    sign admin "/O=system:masters/CN=kueue-ac-admin" "$client"
+    # Kueue and the autoscaler simulator each have a user of their own, so the audit log tells
+    # their requests apart from the tests' (the comparison benchmark counts them per actor).
+    sign kueue "/O=system:masters/CN=$KUEUE_USER" "$client"
+    sign autoscaler-simulator "/O=system:masters/CN=$SIMULATOR_USER" "$client"
     # ServiceAccount token signing key (RSA: the apiserver's issuer uses RS256).
     openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
     openssl pkey -in sa.key -pubout -out sa.pub
@@ -137,7 +145,7 @@ keyUsage=critical,digitalSignature,keyEncipherment"
     cp kueue-webhook.crt kueue-webhook-certs/tls.crt
     cp kueue-webhook.key kueue-webhook-certs/tls.key
   )
-  touch "$PKI/.complete"
+  touch "$PKI/.complete-v2"
 }
 
 write_kubeconfig() { # path user-block
@@ -163,9 +171,15 @@ KCFG
   chmod 600 "$1.tmp"; mv "$1.tmp" "$1"
 }
 
-write_admin_kubeconfig() {
-  write_kubeconfig "$KUBECONFIG_PATH" "    client-certificate-data: $(base64 -w0 <"$PKI/admin.crt")
-    client-key-data: $(base64 -w0 <"$PKI/admin.key")"
+write_client_kubeconfig() { # path certificate-name
+  write_kubeconfig "$1" "    client-certificate-data: $(base64 -w0 <"$PKI/$2.crt")
+    client-key-data: $(base64 -w0 <"$PKI/$2.key")"
+}
+
+write_kubeconfigs() {
+  write_client_kubeconfig "$KUBECONFIG_PATH" admin
+  write_client_kubeconfig "$RUN_DIR/kueue.kubeconfig" kueue
+  write_client_kubeconfig "$RUN_DIR/autoscaler-simulator.kubeconfig" autoscaler-simulator
 }
 
 install_metrics_certs() {
@@ -203,6 +217,16 @@ featureGates:
   # On-demand visibility serves an API of its own that needs certificates under /visibility.
   VisibilityOnDemand: false
 KCFG
+  # The release's reconcile concurrency (groupKindConcurrency), as shipped: without it each
+  # of Kueue's controllers reconciles one object at a time.
+  python3 - "$MANIFEST_DIR/manager-config.yaml" >>"$RUN_DIR/kueue-config.yaml" <<'PY'
+import sys, yaml
+shipped = yaml.safe_load(open(sys.argv[1]))
+concurrency = (shipped.get("controller") or {}).get("groupKindConcurrency")
+if not concurrency:
+    sys.exit(f"{sys.argv[1]} has no controller.groupKindConcurrency")
+print(yaml.safe_dump({"controller": {"groupKindConcurrency": concurrency}}), end="")
+PY
 }
 
 # --- commands ----------------------------------------------------------------------------------
@@ -226,7 +250,12 @@ all_running() { local c; for c in "${COMPONENTS[@]}"; do runs_configured_version
 cmd_start() {
   command -v curl >/dev/null || die "curl is required"
   python3 -c 'import yaml' 2>/dev/null || die "python3 with PyYAML is required (Debian: python3-yaml)"
-  if all_running && apiserver_ready && kueue_ready; then
+  # A control plane started by another version of these scripts (another Kueue config, other
+  # users) is started again.
+  local stamp
+  stamp="$(cat "$here/control-plane.sh" "$here/lib.sh" "$here/versions.env" | sha256sum | cut -c1-16)"
+  if all_running && [[ $(cat "$RUN_DIR/started-by" 2>/dev/null) == "$stamp" ]] &&
+    apiserver_ready && kueue_ready; then
     log "already running (KUBECONFIG=$KUBECONFIG_PATH)"
     return 0
   fi
@@ -238,15 +267,18 @@ cmd_start() {
   check_ports_free
   mkdir -p "$RUN_DIR" "$LOGS" "$PIDS"
   : >"$LOGS/etcd.log"; : >"$LOGS/kube-apiserver.log"; : >"$LOGS/kueue.log"; : >"$LOGS/audit.log"
-  # Requests of ServiceAccounts only (the controllers under test run as theirs), at Metadata
-  # level: who asked for what and the response code. The RBAC proofs read the 403s from it.
-  cat >"$RUN_DIR/audit-policy.yaml" <<'AUDIT'
+  # Requests of ServiceAccounts (the controllers under test run as theirs), Kueue and the
+  # simulator, at Metadata level: who asked for what and the response code. The RBAC proofs
+  # read the 403s from it; the comparison benchmark counts requests per actor.
+  cat >"$RUN_DIR/audit-policy.yaml" <<AUDIT
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
   - level: Metadata
     userGroups: ["system:serviceaccounts"]
+  - level: Metadata
+    users: ["$KUEUE_USER", "$SIMULATOR_USER"]
   - level: None
 AUDIT
   make_pki
@@ -261,7 +293,7 @@ AUDIT
   wait_for etcd 30 etcd_healthy
 
   start_apiserver
-  write_admin_kubeconfig
+  write_kubeconfigs
 
   kube apply-crds "https://127.0.0.1:$KUEUE_WEBHOOK_PORT/convert" "$PKI/ca.crt" \
     "$MANIFEST_DIR/crd-kustomization" "$MANIFEST_DIR"/crds/*.yaml
@@ -274,6 +306,7 @@ AUDIT
   install_metrics_certs
   write_kueue_config
   start_kueue
+  echo "$stamp" >"$RUN_DIR/started-by"
   log "ready in $((SECONDS - start))s: etcd $ETCD_VERSION, kube-apiserver $KUBERNETES_VERSION, kueue $KUEUE_VERSION"
   log "export KUBECONFIG=$KUBECONFIG_PATH   (logs: $LOGS)"
 }
@@ -293,7 +326,7 @@ start_apiserver() {
 }
 
 start_kueue() {
-  KUBECONFIG="$KUBECONFIG_PATH" spawn kueue --config "$RUN_DIR/kueue-config.yaml" --zap-log-level=2
+  KUBECONFIG="$RUN_DIR/kueue.kubeconfig" spawn kueue --config "$RUN_DIR/kueue-config.yaml" --zap-log-level=2
   wait_for kueue 90 kueue_ready
   # Ready is not enough: prove the apiserver reaches the webhooks through the URL and CA it was given.
   wait_for kueue 30 kube probe-webhooks
