@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper around a script under tests/ or one cargo command.
-.PHONY: demo test package-check bench soak multi-check-soak fuzz test-under-load test-kueue-versions up down status build-control-plane
+.PHONY: demo test package-check bench bench-compare soak multi-check-soak fuzz test-under-load test-kueue-versions up down status build-control-plane
 
 demo: ## Start the control plane, the provisioning controller and the simulator; narrate two Jobs
 	bash tests/demo.sh
@@ -12,6 +12,9 @@ package-check: ## What a crates.io release needs: dependency licenses, cargo pac
 
 bench: ## Measure an SDK check's answer latency and throughput on the local control plane (ARGS=...)
 	bash tests/bench.sh $(ARGS)
+
+bench-compare: ## Kueue's built-in ProvisioningRequest check and ours side by side: 300 and 1,000 Workloads, 1 and 3 podsets (ARGS=...)
+	bash tests/bench-compare.sh $(ARGS)
 
 soak: ## The chaos soak at full size (WORKLOADS=1000, SEED= to replay); results in target/soak/<seed>/
 	SOAK_WORKLOADS=$(or $(WORKLOADS),1000) $(if $(SEED),SOAK_SEED=$(SEED)) bash tests/soak.sh

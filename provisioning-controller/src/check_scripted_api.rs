@@ -597,8 +597,7 @@ async fn release_reads_the_requests_from_the_cache_once_listed() {
 /// request it deleted, still in the cache until the watch delivers the deletion (found by CI:
 /// the Workload was admitted with no request behind it).
 #[tokio::test]
-async fn a_request_released_before_the_watch_shows_the_deletion_is_made_again_not_answered_from()
-{
+async fn a_request_released_before_the_watch_shows_the_deletion_is_made_again_not_answered_from() {
     let s = setup();
     s.watches_listed(&[s.provisioned("r-1")]);
     assert_eq!(s.decide().await.state(), CheckState::Ready);
@@ -617,7 +616,12 @@ async fn a_request_released_before_the_watch_shows_the_deletion_is_made_again_no
     let event = kube::runtime::watcher::Event::Delete(old);
     s.check.requests.apply(&event, crate::requests::kept);
     let pending = s.decide().await;
-    assert_eq!(pending.state(), CheckState::Pending, "{}", pending.message());
+    assert_eq!(
+        pending.state(),
+        CheckState::Pending,
+        "{}",
+        pending.message()
+    );
     assert_eq!(s.api.requests().len(), released + CREATING.len());
 }
 

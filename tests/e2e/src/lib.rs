@@ -178,35 +178,69 @@ pub fn audited_requests(user: &str) -> Result<Vec<Audited>> {
     let path = audit_log_path()?;
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading the audit log {}", path.display()))?;
-    let mut found = Vec::new();
-    for line in text.lines() {
-        // A cheap filter first: the log holds every ServiceAccount request of the suite.
-        if !line.contains(user) {
-            continue;
-        }
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if event["user"]["username"] != user {
-            continue;
-        }
-        let Some(code) = event["responseStatus"]["code"].as_u64() else {
-            continue;
-        };
-        let object = &event["objectRef"];
-        let mut resource = object["resource"].as_str().unwrap_or_default().to_string();
-        if let Some(sub) = object["subresource"].as_str() {
-            resource = format!("{resource}/{sub}");
-        }
-        found.push(Audited {
-            verb: event["verb"].as_str().unwrap_or_default().to_string(),
-            group: object["apiGroup"].as_str().unwrap_or_default().to_string(),
-            resource,
-            namespace: object["namespace"].as_str().map(String::from),
-            code: u16::try_from(code).unwrap_or(u16::MAX),
-        });
+    Ok(text
+        .lines()
+        // A cheap filter first: the log holds every audited request of the suite.
+        .filter(|line| line.contains(user))
+        .filter_map(parse_audit_line)
+        .filter(|(by, _, _)| by == user)
+        .map(|(_, _, audited)| audited)
+        .collect())
+}
+
+/// The audit log's length now: where [`audited_since`] starts reading later.
+pub fn audit_log_end() -> Result<u64> {
+    let path = audit_log_path()?;
+    Ok(std::fs::metadata(&path)
+        .with_context(|| format!("reading the audit log {}", path.display()))?
+        .len())
+}
+
+/// Every request answered since the audit log was `from` bytes long, once each (a watch is
+/// logged when it starts and when it ends), with the user who sent it.
+pub fn audited_since(from: u64) -> Result<Vec<(String, Audited)>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let path = audit_log_path()?;
+    let mut file = std::fs::File::open(&path)
+        .with_context(|| format!("opening the audit log {}", path.display()))?;
+    let len = file.metadata()?.len();
+    anyhow::ensure!(
+        len >= from,
+        "the audit log {} was rotated during the measurement (it is {len} bytes, was {from}); \
+         raise --audit-log-maxsize in control-plane.sh",
+        path.display()
+    );
+    file.seek(SeekFrom::Start(from))?;
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    let mut seen = std::collections::HashSet::new();
+    Ok(text
+        .lines()
+        .filter_map(parse_audit_line)
+        .filter(|(_, id, _)| seen.insert(id.clone()))
+        .map(|(user, _, audited)| (user, audited))
+        .collect())
+}
+
+/// One line of the audit log: the user, the audit id and the request, if it was answered.
+fn parse_audit_line(line: &str) -> Option<(String, String, Audited)> {
+    let event = serde_json::from_str::<serde_json::Value>(line).ok()?;
+    let code = event["responseStatus"]["code"].as_u64()?;
+    let object = &event["objectRef"];
+    let mut resource = object["resource"].as_str().unwrap_or_default().to_string();
+    if let Some(sub) = object["subresource"].as_str() {
+        resource = format!("{resource}/{sub}");
     }
-    Ok(found)
+    let audited = Audited {
+        verb: event["verb"].as_str().unwrap_or_default().to_string(),
+        group: object["apiGroup"].as_str().unwrap_or_default().to_string(),
+        resource,
+        namespace: object["namespace"].as_str().map(String::from),
+        code: u16::try_from(code).unwrap_or(u16::MAX),
+    };
+    let user = event["user"]["username"].as_str()?.to_string();
+    let id = event["auditID"].as_str().unwrap_or_default().to_string();
+    Some((user, id, audited))
 }
 
 /// Every 403 the API server answered `user`, from its audit log.
@@ -292,6 +326,17 @@ pub async fn admin_client() -> Result<Client> {
 /// A client that authenticates as a ServiceAccount, with a token from the TokenRequest API, so
 /// the apiserver's RBAC authorizer decides what it may do (least-privilege tests).
 pub async fn service_account_client(namespace: &str, service_account: &str) -> Result<Client> {
+    let kubeconfig = service_account_kubeconfig(namespace, service_account).await?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// The admin kubeconfig with a ServiceAccount's token (from the TokenRequest API, valid an
+/// hour) in place of the admin's certificate: for a process that must act as that account.
+pub async fn service_account_kubeconfig(
+    namespace: &str,
+    service_account: &str,
+) -> Result<Kubeconfig> {
     let admin = admin_client().await?;
     let request: TokenRequest =
         serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
@@ -307,8 +352,7 @@ pub async fn service_account_client(namespace: &str, service_account: &str) -> R
     for named in &mut kubeconfig.auth_infos {
         named.auth_info = Some(serde_json::from_value(json!({"token": token}))?);
     }
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(config)?)
+    Ok(kubeconfig)
 }
 
 /// A short suffix that makes names unique across tests and runs against the same cluster.

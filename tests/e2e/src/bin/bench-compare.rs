@@ -1,0 +1,911 @@
+//! `bench-compare`: Kueue's built-in ProvisioningRequest check and ours, on the same work, one
+//! after the other, against the local control plane (docs/benchmark.md).
+//!
+//! For each controller, number of Workloads and number of podsets it sets up a fresh namespace
+//! (a ProvisioningRequestConfig of its own class, an AdmissionCheck answered by the controller
+//! under test, a ClusterQueue with quota for every Workload), starts the autoscaler simulator
+//! (serving that class only, provisioning every request at once) and, for ours, the provisioning
+//! controller as the Helm chart's ServiceAccount with Kueue's own client budget and concurrency;
+//! then creates the Workloads as fast as it can and watches them and their requests. It reports
+//! the latencies its own watch saw, the API requests each actor sent per admitted Workload (from
+//! the API server's audit log: Kueue, the simulator and our controller each authenticate as a
+//! user of their own), the CPU seconds of every process and our controller's peak RSS.
+//!
+//! It fails unless every Workload is admitted exactly once with exactly one live request, and,
+//! with `--max-requests-per-workload`, when our controller sends more than that per Workload.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Parser, ValueEnum};
+use e2e::TestEnv;
+use e2e::chart::{self, PROVISIONING_CHART};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, PodTemplate};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kueue_admission_sdk::api::{
+    AdmissionCheck, CheckState, ClusterQueue, LocalQueue, ProvisioningRequest,
+    ProvisioningRequestConfig, ResourceFlavor, Workload, find_condition,
+    provisioning_condition as pr, workload_condition as cond,
+};
+use kueue_provisioning_controller::identity::KUEUE_CONTROLLER_NAME;
+use kueue_provisioning_controller::plan::WORKLOAD_ANNOTATION;
+use serde_json::json;
+use tokio::time::Instant;
+
+/// The users the control plane gives Kueue and the simulator (tests/control-plane).
+const KUEUE_USER: &str = "kueue-controller-manager";
+const SIMULATOR_USER: &str = "autoscaler-simulator";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+enum Controller {
+    /// Kueue's built-in check (controllerName kueue.x-k8s.io/provisioning-request).
+    Kueue,
+    /// This project's kueue-provisioning-controller.
+    Ours,
+}
+
+impl Controller {
+    fn label(self) -> &'static str {
+        match self {
+            Controller::Kueue => "Kueue built-in",
+            Controller::Ours => "ours",
+        }
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bench-compare",
+    about = "Kueue's built-in ProvisioningRequest check and ours, side by side, on the local control plane"
+)]
+struct Cli {
+    /// Workloads per run (comma-separated: one run per value).
+    #[arg(long, value_delimiter = ',', default_values_t = [300u32, 1000])]
+    workloads: Vec<u32>,
+    /// Podsets per Workload, one pod of 100m cpu each (comma-separated: one run per value).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 3])]
+    podsets: Vec<u32>,
+    /// The controllers to run, in this order for each size.
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [Controller::Kueue, Controller::Ours])]
+    controllers: Vec<Controller>,
+    /// Our controller's client QPS (Kueue v0.19.2 ships 300).
+    #[arg(long, default_value_t = 300)]
+    kube_api_qps: u32,
+    /// Our controller's client burst (Kueue v0.19.2 ships 500).
+    #[arg(long, default_value_t = 500)]
+    kube_api_burst: u32,
+    /// Our controller's Workloads decided at once (Kueue v0.19.2 reconciles 10 Workloads at once).
+    #[arg(long, default_value_t = 10)]
+    concurrency: u32,
+    /// Workloads the benchmark creates at once.
+    #[arg(long, default_value_t = 32)]
+    create_concurrency: usize,
+    /// Give up on a run after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout_seconds: u64,
+    /// Fail when our controller sends more API requests than this per admitted Workload.
+    #[arg(long)]
+    max_requests_per_workload: Option<f64>,
+    /// Also write the results (Markdown) to this file.
+    #[arg(long)]
+    results: Option<PathBuf>,
+}
+
+/// One run: a controller, a number of Workloads, podsets per Workload.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    controller: Controller,
+    workloads: u32,
+    podsets: u32,
+}
+
+/// When the benchmark's watches first saw each stage of one Workload.
+#[derive(Clone, Copy, Debug, Default)]
+struct Marks {
+    created: Option<Instant>,
+    reserved: Option<Instant>,
+    request: Option<Instant>,
+    provisioned: Option<Instant>,
+    ready: Option<Instant>,
+    admitted: Option<Instant>,
+    /// Times Admitted turned true.
+    admissions: u32,
+    was_admitted: bool,
+}
+
+type Seen = Arc<Mutex<BTreeMap<String, Marks>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What one run measured.
+#[derive(Debug)]
+struct Measured {
+    run: Run,
+    /// First create → last admitted.
+    wall: Duration,
+    marks: Vec<Marks>,
+    /// Requests by actor, then by call (`verb resource`).
+    requests: BTreeMap<&'static str, BTreeMap<String, usize>>,
+    /// CPU seconds during the run, by process.
+    cpu: BTreeMap<&'static str, f64>,
+    /// Our controller's peak resident memory, KiB.
+    peak_rss_kib: Option<u64>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match bench(&cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-compare failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench(cli: &Cli) -> Result<()> {
+    let mut results = Vec::new();
+    for &workloads in &cli.workloads {
+        for &podsets in &cli.podsets {
+            for &controller in &cli.controllers {
+                let run = Run {
+                    controller,
+                    workloads,
+                    podsets,
+                };
+                eprintln!(
+                    "bench-compare: {} with {workloads} Workloads of {podsets} podset(s)",
+                    controller.label()
+                );
+                let measured = measure(cli, run).await?;
+                eprint!("{}", details(&measured));
+                results.push(measured);
+            }
+        }
+    }
+    let report = report(cli, &results);
+    print!("{report}");
+    if let Some(path) = &cli.results {
+        std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(max) = cli.max_requests_per_workload {
+        for m in results
+            .iter()
+            .filter(|m| m.run.controller == Controller::Ours)
+        {
+            let per = per_workload(m, "check");
+            ensure!(
+                per <= max,
+                "our controller sent {per:.2} API requests per admitted Workload ({} Workloads of \
+                 {} podsets), more than {max}:\n{}",
+                m.run.workloads,
+                m.run.podsets,
+                details(m)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A binary built beside this one (`make bench-compare` builds them).
+fn sibling(name: &str) -> Result<PathBuf> {
+    let path = std::env::current_exe()?.with_file_name(name);
+    ensure!(
+        path.exists(),
+        "{} is not built: cargo build -p kueue-provisioning-controller -p autoscaler-simulator \
+         --bins with the same profile (make bench-compare does)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// A process the run started, stopped on every way out.
+struct Process {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Process {
+    fn spawn(name: &'static str, command: &mut Command, log: PathBuf) -> Result<Self> {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Self { child, name, log })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Fails if the process has exited.
+    fn alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited ({status}); its log: {}",
+                self.name,
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The control plane's run directory (beside its admin kubeconfig).
+fn run_dir() -> Result<PathBuf> {
+    Ok(e2e::kubeconfig_path()
+        .parent()
+        .context("the kubeconfig has no directory")?
+        .to_path_buf())
+}
+
+/// The pid of a control-plane component, from its pid file.
+fn component_pid(component: &str) -> Result<u32> {
+    let path = run_dir()?.join("pids").join(format!("{component}.pid"));
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let pid = text.split_whitespace().next().unwrap_or_default();
+    pid.parse()
+        .with_context(|| format!("{} holds no pid", path.display()))
+}
+
+/// CPU seconds (user and system) a process has used so far.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name (which may hold spaces) start at the state, field 3.
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<f64> {
+        Ok(fields
+            .get(i)
+            .context("a short /proc stat line")?
+            .parse::<f64>()?)
+    };
+    // utime and stime are fields 14 and 15, 11 and 12 after the state.
+    Ok((ticks(11)? + ticks(12)?) / clock_ticks_per_second())
+}
+
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// A process's peak resident memory so far, KiB.
+fn peak_rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .context("no VmHWM in /proc status")?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("an empty VmHWM")?
+        .parse()?)
+}
+
+/// The processes whose CPU the run accounts for, with their pids.
+fn processes(simulator: &Process, ours: Option<&Process>) -> Result<Vec<(&'static str, u32)>> {
+    let mut all = vec![
+        ("kueue", component_pid("kueue")?),
+        ("kube-apiserver", component_pid("kube-apiserver")?),
+        ("etcd", component_pid("etcd")?),
+        ("simulator", simulator.pid()),
+    ];
+    if let Some(p) = ours {
+        all.push(("check", p.pid()));
+    }
+    Ok(all)
+}
+
+async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
+    let env = TestEnv::new(&format!(
+        "cmp-{}-{}x{}",
+        match run.controller {
+            Controller::Kueue => "kueue",
+            Controller::Ours => "ours",
+        },
+        run.workloads,
+        run.podsets
+    ))
+    .await?;
+    let config = env.provisioning_config("prc", json!({})).await?;
+    let controller_name = match run.controller {
+        Controller::Kueue => KUEUE_CONTROLLER_NAME.to_string(),
+        Controller::Ours => env.provisioning_controller_name(),
+    };
+    let check = env
+        .provisioning_check("prov", &controller_name, &config)
+        .await?;
+    // 100m per pod: room for every Workload at once, so none waits for quota.
+    let quota = format!("{}", run.workloads * run.podsets / 10 + 1);
+    let (flavor, cluster_queue) = env.pool_queues(&quota, &[&check]).await?;
+
+    let logs = std::env::temp_dir();
+    let mut simulator = Process::spawn(
+        "autoscaler-simulator",
+        Command::new(sibling("autoscaler-simulator")?)
+            .arg("--kubeconfig")
+            .arg(run_dir()?.join("autoscaler-simulator.kubeconfig"))
+            .args(["--class", &env.provisioning_class()])
+            .args(["--log-level", "warn"])
+            // Never the bottleneck, for either controller.
+            .env("KUEUE_AC_KUBE_API_QPS", "2000")
+            .env("KUEUE_AC_KUBE_API_BURST", "4000"),
+        logs.join(format!("{}-simulator.log", env.ns)),
+    )?;
+    let (mut ours, service_account) = match run.controller {
+        Controller::Kueue => (None, None),
+        Controller::Ours => {
+            let (process, sa) = start_ours(cli, &env, &controller_name).await?;
+            (Some(process), Some(sa))
+        }
+    };
+    env.wait_check_active(&check, "True", None).await?;
+    env.wait_cluster_queue_active(&cluster_queue, "True", None)
+        .await?;
+
+    // The measurement: from here to the last admission.
+    let audit_from = e2e::audit_log_end()?;
+    let pids = processes(&simulator, ours.as_ref())?;
+    let cpu_before: Vec<f64> = pids
+        .iter()
+        .map(|(_, pid)| cpu_seconds(*pid))
+        .collect::<Result<_>>()?;
+    let seen: Seen = Arc::default();
+    let watches = [
+        tokio::spawn(watch_workloads(
+            env.workloads(),
+            check.clone(),
+            seen.clone(),
+        )),
+        tokio::spawn(watch_requests(
+            Api::namespaced(env.client.clone(), &env.ns),
+            seen.clone(),
+        )),
+    ];
+    let started = Instant::now();
+    create_workloads(cli, &env, run, &seen).await?;
+    let deadline = Instant::now() + Duration::from_secs(cli.timeout_seconds);
+    loop {
+        let admitted = lock(&seen)
+            .values()
+            .filter(|m| m.admitted.is_some())
+            .count();
+        if admitted == run.workloads as usize {
+            break;
+        }
+        simulator.alive()?;
+        if let Some(p) = ours.as_mut() {
+            p.alive()?;
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{admitted} of {} admitted after {:?}",
+                run.workloads,
+                started.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cpu_after: Vec<f64> = pids
+        .iter()
+        .map(|(_, pid)| cpu_seconds(*pid))
+        .collect::<Result<_>>()?;
+    let peak_rss_kib = ours.as_ref().map(|p| peak_rss_kib(p.pid())).transpose()?;
+    for w in watches {
+        w.abort();
+    }
+    let marks: Vec<Marks> = lock(&seen).values().copied().collect();
+    let last = marks.iter().filter_map(|m| m.admitted).max();
+    let wall = last.map_or(Duration::ZERO, |t| t - started);
+    verify(&env, run, &marks).await?;
+    drop(ours);
+    drop(simulator);
+
+    let check_user = service_account.map(|sa| format!("system:serviceaccount:{}:{sa}", env.ns));
+    let mut requests: BTreeMap<&'static str, BTreeMap<String, usize>> = BTreeMap::new();
+    for (user, r) in e2e::audited_since(audit_from)? {
+        let actor = match user.as_str() {
+            KUEUE_USER => "kueue",
+            SIMULATOR_USER => "simulator",
+            u if Some(u) == check_user.as_deref() => "check",
+            _ => continue,
+        };
+        let call = format!("{} {}", r.verb, r.resource);
+        *requests.entry(actor).or_default().entry(call).or_default() += 1;
+    }
+    let cpu = pids
+        .iter()
+        .zip(cpu_before.iter().zip(&cpu_after))
+        .map(|((name, _), (before, after))| (*name, after - before))
+        .collect();
+    clean_up(&env, &check, &config, &flavor, &cluster_queue).await?;
+    Ok(Measured {
+        run,
+        wall,
+        marks,
+        requests,
+        cpu,
+        peak_rss_kib,
+    })
+}
+
+/// Starts our controller as the chart's ServiceAccount (its RBAC applied in the run's
+/// namespace), with Kueue's client budget and concurrency; returns it and the account's name.
+async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<(Process, String)> {
+    let set = format!("controllerName={controller_name}");
+    let objects = chart::render(
+        PROVISIONING_CHART,
+        &env.ns,
+        &env.ns,
+        &["--set-string", &set],
+    )?;
+    let (service_account, _) =
+        chart::apply_rbac(&env.client, &env.ns, &objects, "bench-compare", &[]).await?;
+    let kubeconfig = e2e::service_account_kubeconfig(&env.ns, &service_account).await?;
+    let path = std::env::temp_dir().join(format!("{}-check.kubeconfig", env.ns));
+    write_private(&path, &serde_json::to_string(&kubeconfig)?)?;
+    let http = e2e::free_local_address()?;
+    let process = Process::spawn(
+        "kueue-provisioning-controller",
+        Command::new(sibling("kueue-provisioning-controller")?)
+            .arg("--kubeconfig")
+            .arg(&path)
+            .args(["--controller-name", controller_name])
+            .args(["--metrics-address", &http.to_string()])
+            .args(["--leader-elect", "false"])
+            .args(["--kube-api-qps", &cli.kube_api_qps.to_string()])
+            .args(["--kube-api-burst", &cli.kube_api_burst.to_string()])
+            .args(["--concurrency", &cli.concurrency.to_string()])
+            .env("KUEUE_AC_LOG_LEVEL", "warn"),
+        std::env::temp_dir().join(format!("{}-check.log", env.ns)),
+    )?;
+    let deadline = Instant::now() + e2e::DEFAULT_TIMEOUT;
+    let mut process = process;
+    while e2e::http_get(http, "/readyz")
+        .await
+        .map_or(true, |(code, _)| code != 200)
+    {
+        process.alive()?;
+        ensure!(
+            Instant::now() < deadline,
+            "our controller never became ready; its log: {}",
+            process.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok((process, service_account))
+}
+
+/// Writes a file only its owner can read (it holds a token).
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::io::Write::write_all(&mut file, text.as_bytes())?;
+    Ok(())
+}
+
+async fn create_workloads(cli: &Cli, env: &TestEnv, run: Run, seen: &Seen) -> Result<()> {
+    futures::stream::iter(0..run.workloads)
+        .map(|i| {
+            let (api, seen, ns) = (env.workloads(), seen.clone(), env.ns.clone());
+            async move {
+                let name = format!("wl-{i:05}");
+                let before = Instant::now();
+                api.create(&PostParams::default(), &workload(&ns, &name, run.podsets)?)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
+                lock(&seen).entry(name).or_default().created = Some(before);
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(cli.create_concurrency)
+        .try_collect::<()>()
+        .await
+}
+
+fn workload(namespace: &str, name: &str, podsets: u32) -> Result<Workload> {
+    let pod_sets: Vec<_> = (0..podsets)
+        .map(|i| {
+            json!({
+                "name": format!("ps{i}"),
+                "count": 1,
+                "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "main",
+                        "image": "registry.invalid/no-pod-runs-here:1",
+                        "resources": {"requests": {"cpu": "100m"}},
+                    }],
+                }},
+            })
+        })
+        .collect();
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"queueName": "lq", "podSets": pod_sets},
+    }))?)
+}
+
+/// Records when each Workload first reached each stage, and every admission.
+async fn watch_workloads(api: Api<Workload>, check: String, seen: Seen) {
+    let events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let Ok(wl) = event else { continue };
+        let now = Instant::now();
+        let mut seen = lock(&seen);
+        let m = seen.entry(wl.name_any()).or_default();
+        if m.reserved.is_none() && wl.condition_is_true(cond::QUOTA_RESERVED) {
+            m.reserved = Some(now);
+        }
+        let ready = wl
+            .admission_check(&check)
+            .is_some_and(|e| e.state == CheckState::Ready);
+        if m.ready.is_none() && ready {
+            m.ready = Some(now);
+        }
+        let admitted = wl.condition_is_true(cond::ADMITTED);
+        if admitted && !m.was_admitted {
+            m.admissions += 1;
+            m.admitted.get_or_insert(now);
+        }
+        m.was_admitted = admitted;
+    }
+}
+
+/// The Workload a request was made for: Kueue's built-in check makes the Workload its owner,
+/// ours names it in an annotation.
+fn workload_of(r: &ProvisioningRequest) -> Option<String> {
+    let owner = r.owner_references().iter().find(|o| o.kind == "Workload");
+    owner
+        .map(|o| o.name.clone())
+        .or_else(|| r.annotations().get(WORKLOAD_ANNOTATION).cloned())
+}
+
+/// Records when each Workload's request was first seen, and first seen provisioned.
+async fn watch_requests(api: Api<ProvisioningRequest>, seen: Seen) {
+    let events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        let Ok(r) = event else { continue };
+        let Some(workload) = workload_of(&r) else {
+            continue;
+        };
+        let now = Instant::now();
+        let provisioned = r
+            .status
+            .as_ref()
+            .and_then(|s| find_condition(&s.conditions, pr::PROVISIONED))
+            .is_some_and(|c| c.status == "True");
+        let mut seen = lock(&seen);
+        let m = seen.entry(workload).or_default();
+        m.request.get_or_insert(now);
+        if provisioned {
+            m.provisioned.get_or_insert(now);
+        }
+    }
+}
+
+/// Every Workload admitted exactly once, none evicted, each with exactly one live request.
+async fn verify(env: &TestEnv, run: Run, marks: &[Marks]) -> Result<()> {
+    let n = run.workloads as usize;
+    let twice = marks.iter().filter(|m| m.admissions > 1).count();
+    ensure!(twice == 0, "{twice} Workloads were admitted more than once");
+    let workloads = env.workloads().list(&ListParams::default()).await?.items;
+    ensure!(
+        workloads.len() == n,
+        "{} Workloads, not {n}",
+        workloads.len()
+    );
+    let evicted: Vec<String> = workloads
+        .iter()
+        .filter(|w| w.total_evictions() > 0 || !w.condition_is_true(cond::ADMITTED))
+        .map(|w| w.name_any())
+        .collect();
+    ensure!(evicted.is_empty(), "evicted or not admitted: {evicted:?}");
+    let requests: Api<ProvisioningRequest> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut live: BTreeMap<String, usize> = BTreeMap::new();
+    for r in requests.list(&ListParams::default()).await?.items {
+        if r.metadata.deletion_timestamp.is_none()
+            && let Some(w) = workload_of(&r)
+        {
+            *live.entry(w).or_default() += 1;
+        }
+    }
+    let wrong: Vec<String> = workloads
+        .iter()
+        .map(|w| (w.name_any(), live.get(&w.name_any()).copied().unwrap_or(0)))
+        .filter(|(_, count)| *count != 1)
+        .map(|(w, count)| format!("{w}: {count}"))
+        .collect();
+    ensure!(
+        wrong.is_empty(),
+        "Workloads without exactly one live ProvisioningRequest: {wrong:?}"
+    );
+    Ok(())
+}
+
+/// Deletes what the run created, so that the next run starts from the same cluster state.
+/// There is no garbage collector here: the built-in check's requests and templates (owned by
+/// their Workload) are deleted explicitly.
+async fn clean_up(
+    env: &TestEnv,
+    check: &str,
+    config: &str,
+    flavor: &str,
+    cluster_queue: &str,
+) -> Result<()> {
+    let (dp, all) = (DeleteParams::background(), ListParams::default());
+    let client = env.client.clone();
+    env.workloads()
+        .delete_collection(&dp, &all)
+        .await
+        .context("deleting the Workloads")?;
+    Api::<ProvisioningRequest>::namespaced(client.clone(), &env.ns)
+        .delete_collection(&dp, &all)
+        .await
+        .context("deleting the ProvisioningRequests")?;
+    Api::<PodTemplate>::namespaced(client.clone(), &env.ns)
+        .delete_collection(&dp, &all)
+        .await
+        .context("deleting the PodTemplates")?;
+    Api::<LocalQueue>::namespaced(client.clone(), &env.ns)
+        .delete("lq", &dp)
+        .await?;
+    Api::<ClusterQueue>::all(client.clone())
+        .delete(cluster_queue, &dp)
+        .await?;
+    Api::<AdmissionCheck>::all(client.clone())
+        .delete(check, &dp)
+        .await?;
+    Api::<ProvisioningRequestConfig>::all(client.clone())
+        .delete(config, &dp)
+        .await?;
+    Api::<ResourceFlavor>::all(client.clone())
+        .delete(flavor, &dp)
+        .await?;
+    // With no namespace controller here, the namespace itself stays (empty).
+    Api::<Namespace>::all(client).delete(&env.ns, &dp).await?;
+    Ok(())
+}
+
+/// Where one stage of a Workload began and ended.
+type Stage = fn(&Marks) -> Option<(Instant, Instant)>;
+
+const STAGES: [(&str, Stage); 5] = [
+    ("quota reserved → check Ready", |m| {
+        Some((m.reserved?, m.ready?))
+    }),
+    ("created → admitted", |m| Some((m.created?, m.admitted?))),
+    ("quota reserved → request seen", |m| {
+        Some((m.reserved?, m.request?))
+    }),
+    ("request seen → provisioned", |m| {
+        Some((m.request?, m.provisioned?))
+    }),
+    ("provisioned → check Ready", |m| {
+        Some((m.provisioned?, m.ready?))
+    }),
+];
+
+/// The sorted durations of a stage over the Workloads that went through it.
+fn durations(m: &Measured, stage: Stage) -> Vec<Duration> {
+    let mut d: Vec<Duration> = m
+        .marks
+        .iter()
+        .filter_map(stage)
+        .map(|(a, b)| b.saturating_duration_since(a))
+        .collect();
+    d.sort();
+    d
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64())
+}
+
+/// API requests of `actor` per admitted Workload.
+fn per_workload(m: &Measured, actor: &str) -> f64 {
+    let total: usize = m
+        .requests
+        .get(actor)
+        .map_or(0, |calls| calls.values().sum());
+    total as f64 / f64::from(m.run.workloads)
+}
+
+/// One run's stages and requests in detail.
+fn details(m: &Measured) -> String {
+    let mut out = String::new();
+    let Run {
+        controller,
+        workloads,
+        podsets,
+    } = m.run;
+    let _ = writeln!(
+        out,
+        "\n### {}: {workloads} Workloads × {podsets} podset(s), all admitted in {} s\n",
+        controller.label(),
+        secs(m.wall)
+    );
+    let _ = writeln!(
+        out,
+        "| stage (the benchmark's watch) | p50 | p90 | p99 | max |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for (what, stage) in STAGES {
+        let d = durations(m, stage);
+        let _ = writeln!(
+            out,
+            "| {what} | {} | {} | {} | {} |",
+            secs(quantile(&d, 0.5)),
+            secs(quantile(&d, 0.9)),
+            secs(quantile(&d, 0.99)),
+            secs(quantile(&d, 1.0)),
+        );
+    }
+    let _ = writeln!(out, "\n| actor | call | per Workload |");
+    let _ = writeln!(out, "|---|---|---|");
+    for (actor, calls) in &m.requests {
+        for (call, n) in calls {
+            let per = *n as f64 / f64::from(workloads);
+            let _ = writeln!(out, "| {actor} | {call} | {per:.2} |");
+        }
+    }
+    let cpu: Vec<String> = m.cpu.iter().map(|(p, s)| format!("{p} {s:.1} s")).collect();
+    let _ = writeln!(out, "\nCPU during the run: {}", cpu.join(", "));
+    out
+}
+
+/// The summary table over all runs, with the ratios of ours to the built-in's.
+fn report(cli: &Cli, results: &[Measured]) -> String {
+    let mut out = String::new();
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let _ = writeln!(
+        out,
+        "\n## bench-compare, commit {commit}, {cores} cores; ours at --kube-api-qps {} \
+         --kube-api-burst {} --concurrency {}\n",
+        cli.kube_api_qps, cli.kube_api_burst, cli.concurrency
+    );
+    let _ = writeln!(
+        out,
+        "| controller | Workloads × podsets | all admitted | reserved → Ready p50 / p90 / p99 (s) \
+         | created → admitted p50 / p90 / p99 (s) | requests per Workload: check / Kueue / \
+         simulator | CPU s: check / Kueue / apiserver + etcd | check's peak RSS |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    for m in results {
+        let q = |stage: Stage| {
+            let d = durations(m, stage);
+            format!(
+                "{} / {} / {}",
+                secs(quantile(&d, 0.5)),
+                secs(quantile(&d, 0.9)),
+                secs(quantile(&d, 0.99))
+            )
+        };
+        let check_requests = match m.run.controller {
+            Controller::Kueue => "(in Kueue)".to_string(),
+            Controller::Ours => format!("{:.2}", per_workload(m, "check")),
+        };
+        let cpu = |p: &str| m.cpu.get(p).copied().unwrap_or(0.0);
+        let check_cpu = match m.run.controller {
+            Controller::Kueue => "(in Kueue)".to_string(),
+            Controller::Ours => format!("{:.1}", cpu("check")),
+        };
+        let rss = m.peak_rss_kib.map_or("–".to_string(), |k| {
+            format!("{:.0} MiB", k as f64 / 1024.0)
+        });
+        let _ = writeln!(
+            out,
+            "| {} | {} × {} | {} s | {} | {} | {check_requests} / {:.2} / {:.2} | {check_cpu} / \
+             {:.1} / {:.1} | {rss} |",
+            m.run.controller.label(),
+            m.run.workloads,
+            m.run.podsets,
+            secs(m.wall),
+            q(STAGES[0].1),
+            q(STAGES[1].1),
+            per_workload(m, "kueue"),
+            per_workload(m, "simulator"),
+            cpu("kueue"),
+            cpu("kube-apiserver") + cpu("etcd"),
+        );
+    }
+    // Ours against the built-in on the same size: the p99 ratio (P1) and the check's requests,
+    // the built-in's counted as what Kueue sent beyond what it sent beside ours.
+    let pairs = results
+        .iter()
+        .filter(|m| m.run.controller == Controller::Ours);
+    for ours in pairs {
+        let Some(kueue) = results.iter().find(|k| {
+            k.run.controller == Controller::Kueue
+                && k.run.workloads == ours.run.workloads
+                && k.run.podsets == ours.run.podsets
+        }) else {
+            continue;
+        };
+        let p99 = |m: &Measured| quantile(&durations(m, STAGES[0].1), 0.99).as_secs_f64();
+        let builtin_check = per_workload(kueue, "kueue") - per_workload(ours, "kueue");
+        let per_thousand = |m: &Measured, cpu: f64| 1000.0 * cpu / f64::from(m.run.workloads);
+        let kueue_cpu = |m: &Measured| m.cpu.get("kueue").copied().unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "\n{} × {}: reserved → Ready p99, ours / built-in = {:.2}. The check's API requests \
+             per Workload: ours {:.2}, built-in {builtin_check:.2}; its CPU seconds per 1,000 \
+             Workloads: ours {:.1}, built-in {:.1} (the built-in's: what Kueue used in its run \
+             beyond what it used in ours). All actors' requests per Workload: ours {:.2}, \
+             built-in {:.2}.",
+            ours.run.workloads,
+            ours.run.podsets,
+            p99(ours) / p99(kueue).max(f64::EPSILON),
+            per_workload(ours, "check"),
+            per_thousand(ours, ours.cpu.get("check").copied().unwrap_or(0.0)),
+            per_thousand(kueue, kueue_cpu(kueue) - kueue_cpu(ours)),
+            ["check", "kueue", "simulator"]
+                .iter()
+                .map(|a| per_workload(ours, a))
+                .sum::<f64>(),
+            ["kueue", "simulator"]
+                .iter()
+                .map(|a| per_workload(kueue, a))
+                .sum::<f64>(),
+        );
+    }
+    out
+}

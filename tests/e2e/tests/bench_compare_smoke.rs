@@ -1,0 +1,49 @@
+//! The comparison benchmark (`bench-compare`, docs/benchmark.md) on a small scale, so that it
+//! keeps working, and so that a regression of our controller's API requests per Workload fails
+//! here: it runs Kueue's built-in check and ours on 40 Workloads of one and of two podsets.
+
+use std::process::Command;
+
+use anyhow::{Result, ensure};
+
+/// The most API requests per admitted Workload our controller may send in the smoke run. On
+/// the provisioning path it sends a PodTemplate create per podset, the request's create, the
+/// templates' owner patch, the status writes (`Pending`, `Ready`) and an Event: 6.4 measured
+/// with one podset (docs/benchmark.md), 7.4 with two.
+const MAX_REQUESTS_PER_WORKLOAD: &str = "9";
+
+#[test]
+fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_budget()
+-> Result<()> {
+    let out = Command::new(env!("CARGO_BIN_EXE_bench-compare"))
+        .args([
+            "--workloads",
+            "40",
+            "--podsets",
+            "1,2",
+            "--timeout-seconds",
+            "180",
+        ])
+        .args(["--max-requests-per-workload", MAX_REQUESTS_PER_WORKLOAD])
+        .env("KUBECONFIG", e2e::kubeconfig_path())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.success(),
+        "bench-compare failed:\n{stdout}\n{stderr}"
+    );
+    for expected in [
+        "| Kueue built-in | 40 × 1 |",
+        "| ours | 40 × 1 |",
+        "| Kueue built-in | 40 × 2 |",
+        "| ours | 40 × 2 |",
+        "40 × 2: reserved → Ready p99, ours / built-in = ",
+    ] {
+        ensure!(
+            stdout.contains(expected),
+            "{expected:?} missing from:\n{stdout}"
+        );
+    }
+    Ok(())
+}
