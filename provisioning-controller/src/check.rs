@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodTemplate;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, Resource, ResourceExt};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{
     AdmissionCheck, CheckState, ProvisioningRequest, ResourceFlavorSpec, Workload,
     workload_condition as cond,
@@ -86,9 +85,11 @@ impl ProvisioningCheck {
         &self.instance
     }
 
-    /// Creates the attempt's PodTemplates, then its request, then makes the request the
-    /// templates' owner (so that deleting the request collects them). Objects of ours under the
-    /// same names (a restart between two steps) are kept; a name taken by anything else is
+    /// Creates the attempt's PodTemplates (owned by the Workload), then its request. Templates
+    /// first: a request created before them would be seen by the autoscaler without its
+    /// templates (cluster-autoscaler may fail it: an attempt lost), and a crash between the two
+    /// leaves only templates, which the sweep deletes. Objects of ours under the same names (a
+    /// restart between two steps) are kept; a name taken by anything else is
     /// [`Error::NameTaken`] (the templates made for it deleted), and the caller tries the next.
     async fn create(
         &self,
@@ -141,9 +142,6 @@ impl ProvisioningCheck {
         let key = (namespace.clone(), created.name_any());
         let uid = created.uid().unwrap_or_default();
         self.requests.created(key, uid, requests::kept(&created));
-        if let Some(owner) = created.controller_owner_ref(&()) {
-            owned_by(&templates, &made, owner).await;
-        }
         Ok(created)
     }
 
@@ -480,38 +478,6 @@ async fn discard(templates: &Api<PodTemplate>, made: &[PodTemplate]) {
     }
 }
 
-/// Makes `owner` (the request) an owner of the templates made for it, for the garbage
-/// collector. Best effort: release and the sweep delete templates anyway.
-///
-/// A patch after the creates rather than an ownerReference in the create: an owner's uid
-/// exists only once the request does, and the templates are created before the request on
-/// purpose. A request created first would be seen by the autoscaler without its templates
-/// (the simulator retries a second later, cluster-autoscaler may fail it: an attempt lost), a
-/// crash between the two would leave such a request behind, and a template name found taken
-/// would mean deleting a request the autoscaler may already have acted on. Templates first, a
-/// crash leaves only templates, which the sweep deletes, and deleting (`requests.rs`) keeps its
-/// order: the templates by uid, then the request, whose deletion collects anything left.
-async fn owned_by(templates: &Api<PodTemplate>, made: &[PodTemplate], owner: OwnerReference) {
-    let owner = OwnerReference {
-        controller: Some(false),
-        block_owner_deletion: Some(false),
-        ..owner
-    };
-    for t in made {
-        // The uid makes the patch fail if the name now holds another object.
-        let patch = serde_json::json!({
-            "metadata": {"uid": t.uid(), "ownerReferences": [owner]}
-        });
-        let params = PatchParams::default();
-        if let Err(e) = templates
-            .patch(&t.name_any(), &params, &Patch::Merge(&patch))
-            .await
-        {
-            warn!(template = %t.name_any(), error = %e, "setting the template's owner");
-        }
-    }
-}
-
 /// The error for a failed create of `object`: [`Error::Refused`] when the API server refused it
 /// for good (malformed or invalid), with a message for the user; the API error otherwise.
 fn refused(
@@ -842,6 +808,7 @@ mod tests {
 
     #[test]
     fn the_required_api_is_the_one_requests_are_created_at() {
+        use kube::Resource;
         let api = PROVISIONING_REQUEST_API;
         assert_eq!(api.group, ProvisioningRequest::group(&()));
         assert_eq!(api.version, ProvisioningRequest::version(&()));

@@ -516,13 +516,9 @@ const KINDS: [&str; 5] = [
     "workloads",
 ];
 
-/// The calls that create the request under a free name: the template and the request
-/// created, the request made the template's owner.
-const CREATING: [&str; 3] = [
-    "POST podtemplates",
-    "POST provisioningrequests",
-    "PATCH podtemplates",
-];
+/// The calls that create the request under a free name: the template (owned by the Workload
+/// from its create) and the request.
+const CREATING: [&str; 2] = ["POST podtemplates", "POST provisioningrequests"];
 
 impl Setup {
     /// Decides with the answers to [`CREATING`] scripted (the request gets uid `uid`) and
@@ -549,7 +545,6 @@ impl Setup {
     fn creating(&self, uid: &str) {
         self.api.answer(201, self.template());
         self.api.answer(201, self.listed(uid));
-        self.api.answer(200, self.template());
     }
 }
 

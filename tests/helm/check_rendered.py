@@ -33,7 +33,7 @@ PROVISIONING_RULES = {**SDK_RULES, **{
     ("kueue.x-k8s.io", "provisioningrequestconfigs"): {"get", "list", "watch"},
     ("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
     ("autoscaling.x-k8s.io", "provisioningrequests"): {"get", "list", "watch", "create", "delete"},
-    ("", "podtemplates"): {"get", "list", "create", "patch", "delete"},
+    ("", "podtemplates"): {"get", "list", "create", "delete"},
 }}
 # Integer flags of sdk::Options the Deployments always pass, with the ranges its parser accepts
 # (sdk/src/options.rs): a value outside them would make the pod exit with status 2 at start.

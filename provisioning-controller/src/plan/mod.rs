@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Container, PodTemplate, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 use kueue_admission_sdk::api::{
     PodSet, PodTemplateReference, ProvisioningRequest, ProvisioningRequestConfigSpec,
@@ -381,12 +381,30 @@ pub fn pod_template_objects(
                 .annotations
                 .get_or_insert_with(BTreeMap::new)
                 .insert(REQUEST_ANNOTATION.to_string(), plan.name.clone());
+            metadata.owner_references = workload_owner(workload).map(|o| vec![o]);
             PodTemplate {
                 metadata,
                 template: Some(ps.template.clone()),
             }
         })
         .collect()
+}
+
+/// The Workload as the templates' owner, for the garbage collector: in the create itself, so
+/// no second request sets it. Not the request (as Kueue's built-in check ends up doing, with an
+/// update per template): its uid exists only after the templates, which are made first on
+/// purpose (see `check.rs`). A template whose request is deleted by someone else is deleted by
+/// the request watch, or by the template sweep when no replica ran. Not a controller
+/// reference, and never blocking the Workload's deletion.
+fn workload_owner(workload: &Workload) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "kueue.x-k8s.io/v1beta2".into(),
+        kind: "Workload".into(),
+        name: workload.name_any(),
+        uid: workload.uid()?,
+        controller: Some(false),
+        block_owner_deletion: Some(false),
+    })
 }
 
 fn identification(

@@ -721,7 +721,7 @@ fn parameter_limits() {
 }
 
 #[test]
-fn objects_carry_identification_and_no_owner() {
+fn objects_carry_identification_and_only_templates_are_owned_by_the_workload() {
     let mut wl = workload(vec![cpu_pod_set("a", 2), cpu_pod_set("b", 3)], "default");
     wl.metadata.annotations = Some(BTreeMap::from([(
         "provreq.kueue.x-k8s.io/p".to_string(),
@@ -770,7 +770,18 @@ fn objects_carry_identification_and_no_owner() {
     for (pt, planned) in templates.iter().zip(&r.pod_sets) {
         assert_eq!(pt.metadata.name.as_ref(), Some(&planned.template_name));
         assert_eq!(pt.metadata.namespace.as_deref(), Some("team-a"));
-        assert_eq!(pt.metadata.owner_references, None);
+        // The Workload owns the templates (garbage collection), never as their controller and
+        // never blocking its deletion.
+        let owners = pt.metadata.owner_references.clone().unwrap_or_default();
+        let owners: Vec<_> = owners
+            .iter()
+            .map(|o| {
+                let flags = (o.controller, o.block_owner_deletion);
+                (o.kind.as_str(), o.name.as_str(), o.uid.as_str(), flags)
+            })
+            .collect();
+        let not = Some(false);
+        assert_eq!(owners, [("Workload", "job-1", "uid-1", (not, not))]);
         assert_eq!(pt.metadata.labels, Some(labels.clone()));
         let a = pt.metadata.annotations.clone().expect("annotations");
         assert_eq!(

@@ -7,10 +7,11 @@ use std::process::Command;
 use anyhow::{Result, ensure};
 
 /// The most API requests per admitted Workload our controller may send in the smoke run. On
-/// the provisioning path it sends a PodTemplate create per podset, the request's create, the
-/// templates' owner patch, the status writes (`Pending`, `Ready`) and an Event: 6.4 measured
-/// with one podset (docs/benchmark.md), 7.4 with two.
-const MAX_REQUESTS_PER_WORKLOAD: &str = "9";
+/// the provisioning path it sends a PodTemplate create per podset and the request's create, the
+/// status writes (`Pending`, `Ready`) and an Event: 5.0 with one podset, 6.0 with two, plus a
+/// few 409s of the status write with their fresh reads (6.35 measured with two podsets). A
+/// read or a patch per template more (2 more per Workload with two podsets) fails here.
+const MAX_REQUESTS_PER_WORKLOAD: &str = "7.5";
 
 #[test]
 fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_budget()

@@ -102,7 +102,7 @@ enum Step {
     Admitted,
     /// provisioningrequests watch (transitions are counted from the watch).
     TransitionsCounted,
-    /// podtemplates patch (the ownerReference).
+    /// No verb of its own: the ownerReference is in the templates' create.
     TemplatesOwned,
     /// events create.
     EventsPublished,
@@ -133,7 +133,7 @@ impl Step {
                  then admitted"
             }
             Step::TransitionsCounted => "the requests' Failed and Provisioned are counted",
-            Step::TemplatesOwned => "the request owns its PodTemplates (garbage collection)",
+            Step::TemplatesOwned => "the Workload owns its PodTemplates (garbage collection)",
             Step::EventsPublished => "CheckRetry and CheckReady events are on the Workload",
             Step::JobCleanedUp => "the Job completing deletes its request and PodTemplates",
             Step::NoReconcileErrors => "kueue_ac_reconcile_errors_total is 0 for every kind",
@@ -551,10 +551,11 @@ impl Run {
                 let mut unowned = Vec::new();
                 for p in &r.spec.pod_sets {
                     let name = &p.pod_template_ref.name;
+                    let workload_uid = r.labels().get(WORKLOAD_UID_LABEL);
                     let owned = templates.get_opt(name).await?.is_some_and(|t| {
                         t.owner_references()
                             .iter()
-                            .any(|o| Some(&o.uid) == r.uid().as_ref())
+                            .any(|o| o.kind == "Workload" && Some(&o.uid) == workload_uid)
                     });
                     if !owned {
                         unowned.push(name.clone());
@@ -563,7 +564,9 @@ impl Run {
                 Ok(if unowned.is_empty() && !r.spec.pod_sets.is_empty() {
                     Ok(())
                 } else {
-                    Err(format!("not owned by {request}: {unowned:?}"))
+                    Err(format!(
+                        "not owned by the Workload of {request}: {unowned:?}"
+                    ))
                 })
             })
         );

@@ -1118,12 +1118,18 @@ async fn a_workload_recreated_under_the_same_name_gets_its_own_request() -> Resu
         "{}",
         e2e::dump(&pt)
     );
+    // Owned by the new Workload (for the garbage collector), set in its create.
     let owners: Vec<_> = pt
         .owner_references()
         .iter()
-        .map(|o| o.uid.clone())
+        .map(|o| (o.kind.as_str(), o.uid.as_str()))
         .collect();
-    assert_eq!(owners, [r.uid().unwrap_or_default()], "{}", e2e::dump(&pt));
+    assert_eq!(
+        owners,
+        [("Workload", new_uid.as_str())],
+        "{}",
+        e2e::dump(&pt)
+    );
     t.stop().await
 }
 
