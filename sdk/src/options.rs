@@ -204,6 +204,12 @@ pub struct Options {
     )]
     pub shadow_cluster_queues: Vec<String>,
 
+    /// Publish Normal events about the check's answers on Workloads (CheckReady, CheckPending,
+    /// CheckRetryCarriedOver); false keeps only Warning events (CheckRetry, CheckRejected,
+    /// CheckFailed, ...), one API request less per answer.
+    #[arg(long, env = "KUEUE_AC_NORMAL_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub normal_events: bool,
+
     /// Elect a leader on a Lease so that several replicas can run and only one writes.
     #[arg(long, env = "KUEUE_AC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -340,6 +346,7 @@ impl Options {
             shadow: self
                 .shadow
                 .then(|| crate::shadow::ShadowScope::of(self.shadow_cluster_queues.clone())),
+            normal_events: self.normal_events,
         }
     }
 

@@ -47,6 +47,8 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     pub(super) known_checks: Mutex<std::collections::BTreeSet<String>>,
     /// [`super::RuntimeConfig::shadow`]: decide and publish, write nothing on Workloads.
     pub(super) shadow: Option<crate::shadow::ShadowScope>,
+    /// [`super::RuntimeConfig::normal_events`].
+    pub(super) normal_events: bool,
 }
 
 impl<C: AdmissionCheckController> Context<C> {
@@ -78,6 +80,7 @@ impl<C: AdmissionCheckController> Context<C> {
             cache: None,
             known_checks: Default::default(),
             shadow: config.shadow.clone(),
+            normal_events: config.normal_events,
         }
     }
 

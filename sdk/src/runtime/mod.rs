@@ -78,6 +78,11 @@ pub struct RuntimeConfig {
     /// have been answered, writing nothing on Workloads (see [`crate::shadow`]). `None`: the
     /// checks answer for real.
     pub shadow: Option<crate::shadow::ShadowScope>,
+    /// Publish Normal events about the check's answers (`CheckReady`, `CheckPending`,
+    /// `CheckRetryCarriedOver`); `false` keeps only Warning events (`CheckRetry`,
+    /// `CheckRejected`, `CheckFailed`, ...), one API request less per answer. Shadow mode's
+    /// `WouldAnswer` events are published either way: they are its output.
+    pub normal_events: bool,
 }
 
 /// The default of [`RuntimeConfig::permanent_failure_hold`]: two minutes, enough to read the
@@ -94,6 +99,7 @@ impl Default for RuntimeConfig {
             max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
             permanent_failure_hold: DEFAULT_PERMANENT_FAILURE_HOLD,
             shadow: None,
+            normal_events: true,
         }
     }
 }

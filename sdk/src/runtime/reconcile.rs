@@ -779,8 +779,10 @@ async fn carry_over<C: AdmissionCheckController>(
         late.not_before.strftime("%Y-%m-%dT%H:%M:%SZ")
     );
     info!(workload = %fresh.name_any(), namespace = ?fresh.namespace(), check, "late Retry kept for the next attempt");
-    ctx.event(fresh, EventType::Normal, "CheckRetryCarriedOver", note)
-        .await;
+    if ctx.normal_events {
+        ctx.event(fresh, EventType::Normal, "CheckRetryCarriedOver", note)
+            .await;
+    }
     ctx.memory.pair(&pair.key, |p| p.late = Some(late));
 }
 
@@ -865,8 +867,10 @@ async fn written<C: AdmissionCheckController>(
             CheckState::Retry => (EventType::Warning, "CheckRetry"),
             CheckState::Rejected => (EventType::Warning, "CheckRejected"),
         };
-        let note = format!("check {check}: {}", write.entry.message);
-        ctx.event(wl, type_, reason, note).await;
+        if type_ == EventType::Warning || ctx.normal_events {
+            let note = format!("check {check}: {}", write.entry.message);
+            ctx.event(wl, type_, reason, note).await;
+        }
     }
 }
 

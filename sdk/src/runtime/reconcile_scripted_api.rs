@@ -112,6 +112,15 @@ impl Harness {
     }
 
     fn with(answer: Decision, revalidate: bool) -> Self {
+        Self::configured(answer, revalidate, |_| {})
+    }
+
+    /// A harness whose runtime configuration `tune` changes.
+    fn configured(
+        answer: Decision,
+        revalidate: bool,
+        tune: impl FnOnce(&mut RuntimeConfig),
+    ) -> Self {
         let api = ScriptedApi::new();
         let client = api.client();
         let (store, _writer) = reflector::store::<Workload>();
@@ -123,10 +132,11 @@ impl Harness {
             names,
         ));
         metrics.check_active(CHECK, true);
-        let config = RuntimeConfig {
+        let mut config = RuntimeConfig {
             field_manager: "test".into(),
             ..Default::default()
         };
+        tune(&mut config);
         let ctx = Context::new(
             client.clone(),
             Arc::new(Probe {
@@ -288,6 +298,35 @@ async fn a_cache_behind_the_runtimes_own_write_does_not_ask_the_check_again() {
             .is_some(),
         "the new write (rv 13) is awaited in its turn"
     );
+}
+
+#[tokio::test]
+async fn without_normal_events_an_answer_publishes_only_warnings() {
+    for (answer, state, published) in [
+        (Decision::ready("fine"), CheckState::Ready, None),
+        (
+            Decision::rejected("never"),
+            CheckState::Rejected,
+            Some("CheckRejected"),
+        ),
+    ] {
+        let h = Harness::configured(answer, false, |c| c.normal_events = false);
+        let written = deciding().with(|w| {
+            if let Some(s) = w.status.as_mut() {
+                s.admission_checks = vec![our_entry(state, "written")];
+            }
+        });
+        h.answer(200, json(&at("11", written)));
+        h.decide(&at("10", deciding())).await.expect("no error");
+        assert_eq!(h.calls(), ["PATCH status"], "{state:?}");
+        let expected: Vec<String> = published.into_iter().map(String::from).collect();
+        assert_eq!(h.events(), expected, "{state:?}");
+    }
+    // By default the Ready is announced too.
+    let h = Harness::new(Decision::ready("fine"));
+    h.answer(200, json(&at("11", deciding())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(h.events(), ["CheckReady"]);
 }
 
 /// Our check's entry in `state` with `message`.
