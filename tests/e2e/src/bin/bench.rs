@@ -1,12 +1,16 @@
 //! `bench`: how long an SDK check takes to answer, and how many Workloads it answers per second,
-//! against the local control plane (etcd, kube-apiserver, Kueue).
+//! against the local control plane (etcd, kube-apiserver, Kueue), beside a raw baseline.
 //!
-//! It starts the `always-ready` binary (the smallest check built on the SDK, answering `Ready`
-//! at once) as a real process with the flags given after `--`, creates `--workloads` Workloads
-//! in a fresh namespace, and watches each one through Kueue's stages: quota reserved, the
-//! check's `Ready` written, admitted. The middle stage is the SDK runtime's own latency, as Kueue
-//! sees it; the others are Kueue's. It fails (exit 1) unless every Workload is admitted with
-//! exactly one `Ready` written for it. See docs/benchmark.md.
+//! Two passes on the same number of Workloads, each in a fresh namespace. The **raw baseline**:
+//! a bare client, built as the SDK builds its client from the same flags (so with the same rate
+//! limit), watches the Workloads and server-side-applies `Ready` to each one's entry as soon as
+//! Kueue reserves quota, as many at once as `--concurrency` says; nothing else. The **SDK
+//! pass**: the `always-ready` binary (the smallest check built on the SDK, answering `Ready` at
+//! once) as a real process with the flags given after `--`. Each Workload is watched through
+//! Kueue's stages: quota reserved, the check's `Ready` written, admitted. The ratio of the two
+//! throughputs is what the SDK runtime costs over the least any controller must do. It fails
+//! (exit 1) unless every Workload is admitted with exactly one `Ready` written by the SDK for
+//! it. See docs/benchmark.md.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,8 +24,9 @@ use e2e::{GuardedQueue, TestEnv};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use kueue_admission_sdk::Options;
 use kueue_admission_sdk::api::{
     AdmissionCheck, CheckState, ClusterQueue, LocalQueue, ResourceFlavor, Workload,
     workload_condition as cond,
@@ -105,14 +110,123 @@ impl Drop for CheckProcess {
 }
 
 async fn bench(cli: &Cli) -> Result<()> {
-    let n = cli.workloads as usize;
+    let raw = raw_pass(cli).await?;
+    let (sdk, metrics, check) = sdk_pass(cli).await?;
+    let n = sdk.marks.len();
+    let settings = if cli.check_args.is_empty() {
+        "defaults".to_string()
+    } else {
+        cli.check_args.join(" ")
+    };
+    println!("{n} Workloads; always-ready and the raw baseline with {settings}");
+    for pass in [&raw, &sdk] {
+        pass.print()?;
+    }
+    let ratio = sdk.throughput() / raw.throughput().max(f64::EPSILON);
+    println!();
+    println!(
+        "the SDK check's throughput is {:.0} % of the raw baseline's",
+        100.0 * ratio
+    );
+
+    let sample = |series: &str| e2e::metric_sample(&metrics, series).unwrap_or(0.0);
+    let c = format!("check=\"{check}\"");
+    let ready = sample(&format!("kueue_ac_decisions_total{{{c},state=\"Ready\"}}"));
+    let pending = sample(&format!(
+        "kueue_ac_decisions_total{{{c},state=\"Pending\"}}"
+    ));
+    let conflicts = sample(&format!("kueue_ac_write_conflicts_total{{{c}}}"));
+    let reconciles = sample("kueue_ac_reconcile_duration_seconds_count{result=\"ok\"}");
+    let reconcile_time = sample("kueue_ac_reconcile_duration_seconds_sum{result=\"ok\"}");
+    let errors: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kueue_ac_reconcile_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!(
+        "the runtime: {ready} Ready and {pending} Pending written, {conflicts} write conflicts, \
+         {errors} errors; {reconciles} reconciles, {:.1} ms each on average",
+        1000.0 * reconcile_time / reconciles.max(1.0)
+    );
+    ensure!(
+        ready == n as f64,
+        "expected exactly one Ready written per Workload, got {ready}"
+    );
+    Ok(())
+}
+
+/// What one pass saw.
+struct Pass {
+    what: &'static str,
+    marks: Vec<Marks>,
+    created_in: Duration,
+    /// From the first create to the last admission.
+    total: Duration,
+}
+
+impl Pass {
+    fn throughput(&self) -> f64 {
+        self.marks.len() as f64 / self.total.as_secs_f64().max(f64::EPSILON)
+    }
+
+    fn print(&self) -> Result<()> {
+        let n = self.marks.len();
+        println!();
+        println!("{}:", self.what);
+        println!();
+        println!("| stage (as the benchmark's watch saw it) | p50 | p95 | max |");
+        println!("|---|---|---|---|");
+        let stages: [(&str, Stage); 4] = [
+            ("created → quota reserved (Kueue)", |m| {
+                Some((m.created?, m.reserved?))
+            }),
+            ("quota reserved → Ready written (the check)", |m| {
+                Some((m.reserved?, m.ready?))
+            }),
+            ("Ready written → admitted (Kueue)", |m| {
+                Some((m.ready?, m.admitted?))
+            }),
+            ("created → admitted", |m| Some((m.created?, m.admitted?))),
+        ];
+        for (what, span) in stages {
+            let mut took: Vec<Duration> = self
+                .marks
+                .iter()
+                .filter_map(span)
+                .map(|(a, b)| b.saturating_duration_since(a))
+                .collect();
+            ensure!(
+                took.len() == n,
+                "{what}: seen for {} of {n} Workloads",
+                took.len()
+            );
+            took.sort();
+            println!(
+                "| {what} | {} | {} | {} |",
+                ms(quantile(&took, 0.5)),
+                ms(quantile(&took, 0.95)),
+                ms(took[n - 1]),
+            );
+        }
+        println!();
+        println!(
+            "created in {:.1} s; all admitted {:.1} s after the first was created: {:.1} \
+             Workloads/s",
+            self.created_in.as_secs_f64(),
+            self.total.as_secs_f64(),
+            self.throughput()
+        );
+        Ok(())
+    }
+}
+
+/// The SDK pass: the always-ready binary answers. Returns what it saw, the binary's metrics at
+/// the end and the check's name.
+async fn sdk_pass(cli: &Cli) -> Result<(Pass, String, String)> {
     let env = TestEnv::new("bench").await?;
     let controller = format!("bench.kueue-admission-checks.dev/{}", env.ns);
-    // Room for every Workload (100m each) at once: quota is never what they wait for.
-    let quota = format!("{}", n / 10 + 1);
-    let queue = env.guarded_queue("check", &controller, &quota).await?;
+    let queue = env.guarded_queue("check", &controller, &quota(cli)).await?;
     let check = queue.check.clone();
-
     let http = e2e::free_local_address()?;
     let log = std::env::temp_dir().join(format!("{}.log", env.ns));
     let mut process = CheckProcess(
@@ -145,16 +259,111 @@ async fn bench(cli: &Cli) -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    e2e::wait_for(
-        Api::<AdmissionCheck>::all(env.client.clone()),
-        &check,
-        "Active=True",
-        |ac: &AdmissionCheck| ac.active_condition().is_some_and(|c| c.status == "True"),
-    )
-    .await?;
+    env.wait_check_active(&check, "True", None).await?;
+    let pass = drive(cli, &env, &check, "the SDK (always-ready)").await?;
+    let (_, metrics) = e2e::http_get(http, "/metrics").await?;
+    drop(process);
+    if !cli.keep {
+        clean_up(&env, &queue).await?;
+    }
+    Ok((pass, metrics, check))
+}
 
+/// The raw baseline: a bare client answers, with the SDK's client built from the same flags.
+async fn raw_pass(cli: &Cli) -> Result<Pass> {
+    use clap::{Args, FromArgMatches};
+    let command = Options::augment_args(clap::Command::new("raw")).ignore_errors(true);
+    let args = std::iter::once("raw".to_string()).chain(cli.check_args.iter().cloned());
+    let mut options = Options::from_arg_matches(&command.try_get_matches_from(args)?)?;
+    options.kubeconfig = Some(e2e::kubeconfig_path().to_path_buf());
+    let client = options.client().await?;
+    let env = TestEnv::new("bench-raw").await?;
+    let controller = format!("raw.kueue-admission-checks.dev/{}", env.ns);
+    let queue = env.guarded_queue("check", &controller, &quota(cli)).await?;
+    env.set_admission_check_active(&queue.check, true).await?;
+    env.wait_cluster_queue_active(&queue.cluster_queue, "True", None)
+        .await?;
+    let answering = tokio::spawn(answer_raw(
+        Api::namespaced(client, &env.ns),
+        queue.check.clone(),
+        usize::from(options.concurrency),
+    ));
+    let pass = drive(
+        cli,
+        &env,
+        &queue.check,
+        "the raw baseline (server-side apply only)",
+    )
+    .await;
+    answering.abort();
+    let pass = pass?;
+    if !cli.keep {
+        clean_up(&env, &queue).await?;
+    }
+    Ok(pass)
+}
+
+/// Answers `Ready` for every Workload of `api` holding quota with `check` `Pending`: one
+/// server-side apply of the entry each, `concurrency` at once, nothing else.
+async fn answer_raw(api: Api<Workload>, check: String, concurrency: usize) {
+    let answered = Arc::new(Mutex::new(std::collections::HashSet::<String>::new()));
+    let events = watcher::watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let wanted = events.filter_map(|event| {
+        let answered = answered.clone();
+        let check = check.clone();
+        async move {
+            let wl = event.ok()?;
+            let pending = wl
+                .admission_check(&check)
+                .is_some_and(|e| e.state == CheckState::Pending);
+            let due = pending && wl.condition_is_true(cond::QUOTA_RESERVED);
+            (due && lock(&answered).insert(wl.name_any())).then(|| wl.name_any())
+        }
+    });
+    wanted
+        .for_each_concurrent(concurrency, |name| {
+            let (api, check, answered) = (api.clone(), check.clone(), answered.clone());
+            async move {
+                let body = json!({
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "Workload",
+                    "status": {"admissionChecks": [{
+                        "name": check,
+                        "state": "Ready",
+                        "message": "raw baseline",
+                        "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                    }]},
+                });
+                let params = PatchParams::apply("bench-raw").force();
+                if api
+                    .patch_status(&name, &params, &Patch::Apply(&body))
+                    .await
+                    .is_err()
+                {
+                    // Answered again on its next event.
+                    lock(&answered).remove(&name);
+                }
+            }
+        })
+        .await;
+}
+
+/// Room for every Workload (100m each) at once: quota is never what they wait for.
+fn quota(cli: &Cli) -> String {
+    format!("{}", cli.workloads / 10 + 1)
+}
+
+/// Creates the Workloads and waits until every one is admitted, watching their stages.
+async fn drive(cli: &Cli, env: &TestEnv, check: &str, what: &'static str) -> Result<Pass> {
+    let n = cli.workloads as usize;
     let seen: Seen = Arc::default();
-    let watch = tokio::spawn(watch_stages(env.workloads(), check.clone(), seen.clone()));
+    let watch = tokio::spawn(watch_stages(
+        env.workloads(),
+        check.to_string(),
+        seen.clone(),
+    ));
     let started = Instant::now();
     futures::stream::iter(0..n)
         .map(|i| {
@@ -173,7 +382,6 @@ async fn bench(cli: &Cli) -> Result<()> {
         .try_collect::<()>()
         .await?;
     let created_in = started.elapsed();
-
     let deadline = Instant::now() + Duration::from_secs(cli.timeout_seconds);
     loop {
         let admitted = lock(&seen)
@@ -184,96 +392,22 @@ async fn bench(cli: &Cli) -> Result<()> {
             break;
         }
         if Instant::now() >= deadline {
-            bail!("{admitted} of {n} admitted after {:?}", started.elapsed());
+            bail!(
+                "{what}: {admitted} of {n} admitted after {:?}",
+                started.elapsed()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     watch.abort();
     let marks: Vec<Marks> = lock(&seen).values().copied().collect();
     let last_admitted = marks.iter().filter_map(|m| m.admitted).max();
-    let (_, metrics) = e2e::http_get(http, "/metrics").await?;
-    drop(process);
-
-    let settings = if cli.check_args.is_empty() {
-        "defaults".to_string()
-    } else {
-        cli.check_args.join(" ")
-    };
-    println!(
-        "{n} Workloads; always-ready with {settings}; namespace {}",
-        env.ns
-    );
-    println!();
-    println!("| stage (as the benchmark's watch saw it) | p50 | p95 | max |");
-    println!("|---|---|---|---|");
-    let stages: [(&str, Stage); 4] = [
-        ("created → quota reserved (Kueue)", |m| {
-            Some((m.created?, m.reserved?))
-        }),
-        ("quota reserved → Ready written (the check)", |m| {
-            Some((m.reserved?, m.ready?))
-        }),
-        ("Ready written → admitted (Kueue)", |m| {
-            Some((m.ready?, m.admitted?))
-        }),
-        ("created → admitted", |m| Some((m.created?, m.admitted?))),
-    ];
-    for (what, span) in stages {
-        let mut took: Vec<Duration> = marks
-            .iter()
-            .filter_map(span)
-            .map(|(a, b)| b.saturating_duration_since(a))
-            .collect();
-        ensure!(
-            took.len() == n,
-            "{what}: seen for {} of {n} Workloads",
-            took.len()
-        );
-        took.sort();
-        println!(
-            "| {what} | {} | {} | {} |",
-            ms(quantile(&took, 0.5)),
-            ms(quantile(&took, 0.95)),
-            ms(took[n - 1]),
-        );
-    }
-    let total = last_admitted.map_or(Duration::ZERO, |t| t - started);
-    println!();
-    println!(
-        "created in {:.1} s; all admitted {:.1} s after the first was created: {:.1} Workloads/s",
-        created_in.as_secs_f64(),
-        total.as_secs_f64(),
-        n as f64 / total.as_secs_f64().max(f64::EPSILON)
-    );
-
-    let sample = |series: &str| e2e::metric_sample(&metrics, series).unwrap_or(0.0);
-    let c = format!("check=\"{check}\"");
-    let ready = sample(&format!("kueue_ac_decisions_total{{{c},state=\"Ready\"}}"));
-    let pending = sample(&format!(
-        "kueue_ac_decisions_total{{{c},state=\"Pending\"}}"
-    ));
-    let conflicts = sample(&format!("kueue_ac_write_conflicts_total{{{c}}}"));
-    let reconciles = sample("kueue_ac_reconcile_duration_seconds_count{result=\"ok\"}");
-    let reconcile_time = sample("kueue_ac_reconcile_duration_seconds_sum{result=\"ok\"}");
-    let errors: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("kueue_ac_reconcile_errors_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    println!(
-        "the runtime: {ready} Ready and {pending} Pending written, {conflicts} write conflicts, \
-         {errors} errors; {reconciles} reconciles, {:.1} ms each on average",
-        1000.0 * reconcile_time / reconciles.max(1.0)
-    );
-    ensure!(
-        ready == n as f64,
-        "expected exactly one Ready written per Workload, got {ready}"
-    );
-
-    if !cli.keep {
-        clean_up(&env, &queue).await?;
-    }
-    Ok(())
+    Ok(Pass {
+        what,
+        marks,
+        created_in,
+        total: last_admitted.map_or(Duration::ZERO, |t| t - started),
+    })
 }
 
 /// Deletes what the run created, so that the next run starts on the same cluster state (Kueue
