@@ -176,8 +176,18 @@ impl std::fmt::Display for Audited {
 /// from its audit log.
 pub fn audited_requests(user: &str) -> Result<Vec<Audited>> {
     let path = audit_log_path()?;
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading the audit log {}", path.display()))?;
+    // The rotated files too: a long suite may rotate the log under a test.
+    let mut text = String::new();
+    for file in rotated_audit_logs(&path)?
+        .iter()
+        .chain(std::iter::once(&path))
+    {
+        text.push_str(
+            &std::fs::read_to_string(file)
+                .with_context(|| format!("reading the audit log {}", file.display()))?,
+        );
+        text.push('\n');
+    }
     Ok(text
         .lines()
         // A cheap filter first: the log holds every audited request of the suite.
@@ -188,31 +198,66 @@ pub fn audited_requests(user: &str) -> Result<Vec<Audited>> {
         .collect())
 }
 
-/// The audit log's length now: where [`audited_since`] starts reading later.
-pub fn audit_log_end() -> Result<u64> {
-    let path = audit_log_path()?;
-    Ok(std::fs::metadata(&path)
-        .with_context(|| format!("reading the audit log {}", path.display()))?
-        .len())
+/// A place in the audit log, which survives its rotation: see [`audit_log_mark`].
+#[derive(Clone, Debug)]
+pub struct AuditMark {
+    /// The current file's length when marked.
+    offset: u64,
+    /// The rotated files that existed when marked.
+    rotated: std::collections::BTreeSet<PathBuf>,
 }
 
-/// Every request answered since the audit log was `from` bytes long, once each (a watch is
-/// logged when it starts and when it ends), with the user who sent it.
-pub fn audited_since(from: u64) -> Result<Vec<(String, Audited)>> {
+/// The rotated files of the audit log (`audit-<time>.log` beside it), oldest first.
+fn rotated_audit_logs(current: &Path) -> Result<Vec<PathBuf>> {
+    let dir = current.parent().context("the audit log has no directory")?;
+    let stem = current
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("audit");
+    let mut rotated: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+        })
+        .collect();
+    // The names carry the rotation time: in name order is in time order.
+    rotated.sort();
+    Ok(rotated)
+}
+
+/// The audit log's end now: where [`audited_since`] starts reading later.
+pub fn audit_log_mark() -> Result<AuditMark> {
+    let path = audit_log_path()?;
+    let offset = std::fs::metadata(&path)
+        .with_context(|| format!("reading the audit log {}", path.display()))?
+        .len();
+    let rotated = rotated_audit_logs(&path)?.into_iter().collect();
+    Ok(AuditMark { offset, rotated })
+}
+
+/// Every request answered since `mark`, once each (a watch is logged when it starts and when it
+/// ends), with the user who sent it. A rotation meanwhile is followed: the file that was current
+/// at the mark is the oldest rotated file that is new since.
+pub fn audited_since(mark: &AuditMark) -> Result<Vec<(String, Audited)>> {
     use std::io::{Read, Seek, SeekFrom};
     let path = audit_log_path()?;
-    let mut file = std::fs::File::open(&path)
-        .with_context(|| format!("opening the audit log {}", path.display()))?;
-    let len = file.metadata()?.len();
-    anyhow::ensure!(
-        len >= from,
-        "the audit log {} was rotated during the measurement (it is {len} bytes, was {from}); \
-         raise --audit-log-maxsize in control-plane.sh",
-        path.display()
-    );
-    file.seek(SeekFrom::Start(from))?;
+    let new_rotated: Vec<PathBuf> = rotated_audit_logs(&path)?
+        .into_iter()
+        .filter(|p| !mark.rotated.contains(p))
+        .collect();
     let mut text = String::new();
-    file.read_to_string(&mut text)?;
+    for (i, file) in new_rotated.iter().chain(std::iter::once(&path)).enumerate() {
+        let mut f =
+            std::fs::File::open(file).with_context(|| format!("opening {}", file.display()))?;
+        if i == 0 {
+            f.seek(SeekFrom::Start(mark.offset))?;
+        }
+        f.read_to_string(&mut text)
+            .with_context(|| format!("reading {}", file.display()))?;
+        text.push('\n');
+    }
     let mut seen = std::collections::HashSet::new();
     Ok(text
         .lines()

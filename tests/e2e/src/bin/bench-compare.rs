@@ -375,7 +375,7 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         .await?;
 
     // The measurement: from here to the last admission.
-    let audit_from = e2e::audit_log_end()?;
+    let audit_from = e2e::audit_log_mark()?;
     let pids = processes(&simulator, ours.as_ref())?;
     let cpu_before: Vec<f64> = pids
         .iter()
@@ -434,7 +434,7 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
 
     let check_user = service_account.map(|sa| format!("system:serviceaccount:{}:{sa}", env.ns));
     let mut requests: BTreeMap<&'static str, BTreeMap<String, usize>> = BTreeMap::new();
-    for (user, r) in e2e::audited_since(audit_from)? {
+    for (user, r) in e2e::audited_since(&audit_from)? {
         let actor = match user.as_str() {
             KUEUE_USER => "kueue",
             SIMULATOR_USER => "simulator",
