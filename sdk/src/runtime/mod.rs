@@ -94,7 +94,7 @@ impl Default for RuntimeConfig {
         Self {
             metrics_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
             field_manager: "kueue-admission-sdk".into(),
-            concurrency: 8,
+            concurrency: 10,
             leader_election: None,
             max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
             permanent_failure_hold: DEFAULT_PERMANENT_FAILURE_HOLD,
