@@ -424,7 +424,10 @@ mod tests {
         assert_eq!(election.lease_name, "example.com-budget");
         assert_eq!(config.concurrency, 10);
         assert!(config.normal_events);
-        assert_eq!((cli.runtime.kube_api_qps, cli.runtime.kube_api_burst), (100.0, 200));
+        assert_eq!(
+            (cli.runtime.kube_api_qps, cli.runtime.kube_api_burst),
+            (100.0, 200)
+        );
         assert_eq!(config.max_retry_delay, Duration::from_secs(86_400));
         assert_eq!(config.permanent_failure_hold, Duration::from_secs(120));
         assert_eq!(
