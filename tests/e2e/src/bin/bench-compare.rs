@@ -91,6 +91,11 @@ struct Cli {
     /// Give up on a run after this many seconds.
     #[arg(long, default_value_t = 900)]
     timeout_seconds: u64,
+    /// Workloads kept in the cluster through the runs, in a namespace of their own and in no
+    /// queue (Kueue never admits them): what every controller's cache holds besides the runs'
+    /// Workloads, to measure memory and start-up at scale.
+    #[arg(long, default_value_t = 0)]
+    idle_workloads: u32,
     /// Fail when our controller sends more API requests than this per admitted Workload.
     #[arg(long)]
     max_requests_per_workload: Option<f64>,
@@ -140,6 +145,9 @@ struct Measured {
     cpu: BTreeMap<&'static str, f64>,
     /// Our controller's peak resident memory, KiB.
     peak_rss_kib: Option<u64>,
+    /// Our controller's start: from its process start to ready (its caches listed), and its
+    /// resident memory then, KiB.
+    startup: Option<(Duration, u64)>,
 }
 
 #[tokio::main]
@@ -155,6 +163,10 @@ async fn main() -> ExitCode {
 }
 
 async fn bench(cli: &Cli) -> Result<()> {
+    let idle = match cli.idle_workloads {
+        0 => None,
+        n => Some(create_idle(cli, n).await?),
+    };
     let mut results = Vec::new();
     for &workloads in &cli.workloads {
         for &podsets in &cli.podsets {
@@ -173,6 +185,16 @@ async fn bench(cli: &Cli) -> Result<()> {
                 results.push(measured);
             }
         }
+    }
+    if let Some(env) = idle {
+        let dp = DeleteParams::background();
+        env.workloads()
+            .delete_collection(&dp, &ListParams::default())
+            .await
+            .context("deleting the idle Workloads")?;
+        Api::<Namespace>::all(env.client.clone())
+            .delete(&env.ns, &dp)
+            .await?;
     }
     let report = report(cli, &results);
     print!("{report}");
@@ -196,6 +218,45 @@ async fn bench(cli: &Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Creates `n` Workloads that stay in the cluster through the runs, in no queue.
+async fn create_idle(cli: &Cli, n: u32) -> Result<TestEnv> {
+    let env = TestEnv::new("cmp-idle").await?;
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let (api, ns) = (env.workloads(), env.ns.clone());
+            async move {
+                let name = format!("idle-{i:06}");
+                api.create(&PostParams::default(), &workload(&ns, &name, 1)?)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(cli.create_concurrency)
+        .try_collect::<()>()
+        .await?;
+    eprintln!(
+        "bench-compare: {n} idle Workloads created in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(env)
+}
+
+/// A process's resident memory now, KiB.
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS in /proc status")?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("an empty VmRSS")?
+        .parse()?)
 }
 
 /// A binary built beside this one (`make bench-compare` builds them).
@@ -363,11 +424,11 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
             .env("KUEUE_AC_KUBE_API_BURST", "4000"),
         logs.join(format!("{}-simulator.log", env.ns)),
     )?;
-    let (mut ours, service_account) = match run.controller {
-        Controller::Kueue => (None, None),
+    let (mut ours, service_account, startup) = match run.controller {
+        Controller::Kueue => (None, None, None),
         Controller::Ours => {
-            let (process, sa) = start_ours(cli, &env, &controller_name).await?;
-            (Some(process), Some(sa))
+            let (process, sa, startup) = start_ours(cli, &env, &controller_name).await?;
+            (Some(process), Some(sa), Some(startup))
         }
     };
     env.wait_check_active(&check, "True", None).await?;
@@ -457,12 +518,17 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         requests,
         cpu,
         peak_rss_kib,
+        startup,
     })
 }
 
 /// Starts our controller as the chart's ServiceAccount (its RBAC applied in the run's
 /// namespace), with Kueue's client budget and concurrency; returns it and the account's name.
-async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<(Process, String)> {
+async fn start_ours(
+    cli: &Cli,
+    env: &TestEnv,
+    controller_name: &str,
+) -> Result<(Process, String, (Duration, u64))> {
     let set = format!("controllerName={controller_name}");
     let objects = chart::render(
         PROVISIONING_CHART,
@@ -476,6 +542,7 @@ async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<(
     let path = std::env::temp_dir().join(format!("{}-check.kubeconfig", env.ns));
     write_private(&path, &serde_json::to_string(&kubeconfig)?)?;
     let http = e2e::free_local_address()?;
+    let spawned = Instant::now();
     let process = Process::spawn(
         "kueue-provisioning-controller",
         Command::new(sibling("kueue-provisioning-controller")?)
@@ -504,7 +571,8 @@ async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok((process, service_account))
+    let startup = (spawned.elapsed(), rss_kib(process.pid())?);
+    Ok((process, service_account, startup))
 }
 
 /// Writes a file only its owner can read (it holds a token).
@@ -804,6 +872,16 @@ fn details(m: &Measured) -> String {
     }
     let cpu: Vec<String> = m.cpu.iter().map(|(p, s)| format!("{p} {s:.1} s")).collect();
     let _ = writeln!(out, "\nCPU during the run: {}", cpu.join(", "));
+    if let Some((ready, rss)) = m.startup {
+        let _ = writeln!(
+            out,
+            "our controller: ready {:.1} s after its start (every cache listed), {:.0} MiB \
+             resident then; peak {:.0} MiB",
+            ready.as_secs_f64(),
+            rss as f64 / 1024.0,
+            m.peak_rss_kib.unwrap_or(0) as f64 / 1024.0
+        );
+    }
     out
 }
 
@@ -819,8 +897,8 @@ fn report(cli: &Cli, results: &[Measured]) -> String {
     let _ = writeln!(
         out,
         "\n## bench-compare, commit {commit}, {cores} cores; ours at --kube-api-qps {} \
-         --kube-api-burst {} --concurrency {}\n",
-        cli.kube_api_qps, cli.kube_api_burst, cli.concurrency
+         --kube-api-burst {} --concurrency {}; {} idle Workloads kept in the cluster\n",
+        cli.kube_api_qps, cli.kube_api_burst, cli.concurrency, cli.idle_workloads
     );
     let _ = writeln!(
         out,
