@@ -362,6 +362,26 @@ pub async fn apply_rbac(
     Ok((service_account, allowed))
 }
 
+/// The provisioning chart's ServiceAccount and RBAC for `controller_name`, rendered as a release
+/// in `namespace` and applied there ([`apply_rbac`]); returns the ServiceAccount's name, for
+/// running the controller with exactly the chart's rights.
+pub async fn provisioning_service_account(
+    admin: &Client,
+    namespace: &str,
+    controller_name: &str,
+    field_manager: &str,
+) -> Result<String> {
+    let set = format!("controllerName={controller_name}");
+    let objects = render(
+        PROVISIONING_CHART,
+        namespace,
+        namespace,
+        &["--set-string", &set],
+    )?;
+    let (service_account, _) = apply_rbac(admin, namespace, &objects, field_manager, &[]).await?;
+    Ok(service_account)
+}
+
 /// The provisioning controller's command line, parsed as the binary parses it.
 #[derive(Debug, Parser)]
 struct ProvisioningArgs {

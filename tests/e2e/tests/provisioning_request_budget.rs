@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 use e2e::TestEnv;
-use e2e::chart::{self, PROVISIONING_CHART};
+use e2e::chart;
 use serde_json::json;
 
 /// Workloads admitted in the run: enough that the controller's fixed start-up requests
@@ -27,15 +27,13 @@ const MAX_PER_WORKLOAD: f64 = 9.0;
 async fn an_admitted_workload_costs_few_api_requests() -> Result<()> {
     let env = TestEnv::new("prov-request-budget").await?;
     let p = env.provisioning(json!({}), "40").await?;
-    let set = format!("controllerName={}", p.controller_name);
-    let objects = chart::render(
-        PROVISIONING_CHART,
+    let service_account = chart::provisioning_service_account(
+        &env.client,
         &env.ns,
-        &env.ns,
-        &["--set-string", &set],
-    )?;
-    let (service_account, _) =
-        chart::apply_rbac(&env.client, &env.ns, &objects, "e2e-request-budget", &[]).await?;
+        &p.controller_name,
+        "e2e-request-budget",
+    )
+    .await?;
     let client = e2e::service_account_client(&env.ns, &service_account).await?;
     let controller = env.start_provisioning_controller_as(client, None)?;
     let simulator = env.start_simulator()?;

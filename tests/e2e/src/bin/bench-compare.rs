@@ -24,7 +24,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use e2e::TestEnv;
-use e2e::chart::{self, PROVISIONING_CHART};
+use e2e::chart;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, PodTemplate};
 use kube::ResourceExt;
@@ -224,39 +224,12 @@ async fn bench(cli: &Cli) -> Result<()> {
 async fn create_idle(cli: &Cli, n: u32) -> Result<TestEnv> {
     let env = TestEnv::new("cmp-idle").await?;
     let started = Instant::now();
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let (api, ns) = (env.workloads(), env.ns.clone());
-            async move {
-                let name = format!("idle-{i:06}");
-                api.create(&PostParams::default(), &workload(&ns, &name, 1)?)
-                    .await
-                    .with_context(|| format!("creating {name}"))?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(cli.create_concurrency)
-        .try_collect::<()>()
-        .await?;
+    create_workloads(cli, &env, "idle", n, 1, None).await?;
     eprintln!(
         "bench-compare: {n} idle Workloads created in {:.0} s",
         started.elapsed().as_secs_f64()
     );
     Ok(env)
-}
-
-/// A process's resident memory now, KiB.
-fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .context("no VmRSS in /proc status")?;
-    Ok(line
-        .split_whitespace()
-        .nth(1)
-        .context("an empty VmRSS")?
-        .parse()?)
 }
 
 /// A binary built beside this one (`make bench-compare` builds them).
@@ -360,17 +333,21 @@ fn clock_ticks_per_second() -> f64 {
     })
 }
 
-/// A process's peak resident memory so far, KiB.
-fn peak_rss_kib(pid: u32) -> Result<u64> {
+/// A memory figure of a process from `/proc/<pid>/status`, KiB: `VmRSS` (resident now) or
+/// `VmHWM` (the peak so far).
+fn memory_kib(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .context("no VmHWM in /proc status")?;
+        .find(|l| {
+            l.strip_prefix(field)
+                .is_some_and(|rest| rest.starts_with(':'))
+        })
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))?;
     Ok(line
         .split_whitespace()
         .nth(1)
-        .context("an empty VmHWM")?
+        .with_context(|| format!("an empty {field}"))?
         .parse()?)
 }
 
@@ -455,7 +432,7 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         )),
     ];
     let started = Instant::now();
-    create_workloads(cli, &env, run, &seen).await?;
+    create_workloads(cli, &env, "wl", run.workloads, run.podsets, Some(&seen)).await?;
     let deadline = Instant::now() + Duration::from_secs(cli.timeout_seconds);
     loop {
         let admitted = lock(&seen)
@@ -482,7 +459,10 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         .iter()
         .map(|(_, pid)| cpu_seconds(*pid))
         .collect::<Result<_>>()?;
-    let peak_rss_kib = ours.as_ref().map(|p| peak_rss_kib(p.pid())).transpose()?;
+    let peak_rss_kib = ours
+        .as_ref()
+        .map(|p| memory_kib(p.pid(), "VmHWM"))
+        .transpose()?;
     for w in watches {
         w.abort();
     }
@@ -529,15 +509,9 @@ async fn start_ours(
     env: &TestEnv,
     controller_name: &str,
 ) -> Result<(Process, String, (Duration, u64))> {
-    let set = format!("controllerName={controller_name}");
-    let objects = chart::render(
-        PROVISIONING_CHART,
-        &env.ns,
-        &env.ns,
-        &["--set-string", &set],
-    )?;
-    let (service_account, _) =
-        chart::apply_rbac(&env.client, &env.ns, &objects, "bench-compare", &[]).await?;
+    let service_account =
+        chart::provisioning_service_account(&env.client, &env.ns, controller_name, "bench-compare")
+            .await?;
     let kubeconfig = e2e::service_account_kubeconfig(&env.ns, &service_account).await?;
     let path = std::env::temp_dir().join(format!("{}-check.kubeconfig", env.ns));
     write_private(&path, &serde_json::to_string(&kubeconfig)?)?;
@@ -571,7 +545,7 @@ async fn start_ours(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let startup = (spawned.elapsed(), rss_kib(process.pid())?);
+    let startup = (spawned.elapsed(), memory_kib(process.pid(), "VmRSS")?);
     Ok((process, service_account, startup))
 }
 
@@ -589,17 +563,28 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
-async fn create_workloads(cli: &Cli, env: &TestEnv, run: Run, seen: &Seen) -> Result<()> {
-    futures::stream::iter(0..run.workloads)
+/// Creates Workloads `<prefix>-00000` ... of `podsets` podsets, `--create-concurrency` at once;
+/// records when each create was sent in `seen`, if given.
+async fn create_workloads(
+    cli: &Cli,
+    env: &TestEnv,
+    prefix: &str,
+    n: u32,
+    podsets: u32,
+    seen: Option<&Seen>,
+) -> Result<()> {
+    futures::stream::iter(0..n)
         .map(|i| {
-            let (api, seen, ns) = (env.workloads(), seen.clone(), env.ns.clone());
+            let (api, seen, ns) = (env.workloads(), seen.cloned(), env.ns.clone());
             async move {
-                let name = format!("wl-{i:05}");
+                let name = format!("{prefix}-{i:05}");
                 let before = Instant::now();
-                api.create(&PostParams::default(), &workload(&ns, &name, run.podsets)?)
+                api.create(&PostParams::default(), &workload(&ns, &name, podsets)?)
                     .await
                     .with_context(|| format!("creating {name}"))?;
-                lock(&seen).entry(name).or_default().created = Some(before);
+                if let Some(seen) = seen {
+                    lock(&seen).entry(name).or_default().created = Some(before);
+                }
                 anyhow::Ok(())
             }
         })
