@@ -241,6 +241,24 @@ pub fn audit_log_mark() -> Result<AuditMark> {
 /// ends), with the user who sent it. A rotation meanwhile is followed: the file that was current
 /// at the mark is the oldest rotated file that is new since.
 pub fn audited_since(mark: &AuditMark) -> Result<Vec<(String, Audited)>> {
+    audited_lines_since(mark, |_| true)
+}
+
+/// Every 403 the API server answered `user` since `mark`: cheaper than [`forbidden_requests`]
+/// for a test that asks while it runs, since it reads only what was logged since.
+pub fn forbidden_since(mark: &AuditMark, user: &str) -> Result<Vec<Forbidden>> {
+    Ok(audited_lines_since(mark, |line| line.contains(user))?
+        .into_iter()
+        .filter(|(by, audited)| by == user && audited.code == 403)
+        .map(|(_, audited)| audited)
+        .collect())
+}
+
+/// [`audited_since`] of the lines `keep` passes (a cheap text filter before the JSON is read).
+fn audited_lines_since(
+    mark: &AuditMark,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<(String, Audited)>> {
     use std::io::{Read, Seek, SeekFrom};
     let path = audit_log_path()?;
     let new_rotated: Vec<PathBuf> = rotated_audit_logs(&path)?
@@ -261,6 +279,7 @@ pub fn audited_since(mark: &AuditMark) -> Result<Vec<(String, Audited)>> {
     let mut seen = std::collections::HashSet::new();
     Ok(text
         .lines()
+        .filter(|line| keep(line))
         .filter_map(parse_audit_line)
         .filter(|(_, id, _)| seen.insert(id.clone()))
         .map(|(user, _, audited)| (user, audited))

@@ -11,8 +11,9 @@
 //! in-process as the Deployment runs it (the container's arguments, so leader election on the
 //! Lease the Role names in the release namespace; a TokenRequest token of the ServiceAccount)
 //! beside the autoscaler simulator (admin), and drives the [`Step`]s in order, each waited for
-//! at most [`STEP_TIMEOUT`] ([`LEADING_TIMEOUT`] for the start). The last step needs a restart
-//! after 60 s, so the whole test takes about 90 s.
+//! [`STEP_TIMEOUT`] ([`LEADING_TIMEOUT`] for the start), and [`UNREFUSED_GRACE`] longer while
+//! the verb taken away has not been refused (a slow machine is no evidence). The last step needs
+//! a restart after 60 s, so the whole test takes about 90 s.
 //!
 //! The base run must pass every step without one request refused; each variant must fail one,
 //! and the API server's audit log must show a 403 for the verb taken away (a step that only
@@ -47,9 +48,10 @@ use kueue_provisioning_controller::{identity, names};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-/// The longest any step may take. Each takes 0.1 to 6 s on an idle machine, up to 9 s seen
-/// with other end-to-end tests running beside; a variant waits this long before it counts as
-/// failed, and the base run must pass within it too.
+/// How long a step is waited for once the verb taken away has been refused. Each takes 0.1 to
+/// 6 s on an idle machine, up to 9 s seen with other end-to-end tests running beside, over 20 s
+/// on a loaded 2-core CI machine; a variant whose verb was refused waits this long before it
+/// counts as failed.
 const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The bound of [`Step::Leading`]: every run's controller starts at about the same time, and
@@ -60,6 +62,15 @@ const LEADING_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How often a step looks again.
 const POLL: Duration = Duration::from_millis(500);
+
+/// How much longer a step is waited for past its bound while the API server has not refused
+/// the verb taken away: a timeout without that 403 proves nothing about the verb, and with the
+/// 29 runs' controllers on a 2-core CI machine a step that passes took over 20 s. A run whose
+/// verb was refused fails at the bound; the base run has this much more to pass.
+const UNREFUSED_GRACE: Duration = Duration::from_secs(120);
+
+/// How often, past a step's bound, the audit log is read for the 403.
+const REFUSAL_CHECK: Duration = Duration::from_secs(5);
 
 /// Verbs of the chart whose removal no scenario can observe, each with the reason:
 /// (role kind, API group, resource, verb, why). A verb listed here whose removal does fail a
@@ -181,25 +192,64 @@ struct Report {
 /// could not go on (then the whole test fails: that is no evidence about a verb).
 type Waited<T> = Result<std::result::Result<T, String>>;
 
-/// Probes until `probe` answers `Ok(Ok(..))`, the controller stops, or `bound` passes. A probe
-/// answers `Ok(Err(state))` to go on waiting; the last state explains a timeout.
-async fn poll<T, F, Fut>(controller: &Running, bound: Duration, mut probe: F) -> Waited<T>
+/// What a step waits with: the run's controller, and whether the API server has refused the
+/// verb taken away yet.
+struct Waiter<'a> {
+    controller: &'a Running,
+    run: &'a Run,
+}
+
+impl Waiter<'_> {
+    /// Whether the audit log shows a 403 for a verb this run's roles lack.
+    async fn refused(&self) -> Result<bool> {
+        if self.run.denied.is_empty() {
+            return Ok(false);
+        }
+        let (mark, user) = (self.run.audit_mark.clone(), self.run.user.clone());
+        let forbidden =
+            tokio::task::spawn_blocking(move || e2e::forbidden_since(&mark, &user)).await??;
+        Ok(forbidden.iter().any(|x| {
+            self.run
+                .denied
+                .iter()
+                .any(|g| g.verb == x.verb && g.group == x.group && g.resource == x.resource)
+        }))
+    }
+}
+
+/// Probes until `probe` answers `Ok(Ok(..))`, the controller stops, or `bound` passes and the
+/// verb taken away has been refused (else [`UNREFUSED_GRACE`] more). A probe answers
+/// `Ok(Err(state))` to go on waiting; the last state explains a timeout.
+async fn poll<T, F, Fut>(w: &Waiter<'_>, bound: Duration, mut probe: F) -> Waited<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Waited<T>>,
 {
     let deadline = Instant::now() + bound;
+    let mut next_refusal_check = deadline;
     let mut last = "never probed".to_string();
     loop {
-        if let Some(exit) = controller.exited() {
+        if let Some(exit) = w.controller.exited() {
             return Ok(Err(format!("the controller {exit} (last seen: {last})")));
         }
         match probe().await? {
             Ok(v) => return Ok(Ok(v)),
             Err(state) => last = state,
         }
-        if Instant::now() >= deadline {
-            return Ok(Err(format!("not within {bound:?}; last seen: {last}")));
+        let now = Instant::now();
+        if now >= deadline + UNREFUSED_GRACE {
+            return Ok(Err(format!(
+                "not within {:?}, and nothing taken away was refused meanwhile; last seen: {last}",
+                bound + UNREFUSED_GRACE
+            )));
+        }
+        if now >= next_refusal_check {
+            if w.refused().await? {
+                return Ok(Err(format!(
+                    "not within {bound:?}, the verb taken away refused; last seen: {last}"
+                )));
+            }
+            next_refusal_check = now + REFUSAL_CHECK;
         }
         tokio::time::sleep(POLL).await;
     }
@@ -219,6 +269,10 @@ struct Run {
     orphan_request: String,
     /// The ServiceAccount's user name, as the audit log records it.
     user: String,
+    /// What the variant takes away (nothing for the base run).
+    denied: Vec<Grant>,
+    /// The audit log before the run: its 403s are read from here.
+    audit_mark: e2e::AuditMark,
     /// The base run also admits a plain "provision" Job.
     base: bool,
 }
@@ -228,6 +282,7 @@ impl Run {
     async fn setup(label: &str, removal: Option<&Removal>) -> Result<(Self, Option<Vec<Grant>>)> {
         let env = TestEnv::new(&format!("chart-rbac-{label}")).await?;
         let started = Instant::now();
+        let audit_mark = e2e::audit_log_mark()?;
         let controller_name = env.provisioning_controller_name();
         let instance = identity::instance_label(&controller_name);
         let check = env.cluster_name("prov");
@@ -325,6 +380,8 @@ impl Run {
             orphan_template,
             orphan_request,
             user: format!("system:serviceaccount:{}:{service_account}", run_ns),
+            denied: removed.clone().unwrap_or_default(),
+            audit_mark,
             base: removal.is_none(),
         };
         Ok((run, removed))
@@ -401,12 +458,16 @@ impl Run {
 
     /// After a restart: the orphaned PodTemplate, now over 60 s old, is deleted.
     async fn swept(&self, controller: &Running) -> Waited<()> {
-        if let Err(why) = leading(controller).await? {
+        let w = &Waiter {
+            controller,
+            run: self,
+        };
+        if let Err(why) = leading(w).await? {
             return Ok(Err(format!("after the restart: {why}")));
         }
         let templates = Api::<PodTemplate>::namespaced(self.env.client.clone(), &self.env.ns);
         let (templates, name) = (&templates, self.orphan_template.as_str());
-        poll(controller, STEP_TIMEOUT, || async move {
+        poll(w, STEP_TIMEOUT, || async move {
             Ok(match templates.get_opt(name).await? {
                 None => Ok(()),
                 Some(_) => Err(format!("{name} still exists")),
@@ -424,6 +485,10 @@ impl Run {
         let env = &self.env;
         let check = self.check.as_str();
         let field_manager = self.field_manager()?;
+        let w = &Waiter {
+            controller,
+            run: self,
+        };
         macro_rules! step {
             ($step:expr, $wait:expr) => {{
                 let at = Instant::now();
@@ -443,7 +508,7 @@ impl Run {
             }};
         }
 
-        step!(Step::Leading, leading(controller));
+        step!(Step::Leading, leading(w));
 
         let controller_name = &env.provisioning_controller_name();
         let config = env.cluster_name("prc");
@@ -451,12 +516,11 @@ impl Run {
             .await?;
         step!(Step::CheckInactive, async {
             let inactive = "BadParametersRef";
-            if let Err(why) =
-                check_active(env, controller, check, &field_manager, "False", inactive).await?
+            if let Err(why) = check_active(env, w, check, &field_manager, "False", inactive).await?
             {
                 return Ok(Err(why));
             }
-            settled(env, controller, controller_name, check, &field_manager).await
+            settled(env, w, controller_name, check, &field_manager).await
         });
         env.provisioning_config(
             "prc",
@@ -465,12 +529,12 @@ impl Run {
         .await?;
         step!(
             Step::CheckActive,
-            check_active(env, controller, check, &field_manager, "True", "Active")
+            check_active(env, w, check, &field_manager, "True", "Active")
         );
 
         step!(
             Step::OrphanRequestRemoved,
-            poll(controller, STEP_TIMEOUT, || async {
+            poll(w, STEP_TIMEOUT, || async {
                 Ok(
                     match env
                         .provisioning_requests()
@@ -491,7 +555,7 @@ impl Run {
         };
         let admitted = step!(
             Step::Admitted,
-            poll(controller, STEP_TIMEOUT, || async {
+            poll(w, STEP_TIMEOUT, || async {
                 if let Some(plain) = &plain {
                     let p = env.workloads().get(plain).await?;
                     if !p.condition_is_true(cond::ADMITTED) {
@@ -519,7 +583,7 @@ impl Run {
 
         step!(
             Step::TransitionsCounted,
-            poll(controller, STEP_TIMEOUT, || async {
+            poll(w, STEP_TIMEOUT, || async {
                 let text = match controller.metrics().await {
                     Ok(text) => text,
                     Err(e) => return Ok(Err(format!("no metrics: {e}"))),
@@ -543,7 +607,7 @@ impl Run {
         let request = names::request_name(&wl, check, 2);
         step!(
             Step::TemplatesOwned,
-            poll(controller, STEP_TIMEOUT, || async {
+            poll(w, STEP_TIMEOUT, || async {
                 let Some(r) = env.provisioning_requests().get_opt(&request).await? else {
                     return Ok(Err(format!("no request {request}")));
                 };
@@ -573,7 +637,7 @@ impl Run {
 
         step!(
             Step::EventsPublished,
-            poll(controller, STEP_TIMEOUT, || async {
+            poll(w, STEP_TIMEOUT, || async {
                 let reasons = event_reasons(env, &wl, &field_manager).await?;
                 let missing: Vec<&str> = ["CheckRetry", "CheckReady"]
                     .into_iter()
@@ -595,7 +659,7 @@ impl Run {
         );
         step!(
             Step::JobCleanedUp,
-            poll(controller, STEP_TIMEOUT, || async {
+            poll(w, STEP_TIMEOUT, || async {
                 let lp = ListParams::default().labels(&selector);
                 let requests: Vec<String> = env
                     .provisioning_requests()
@@ -655,7 +719,7 @@ impl Run {
             .context("creating the Workload that cannot be planned")?;
         step!(
             Step::RepeatedEventCounted,
-            poll(controller, STEP_TIMEOUT, || async {
+            poll(w, STEP_TIMEOUT, || async {
                 let counts: Vec<i32> = Api::<Event>::namespaced(env.client.clone(), &env.ns)
                     .list(&ListParams::default())
                     .await?
@@ -695,8 +759,9 @@ impl Run {
 }
 
 /// Ready (caches synced) and leading (holds the Lease).
-async fn leading(controller: &Running) -> Waited<()> {
-    poll(controller, LEADING_TIMEOUT, || async {
+async fn leading(w: &Waiter<'_>) -> Waited<()> {
+    let controller = w.controller;
+    poll(w, LEADING_TIMEOUT, || async {
         let ready = controller.readyz().await;
         // Nothing answers before the server is up, nor after the controller stopped.
         let leader = match controller.metrics().await {
@@ -724,7 +789,7 @@ async fn leading(controller: &Running) -> Waited<()> {
 /// apiserver (the API does not promise that they compare; a test of a known apiserver may).
 async fn settled(
     env: &TestEnv,
-    controller: &Running,
+    w: &Waiter<'_>,
     controller_name: &str,
     check: &str,
     field_manager: &str,
@@ -750,14 +815,7 @@ async fn settled(
             .create(&PostParams::default(), &AdmissionCheck::new(&name, spec))
             .await
             .context("creating a barrier AdmissionCheck")?;
-        let wait = check_active(
-            env,
-            controller,
-            &name,
-            field_manager,
-            "False",
-            "BadParametersRef",
-        );
+        let wait = check_active(env, w, &name, field_manager, "False", "BadParametersRef");
         if let Err(why) = wait.await? {
             return Ok(Err(format!("{name}, created after {check}: {why}")));
         }
@@ -778,13 +836,13 @@ async fn settled(
 /// field manager owns status fields), and Kueue has added its finalizer (both writes are done).
 async fn check_active(
     env: &TestEnv,
-    controller: &Running,
+    w: &Waiter<'_>,
     check: &str,
     field_manager: &str,
     status: &str,
     reason: &str,
 ) -> Waited<()> {
-    poll(controller, STEP_TIMEOUT, || async {
+    poll(w, STEP_TIMEOUT, || async {
         let ac = Api::<AdmissionCheck>::all(env.client.clone())
             .get(check)
             .await?;
@@ -876,7 +934,7 @@ async fn run(label: String, removal: Option<Removal>) -> Result<Report> {
         .await
         .with_context(|| format!("run {label} ({})", r.env.ns))?;
     // Read once the controllers have stopped, so the run's last requests are in the log.
-    let forbidden = e2e::forbidden_requests(&r.user)?;
+    let forbidden = e2e::forbidden_since(&r.audit_mark, &r.user)?;
     Ok(Report {
         removed,
         removal,
