@@ -43,6 +43,14 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         Revalidate::Never
     }
 
+    /// Which Workloads in the runtime's cache keep their podsets' pod templates: by default
+    /// only those holding quota, which are the only ones [`decide`](Self::decide) is asked
+    /// about. Say [`CachedPodTemplates::Always`] when [`release`](Self::release) or work
+    /// beside the runtime reads the templates of Workloads without quota.
+    fn cached_pod_templates(&self) -> CachedPodTemplates {
+        CachedPodTemplates::default()
+    }
+
     /// Work this check runs beside the runtime while its replica leads (watching the objects
     /// `decide` creates, sweeping what nobody released): see [`Extensions`]. Called once, when
     /// the runtime starts; nothing by default.
@@ -138,6 +146,19 @@ impl Revalidate {
             Self::Never | Self::OnChange => None,
         }
     }
+}
+
+/// Which Workloads in the runtime's cache keep their podsets' pod templates
+/// ([`AdmissionCheckController::cached_pod_templates`]). The templates are most of a Workload's
+/// size, and most Workloads of a busy cluster wait for quota or have finished.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CachedPodTemplates {
+    /// Only Workloads that hold quota and have not finished, which is every Workload `decide`
+    /// sees. The others are cached with each podset's name and counts and an empty template.
+    #[default]
+    WhileQuotaReserved,
+    /// Every Workload's.
+    Always,
 }
 
 /// The typed parameters of a check: the object an AdmissionCheck's `spec.parameters` names.

@@ -47,7 +47,7 @@ pub mod testing;
 pub use prometheus_client;
 
 pub use check::{
-    AdmissionCheckController, ApiKind, CheckContext, CheckParameters, Decision, ErrorClass,
+    AdmissionCheckController, ApiKind, CachedPodTemplates, CheckContext, CheckParameters, Decision, ErrorClass,
     NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay, Revalidate,
 };
 pub use error::Error;

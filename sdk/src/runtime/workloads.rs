@@ -11,7 +11,8 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use super::{own_writes, relist};
-use crate::api::Workload;
+use crate::api::{Workload, workload_condition as cond};
+use crate::check::CachedPodTemplates;
 
 /// What the Workload watch hands on, for [`start`]'s caller.
 pub(super) struct Feed {
@@ -34,6 +35,7 @@ pub(super) fn start(
         reflector::Store<Workload>,
         reflector::store::Writer<Workload>,
     ),
+    templates: CachedPodTemplates,
     reconcile_all: &mpsc::Sender<()>,
     leading: &watch::Receiver<bool>,
     background: &mut super::tasks::TaskGroup,
@@ -61,7 +63,9 @@ pub(super) fn start(
         leading: leading.clone(),
         own_writes: feed.own_writes.clone(),
     };
-    background.push(tokio::spawn(watch_workloads(events, writer, targets)));
+    background.push(tokio::spawn(watch_workloads(
+        events, writer, templates, targets,
+    )));
     feed
 }
 
@@ -84,11 +88,15 @@ struct Targets {
 /// Keeps the Workload cache and forwards changes to the reconciler while this replica leads.
 /// What a (re)list brings is not forwarded one by one: the cache takes it only at the list's
 /// end, so its end asks for everything to be reconciled instead (see [`relist::WorkloadLists`]).
-async fn watch_workloads<S>(events: S, writer: reflector::store::Writer<Workload>, w: Targets)
-where
+async fn watch_workloads<S>(
+    events: S,
+    writer: reflector::store::Writer<Workload>,
+    templates: CachedPodTemplates,
+    w: Targets,
+) where
     S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
 {
-    let events = slim_and_cache(events, writer, &w.leading, &w.deleted);
+    let events = slim_and_cache(events, writer, templates, &w.leading, &w.deleted);
     let mut events = std::pin::pin!(events);
     let mut lists = relist::WorkloadLists::default();
     while let Some(event) = events.next().await {
@@ -132,6 +140,7 @@ where
 fn slim_and_cache<S>(
     events: S,
     writer: reflector::store::Writer<Workload>,
+    templates: CachedPodTemplates,
     leading: &watch::Receiver<bool>,
     deleted: &mpsc::UnboundedSender<Workload>,
 ) -> impl futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>
@@ -140,11 +149,7 @@ where
 {
     let (leading, deleted) = (leading.clone(), deleted.clone());
     events
-        .modify(|wl| {
-            wl.managed_fields_mut().clear();
-            wl.annotations_mut()
-                .remove("kubectl.kubernetes.io/last-applied-configuration");
-        })
+        .modify(move |wl| slim(wl, templates))
         .inspect(move |event| {
             if let Ok(watcher::Event::Delete(wl)) = event
                 && *leading.borrow()
@@ -154,6 +159,23 @@ where
             }
         })
         .reflect(writer)
+}
+
+/// Drops what the runtime and the check do not read: managedFields, the last-applied
+/// annotation, and the pod templates of a Workload that holds no quota (unless the check keeps
+/// them), which are most of its size. Every change of a Workload comes as a whole object, so
+/// one that gets quota is cached whole again before it is decided.
+fn slim(wl: &mut Workload, templates: CachedPodTemplates) {
+    wl.managed_fields_mut().clear();
+    wl.annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
+    let holds_quota =
+        wl.condition_is_true(cond::QUOTA_RESERVED) && !wl.condition_is_true(cond::FINISHED);
+    if templates == CachedPodTemplates::WhileQuotaReserved && !holds_quota {
+        for pod_set in &mut wl.spec.pod_sets {
+            pod_set.template = Default::default();
+        }
+    }
 }
 
 /// A (re)list is complete and in the cache: reconciles waiting for our own write may go on,
@@ -184,6 +206,7 @@ fn list_done(w: &Targets, done: relist::ListDone, now: tokio::time::Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::CheckState;
 
     /// What the Workload watch handed on.
     struct Handed {
@@ -193,6 +216,8 @@ mod tests {
         /// Each change, with whether the cache held that version (or a later one) when it was
         /// handed on.
         changes_cached: Vec<bool>,
+        /// The cache at the end.
+        cache: reflector::Store<Workload>,
     }
 
     fn wl(name: &str, version: &str) -> Workload {
@@ -204,6 +229,14 @@ mod tests {
     /// Feeds `events` to the Workload watch of a replica that leads (or not) and collects what
     /// it hands on.
     async fn feed(events: Vec<watcher::Event<Workload>>, leading: bool) -> Handed {
+        feed_keeping(events, leading, CachedPodTemplates::default()).await
+    }
+
+    async fn feed_keeping(
+        events: Vec<watcher::Event<Workload>>,
+        leading: bool,
+        templates: CachedPodTemplates,
+    ) -> Handed {
         let (cache, writer) = reflector::store::<Workload>();
         let (changes_tx, mut changes_rx) = mpsc::channel(64);
         let (deleted_tx, mut deleted_rx) = mpsc::unbounded_channel();
@@ -242,6 +275,7 @@ mod tests {
             watch_workloads(
                 futures::stream::iter(events.into_iter().map(Ok)),
                 writer,
+                templates,
                 targets
             ),
             collect
@@ -259,6 +293,7 @@ mod tests {
             deleted,
             reconcile_all,
             changes_cached,
+            cache,
         }
     }
 
@@ -312,5 +347,64 @@ mod tests {
         assert!(handed.changes.is_empty());
         assert!(handed.deleted.is_empty());
         assert_eq!(handed.reconcile_all, 0);
+    }
+
+    /// Whether the cached "w" has its podset's pod template (its name and count always).
+    fn cached_template(handed: &Handed) -> bool {
+        let w = handed
+            .cache
+            .get(&reflector::ObjectRef::new("w").within("ns"))
+            .expect("cached");
+        assert_eq!((w.spec.pod_sets[0].name.as_str(), w.spec.pod_sets[0].count), ("main", 2));
+        w.spec.pod_sets[0].template.spec.is_some()
+    }
+
+    fn pending(version: &str) -> crate::testing::WorkloadBuilder {
+        crate::testing::WorkloadBuilder::new("ns", "w")
+            .pod_set("main", 2, "1")
+            .check("c", CheckState::Pending)
+            .resource_version(version)
+    }
+
+    #[tokio::test]
+    async fn pod_templates_are_cached_only_while_the_workload_holds_quota() {
+        use watcher::Event::*;
+        let waiting = pending("1").build();
+        assert!(waiting.spec.pod_sets[0].template.spec.is_some());
+        let handed = feed(vec![Init, InitApply(waiting), InitDone], true).await;
+        assert!(!cached_template(&handed), "a Workload waiting for quota");
+
+        // Getting quota is a change, which brings the whole object: decided with its template.
+        let reserved = pending("2").quota_reserved("cq", "f").build();
+        let handed = feed(vec![Init, InitDone, Apply(reserved.clone())], true).await;
+        assert!(cached_template(&handed), "a Workload holding quota");
+        assert_eq!(handed.changes, ["w"]);
+
+        let finished = pending("3").quota_reserved("cq", "f").finished().build();
+        let handed = feed(vec![Init, InitApply(reserved), InitDone, Apply(finished)], true).await;
+        assert!(!cached_template(&handed), "a finished Workload");
+    }
+
+    #[tokio::test]
+    async fn a_check_may_keep_every_pod_template() {
+        use watcher::Event::*;
+        let events = vec![Init, InitApply(pending("1").build()), InitDone];
+        let handed = feed_keeping(events, true, CachedPodTemplates::Always).await;
+        assert!(cached_template(&handed));
+    }
+
+    #[test]
+    fn managed_fields_and_the_last_applied_annotation_are_never_cached() {
+        let mut w = pending("1")
+            .quota_reserved("cq", "f")
+            .annotation("kubectl.kubernetes.io/last-applied-configuration", "{}")
+            .annotation("kept", "yes")
+            .with(|w| {
+                w.metadata.managed_fields = Some(vec![Default::default()]);
+            })
+            .build();
+        slim(&mut w, CachedPodTemplates::Always);
+        assert!(w.managed_fields().is_empty());
+        assert_eq!(w.annotations().keys().collect::<Vec<_>>(), ["kept"]);
     }
 }
