@@ -47,8 +47,9 @@ pub mod testing;
 pub use prometheus_client;
 
 pub use check::{
-    AdmissionCheckController, ApiKind, CachedPodTemplates, CheckContext, CheckParameters, Decision, ErrorClass,
-    NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay, Revalidate,
+    AdmissionCheckController, ApiKind, CachedPodTemplates, CheckContext, CheckParameters, Decision,
+    ErrorClass, NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
+    Revalidate,
 };
 pub use error::Error;
 pub use options::Options;

@@ -171,8 +171,9 @@ pub struct Options {
     pub permanent_failure_hold_seconds: Seconds<0, 86_400>,
 
     /// Sustained requests per second to the API server (client-side rate limit; the leader
-    /// election's Lease requests are not counted). At about 5 requests per Workload, 100 answers
-    /// a burst of 1,000 Workloads in under a minute; Kueue itself ships with 300.
+    /// election's Lease requests are not counted, and Events have a budget of their own of the
+    /// same size). At about 5 requests per Workload, 100 answers a burst of 1,000 Workloads in
+    /// under a minute; Kueue itself ships with 300.
     #[arg(long, env = "KUEUE_AC_KUBE_API_QPS", default_value_t = 100.0, value_parser = positive_f64)]
     pub kube_api_qps: f64,
 

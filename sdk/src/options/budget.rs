@@ -1,5 +1,5 @@
 //! The client-side limits of a check's API client: a rate limit with the leader election
-//! exempt, and a deadline for each request's answer.
+//! exempt and Events on a budget of their own, and a deadline for each request's answer.
 //!
 //! Every request waits its turn under the limit (tower's `RateLimit` behind a `Buffer`, first
 //! come first served), except Lease requests: a leader that must renew its Lease while hundreds
@@ -7,6 +7,12 @@
 //! lose the lead and restart, which the chaos soak saw. Lease traffic is one request every few
 //! seconds per replica, so leaving it out of the budget does not weaken the protection of the
 //! API server.
+//!
+//! Events (events.k8s.io) wait in a queue of their own under a budget of the same size, as
+//! controller-runtime's recorder does with a client of its own: the Event a decision publishes
+//! then never delays the next Workload's status write, which a shared budget made cost a fifth
+//! of the throughput of a burst (`make bench`). A check publishes at most a few Events per
+//! decision, so the API server still sees at most twice the budget.
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -23,6 +29,9 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 /// Requests to this API group (Leases) are not counted against the budget.
 const EXEMPT_PREFIX: &str = "/apis/coordination.k8s.io/";
 
+/// Requests to this API group (Events) have a budget of their own.
+const EVENTS_PREFIX: &str = "/apis/events.k8s.io/";
+
 /// The longest a Lease request may go unanswered, whatever the general deadline: client-go's
 /// leader election gives up a renewal after the same 10 s, well inside a 15 s Lease, so a
 /// leader on a dead connection learns it before a standby takes over.
@@ -32,7 +41,8 @@ const LEASE_DEADLINE: Duration = Duration::from_secs(10);
 /// client buffer has the same bound).
 const QUEUE: usize = 1024;
 
-/// At most `burst` requests per `period`, Leases exempt; each request answered within
+/// At most `burst` requests per `period`, Leases exempt, Events as many again on their own;
+/// each request answered within
 /// `deadline` (counted from when it is sent, not from when it joined the queue) or failed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BudgetLayer {
@@ -103,6 +113,7 @@ fn deadline_of(request: &Request<Body>, general: Duration) -> Option<Duration> {
 #[derive(Clone)]
 pub(crate) struct Budgeted<R> {
     limited: BoxCloneService<Request<Body>, R, BoxError>,
+    events: BoxCloneService<Request<Body>, R, BoxError>,
     exempt: BoxCloneService<Request<Body>, R, BoxError>,
 }
 
@@ -116,7 +127,7 @@ where
     type Service = Budgeted<S::Response>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        // Both paths share the one connection pool below, each request under its deadline.
+        // Every path shares the one connection pool below, each request under its deadline.
         let shared = Buffer::new(
             Deadline {
                 inner,
@@ -124,12 +135,15 @@ where
             },
             QUEUE,
         );
-        let limited = Buffer::new(
-            RateLimit::new(shared.clone(), Rate::new(self.burst, self.period)),
-            QUEUE,
-        );
+        let budget = |inner| {
+            BoxCloneService::new(Buffer::new(
+                RateLimit::new(inner, Rate::new(self.burst, self.period)),
+                QUEUE,
+            ))
+        };
         Budgeted {
-            limited: BoxCloneService::new(limited),
+            limited: budget(shared.clone()),
+            events: budget(shared.clone()),
             exempt: BoxCloneService::new(shared),
         }
     }
@@ -147,8 +161,11 @@ impl<R: Send + 'static> Service<Request<Body>> for Budgeted<R> {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let path = if request.uri().path().starts_with(EXEMPT_PREFIX) {
+        let path = request.uri().path();
+        let path = if path.starts_with(EXEMPT_PREFIX) {
             self.exempt.clone()
+        } else if path.starts_with(EVENTS_PREFIX) {
+            self.events.clone()
         } else {
             self.limited.clone()
         };
@@ -208,6 +225,44 @@ mod tests {
         assert_eq!(served.load(Ordering::SeqCst), 2);
         assert!(!waiting.is_finished(), "the budget was not enforced");
         waiting.abort();
+    }
+
+    #[tokio::test]
+    async fn events_have_a_budget_of_their_own() {
+        let served = Arc::new(AtomicUsize::new(0));
+        let counter = served.clone();
+        let inner = tower::service_fn(move |_req: Request<Body>| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(())
+            }
+        });
+        let svc = BudgetLayer {
+            burst: 1,
+            period: Duration::from_secs(3600),
+            deadline: Duration::from_secs(30),
+        }
+        .layer(inner);
+        let status = "/apis/kueue.x-k8s.io/v1beta2/namespaces/a/workloads/w/status";
+        let event = "/apis/events.k8s.io/v1/namespaces/a/events";
+        svc.clone()
+            .oneshot(request(status))
+            .await
+            .expect("within the budget");
+        // Bounds only for a broken budget (the second would wait an hour).
+        tokio::time::timeout(Duration::from_secs(10), svc.clone().oneshot(request(event)))
+            .await
+            .expect("the Event waited for the status writes' budget")
+            .expect("served");
+        let second_event = tokio::spawn(svc.clone().oneshot(request(event)));
+        let second_status = tokio::spawn(svc.clone().oneshot(request(status)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(served.load(Ordering::SeqCst), 2);
+        assert!(!second_event.is_finished(), "Events are not limited");
+        assert!(!second_status.is_finished(), "the budget was not enforced");
+        second_event.abort();
+        second_status.abort();
     }
 
     /// A server that never answers anything.

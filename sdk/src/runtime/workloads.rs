@@ -355,7 +355,10 @@ mod tests {
             .cache
             .get(&reflector::ObjectRef::new("w").within("ns"))
             .expect("cached");
-        assert_eq!((w.spec.pod_sets[0].name.as_str(), w.spec.pod_sets[0].count), ("main", 2));
+        assert_eq!(
+            (w.spec.pod_sets[0].name.as_str(), w.spec.pod_sets[0].count),
+            ("main", 2)
+        );
         w.spec.pod_sets[0].template.spec.is_some()
     }
 
@@ -381,7 +384,11 @@ mod tests {
         assert_eq!(handed.changes, ["w"]);
 
         let finished = pending("3").quota_reserved("cq", "f").finished().build();
-        let handed = feed(vec![Init, InitApply(reserved), InitDone, Apply(finished)], true).await;
+        let handed = feed(
+            vec![Init, InitApply(reserved), InitDone, Apply(finished)],
+            true,
+        )
+        .await;
         assert!(!cached_template(&handed), "a finished Workload");
     }
 
