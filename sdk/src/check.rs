@@ -43,12 +43,12 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         Revalidate::Never
     }
 
-    /// Which Workloads in the runtime's cache keep their podsets' pod templates: by default
-    /// only those holding quota, which are the only ones [`decide`](Self::decide) is asked
-    /// about. Say [`CachedPodTemplates::Always`] when [`release`](Self::release) or work
-    /// beside the runtime reads the templates of Workloads without quota.
-    fn cached_pod_templates(&self) -> CachedPodTemplates {
-        CachedPodTemplates::default()
+    /// Which Workloads in the runtime's cache keep their podsets: by default only those holding
+    /// quota, which are the only ones [`decide`](Self::decide) is asked about. Say
+    /// [`CachedPodSets::Always`] when [`release`](Self::release) or work beside the runtime
+    /// reads the podsets of Workloads without quota.
+    fn cached_pod_sets(&self) -> CachedPodSets {
+        CachedPodSets::default()
     }
 
     /// Work this check runs beside the runtime while its replica leads (watching the objects
@@ -148,13 +148,14 @@ impl Revalidate {
     }
 }
 
-/// Which Workloads in the runtime's cache keep their podsets' pod templates
-/// ([`AdmissionCheckController::cached_pod_templates`]). The templates are most of a Workload's
-/// size, and most Workloads of a busy cluster wait for quota or have finished.
+/// Which Workloads in the runtime's cache keep their podsets
+/// ([`AdmissionCheckController::cached_pod_sets`]). The podsets, with their pod templates, are
+/// most of a Workload's size in memory, and most Workloads of a busy cluster wait for quota or
+/// have finished.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CachedPodTemplates {
+pub enum CachedPodSets {
     /// Only Workloads that hold quota and have not finished, which is every Workload `decide`
-    /// sees. The others are cached with each podset's name and counts and an empty template.
+    /// sees. The others are cached without `spec.podSets`.
     #[default]
     WhileQuotaReserved,
     /// Every Workload's.

@@ -98,8 +98,8 @@ const MIN_PERIOD: Duration = Duration::from_secs(1);
 pub struct LeaderContext {
     /// The runtime's client (with its rate limit).
     pub client: Client,
-    /// The runtime's Workload cache (all namespaces; without managedFields, and without pod
-    /// templates where [`crate::AdmissionCheckController::cached_pod_templates`] says), complete
+    /// The runtime's Workload cache (all namespaces; without managedFields, and without podsets
+    /// where [`crate::AdmissionCheckController::cached_pod_sets`] says), complete
     /// when the task starts: a Workload missing from it is gone (or created after the last event seen).
     /// Don't call [`Store::wait_until_ready`]: concurrent waiters on it can miss their wake-up.
     pub workloads: Store<Workload>,

@@ -47,7 +47,7 @@ pub mod testing;
 pub use prometheus_client;
 
 pub use check::{
-    AdmissionCheckController, ApiKind, CachedPodTemplates, CheckContext, CheckParameters, Decision,
+    AdmissionCheckController, ApiKind, CachedPodSets, CheckContext, CheckParameters, Decision,
     ErrorClass, NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
     Revalidate,
 };

@@ -201,7 +201,7 @@ where
     let feed = workloads::start(
         &client,
         (cache.clone(), cache_writer),
-        controller.cached_pod_templates(),
+        controller.cached_pod_sets(),
         &reconcile_all,
         &leading,
         &mut background,

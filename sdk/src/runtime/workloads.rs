@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::{own_writes, relist};
 use crate::api::{Workload, workload_condition as cond};
-use crate::check::CachedPodTemplates;
+use crate::check::CachedPodSets;
 
 /// What the Workload watch hands on, for [`start`]'s caller.
 pub(super) struct Feed {
@@ -35,7 +35,7 @@ pub(super) fn start(
         reflector::Store<Workload>,
         reflector::store::Writer<Workload>,
     ),
-    templates: CachedPodTemplates,
+    pod_sets: CachedPodSets,
     reconcile_all: &mpsc::Sender<()>,
     leading: &watch::Receiver<bool>,
     background: &mut super::tasks::TaskGroup,
@@ -64,7 +64,7 @@ pub(super) fn start(
         own_writes: feed.own_writes.clone(),
     };
     background.push(tokio::spawn(watch_workloads(
-        events, writer, templates, targets,
+        events, writer, pod_sets, targets,
     )));
     feed
 }
@@ -91,12 +91,12 @@ struct Targets {
 async fn watch_workloads<S>(
     events: S,
     writer: reflector::store::Writer<Workload>,
-    templates: CachedPodTemplates,
+    pod_sets: CachedPodSets,
     w: Targets,
 ) where
     S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
 {
-    let events = slim_and_cache(events, writer, templates, &w.leading, &w.deleted);
+    let events = slim_and_cache(events, writer, pod_sets, &w.leading, &w.deleted);
     let mut events = std::pin::pin!(events);
     let mut lists = relist::WorkloadLists::default();
     while let Some(event) = events.next().await {
@@ -140,7 +140,7 @@ async fn watch_workloads<S>(
 fn slim_and_cache<S>(
     events: S,
     writer: reflector::store::Writer<Workload>,
-    templates: CachedPodTemplates,
+    pod_sets: CachedPodSets,
     leading: &watch::Receiver<bool>,
     deleted: &mpsc::UnboundedSender<Workload>,
 ) -> impl futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>
@@ -149,7 +149,7 @@ where
 {
     let (leading, deleted) = (leading.clone(), deleted.clone());
     events
-        .modify(move |wl| slim(wl, templates))
+        .modify(move |wl| slim(wl, pod_sets))
         .inspect(move |event| {
             if let Ok(watcher::Event::Delete(wl)) = event
                 && *leading.borrow()
@@ -162,19 +162,18 @@ where
 }
 
 /// Drops what the runtime and the check do not read: managedFields, the last-applied
-/// annotation, and the pod templates of a Workload that holds no quota (unless the check keeps
-/// them), which are most of its size. Every change of a Workload comes as a whole object, so
+/// annotation, and the podsets of a Workload that holds no quota (unless the check keeps them):
+/// with their pod templates (k8s-openapi's `PodTemplateSpec` alone is 1.8 KiB before any
+/// string) they are most of its size. Every change of a Workload comes as a whole object, so
 /// one that gets quota is cached whole again before it is decided.
-fn slim(wl: &mut Workload, templates: CachedPodTemplates) {
+fn slim(wl: &mut Workload, pod_sets: CachedPodSets) {
     wl.managed_fields_mut().clear();
     wl.annotations_mut()
         .remove("kubectl.kubernetes.io/last-applied-configuration");
     let holds_quota =
         wl.condition_is_true(cond::QUOTA_RESERVED) && !wl.condition_is_true(cond::FINISHED);
-    if templates == CachedPodTemplates::WhileQuotaReserved && !holds_quota {
-        for pod_set in &mut wl.spec.pod_sets {
-            pod_set.template = Default::default();
-        }
+    if pod_sets == CachedPodSets::WhileQuotaReserved && !holds_quota {
+        wl.spec.pod_sets = Vec::new();
     }
 }
 
@@ -229,13 +228,13 @@ mod tests {
     /// Feeds `events` to the Workload watch of a replica that leads (or not) and collects what
     /// it hands on.
     async fn feed(events: Vec<watcher::Event<Workload>>, leading: bool) -> Handed {
-        feed_keeping(events, leading, CachedPodTemplates::default()).await
+        feed_keeping(events, leading, CachedPodSets::default()).await
     }
 
     async fn feed_keeping(
         events: Vec<watcher::Event<Workload>>,
         leading: bool,
-        templates: CachedPodTemplates,
+        pod_sets: CachedPodSets,
     ) -> Handed {
         let (cache, writer) = reflector::store::<Workload>();
         let (changes_tx, mut changes_rx) = mpsc::channel(64);
@@ -275,7 +274,7 @@ mod tests {
             watch_workloads(
                 futures::stream::iter(events.into_iter().map(Ok)),
                 writer,
-                templates,
+                pod_sets,
                 targets
             ),
             collect
@@ -349,17 +348,20 @@ mod tests {
         assert_eq!(handed.reconcile_all, 0);
     }
 
-    /// Whether the cached "w" has its podset's pod template (its name and count always).
-    fn cached_template(handed: &Handed) -> bool {
+    /// Whether the cached "w" has its podset, whole.
+    fn cached_pod_set(handed: &Handed) -> bool {
         let w = handed
             .cache
             .get(&reflector::ObjectRef::new("w").within("ns"))
             .expect("cached");
-        assert_eq!(
-            (w.spec.pod_sets[0].name.as_str(), w.spec.pod_sets[0].count),
-            ("main", 2)
-        );
-        w.spec.pod_sets[0].template.spec.is_some()
+        match w.spec.pod_sets.as_slice() {
+            [] => false,
+            [main] => {
+                assert_eq!((main.name.as_str(), main.count), ("main", 2));
+                main.template.spec.is_some()
+            }
+            more => panic!("podsets {more:?}"),
+        }
     }
 
     fn pending(version: &str) -> crate::testing::WorkloadBuilder {
@@ -370,17 +372,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn pod_templates_are_cached_only_while_the_workload_holds_quota() {
+    async fn pod_sets_are_cached_only_while_the_workload_holds_quota() {
         use watcher::Event::*;
         let waiting = pending("1").build();
         assert!(waiting.spec.pod_sets[0].template.spec.is_some());
         let handed = feed(vec![Init, InitApply(waiting), InitDone], true).await;
-        assert!(!cached_template(&handed), "a Workload waiting for quota");
+        assert!(!cached_pod_set(&handed), "a Workload waiting for quota");
 
         // Getting quota is a change, which brings the whole object: decided with its template.
         let reserved = pending("2").quota_reserved("cq", "f").build();
         let handed = feed(vec![Init, InitDone, Apply(reserved.clone())], true).await;
-        assert!(cached_template(&handed), "a Workload holding quota");
+        assert!(cached_pod_set(&handed), "a Workload holding quota");
         assert_eq!(handed.changes, ["w"]);
 
         let finished = pending("3").quota_reserved("cq", "f").finished().build();
@@ -389,15 +391,15 @@ mod tests {
             true,
         )
         .await;
-        assert!(!cached_template(&handed), "a finished Workload");
+        assert!(!cached_pod_set(&handed), "a finished Workload");
     }
 
     #[tokio::test]
-    async fn a_check_may_keep_every_pod_template() {
+    async fn a_check_may_keep_every_pod_set() {
         use watcher::Event::*;
         let events = vec![Init, InitApply(pending("1").build()), InitDone];
-        let handed = feed_keeping(events, true, CachedPodTemplates::Always).await;
-        assert!(cached_template(&handed));
+        let handed = feed_keeping(events, true, CachedPodSets::Always).await;
+        assert!(cached_pod_set(&handed));
     }
 
     #[test]
@@ -410,7 +412,7 @@ mod tests {
                 w.metadata.managed_fields = Some(vec![Default::default()]);
             })
             .build();
-        slim(&mut w, CachedPodTemplates::Always);
+        slim(&mut w, CachedPodSets::Always);
         assert!(w.managed_fields().is_empty());
         assert_eq!(w.annotations().keys().collect::<Vec<_>>(), ["kept"]);
     }
