@@ -24,3 +24,6 @@ pub use workload::*;
 pub const KUEUE_GROUP: &str = "kueue.x-k8s.io";
 /// The one Kueue API version this crate speaks.
 pub const KUEUE_VERSION: &str = "v1beta2";
+
+#[cfg(test)]
+mod wire_tests;
