@@ -100,12 +100,17 @@ impl ProvisioningCheck {
         plan: &RequestPlan,
         config: &str,
     ) -> Result<ProvisioningRequest, Error> {
+        let creation = &Creation {
+            wl,
+            me,
+            attempt,
+            plan,
+            config,
+        };
         let namespace = wl.namespace().unwrap_or_default();
         let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
         let requests: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
-        let made = self
-            .create_templates(&templates, wl, me, attempt, plan, config)
-            .await?;
+        let made = self.create_templates(&templates, creation).await?;
         let mut request = plan::request_object(plan, wl, me.check, attempt, identity::MANAGED_BY);
         request
             .labels_mut()
@@ -134,8 +139,7 @@ impl ProvisioningCheck {
                     e,
                     refusal::Kind::ProvisioningRequest,
                     &plan.name,
-                    wl,
-                    config,
+                    creation,
                 ));
             }
         };
@@ -152,19 +156,22 @@ impl ProvisioningCheck {
     async fn create_templates(
         &self,
         templates: &Api<PodTemplate>,
-        wl: &Workload,
-        me: &Identity<'_>,
-        attempt: u32,
-        plan: &RequestPlan,
-        config: &str,
+        creation: &Creation<'_>,
     ) -> Result<Vec<PodTemplate>, Error> {
+        let Creation {
+            wl,
+            me,
+            attempt,
+            plan,
+            ..
+        } = *creation;
         let mut objects =
             plan::pod_template_objects(plan, wl, me.check, attempt, identity::MANAGED_BY);
         let mut made = Vec::with_capacity(objects.len());
         for t in &mut objects {
             t.labels_mut()
                 .insert(identity::INSTANCE_LABEL.into(), self.instance.clone());
-            match self.create_template(templates, wl, me, t, config).await {
+            match self.create_template(templates, creation, t).await {
                 Ok(t) => made.push(t),
                 Err(e) => {
                     if matches!(e, Error::NameTaken(_)) {
@@ -183,19 +190,18 @@ impl ProvisioningCheck {
     async fn create_template(
         &self,
         templates: &Api<PodTemplate>,
-        wl: &Workload,
-        me: &Identity<'_>,
+        creation: &Creation<'_>,
         template: &PodTemplate,
-        config: &str,
     ) -> Result<PodTemplate, Error> {
-        let namespace = wl.namespace().unwrap_or_default();
+        let me = creation.me;
+        let namespace = creation.wl.namespace().unwrap_or_default();
         let name = template.name_any();
         let mut replaced = false;
         loop {
             match templates.create(&PostParams::default(), template).await {
                 Ok(t) => return Ok(t),
                 Err(e) if is_already_exists(&e) => {}
-                Err(e) => return Err(refused(e, refusal::Kind::PodTemplate, &name, wl, config)),
+                Err(e) => return Err(refused(e, refusal::Kind::PodTemplate, &name, creation)),
             }
             let existing = templates.get(&name).await;
             let existing = existing.map_err(Error::api::<PodTemplate>("get", &namespace, &name))?;
@@ -468,6 +474,16 @@ pub(crate) fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
 }
 
+/// The objects one create makes: for attempt `attempt` of the Workload `wl`, answered by the
+/// check `me`, as `plan` names them, under the ProvisioningRequestConfig `config`.
+struct Creation<'a> {
+    wl: &'a Workload,
+    me: &'a Identity<'a>,
+    attempt: u32,
+    plan: &'a RequestPlan,
+    config: &'a str,
+}
+
 /// Deletes templates made for a name that turned out taken: the next name gets its own. Best
 /// effort: the template sweep deletes what is left.
 async fn discard(templates: &Api<PodTemplate>, made: &[PodTemplate]) {
@@ -480,13 +496,8 @@ async fn discard(templates: &Api<PodTemplate>, made: &[PodTemplate]) {
 
 /// The error for a failed create of `object`: [`Error::Refused`] when the API server refused it
 /// for good (malformed or invalid), with a message for the user; the API error otherwise.
-fn refused(
-    e: kube::Error,
-    kind: refusal::Kind,
-    object: &str,
-    wl: &Workload,
-    config: &str,
-) -> Error {
+fn refused(e: kube::Error, kind: refusal::Kind, object: &str, creation: &Creation<'_>) -> Error {
+    let Creation { wl, config, .. } = *creation;
     let (namespace, workload) = (wl.namespace().unwrap_or_default(), wl.name_any());
     let failed_create = |source| Error::Api {
         call: Box::new(ApiCall {

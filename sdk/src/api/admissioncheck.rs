@@ -1,11 +1,13 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 /// `AdmissionCheck.spec`: which controller answers the check, and with which parameters.
 ///
 /// Cluster scoped. `controllerName` is immutable, so a cache of "checks that are mine" keyed by
 /// name stays correct for the lifetime of the object.
+#[skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kueue.x-k8s.io",
@@ -20,31 +22,27 @@ pub struct AdmissionCheckSpec {
     /// Names the controller that answers this check (1 to 253 characters, immutable).
     pub controller_name: String,
     /// Optional reference to a cluster-scoped object holding the check's parameters.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<AdmissionCheckParametersReference>,
 }
 
 /// `AdmissionCheck.spec.parameters`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct AdmissionCheckParametersReference {
     /// API group of the parameters object (for example `kueue.x-k8s.io`).
-    #[serde(default)]
     pub api_group: String,
     /// Kind of the parameters object (for example `ProvisioningRequestConfig`).
-    #[serde(default)]
     pub kind: String,
     /// Name of the cluster-scoped parameters object.
-    #[serde(default)]
     pub name: String,
 }
 
 /// `AdmissionCheck.status`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct AdmissionCheckStatus {
     /// Kueue reads only the `Active` condition; the controller that owns the check must set it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 

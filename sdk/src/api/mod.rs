@@ -5,6 +5,11 @@
 //! the oldest release this project supports. Fields a check never reads are left out; serde
 //! ignores them when reading, and the runtime never writes whole objects back (status writes are
 //! server-side applies of the fields it owns), so nothing unknown is lost.
+//!
+//! On the wire: a `None` field is left out, never `null` (`#[skip_serializing_none]`), so a
+//! server-side apply claims no field it does not set; a struct whose every field may be missing
+//! reads them as its `Default` (`#[serde(default)]` on the struct), and the fields the API
+//! requires stay required. The tests in `wire_tests.rs` pin the exact JSON.
 
 mod admissioncheck;
 mod conditions;
@@ -24,3 +29,6 @@ pub use workload::*;
 pub const KUEUE_GROUP: &str = "kueue.x-k8s.io";
 /// The one Kueue API version this crate speaks.
 pub const KUEUE_VERSION: &str = "v1beta2";
+
+#[cfg(test)]
+mod wire_tests;

@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 /// `ProvisioningRequestConfig.spec`: how a provisioning check builds its requests. Cluster
 /// scoped. Every field is optional in Kueue's schema; absent fields take Kueue's defaults.
+#[skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kueue.x-k8s.io",
@@ -18,63 +20,56 @@ use serde::{Deserialize, Serialize};
     schema = "disabled",
     derive = "PartialEq"
 )]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ProvisioningRequestConfigSpec {
     /// The `provisioningClassName` of the requests (e.g. `check-capacity.autoscaling.x-k8s.io`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub provisioning_class_name: String,
     /// Parameters passed to the provisioning class (values up to 255 characters).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, String>,
     /// Only podsets requesting one of these resources need capacity; empty means all do.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub managed_resources: Vec<String>,
     /// Retries of failed or expired requests.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_strategy: Option<ProvisioningRequestRetryStrategy>,
     /// Updates to add to the podsets once capacity is provisioned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_set_updates: Option<ProvisioningRequestPodSetUpdates>,
     /// `IdenticalPodTemplates` or `IdenticalWorkloadSchedulingRequirements`: merge podsets into
     /// one request podset when they are alike; absent means never merge.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_set_merge_policy: Option<String>,
 }
 
 /// `ProvisioningRequestConfig.spec.retryStrategy`. Kueue's defaults when absent: 3 retries,
 /// 60 s base, 1800 s cap; delay of retry n = min(base · 2^(n−1), max).
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ProvisioningRequestRetryStrategy {
     /// Retries after the first attempt; 0 means none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff_limit_count: Option<i32>,
     /// Delay before the first retry, in seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff_base_seconds: Option<i32>,
     /// Longest delay, in seconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff_max_seconds: Option<i32>,
 }
 
 /// `ProvisioningRequestConfig.spec.podSetUpdates`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ProvisioningRequestPodSetUpdates {
     /// Node selector entries whose values come from the request's `provisioningClassDetails`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub node_selector: Vec<ProvisioningRequestPodSetUpdatesNodeSelector>,
 }
 
 /// One node selector entry of [`ProvisioningRequestPodSetUpdates`].
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ProvisioningRequestPodSetUpdatesNodeSelector {
     /// The node label key.
-    #[serde(default)]
     pub key: String,
     /// The `provisioningClassDetails` key whose value becomes the label value.
-    #[serde(default)]
     pub value_from_provisioning_class_detail: String,
 }
 
@@ -114,22 +109,21 @@ pub struct ProvisioningRequestPodSet {
 
 /// A reference to a PodTemplate by name.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PodTemplateReference {
     /// The PodTemplate's name.
-    #[serde(default)]
     pub name: String,
 }
 
 /// `ProvisioningRequest.status`, written by cluster-autoscaler.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ProvisioningRequestStatus {
     /// `Accepted`, `Provisioned`, `Failed`, `BookingExpired`, `CapacityRevoked`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Class-specific details of the provisioned capacity (e.g. a node pool name).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub provisioning_class_details: BTreeMap<String, String>,
 }
 

@@ -5,6 +5,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 /// `ResourceFlavor.spec`: the node labels and tolerations a flavor stands for. Cluster scoped.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -15,17 +16,18 @@ use serde::{Deserialize, Serialize};
     schema = "disabled",
     derive = "PartialEq"
 )]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ResourceFlavorSpec {
     /// Labels of the nodes that provide this flavor.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub node_labels: BTreeMap<String, String>,
     /// Tolerations that pods of this flavor need.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
 }
 
 /// `ClusterQueue.spec`, the part an admission check cares about. Cluster scoped.
+#[skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kueue.x-k8s.io",
@@ -35,28 +37,24 @@ pub struct ResourceFlavorSpec {
     schema = "disabled",
     derive = "PartialEq"
 )]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ClusterQueueSpec {
     /// Which namespaces may submit to this queue; `{}` means all.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
     /// Quotas, per group of covered resources and per flavor.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub resource_groups: Vec<ResourceGroup>,
     /// Admission checks every Workload admitted through this queue must pass.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission_checks_strategy: Option<AdmissionChecksStrategy>,
 }
 
 /// `ClusterQueue.spec.resourceGroups[]`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ResourceGroup {
     /// Resources (e.g. `cpu`) whose quota this group defines.
-    #[serde(default)]
     pub covered_resources: Vec<String>,
     /// Per-flavor quotas, tried in order.
-    #[serde(default)]
     pub flavors: Vec<FlavorQuotas>,
 }
 
@@ -83,10 +81,9 @@ pub struct ResourceQuota {
 
 /// `ClusterQueue.spec.admissionChecksStrategy` (v1beta2 removed the plain `admissionChecks` list).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct AdmissionChecksStrategy {
     /// One rule per admission check.
-    #[serde(default)]
     pub admission_checks: Vec<AdmissionCheckStrategyRule>,
 }
 
@@ -103,10 +100,10 @@ pub struct AdmissionCheckStrategyRule {
 
 /// `ClusterQueue.status`, the conditions only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct ClusterQueueStatus {
     /// `Active` is False (e.g. reason `AdmissionCheckInactive`) while the queue reserves nothing.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 

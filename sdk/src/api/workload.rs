@@ -6,10 +6,12 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
+use serde_with::skip_serializing_none;
 
 use super::conditions::{find_condition, is_condition_true};
 
 /// `Workload.spec`: what a batch job asks Kueue for.
+#[skip_serializing_none]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kueue.x-k8s.io",
@@ -20,70 +22,60 @@ use super::conditions::{find_condition, is_condition_true};
     schema = "disabled",
     derive = "PartialEq"
 )]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct WorkloadSpec {
     /// The groups of identical pods the workload runs (1 to 8).
-    #[serde(default)]
     pub pod_sets: Vec<PodSet>,
     /// The LocalQueue the workload was submitted to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_name: Option<String>,
     /// Priority resolved from the priority class.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,
     /// `false` once the workload is deactivated (e.g. after a `Rejected` check); absent means true.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active: Option<bool>,
     /// Upper bound of the run time, if the job declared one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maximum_execution_time_seconds: Option<i32>,
 }
 
 /// `Workload.spec.podSets[]`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct PodSet {
     /// Podset name, unique in the workload (`main` for a batch/v1 Job).
-    #[serde(default)]
     pub name: String,
     /// The pod template every pod of the podset is created from.
-    #[serde(default)]
     pub template: PodTemplateSpec,
     /// Number of pods requested.
-    #[serde(default)]
     pub count: i32,
     /// Lowest acceptable count for partial admission.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_count: Option<i32>,
 }
 
 /// `Workload.status`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct WorkloadStatus {
     /// `QuotaReserved`, `Admitted`, `Evicted`, `Requeued`, `Finished`, `DeactivationTarget`, ...
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Set while quota is reserved: which ClusterQueue, and the flavors and counts per podset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Admission>,
     /// Requeueing bookkeeping; `requeueAt` also carries admission check retry delays.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requeue_state: Option<RequeueState>,
     /// One entry per admission check that applies to the workload (at most 8).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub admission_checks: Vec<AdmissionCheckState>,
     /// Counters Kueue keeps about the workload, e.g. evictions per reason.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduling_stats: Option<SchedulingStats>,
 }
 
 /// `Workload.status.schedulingStats`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct SchedulingStats {
     /// Evictions counted per reason and underlying cause.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub evictions: Vec<EvictionCount>,
 }
 
@@ -112,6 +104,7 @@ pub struct Admission {
 }
 
 /// `Workload.status.admission.podSetAssignments[]`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSetAssignment {
@@ -124,23 +117,22 @@ pub struct PodSetAssignment {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resource_usage: BTreeMap<String, Quantity>,
     /// Pods admitted for this podset (lower than requested under partial admission).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<i32>,
 }
 
 /// `Workload.status.requeueState`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(default, rename_all = "camelCase")]
 pub struct RequeueState {
     /// How many times the workload was requeued for waitForPodsReady.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<i32>,
     /// The workload is not requeued before this time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requeue_at: Option<Time>,
 }
 
 /// The state of one admission check on one workload: `status.admissionChecks[]`.
+#[skip_serializing_none]
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionCheckState {
@@ -149,16 +141,13 @@ pub struct AdmissionCheckState {
     /// The check's answer.
     pub state: CheckState,
     /// When `state` last changed. Kueue adds `requeueAfterSeconds` to it to compute the retry time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
     /// Human-readable explanation; the API requires the field, possibly empty.
     #[serde(default)]
     pub message: String,
     /// Minimum delay before Kueue retries after a `Retry`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requeue_after_seconds: Option<i32>,
     /// Times this check answered `Retry`, counted by Kueue at each eviction. Never written by checks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_count: Option<i32>,
     /// Additive changes to the pods of each podset, applied when the job starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
