@@ -186,8 +186,9 @@ mod tests {
         request
     }
 
-    #[tokio::test]
-    async fn a_lease_renewal_passes_a_spent_budget_and_the_rest_waits() {
+    /// A budget of one request an hour (per budget) before a server that counts what it
+    /// serves.
+    fn one_an_hour() -> (Budgeted<()>, Arc<AtomicUsize>) {
         let served = Arc::new(AtomicUsize::new(0));
         let counter = served.clone();
         let inner = tower::service_fn(move |_req: Request<Body>| {
@@ -197,13 +198,19 @@ mod tests {
                 Ok::<_, BoxError>(())
             }
         });
-        // One request an hour: the second Workload request cannot go before the test ends.
         let svc = BudgetLayer {
             burst: 1,
             period: Duration::from_secs(3600),
             deadline: Duration::from_secs(30),
         }
         .layer(inner);
+        (svc, served)
+    }
+
+    #[tokio::test]
+    async fn a_lease_renewal_passes_a_spent_budget_and_the_rest_waits() {
+        // One request an hour: the second Workload request cannot go before the test ends.
+        let (svc, served) = one_an_hour();
         svc.clone()
             .oneshot(request("/apis/kueue.x-k8s.io/v1beta2/workloads"))
             .await
@@ -229,21 +236,7 @@ mod tests {
 
     #[tokio::test]
     async fn events_have_a_budget_of_their_own() {
-        let served = Arc::new(AtomicUsize::new(0));
-        let counter = served.clone();
-        let inner = tower::service_fn(move |_req: Request<Body>| {
-            let counter = counter.clone();
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, BoxError>(())
-            }
-        });
-        let svc = BudgetLayer {
-            burst: 1,
-            period: Duration::from_secs(3600),
-            deadline: Duration::from_secs(30),
-        }
-        .layer(inner);
+        let (svc, served) = one_an_hour();
         let status = "/apis/kueue.x-k8s.io/v1beta2/namespaces/a/workloads/w/status";
         let event = "/apis/events.k8s.io/v1/namespaces/a/events";
         svc.clone()
