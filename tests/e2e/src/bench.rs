@@ -261,21 +261,10 @@ pub async fn watch_workloads(api: Api<Workload>, check: String, seen: Seen) {
 /// A Workload in LocalQueue `lq` of `podsets` podsets, one pod of 100m cpu each, that never
 /// runs a pod.
 pub fn workload(namespace: &str, name: &str, podsets: u32) -> Result<Workload> {
+    // Null: no annotations.
+    let template = crate::pod_template(serde_json::Value::Null, "100m");
     let pod_sets: Vec<_> = (0..podsets)
-        .map(|i| {
-            json!({
-                "name": format!("ps{i}"),
-                "count": 1,
-                "template": {"spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "main",
-                        "image": "registry.invalid/no-pod-runs-here:1",
-                        "resources": {"requests": {"cpu": "100m"}},
-                    }],
-                }},
-            })
-        })
+        .map(|i| json!({"name": format!("ps{i}"), "count": 1, "template": template}))
         .collect();
     Ok(serde_json::from_value(json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2",
