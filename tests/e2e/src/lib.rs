@@ -9,6 +9,7 @@
 //! Set `E2E_KUBECONFIG` to run against a control plane managed elsewhere. If the control plane
 //! cannot start, the tests fail with its reason: they never skip.
 
+pub mod bench;
 pub mod chart;
 pub mod probe;
 pub mod provisioning;

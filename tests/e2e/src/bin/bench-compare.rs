@@ -17,23 +17,18 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use clap::{Parser, ValueEnum};
-use e2e::TestEnv;
-use e2e::chart;
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, PodTemplate};
+use e2e::bench::{self, Creating, Mark, Marks, Process, RunQueue, Seen, Stage, quantile};
+use e2e::{AuditMark, TestEnv, chart};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::{Api, DeleteParams, ListParams};
 use kueue_admission_sdk::api::{
-    AdmissionCheck, CheckState, ClusterQueue, LocalQueue, ProvisioningRequest,
-    ProvisioningRequestConfig, ResourceFlavor, Workload, find_condition,
-    provisioning_condition as pr, workload_condition as cond,
+    ProvisioningRequest, find_condition, provisioning_condition as pr, workload_condition as cond,
 };
 use kueue_provisioning_controller::identity::KUEUE_CONTROLLER_NAME;
 use kueue_provisioning_controller::plan::WORKLOAD_ANNOTATION;
@@ -112,24 +107,15 @@ struct Run {
     podsets: u32,
 }
 
-/// When the benchmark's watches first saw each stage of one Workload.
-#[derive(Clone, Copy, Debug, Default)]
-struct Marks {
-    created: Option<Instant>,
-    reserved: Option<Instant>,
-    request: Option<Instant>,
-    provisioned: Option<Instant>,
-    ready: Option<Instant>,
-    admitted: Option<Instant>,
-    /// Times Admitted turned true.
-    admissions: u32,
-    was_admitted: bool,
-}
-
-type Seen = Arc<Mutex<BTreeMap<String, Marks>>>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+impl Run {
+    /// The prefix of its namespace: which controller and what size.
+    fn namespace_prefix(self) -> String {
+        let controller = match self.controller {
+            Controller::Kueue => "kueue",
+            Controller::Ours => "ours",
+        };
+        format!("cmp-{controller}-{}x{}", self.workloads, self.podsets)
+    }
 }
 
 /// What one run measured.
@@ -152,17 +138,10 @@ struct Measured {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match bench(&cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench-compare failed: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::exit_code("bench-compare", run_all(&Cli::parse()).await)
 }
 
-async fn bench(cli: &Cli) -> Result<()> {
+async fn run_all(cli: &Cli) -> Result<()> {
     let idle = match cli.idle_workloads {
         0 => None,
         n => Some(create_idle(cli, n).await?),
@@ -224,7 +203,13 @@ async fn bench(cli: &Cli) -> Result<()> {
 async fn create_idle(cli: &Cli, n: u32) -> Result<TestEnv> {
     let env = TestEnv::new("cmp-idle").await?;
     let started = Instant::now();
-    create_workloads(cli, &env, "idle", n, 1, None).await?;
+    let creating = Creating {
+        prefix: "idle",
+        count: n,
+        podsets: 1,
+        concurrency: cli.create_concurrency,
+    };
+    bench::create_workloads(&env, creating, None).await?;
     eprintln!(
         "bench-compare: {n} idle Workloads created in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -234,57 +219,11 @@ async fn create_idle(cli: &Cli, n: u32) -> Result<TestEnv> {
 
 /// A binary built beside this one (`make bench-compare` builds them).
 fn sibling(name: &str) -> Result<PathBuf> {
-    let path = std::env::current_exe()?.with_file_name(name);
-    ensure!(
-        path.exists(),
-        "{} is not built: cargo build -p kueue-provisioning-controller -p autoscaler-simulator \
-         --bins with the same profile (make bench-compare does)",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// A process the run started, stopped on every way out.
-struct Process {
-    child: Child,
-    name: &'static str,
-    log: PathBuf,
-}
-
-impl Process {
-    fn spawn(name: &'static str, command: &mut Command, log: PathBuf) -> Result<Self> {
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        Ok(Self { child, name, log })
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Fails if the process has exited.
-    fn alive(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} exited ({status}); its log: {}",
-                self.name,
-                self.log.display()
-            );
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
+    bench::sibling(
+        name,
+        "cargo build -p kueue-provisioning-controller -p autoscaler-simulator --bins with the \
+         same profile (make bench-compare does)",
+    )
 }
 
 /// The control plane's run directory (beside its admin kubeconfig).
@@ -365,65 +304,36 @@ fn processes(simulator: &Process, ours: Option<&Process>) -> Result<Vec<(&'stati
     Ok(all)
 }
 
+/// CPU seconds each of `pids` has used so far.
+fn cpu_of(pids: &[(&'static str, u32)]) -> Result<Vec<f64>> {
+    pids.iter().map(|(_, pid)| cpu_seconds(*pid)).collect()
+}
+
 async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
-    let env = TestEnv::new(&format!(
-        "cmp-{}-{}x{}",
-        match run.controller {
-            Controller::Kueue => "kueue",
-            Controller::Ours => "ours",
-        },
-        run.workloads,
-        run.podsets
-    ))
-    .await?;
-    let config = env.provisioning_config("prc", json!({})).await?;
+    let env = TestEnv::new(&run.namespace_prefix()).await?;
     let controller_name = match run.controller {
         Controller::Kueue => KUEUE_CONTROLLER_NAME.to_string(),
         Controller::Ours => env.provisioning_controller_name(),
     };
-    let check = env
-        .provisioning_check("prov", &controller_name, &config)
-        .await?;
-    // 100m per pod: room for every Workload at once, so none waits for quota.
-    let quota = format!("{}", run.workloads * run.podsets / 10 + 1);
-    let (flavor, cluster_queue) = env.pool_queues(&quota, &[&check]).await?;
-
-    let logs = std::env::temp_dir();
-    let mut simulator = Process::spawn(
-        "autoscaler-simulator",
-        Command::new(sibling("autoscaler-simulator")?)
-            .arg("--kubeconfig")
-            .arg(run_dir()?.join("autoscaler-simulator.kubeconfig"))
-            .args(["--class", &env.provisioning_class()])
-            .args(["--log-level", "warn"])
-            // Never the bottleneck, for either controller.
-            .env("KUEUE_AC_KUBE_API_QPS", "2000")
-            .env("KUEUE_AC_KUBE_API_BURST", "4000"),
-        logs.join(format!("{}-simulator.log", env.ns)),
-    )?;
-    let (mut ours, service_account, startup) = match run.controller {
-        Controller::Kueue => (None, None, None),
-        Controller::Ours => {
-            let (process, sa, startup) = start_ours(cli, &env, &controller_name).await?;
-            (Some(process), Some(sa), Some(startup))
-        }
+    let queue = set_up_queue(&env, run, &controller_name).await?;
+    let mut simulator = start_simulator(&env)?;
+    let mut ours = match run.controller {
+        Controller::Kueue => None,
+        Controller::Ours => Some(start_ours(cli, &env, &controller_name).await?),
     };
-    env.wait_check_active(&check, "True", None).await?;
-    env.wait_cluster_queue_active(&cluster_queue, "True", None)
+    env.wait_check_active(&queue.check, "True", None).await?;
+    env.wait_cluster_queue_active(&queue.cluster_queue, "True", None)
         .await?;
 
     // The measurement: from here to the last admission.
     let audit_from = e2e::audit_log_mark()?;
-    let pids = processes(&simulator, ours.as_ref())?;
-    let cpu_before: Vec<f64> = pids
-        .iter()
-        .map(|(_, pid)| cpu_seconds(*pid))
-        .collect::<Result<_>>()?;
-    let seen: Seen = Arc::default();
+    let pids = processes(&simulator, ours.as_ref().map(|o| &o.process))?;
+    let cpu_before = cpu_of(&pids)?;
+    let seen = Seen::default();
     let watches = [
-        tokio::spawn(watch_workloads(
+        tokio::spawn(bench::watch_workloads(
             env.workloads(),
-            check.clone(),
+            queue.check.clone(),
             seen.clone(),
         )),
         tokio::spawn(watch_requests(
@@ -432,65 +342,42 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         )),
     ];
     let started = Instant::now();
-    create_workloads(cli, &env, "wl", run.workloads, run.podsets, Some(&seen)).await?;
-    let deadline = Instant::now() + Duration::from_secs(cli.timeout_seconds);
-    loop {
-        let admitted = lock(&seen)
-            .values()
-            .filter(|m| m.admitted.is_some())
-            .count();
-        if admitted == run.workloads as usize {
-            break;
-        }
+    let creating = Creating {
+        prefix: "wl",
+        count: run.workloads,
+        podsets: run.podsets,
+        concurrency: cli.create_concurrency,
+    };
+    bench::create_workloads(&env, creating, Some(&seen)).await?;
+    let timeout = Duration::from_secs(cli.timeout_seconds);
+    bench::wait_all_admitted(&seen, run.workloads, timeout, started, || {
         simulator.alive()?;
-        if let Some(p) = ours.as_mut() {
-            p.alive()?;
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "{admitted} of {} admitted after {:?}",
-                run.workloads,
-                started.elapsed()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let cpu_after: Vec<f64> = pids
-        .iter()
-        .map(|(_, pid)| cpu_seconds(*pid))
-        .collect::<Result<_>>()?;
+        ours.as_mut().map_or(Ok(()), |o| o.process.alive())
+    })
+    .await?;
+    let cpu_after = cpu_of(&pids)?;
     let peak_rss_kib = ours
         .as_ref()
-        .map(|p| memory_kib(p.pid(), "VmHWM"))
+        .map(|o| memory_kib(o.process.pid(), "VmHWM"))
         .transpose()?;
     for w in watches {
         w.abort();
     }
-    let marks: Vec<Marks> = lock(&seen).values().copied().collect();
-    let last = marks.iter().filter_map(|m| m.admitted).max();
-    let wall = last.map_or(Duration::ZERO, |t| t - started);
+    let marks = seen.marks();
+    let wall = bench::until_last_admitted(&marks, started);
     verify(&env, run, &marks).await?;
-    drop(ours);
+    // Both stopped before the audit log is read.
+    let (service_account, startup) = ours.map(|o| (o.service_account, o.startup)).unzip();
     drop(simulator);
 
     let check_user = service_account.map(|sa| format!("system:serviceaccount:{}:{sa}", env.ns));
-    let mut requests: BTreeMap<&'static str, BTreeMap<String, usize>> = BTreeMap::new();
-    for (user, r) in e2e::audited_since(&audit_from)? {
-        let actor = match user.as_str() {
-            KUEUE_USER => "kueue",
-            SIMULATOR_USER => "simulator",
-            u if Some(u) == check_user.as_deref() => "check",
-            _ => continue,
-        };
-        let call = format!("{} {}", r.verb, r.resource);
-        *requests.entry(actor).or_default().entry(call).or_default() += 1;
-    }
+    let requests = requests_by_actor(&audit_from, check_user.as_deref())?;
     let cpu = pids
         .iter()
         .zip(cpu_before.iter().zip(&cpu_after))
         .map(|((name, _), (before, after))| (*name, after - before))
         .collect();
-    clean_up(&env, &check, &config, &flavor, &cluster_queue).await?;
+    bench::clean_up(&env, &queue).await?;
     Ok(Measured {
         run,
         wall,
@@ -502,13 +389,73 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
     })
 }
 
+/// A run's queue: a ProvisioningRequestConfig of its own class, an AdmissionCheck answered by
+/// `controller_name` and a ClusterQueue with room for every Workload.
+async fn set_up_queue(env: &TestEnv, run: Run, controller_name: &str) -> Result<RunQueue> {
+    let config = env.provisioning_config("prc", json!({})).await?;
+    let check = env
+        .provisioning_check("prov", controller_name, &config)
+        .await?;
+    // 100m per pod: room for every Workload at once, so none waits for quota.
+    let quota = format!("{}", run.workloads * run.podsets / 10 + 1);
+    let (flavor, cluster_queue) = env.pool_queues(&quota, &[&check]).await?;
+    Ok(RunQueue {
+        flavor,
+        check,
+        cluster_queue,
+        provisioning_config: Some(config),
+    })
+}
+
+/// The autoscaler simulator, serving the run's class only and provisioning every request at
+/// once.
+fn start_simulator(env: &TestEnv) -> Result<Process> {
+    Process::spawn(
+        "autoscaler-simulator",
+        Command::new(sibling("autoscaler-simulator")?)
+            .arg("--kubeconfig")
+            .arg(run_dir()?.join("autoscaler-simulator.kubeconfig"))
+            .args(["--class", &env.provisioning_class()])
+            .args(["--log-level", "warn"])
+            // Never the bottleneck, for either controller.
+            .env("KUEUE_AC_KUBE_API_QPS", "2000")
+            .env("KUEUE_AC_KUBE_API_BURST", "4000"),
+        std::env::temp_dir().join(format!("{}-simulator.log", env.ns)),
+    )
+}
+
+/// The API requests each actor sent since `from`, by call (`verb resource`); our controller
+/// is `check_user`.
+fn requests_by_actor(
+    from: &AuditMark,
+    check_user: Option<&str>,
+) -> Result<BTreeMap<&'static str, BTreeMap<String, usize>>> {
+    let mut requests: BTreeMap<&'static str, BTreeMap<String, usize>> = BTreeMap::new();
+    for (user, r) in e2e::audited_since(from)? {
+        let actor = match user.as_str() {
+            KUEUE_USER => "kueue",
+            SIMULATOR_USER => "simulator",
+            u if Some(u) == check_user => "check",
+            _ => continue,
+        };
+        let call = format!("{} {}", r.verb, r.resource);
+        *requests.entry(actor).or_default().entry(call).or_default() += 1;
+    }
+    Ok(requests)
+}
+
+/// Our controller, started for a run.
+struct Ours {
+    process: Process,
+    /// The chart's ServiceAccount it runs as.
+    service_account: String,
+    /// From its process start to ready, and its resident memory then (KiB).
+    startup: (Duration, u64),
+}
+
 /// Starts our controller as the chart's ServiceAccount (its RBAC applied in the run's
-/// namespace), with Kueue's client budget and concurrency; returns it and the account's name.
-async fn start_ours(
-    cli: &Cli,
-    env: &TestEnv,
-    controller_name: &str,
-) -> Result<(Process, String, (Duration, u64))> {
+/// namespace), with Kueue's client budget and concurrency, and waits until it is ready.
+async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<Ours> {
     let service_account =
         chart::provisioning_service_account(&env.client, &env.ns, controller_name, "bench-compare")
             .await?;
@@ -517,7 +464,7 @@ async fn start_ours(
     write_private(&path, &serde_json::to_string(&kubeconfig)?)?;
     let http = e2e::free_local_address()?;
     let spawned = Instant::now();
-    let process = Process::spawn(
+    let mut process = Process::spawn(
         "kueue-provisioning-controller",
         Command::new(sibling("kueue-provisioning-controller")?)
             .arg("--kubeconfig")
@@ -531,22 +478,13 @@ async fn start_ours(
             .env("KUEUE_AC_LOG_LEVEL", "warn"),
         std::env::temp_dir().join(format!("{}-check.log", env.ns)),
     )?;
-    let deadline = Instant::now() + e2e::DEFAULT_TIMEOUT;
-    let mut process = process;
-    while e2e::http_get(http, "/readyz")
-        .await
-        .map_or(true, |(code, _)| code != 200)
-    {
-        process.alive()?;
-        ensure!(
-            Instant::now() < deadline,
-            "our controller never became ready; its log: {}",
-            process.log.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    process.wait_ready(http).await?;
     let startup = (spawned.elapsed(), memory_kib(process.pid(), "VmRSS")?);
-    Ok((process, service_account, startup))
+    Ok(Ours {
+        process,
+        service_account,
+        startup,
+    })
 }
 
 /// Writes a file only its owner can read (it holds a token).
@@ -563,90 +501,6 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
-/// Creates Workloads `<prefix>-00000` ... of `podsets` podsets, `--create-concurrency` at once;
-/// records when each create was sent in `seen`, if given.
-async fn create_workloads(
-    cli: &Cli,
-    env: &TestEnv,
-    prefix: &str,
-    n: u32,
-    podsets: u32,
-    seen: Option<&Seen>,
-) -> Result<()> {
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let (api, seen, ns) = (env.workloads(), seen.cloned(), env.ns.clone());
-            async move {
-                let name = format!("{prefix}-{i:05}");
-                let before = Instant::now();
-                api.create(&PostParams::default(), &workload(&ns, &name, podsets)?)
-                    .await
-                    .with_context(|| format!("creating {name}"))?;
-                if let Some(seen) = seen {
-                    lock(&seen).entry(name).or_default().created = Some(before);
-                }
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(cli.create_concurrency)
-        .try_collect::<()>()
-        .await
-}
-
-fn workload(namespace: &str, name: &str, podsets: u32) -> Result<Workload> {
-    let pod_sets: Vec<_> = (0..podsets)
-        .map(|i| {
-            json!({
-                "name": format!("ps{i}"),
-                "count": 1,
-                "template": {"spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "main",
-                        "image": "registry.invalid/no-pod-runs-here:1",
-                        "resources": {"requests": {"cpu": "100m"}},
-                    }],
-                }},
-            })
-        })
-        .collect();
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"queueName": "lq", "podSets": pod_sets},
-    }))?)
-}
-
-/// Records when each Workload first reached each stage, and every admission.
-async fn watch_workloads(api: Api<Workload>, check: String, seen: Seen) {
-    let events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        let Ok(wl) = event else { continue };
-        let now = Instant::now();
-        let mut seen = lock(&seen);
-        let m = seen.entry(wl.name_any()).or_default();
-        if m.reserved.is_none() && wl.condition_is_true(cond::QUOTA_RESERVED) {
-            m.reserved = Some(now);
-        }
-        let ready = wl
-            .admission_check(&check)
-            .is_some_and(|e| e.state == CheckState::Ready);
-        if m.ready.is_none() && ready {
-            m.ready = Some(now);
-        }
-        let admitted = wl.condition_is_true(cond::ADMITTED);
-        if admitted && !m.was_admitted {
-            m.admissions += 1;
-            m.admitted.get_or_insert(now);
-        }
-        m.was_admitted = admitted;
-    }
-}
-
 /// The Workload a request was made for: Kueue's built-in check makes the Workload its owner,
 /// ours names it in an annotation.
 fn workload_of(r: &ProvisioningRequest) -> Option<String> {
@@ -658,28 +512,23 @@ fn workload_of(r: &ProvisioningRequest) -> Option<String> {
 
 /// Records when each Workload's request was first seen, and first seen provisioned.
 async fn watch_requests(api: Api<ProvisioningRequest>, seen: Seen) {
-    let events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        let Ok(r) = event else { continue };
+    bench::watch(api, |r: ProvisioningRequest, now| {
         let Some(workload) = workload_of(&r) else {
-            continue;
+            return;
         };
-        let now = Instant::now();
         let provisioned = r
             .status
             .as_ref()
             .and_then(|s| find_condition(&s.conditions, pr::PROVISIONED))
             .is_some_and(|c| c.status == "True");
-        let mut seen = lock(&seen);
-        let m = seen.entry(workload).or_default();
-        m.request.get_or_insert(now);
-        if provisioned {
-            m.provisioned.get_or_insert(now);
-        }
-    }
+        seen.of(workload, |m| {
+            m.first(Mark::Request, now);
+            if provisioned {
+                m.first(Mark::Provisioned, now);
+            }
+        });
+    })
+    .await;
 }
 
 /// Every Workload admitted exactly once, none evicted, each with exactly one live request.
@@ -721,88 +570,23 @@ async fn verify(env: &TestEnv, run: Run, marks: &[Marks]) -> Result<()> {
     Ok(())
 }
 
-/// Deletes what the run created, so that the next run starts from the same cluster state.
-/// There is no garbage collector here: the built-in check's requests and templates (owned by
-/// their Workload) are deleted explicitly.
-async fn clean_up(
-    env: &TestEnv,
-    check: &str,
-    config: &str,
-    flavor: &str,
-    cluster_queue: &str,
-) -> Result<()> {
-    let (dp, all) = (DeleteParams::background(), ListParams::default());
-    let client = env.client.clone();
-    env.workloads()
-        .delete_collection(&dp, &all)
-        .await
-        .context("deleting the Workloads")?;
-    Api::<ProvisioningRequest>::namespaced(client.clone(), &env.ns)
-        .delete_collection(&dp, &all)
-        .await
-        .context("deleting the ProvisioningRequests")?;
-    Api::<PodTemplate>::namespaced(client.clone(), &env.ns)
-        .delete_collection(&dp, &all)
-        .await
-        .context("deleting the PodTemplates")?;
-    Api::<LocalQueue>::namespaced(client.clone(), &env.ns)
-        .delete("lq", &dp)
-        .await?;
-    Api::<ClusterQueue>::all(client.clone())
-        .delete(cluster_queue, &dp)
-        .await?;
-    Api::<AdmissionCheck>::all(client.clone())
-        .delete(check, &dp)
-        .await?;
-    Api::<ProvisioningRequestConfig>::all(client.clone())
-        .delete(config, &dp)
-        .await?;
-    Api::<ResourceFlavor>::all(client.clone())
-        .delete(flavor, &dp)
-        .await?;
-    // With no namespace controller here, the namespace itself stays (empty).
-    Api::<Namespace>::all(client).delete(&env.ns, &dp).await?;
-    Ok(())
-}
-
-/// Where one stage of a Workload began and ended.
-type Stage = fn(&Marks) -> Option<(Instant, Instant)>;
-
-const STAGES: [(&str, Stage); 5] = [
-    ("quota reserved → check Ready", |m| {
-        Some((m.reserved?, m.ready?))
-    }),
-    ("created → admitted", |m| Some((m.created?, m.admitted?))),
-    ("quota reserved → request seen", |m| {
-        Some((m.reserved?, m.request?))
-    }),
-    ("request seen → provisioned", |m| {
-        Some((m.request?, m.provisioned?))
-    }),
-    ("provisioned → check Ready", |m| {
-        Some((m.provisioned?, m.ready?))
-    }),
+/// The stages reported, each as the benchmark's watches saw it; the summary shows the first
+/// two.
+const STAGES: [Stage; 5] = [
+    Stage::new("quota reserved → check Ready", Mark::Reserved, Mark::Ready),
+    Stage::new("created → admitted", Mark::Created, Mark::Admitted),
+    Stage::new(
+        "quota reserved → request seen",
+        Mark::Reserved,
+        Mark::Request,
+    ),
+    Stage::new(
+        "request seen → provisioned",
+        Mark::Request,
+        Mark::Provisioned,
+    ),
+    Stage::new("provisioned → check Ready", Mark::Provisioned, Mark::Ready),
 ];
-
-/// The sorted durations of a stage over the Workloads that went through it.
-fn durations(m: &Measured, stage: Stage) -> Vec<Duration> {
-    let mut d: Vec<Duration> = m
-        .marks
-        .iter()
-        .filter_map(stage)
-        .map(|(a, b)| b.saturating_duration_since(a))
-        .collect();
-    d.sort();
-    d
-}
-
-fn quantile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
 
 fn secs(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64())
@@ -836,11 +620,12 @@ fn details(m: &Measured) -> String {
         "| stage (the benchmark's watch) | p50 | p90 | p99 | max |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|");
-    for (what, stage) in STAGES {
-        let d = durations(m, stage);
+    for stage in STAGES {
+        let d = stage.durations(&m.marks);
         let _ = writeln!(
             out,
-            "| {what} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} |",
+            stage.label,
             secs(quantile(&d, 0.5)),
             secs(quantile(&d, 0.9)),
             secs(quantile(&d, 0.99)),
@@ -893,82 +678,90 @@ fn report(cli: &Cli, results: &[Measured]) -> String {
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     for m in results {
-        let q = |stage: Stage| {
-            let d = durations(m, stage);
-            format!(
-                "{} / {} / {}",
-                secs(quantile(&d, 0.5)),
-                secs(quantile(&d, 0.9)),
-                secs(quantile(&d, 0.99))
-            )
-        };
-        let check_requests = match m.run.controller {
-            Controller::Kueue => "(in Kueue)".to_string(),
-            Controller::Ours => format!("{:.2}", per_workload(m, "check")),
-        };
-        let cpu = |p: &str| m.cpu.get(p).copied().unwrap_or(0.0);
-        let check_cpu = match m.run.controller {
-            Controller::Kueue => "(in Kueue)".to_string(),
-            Controller::Ours => format!("{:.1}", cpu("check")),
-        };
-        let rss = m.peak_rss_kib.map_or("–".to_string(), |k| {
-            format!("{:.0} MiB", k as f64 / 1024.0)
-        });
-        let _ = writeln!(
-            out,
-            "| {} | {} × {} | {} s | {} | {} | {check_requests} / {:.2} / {:.2} | {check_cpu} / \
-             {:.1} / {:.1} | {rss} |",
-            m.run.controller.label(),
-            m.run.workloads,
-            m.run.podsets,
-            secs(m.wall),
-            q(STAGES[0].1),
-            q(STAGES[1].1),
-            per_workload(m, "kueue"),
-            per_workload(m, "simulator"),
-            cpu("kueue"),
-            cpu("kube-apiserver") + cpu("etcd"),
-        );
+        out.push_str(&summary_row(m));
     }
-    // Ours against the built-in on the same size: the p99 ratio (P1) and the check's requests,
-    // the built-in's counted as what Kueue sent beyond what it sent beside ours.
+    // Ours against the built-in on the same size.
     let pairs = results
         .iter()
         .filter(|m| m.run.controller == Controller::Ours);
     for ours in pairs {
-        let Some(kueue) = results.iter().find(|k| {
+        let kueue = results.iter().find(|k| {
             k.run.controller == Controller::Kueue
                 && k.run.workloads == ours.run.workloads
                 && k.run.podsets == ours.run.podsets
-        }) else {
-            continue;
-        };
-        let p99 = |m: &Measured| quantile(&durations(m, STAGES[0].1), 0.99).as_secs_f64();
-        let builtin_check = per_workload(kueue, "kueue") - per_workload(ours, "kueue");
-        let per_thousand = |m: &Measured, cpu: f64| 1000.0 * cpu / f64::from(m.run.workloads);
-        let kueue_cpu = |m: &Measured| m.cpu.get("kueue").copied().unwrap_or(0.0);
-        let _ = writeln!(
-            out,
-            "\n{} × {}: reserved → Ready p99, ours / built-in = {:.2}. The check's API requests \
-             per Workload: ours {:.2}, built-in {builtin_check:.2}; its CPU seconds per 1,000 \
-             Workloads: ours {:.1}, built-in {:.1} (the built-in's: what Kueue used in its run \
-             beyond what it used in ours). All actors' requests per Workload: ours {:.2}, \
-             built-in {:.2}.",
-            ours.run.workloads,
-            ours.run.podsets,
-            p99(ours) / p99(kueue).max(f64::EPSILON),
-            per_workload(ours, "check"),
-            per_thousand(ours, ours.cpu.get("check").copied().unwrap_or(0.0)),
-            per_thousand(kueue, kueue_cpu(kueue) - kueue_cpu(ours)),
-            ["check", "kueue", "simulator"]
-                .iter()
-                .map(|a| per_workload(ours, a))
-                .sum::<f64>(),
-            ["kueue", "simulator"]
-                .iter()
-                .map(|a| per_workload(kueue, a))
-                .sum::<f64>(),
-        );
+        });
+        if let Some(kueue) = kueue {
+            out.push_str(&comparison(ours, kueue));
+        }
     }
     out
+}
+
+/// One run's row of the summary table.
+fn summary_row(m: &Measured) -> String {
+    let q = |stage: &Stage| {
+        let d = stage.durations(&m.marks);
+        format!(
+            "{} / {} / {}",
+            secs(quantile(&d, 0.5)),
+            secs(quantile(&d, 0.9)),
+            secs(quantile(&d, 0.99))
+        )
+    };
+    let check_requests = match m.run.controller {
+        Controller::Kueue => "(in Kueue)".to_string(),
+        Controller::Ours => format!("{:.2}", per_workload(m, "check")),
+    };
+    let cpu = |p: &str| m.cpu.get(p).copied().unwrap_or(0.0);
+    let check_cpu = match m.run.controller {
+        Controller::Kueue => "(in Kueue)".to_string(),
+        Controller::Ours => format!("{:.1}", cpu("check")),
+    };
+    let rss = m.peak_rss_kib.map_or("–".to_string(), |k| {
+        format!("{:.0} MiB", k as f64 / 1024.0)
+    });
+    format!(
+        "| {} | {} × {} | {} s | {} | {} | {check_requests} / {:.2} / {:.2} | {check_cpu} / \
+         {:.1} / {:.1} | {rss} |\n",
+        m.run.controller.label(),
+        m.run.workloads,
+        m.run.podsets,
+        secs(m.wall),
+        q(&STAGES[0]),
+        q(&STAGES[1]),
+        per_workload(m, "kueue"),
+        per_workload(m, "simulator"),
+        cpu("kueue"),
+        cpu("kube-apiserver") + cpu("etcd"),
+    )
+}
+
+/// Ours against the built-in on the same size: the p99 ratio (P1) and the check's requests,
+/// the built-in's counted as what Kueue sent beyond what it sent beside ours.
+fn comparison(ours: &Measured, kueue: &Measured) -> String {
+    let p99 = |m: &Measured| quantile(&STAGES[0].durations(&m.marks), 0.99).as_secs_f64();
+    let builtin_check = per_workload(kueue, "kueue") - per_workload(ours, "kueue");
+    let per_thousand = |m: &Measured, cpu: f64| 1000.0 * cpu / f64::from(m.run.workloads);
+    let kueue_cpu = |m: &Measured| m.cpu.get("kueue").copied().unwrap_or(0.0);
+    format!(
+        "\n{} × {}: reserved → Ready p99, ours / built-in = {:.2}. The check's API requests \
+         per Workload: ours {:.2}, built-in {builtin_check:.2}; its CPU seconds per 1,000 \
+         Workloads: ours {:.1}, built-in {:.1} (the built-in's: what Kueue used in its run \
+         beyond what it used in ours). All actors' requests per Workload: ours {:.2}, \
+         built-in {:.2}.\n",
+        ours.run.workloads,
+        ours.run.podsets,
+        p99(ours) / p99(kueue).max(f64::EPSILON),
+        per_workload(ours, "check"),
+        per_thousand(ours, ours.cpu.get("check").copied().unwrap_or(0.0)),
+        per_thousand(kueue, kueue_cpu(kueue) - kueue_cpu(ours)),
+        ["check", "kueue", "simulator"]
+            .iter()
+            .map(|a| per_workload(ours, a))
+            .sum::<f64>(),
+        ["kueue", "simulator"]
+            .iter()
+            .map(|a| per_workload(kueue, a))
+            .sum::<f64>(),
+    )
 }

@@ -12,25 +12,20 @@
 //! (exit 1) unless every Workload is admitted with exactly one `Ready` written by the SDK for
 //! it. See docs/benchmark.md.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use clap::Parser;
-use e2e::{GuardedQueue, TestEnv};
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Namespace;
+use e2e::TestEnv;
+use e2e::bench::{self, Creating, Mark, Process, RunQueue, Seen, Stage, lock, quantile};
+use futures::StreamExt;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kueue_admission_sdk::Options;
-use kueue_admission_sdk::api::{
-    AdmissionCheck, CheckState, ClusterQueue, LocalQueue, ResourceFlavor, Workload,
-    workload_condition as cond,
-};
+use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -56,60 +51,32 @@ struct Cli {
     check_args: Vec<String>,
 }
 
-/// When the benchmark saw each stage of one Workload.
-#[derive(Clone, Copy, Debug, Default)]
-struct Marks {
-    created: Option<Instant>,
-    reserved: Option<Instant>,
-    ready: Option<Instant>,
-    admitted: Option<Instant>,
-}
-
-type Seen = Arc<Mutex<BTreeMap<String, Marks>>>;
-
-/// Where one stage of a Workload began and ended.
-type Stage = fn(&Marks) -> Option<(Instant, Instant)>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// The stages each pass reports, as the benchmark's watch saw them.
+const STAGES: [Stage; 4] = [
+    Stage::new(
+        "created → quota reserved (Kueue)",
+        Mark::Created,
+        Mark::Reserved,
+    ),
+    Stage::new(
+        "quota reserved → Ready written (the check)",
+        Mark::Reserved,
+        Mark::Ready,
+    ),
+    Stage::new(
+        "Ready written → admitted (Kueue)",
+        Mark::Ready,
+        Mark::Admitted,
+    ),
+    Stage::new("created → admitted", Mark::Created, Mark::Admitted),
+];
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match bench(&cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench failed: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::exit_code("bench", run(&Cli::parse()).await)
 }
 
-/// The always-ready binary, built beside this one.
-fn always_ready() -> Result<PathBuf> {
-    let path = std::env::current_exe()?.with_file_name("always-ready");
-    ensure!(
-        path.exists(),
-        "{} is not built: cargo build --release -p e2e --bins (or make bench)",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// Stops the check process on every way out.
-struct CheckProcess(Child);
-
-impl Drop for CheckProcess {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.wait();
-    }
-}
-
-async fn bench(cli: &Cli) -> Result<()> {
+async fn run(cli: &Cli) -> Result<()> {
     let raw = raw_pass(cli).await?;
     let (sdk, metrics, check) = sdk_pass(cli).await?;
     let n = sdk.marks.len();
@@ -128,8 +95,17 @@ async fn bench(cli: &Cli) -> Result<()> {
         "the SDK check's throughput is {:.0} % of the raw baseline's",
         100.0 * ratio
     );
+    let ready = print_runtime(&metrics, &check);
+    ensure!(
+        ready == n as f64,
+        "expected exactly one Ready written per Workload, got {ready}"
+    );
+    Ok(())
+}
 
-    let sample = |series: &str| e2e::metric_sample(&metrics, series).unwrap_or(0.0);
+/// Prints what the check's runtime reports about itself; returns the `Ready` decisions written.
+fn print_runtime(metrics: &str, check: &str) -> f64 {
+    let sample = |series: &str| e2e::metric_sample(metrics, series).unwrap_or(0.0);
     let c = format!("check=\"{check}\"");
     let ready = sample(&format!("kueue_ac_decisions_total{{{c},state=\"Ready\"}}"));
     let pending = sample(&format!(
@@ -148,17 +124,13 @@ async fn bench(cli: &Cli) -> Result<()> {
          {errors} errors; {reconciles} reconciles, {:.1} ms each on average",
         1000.0 * reconcile_time / reconciles.max(1.0)
     );
-    ensure!(
-        ready == n as f64,
-        "expected exactly one Ready written per Workload, got {ready}"
-    );
-    Ok(())
+    ready
 }
 
 /// What one pass saw.
 struct Pass {
     what: &'static str,
-    marks: Vec<Marks>,
+    marks: Vec<bench::Marks>,
     created_in: Duration,
     /// From the first create to the last admission.
     total: Duration,
@@ -176,33 +148,17 @@ impl Pass {
         println!();
         println!("| stage (as the benchmark's watch saw it) | p50 | p95 | max |");
         println!("|---|---|---|---|");
-        let stages: [(&str, Stage); 4] = [
-            ("created → quota reserved (Kueue)", |m| {
-                Some((m.created?, m.reserved?))
-            }),
-            ("quota reserved → Ready written (the check)", |m| {
-                Some((m.reserved?, m.ready?))
-            }),
-            ("Ready written → admitted (Kueue)", |m| {
-                Some((m.ready?, m.admitted?))
-            }),
-            ("created → admitted", |m| Some((m.created?, m.admitted?))),
-        ];
-        for (what, span) in stages {
-            let mut took: Vec<Duration> = self
-                .marks
-                .iter()
-                .filter_map(span)
-                .map(|(a, b)| b.saturating_duration_since(a))
-                .collect();
+        for stage in STAGES {
+            let took = stage.durations(&self.marks);
             ensure!(
                 took.len() == n,
-                "{what}: seen for {} of {n} Workloads",
+                "{}: seen for {} of {n} Workloads",
+                stage.label,
                 took.len()
             );
-            took.sort();
             println!(
-                "| {what} | {} | {} | {} |",
+                "| {} | {} | {} | {} |",
+                stage.label,
                 ms(quantile(&took, 0.5)),
                 ms(quantile(&took, 0.95)),
                 ms(took[n - 1]),
@@ -228,9 +184,13 @@ async fn sdk_pass(cli: &Cli) -> Result<(Pass, String, String)> {
     let queue = env.guarded_queue("check", &controller, &quota(cli)).await?;
     let check = queue.check.clone();
     let http = e2e::free_local_address()?;
-    let log = std::env::temp_dir().join(format!("{}.log", env.ns));
-    let mut process = CheckProcess(
-        Command::new(always_ready()?)
+    let always_ready = bench::sibling(
+        "always-ready",
+        "cargo build --release -p e2e --bins (or make bench)",
+    )?;
+    let mut process = Process::spawn(
+        "always-ready",
+        Command::new(always_ready)
             .arg("--kubeconfig")
             .arg(e2e::kubeconfig_path())
             .args(["--controller-name", &controller])
@@ -238,33 +198,16 @@ async fn sdk_pass(cli: &Cli) -> Result<(Pass, String, String)> {
             .args(["--leader-elect", "false"])
             .args(&cli.check_args)
             // Quiet unless the flags say otherwise (a flag wins over the environment).
-            .env("KUEUE_AC_LOG_LEVEL", "warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting always-ready")?,
-    );
-    let deadline = Instant::now() + e2e::DEFAULT_TIMEOUT;
-    while e2e::http_get(http, "/readyz")
-        .await
-        .map_or(true, |(code, _)| code != 200)
-    {
-        if let Some(status) = process.0.try_wait()? {
-            bail!("always-ready exited ({status}); its log: {}", log.display());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "always-ready never became ready; its log: {}",
-            log.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .env("KUEUE_AC_LOG_LEVEL", "warn"),
+        std::env::temp_dir().join(format!("{}.log", env.ns)),
+    )?;
+    process.wait_ready(http).await?;
     env.wait_check_active(&check, "True", None).await?;
     let pass = drive(cli, &env, &check, "the SDK (always-ready)").await?;
     let (_, metrics) = e2e::http_get(http, "/metrics").await?;
     drop(process);
     if !cli.keep {
-        clean_up(&env, &queue).await?;
+        bench::clean_up(&env, &RunQueue::from(&queue)).await?;
     }
     Ok((pass, metrics, check))
 }
@@ -298,7 +241,7 @@ async fn raw_pass(cli: &Cli) -> Result<Pass> {
     answering.abort();
     let pass = pass?;
     if !cli.keep {
-        clean_up(&env, &queue).await?;
+        bench::clean_up(&env, &RunQueue::from(&queue)).await?;
     }
     Ok(pass)
 }
@@ -357,140 +300,34 @@ fn quota(cli: &Cli) -> String {
 
 /// Creates the Workloads and waits until every one is admitted, watching their stages.
 async fn drive(cli: &Cli, env: &TestEnv, check: &str, what: &'static str) -> Result<Pass> {
-    let n = cli.workloads as usize;
-    let seen: Seen = Arc::default();
-    let watch = tokio::spawn(watch_stages(
+    let seen = Seen::default();
+    let watch = tokio::spawn(bench::watch_workloads(
         env.workloads(),
         check.to_string(),
         seen.clone(),
     ));
     let started = Instant::now();
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let (api, seen, ns) = (env.workloads(), seen.clone(), env.ns.clone());
-            async move {
-                let name = format!("wl-{i:05}");
-                let before = Instant::now();
-                api.create(&PostParams::default(), &workload(&ns, &name)?)
-                    .await
-                    .with_context(|| format!("creating {name}"))?;
-                lock(&seen).entry(name).or_default().created = Some(before);
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(usize::from(cli.create_concurrency))
-        .try_collect::<()>()
-        .await?;
+    let creating = Creating {
+        prefix: "wl",
+        count: cli.workloads,
+        podsets: 1,
+        concurrency: usize::from(cli.create_concurrency),
+    };
+    bench::create_workloads(env, creating, Some(&seen)).await?;
     let created_in = started.elapsed();
-    let deadline = Instant::now() + Duration::from_secs(cli.timeout_seconds);
-    loop {
-        let admitted = lock(&seen)
-            .values()
-            .filter(|m| m.admitted.is_some())
-            .count();
-        if admitted == n {
-            break;
-        }
-        if Instant::now() >= deadline {
-            bail!(
-                "{what}: {admitted} of {n} admitted after {:?}",
-                started.elapsed()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let timeout = Duration::from_secs(cli.timeout_seconds);
+    bench::wait_all_admitted(&seen, cli.workloads, timeout, started, || Ok(()))
+        .await
+        .context(what)?;
     watch.abort();
-    let marks: Vec<Marks> = lock(&seen).values().copied().collect();
-    let last_admitted = marks.iter().filter_map(|m| m.admitted).max();
+    let marks = seen.marks();
+    let total = bench::until_last_admitted(&marks, started);
     Ok(Pass {
         what,
         marks,
         created_in,
-        total: last_admitted.map_or(Duration::ZERO, |t| t - started),
+        total,
     })
-}
-
-/// Deletes what the run created, so that the next run starts on the same cluster state (Kueue
-/// removes its finalizers; with no namespace controller here, the namespace itself stays).
-async fn clean_up(env: &TestEnv, queue: &GuardedQueue) -> Result<()> {
-    let dp = DeleteParams::background();
-    env.workloads()
-        .delete_collection(&dp, &ListParams::default())
-        .await
-        .context("deleting the Workloads")?;
-    Api::<LocalQueue>::namespaced(env.client.clone(), &env.ns)
-        .delete("lq", &dp)
-        .await?;
-    Api::<ClusterQueue>::all(env.client.clone())
-        .delete(&queue.cluster_queue, &dp)
-        .await?;
-    Api::<AdmissionCheck>::all(env.client.clone())
-        .delete(&queue.check, &dp)
-        .await?;
-    Api::<ResourceFlavor>::all(env.client.clone())
-        .delete(&queue.flavor, &dp)
-        .await?;
-    Api::<Namespace>::all(env.client.clone())
-        .delete(&env.ns, &dp)
-        .await?;
-    Ok(())
-}
-
-/// Records when each Workload first reached each stage.
-async fn watch_stages(api: Api<Workload>, check: String, seen: Seen) {
-    let events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        // The watcher retries by itself (with backoff); a re-list may make a stage look later.
-        let Ok(wl) = event else { continue };
-        let now = Instant::now();
-        let mut seen = lock(&seen);
-        let m = seen.entry(wl.name_any()).or_default();
-        let is_true = |c: &str| wl.condition(c).is_some_and(|c| c.status == "True");
-        if m.reserved.is_none() && is_true(cond::QUOTA_RESERVED) {
-            m.reserved = Some(now);
-        }
-        if m.ready.is_none()
-            && wl
-                .admission_check(&check)
-                .is_some_and(|e| e.state == CheckState::Ready)
-        {
-            m.ready = Some(now);
-        }
-        if m.admitted.is_none() && is_true(cond::ADMITTED) {
-            m.admitted = Some(now);
-        }
-    }
-}
-
-fn workload(namespace: &str, name: &str) -> Result<Workload> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "queueName": "lq",
-            "podSets": [{
-                "name": "main",
-                "count": 1,
-                "template": {"spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "main",
-                        "image": "registry.invalid/no-pod-runs-here:1",
-                        "resources": {"requests": {"cpu": "100m"}},
-                    }],
-                }},
-            }],
-        },
-    }))?)
-}
-
-fn quantile(sorted: &[Duration], q: f64) -> Duration {
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 fn ms(d: Duration) -> String {

@@ -596,13 +596,7 @@ async fn submit(env: &TestEnv, w: &WorkloadPlan) -> Result<()> {
                     "template": pod_template(w, true),
                 },
             }))?;
-            let jobs = env.jobs();
-            retrying(
-                &format!("creating Job {name}"),
-                |e| code_is(e, 409).then_some(()),
-                || async { jobs.create(&PostParams::default(), &job).await.map(|_| ()) },
-            )
-            .await
+            create_once(&env.jobs(), &job).await
         }
         Shape::Plain { counts } => {
             let mut annotations = serde_json::Map::new();
@@ -623,15 +617,28 @@ async fn submit(env: &TestEnv, w: &WorkloadPlan) -> Result<()> {
                 "metadata": {"name": name, "namespace": env.ns, "annotations": annotations},
                 "spec": {"queueName": w.queue.name(), "podSets": pod_sets},
             }))?;
-            let api = env.workloads();
-            retrying(
-                &format!("creating Workload {name}"),
-                |e| code_is(e, 409).then_some(()),
-                || async { api.create(&PostParams::default(), &wl).await.map(|_| ()) },
-            )
-            .await
+            create_once(&env.workloads(), &wl).await
         }
     }
+}
+
+/// Creates `object`, retrying on errors; one that exists already (a retried create that went
+/// through) is created.
+async fn create_once<K>(api: &Api<K>, object: &K) -> Result<()>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + serde::de::DeserializeOwned,
+    K: std::fmt::Debug,
+{
+    retrying(
+        &format!(
+            "creating {} {}",
+            K::kind(&Default::default()),
+            object.name_any()
+        ),
+        |e| code_is(e, 409).then_some(()),
+        || async { api.create(&PostParams::default(), object).await.map(|_| ()) },
+    )
+    .await
 }
 
 /// Deletes the Job (if any) and the Workload of `w`.

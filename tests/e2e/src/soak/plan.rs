@@ -305,30 +305,23 @@ impl Plan {
 /// However the draw went, a run has a doomed Workload, a revoked one and one deleted mid-flight
 /// (the invariants about them must be checked at least once): the first fitting ones become so.
 fn ensure_every_end(workloads: &mut [WorkloadPlan]) {
-    if !workloads.iter().any(|w| w.end == End::Rejected)
-        && let Some(w) = workloads
-            .iter_mut()
-            .find(|w| w.queue == Queue::Provisioning && w.end == End::Admitted)
-    {
-        w.script = "fail".into();
-        w.end = End::Rejected;
-    }
-    if !workloads.iter().any(|w| w.end == End::Revoked)
-        && let Some(w) = workloads
-            .iter_mut()
-            .find(|w| w.queue == Queue::Provisioning && w.end == End::Admitted)
-    {
-        w.script = "revoke:2".into();
-        w.end = End::Revoked;
-    }
-    if !workloads.iter().any(|w| w.end == End::Deleted)
-        && let Some(w) = workloads
-            .iter_mut()
-            .find(|w| w.queue == Queue::Provisioning && w.end == End::Admitted)
-    {
-        w.script = "accept".into();
-        w.delete_after = Some(Duration::from_secs(2));
-        w.end = End::Deleted;
+    // Each end with the script (and deletion delay) that makes a plain admitted one end so.
+    let needed = [
+        (End::Rejected, "fail", None),
+        (End::Revoked, "revoke:2", None),
+        (End::Deleted, "accept", Some(Duration::from_secs(2))),
+    ];
+    for (end, script, delete_after) in needed {
+        if !workloads.iter().any(|w| w.end == end)
+            && let Some(w) = workloads
+                .iter_mut()
+                .find(|w| w.queue == Queue::Provisioning && w.end == End::Admitted)
+        {
+            w.script = script.into();
+            // None before: only a planned deletion has one.
+            w.delete_after = delete_after;
+            w.end = end;
+        }
     }
 }
 

@@ -856,57 +856,72 @@ pub async fn start(
     namespace: &str,
     ledger: &str,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(3);
-    let mut tasks = Vec::new();
-    macro_rules! spawn_watch {
-        ($api:expr, $config:expr, $what:expr, $handle:ident) => {{
-            let recorder = recorder.clone();
-            let ready = ready_tx.clone();
-            let stream = watcher($api, $config).default_backoff();
-            tasks.push(tokio::spawn(async move {
-                let mut stream = std::pin::pin!(stream);
-                let mut first = true;
-                while let Some(event) = stream.next().await {
-                    match event {
-                        Ok(event) => {
-                            let done = matches!(event, watcher::Event::InitDone);
-                            recorder.$handle(event);
-                            if done && first {
-                                first = false;
-                                let _ = ready.send(()).await;
-                            }
-                        }
-                        Err(e) => recorder.watch_error($what, &e),
-                    }
-                }
-            }));
-        }};
-    }
+    let (ready, mut ready_rx) = tokio::sync::mpsc::channel::<()>(3);
+    let mut watches = Watches {
+        recorder,
+        ready,
+        tasks: Vec::new(),
+    };
+    let all = watcher::Config::default;
     let workloads: Api<Workload> = Api::namespaced(client.clone(), namespace);
-    spawn_watch!(
-        workloads,
-        watcher::Config::default(),
-        "Workload",
-        workload_event
-    );
+    watches.spawn(workloads, all(), "Workload", Recorder::workload_event);
     let requests: Api<ProvisioningRequest> = Api::namespaced(client.clone(), namespace);
-    spawn_watch!(
+    watches.spawn(
         requests,
-        watcher::Config::default(),
+        all(),
         "ProvisioningRequest",
-        request_event
+        Recorder::request_event,
     );
     let maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    spawn_watch!(
-        maps,
-        watcher::Config::default().fields(&format!("metadata.name={ledger}")),
-        "ledger",
-        ledger_event
-    );
+    let the_ledger = all().fields(&format!("metadata.name={ledger}"));
+    watches.spawn(maps, the_ledger, "ledger", Recorder::ledger_event);
     for _ in 0..3 {
         tokio::time::timeout(crate::DEFAULT_TIMEOUT, ready_rx.recv())
             .await
             .map_err(|_| anyhow::anyhow!("a recorder watch never completed its first list"))?;
     }
-    Ok(tasks)
+    Ok(watches.tasks)
+}
+
+/// The recorder's watches as they are started.
+struct Watches {
+    recorder: Arc<Recorder>,
+    /// Sent on once by each watch, when its first list is done.
+    ready: tokio::sync::mpsc::Sender<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Watches {
+    /// Watches `api` with `config`: every event goes to `handle`, every error is counted as one
+    /// of `what`'s.
+    fn spawn<K>(
+        &mut self,
+        api: Api<K>,
+        config: watcher::Config,
+        what: &'static str,
+        handle: fn(&Recorder, watcher::Event<K>),
+    ) where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let recorder = self.recorder.clone();
+        let ready = self.ready.clone();
+        let stream = watcher(api, config).default_backoff();
+        self.tasks.push(tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            let mut first = true;
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(event) => {
+                        let done = matches!(event, watcher::Event::InitDone);
+                        handle(&recorder, event);
+                        if done && first {
+                            first = false;
+                            let _ = ready.send(()).await;
+                        }
+                    }
+                    Err(e) => recorder.watch_error(what, &e),
+                }
+            }
+        }));
+    }
 }

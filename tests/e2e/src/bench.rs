@@ -1,0 +1,418 @@
+//! What the two benchmarks share (`bench` and `bench-compare`, docs/benchmark.md): the
+//! processes they start beside themselves, the Workloads they create, the watch that marks
+//! when each Workload reached each stage, the wait for every admission, the quantiles they
+//! report and the clean-up after a run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, PodTemplate};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kueue_admission_sdk::api::{
+    AdmissionCheck, CheckState, ClusterQueue, LocalQueue, ProvisioningRequest,
+    ProvisioningRequestConfig, ResourceFlavor, Workload, workload_condition as cond,
+};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::{GuardedQueue, TestEnv};
+
+/// The exit code of a benchmark binary, its error (if any) on stderr.
+pub fn exit_code(program: &str, outcome: Result<()>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program} failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A binary built beside the running one; `how_to_build` goes into the error when it is not.
+pub fn sibling(name: &str, how_to_build: &str) -> Result<PathBuf> {
+    let path = std::env::current_exe()?.with_file_name(name);
+    ensure!(
+        path.exists(),
+        "{} is not built: {how_to_build}",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// A process a benchmark started, its stderr in a log file, stopped (SIGTERM) on every way out.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Starts `command` with its stdout discarded and its stderr written to `log`.
+    pub fn spawn(name: &'static str, command: &mut Command, log: PathBuf) -> Result<Self> {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Self { child, name, log })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Where its stderr goes.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Fails if the process has exited.
+    pub fn alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited ({status}); its log: {}",
+                self.name,
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Waits until its `/readyz` at `http` answers 200 (its caches listed), failing if it
+    /// exits first or takes longer than [`crate::DEFAULT_TIMEOUT`].
+    pub async fn wait_ready(&mut self, http: std::net::SocketAddr) -> Result<()> {
+        let deadline = Instant::now() + crate::DEFAULT_TIMEOUT;
+        while crate::http_get(http, "/readyz")
+            .await
+            .map_or(true, |(code, _)| code != 200)
+        {
+            self.alive()?;
+            ensure!(
+                Instant::now() < deadline,
+                "{} never became ready; its log: {}",
+                self.name,
+                self.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// A stage boundary in a Workload's life, as the benchmark's watches see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// The benchmark sent its create.
+    Created,
+    /// Kueue reserved quota.
+    Reserved,
+    /// Its ProvisioningRequest appeared.
+    Request,
+    /// Its ProvisioningRequest turned Provisioned.
+    Provisioned,
+    /// The check under test wrote `Ready`.
+    Ready,
+    /// Kueue admitted it.
+    Admitted,
+}
+
+const MARKS: usize = Mark::Admitted as usize + 1;
+
+/// When the benchmark first saw each [`Mark`] of one Workload, and how often it was admitted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Marks {
+    at: [Option<Instant>; MARKS],
+    /// Times Admitted turned true.
+    pub admissions: u32,
+    was_admitted: bool,
+}
+
+impl Marks {
+    pub fn at(&self, mark: Mark) -> Option<Instant> {
+        self.at[mark as usize]
+    }
+
+    /// Records `mark` at `now` unless it was seen before.
+    pub fn first(&mut self, mark: Mark, now: Instant) {
+        self.at[mark as usize].get_or_insert(now);
+    }
+}
+
+/// A span of a Workload's life between two marks, named for the report.
+#[derive(Clone, Copy, Debug)]
+pub struct Stage {
+    pub label: &'static str,
+    pub from: Mark,
+    pub to: Mark,
+}
+
+impl Stage {
+    pub const fn new(label: &'static str, from: Mark, to: Mark) -> Self {
+        Self { label, from, to }
+    }
+
+    /// Its sorted durations over the Workloads that went through it.
+    pub fn durations(&self, marks: &[Marks]) -> Vec<Duration> {
+        let mut took: Vec<Duration> = marks
+            .iter()
+            .filter_map(|m| Some(m.at(self.to)?.saturating_duration_since(m.at(self.from)?)))
+            .collect();
+        took.sort();
+        took
+    }
+}
+
+/// The `q` quantile of sorted durations (zero for none).
+pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// The marks of every Workload of a run by name, shared by its watches and its create loop.
+#[derive(Clone, Debug, Default)]
+pub struct Seen(Arc<Mutex<BTreeMap<String, Marks>>>);
+
+impl Seen {
+    /// The marks of `workload`, to update.
+    pub fn of(&self, workload: String, update: impl FnOnce(&mut Marks)) {
+        update(lock(&self.0).entry(workload).or_default());
+    }
+
+    /// How many have been admitted.
+    pub fn admitted(&self) -> usize {
+        lock(&self.0)
+            .values()
+            .filter(|m| m.at(Mark::Admitted).is_some())
+            .count()
+    }
+
+    /// Every Workload's marks, by name.
+    pub fn marks(&self) -> Vec<Marks> {
+        lock(&self.0).values().copied().collect()
+    }
+}
+
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Calls `seen` with every object the watch of `api` sees created or changed, and when.
+pub async fn watch<K>(api: Api<K>, mut seen: impl FnMut(K, Instant))
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects();
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        // The watcher retries by itself (with backoff); a re-list may make a stage look later.
+        if let Ok(object) = event {
+            seen(object, Instant::now());
+        }
+    }
+}
+
+/// Records when each Workload of `api` first reached quota reservation, `Ready` of `check`
+/// and admission, and counts its admissions.
+pub async fn watch_workloads(api: Api<Workload>, check: String, seen: Seen) {
+    watch(api, |wl: Workload, now| {
+        let ready = wl
+            .admission_check(&check)
+            .is_some_and(|e| e.state == CheckState::Ready);
+        let admitted = wl.condition_is_true(cond::ADMITTED);
+        seen.of(wl.name_any(), |m| {
+            if wl.condition_is_true(cond::QUOTA_RESERVED) {
+                m.first(Mark::Reserved, now);
+            }
+            if ready {
+                m.first(Mark::Ready, now);
+            }
+            if admitted && !m.was_admitted {
+                m.admissions += 1;
+                m.first(Mark::Admitted, now);
+            }
+            m.was_admitted = admitted;
+        });
+    })
+    .await;
+}
+
+/// A Workload in LocalQueue `lq` of `podsets` podsets, one pod of 100m cpu each, that never
+/// runs a pod.
+pub fn workload(namespace: &str, name: &str, podsets: u32) -> Result<Workload> {
+    // Null: no annotations.
+    let template = crate::pod_template(serde_json::Value::Null, "100m");
+    let pod_sets: Vec<_> = (0..podsets)
+        .map(|i| json!({"name": format!("ps{i}"), "count": 1, "template": template}))
+        .collect();
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"queueName": "lq", "podSets": pod_sets},
+    }))?)
+}
+
+/// How a run creates its Workloads.
+#[derive(Clone, Copy, Debug)]
+pub struct Creating<'a> {
+    /// Names are `<prefix>-00000` ...
+    pub prefix: &'a str,
+    pub count: u32,
+    pub podsets: u32,
+    /// Creates in flight at once.
+    pub concurrency: usize,
+}
+
+/// Creates the Workloads; records when each create was sent in `seen`, if given.
+pub async fn create_workloads(
+    env: &TestEnv,
+    creating: Creating<'_>,
+    seen: Option<&Seen>,
+) -> Result<()> {
+    let Creating {
+        prefix,
+        count,
+        podsets,
+        concurrency,
+    } = creating;
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let (api, seen, ns) = (env.workloads(), seen.cloned(), env.ns.clone());
+            async move {
+                let name = format!("{prefix}-{i:05}");
+                let before = Instant::now();
+                api.create(&PostParams::default(), &workload(&ns, &name, podsets)?)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
+                if let Some(seen) = seen {
+                    seen.of(name, |m| m.first(Mark::Created, before));
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<()>()
+        .await
+}
+
+/// Waits until `count` Workloads are admitted, calling `alive` (which fails when a process
+/// the run needs has exited) between looks; gives up `timeout` from now.
+pub async fn wait_all_admitted(
+    seen: &Seen,
+    count: u32,
+    timeout: Duration,
+    started: Instant,
+    mut alive: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let admitted = seen.admitted();
+        if admitted == count as usize {
+            return Ok(());
+        }
+        alive()?;
+        if Instant::now() >= deadline {
+            bail!(
+                "{admitted} of {count} admitted after {:?}",
+                started.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// From `started` to the last admission.
+pub fn until_last_admitted(marks: &[Marks], started: Instant) -> Duration {
+    let last = marks.iter().filter_map(|m| m.at(Mark::Admitted)).max();
+    last.map_or(Duration::ZERO, |t| t - started)
+}
+
+/// The cluster-scoped objects a run created for its queue (the LocalQueue is `lq`).
+#[derive(Clone, Debug)]
+pub struct RunQueue {
+    pub flavor: String,
+    pub check: String,
+    pub cluster_queue: String,
+    /// The check's ProvisioningRequestConfig, for a provisioning run.
+    pub provisioning_config: Option<String>,
+}
+
+impl From<&GuardedQueue> for RunQueue {
+    fn from(q: &GuardedQueue) -> Self {
+        Self {
+            flavor: q.flavor.clone(),
+            check: q.check.clone(),
+            cluster_queue: q.cluster_queue.clone(),
+            provisioning_config: None,
+        }
+    }
+}
+
+/// Deletes what a run created, so that the next run starts from the same cluster state. There
+/// is no garbage collector nor namespace controller here: a provisioning run's requests and
+/// templates are deleted explicitly, and the namespace itself stays (empty).
+pub async fn clean_up(env: &TestEnv, queue: &RunQueue) -> Result<()> {
+    let (dp, all) = (DeleteParams::background(), ListParams::default());
+    let client = &env.client;
+    env.workloads()
+        .delete_collection(&dp, &all)
+        .await
+        .context("deleting the Workloads")?;
+    if queue.provisioning_config.is_some() {
+        Api::<ProvisioningRequest>::namespaced(client.clone(), &env.ns)
+            .delete_collection(&dp, &all)
+            .await
+            .context("deleting the ProvisioningRequests")?;
+        Api::<PodTemplate>::namespaced(client.clone(), &env.ns)
+            .delete_collection(&dp, &all)
+            .await
+            .context("deleting the PodTemplates")?;
+    }
+    delete(Api::<LocalQueue>::namespaced(client.clone(), &env.ns), "lq").await?;
+    delete(
+        Api::<ClusterQueue>::all(client.clone()),
+        &queue.cluster_queue,
+    )
+    .await?;
+    delete(Api::<AdmissionCheck>::all(client.clone()), &queue.check).await?;
+    if let Some(config) = &queue.provisioning_config {
+        delete(
+            Api::<ProvisioningRequestConfig>::all(client.clone()),
+            config,
+        )
+        .await?;
+    }
+    delete(Api::<ResourceFlavor>::all(client.clone()), &queue.flavor).await?;
+    delete(Api::<Namespace>::all(client.clone()), &env.ns).await
+}
+
+/// Deletes one object in the background.
+async fn delete<K>(api: Api<K>, name: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.delete(name, &DeleteParams::background()).await?;
+    Ok(())
+}
