@@ -108,6 +108,12 @@ fn settings() -> Settings {
     }
 }
 
+/// A check on a namespace with this budget, and its fake backend.
+fn check_with_budget(budget: &str) -> (BudgetCheck<FakeBackend>, FakeBackend) {
+    let fake = FakeBackend::with_budget(budget);
+    (BudgetCheck::new(settings(), fake.clone()), fake)
+}
+
 fn at(s: &str) -> Timestamp {
     s.parse().expect("timestamp")
 }
@@ -158,8 +164,7 @@ fn credits(s: &str) -> Credits {
 
 #[tokio::test]
 async fn a_fitting_workload_is_charged_once_however_often_it_is_asked() {
-    let fake = FakeBackend::with_budget("10/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/day");
     let wl = asking("a", "4");
     let first = decide(&check, &wl).await;
     assert_eq!(
@@ -175,8 +180,7 @@ async fn a_fitting_workload_is_charged_once_however_often_it_is_asked() {
 
 #[tokio::test]
 async fn over_budget_waits_exactly_until_the_window_resets() {
-    let fake = FakeBackend::with_budget("10/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/day");
     let a = asking("a", "8");
     fake.workloads.put(&a);
     decide(&check, &a).await;
@@ -205,8 +209,7 @@ async fn over_budget_waits_exactly_until_the_window_resets() {
 
 #[tokio::test]
 async fn what_can_never_fit_is_rejected_and_what_cannot_be_priced_too() {
-    let fake = FakeBackend::with_budget("10/week");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/week");
     assert_eq!(
         decide(&check, &asking("big", "11")).await,
         Decision::rejected(
@@ -243,8 +246,7 @@ async fn a_missing_budget_keeps_the_workload_pending_and_free_workloads_pass() {
 
 #[tokio::test]
 async fn finishing_early_gives_back_the_unused_part() {
-    let fake = FakeBackend::with_budget("10/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/day");
     let a = asking("a", "8");
     decide(&check, &a).await;
     // It ran 15 of its 60 minutes: 2 credits used, 6 given back.
@@ -273,8 +275,7 @@ async fn finishing_early_gives_back_the_unused_part() {
 
 #[tokio::test]
 async fn an_eviction_nobody_reported_is_settled_before_charging_the_new_admission() {
-    let fake = FakeBackend::with_budget("10/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/day");
     decide(&check, &asking("a", "4")).await;
     // Evicted and admitted again half an hour later; the release never came (a restart).
     let mut again = asking_at("a", "4", "2026-11-26T10:30:00Z");
@@ -323,8 +324,7 @@ async fn before_making_a_workload_wait_it_settles_what_ended_unnoticed() {
             }),
         ),
     ] {
-        let fake = FakeBackend::with_budget("10/day");
-        let check = BudgetCheck::new(settings(), fake.clone());
+        let (check, fake) = check_with_budget("10/day");
         decide(&check, &asking("a", "8")).await;
         if let Some(wl) = &gone {
             fake.workloads.put(wl);

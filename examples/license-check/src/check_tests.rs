@@ -100,6 +100,12 @@ fn settings() -> Settings {
     }
 }
 
+/// A check on a pool of `items` (feature, count), and its fake backend.
+fn check_with_pool(items: &[(&str, u32)]) -> (LicenseCheck<FakeBackend>, FakeBackend) {
+    let fake = FakeBackend::with_pool(items);
+    (LicenseCheck::new(settings(), fake.clone()), fake)
+}
+
 /// A Workload holding quota with the check Pending, asking for `licenses` on its pod template.
 fn asking(name: &str, licenses: &str) -> Workload {
     let mut wl = WorkloadBuilder::new("team-a", name)
@@ -148,8 +154,7 @@ async fn a_workload_without_the_annotation_passes_without_touching_the_ledger() 
 
 #[tokio::test]
 async fn bad_requests_are_rejected_with_what_is_wrong() {
-    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 2)]);
     for (value, expected) in [
         (
             "matlab=-1",
@@ -187,8 +192,7 @@ async fn a_missing_or_broken_pool_keeps_the_workload_pending_and_says_why() {
 
 #[tokio::test]
 async fn grants_once_and_recognises_the_holder_when_asked_again() {
-    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 2)]);
     let wl = asking("a", "matlab=2");
     let first = decide(&check, &wl).await;
     assert_eq!(
@@ -203,8 +207,7 @@ async fn grants_once_and_recognises_the_holder_when_asked_again() {
 
 #[tokio::test]
 async fn a_shortage_retries_with_the_policy_and_names_the_holder() {
-    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 2)]);
     let holder = asking("a", "matlab=2");
     fake.workloads.put(&holder);
     decide(&check, &holder).await;
@@ -251,8 +254,7 @@ async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
             }),
         ),
     ] {
-        let fake = FakeBackend::with_pool(&[("matlab", 2)]);
-        let check = LicenseCheck::new(settings(), fake.clone());
+        let (check, fake) = check_with_pool(&[("matlab", 2)]);
         decide(&check, &asking("a", "matlab=2")).await;
         if let Some(wl) = &gone {
             fake.workloads.put(wl);
@@ -268,8 +270,7 @@ async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
 
 #[tokio::test]
 async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
-    let fake = FakeBackend::with_pool(&[("matlab", 3)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 3)]);
     let (a, b) = (asking("a", "matlab=1"), asking("b", "matlab=2"));
     decide(&check, &a).await;
     decide(&check, &b).await;
@@ -281,8 +282,7 @@ async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
 
 #[tokio::test]
 async fn sweep_drops_only_holdings_whose_workload_moved_on() {
-    let fake = FakeBackend::with_pool(&[("matlab", 3)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 3)]);
     let (live, finished) = (asking("live", "matlab=1"), asking("done", "matlab=1"));
     decide(&check, &live).await;
     decide(&check, &finished).await;
