@@ -41,6 +41,14 @@ async fn setup(test: &str) -> Result<Budgeted> {
     ExampleTest::new(test, "budget", "budget", backend).await
 }
 
+/// [`setup`] with a budget for the test's namespace and a controller started.
+async fn setup_running(test: &str, budget: &str) -> Result<(Budgeted, e2e::Running)> {
+    let t = setup(test).await?;
+    t.set_budget(budget).await?;
+    let controller = t.start(t.env.client.clone());
+    Ok((t, controller))
+}
+
 impl LedgerBackend for ConfigMapBackend {
     type Ledger = BudgetLedger;
 
@@ -151,9 +159,7 @@ fn today() -> Window {
 
 #[tokio::test]
 async fn a_fitting_workload_is_admitted_and_charged_its_estimate() -> Result<()> {
-    let t = setup("budget-fits").await?;
-    t.set_budget("10/day").await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("budget-fits", "10/day").await?;
 
     let wl = t.submit("job", "2", Some(1800)).await?;
     let admitted = t.env.wait_admitted(&wl).await?;
@@ -184,9 +190,7 @@ async fn a_fitting_workload_is_admitted_and_charged_its_estimate() -> Result<()>
 
 #[tokio::test]
 async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<()> {
-    let t = setup("budget-exceeds").await?;
-    t.set_budget("3/day").await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("budget-exceeds", "3/day").await?;
     let a = t.submit("job-a", "2", None).await?;
     t.env.wait_admitted(&a).await?;
 
@@ -211,13 +215,13 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
         e2e::dump(&waiting)
     );
     let midnight = budget_check::window::format_time(window.end());
+    let message = &entry.message;
     assert!(
-        entry.message.starts_with(&format!(
+        message.starts_with(&format!(
             "the estimated cost of 2 credits (2 cpu for 1h) would take namespace {} over its budget: 2 of 3 credits spent this day; the budget starts again at {midnight} (attempt 1; next attempt not before {midnight})",
             t.env.ns
         )),
-        "{}",
-        entry.message
+        "{message}"
     );
     // Kueue holds the quota through a delayed Retry (docs/kueue-behaviour.md), until the reset.
     let requeue_at = waiting.requeue_at().map(|t| t.as_second());
@@ -235,9 +239,7 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
 
 #[tokio::test]
 async fn a_workload_costlier_than_the_whole_budget_is_rejected_and_deactivated() -> Result<()> {
-    let t = setup("budget-never").await?;
-    t.set_budget("3/week").await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("budget-never", "3/week").await?;
     // The Rejected entry is reset to Pending by the eviction after the deactivation: recorded.
     let mut recorder = t.env.record_workloads().await?;
     let wl = t.submit("job", "4", None).await?;
@@ -270,9 +272,7 @@ async fn a_workload_costlier_than_the_whole_budget_is_rejected_and_deactivated()
 /// budget they free admits the next.
 #[tokio::test]
 async fn finishing_or_evicting_gives_back_what_was_not_used() -> Result<()> {
-    let t = setup("budget-refund").await?;
-    t.set_budget("5/day").await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("budget-refund", "5/day").await?;
     let a = t.submit("job-a", "2", None).await?;
     let b = t.submit("job-b", "2", None).await?;
     t.env.wait_admitted(&a).await?;

@@ -36,6 +36,14 @@ async fn setup(test: &str) -> Result<Licensed> {
     .await
 }
 
+/// [`setup`] with the license pool `pool` and a controller started.
+async fn setup_running(test: &str, pool: &[(&str, &str)]) -> Result<(Licensed, e2e::Running)> {
+    let t = setup(test).await?;
+    t.set_pool(pool).await?;
+    let controller = t.start(t.env.client.clone());
+    Ok((t, controller))
+}
+
 impl LedgerBackend for ConfigMapBackend {
     type Ledger = Ledger;
 
@@ -179,9 +187,7 @@ impl Backend for Dawdling {
 #[tokio::test]
 async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_released() -> Result<()>
 {
-    let t = setup("license-hold").await?;
-    t.set_pool(&[("matlab", "1")]).await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("license-hold", &[("matlab", "1")]).await?;
 
     let a = t.submit("job-a", "matlab=1").await?;
     let admitted = t.env.wait_admitted(&a).await?;
@@ -211,13 +217,13 @@ async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_rel
         })
         .await?;
     let entry = t.entry(&waiting);
+    let message = &entry.message;
     assert!(
-        entry.message.starts_with(&format!(
+        message.starts_with(&format!(
             "waiting for licenses: matlab: needs 1, 0 of 1 free, held by {}/{a} (1)",
             t.env.ns
         )),
-        "{}",
-        entry.message
+        "{message}"
     );
     assert_eq!(entry.retry_count, Some(1), "{}", e2e::dump(&waiting));
     // Attempt 2 waits 2 s (the SDK rounds the dropped sub-second part up).
@@ -242,9 +248,7 @@ async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_rel
 /// a finished Workload and a deactivated (evicted) one give theirs back.
 #[tokio::test]
 async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
-    let t = setup("license-release").await?;
-    t.set_pool(&[("matlab", "2")]).await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("license-release", &[("matlab", "2")]).await?;
     let a = t.submit("job-a", "matlab=1").await?;
     let b = t.submit("job-b", "matlab=1").await?;
     t.env.wait_admitted(&a).await?;
@@ -276,9 +280,7 @@ async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
 #[tokio::test]
 async fn a_deleted_workload_gives_its_licenses_back_and_its_successor_books_its_own() -> Result<()>
 {
-    let t = setup("license-deleted").await?;
-    t.set_pool(&[("matlab", "1")]).await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("license-deleted", &[("matlab", "1")]).await?;
     let wl = t.submit("job", "matlab=1").await?;
     let first = t.env.wait_admitted(&wl).await?;
     let first_uid = first.uid().unwrap_or_default();
@@ -308,9 +310,7 @@ async fn a_deleted_workload_gives_its_licenses_back_and_its_successor_books_its_
 
 #[tokio::test]
 async fn requests_the_pool_can_never_satisfy_are_rejected_and_deactivated() -> Result<()> {
-    let t = setup("license-reject").await?;
-    t.set_pool(&[("matlab", "2")]).await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("license-reject", &[("matlab", "2")]).await?;
     // Kueue deactivates a rejected Workload, then evicts it and resets the entry to Pending
     // ("Previously: Rejected") in a later write: the Rejected entry is only in the history.
     let mut recorder = t.env.record_workloads().await?;
