@@ -4,7 +4,6 @@
 
 mod example_common;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -12,9 +11,9 @@ use anyhow::{Result, ensure};
 use budget_check::ledger::BudgetLedger;
 use budget_check::money::Credits;
 use budget_check::window::{Period, Window};
-use budget_check::{Backend, BudgetCheck, ConfigMapBackend, Settings};
+use budget_check::{BudgetCheck, ConfigMapBackend, Settings};
 use e2e::{GuardedQueue, SuspendedJob, TestEnv};
-use example_common::{ExampleTest, LedgerBackend};
+use example_common::{ExampleTest, LedgerFormat, assert_starts_with};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -26,7 +25,14 @@ use serde_json::json;
 const BUDGETS: &str = "budgets";
 
 /// One test's queue, check and the ConfigMaps its controller uses.
-type Budgeted = ExampleTest<ConfigMapBackend>;
+type Budgeted = ExampleTest<ConfigMapBackend, BudgetLedger>;
+
+/// One ledger per namespace; a Workload is in it while its charge is open.
+const LEDGER_FORMAT: LedgerFormat<ConfigMapBackend, BudgetLedger> = LedgerFormat {
+    configmap: |backend, ns| backend.ledger_of(ns).name,
+    parse: BudgetLedger::from_config_map_data,
+    holders: BudgetLedger::charged_workloads,
+};
 
 /// The budgets and the ledgers in the test's namespace, which is also the one budgeted.
 fn backend(ns: &str) -> ConfigMapBackend {
@@ -38,7 +44,7 @@ fn backend(ns: &str) -> ConfigMapBackend {
 }
 
 async fn setup(test: &str) -> Result<Budgeted> {
-    ExampleTest::new(test, "budget", "budget", backend).await
+    ExampleTest::new(test, "budget", "budget", backend, LEDGER_FORMAT).await
 }
 
 /// [`setup`] with a budget for the test's namespace and a controller started.
@@ -47,27 +53,6 @@ async fn setup_running(test: &str, budget: &str) -> Result<(Budgeted, e2e::Runni
     t.set_budget(budget).await?;
     let controller = t.start(t.env.client.clone());
     Ok((t, controller))
-}
-
-impl LedgerBackend for ConfigMapBackend {
-    type Ledger = BudgetLedger;
-
-    fn ledger_configmap(&self, ns: &str) -> String {
-        self.ledger_of(ns).name
-    }
-
-    async fn read_ledger(&self, client: &Client, ns: &str) -> Result<BudgetLedger> {
-        Ok(self.load(client, ns).await?.value)
-    }
-
-    fn parse_ledger(data: &BTreeMap<String, String>) -> Result<BudgetLedger> {
-        BudgetLedger::from_config_map_data(data)
-            .map_err(|e| anyhow::anyhow!("a corrupt ledger: {e:?}"))
-    }
-
-    fn holders(ledger: &BudgetLedger) -> Vec<String> {
-        open(ledger)
-    }
 }
 
 fn credits(s: &str) -> Credits {
@@ -142,17 +127,6 @@ impl Budgeted {
     }
 }
 
-/// Open charges in the ledger, by Workload name.
-fn open(ledger: &BudgetLedger) -> Vec<String> {
-    let mut names: Vec<String> = ledger
-        .open_charges()
-        .values()
-        .map(|c| c.name.clone())
-        .collect();
-    names.sort();
-    names
-}
-
 fn today() -> Window {
     Window::containing(Period::Day, Timestamp::now())
 }
@@ -215,13 +189,12 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
         e2e::dump(&waiting)
     );
     let midnight = budget_check::window::format_time(window.end());
-    let message = &entry.message;
-    assert!(
-        message.starts_with(&format!(
+    assert_starts_with(
+        &entry.message,
+        &format!(
             "the estimated cost of 2 credits (2 cpu for 1h) would take namespace {} over its budget: 2 of 3 credits spent this day; the budget starts again at {midnight} (attempt 1; next attempt not before {midnight})",
             t.env.ns
-        )),
-        "{message}"
+        ),
     );
     // Kueue holds the quota through a delayed Retry (docs/kueue-behaviour.md), until the reset.
     let requeue_at = waiting.requeue_at().map(|t| t.as_second());
@@ -233,7 +206,7 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
     );
     assert!(waiting.condition_is_true(cond::QUOTA_RESERVED));
     assert!(!waiting.condition_is_true(cond::ADMITTED));
-    assert_eq!(open(&t.ledger().await?), vec![a]);
+    assert_eq!(t.ledger().await?.charged_workloads(), vec![a]);
     Ok(())
 }
 
@@ -281,7 +254,9 @@ async fn finishing_or_evicting_gives_back_what_was_not_used() -> Result<()> {
 
     t.finish("job-a", &a).await?;
     let ledger = t
-        .wait_ledger("A settled after it finished", |l| open(l) == [b.clone()])
+        .wait_ledger("A settled after it finished", |l| {
+            l.charged_workloads() == [b.clone()]
+        })
         .await?;
     // A ran seconds of its hour (Kueue's whole-second Finished time may even make it none):
     // 2 cores for a minute would be 0.034.
@@ -377,7 +352,7 @@ async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()>
     let _second = t.start(t.env.client.clone());
     t.env.wait_admitted(&b).await?;
     let ledger = t.ledger().await?;
-    assert_eq!(open(&ledger), vec![b]);
+    assert_eq!(ledger.charged_workloads(), vec![b]);
     let charge = ledger
         .open_charges()
         .values()
@@ -452,7 +427,12 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
         controller_name,
         cluster_queue: cq.clone(),
     };
-    let t = ExampleTest { env, q, backend };
+    let t = ExampleTest {
+        env,
+        q,
+        backend,
+        ledger_format: LEDGER_FORMAT,
+    };
     t.set_budget("3/week").await?;
     let http = e2e::free_local_address()?;
     let _controller = t.start_with(
@@ -531,7 +511,7 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
         assert!(note.contains("would have answered Rejected"), "{note}");
     }
     // Only the Workload it would have admitted is charged, as enforcing would have.
-    assert_eq!(open(&t.ledger().await?), vec![fits.clone()]);
+    assert_eq!(t.ledger().await?.charged_workloads(), vec![fits.clone()]);
 
     // No entry, no attempt record, no field of ours on any Workload: every write would have
     // left its field manager in managedFields.

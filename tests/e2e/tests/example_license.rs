@@ -3,12 +3,11 @@
 
 mod example_common;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use example_common::{ExampleTest, LedgerBackend};
+use example_common::{ExampleTest, LedgerFormat, assert_starts_with};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -25,15 +24,22 @@ const POOL: &str = "license-pool";
 const LEDGER: &str = "license-ledger";
 
 /// One test's queue, check and the ConfigMaps its controller uses.
-type Licensed = ExampleTest<ConfigMapBackend>;
+type Licensed = ExampleTest<ConfigMapBackend, Ledger>;
+
+/// One ledger ConfigMap for all namespaces; a Workload is in it while it holds licenses.
+const LEDGER_FORMAT: LedgerFormat<ConfigMapBackend, Ledger> = LedgerFormat {
+    configmap: |backend, _| backend.ledger.clone(),
+    parse: Ledger::from_config_map_data,
+    holders,
+};
 
 async fn setup(test: &str) -> Result<Licensed> {
-    ExampleTest::new(test, "licenses", "license", |ns| ConfigMapBackend {
+    let backend = |ns: &str| ConfigMapBackend {
         namespace: ns.into(),
         pool: POOL.into(),
         ledger: LEDGER.into(),
-    })
-    .await
+    };
+    ExampleTest::new(test, "licenses", "license", backend, LEDGER_FORMAT).await
 }
 
 /// [`setup`] with the license pool `pool` and a controller started.
@@ -42,26 +48,6 @@ async fn setup_running(test: &str, pool: &[(&str, &str)]) -> Result<(Licensed, e
     t.set_pool(pool).await?;
     let controller = t.start(t.env.client.clone());
     Ok((t, controller))
-}
-
-impl LedgerBackend for ConfigMapBackend {
-    type Ledger = Ledger;
-
-    fn ledger_configmap(&self, _: &str) -> String {
-        self.ledger.clone()
-    }
-
-    async fn read_ledger(&self, client: &Client, _: &str) -> Result<Ledger> {
-        Ok(self.load(client).await?.value)
-    }
-
-    fn parse_ledger(data: &BTreeMap<String, String>) -> Result<Ledger> {
-        Ledger::from_config_map_data(data).map_err(|e| anyhow::anyhow!("a corrupt ledger: {e:?}"))
-    }
-
-    fn holders(ledger: &Ledger) -> Vec<String> {
-        holders(ledger)
-    }
 }
 
 impl Licensed {
@@ -217,13 +203,12 @@ async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_rel
         })
         .await?;
     let entry = t.entry(&waiting);
-    let message = &entry.message;
-    assert!(
-        message.starts_with(&format!(
+    assert_starts_with(
+        &entry.message,
+        &format!(
             "waiting for licenses: matlab: needs 1, 0 of 1 free, held by {}/{a} (1)",
             t.env.ns
-        )),
-        "{message}"
+        ),
     );
     assert_eq!(entry.retry_count, Some(1), "{}", e2e::dump(&waiting));
     // Attempt 2 waits 2 s (the SDK rounds the dropped sub-second part up).

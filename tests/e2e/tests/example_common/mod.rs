@@ -11,36 +11,34 @@ use anyhow::{Context, Result, bail, ensure};
 use e2e::{DEFAULT_TIMEOUT, GuardedQueue, TestEnv};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::watcher::{Config, Event, watcher};
-use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{
     AdmissionCheckState, CheckState, Workload, workload_condition as cond,
 };
+use kueue_admission_sdk::configmap_store::CorruptEntry;
 
-/// Where an example keeps its ledger, as its tests read it.
-pub trait LedgerBackend {
-    /// The example's ledger.
-    type Ledger: Debug;
-    /// Name of the ledger ConfigMap that records the test's namespace `ns`.
-    fn ledger_configmap(&self, ns: &str) -> String;
-    /// Reads that ledger as stored now.
-    fn read_ledger(&self, client: &Client, ns: &str) -> impl Future<Output = Result<Self::Ledger>>;
-    /// Parses one version of the ledger ConfigMap's data.
-    fn parse_ledger(data: &BTreeMap<String, String>) -> Result<Self::Ledger>;
-    /// The Workloads holding something in `ledger` (an open charge, licenses), by name, sorted.
-    fn holders(ledger: &Self::Ledger) -> Vec<String>;
+/// How a test reads an example's ledger, kept by its backend `B`.
+pub struct LedgerFormat<B, L> {
+    /// Name of the ledger ConfigMap that records the test's namespace.
+    pub configmap: fn(&B, &str) -> String,
+    /// Reads the ledger from that ConfigMap's data.
+    pub parse: fn(&BTreeMap<String, String>) -> Result<L, CorruptEntry>,
+    /// The Workloads holding something in a ledger (an open charge, licenses), by name, sorted.
+    pub holders: fn(&L) -> Vec<String>,
 }
 
-/// One test's namespace, its queue guarded by the example's check, and where the check keeps
-/// its state.
-pub struct ExampleTest<B> {
+/// One test's namespace, its queue guarded by the example's check, where the check keeps its
+/// state, and how to read its ledger.
+pub struct ExampleTest<B, L> {
     pub env: TestEnv,
     pub q: GuardedQueue,
     pub backend: B,
+    pub ledger_format: LedgerFormat<B, L>,
 }
 
-impl<B: LedgerBackend> ExampleTest<B> {
+impl<B, L: Debug> ExampleTest<B, L> {
     /// A namespace for `test` with a queue guarded by the AdmissionCheck `check`, which names a
     /// controller of this test only (`controller` and the namespace), and the check's state in
     /// `backend(namespace)`.
@@ -49,13 +47,19 @@ impl<B: LedgerBackend> ExampleTest<B> {
         check: &str,
         controller: &str,
         backend: impl FnOnce(&str) -> B,
+        ledger_format: LedgerFormat<B, L>,
     ) -> Result<Self> {
         let env = TestEnv::new(test).await?;
         let q = env
             .guarded_queue(check, &env.own_controller_name(controller), "20")
             .await?;
         let backend = backend(&env.ns);
-        Ok(Self { env, q, backend })
+        Ok(Self {
+            env,
+            q,
+            backend,
+            ledger_format,
+        })
     }
 
     /// The Workload's entry for the check (a default one if it has none).
@@ -70,18 +74,27 @@ impl<B: LedgerBackend> ExampleTest<B> {
         wl.uid().context("no uid")
     }
 
-    pub async fn ledger(&self) -> Result<B::Ledger> {
-        self.backend
-            .read_ledger(&self.env.client, &self.env.ns)
-            .await
+    /// The ledger as stored now (empty if there is none yet).
+    pub async fn ledger(&self) -> Result<L> {
+        let name = (self.ledger_format.configmap)(&self.backend, &self.env.ns);
+        let cm = Api::<ConfigMap>::namespaced(self.env.client.clone(), &self.env.ns)
+            .get_opt(&name)
+            .await?;
+        self.parse(cm)
+    }
+
+    fn parse(&self, cm: Option<ConfigMap>) -> Result<L> {
+        let data = cm.and_then(|cm| cm.data).unwrap_or_default();
+        Ok((self.ledger_format.parse)(&data)?)
+    }
+
+    /// The Workloads holding something in `ledger`, by name, sorted.
+    pub fn holders(&self, ledger: &L) -> Vec<String> {
+        (self.ledger_format.holders)(ledger)
     }
 
     /// Polls the ledger until `cond` holds.
-    pub async fn wait_ledger(
-        &self,
-        what: &str,
-        cond: impl Fn(&B::Ledger) -> bool,
-    ) -> Result<B::Ledger> {
+    pub async fn wait_ledger(&self, what: &str, cond: impl Fn(&L) -> bool) -> Result<L> {
         let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
         loop {
             let ledger = self.ledger().await?;
@@ -107,10 +120,10 @@ impl<B: LedgerBackend> ExampleTest<B> {
         &self,
         limit: usize,
         submit: impl Future<Output = Result<Vec<String>>>,
-        within_limit: impl Fn(&B::Ledger) -> Result<()>,
+        within_limit: impl Fn(&L) -> Result<()>,
     ) -> Result<()> {
         let ledgers: Api<ConfigMap> = Api::namespaced(self.env.client.clone(), &self.env.ns);
-        let ledger_name = self.backend.ledger_configmap(&self.env.ns);
+        let ledger_name = (self.ledger_format.configmap)(&self.backend, &self.env.ns);
         let mut events = futures::stream::select(
             watcher(self.env.workloads(), Config::default()).map(|e| e.map(Seen::Workload)),
             watcher(
@@ -168,7 +181,7 @@ impl<B: LedgerBackend> ExampleTest<B> {
                     } else if admitted.insert(name.clone()) {
                         let ledger = self.ledger().await?;
                         ensure!(
-                            B::holders(&ledger).contains(&name),
+                            self.holders(&ledger).contains(&name),
                             "{name} admitted but not in the ledger: {ledger:#?}"
                         );
                     }
@@ -183,11 +196,12 @@ impl<B: LedgerBackend> ExampleTest<B> {
                 }
                 Seen::Ledger(Event::Apply(cm) | Event::InitApply(cm)) => {
                     ledger_versions += 1;
-                    let version = cm.metadata.resource_version;
-                    let ledger = B::parse_ledger(&cm.data.unwrap_or_default())
+                    let version = cm.metadata.resource_version.clone();
+                    let ledger = self
+                        .parse(Some(cm))
                         .with_context(|| format!("ledger version {version:?}"))?;
                     within_limit(&ledger).with_context(|| format!("ledger version {version:?}"))?;
-                    booked = B::holders(&ledger);
+                    booked = self.holders(&ledger);
                 }
                 _ => {}
             }
@@ -203,6 +217,16 @@ impl<B: LedgerBackend> ExampleTest<B> {
         );
         Ok(())
     }
+}
+
+/// Asserts that a check's `message` starts with `expected` (what follows is the SDK's attempt
+/// note), showing both if not.
+#[track_caller]
+pub fn assert_starts_with(message: &str, expected: &str) {
+    assert!(
+        message.starts_with(expected),
+        "the message\n{message}\ndoes not start with\n{expected}"
+    );
 }
 
 /// What the race's recorders see.
