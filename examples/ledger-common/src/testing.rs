@@ -56,9 +56,9 @@ pub async fn release_once<C: AdmissionCheckController>(
     controller.release(&ctx).await
 }
 
-/// Decides for every Workload at once, the i-th by `replicas[i % replicas.len()]`: replicas
-/// that share nothing but their backend, like two controllers without a common lock. Returns
-/// every decision, and the names of the Workloads told `Ready`, in order.
+/// Decides for every Workload at once, the i-th by `replicas[i % replicas.len()]` (at least one
+/// replica): replicas that share nothing but their backend, like two controllers without a
+/// common lock. Returns every decision, and the names of the Workloads told `Ready`, in order.
 pub async fn decide_concurrently<C: AdmissionCheckController>(
     replicas: &[C],
     workloads: &[Workload],
