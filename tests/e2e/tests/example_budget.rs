@@ -216,21 +216,9 @@ async fn a_workload_costlier_than_the_whole_budget_is_rejected_and_deactivated()
     // The Rejected entry is reset to Pending by the eviction after the deactivation: recorded.
     let mut recorder = t.env.record_workloads().await?;
     let wl = t.submit("job", "4", None).await?;
-    let versions = recorder
-        .until(&wl, "deactivated", |wl| !wl.is_active())
-        .await?;
-    let rejected = versions
-        .iter()
-        .map(|v| t.entry(v))
-        .find(|entry| entry.state == CheckState::Rejected)
-        .unwrap_or_default();
+    let rejected = t.rejected_before_deactivation(&mut recorder, &wl).await?;
     assert_eq!(
-        rejected.state,
-        CheckState::Rejected,
-        "never Rejected before the deactivation"
-    );
-    assert_eq!(
-        rejected.message,
+        rejected,
         format!(
             "the estimated cost of 4 credits (4 cpu for 1h) is more than the whole budget of namespace {}: 3 credits per week",
             t.env.ns

@@ -318,17 +318,7 @@ async fn requests_the_pool_can_never_satisfy_are_rejected_and_deactivated() -> R
         ),
     ] {
         let wl = t.submit(job, licenses).await?;
-        let versions = recorder
-            .until(&wl, "deactivated", |wl| !wl.is_active())
-            .await?;
-        let rejected = versions
-            .iter()
-            .map(|v| t.entry(v))
-            .find(|entry| entry.state == CheckState::Rejected);
-        let Some(rejected) = rejected else {
-            panic!("{job}: never Rejected before the deactivation");
-        };
-        let message = rejected.message;
+        let message = t.rejected_before_deactivation(&mut recorder, &wl).await?;
         assert!(message.ends_with(expected), "{job}: {message}");
     }
     assert!(t.ledger().await?.holdings().is_empty());

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{DEFAULT_TIMEOUT, GuardedQueue, TestEnv};
+use e2e::{DEFAULT_TIMEOUT, GuardedQueue, TestEnv, WorkloadRecorder};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
@@ -72,6 +72,25 @@ impl<B, L: Debug> ExampleTest<B, L> {
     pub async fn uid(&self, workload: &str) -> Result<String> {
         let wl = self.env.workloads().get(workload).await?;
         wl.uid().context("no uid")
+    }
+
+    /// The message of the `Rejected` entry `workload` had before Kueue deactivated it, from
+    /// the versions `recorder` saw until then: Kueue evicts a deactivated Workload and resets
+    /// the entry to `Pending` in a later write, so the `Rejected` one is only in the history.
+    pub async fn rejected_before_deactivation(
+        &self,
+        recorder: &mut WorkloadRecorder,
+        workload: &str,
+    ) -> Result<String> {
+        let versions = recorder
+            .until(workload, "deactivated", |wl| !wl.is_active())
+            .await?;
+        let rejected = versions
+            .iter()
+            .map(|v| self.entry(v))
+            .find(|entry| entry.state == CheckState::Rejected)
+            .with_context(|| format!("{workload}: never Rejected before the deactivation"))?;
+        Ok(rejected.message)
     }
 
     /// The ledger as stored now (empty if there is none yet).
