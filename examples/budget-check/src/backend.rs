@@ -11,8 +11,9 @@ use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::Workload;
 use kueue_admission_sdk::configmap_store::OwnedConfigMap;
 pub use kueue_admission_sdk::configmap_store::{Saved, Versioned};
+use ledger_common::{read_config_map, read_workload};
 
-use crate::error::Error;
+use crate::Error;
 use crate::ledger::BudgetLedger;
 use crate::window::Budget;
 
@@ -73,10 +74,6 @@ pub struct ConfigMapBackend {
 }
 
 impl ConfigMapBackend {
-    fn api(&self, client: &Client) -> Api<ConfigMap> {
-        Api::namespaced(client.clone(), &self.namespace)
-    }
-
     /// The ledger ConfigMap of `namespace`: the check's only when labelled
     /// [`LEDGER_LABEL`]`=<namespace>`.
     pub fn ledger_of(&self, namespace: &str) -> OwnedConfigMap {
@@ -92,10 +89,9 @@ impl Backend for ConfigMapBackend {
         namespace: &str,
     ) -> Result<Result<Budget, String>, Error> {
         let where_ = format!("the budgets ConfigMap {}/{}", self.namespace, self.budgets);
-        let Some(cm) = self.api(client).get_opt(&self.budgets).await? else {
+        let Some(data) = read_config_map(client, &self.namespace, &self.budgets).await? else {
             return Ok(Err(format!("{where_} does not exist")));
         };
-        let data = cm.data.unwrap_or_default();
         let Some(value) = data.get(namespace) else {
             return Ok(Err(format!(
                 "namespace {namespace} has no budget: {where_} has no key {namespace:?}"
@@ -132,8 +128,7 @@ impl Backend for ConfigMapBackend {
     }
 
     async fn ledgers(&self, client: &Client) -> Result<Vec<String>, Error> {
-        let list = self
-            .api(client)
+        let list = Api::<ConfigMap>::namespaced(client.clone(), &self.namespace)
             .list(&ListParams::default().labels(LEDGER_LABEL))
             .await?;
         // Only ledgers under this check's names: another prefix's are another instance's.
@@ -153,9 +148,7 @@ impl Backend for ConfigMapBackend {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Workload>, Error> {
-        Ok(Api::<Workload>::namespaced(client.clone(), namespace)
-            .get_opt(name)
-            .await?)
+        read_workload(client, namespace, name).await
     }
 
     fn ledger_name(&self, namespace: &str) -> String {

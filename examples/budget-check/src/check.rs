@@ -30,11 +30,12 @@ use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
     RetryPolicy,
 };
+use ledger_common::{Sweep, sweep_while_leading};
 use tracing::info;
 
+use crate::Error;
 use crate::backend::{Backend, ConfigMapBackend, Saved};
 use crate::cost::{Estimate, Prices, estimate};
-use crate::error::Error;
 use crate::ledger::{BudgetLedger, Charge, Fit, Settlement};
 use crate::money::Credits;
 use crate::window::{Budget, Window, format_time};
@@ -196,15 +197,7 @@ impl<B: Backend> AdmissionCheckController for BudgetCheck<B> {
     /// The sweep: once when this replica takes the lead, then every
     /// [`Settings::sweep_interval`].
     fn while_leading(&self) -> Extensions {
-        let check = self.clone();
-        Extensions::new().every(
-            "budget-ledger-sweep",
-            self.settings.sweep_interval,
-            move |ctx| {
-                let check = check.clone();
-                async move { check.sweep(&ctx.client, ctx.shadow.as_ref()).await }
-            },
-        )
+        sweep_while_leading("budget-ledger-sweep", self.settings.sweep_interval, self)
     }
 }
 
@@ -356,21 +349,6 @@ impl<B: Backend> BudgetCheck<B> {
         Ok(swept)
     }
 
-    /// Settles every open charge, in every ledger, whose Workload no longer needs it, and drops
-    /// settled days no window reaches any more. Returns what it settled. Safe to run at any time
-    /// and from any replica: it writes with each ledger's `resourceVersion` like a charge.
-    pub async fn sweep(
-        &self,
-        client: &Client,
-        shadow: Option<&ShadowScope>,
-    ) -> Result<Vec<Swept>, Error> {
-        let mut all = Vec::new();
-        for ns in self.backend.ledgers(client).await? {
-            all.extend(self.sweep_namespace(client, &ns, shadow).await?);
-        }
-        Ok(all)
-    }
-
     async fn sweep_namespace(
         &self,
         client: &Client,
@@ -400,6 +378,24 @@ impl<B: Backend> BudgetCheck<B> {
             .await?;
         log_swept(&swept);
         Ok(swept)
+    }
+}
+
+impl<B: Backend> Sweep for BudgetCheck<B> {
+    type Swept = Swept;
+
+    /// Settles every open charge, in every ledger, whose Workload no longer needs it, and drops
+    /// settled days no window reaches any more. Returns what it settled.
+    async fn sweep(
+        &self,
+        client: &Client,
+        shadow: Option<&ShadowScope>,
+    ) -> Result<Vec<Swept>, Error> {
+        let mut all = Vec::new();
+        for ns in self.backend.ledgers(client).await? {
+            all.extend(self.sweep_namespace(client, &ns, shadow).await?);
+        }
+        Ok(all)
     }
 }
 

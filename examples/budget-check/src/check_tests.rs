@@ -5,14 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::join_all;
 use k8s_openapi::jiff::Timestamp;
-use kube::{Client, ResourceExt};
+use kube::Client;
 use kueue_admission_sdk::api::{CheckState, EvictionCount, SchedulingStats, Workload};
 use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once, offline_client};
-use kueue_admission_sdk::{
-    AdmissionCheckController, Decision, NoParameters, ReleaseContext, ReleaseReason, RetryDelay,
-};
+use kueue_admission_sdk::{Decision, NoParameters, ReleaseReason, RetryDelay};
+use ledger_common::testing::{MemoryWorkloads, decide_concurrently, release_once};
 
 use super::*;
 use crate::backend::Versioned;
@@ -23,32 +21,27 @@ use kueue_admission_sdk::configmap_store::MemoryStore;
 const CHECK: &str = "budget";
 const NS: &str = "team-a";
 
-#[derive(Debug, Default)]
-struct FakeState {
-    budgets: BTreeMap<String, Result<Budget, String>>,
-    workloads: BTreeMap<(String, String), Workload>,
-}
-
 /// Budgets and Workloads in memory, and the ledgers, by namespace, in the SDK's [`MemoryStore`]:
 /// a version that every save must match, like `resourceVersion`, and reads that yield to other
 /// tasks so that concurrent deciders interleave between read and write.
 #[derive(Clone, Debug, Default)]
 struct FakeBackend {
-    state: Arc<Mutex<FakeState>>,
+    budgets: Arc<Mutex<BTreeMap<String, Result<Budget, String>>>>,
+    workloads: MemoryWorkloads,
     ledgers: Arc<MemoryStore<BudgetLedger>>,
 }
 
 impl FakeBackend {
     fn with_budget(budget: &str) -> Self {
         let fake = Self::default();
-        fake.state()
-            .budgets
-            .insert(NS.into(), Ok(budget.parse().expect("budget")));
+        fake.set_budget(NS, budget);
         fake
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
-        self.state.lock().expect("not poisoned")
+    fn set_budget(&self, namespace: &str, budget: &str) {
+        let budget = Ok(budget.parse().expect("budget"));
+        let mut budgets = self.budgets.lock().expect("not poisoned");
+        budgets.insert(namespace.into(), budget);
     }
 
     fn ledger(&self) -> BudgetLedger {
@@ -59,16 +52,16 @@ impl FakeBackend {
     fn charged(&self) -> Vec<String> {
         self.ledger().charged_workloads()
     }
-
-    fn put_workload(&self, wl: &Workload) {
-        let key = (wl.namespace().unwrap_or_default(), wl.name_any());
-        self.state().workloads.insert(key, wl.clone());
-    }
 }
 
 impl Backend for FakeBackend {
     async fn budget(&self, _: &Client, namespace: &str) -> Result<Result<Budget, String>, Error> {
-        let budget = self.state().budgets.get(namespace).cloned();
+        let budget = self
+            .budgets
+            .lock()
+            .expect("not poisoned")
+            .get(namespace)
+            .cloned();
         Ok(budget.unwrap_or_else(|| Err(format!("namespace {namespace} has no budget"))))
     }
 
@@ -96,8 +89,7 @@ impl Backend for FakeBackend {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Workload>, Error> {
-        let key = (namespace.to_string(), name.to_string());
-        Ok(self.state().workloads.get(&key).cloned())
+        Ok(self.workloads.get(namespace, name))
     }
 
     fn ledger_name(&self, namespace: &str) -> String {
@@ -114,6 +106,12 @@ fn settings() -> Settings {
         max_wait: None,
         sweep_interval: Duration::from_secs(300),
     }
+}
+
+/// A check on a namespace with this budget, and its fake backend.
+fn check_with_budget(budget: &str) -> (BudgetCheck<FakeBackend>, FakeBackend) {
+    let fake = FakeBackend::with_budget(budget);
+    (BudgetCheck::new(settings(), fake.clone()), fake)
 }
 
 fn at(s: &str) -> Timestamp {
@@ -150,17 +148,9 @@ async fn release(
     reason: ReleaseReason,
     now: &str,
 ) {
-    let client = offline_client();
-    let ctx = ReleaseContext {
-        namespace: NS,
-        name: &wl.name_any(),
-        workload: Some(wl),
-        check_name: CHECK,
-        reason,
-        client: &client,
-        now: at(now),
-    };
-    check.release(&ctx).await.expect("releases");
+    release_once(check, wl, CHECK, reason, at(now))
+        .await
+        .expect("releases");
 }
 
 fn spent_today(fake: &FakeBackend) -> Credits {
@@ -174,8 +164,7 @@ fn credits(s: &str) -> Credits {
 
 #[tokio::test]
 async fn a_fitting_workload_is_charged_once_however_often_it_is_asked() {
-    let fake = FakeBackend::with_budget("10/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/day");
     let wl = asking("a", "4");
     let first = decide(&check, &wl).await;
     assert_eq!(
@@ -191,10 +180,9 @@ async fn a_fitting_workload_is_charged_once_however_often_it_is_asked() {
 
 #[tokio::test]
 async fn over_budget_waits_exactly_until_the_window_resets() {
-    let fake = FakeBackend::with_budget("10/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/day");
     let a = asking("a", "8");
-    fake.put_workload(&a);
+    fake.workloads.put(&a);
     decide(&check, &a).await;
     let Decision::Retry { message, delay } = decide(&check, &asking("b", "4")).await else {
         panic!("not a retry");
@@ -221,8 +209,7 @@ async fn over_budget_waits_exactly_until_the_window_resets() {
 
 #[tokio::test]
 async fn what_can_never_fit_is_rejected_and_what_cannot_be_priced_too() {
-    let fake = FakeBackend::with_budget("10/week");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/week");
     assert_eq!(
         decide(&check, &asking("big", "11")).await,
         Decision::rejected(
@@ -259,8 +246,7 @@ async fn a_missing_budget_keeps_the_workload_pending_and_free_workloads_pass() {
 
 #[tokio::test]
 async fn finishing_early_gives_back_the_unused_part() {
-    let fake = FakeBackend::with_budget("10/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/day");
     let a = asking("a", "8");
     decide(&check, &a).await;
     // It ran 15 of its 60 minutes: 2 credits used, 6 given back.
@@ -289,8 +275,7 @@ async fn finishing_early_gives_back_the_unused_part() {
 
 #[tokio::test]
 async fn an_eviction_nobody_reported_is_settled_before_charging_the_new_admission() {
-    let fake = FakeBackend::with_budget("10/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_budget("10/day");
     decide(&check, &asking("a", "4")).await;
     // Evicted and admitted again half an hour later; the release never came (a restart).
     let mut again = asking_at("a", "4", "2026-11-26T10:30:00Z");
@@ -339,11 +324,10 @@ async fn before_making_a_workload_wait_it_settles_what_ended_unnoticed() {
             }),
         ),
     ] {
-        let fake = FakeBackend::with_budget("10/day");
-        let check = BudgetCheck::new(settings(), fake.clone());
+        let (check, fake) = check_with_budget("10/day");
         decide(&check, &asking("a", "8")).await;
         if let Some(wl) = &gone {
-            fake.put_workload(wl);
+            fake.workloads.put(wl);
         }
         assert!(
             matches!(
@@ -359,12 +343,10 @@ async fn before_making_a_workload_wait_it_settles_what_ended_unnoticed() {
 #[tokio::test]
 async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
     let fake = FakeBackend::with_budget("100/day");
-    fake.state()
-        .budgets
-        .insert("team-b".into(), Ok("100/day".parse().expect("budget")));
+    fake.set_budget("team-b", "100/day");
     let check = BudgetCheck::new(settings(), fake.clone());
     let live = asking("live", "1");
-    fake.put_workload(&live);
+    fake.workloads.put(&live);
     decide(&check, &live).await;
     decide(&check, &asking("gone", "1")).await;
     let other = WorkloadBuilder::new("team-b", "gone-too")
@@ -407,21 +389,11 @@ async fn concurrent_deciders_without_a_common_lock_never_overspend() {
     ];
     let workloads: Vec<Workload> = (0..8).map(|i| asking(&format!("wl-{i}"), "3")).collect();
     for wl in &workloads {
-        fake.put_workload(wl);
+        fake.workloads.put(wl);
     }
-    let decisions = join_all(
-        workloads
-            .iter()
-            .enumerate()
-            .map(|(i, wl)| decide(&replicas[i % 2], wl)),
-    )
-    .await;
-    let ready: Vec<String> = workloads
-        .iter()
-        .zip(&decisions)
-        .filter(|(_, d)| matches!(d, Decision::Ready { .. }))
-        .map(|(wl, _)| wl.name_any())
-        .collect();
+    let (decisions, ready) = decide_concurrently(&replicas, &workloads, CHECK, &NoParameters)
+        .await
+        .expect("decides");
     assert_eq!(ready.len(), 3, "{decisions:?}");
     assert_eq!(ready, fake.charged());
     assert_eq!(spent_today(&fake), credits("9"));

@@ -15,11 +15,13 @@
 //! - [`backend`]: where budgets and ledgers live (ConfigMaps, with optimistic concurrency);
 //! - [`check`]: the [`AdmissionCheckController`](kueue_admission_sdk::AdmissionCheckController)
 //!   that ties them to the SDK runtime, and the sweep that settles what nobody released.
+//!
+//! The error type, the reads of Workloads and ConfigMaps, and the sweep's leader task are shared
+//! with the license example in [`ledger_common`].
 
 pub mod backend;
 pub mod check;
 pub mod cost;
-pub mod error;
 pub mod flags;
 pub mod ledger;
 pub mod money;
@@ -28,7 +30,7 @@ pub mod window;
 
 pub use backend::{Backend, ConfigMapBackend};
 pub use check::{BudgetCheck, Settings};
-pub use error::Error;
+pub use ledger_common::Error;
 
 /// The controller name the binary answers by default.
 pub const DEFAULT_CONTROLLER_NAME: &str = "kueue-admission-checks.dev/budget";

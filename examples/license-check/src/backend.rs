@@ -4,14 +4,13 @@
 
 use std::future::Future;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
-use kube::api::Api;
 use kueue_admission_sdk::api::Workload;
 use kueue_admission_sdk::configmap_store::OwnedConfigMap;
 pub use kueue_admission_sdk::configmap_store::{Saved, Versioned};
+use ledger_common::{read_config_map, read_workload};
 
-use crate::error::Error;
+use crate::Error;
 use crate::ledger::Ledger;
 use crate::pool::Pool;
 
@@ -66,10 +65,6 @@ pub struct ConfigMapBackend {
 }
 
 impl ConfigMapBackend {
-    fn api(&self, client: &Client) -> Api<ConfigMap> {
-        Api::namespaced(client.clone(), &self.namespace)
-    }
-
     /// The ledger ConfigMap: the check's only when labelled [`LEDGER_LABEL`]`=true`.
     pub fn ledger_configmap(&self) -> OwnedConfigMap {
         OwnedConfigMap::new(&self.namespace, &self.ledger, LEDGER_LABEL, "true")
@@ -82,10 +77,9 @@ impl Backend for ConfigMapBackend {
             "the license pool ConfigMap {}/{}",
             self.namespace, self.pool
         );
-        let Some(cm) = self.api(client).get_opt(&self.pool).await? else {
+        let Some(data) = read_config_map(client, &self.namespace, &self.pool).await? else {
             return Ok(Err(format!("{where_} does not exist")));
         };
-        let data = cm.data.unwrap_or_default();
         Ok(Pool::from_config_map_data(&data).map_err(|e| format!("{where_} is invalid: {e}")))
     }
 
@@ -110,9 +104,7 @@ impl Backend for ConfigMapBackend {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Workload>, Error> {
-        Ok(Api::<Workload>::namespaced(client.clone(), namespace)
-            .get_opt(name)
-            .await?)
+        read_workload(client, namespace, name).await
     }
 
     fn ledger_name(&self) -> String {

@@ -28,10 +28,11 @@ use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
     RetryPolicy,
 };
+use ledger_common::{Sweep, sweep_while_leading};
 use tracing::info;
 
+use crate::Error;
 use crate::backend::{Backend, ConfigMapBackend, Saved};
-use crate::error::Error;
 use crate::ledger::{Acquired, Holding, Ledger, describe_holding};
 use crate::pool::Pool;
 use crate::request::{format_licenses, requested_licenses};
@@ -103,7 +104,9 @@ impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
         if let Some(why) = pool.never_fits(&request) {
             return Ok(Decision::rejected(why));
         }
-        let uid = wl.uid().ok_or_else(|| Error::NoUid(wl.name_any()))?;
+        let uid = wl
+            .uid()
+            .ok_or_else(|| Error::NotFromTheApiServer(wl.name_any()))?;
         let wanted = Holding {
             namespace: wl.namespace().unwrap_or_default(),
             name: wl.name_any(),
@@ -156,15 +159,7 @@ impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
     /// The sweep: once when this replica takes the lead, then every
     /// [`Settings::sweep_interval`].
     fn while_leading(&self) -> Extensions {
-        let check = self.clone();
-        Extensions::new().every(
-            "license-ledger-sweep",
-            self.settings.sweep_interval,
-            move |ctx| {
-                let check = check.clone();
-                async move { check.sweep(&ctx.client, ctx.shadow.as_ref()).await }
-            },
-        )
+        sweep_while_leading("license-ledger-sweep", self.settings.sweep_interval, self)
     }
 }
 
@@ -256,10 +251,13 @@ impl<B: Backend> LicenseCheck<B> {
         }
         Ok(stale)
     }
+}
 
-    /// Drops every holding whose Workload no longer needs it and returns them. Safe to run at
-    /// any time and from any replica: it writes with the ledger's `resourceVersion` like a grant.
-    pub async fn sweep(
+impl<B: Backend> Sweep for LicenseCheck<B> {
+    type Swept = Swept;
+
+    /// Drops every holding whose Workload no longer needs it and returns them.
+    async fn sweep(
         &self,
         client: &Client,
         shadow: Option<&ShadowScope>,

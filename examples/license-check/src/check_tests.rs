@@ -2,18 +2,16 @@
 //! write-if-unchanged cycle as against ConfigMaps, with conflicts when writers interleave.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::join_all;
-use kube::{Client, ResourceExt};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kueue_admission_sdk::api::{CheckState, Workload};
 use kueue_admission_sdk::configmap_store::MemoryStore;
 use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once, offline_client};
-use kueue_admission_sdk::{
-    AdmissionCheckController, Decision, NoParameters, ReleaseContext, ReleaseReason, RetryDelay,
-    RetryPolicy,
-};
+use kueue_admission_sdk::{Decision, NoParameters, ReleaseReason, RetryDelay, RetryPolicy};
+use ledger_common::testing::{MemoryWorkloads, decide_concurrently, release_once};
 
 use super::*;
 use crate::backend::{Saved, Versioned};
@@ -22,18 +20,14 @@ use crate::request::LICENSES_ANNOTATION;
 
 const CHECK: &str = "licenses";
 
-#[derive(Debug, Default)]
-struct FakeState {
-    pool: Option<Result<Pool, String>>,
-    workloads: BTreeMap<(String, String), Workload>,
-}
-
 /// The pool and the Workloads in memory, and the ledger in the SDK's [`MemoryStore`]: a version
 /// that every save must match, like `resourceVersion`, and reads that yield to other tasks so
 /// that concurrent deciders interleave between read and write.
 #[derive(Clone, Debug, Default)]
 struct FakeBackend {
-    state: Arc<Mutex<FakeState>>,
+    /// `None`: the pool ConfigMap does not exist.
+    pool: Option<Pool>,
+    workloads: MemoryWorkloads,
     ledger: Arc<MemoryStore<Ledger>>,
 }
 
@@ -42,15 +36,11 @@ const LEDGER: &str = "ledger";
 
 impl FakeBackend {
     fn with_pool(items: &[(&str, u32)]) -> Self {
-        let fake = Self::default();
-        fake.state().pool = Some(Ok(Pool {
-            total: items.iter().map(|(f, n)| (f.to_string(), *n)).collect(),
-        }));
-        fake
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
-        self.state.lock().expect("not poisoned")
+        let total = items.iter().map(|(f, n)| (f.to_string(), *n)).collect();
+        Self {
+            pool: Some(Pool { total }),
+            ..Self::default()
+        }
     }
 
     fn held(&self) -> BTreeMap<String, u32> {
@@ -61,17 +51,12 @@ impl FakeBackend {
         let ledger = self.ledger.value(LEDGER);
         ledger.holdings().values().map(|h| h.name.clone()).collect()
     }
-
-    fn put_workload(&self, wl: &Workload) {
-        let key = (wl.namespace().unwrap_or_default(), wl.name_any());
-        self.state().workloads.insert(key, wl.clone());
-    }
 }
 
 impl Backend for FakeBackend {
     async fn pool(&self, _: &Client) -> Result<Result<Pool, String>, Error> {
-        let pool = self.state().pool.clone();
-        Ok(pool.unwrap_or_else(|| Err("the license pool ConfigMap ns/pool does not exist".into())))
+        let missing = || "the license pool ConfigMap ns/pool does not exist".to_string();
+        Ok(self.pool.clone().ok_or_else(missing))
     }
 
     async fn load(&self, _: &Client) -> Result<Versioned<Ledger>, Error> {
@@ -93,8 +78,7 @@ impl Backend for FakeBackend {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Workload>, Error> {
-        let key = (namespace.to_string(), name.to_string());
-        Ok(self.state().workloads.get(&key).cloned())
+        Ok(self.workloads.get(namespace, name))
     }
 
     fn ledger_name(&self) -> String {
@@ -114,6 +98,12 @@ fn settings() -> Settings {
         pool_recheck: Duration::from_secs(30),
         sweep_interval: Duration::from_secs(300),
     }
+}
+
+/// A check on a pool of `items` (feature, count), and its fake backend.
+fn check_with_pool(items: &[(&str, u32)]) -> (LicenseCheck<FakeBackend>, FakeBackend) {
+    let fake = FakeBackend::with_pool(items);
+    (LicenseCheck::new(settings(), fake.clone()), fake)
 }
 
 /// A Workload holding quota with the check Pending, asking for `licenses` on its pod template.
@@ -141,17 +131,9 @@ async fn decide(check: &LicenseCheck<FakeBackend>, wl: &Workload) -> Decision {
 }
 
 async fn release(check: &LicenseCheck<FakeBackend>, wl: &Workload, reason: ReleaseReason) {
-    let client = offline_client();
-    let ctx = ReleaseContext {
-        namespace: "team-a",
-        name: &wl.name_any(),
-        workload: Some(wl),
-        check_name: CHECK,
-        reason,
-        client: &client,
-        now: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-    };
-    check.release(&ctx).await.expect("releases");
+    release_once(check, wl, CHECK, reason, Timestamp::UNIX_EPOCH)
+        .await
+        .expect("releases");
 }
 
 #[tokio::test]
@@ -172,8 +154,7 @@ async fn a_workload_without_the_annotation_passes_without_touching_the_ledger() 
 
 #[tokio::test]
 async fn bad_requests_are_rejected_with_what_is_wrong() {
-    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 2)]);
     for (value, expected) in [
         (
             "matlab=-1",
@@ -211,8 +192,7 @@ async fn a_missing_or_broken_pool_keeps_the_workload_pending_and_says_why() {
 
 #[tokio::test]
 async fn grants_once_and_recognises_the_holder_when_asked_again() {
-    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 2)]);
     let wl = asking("a", "matlab=2");
     let first = decide(&check, &wl).await;
     assert_eq!(
@@ -227,10 +207,9 @@ async fn grants_once_and_recognises_the_holder_when_asked_again() {
 
 #[tokio::test]
 async fn a_shortage_retries_with_the_policy_and_names_the_holder() {
-    let fake = FakeBackend::with_pool(&[("matlab", 2)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 2)]);
     let holder = asking("a", "matlab=2");
-    fake.put_workload(&holder);
+    fake.workloads.put(&holder);
     decide(&check, &holder).await;
     assert_eq!(
         decide(&check, &asking("b", "matlab=1")).await,
@@ -275,11 +254,10 @@ async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
             }),
         ),
     ] {
-        let fake = FakeBackend::with_pool(&[("matlab", 2)]);
-        let check = LicenseCheck::new(settings(), fake.clone());
+        let (check, fake) = check_with_pool(&[("matlab", 2)]);
         decide(&check, &asking("a", "matlab=2")).await;
         if let Some(wl) = &gone {
-            fake.put_workload(wl);
+            fake.workloads.put(wl);
         }
         assert_eq!(
             decide(&check, &asking("b", "matlab=1")).await,
@@ -292,8 +270,7 @@ async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
 
 #[tokio::test]
 async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
-    let fake = FakeBackend::with_pool(&[("matlab", 3)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 3)]);
     let (a, b) = (asking("a", "matlab=1"), asking("b", "matlab=2"));
     decide(&check, &a).await;
     decide(&check, &b).await;
@@ -305,13 +282,12 @@ async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
 
 #[tokio::test]
 async fn sweep_drops_only_holdings_whose_workload_moved_on() {
-    let fake = FakeBackend::with_pool(&[("matlab", 3)]);
-    let check = LicenseCheck::new(settings(), fake.clone());
+    let (check, fake) = check_with_pool(&[("matlab", 3)]);
     let (live, finished) = (asking("live", "matlab=1"), asking("done", "matlab=1"));
     decide(&check, &live).await;
     decide(&check, &finished).await;
     decide(&check, &asking("deleted", "matlab=1")).await;
-    fake.put_workload(&live);
+    fake.workloads.put(&live);
     let mut done = finished.clone();
     done.status
         .get_or_insert_with(Default::default)
@@ -326,7 +302,7 @@ async fn sweep_drops_only_holdings_whose_workload_moved_on() {
             ),
             observed_generation: None,
         });
-    fake.put_workload(&done);
+    fake.workloads.put(&done);
     let swept = check.sweep(&offline_client(), None).await.expect("sweeps");
     let mut reasons: Vec<(String, String)> = swept
         .into_iter()
@@ -360,21 +336,11 @@ async fn concurrent_deciders_without_a_common_lock_never_exceed_the_pool() {
         .map(|i| asking(&format!("wl-{i}"), "matlab=1"))
         .collect();
     for wl in &workloads {
-        fake.put_workload(wl);
+        fake.workloads.put(wl);
     }
-    let decisions = join_all(
-        workloads
-            .iter()
-            .enumerate()
-            .map(|(i, wl)| decide(&replicas[i % 2], wl)),
-    )
-    .await;
-    let ready: Vec<String> = workloads
-        .iter()
-        .zip(&decisions)
-        .filter(|(_, d)| matches!(d, Decision::Ready { .. }))
-        .map(|(wl, _)| wl.name_any())
-        .collect();
+    let (decisions, ready) = decide_concurrently(&replicas, &workloads, CHECK, &NoParameters)
+        .await
+        .expect("decides");
     let mut holders = fake.holders();
     holders.sort();
     assert_eq!(ready.len(), 3, "{decisions:?}");

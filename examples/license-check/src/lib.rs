@@ -12,10 +12,12 @@
 //! - [`backend`]: where the pool and the ledger live (ConfigMaps, with optimistic concurrency);
 //! - [`check`]: the [`AdmissionCheckController`](kueue_admission_sdk::AdmissionCheckController)
 //!   that ties them to the SDK runtime, and the sweep that reclaims what nobody released.
+//!
+//! The error type, the reads of Workloads and ConfigMaps, and the sweep's leader task are shared
+//! with the budget example in [`ledger_common`].
 
 pub mod backend;
 pub mod check;
-pub mod error;
 pub mod flags;
 pub mod ledger;
 pub mod pool;
@@ -23,7 +25,7 @@ pub mod request;
 
 pub use backend::{Backend, ConfigMapBackend};
 pub use check::{LicenseCheck, Settings};
-pub use error::Error;
+pub use ledger_common::Error;
 
 /// The controller name the binary answers by default.
 pub const DEFAULT_CONTROLLER_NAME: &str = "kueue-admission-checks.dev/license";

@@ -223,26 +223,24 @@ mod tests {
         assert_eq!(requested_licenses(&wl), Ok(Licenses::new()));
     }
 
+    /// A bad count names the podset; overflowing totals are an error, not a wrap.
     #[test]
-    fn a_bad_template_annotation_names_the_podset() {
-        let wl = with_template_annotation(
-            WorkloadBuilder::new("ns", "wl").pod_set("workers", 1, "1"),
-            "matlab=lots",
-        );
-        let err = requested_licenses(&wl).expect_err("bad count");
-        assert!(err.contains("podset \"workers\""), "{err}");
-    }
-
-    #[test]
-    fn overflowing_totals_are_an_error_not_a_wrap() {
-        let wl = with_template_annotation(
-            WorkloadBuilder::new("ns", "wl").pod_set("main", 100_000, "1"),
-            "matlab=100000",
-        );
-        let err = requested_licenses(&wl).expect_err("overflow");
-        assert!(
-            err.contains("more matlab licenses than can be counted"),
-            "{err}"
-        );
+    fn bad_template_annotations_say_what_is_wrong() {
+        for (podset, pods, annotation, expected) in [
+            ("workers", 1, "matlab=lots", "podset \"workers\""),
+            (
+                "main",
+                100_000,
+                "matlab=100000",
+                "more matlab licenses than can be counted",
+            ),
+        ] {
+            let wl = with_template_annotation(
+                WorkloadBuilder::new("ns", "wl").pod_set(podset, pods, "1"),
+                annotation,
+            );
+            let err = requested_licenses(&wl).expect_err(annotation);
+            assert!(err.contains(expected), "{annotation}: {err}");
+        }
     }
 }

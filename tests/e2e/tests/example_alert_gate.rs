@@ -104,8 +104,10 @@ impl Alertmanager {
         }
     }
 
-    /// Posts an alert with these labels, firing for an hour, or resolved now.
-    async fn alert(&self, labels: &[(&str, &str)], firing: bool) -> Result<()> {
+    /// Posts the alert `name` of `team` at `severity` (its only labels), firing for an hour, or
+    /// resolved now.
+    async fn alert(&self, name: &str, severity: &str, team: &str, firing: bool) -> Result<()> {
+        let labels = [("alertname", name), ("severity", severity), ("team", team)];
         let now = Timestamp::now();
         let ends = if firing {
             now + SignedDuration::from_hours(1)
@@ -218,24 +220,8 @@ async fn work_waits_while_a_matching_alert_fires_and_is_admitted_once_it_resolve
     let env = &t.env;
 
     // A warning, and a critical alert of another team: neither matches every matcher.
-    am.alert(
-        &[
-            ("alertname", "DiskFilling"),
-            ("severity", "warning"),
-            ("team", "batch"),
-        ],
-        true,
-    )
-    .await?;
-    am.alert(
-        &[
-            ("alertname", "EtcdDown"),
-            ("severity", "critical"),
-            ("team", "web"),
-        ],
-        true,
-    )
-    .await?;
+    am.alert("DiskFilling", "warning", "batch", true).await?;
+    am.alert("EtcdDown", "critical", "web", true).await?;
     am.wait_listed(&gate, 0).await?;
     let quiet = env.submit_job("quiet", "lq", "1").await?;
     let admitted = env.wait_admitted(&quiet).await?;
@@ -253,15 +239,8 @@ async fn work_waits_while_a_matching_alert_fires_and_is_admitted_once_it_resolve
     );
 
     // A matching alert holds the next Workload back, with its quota, naming the alert.
-    am.alert(
-        &[
-            ("alertname", "NodePoolDegraded"),
-            ("severity", "critical"),
-            ("team", "batch"),
-        ],
-        true,
-    )
-    .await?;
+    am.alert("NodePoolDegraded", "critical", "batch", true)
+        .await?;
     am.wait_listed(&gate, 1).await?;
     let mut recorder = env.record_workloads().await?;
     let held = env.submit_job("held", "lq", "1").await?;
@@ -286,15 +265,8 @@ async fn work_waits_while_a_matching_alert_fires_and_is_admitted_once_it_resolve
     // Resolved: the next look (within the recheck of 5 s) admits it, and it was never Ready
     // before the alert ended.
     let resolved_at = Timestamp::now();
-    am.alert(
-        &[
-            ("alertname", "NodePoolDegraded"),
-            ("severity", "critical"),
-            ("team", "batch"),
-        ],
-        false,
-    )
-    .await?;
+    am.alert("NodePoolDegraded", "critical", "batch", false)
+        .await?;
     let versions = recorder
         .until(&held, "admitted once the alert resolved", |wl| {
             wl.condition_is_true(cond::ADMITTED)

@@ -2,18 +2,20 @@
 //! instance per test, answering only that test's AdmissionCheck. Budgets and ledgers live in the
 //! test's namespace, which is also the namespace being budgeted.
 
+mod example_common;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 use budget_check::ledger::BudgetLedger;
 use budget_check::money::Credits;
 use budget_check::window::{Period, Window};
-use budget_check::{Backend, BudgetCheck, ConfigMapBackend, Settings};
-use e2e::{DEFAULT_TIMEOUT, GuardedQueue, SuspendedJob, TestEnv};
-use k8s_openapi::api::core::v1::ConfigMap;
+use budget_check::{BudgetCheck, ConfigMapBackend, Settings};
+use e2e::{GuardedQueue, SuspendedJob, TestEnv};
+use example_common::{ExampleTest, LedgerFormat, assert_starts_with};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
@@ -23,23 +25,34 @@ use serde_json::json;
 const BUDGETS: &str = "budgets";
 
 /// One test's queue, check and the ConfigMaps its controller uses.
-struct Budgeted {
-    env: TestEnv,
-    q: GuardedQueue,
-    backend: ConfigMapBackend,
+type Budgeted = ExampleTest<ConfigMapBackend, BudgetLedger>;
+
+/// One ledger per namespace; a Workload is in it while its charge is open.
+const LEDGER_FORMAT: LedgerFormat<ConfigMapBackend, BudgetLedger> = LedgerFormat {
+    configmap: |backend, ns| backend.ledger_of(ns).name,
+    parse: BudgetLedger::from_config_map_data,
+    holders: BudgetLedger::charged_workloads,
+};
+
+/// The budgets and the ledgers in the test's namespace, which is also the one budgeted.
+fn backend(ns: &str) -> ConfigMapBackend {
+    ConfigMapBackend {
+        namespace: ns.into(),
+        budgets: BUDGETS.into(),
+        ledger_prefix: "budget-ledger-".into(),
+    }
 }
 
 async fn setup(test: &str) -> Result<Budgeted> {
-    let env = TestEnv::new(test).await?;
-    let q = env
-        .guarded_queue("budget", &env.own_controller_name("budget"), "20")
-        .await?;
-    let backend = ConfigMapBackend {
-        namespace: env.ns.clone(),
-        budgets: BUDGETS.into(),
-        ledger_prefix: "budget-ledger-".into(),
-    };
-    Ok(Budgeted { env, q, backend })
+    ExampleTest::new(test, "budget", "budget", backend, LEDGER_FORMAT).await
+}
+
+/// [`setup`] with a budget for the test's namespace and a controller started.
+async fn setup_running(test: &str, budget: &str) -> Result<(Budgeted, e2e::Running)> {
+    let t = setup(test).await?;
+    t.set_budget(budget).await?;
+    let controller = t.start(t.env.client.clone());
+    Ok((t, controller))
 }
 
 fn credits(s: &str) -> Credits {
@@ -112,57 +125,6 @@ impl Budgeted {
     async fn finish(&self, job: &str, workload: &str) -> Result<Workload> {
         self.env.complete_job(job, workload).await
     }
-
-    async fn ledger(&self) -> Result<BudgetLedger> {
-        Ok(self
-            .backend
-            .load(&self.env.client, &self.env.ns)
-            .await?
-            .value)
-    }
-
-    /// Polls the ledger until `cond` holds.
-    async fn wait_ledger(
-        &self,
-        what: &str,
-        cond: impl Fn(&BudgetLedger) -> bool,
-    ) -> Result<BudgetLedger> {
-        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
-        loop {
-            let ledger = self.ledger().await?;
-            if cond(&ledger) {
-                return Ok(ledger);
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("timed out waiting for the ledger: {what}\nledger: {ledger:#?}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    fn entry(&self, wl: &Workload) -> (CheckState, String, Option<i32>) {
-        let e = wl
-            .admission_check(&self.q.check)
-            .cloned()
-            .unwrap_or_default();
-        (e.state, e.message, e.requeue_after_seconds)
-    }
-
-    async fn uid(&self, workload: &str) -> Result<String> {
-        let wl = self.env.workloads().get(workload).await?;
-        wl.uid().ok_or_else(|| anyhow::anyhow!("no uid"))
-    }
-}
-
-/// Open charges in the ledger, by Workload name.
-fn open(ledger: &BudgetLedger) -> Vec<String> {
-    let mut names: Vec<String> = ledger
-        .open_charges()
-        .values()
-        .map(|c| c.name.clone())
-        .collect();
-    names.sort();
-    names
 }
 
 fn today() -> Window {
@@ -171,19 +133,17 @@ fn today() -> Window {
 
 #[tokio::test]
 async fn a_fitting_workload_is_admitted_and_charged_its_estimate() -> Result<()> {
-    let t = setup("budget-fits").await?;
-    t.set_budget("10/day").await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("budget-fits", "10/day").await?;
 
     let wl = t.submit("job", "2", Some(1800)).await?;
     let admitted = t.env.wait_admitted(&wl).await?;
     t.env.wait_job_unsuspended("job").await?;
     assert_eq!(admitted.spec.maximum_execution_time_seconds, Some(1800));
-    let (state, message, _) = t.entry(&admitted);
-    assert_eq!(state, CheckState::Ready);
+    let entry = t.entry(&admitted);
+    assert_eq!(entry.state, CheckState::Ready);
     let midnight = budget_check::window::format_time(today().end());
     assert_eq!(
-        message,
+        entry.message,
         format!(
             "charged 1 credits (2 cpu for 30m); namespace {} has spent 1 of 10 credits this day, until {midnight}",
             t.env.ns
@@ -204,9 +164,7 @@ async fn a_fitting_workload_is_admitted_and_charged_its_estimate() -> Result<()>
 
 #[tokio::test]
 async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<()> {
-    let t = setup("budget-exceeds").await?;
-    t.set_budget("3/day").await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("budget-exceeds", "3/day").await?;
     let a = t.submit("job-a", "2", None).await?;
     t.env.wait_admitted(&a).await?;
 
@@ -214,33 +172,29 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
     let waiting = t
         .env
         .wait_workload(&b, "Retry, and Kueue's requeueAt set", |wl| {
-            t.entry(wl).0 == CheckState::Retry && wl.requeue_at().is_some()
+            t.entry(wl).state == CheckState::Retry && wl.requeue_at().is_some()
         })
         .await?;
-    let (_, message, delay) = t.entry(&waiting);
-    let entry = waiting
-        .admission_check(&t.q.check)
-        .cloned()
-        .unwrap_or_default();
+    let entry = t.entry(&waiting);
     let decided = entry
         .last_transition_time
         .map(|t| t.0)
         .ok_or_else(|| anyhow::anyhow!("no lastTransitionTime"))?;
     let window = Window::containing(Period::Day, decided);
     let until_reset = window.end().as_second() - decided.as_second();
-    let delay = i64::from(delay.unwrap_or_default());
+    let delay = i64::from(entry.requeue_after_seconds.unwrap_or_default());
     ensure!(
         (until_reset..=until_reset + 1).contains(&delay),
         "requeueAfterSeconds {delay}, {until_reset} s to the reset\n{}",
         e2e::dump(&waiting)
     );
     let midnight = budget_check::window::format_time(window.end());
-    assert!(
-        message.starts_with(&format!(
+    assert_starts_with(
+        &entry.message,
+        &format!(
             "the estimated cost of 2 credits (2 cpu for 1h) would take namespace {} over its budget: 2 of 3 credits spent this day; the budget starts again at {midnight} (attempt 1; next attempt not before {midnight})",
             t.env.ns
-        )),
-        "{message}"
+        ),
     );
     // Kueue holds the quota through a delayed Retry (docs/kueue-behaviour.md), until the reset.
     let requeue_at = waiting.requeue_at().map(|t| t.as_second());
@@ -252,33 +206,19 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
     );
     assert!(waiting.condition_is_true(cond::QUOTA_RESERVED));
     assert!(!waiting.condition_is_true(cond::ADMITTED));
-    assert_eq!(open(&t.ledger().await?), vec![a]);
+    assert_eq!(t.ledger().await?.charged_workloads(), vec![a]);
     Ok(())
 }
 
 #[tokio::test]
 async fn a_workload_costlier_than_the_whole_budget_is_rejected_and_deactivated() -> Result<()> {
-    let t = setup("budget-never").await?;
-    t.set_budget("3/week").await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("budget-never", "3/week").await?;
     // The Rejected entry is reset to Pending by the eviction after the deactivation: recorded.
     let mut recorder = t.env.record_workloads().await?;
     let wl = t.submit("job", "4", None).await?;
-    let versions = recorder
-        .until(&wl, "deactivated", |wl| !wl.is_active())
-        .await?;
-    let (state, message, _) = versions
-        .iter()
-        .map(|v| t.entry(v))
-        .find(|(state, ..)| *state == CheckState::Rejected)
-        .unwrap_or_default();
+    let rejected = t.rejected_before_deactivation(&mut recorder, &wl).await?;
     assert_eq!(
-        state,
-        CheckState::Rejected,
-        "never Rejected before the deactivation"
-    );
-    assert_eq!(
-        message,
+        rejected,
         format!(
             "the estimated cost of 4 credits (4 cpu for 1h) is more than the whole budget of namespace {}: 3 credits per week",
             t.env.ns
@@ -293,9 +233,7 @@ async fn a_workload_costlier_than_the_whole_budget_is_rejected_and_deactivated()
 /// budget they free admits the next.
 #[tokio::test]
 async fn finishing_or_evicting_gives_back_what_was_not_used() -> Result<()> {
-    let t = setup("budget-refund").await?;
-    t.set_budget("5/day").await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("budget-refund", "5/day").await?;
     let a = t.submit("job-a", "2", None).await?;
     let b = t.submit("job-b", "2", None).await?;
     t.env.wait_admitted(&a).await?;
@@ -304,7 +242,9 @@ async fn finishing_or_evicting_gives_back_what_was_not_used() -> Result<()> {
 
     t.finish("job-a", &a).await?;
     let ledger = t
-        .wait_ledger("A settled after it finished", |l| open(l) == [b.clone()])
+        .wait_ledger("A settled after it finished", |l| {
+            l.charged_workloads() == [b.clone()]
+        })
         .await?;
     // A ran seconds of its hour (Kueue's whole-second Finished time may even make it none):
     // 2 cores for a minute would be 0.034.
@@ -359,10 +299,10 @@ async fn a_missing_or_malformed_budget_keeps_workloads_pending_with_the_reason()
         let pending = t
             .env
             .wait_workload(&wl, &format!("Pending: {expected}"), |wl| {
-                t.entry(wl).1 == expected
+                t.entry(wl).message == expected
             })
             .await?;
-        assert_eq!(t.entry(&pending).0, CheckState::Pending);
+        assert_eq!(t.entry(&pending).state, CheckState::Pending);
     }
     t.set_budgets(&[(ns.as_str(), "10/week")]).await?;
     t.env.wait_admitted(&wl).await?;
@@ -400,7 +340,7 @@ async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()>
     let _second = t.start(t.env.client.clone());
     t.env.wait_admitted(&b).await?;
     let ledger = t.ledger().await?;
-    assert_eq!(open(&ledger), vec![b]);
+    assert_eq!(ledger.charged_workloads(), vec![b]);
     let charge = ledger
         .open_charges()
         .values()
@@ -423,12 +363,6 @@ async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()>
     Ok(())
 }
 
-/// What the race test's recorders see.
-enum Seen {
-    Workload(kube::runtime::watcher::Event<Workload>),
-    Ledger(kube::runtime::watcher::Event<ConfigMap>),
-}
-
 /// Nine Workloads of 1 credit each, submitted at once against a budget of 3 and decided by two
 /// controller instances at the same time, against the real Kueue. Two recorders (every
 /// Workload version, every ledger version) check that the ledger never spends more than the
@@ -436,105 +370,22 @@ enum Seen {
 /// charge is already in the ledger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_workloads_at_once_never_overspend_at_any_version() -> Result<()> {
-    use futures::StreamExt;
-    use kube::runtime::watcher::{Config, Event, watcher};
     let t = setup("budget-race").await?;
     t.set_budget("3/day").await?;
     let _one = t.start(t.env.client.clone());
     let _two = t.start(t.env.client.clone());
-    let ledger_name = format!("budget-ledger-{}", t.env.ns);
-    let maps: Api<ConfigMap> = Api::namespaced(t.env.client.clone(), &t.env.ns);
-    let mut events = futures::stream::select(
-        watcher(t.env.workloads(), Config::default()).map(|e| e.map(Seen::Workload)),
-        watcher(
-            maps,
-            Config::default().fields(&format!("metadata.name={ledger_name}")),
-        )
-        .map(|e| e.map(Seen::Ledger)),
-    )
-    .boxed();
-    // Both initial lists done before any Job exists (watch streams start when polled).
-    let mut listed = 0;
-    while listed < 2 {
-        let next = tokio::time::timeout(DEFAULT_TIMEOUT, events.next())
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("the watches ended"))?;
-        if matches!(
-            next,
-            Ok(Seen::Workload(Event::InitDone) | Seen::Ledger(Event::InitDone))
-        ) {
-            listed += 1;
-        }
-    }
     let jobs: Vec<String> = (0..9).map(|i| format!("job-{i}")).collect();
-    futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "1", None))).await?;
-
+    let submit = futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "1", None)));
     let budget = credits("3");
-    let mut admitted = std::collections::BTreeSet::new();
-    let mut retried = std::collections::BTreeSet::new();
-    let mut charged: Vec<String> = Vec::new();
-    let (mut workload_versions, mut ledger_versions) = (0u32, 0u32);
-    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
-    while admitted.len() < 3
-        || retried.difference(&admitted).count() < 6
-        || charged != admitted.iter().cloned().collect::<Vec<_>>()
-    {
-        let next = tokio::time::timeout_at(deadline, events.next())
-            .await
-            .map_err(|_| {
-                anyhow::anyhow!(
-                    "not settled in time: admitted {admitted:?}, retried {retried:?}, charged \
-                     {charged:?} ({workload_versions} Workload, {ledger_versions} ledger versions)"
-                )
-            })?
-            .ok_or_else(|| anyhow::anyhow!("the watches ended"))?;
-        match next.map_err(|e| anyhow::anyhow!("a recorder's watch failed: {e}"))? {
-            Seen::Workload(Event::Apply(wl) | Event::InitApply(wl)) => {
-                workload_versions += 1;
-                let name = wl.name_any();
-                if t.entry(&wl).0 == CheckState::Retry {
-                    retried.insert(name.clone());
-                }
-                if wl.condition_is_true(cond::ADMITTED) {
-                    if admitted.insert(name.clone()) {
-                        // Charged before Ready was written: a fresh read shows the charge.
-                        let ledger = t.ledger().await?;
-                        ensure!(
-                            open(&ledger).contains(&name),
-                            "{name} admitted without a charge: {ledger:#?}"
-                        );
-                    }
-                } else {
-                    admitted.remove(&name);
-                }
-                ensure!(
-                    admitted.len() <= 3,
-                    "over the budget: {admitted:?} admitted"
-                );
-            }
-            Seen::Ledger(Event::Apply(cm) | Event::InitApply(cm)) => {
-                ledger_versions += 1;
-                let ledger = BudgetLedger::from_config_map_data(&cm.data.unwrap_or_default())
-                    .map_err(|e| anyhow::anyhow!("a corrupt ledger version: {e:?}"))?;
-                let spent = ledger.spent(&today());
-                ensure!(
-                    spent <= budget,
-                    "ledger version {:?} spends {spent} of a budget of {budget}: {ledger:#?}",
-                    cm.metadata.resource_version
-                );
-                charged = open(&ledger);
-            }
-            _ => {}
-        }
-    }
-    ensure!(
-        ledger_versions >= 3 && workload_versions >= 9,
-        "too little observed: {ledger_versions} ledger and {workload_versions} Workload versions"
-    );
-    println!(
-        "recorded {workload_versions} Workload and {ledger_versions} ledger versions: never over budget"
-    );
-    Ok(())
+    t.record_race(3, submit, |ledger| {
+        let spent = ledger.spent(&today());
+        ensure!(
+            spent <= budget,
+            "spends {spent} of a budget of {budget}: {ledger:#?}"
+        );
+        Ok(())
+    })
+    .await
 }
 
 /// Shadow mode, as a platform team rolls a budget out: the controller decides every Workload
@@ -545,6 +396,7 @@ async fn many_workloads_at_once_never_overspend_at_any_version() -> Result<()> {
 #[tokio::test]
 async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refused() -> Result<()> {
     let env = TestEnv::new("budget-shadow").await?;
+    let backend = backend(&env.ns);
     let controller_name = env.own_controller_name("budget");
     let flavor = env.resource_flavor("default").await?.name_any();
     let check = env
@@ -557,18 +409,18 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
         .await?
         .name_any();
     env.local_queue("lq", &cq).await?;
-    let backend = ConfigMapBackend {
-        namespace: env.ns.clone(),
-        budgets: BUDGETS.into(),
-        ledger_prefix: "budget-ledger-".into(),
-    };
     let q = GuardedQueue {
         flavor,
         check,
         controller_name,
         cluster_queue: cq.clone(),
     };
-    let t = Budgeted { env, q, backend };
+    let t = ExampleTest {
+        env,
+        q,
+        backend,
+        ledger_format: LEDGER_FORMAT,
+    };
     t.set_budget("3/week").await?;
     let http = e2e::free_local_address()?;
     let _controller = t.start_with(
@@ -647,7 +499,7 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
         assert!(note.contains("would have answered Rejected"), "{note}");
     }
     // Only the Workload it would have admitted is charged, as enforcing would have.
-    assert_eq!(open(&t.ledger().await?), vec![fits.clone()]);
+    assert_eq!(t.ledger().await?.charged_workloads(), vec![fits.clone()]);
 
     // No entry, no attempt record, no field of ours on any Workload: every write would have
     // left its field manager in managedFields.

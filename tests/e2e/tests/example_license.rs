@@ -1,16 +1,15 @@
 //! The license-check example against the real Kueue: its controller runs in this process, one
 //! instance (or two) per test, answering only that test's AdmissionCheck.
 
-use std::collections::BTreeSet;
+mod example_common;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
-use e2e::{DEFAULT_TIMEOUT, GuardedQueue, TestEnv};
-use futures::StreamExt;
+use anyhow::{Result, ensure};
+use example_common::{ExampleTest, LedgerFormat, assert_starts_with};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RetryPolicy;
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
@@ -25,23 +24,30 @@ const POOL: &str = "license-pool";
 const LEDGER: &str = "license-ledger";
 
 /// One test's queue, check and the ConfigMaps its controller uses.
-struct Licensed {
-    env: TestEnv,
-    q: GuardedQueue,
-    backend: ConfigMapBackend,
-}
+type Licensed = ExampleTest<ConfigMapBackend, Ledger>;
+
+/// One ledger ConfigMap for all namespaces; a Workload is in it while it holds licenses.
+const LEDGER_FORMAT: LedgerFormat<ConfigMapBackend, Ledger> = LedgerFormat {
+    configmap: |backend, _| backend.ledger.clone(),
+    parse: Ledger::from_config_map_data,
+    holders,
+};
 
 async fn setup(test: &str) -> Result<Licensed> {
-    let env = TestEnv::new(test).await?;
-    let q = env
-        .guarded_queue("licenses", &env.own_controller_name("license"), "20")
-        .await?;
-    let backend = ConfigMapBackend {
-        namespace: env.ns.clone(),
+    let backend = |ns: &str| ConfigMapBackend {
+        namespace: ns.into(),
         pool: POOL.into(),
         ledger: LEDGER.into(),
     };
-    Ok(Licensed { env, q, backend })
+    ExampleTest::new(test, "licenses", "license", backend, LEDGER_FORMAT).await
+}
+
+/// [`setup`] with the license pool `pool` and a controller started.
+async fn setup_running(test: &str, pool: &[(&str, &str)]) -> Result<(Licensed, e2e::Running)> {
+    let t = setup(test).await?;
+    t.set_pool(pool).await?;
+    let controller = t.start(t.env.client.clone());
+    Ok((t, controller))
 }
 
 impl Licensed {
@@ -102,38 +108,6 @@ impl Licensed {
         Ok(())
     }
 
-    async fn ledger(&self) -> Result<Ledger> {
-        Ok(self.backend.load(&self.env.client).await?.value)
-    }
-
-    /// Polls the ledger until `cond` holds.
-    async fn wait_ledger(&self, what: &str, cond: impl Fn(&Ledger) -> bool) -> Result<Ledger> {
-        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
-        loop {
-            let ledger = self.ledger().await?;
-            if cond(&ledger) {
-                return Ok(ledger);
-            }
-            if tokio::time::Instant::now() > deadline {
-                bail!("timed out waiting for the ledger: {what}\nledger: {ledger:#?}");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    fn entry(&self, wl: &Workload) -> (CheckState, String, Option<i32>, Option<i32>) {
-        let e = wl
-            .admission_check(&self.q.check)
-            .cloned()
-            .unwrap_or_default();
-        (e.state, e.message, e.retry_count, e.requeue_after_seconds)
-    }
-
-    async fn uid(&self, workload: &str) -> Result<String> {
-        let wl = self.env.workloads().get(workload).await?;
-        wl.uid().ok_or_else(|| anyhow::anyhow!("no uid"))
-    }
-
     async fn admitted(&self) -> Result<Vec<String>> {
         let list = self.env.workloads().list(&ListParams::default()).await?;
         Ok(list
@@ -143,12 +117,6 @@ impl Licensed {
             .map(|wl| wl.name_any())
             .collect())
     }
-}
-
-/// What the race test's recorders see.
-enum Seen {
-    Workload(kube::runtime::watcher::Event<Workload>),
-    Ledger(kube::runtime::watcher::Event<ConfigMap>),
 }
 
 /// Holders in the ledger, by Workload name.
@@ -205,16 +173,14 @@ impl Backend for Dawdling {
 #[tokio::test]
 async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_released() -> Result<()>
 {
-    let t = setup("license-hold").await?;
-    t.set_pool(&[("matlab", "1")]).await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("license-hold", &[("matlab", "1")]).await?;
 
     let a = t.submit("job-a", "matlab=1").await?;
     let admitted = t.env.wait_admitted(&a).await?;
-    let (state, message, _, _) = t.entry(&admitted);
-    assert_eq!(state, CheckState::Ready);
+    let entry = t.entry(&admitted);
+    assert_eq!(entry.state, CheckState::Ready);
     assert_eq!(
-        message,
+        entry.message,
         "holds matlab=1 until the workload finishes or is evicted"
     );
     t.env.wait_job_unsuspended("job-a").await?;
@@ -232,21 +198,25 @@ async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_rel
     let waiting = t
         .env
         .wait_workload(&b, "Retry on its second attempt", |wl| {
-            let (state, message, _, _) = t.entry(wl);
-            state == CheckState::Retry && message.contains("(attempt 2;")
+            let entry = t.entry(wl);
+            entry.state == CheckState::Retry && entry.message.contains("(attempt 2;")
         })
         .await?;
-    let (_, message, retry_count, delay) = t.entry(&waiting);
-    assert!(
-        message.starts_with(&format!(
+    let entry = t.entry(&waiting);
+    assert_starts_with(
+        &entry.message,
+        &format!(
             "waiting for licenses: matlab: needs 1, 0 of 1 free, held by {}/{a} (1)",
             t.env.ns
-        )),
-        "{message}"
+        ),
     );
-    assert_eq!(retry_count, Some(1), "{}", e2e::dump(&waiting));
+    assert_eq!(entry.retry_count, Some(1), "{}", e2e::dump(&waiting));
     // Attempt 2 waits 2 s (the SDK rounds the dropped sub-second part up).
-    assert!(matches!(delay, Some(2 | 3)), "{}", e2e::dump(&waiting));
+    assert!(
+        matches!(entry.requeue_after_seconds, Some(2 | 3)),
+        "{}",
+        e2e::dump(&waiting)
+    );
     assert!(!waiting.condition_is_true(cond::ADMITTED));
     assert_eq!(holders(&t.ledger().await?), vec![a.clone()]);
 
@@ -263,9 +233,7 @@ async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_rel
 /// a finished Workload and a deactivated (evicted) one give theirs back.
 #[tokio::test]
 async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
-    let t = setup("license-release").await?;
-    t.set_pool(&[("matlab", "2")]).await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("license-release", &[("matlab", "2")]).await?;
     let a = t.submit("job-a", "matlab=1").await?;
     let b = t.submit("job-b", "matlab=1").await?;
     t.env.wait_admitted(&a).await?;
@@ -297,9 +265,7 @@ async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
 #[tokio::test]
 async fn a_deleted_workload_gives_its_licenses_back_and_its_successor_books_its_own() -> Result<()>
 {
-    let t = setup("license-deleted").await?;
-    t.set_pool(&[("matlab", "1")]).await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("license-deleted", &[("matlab", "1")]).await?;
     let wl = t.submit("job", "matlab=1").await?;
     let first = t.env.wait_admitted(&wl).await?;
     let first_uid = first.uid().unwrap_or_default();
@@ -329,9 +295,7 @@ async fn a_deleted_workload_gives_its_licenses_back_and_its_successor_books_its_
 
 #[tokio::test]
 async fn requests_the_pool_can_never_satisfy_are_rejected_and_deactivated() -> Result<()> {
-    let t = setup("license-reject").await?;
-    t.set_pool(&[("matlab", "2")]).await?;
-    let _controller = t.start(t.env.client.clone());
+    let (t, _controller) = setup_running("license-reject", &[("matlab", "2")]).await?;
     // Kueue deactivates a rejected Workload, then evicts it and resets the entry to Pending
     // ("Previously: Rejected") in a later write: the Rejected entry is only in the history.
     let mut recorder = t.env.record_workloads().await?;
@@ -354,16 +318,7 @@ async fn requests_the_pool_can_never_satisfy_are_rejected_and_deactivated() -> R
         ),
     ] {
         let wl = t.submit(job, licenses).await?;
-        let versions = recorder
-            .until(&wl, "deactivated", |wl| !wl.is_active())
-            .await?;
-        let rejected = versions
-            .iter()
-            .map(|v| t.entry(v))
-            .find(|(state, ..)| *state == CheckState::Rejected);
-        let Some((_, message, _, _)) = rejected else {
-            panic!("{job}: never Rejected before the deactivation");
-        };
+        let message = t.rejected_before_deactivation(&mut recorder, &wl).await?;
         assert!(message.ends_with(expected), "{job}: {message}");
     }
     assert!(t.ledger().await?.holdings().is_empty());
@@ -381,7 +336,7 @@ async fn a_missing_or_malformed_pool_keeps_workloads_pending_with_the_reason() -
     );
     t.env
         .wait_workload(&wl, "Pending: the pool does not exist", |wl| {
-            t.entry(wl).1 == missing
+            t.entry(wl).message == missing
         })
         .await?;
 
@@ -393,10 +348,10 @@ async fn a_missing_or_malformed_pool_keeps_workloads_pending_with_the_reason() -
     let pending = t
         .env
         .wait_workload(&wl, "Pending: the pool is invalid", |wl| {
-            t.entry(wl).1 == invalid
+            t.entry(wl).message == invalid
         })
         .await?;
-    assert_eq!(t.entry(&pending).0, CheckState::Pending);
+    assert_eq!(t.entry(&pending).state, CheckState::Pending);
     assert!(pending.condition_is_true(cond::QUOTA_RESERVED));
 
     t.set_pool(&[("matlab", "1"), ("ansys", "2")]).await?;
@@ -421,7 +376,7 @@ async fn a_restart_neither_leaks_nor_double_books() -> Result<()> {
     let b = t.submit("job-b", "matlab=1").await?;
     t.env
         .wait_workload(&b, "Retry: the license is taken", |wl| {
-            t.entry(wl).0 == CheckState::Retry
+            t.entry(wl).state == CheckState::Retry
         })
         .await?;
 
@@ -456,8 +411,8 @@ async fn a_restart_neither_leaks_nor_double_books() -> Result<()> {
     // The other keeps asking (it goes through more attempts) and never gets in.
     t.env
         .wait_workload(&loser, "asked again and told to retry", |wl| {
-            let (state, _, retry_count, _) = t.entry(wl);
-            state == CheckState::Retry && retry_count >= Some(2)
+            let entry = t.entry(wl);
+            entry.state == CheckState::Retry && entry.retry_count >= Some(2)
         })
         .await?;
     assert_eq!(t.admitted().await?, vec![winner.clone()]);
@@ -489,122 +444,16 @@ async fn two_instances_deciding_at_once_never_exceed_the_pool() -> Result<()> {
         t.env.client.clone(),
         Dawdling(t.backend.clone(), Duration::from_millis(30)),
     );
-    // Two recorders, started before the Jobs, see every version of every Workload and of the
-    // ledger (not samples): a brief over-admission between two looks cannot be missed.
-    let workload_events =
-        kube::runtime::watcher(t.env.workloads(), kube::runtime::watcher::Config::default());
-    let ledgers: Api<ConfigMap> = Api::namespaced(t.env.client.clone(), &t.env.ns);
-    let ledger_events = kube::runtime::watcher(
-        ledgers,
-        kube::runtime::watcher::Config::default().fields(&format!("metadata.name={LEDGER}")),
-    );
-    let mut events = futures::stream::select(
-        workload_events.map(|e| e.map(Seen::Workload)),
-        ledger_events.map(|e| e.map(Seen::Ledger)),
-    )
-    .boxed();
-    // Watch streams start when first polled: both initial lists are done before any Job
-    // exists, so the recorders see the race from its first version.
-    let mut listed = 0;
-    while listed < 2 {
-        let next =
-            tokio::time::timeout_at(tokio::time::Instant::now() + DEFAULT_TIMEOUT, events.next())
-                .await
-                .context("the recorders' initial lists")?
-                .context("the watches ended")?;
-        if matches!(
-            next,
-            Ok(Seen::Workload(kube::runtime::watcher::Event::InitDone)
-                | Seen::Ledger(kube::runtime::watcher::Event::InitDone))
-        ) {
-            listed += 1;
-        }
-    }
     // All at once, so that Kueue reserves quota for them in one burst.
     let jobs: Vec<String> = (0..9).map(|i| format!("job-{i}")).collect();
-    futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "matlab=1"))).await?;
-
-    let mut admitted: BTreeSet<String> = BTreeSet::new();
-    let mut retried: BTreeSet<String> = BTreeSet::new();
-    let (mut workload_versions, mut ledger_versions) = (0u32, 0u32);
-    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
-    let mut booked: Vec<String> = Vec::new();
-    // Done when 3 are admitted, each of the other 6 was told to retry at least once (every
-    // Workload has been through the race), and the ledger recorder has caught up with the
-    // grants of the 3.
-    while admitted.len() < 3
-        || retried.difference(&admitted).count() < 6
-        || booked != admitted.iter().cloned().collect::<Vec<_>>()
-    {
-        let next = tokio::time::timeout_at(deadline, events.next())
-            .await
-            .map_err(|_| {
-                anyhow::anyhow!(
-                    "not settled in time: admitted {admitted:?}, retried {retried:?} \
-                     ({workload_versions} Workload and {ledger_versions} ledger versions seen)"
-                )
-            })?
-            .context("the watches ended")?;
-        let event = match next {
-            Ok(e) => e,
-            Err(e) => bail!("a recorder's watch failed: {e}"),
-        };
-        use kube::runtime::watcher::Event;
-        match event {
-            Seen::Workload(Event::Apply(wl) | Event::InitApply(wl)) => {
-                workload_versions += 1;
-                let name = wl.name_any();
-                if wl
-                    .admission_check(&t.q.check)
-                    .is_some_and(|e| e.state == CheckState::Retry)
-                {
-                    retried.insert(name.clone());
-                }
-                if wl.condition_is_true(cond::ADMITTED) {
-                    if admitted.insert(name.clone()) {
-                        // The grant was saved before Ready was written: a fresh read of the
-                        // ledger, made after this version, must show the holding.
-                        let ledger = t.ledger().await?;
-                        ensure!(
-                            holders(&ledger).contains(&name),
-                            "{name} admitted without a holding: {ledger:#?}"
-                        );
-                    }
-                } else {
-                    admitted.remove(&name);
-                }
-                ensure!(
-                    admitted.len() <= 3,
-                    "{} admitted at once, over the pool of 3: {admitted:?}",
-                    admitted.len()
-                );
-            }
-            Seen::Workload(Event::Delete(wl)) => {
-                admitted.remove(&wl.name_any());
-            }
-            Seen::Ledger(Event::Apply(cm) | Event::InitApply(cm)) => {
-                ledger_versions += 1;
-                let data = cm.data.unwrap_or_default();
-                let ledger = Ledger::from_config_map_data(&data)
-                    .map_err(|e| anyhow::anyhow!("a corrupt ledger version: {e:?}"))?;
-                booked = holders(&ledger);
-                ensure!(
-                    matlab_in_use(&ledger) <= 3,
-                    "ledger version {:?} books {} matlab licenses of 3: {ledger:#?}",
-                    cm.metadata.resource_version,
-                    matlab_in_use(&ledger)
-                );
-            }
-            _ => {}
-        }
-    }
-    // Hollow if the race never happened: several ledger versions, every Workload seen.
-    ensure!(
-        ledger_versions >= 3 && workload_versions >= 9,
-        "too little observed: {ledger_versions} ledger and {workload_versions} Workload versions"
-    );
-    println!(
-        "recorded {workload_versions} Workload and {ledger_versions} ledger versions: never over 3"
-    );
-    Ok(())
+    let submit = futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "matlab=1")));
+    t.record_race(3, submit, |ledger| {
+        let in_use = matlab_in_use(ledger);
+        ensure!(
+            in_use <= 3,
+            "books {in_use} matlab licenses of 3: {ledger:#?}"
+        );
+        Ok(())
+    })
+    .await
 }
