@@ -823,7 +823,13 @@ impl TestEnv {
     /// Submits a suspended Job (see [`suspended_job`](Self::suspended_job)) and returns the name
     /// of the Workload Kueue creates for it.
     pub async fn submit_job(&self, name: &str, local_queue: &str, cpu: &str) -> Result<String> {
-        let job = self.suspended_job(name, local_queue, cpu).await?;
+        self.submit(&SuspendedJob::new(name, local_queue, cpu))
+            .await
+    }
+
+    /// Creates the Job `job` describes and returns the name of the Workload Kueue creates for it.
+    pub async fn submit(&self, job: &SuspendedJob<'_>) -> Result<String> {
+        let job = self.create_job(job).await?;
         Ok(self.workload_for_job(&job).await?.name_any())
     }
 
@@ -1000,20 +1006,18 @@ impl TestEnv {
 
     /// Waits until Kueue has unsuspended the Job.
     pub async fn wait_job_unsuspended(&self, job: &str) -> Result<Job> {
-        self.wait_job(job, "spec.suspend=false", |j| {
-            j.spec.as_ref().and_then(|s| s.suspend) == Some(false)
-        })
-        .await
+        self.wait_job_suspend(job, false).await
     }
 
-    /// Waits until the named Job satisfies `cond`.
-    pub async fn wait_job(
-        &self,
-        name: &str,
-        what: &str,
-        cond: impl Fn(&Job) -> bool,
-    ) -> Result<Job> {
-        wait_for(self.jobs(), name, what, cond).await
+    /// Waits until the Job's `spec.suspend` is `suspend` (Kueue suspends it again on eviction).
+    pub async fn wait_job_suspend(&self, job: &str, suspend: bool) -> Result<Job> {
+        wait_for(
+            self.jobs(),
+            job,
+            &format!("spec.suspend={suspend}"),
+            |j: &Job| j.spec.as_ref().and_then(|s| s.suspend) == Some(suspend),
+        )
+        .await
     }
 
     /// Answers a check as a correct controller does: read the Workload, decide only while it

@@ -544,14 +544,15 @@ impl TestEnv {
             .collect())
     }
 
-    /// Waits until the named ProvisioningRequest of this namespace satisfies `cond`.
-    pub async fn wait_request(
-        &self,
-        name: &str,
-        what: &str,
-        cond: impl Fn(&ProvisioningRequest) -> bool,
-    ) -> Result<ProvisioningRequest> {
-        crate::wait_for(self.provisioning_requests(), name, what, cond).await
+    /// Waits until the named ProvisioningRequest of this namespace has condition `type_` True.
+    pub async fn wait_request(&self, name: &str, type_: &str) -> Result<ProvisioningRequest> {
+        crate::wait_for(
+            self.provisioning_requests(),
+            name,
+            &format!("{type_}=True"),
+            |r: &ProvisioningRequest| request_condition_is_true(r, type_),
+        )
+        .await
     }
 
     /// Creates a Workload of one podset `main` of one pod requesting 1 cpu, owned by no job,
