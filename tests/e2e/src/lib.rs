@@ -37,9 +37,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, Resource, ResourceExt};
 use kueue_admission_sdk::api::{
-    AdmissionCheck, AdmissionCheckSpec, AdmissionCheckStrategyRule, AdmissionChecksStrategy,
-    CheckState, ClusterQueue, ClusterQueueSpec, FlavorQuotas, LocalQueue, LocalQueueSpec,
-    ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota, Workload, workload_condition,
+    AdmissionCheck, AdmissionCheckSpec, AdmissionCheckState, AdmissionCheckStrategyRule,
+    AdmissionChecksStrategy, CheckState, ClusterQueue, ClusterQueueSpec, FlavorQuotas, LocalQueue,
+    LocalQueueSpec, ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota, Workload,
+    workload_condition,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -614,6 +615,11 @@ impl TestEnv {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// Creates this Workload in the test's namespace.
+    pub async fn create_workload(&self, wl: &Workload) -> Result<Workload> {
+        create(self.workloads(), wl).await
+    }
+
     /// Jobs of this test's namespace.
     pub fn jobs(&self) -> Api<Job> {
         Api::namespaced(self.client.clone(), &self.ns)
@@ -955,6 +961,27 @@ impl TestEnv {
             wl.condition_is_true(workload_condition::ADMITTED)
         })
         .await
+    }
+
+    /// Waits until the Workload is admitted with `check`'s entry `Ready`; returns both.
+    pub async fn wait_admitted_ready(
+        &self,
+        workload: &str,
+        check: &str,
+    ) -> Result<(Workload, AdmissionCheckState)> {
+        let what = format!("Admitted=True with {check} Ready");
+        let wl = self
+            .wait_workload(workload, &what, |w| {
+                w.condition_is_true(workload_condition::ADMITTED)
+                    && w.admission_check(check)
+                        .is_some_and(|e| e.state == CheckState::Ready)
+            })
+            .await?;
+        let entry = wl
+            .admission_check(check)
+            .cloned()
+            .with_context(|| format!("no entry for {check}"))?;
+        Ok((wl, entry))
     }
 
     /// Ends a Job the way its pods would: this control plane has no Job controller, so the test

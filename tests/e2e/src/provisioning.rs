@@ -561,10 +561,7 @@ impl TestEnv {
     pub async fn standalone_workload(&self, name: &str, script: &str) -> Result<Workload> {
         let template = crate::pod_template(json!({simulator::SCRIPT_ANNOTATION: script}), "1");
         let wl = crate::standalone_workload(&self.ns, name, json!({}), template)?;
-        self.workloads()
-            .create(&PostParams::default(), &wl)
-            .await
-            .with_context(|| format!("creating Workload {name}"))
+        self.create_workload(&wl).await
     }
 }
 
