@@ -389,11 +389,7 @@ impl Run {
 
     /// The controller as the rendered Deployment runs it, authenticated as the ServiceAccount.
     fn start_controller(&self) -> Result<Running> {
-        let (settings, runtime) = chart::provisioning_config_from_deployment(
-            &self.objects,
-            &self.env.ns,
-            e2e::free_local_address()?,
-        )?;
+        let (settings, runtime) = self.deployment_config()?;
         let lease = runtime
             .leader_election
             .as_ref()
@@ -749,12 +745,22 @@ impl Run {
 
     /// The events' reporting controller: the field manager the Deployment's args give.
     fn field_manager(&self) -> Result<String> {
-        let (_, runtime) = chart::provisioning_config_from_deployment(
+        Ok(self.deployment_config()?.1.field_manager)
+    }
+
+    /// The controller's settings as the rendered Deployment's args give them, serving metrics
+    /// on a free local port.
+    fn deployment_config(
+        &self,
+    ) -> Result<(
+        kueue_provisioning_controller::Settings,
+        kueue_admission_sdk::RuntimeConfig,
+    )> {
+        chart::provisioning_config_from_deployment(
             &self.objects,
             &self.env.ns,
             e2e::free_local_address()?,
-        )?;
-        Ok(runtime.field_manager)
+        )
     }
 }
 
