@@ -657,22 +657,12 @@ impl Run {
             Step::JobCleanedUp,
             poll(w, STEP_TIMEOUT, || async {
                 let lp = ListParams::default().labels(&selector);
-                let requests: Vec<String> = env
-                    .provisioning_requests()
-                    .list(&lp)
-                    .await?
-                    .items
-                    .iter()
-                    .map(|r| r.name_any())
-                    .collect();
-                let templates: Vec<String> =
-                    Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
-                        .list(&lp)
-                        .await?
-                        .items
-                        .iter()
-                        .map(|t| t.name_any())
-                        .collect();
+                let requests = listed_names(env.provisioning_requests(), &lp).await?;
+                let templates = listed_names(
+                    Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns),
+                    &lp,
+                )
+                .await?;
                 Ok(if requests.is_empty() && templates.is_empty() {
                     Ok(())
                 } else {
@@ -762,6 +752,20 @@ impl Run {
             e2e::free_local_address()?,
         )
     }
+}
+
+/// Names of the objects `api` lists with `lp`.
+async fn listed_names<K>(api: Api<K>, lp: &ListParams) -> kube::Result<Vec<String>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(lp)
+        .await?
+        .items
+        .iter()
+        .map(|k| k.name_any())
+        .collect())
 }
 
 /// Ready (caches synced) and leading (holds the Lease).
