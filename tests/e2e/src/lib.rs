@@ -38,9 +38,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Config, Resource, ResourceExt};
 use kueue_admission_sdk::api::{
-    AdmissionCheck, AdmissionCheckSpec, AdmissionCheckStrategyRule, AdmissionChecksStrategy,
-    CheckState, ClusterQueue, ClusterQueueSpec, FlavorQuotas, LocalQueue, LocalQueueSpec,
-    ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota, Workload, workload_condition,
+    AdmissionCheck, AdmissionCheckSpec, AdmissionCheckState, AdmissionCheckStrategyRule,
+    AdmissionChecksStrategy, CheckState, ClusterQueue, ClusterQueueSpec, FlavorQuotas, LocalQueue,
+    LocalQueueSpec, ResourceFlavor, ResourceFlavorSpec, ResourceGroup, ResourceQuota, Workload,
+    workload_condition,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -615,6 +616,11 @@ impl TestEnv {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// Creates this Workload in the test's namespace.
+    pub async fn create_workload(&self, wl: &Workload) -> Result<Workload> {
+        create(self.workloads(), wl).await
+    }
+
     /// Jobs of this test's namespace.
     pub fn jobs(&self) -> Api<Job> {
         Api::namespaced(self.client.clone(), &self.ns)
@@ -824,7 +830,13 @@ impl TestEnv {
     /// Submits a suspended Job (see [`suspended_job`](Self::suspended_job)) and returns the name
     /// of the Workload Kueue creates for it.
     pub async fn submit_job(&self, name: &str, local_queue: &str, cpu: &str) -> Result<String> {
-        let job = self.suspended_job(name, local_queue, cpu).await?;
+        self.submit(&SuspendedJob::new(name, local_queue, cpu))
+            .await
+    }
+
+    /// Creates the Job `job` describes and returns the name of the Workload Kueue creates for it.
+    pub async fn submit(&self, job: &SuspendedJob<'_>) -> Result<String> {
+        let job = self.create_job(job).await?;
         Ok(self.workload_for_job(&job).await?.name_any())
     }
 
@@ -952,6 +964,27 @@ impl TestEnv {
         .await
     }
 
+    /// Waits until the Workload is admitted with `check`'s entry `Ready`; returns both.
+    pub async fn wait_admitted_ready(
+        &self,
+        workload: &str,
+        check: &str,
+    ) -> Result<(Workload, AdmissionCheckState)> {
+        let what = format!("Admitted=True with {check} Ready");
+        let wl = self
+            .wait_workload(workload, &what, |w| {
+                w.condition_is_true(workload_condition::ADMITTED)
+                    && w.admission_check(check)
+                        .is_some_and(|e| e.state == CheckState::Ready)
+            })
+            .await?;
+        let entry = wl
+            .admission_check(check)
+            .cloned()
+            .with_context(|| format!("no entry for {check}"))?;
+        Ok((wl, entry))
+    }
+
     /// Ends a Job the way its pods would: this control plane has no Job controller, so the test
     /// writes the status that controller writes once every completion succeeded (start and
     /// completion time, `succeeded`, `SuccessCriteriaMet` and `Complete`). Kueue then marks the
@@ -1001,20 +1034,18 @@ impl TestEnv {
 
     /// Waits until Kueue has unsuspended the Job.
     pub async fn wait_job_unsuspended(&self, job: &str) -> Result<Job> {
-        self.wait_job(job, "spec.suspend=false", |j| {
-            j.spec.as_ref().and_then(|s| s.suspend) == Some(false)
-        })
-        .await
+        self.wait_job_suspend(job, false).await
     }
 
-    /// Waits until the named Job satisfies `cond`.
-    pub async fn wait_job(
-        &self,
-        name: &str,
-        what: &str,
-        cond: impl Fn(&Job) -> bool,
-    ) -> Result<Job> {
-        wait_for(self.jobs(), name, what, cond).await
+    /// Waits until the Job's `spec.suspend` is `suspend` (Kueue suspends it again on eviction).
+    pub async fn wait_job_suspend(&self, job: &str, suspend: bool) -> Result<Job> {
+        wait_for(
+            self.jobs(),
+            job,
+            &format!("spec.suspend={suspend}"),
+            |j: &Job| j.spec.as_ref().and_then(|s| s.suspend) == Some(suspend),
+        )
+        .await
     }
 
     /// Answers a check as a correct controller does: read the Workload, decide only while it

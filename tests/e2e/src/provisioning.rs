@@ -544,14 +544,15 @@ impl TestEnv {
             .collect())
     }
 
-    /// Waits until the named ProvisioningRequest of this namespace satisfies `cond`.
-    pub async fn wait_request(
-        &self,
-        name: &str,
-        what: &str,
-        cond: impl Fn(&ProvisioningRequest) -> bool,
-    ) -> Result<ProvisioningRequest> {
-        crate::wait_for(self.provisioning_requests(), name, what, cond).await
+    /// Waits until the named ProvisioningRequest of this namespace has condition `type_` True.
+    pub async fn wait_request(&self, name: &str, type_: &str) -> Result<ProvisioningRequest> {
+        crate::wait_for(
+            self.provisioning_requests(),
+            name,
+            &format!("{type_}=True"),
+            |r: &ProvisioningRequest| request_condition_is_true(r, type_),
+        )
+        .await
     }
 
     /// Creates a Workload of one podset `main` of one pod requesting 1 cpu, owned by no job,
@@ -560,10 +561,7 @@ impl TestEnv {
     pub async fn standalone_workload(&self, name: &str, script: &str) -> Result<Workload> {
         let template = crate::pod_template(json!({simulator::SCRIPT_ANNOTATION: script}), "1");
         let wl = crate::standalone_workload(&self.ns, name, json!({}), template)?;
-        self.workloads()
-            .create(&PostParams::default(), &wl)
-            .await
-            .with_context(|| format!("creating Workload {name}"))
+        self.create_workload(&wl).await
     }
 }
 

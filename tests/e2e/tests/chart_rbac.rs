@@ -389,11 +389,7 @@ impl Run {
 
     /// The controller as the rendered Deployment runs it, authenticated as the ServiceAccount.
     fn start_controller(&self) -> Result<Running> {
-        let (settings, runtime) = chart::provisioning_config_from_deployment(
-            &self.objects,
-            &self.env.ns,
-            e2e::free_local_address()?,
-        )?;
+        let (settings, runtime) = self.deployment_config()?;
         let lease = runtime
             .leader_election
             .as_ref()
@@ -661,22 +657,12 @@ impl Run {
             Step::JobCleanedUp,
             poll(w, STEP_TIMEOUT, || async {
                 let lp = ListParams::default().labels(&selector);
-                let requests: Vec<String> = env
-                    .provisioning_requests()
-                    .list(&lp)
-                    .await?
-                    .items
-                    .iter()
-                    .map(|r| r.name_any())
-                    .collect();
-                let templates: Vec<String> =
-                    Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
-                        .list(&lp)
-                        .await?
-                        .items
-                        .iter()
-                        .map(|t| t.name_any())
-                        .collect();
+                let requests = listed_names(env.provisioning_requests(), &lp).await?;
+                let templates = listed_names(
+                    Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns),
+                    &lp,
+                )
+                .await?;
                 Ok(if requests.is_empty() && templates.is_empty() {
                     Ok(())
                 } else {
@@ -749,13 +735,37 @@ impl Run {
 
     /// The events' reporting controller: the field manager the Deployment's args give.
     fn field_manager(&self) -> Result<String> {
-        let (_, runtime) = chart::provisioning_config_from_deployment(
+        Ok(self.deployment_config()?.1.field_manager)
+    }
+
+    /// The controller's settings as the rendered Deployment's args give them, serving metrics
+    /// on a free local port.
+    fn deployment_config(
+        &self,
+    ) -> Result<(
+        kueue_provisioning_controller::Settings,
+        kueue_admission_sdk::RuntimeConfig,
+    )> {
+        chart::provisioning_config_from_deployment(
             &self.objects,
             &self.env.ns,
             e2e::free_local_address()?,
-        )?;
-        Ok(runtime.field_manager)
+        )
     }
+}
+
+/// Names of the objects `api` lists with `lp`.
+async fn listed_names<K>(api: Api<K>, lp: &ListParams) -> kube::Result<Vec<String>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list(lp)
+        .await?
+        .items
+        .iter()
+        .map(|k| k.name_any())
+        .collect())
 }
 
 /// Ready (caches synced) and leading (holds the Lease).

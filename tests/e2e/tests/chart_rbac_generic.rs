@@ -18,7 +18,6 @@ use e2e::TestEnv;
 use e2e::chart::{self};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
 use kube::api::Api;
 use kueue_admission_sdk::Options;
 use kueue_admission_sdk::api::AdmissionCheck;
@@ -154,13 +153,12 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
         // reads the first Workload to settle what ended unnoticed (get), and its Retry is
         // counted on the Workload first (patch).
         let labels = [("kueue.x-k8s.io/max-exec-time-seconds", "36000")];
-        let big_job = env
-            .create_job(&e2e::SuspendedJob {
+        let big = env
+            .submit(&e2e::SuspendedJob {
                 labels: &labels,
                 ..e2e::SuspendedJob::new("big", "lq", "1")
             })
             .await?;
-        let big = env.workload_for_job(&big_job).await?.name_any();
         env.wait_workload(&big, "over budget: Retry", |w| {
             w.admission_check(&queue.check)
                 .is_some_and(|e| e.state == kueue_admission_sdk::api::CheckState::Retry)

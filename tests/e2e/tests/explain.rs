@@ -3,7 +3,7 @@
 //! rejected), each read through the CLI's own fetch and report, and asserted on what it tells.
 
 use anyhow::{Result, ensure};
-use e2e::TestEnv;
+use e2e::{GuardedQueue, TestEnv};
 use kube::ResourceExt;
 use kueue_ac::fetch::Target;
 use kueue_ac::report::{Phase, Report};
@@ -13,6 +13,15 @@ use serde_json::json;
 async fn explain(env: &TestEnv, target: &str) -> Result<Report> {
     let target: Target = target.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     Ok(kueue_ac::explain(&env.client, &env.ns, &target).await?)
+}
+
+/// A test's queues guarded by an active check `gate` that the test answers itself.
+async fn gated(test: &str) -> Result<(TestEnv, GuardedQueue)> {
+    let env = TestEnv::new(test).await?;
+    let controller = env.own_controller_name("explain");
+    let q = env.guarded_queue("gate", &controller, "4").await?;
+    env.set_admission_check_active(&q.check, true).await?;
+    Ok((env, q))
 }
 
 #[tokio::test]
@@ -46,10 +55,7 @@ async fn a_workload_without_quota_quotes_kueues_reason() -> Result<()> {
 
 #[tokio::test]
 async fn a_pending_then_retried_then_admitted_workload() -> Result<()> {
-    let env = TestEnv::new("explain-check").await?;
-    let controller = env.own_controller_name("explain");
-    let q = env.guarded_queue("gate", &controller, "4").await?;
-    env.set_admission_check_active(&q.check, true).await?;
+    let (env, q) = gated("explain-check").await?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl, &q.check).await?;
 
@@ -71,8 +77,8 @@ async fn a_pending_then_retried_then_admitted_workload() -> Result<()> {
     assert_eq!(
         r.advice,
         format!(
-            "Waiting for check {} (controller {controller}): no answer yet",
-            q.check
+            "Waiting for check {} (controller {}): no answer yet",
+            q.check, q.controller_name
         )
     );
 
@@ -117,10 +123,7 @@ async fn a_pending_then_retried_then_admitted_workload() -> Result<()> {
 
 #[tokio::test]
 async fn admitted_and_rejected_workloads_say_so() -> Result<()> {
-    let env = TestEnv::new("explain-ends").await?;
-    let controller = env.own_controller_name("explain");
-    let q = env.guarded_queue("gate", &controller, "4").await?;
-    env.set_admission_check_active(&q.check, true).await?;
+    let (env, q) = gated("explain-ends").await?;
     let ok = env.submit_job("ok", "lq", "1").await?;
     let no = env.submit_job("no", "lq", "1").await?;
     for wl in [&ok, &no] {

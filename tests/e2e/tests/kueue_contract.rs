@@ -25,6 +25,37 @@ async fn job_waiting_for_the_check(env: &TestEnv) -> Result<(GuardedQueue, Workl
     Ok((q, wl))
 }
 
+/// A ClusterQueue (4 cpu, LocalQueue `lq`) guarded by two active checks the test answers;
+/// returns their names.
+async fn two_checks(env: &TestEnv, [a, b]: [&str; 2]) -> Result<[String; 2]> {
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let a = env.admission_check(a, TEST_CONTROLLER).await?.name_any();
+    let b = env.admission_check(b, TEST_CONTROLLER).await?.name_any();
+    let cq = env
+        .cluster_queue("cq", &flavor, "4", &[&a, &b])
+        .await?
+        .name_any();
+    env.local_queue("lq", &cq).await?;
+    env.set_admission_check_active(&a, true).await?;
+    env.set_admission_check_active(&b, true).await?;
+    Ok([a, b])
+}
+
+/// Answers the check `Ready` and waits until the Workload is admitted and its Job `job`
+/// unsuspended; returns the admitted Workload.
+async fn ready_admits(
+    env: &TestEnv,
+    wl_name: &str,
+    check: &str,
+    message: &str,
+) -> Result<Workload> {
+    env.answer_check(wl_name, check, CheckState::Ready, message)
+        .await?;
+    let wl = env.wait_admitted(wl_name).await?;
+    env.wait_job_unsuspended("job").await?;
+    Ok(wl)
+}
+
 fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
     wl.admission_check(check).map(|e| e.state)
 }
@@ -63,11 +94,8 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
         e2e::dump(&wl)
     );
 
-    env.answer_check(&wl_name, &q.check, CheckState::Ready, "ready from the test")
-        .await?;
-    let wl = env.wait_admitted(&wl_name).await?;
+    let wl = ready_admits(&env, &wl_name, &q.check, "ready from the test").await?;
     assert_eq!(entry_state(&wl, &q.check), Some(CheckState::Ready));
-    env.wait_job_unsuspended("job").await?;
     Ok(())
 }
 
@@ -116,21 +144,13 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
     // and Ready now admits. retryCount stays: Kueue does not reset it when the check passes.
     env.wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
-    env.answer_check(
-        &wl_name,
-        &q.check,
-        CheckState::Ready,
-        "ready on the second attempt",
-    )
-    .await?;
-    let wl = env.wait_admitted(&wl_name).await?;
+    let wl = ready_admits(&env, &wl_name, &q.check, "ready on the second attempt").await?;
     assert_eq!(
         wl.admission_check(&q.check).and_then(|e| e.retry_count),
         Some(1),
         "{}",
         e2e::dump(&wl)
     );
-    env.wait_job_unsuspended("job").await?;
     Ok(())
 }
 
@@ -216,33 +236,7 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
 #[tokio::test]
 async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
     let env = TestEnv::new("two-delays").await?;
-    let flavor = env
-        .resource_flavor("default")
-        .await?
-        .metadata
-        .name
-        .unwrap_or_default();
-    let short = env
-        .admission_check("short", TEST_CONTROLLER)
-        .await?
-        .metadata
-        .name
-        .unwrap_or_default();
-    let long = env
-        .admission_check("long", TEST_CONTROLLER)
-        .await?
-        .metadata
-        .name
-        .unwrap_or_default();
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&short, &long])
-        .await?
-        .metadata
-        .name
-        .unwrap_or_default();
-    env.local_queue("lq", &cq).await?;
-    env.set_admission_check_active(&short, true).await?;
-    env.set_admission_check_active(&long, true).await?;
+    let [short, long] = two_checks(&env, ["short", "long"]).await?;
     let wl_name = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl_name, &short).await?;
     env.wait_check_pending_with_quota(&wl_name, &long).await?;
@@ -280,16 +274,7 @@ async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
 #[tokio::test]
 async fn another_checks_eviction_drops_the_retry_count_of_a_ready_entry() -> Result<()> {
     let env = TestEnv::new("reset-ready").await?;
-    let flavor = env.resource_flavor("default").await?.name_any();
-    let a = env.admission_check("a", TEST_CONTROLLER).await?.name_any();
-    let b = env.admission_check("b", TEST_CONTROLLER).await?.name_any();
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&a, &b])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
-    env.set_admission_check_active(&a, true).await?;
-    env.set_admission_check_active(&b, true).await?;
+    let [a, b] = two_checks(&env, ["a", "b"]).await?;
     let wl_name = env.submit_job("job", "lq", "1").await?;
 
     // Check a retries once: its entry comes back Pending with retryCount 1.

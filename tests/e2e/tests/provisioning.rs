@@ -606,10 +606,7 @@ async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
     let entry = admitted.admission_check(check).cloned().unwrap_or_default();
     assert_eq!(entry.state, CheckState::Ready);
     let request = t.request(&wl, 1);
-    env.wait_request(&request, "BookingExpired=True", |r| {
-        request_condition_is_true(r, pr::BOOKING_EXPIRED)
-    })
-    .await?;
+    env.wait_request(&request, pr::BOOKING_EXPIRED).await?;
     // The controller's request watch sees the expiry (counted) and wakes the Workload: wait for
     // that cause, then give the woken reconcile time to (wrongly) act. (No marker tells when a
     // reconcile that writes nothing is over; this quiet window can only pass falsely, never
@@ -662,10 +659,7 @@ async fn revoked_capacity_rejects_the_admitted_workload_and_leaves_nothing() -> 
         0,
         "no Retry on the way"
     );
-    env.wait_job("job", "suspended again", |j| {
-        j.spec.as_ref().and_then(|s| s.suspend) == Some(true)
-    })
-    .await?;
+    env.wait_job_suspend("job", true).await?;
     let note = env.event_note(&wl, "CheckRejected").await?;
     assert_eq!(
         note,
@@ -875,12 +869,7 @@ async fn a_restart_mid_provisioning_creates_no_second_request() -> Result<()> {
     let requests = t.env.request_history();
     let wl = t.env.job_with_script("job", "provision:4").await?;
     let name = t.request(&wl, 1);
-    let before = t
-        .env
-        .wait_request(&name, "Accepted", |r| {
-            request_condition_is_true(r, pr::ACCEPTED)
-        })
-        .await?;
+    let before = t.env.wait_request(&name, pr::ACCEPTED).await?;
     ensure!(
         !request_condition_is_true(&before, pr::PROVISIONED),
         "killed too late: {}",

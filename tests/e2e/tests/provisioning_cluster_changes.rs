@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::TestEnv;
-use e2e::provisioning::{World, request_condition_is_true};
+use e2e::provisioning::World;
 use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -88,6 +88,11 @@ fn entry_names(wl: &Workload) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Whether `check`'s entry, in `state`, is the Workload's only one.
+fn only_entry_is(wl: &Workload, check: &str, state: CheckState) -> bool {
+    entry_names(wl) == [check] && wl.admission_check(check).is_some_and(|e| e.state == state)
+}
+
 /// Adds `Provisioned=True` to the request, as cluster-autoscaler would, with the
 /// resourceVersion it read (read again on a conflict with the simulator's own write).
 async fn mark_provisioned(env: &TestEnv, name: &str) -> Result<ProvisioningRequest> {
@@ -157,11 +162,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
             t.qualified_name(&first_request)
         )
     );
-    let before = env
-        .wait_request(&first_request, "Provisioned", |r| {
-            request_condition_is_true(r, pr::PROVISIONED)
-        })
-        .await?;
+    let before = env.wait_request(&first_request, pr::PROVISIONED).await?;
     env.wait_cluster_queue_active(&p.cluster_queue, "True", Some("Ready"))
         .await?;
 
@@ -331,10 +332,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
     let admitted_before = env.wait_admitted(&admitted).await?;
     let pending = env.job_with_script("pending", "accept").await?;
     let pending_old = request(&pending, &p.check);
-    env.wait_request(&pending_old, "Accepted", |r| {
-        request_condition_is_true(r, pr::ACCEPTED)
-    })
-    .await?;
+    env.wait_request(&pending_old, pr::ACCEPTED).await?;
     let waiting = format!(
         "waiting for ProvisioningRequest {}",
         t.qualified_name(&pending_old)
@@ -389,9 +387,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
     let pending_new = request(&pending, &renamed);
     let replaced = env
         .wait_workload(&pending, "only the new check's entry, Pending", |w| {
-            entry_names(w) == [renamed.clone()]
-                && w.admission_check(&renamed)
-                    .is_some_and(|e| e.state == CheckState::Pending)
+            only_entry_is(w, &renamed, CheckState::Pending)
         })
         .await?;
     assert!(
@@ -399,10 +395,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
         "{}",
         e2e::dump(&replaced)
     );
-    env.wait_request(&pending_new, "Accepted", |r| {
-        request_condition_is_true(r, pr::ACCEPTED)
-    })
-    .await?;
+    env.wait_request(&pending_new, pr::ACCEPTED).await?;
     mark_provisioned(env, &pending_new).await?;
     let done = env
         .wait_workload(&pending, "Admitted with the new check Ready", |w| {
@@ -432,9 +425,7 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
     // are placed).
     let again = env
         .wait_workload(&admitted, "the new check's entry Ready", |w| {
-            entry_names(w) == [renamed.clone()]
-                && w.admission_check(&renamed)
-                    .is_some_and(|e| e.state == CheckState::Ready)
+            only_entry_is(w, &renamed, CheckState::Ready)
         })
         .await?;
     assert_eq!(
@@ -537,10 +528,7 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
 
     let wl = env.job_with_script("job", "accept").await?;
     let first = request(&wl, &p.check);
-    env.wait_request(&first, "Accepted", |r| {
-        request_condition_is_true(r, pr::ACCEPTED)
-    })
-    .await?;
+    env.wait_request(&first, pr::ACCEPTED).await?;
     env.wait_check_pending_with_quota(&wl, &p.check).await?;
 
     // Forced out: the finalizer removed, then deleted (Kueue's finalizer would keep it).
@@ -592,10 +580,7 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
     again.metadata.labels = saved.metadata.labels.clone();
     flavors.create(&Default::default(), &again).await?;
     let second = format!("{wl}-{}-2", p.check);
-    env.wait_request(&second, "Accepted", |r| {
-        request_condition_is_true(r, pr::ACCEPTED)
-    })
-    .await?;
+    env.wait_request(&second, pr::ACCEPTED).await?;
     mark_provisioned(env, &second).await?;
     let admitted = env.wait_admitted(&wl).await?;
     let entry = admitted.admission_check(&p.check).context("our entry")?;

@@ -117,14 +117,19 @@ impl Collision {
         &self,
     ) -> Result<(AdmissionCheckState, ProvisioningRequest, PodTemplate)> {
         let theirs = self.submit_theirs().await?;
-        let entry = wait_ready(&self.env, self.theirs, &self.kueue_check).await?;
-        assert_consumes(&entry, &self.shared)?;
+        let entry = wait_ready_on(&self.env, self.theirs, &self.kueue_check, &self.shared).await?;
         let request = self.env.provisioning_requests().get(&self.shared).await?;
         let template = templates(&self.env)
             .get(&names::pod_template_name(&self.shared, "main"))
             .await?;
         assert_kueues(&request, &template, &theirs)?;
         Ok((entry, request, template))
+    }
+
+    /// Asserts the request `name` is ours, made for Workload `wl`.
+    async fn assert_ours(&self, name: &str, wl: &Workload) -> Result<()> {
+        let request = self.env.provisioning_requests().get(name).await?;
+        assert_ours(&request, wl, &self.p.controller_name)
     }
 
     async fn stop(self) -> Result<()> {
@@ -156,24 +161,24 @@ async fn workload_with(env: &TestEnv, name: &str, queue: &str, active: bool) -> 
             },
         }]},
     }))?;
-    env.workloads()
-        .create(&PostParams::default(), &wl)
-        .await
-        .with_context(|| format!("creating Workload {name}"))
+    env.create_workload(&wl).await
+}
+
+/// [`wait_ready`], and asserts the entry tells the pods to consume `request`.
+async fn wait_ready_on(
+    env: &TestEnv,
+    wl: &str,
+    check: &str,
+    request: &str,
+) -> Result<AdmissionCheckState> {
+    let entry = wait_ready(env, wl, check).await?;
+    assert_consumes(&entry, request)?;
+    Ok(entry)
 }
 
 /// Waits until the Workload is admitted with `check` Ready; returns the entry.
 async fn wait_ready(env: &TestEnv, wl: &str, check: &str) -> Result<AdmissionCheckState> {
-    let w = env
-        .wait_workload(wl, &format!("Admitted with {check} Ready"), |w| {
-            w.condition_is_true(cond::ADMITTED)
-                && w.admission_check(check)
-                    .is_some_and(|e| e.state == CheckState::Ready)
-        })
-        .await?;
-    w.admission_check(check)
-        .cloned()
-        .with_context(|| format!("no entry for {check}"))
+    Ok(env.wait_admitted_ready(wl, check).await?.1)
 }
 
 /// Asserts a Ready entry's podSetUpdates tell the pods to consume exactly `request`.
@@ -271,15 +276,10 @@ async fn kueue_first_ours_takes_another_name_and_leaves_kueues_alone() -> Result
     let (kr_v, kt_v) = (version(&kr), version(&kt));
 
     let ours = c.submit_ours().await?;
-    let ours_entry = wait_ready(env, c.ours, &c.p.check).await?;
     let alt =
         names::alternative_request_name(c.ours, &ours.uid().unwrap_or_default(), &c.p.check, 1);
-    assert_consumes(&ours_entry, &alt)?;
-    assert_ours(
-        &env.provisioning_requests().get(&alt).await?,
-        &ours,
-        &c.p.controller_name,
-    )?;
+    wait_ready_on(env, c.ours, &c.p.check, &alt).await?;
+    c.assert_ours(&alt, &ours).await?;
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&alt));
     assert_eq!(
         env.our_pod_templates().await?,
@@ -324,10 +324,9 @@ async fn ours_first_leaves_the_shared_name_to_kueues_check() -> Result<()> {
     let c = Collision::new("collide-ours-first", true).await?;
     let env = &c.env;
     let ours = c.submit_ours().await?;
-    let ours_entry = wait_ready(env, c.ours, &c.p.check).await?;
     let alt =
         names::alternative_request_name(c.ours, &ours.uid().unwrap_or_default(), &c.p.check, 1);
-    assert_consumes(&ours_entry, &alt)?;
+    let ours_entry = wait_ready_on(env, c.ours, &c.p.check, &alt).await?;
     assert_eq!(request_names(env).await?, std::slice::from_ref(&alt));
     let or = env.provisioning_requests().get(&alt).await?;
     let ot = templates(env)
@@ -353,8 +352,7 @@ async fn a_request_made_before_kueues_check_existed_blocks_it_until_released() -
     let c = Collision::new("collide-before-kueue", false).await?;
     let env = &c.env;
     c.submit_ours().await?;
-    let ours_entry = wait_ready(env, c.ours, &c.p.check).await?;
-    assert_consumes(&ours_entry, &c.shared)?;
+    let ours_entry = wait_ready_on(env, c.ours, &c.p.check, &c.shared).await?;
     let or = env.provisioning_requests().get(&c.shared).await?;
     let template = names::pod_template_name(&c.shared, "main");
     let ot = templates(env).get(&template).await?;
@@ -393,8 +391,7 @@ async fn a_request_made_before_kueues_check_existed_blocks_it_until_released() -
     env.workloads()
         .patch(c.theirs, &PatchParams::default(), &Patch::Merge(&poke))
         .await?;
-    let theirs_entry = wait_ready(env, c.theirs, &c.kueue_check).await?;
-    assert_consumes(&theirs_entry, &c.shared)?;
+    wait_ready_on(env, c.theirs, &c.kueue_check, &c.shared).await?;
     let theirs = env.workloads().get(c.theirs).await?;
     let kr = env.provisioning_requests().get(&c.shared).await?;
     let kt = templates(env).get(&template).await?;
@@ -437,14 +434,12 @@ async fn names_held_by_another_workload_or_a_user_are_never_touched() -> Result<
     env.local_queue("lq2", &cq).await?;
 
     c.submit_ours().await?;
-    let first = wait_ready(env, c.ours, &c.p.check).await?;
-    assert_consumes(&first, &c.shared)?;
+    let first = wait_ready_on(env, c.ours, &c.p.check, &c.shared).await?;
     let fr = version(&env.provisioning_requests().get(&c.shared).await?);
     let other = workload(env, c.theirs, "lq2").await?;
-    let entry = wait_ready(env, c.theirs, &second).await?;
     let alt =
         names::alternative_request_name(c.theirs, &other.uid().unwrap_or_default(), &second, 1);
-    assert_consumes(&entry, &alt)?;
+    wait_ready_on(env, c.theirs, &second, &alt).await?;
     assert_eq!(
         version(&env.provisioning_requests().get(&c.shared).await?),
         fr
@@ -511,13 +506,8 @@ async fn names_held_by_another_workload_or_a_user_are_never_touched() -> Result<
     env.workloads()
         .patch("u", &PatchParams::default(), &Patch::Merge(&poke))
         .await?;
-    let entry = wait_ready(env, "u", &c.p.check).await?;
-    assert_consumes(&entry, &first_name)?;
-    assert_ours(
-        &env.provisioning_requests().get(&first_name).await?,
-        &u,
-        &c.p.controller_name,
-    )?;
+    wait_ready_on(env, "u", &c.p.check, &first_name).await?;
+    c.assert_ours(&first_name, &u).await?;
     assert_eq!(
         version(&templates(env).get(&user_template).await?),
         version(&ut)

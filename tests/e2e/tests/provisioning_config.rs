@@ -73,34 +73,7 @@ async fn plain_workload(
         "metadata": {"name": name, "namespace": env.ns, "annotations": annotations},
         "spec": {"queueName": queue, "podSets": pod_sets},
     }))?;
-    env.workloads()
-        .create(&PostParams::default(), &wl)
-        .await
-        .with_context(|| format!("creating Workload {name}"))
-}
-
-/// Waits until the Workload is Admitted with `check` Ready; returns the Workload and the entry.
-async fn wait_admitted_ready(
-    env: &TestEnv,
-    workload: &str,
-    check: &str,
-) -> Result<(Workload, AdmissionCheckState)> {
-    let wl = env
-        .wait_workload(
-            workload,
-            &format!("Admitted=True with {check} Ready"),
-            |w| {
-                w.condition_is_true(cond::ADMITTED)
-                    && w.admission_check(check)
-                        .is_some_and(|e| e.state == CheckState::Ready)
-            },
-        )
-        .await?;
-    let entry = wl
-        .admission_check(check)
-        .cloned()
-        .ok_or_else(|| anyhow!("no entry for {check}"))?;
-    Ok((wl, entry))
+    env.create_workload(&wl).await
 }
 
 /// Waits until the named ProvisioningRequest exists.
@@ -324,7 +297,7 @@ async fn merge_case(test: &str, policy: Option<&str>, groups: &[(&str, i32)]) ->
     let controller = env.start_provisioning_controller(None)?;
     let simulator = env.start_simulator()?;
     plain_workload(&env, "multi", "lq", json!({}), four_pod_sets()).await?;
-    let (_, entry) = wait_admitted_ready(&env, "multi", &p.check).await?;
+    let (_, entry) = env.wait_admitted_ready("multi", &p.check).await?;
 
     let request = names::request_name("multi", &p.check, 1);
     assert_eq!(request, format!("multi-{}-1", p.check));
@@ -441,7 +414,7 @@ async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()>
         .job_with_pod_annotations("cpu-only", "lq", "1", 1, &[])
         .await?;
     let cpu_wl = env.workload_for_job(&job).await?.name_any();
-    let (_, entry) = wait_admitted_ready(&env, &cpu_wl, &p.check).await?;
+    let (_, entry) = env.wait_admitted_ready(&cpu_wl, &p.check).await?;
     assert_eq!(
         entry.message,
         "no podset needs capacity: the provisioning request is not needed"
@@ -477,7 +450,7 @@ async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()>
         ],
     )
     .await?;
-    let (_, entry) = wait_admitted_ready(&env, "mixed", &p.check).await?;
+    let (_, entry) = env.wait_admitted_ready("mixed", &p.check).await?;
     let request = format!("mixed-{}-1", p.check);
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
     let r = env.provisioning_requests().get(&request).await?;
@@ -542,7 +515,7 @@ async fn workload_annotations_override_parameters_without_a_recreate_loop() -> R
             ("b".to_string(), "from-workload".to_string()),
         ])
     );
-    let (_, entry) = wait_admitted_ready(&env, &wl_name, &p.check).await?;
+    let (_, entry) = env.wait_admitted_ready(&wl_name, &p.check).await?;
     assert_pod_set_updates(&entry, &["main"], &request, &p.class)?;
     // And it stays: no deletion, no second request.
     assert_requests_stay(
@@ -598,7 +571,7 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
         .wait_check_active(&check, "True", Some("Active"))
         .await?;
     ensure!(!c.message.is_empty(), "{c:?}");
-    wait_admitted_ready(&env, &wl, &check).await?;
+    env.wait_admitted_ready(&wl, &check).await?;
     assert_eq!(env.our_requests().await?, [format!("{wl}-{check}-1")]);
     e2e::Running::stop_all([controller, simulator]).await
 }
@@ -775,20 +748,21 @@ async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
 async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> {
     let env = TestEnv::new("prc-invalid").await?;
     // The CRD's own validation, which is why the cases below are what reaches the controller.
-    let empty_class = env
-        .provisioning_config("empty-class", json!({"provisioningClassName": ""}))
-        .await;
-    ensure!(
-        empty_class.is_err(),
-        "the API server accepted an empty provisioningClassName"
-    );
-    let bad_policy = env
-        .provisioning_config("bad-policy", json!({"podSetMergePolicy": "Sometimes"}))
-        .await;
-    ensure!(
-        bad_policy.is_err(),
-        "the API server accepted an unknown podSetMergePolicy"
-    );
+    for (name, spec, what) in [
+        (
+            "empty-class",
+            json!({"provisioningClassName": ""}),
+            "an empty provisioningClassName",
+        ),
+        (
+            "bad-policy",
+            json!({"podSetMergePolicy": "Sometimes"}),
+            "an unknown podSetMergePolicy",
+        ),
+    ] {
+        let created = env.provisioning_config(name, spec).await;
+        ensure!(created.is_err(), "the API server accepted {what}");
+    }
 
     let controller_name = env.provisioning_controller_name();
     let flavor = env.provisioning_flavor("pool").await?;
@@ -862,7 +836,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
         .await?;
     env.wait_check_active(&cases[0].1, "True", Some("Active"))
         .await?;
-    wait_admitted_ready(&env, &workloads[0], &cases[0].1).await?;
+    env.wait_admitted_ready(&workloads[0], &cases[0].1).await?;
     assert_not_admitted(&env, &workloads[1], &cases[1].2).await?;
     e2e::Running::stop_all([controller, simulator]).await
 }
@@ -901,8 +875,8 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
     let ours = env.workload_for_job(&ours_job).await?;
     let theirs = env.workload_for_job(&theirs_job).await?;
     let (ours_wl, theirs_wl) = (ours.name_any(), theirs.name_any());
-    let (_, ours_entry) = wait_admitted_ready(&env, &ours_wl, &p.check).await?;
-    let (_, theirs_entry) = wait_admitted_ready(&env, &theirs_wl, &kueue_check).await?;
+    let (_, ours_entry) = env.wait_admitted_ready(&ours_wl, &p.check).await?;
+    let (_, theirs_entry) = env.wait_admitted_ready(&theirs_wl, &kueue_check).await?;
 
     let ours_req = format!("{ours_wl}-{}-1", p.check);
     let theirs_req = format!("{theirs_wl}-{kueue_check}-1");
@@ -1058,7 +1032,7 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
     // Restart while pending.
     controller.stop().await?;
     controller = env.start_provisioning_controller(None)?;
-    let (_, entry) = wait_admitted_ready(&env, &workload, &check).await?;
+    let (_, entry) = env.wait_admitted_ready(&workload, &check).await?;
     assert_pod_set_updates(&entry, &["main"], &request, &env.provisioning_class())?;
     assert_eq!(created_count(&controller, &check).await?, 0.0);
     assert_eq!(all_requests(&env).await?, [(request.clone(), uid.clone())]);

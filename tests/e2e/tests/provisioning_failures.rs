@@ -142,6 +142,23 @@ fn entries_in(
     out
 }
 
+/// Waits until the history saw an entry of `check` in `state` on the Workload, and asserts it
+/// saw exactly one such entry (by message); returns it.
+async fn the_one_entry(
+    h: &History<Workload>,
+    workload: &str,
+    check: &str,
+    state: CheckState,
+) -> Result<AdmissionCheckState> {
+    h.wait_seen(workload, &format!("the {state:?} entry"), |w| {
+        w.admission_check(check).is_some_and(|e| e.state == state)
+    })
+    .await?;
+    let mut entries = entries_in(h, workload, check, state);
+    assert_eq!(entries.len(), 1, "{entries:#?}");
+    Ok(entries.remove(0))
+}
+
 fn ltt(e: &AdmissionCheckState) -> Result<Timestamp> {
     e.last_transition_time
         .as_ref()
@@ -243,14 +260,7 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
         })
         .await?;
     ensure!(evicted.is_active(), "{}", dump(&evicted));
-    wls.wait_seen(&wl, "the Retry entry", |w| {
-        w.admission_check(check)
-            .is_some_and(|e| e.state == CheckState::Retry)
-    })
-    .await?;
-    let retries = entries_in(&wls, &wl, check, CheckState::Retry);
-    assert_eq!(retries.len(), 1, "{retries:#?}");
-    let retry = &retries[0];
+    let retry = the_one_entry(&wls, &wl, check, CheckState::Retry).await?;
     ensure!(
         retry.message.starts_with(&format!(
             "Permanent failure: {reason}. Not fixed within 5s: the quota is given back"
@@ -262,7 +272,7 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
     assert_eq!(retry.requeue_after_seconds.unwrap_or(0), 0, "{retry:#?}");
     // Not before the hold, counted from the first failure (after the submission; the stored
     // time is cut to whole seconds).
-    let held = ltt(retry)?.duration_since(submitted);
+    let held = ltt(&retry)?.duration_since(submitted);
     ensure!(
         held >= SignedDuration::from_secs(4),
         "Retry written {held:?} after the submission, before the hold of {HOLD:?}"
@@ -279,18 +289,12 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
         "Kueue did not copy the Job's changed annotation to the Workload:\n{}",
         dump(&deactivated)
     );
-    wls.wait_seen(&wl, "the Rejected entry", |w| {
-        w.admission_check(check)
-            .is_some_and(|e| e.state == CheckState::Rejected)
-    })
-    .await?;
-    let rejected = entries_in(&wls, &wl, check, CheckState::Rejected);
-    assert_eq!(rejected.len(), 1, "{rejected:#?}");
+    let rejected = the_one_entry(&wls, &wl, check, CheckState::Rejected).await?;
     ensure!(
-        rejected[0]
+        rejected
             .message
             .starts_with(&format!("Permanent failure: {reason}. Not fixed within 5s"))
-            && rejected[0]
+            && rejected
                 .message
                 .ends_with("(attempt 2: no retries left after 1)"),
         "{rejected:#?}"

@@ -367,6 +367,15 @@ async fn priority_class(env: &TestEnv, name: &str, value: i32) -> Result<()> {
     Ok(())
 }
 
+/// Submits the Job `name` (3 cpu) of the WorkloadPriorityClass `class`; returns its Workload.
+async fn job_of_class(env: &TestEnv, name: &str, class: &str) -> Result<String> {
+    env.submit(&e2e::SuspendedJob {
+        labels: &[("kueue.x-k8s.io/priority-class", class)],
+        ..e2e::SuspendedJob::new(name, "lq", "3")
+    })
+    .await
+}
+
 /// Preemption is an eviction too, and not a retry: a low-priority Workload that retried once
 /// and was admitted on attempt 2 is preempted by a high-priority one (eviction reason
 /// `Preempted`, quota taken away, entries reset), and once it gets quota again it is asked on
@@ -391,14 +400,7 @@ async fn preemption_keeps_the_attempt_and_is_not_counted_as_a_retry() -> Result<
 
     // The low one: Retry on attempt 1, Ready on attempt 2.
     script.then(Decision::retry("not yet"));
-    let low_labels = [("kueue.x-k8s.io/priority-class", low_class.as_str())];
-    let low_job = env
-        .create_job(&e2e::SuspendedJob {
-            labels: &low_labels,
-            ..e2e::SuspendedJob::new("low", "lq", "3")
-        })
-        .await?;
-    let low = env.workload_for_job(&low_job).await?.name_any();
+    let low = job_of_class(&env, "low", &low_class).await?;
     env.wait_admitted(&low).await?;
     ensure!(
         script.attempts_of(&low) == [1, 2],
@@ -407,14 +409,7 @@ async fn preemption_keeps_the_attempt_and_is_not_counted_as_a_retry() -> Result<
     );
 
     // The high one takes the quota: the low one is preempted.
-    let high_labels = [("kueue.x-k8s.io/priority-class", high_class.as_str())];
-    let high_job = env
-        .create_job(&e2e::SuspendedJob {
-            labels: &high_labels,
-            ..e2e::SuspendedJob::new("high", "lq", "3")
-        })
-        .await?;
-    let high = env.workload_for_job(&high_job).await?.name_any();
+    let high = job_of_class(&env, "high", &high_class).await?;
     let preempted = env
         .wait_workload(&low, "preempted", |w| w.evictions("Preempted") >= 1)
         .await?;

@@ -70,6 +70,34 @@ async fn setup(test: &str, with_other: bool) -> Result<(TestEnv, Setup)> {
 }
 
 impl Setup {
+    /// Answers Job `job` with `answer`, starts one replica and waits until the Job is
+    /// admitted; returns the replica and the Workload's name.
+    async fn start_admitted(
+        &self,
+        env: &TestEnv,
+        answer: Decision,
+        replica: &str,
+        revalidate: Option<Duration>,
+    ) -> Result<(Replica, String)> {
+        self.script.answer("job", answer);
+        let running = self.start(env, replica, None, revalidate)?;
+        let wl = env.admitted_job("job").await?;
+        Ok((running, wl))
+    }
+
+    /// Answers Job `job` `Ready`, waits until it is admitted, and ensures only `replica`
+    /// decided it (`what` says why).
+    async fn admitted_by(&self, env: &TestEnv, job: &str, replica: &str, what: &str) -> Result<()> {
+        self.script.answer(job, Decision::ready("approved"));
+        env.admitted_job(job).await?;
+        let calls = self.script.calls_for(job);
+        ensure!(
+            !calls.is_empty() && calls.iter().all(|(r, _)| r == replica),
+            "{what}: {calls:?}"
+        );
+        Ok(())
+    }
+
     fn start(
         &self,
         env: &TestEnv,
@@ -185,13 +213,8 @@ async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Re
         "a clean stop releases the Lease, still held by {holder:?}"
     );
     wait_holder(&env, Some("b")).await?;
-    s.script.answer("second", Decision::ready("approved"));
-    env.admitted_job("second").await?;
-    let calls = s.script.calls_for("second");
-    ensure!(
-        !calls.is_empty() && calls.iter().all(|(r, _)| r == "b"),
-        "the new leader decides: {calls:?}"
-    );
+    s.admitted_by(&env, "second", "b", "the new leader decides")
+        .await?;
     ensure!(b.metric("kueue_ac_leader").await? == Some(1.0));
     b.stop().await
 }
@@ -343,9 +366,14 @@ async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> 
 #[tokio::test]
 async fn revalidation_withdraws_a_ready_answer() -> Result<()> {
     let (env, s) = setup("sdk-revalidate", false).await?;
-    s.script.answer("job", Decision::ready("within budget"));
-    let replica = s.start(&env, "only", None, Some(Duration::from_secs(1)))?;
-    let wl = env.admitted_job("job").await?;
+    let (replica, wl) = s
+        .start_admitted(
+            &env,
+            Decision::ready("within budget"),
+            "only",
+            Some(Duration::from_secs(1)),
+        )
+        .await?;
     // The check changes its mind about an admitted Workload: Kueue must evict it.
     // An immediate Retry: a delayed one would keep the quota until the delay ends.
     s.script.answer(
@@ -372,9 +400,9 @@ async fn revalidation_withdraws_a_ready_answer() -> Result<()> {
 #[tokio::test]
 async fn a_deleted_workload_is_released_once() -> Result<()> {
     let (env, s) = setup("sdk-deleted", false).await?;
-    s.script.answer("job", Decision::ready("licence granted"));
-    let replica = s.start(&env, "only", None, None)?;
-    let wl = env.admitted_job("job").await?;
+    let (replica, wl) = s
+        .start_admitted(&env, Decision::ready("licence granted"), "only", None)
+        .await?;
     env.delete_workload(&wl).await?;
     s.script
         .wait_releases("job", [ReleaseReason::Deleted])
@@ -398,9 +426,9 @@ async fn a_deleted_workload_is_released_once() -> Result<()> {
 #[tokio::test]
 async fn a_workload_admitted_before_a_restart_is_released_when_it_finishes() -> Result<()> {
     let (env, s) = setup("sdk-restart-release", false).await?;
-    s.script.answer("job", Decision::ready("granted"));
-    let first = s.start(&env, "first", None, None)?;
-    let wl = env.admitted_job("job").await?;
+    let (first, wl) = s
+        .start_admitted(&env, Decision::ready("granted"), "first", None)
+        .await?;
     first.stop().await?;
 
     let second = s.start(&env, "second", None, None)?;
@@ -655,13 +683,8 @@ async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_ov
         "{note}"
     );
 
-    s.script.answer("first", Decision::ready("approved"));
-    env.admitted_job("first").await?;
-    let calls = s.script.calls_for("first");
-    ensure!(
-        !calls.is_empty() && calls.iter().all(|(r, _)| r == "a"),
-        "only the claiming deployment decides: {calls:?}"
-    );
+    s.admitted_by(&env, "first", "a", "only the claiming deployment decides")
+        .await?;
     let after = checks.get(&s.probe).await?;
     ensure!(
         claim_on(&after) == claim_on(&claimed),
@@ -675,13 +698,8 @@ async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_ov
         claim_on(ac).is_some_and(|m| m.ends_with(&by_b))
     })
     .await?;
-    s.script.answer("second", Decision::ready("approved"));
-    env.admitted_job("second").await?;
-    let calls = s.script.calls_for("second");
-    ensure!(
-        !calls.is_empty() && calls.iter().all(|(r, _)| r == "b"),
-        "the remaining deployment decides: {calls:?}"
-    );
+    s.admitted_by(&env, "second", "b", "the remaining deployment decides")
+        .await?;
     // Taken off in the same step that let b answer the check again.
     ensure!(b.metric(&gauge).await?.is_none(), "b no longer stands down");
     b.stop().await
