@@ -11,7 +11,7 @@ use kueue_admission_sdk::api::{
     AdmissionCheck, ClusterQueue, KUEUE_GROUP, LocalQueue, ProvisioningRequest,
     ProvisioningRequestConfig, Workload,
 };
-use kueue_provisioning_controller::plan::WORKLOAD_UID_LABEL;
+use kueue_provisioning_controller::identity::WORKLOAD_UID_LABEL;
 
 use crate::Error;
 use crate::report::Snapshot;

@@ -11,7 +11,7 @@ use kueue_admission_sdk::api::{
     Workload, find_condition, workload_condition as cond,
 };
 use kueue_admission_sdk::attempts;
-use kueue_provisioning_controller::plan::{ATTEMPT_ANNOTATION, CHECK_ANNOTATION};
+use kueue_provisioning_controller::identity::{ATTEMPT_ANNOTATION, CHECK_ANNOTATION};
 use serde::Serialize;
 
 /// Kueue's default `retryStrategy.backoffLimitCount` of a ProvisioningRequestConfig.

@@ -10,7 +10,7 @@ use kueue_admission_sdk::testing::{ScriptedApi, WorkloadBuilder};
 
 use super::{ProvisioningCheck, Settings};
 use crate::error::Error;
-use crate::identity::Identity;
+use crate::identity::{self, Identity};
 use crate::identity::{INSTANCE_LABEL, MANAGED_BY};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
 
@@ -319,7 +319,7 @@ async fn release_deletes_only_our_request_and_template_each_with_a_uid_precondit
     // The label selector narrows the list, the ownership rule decides: the second item claims
     // our labels but was made for another check, so it stays.
     let mut other_check = s.listed("r-2");
-    other_check["metadata"]["annotations"][plan::CHECK_ANNOTATION] = "other".into();
+    other_check["metadata"]["annotations"][identity::CHECK_ANNOTATION] = "other".into();
     s.list(vec![s.listed("r-1"), other_check]);
     s.api.answer(200, s.template());
     s.api.answer(
@@ -677,7 +677,7 @@ async fn a_taken_template_name_is_read_only_after_the_create_finds_it_taken() {
     // A deleted Workload's of the same name: deleted by uid, then made again.
     let s = setup();
     let mut predecessor = s.template();
-    predecessor["metadata"]["labels"][plan::WORKLOAD_UID_LABEL] = "u-0".into();
+    predecessor["metadata"]["labels"][identity::WORKLOAD_UID_LABEL] = "u-0".into();
     exists(&s);
     s.api.answer(200, predecessor);
     s.api

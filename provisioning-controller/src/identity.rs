@@ -11,8 +11,6 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha2::{Digest, Sha256};
 
-use crate::plan::{CHECK_ANNOTATION, WORKLOAD_ANNOTATION, WORKLOAD_UID_LABEL};
-
 /// The controllerName of Kueue's built-in provisioning check.
 pub const KUEUE_CONTROLLER_NAME: &str = "kueue.x-k8s.io/provisioning-request";
 
@@ -117,6 +115,18 @@ pub fn describe_owner(meta: &ObjectMeta, me: &Identity<'_>) -> String {
     }
 }
 
+/// Label naming the controller that manages the object; its value is the `managed_by` argument.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Label holding the uid of the Workload the object was made for.
+pub const WORKLOAD_UID_LABEL: &str = "kueue-admission-checks.dev/workload-uid";
+/// Annotation holding the name of the Workload the object was made for.
+pub const WORKLOAD_ANNOTATION: &str = "kueue-admission-checks.dev/workload";
+/// Annotation holding the name of the AdmissionCheck the object was made for.
+pub const CHECK_ANNOTATION: &str = "kueue-admission-checks.dev/check";
+/// Annotation holding the attempt (1-based) the object was made for.
+pub const ATTEMPT_ANNOTATION: &str = "kueue-admission-checks.dev/attempt";
+/// Annotation of PodTemplates holding the name of their ProvisioningRequest.
+pub const REQUEST_ANNOTATION: &str = "kueue-admission-checks.dev/request";
 /// `app.kubernetes.io/managed-by` on every request and template this controller creates.
 pub const MANAGED_BY: &str = "kueue-provisioning-controller";
 

@@ -30,10 +30,10 @@ use kueue_admission_sdk::api::{
 use kueue_admission_sdk::holding::{self, Holding, Lasts};
 use tracing::{info, warn};
 
+use crate::identity;
 use crate::identity::{INSTANCE_LABEL, Identity, Ownership, ownership};
 use crate::metrics::{Metrics, Transition};
 use crate::names;
-use crate::plan;
 use crate::requests::{RequestCache, delete_exactly, delete_request, delete_templates, kept};
 
 /// Templates younger than this are never swept as orphans: a template is created just before
@@ -49,8 +49,8 @@ pub fn orphan_reason(request: &ProvisioningRequest, workload: Option<&Workload>)
     let annotation = |key: &str| request.annotations().get(key).map(String::as_str);
     let held = Holding {
         // Without the label the request is nobody's Workload's: no uid matches an empty one.
-        uid: label(plan::WORKLOAD_UID_LABEL).unwrap_or_default(),
-        check: annotation(plan::CHECK_ANNOTATION).unwrap_or_default(),
+        uid: label(identity::WORKLOAD_UID_LABEL).unwrap_or_default(),
+        check: annotation(identity::CHECK_ANNOTATION).unwrap_or_default(),
         // A name without an attempt is never superseded.
         lasts: Lasts::ForTheAttempt(names::attempt_of(&request.name_any()).unwrap_or(u32::MAX)),
     };
@@ -141,7 +141,7 @@ pub async fn watch_requests(
                 let before = counted.insert(r.uid().unwrap_or_default(), now.clone());
                 let check = r
                     .annotations()
-                    .get(plan::CHECK_ANNOTATION)
+                    .get(identity::CHECK_ANNOTATION)
                     .cloned()
                     .unwrap_or_default();
                 for c in now.difference(&before.unwrap_or_default()) {
@@ -170,7 +170,7 @@ pub async fn watch_requests(
 async fn wake(ctx: &LeaderContext, r: &ProvisioningRequest) {
     if let (Some(ns), Some(wl)) = (
         r.namespace(),
-        r.annotations().get(plan::WORKLOAD_ANNOTATION),
+        r.annotations().get(identity::WORKLOAD_ANNOTATION),
     ) {
         ctx.waker.wake(&ns, wl).await;
     }
@@ -190,7 +190,7 @@ async fn sweep_one(
     let Some(namespace) = r.namespace() else {
         return false;
     };
-    let Some(name) = r.annotations().get(plan::WORKLOAD_ANNOTATION) else {
+    let Some(name) = r.annotations().get(identity::WORKLOAD_ANNOTATION) else {
         return false;
     };
     let cached = ctx.workloads.get(&ObjectRef::new(name).within(&namespace));
@@ -242,7 +242,7 @@ async fn sweep_templates(
     let now = Timestamp::now();
     for t in list.items {
         let namespace = t.namespace().unwrap_or_default();
-        let request = t.annotations().get(plan::REQUEST_ANNOTATION).cloned();
+        let request = t.annotations().get(identity::REQUEST_ANNOTATION).cloned();
         let young = t
             .metadata
             .creation_timestamp
@@ -276,11 +276,11 @@ mod tests {
         let mut r = ProvisioningRequest::new(name, ProvisioningRequestSpec::default());
         r.metadata.namespace = Some("team".into());
         r.labels_mut()
-            .insert(plan::WORKLOAD_UID_LABEL.into(), uid.into());
+            .insert(identity::WORKLOAD_UID_LABEL.into(), uid.into());
         r.annotations_mut()
-            .insert(plan::CHECK_ANNOTATION.into(), check.into());
+            .insert(identity::CHECK_ANNOTATION.into(), check.into());
         r.annotations_mut()
-            .insert(plan::WORKLOAD_ANNOTATION.into(), "wl".into());
+            .insert(identity::WORKLOAD_ANNOTATION.into(), "wl".into());
         r
     }
 

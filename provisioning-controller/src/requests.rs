@@ -11,8 +11,8 @@ use kueue_admission_sdk::api::{ProvisioningRequest, Workload};
 
 use crate::cache::WatchedCache;
 use crate::error::Error;
+use crate::identity;
 use crate::identity::{INSTANCE_LABEL, Identity, Ownership, ownership};
-use crate::plan;
 
 /// This instance's requests as the leader's watch of them delivered them.
 pub type RequestCache = WatchedCache<Arc<ProvisioningRequest>>;
@@ -84,7 +84,7 @@ async fn list_requests(
     // The selector only narrows the list; the rule decides.
     let selector = format!(
         "{INSTANCE_LABEL}={instance},{}={uid}",
-        plan::WORKLOAD_UID_LABEL
+        identity::WORKLOAD_UID_LABEL
     );
     let requests = api.list(&ListParams::default().labels(&selector)).await;
     let requests =

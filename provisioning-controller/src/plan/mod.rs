@@ -28,6 +28,10 @@ use kueue_admission_sdk::api::{
     ProvisioningRequestPodSet, ProvisioningRequestSpec, ResourceFlavorSpec, Workload,
 };
 
+use crate::identity::{
+    ATTEMPT_ANNOTATION, CHECK_ANNOTATION, MANAGED_BY_LABEL, REQUEST_ANNOTATION,
+    WORKLOAD_ANNOTATION, WORKLOAD_UID_LABEL,
+};
 use crate::names;
 
 mod merge;
@@ -36,18 +40,6 @@ mod templates;
 pub use merge::MergePolicy;
 use templates::{FlavorAdditions, build_template};
 
-/// Label naming the controller that manages the object; its value is the `managed_by` argument.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Label holding the uid of the Workload the object was made for.
-pub const WORKLOAD_UID_LABEL: &str = "kueue-admission-checks.dev/workload-uid";
-/// Annotation holding the name of the Workload the object was made for.
-pub const WORKLOAD_ANNOTATION: &str = "kueue-admission-checks.dev/workload";
-/// Annotation holding the name of the AdmissionCheck the object was made for.
-pub const CHECK_ANNOTATION: &str = "kueue-admission-checks.dev/check";
-/// Annotation holding the attempt (1-based) the object was made for.
-pub const ATTEMPT_ANNOTATION: &str = "kueue-admission-checks.dev/attempt";
-/// Annotation of PodTemplates holding the name of their ProvisioningRequest.
-pub const REQUEST_ANNOTATION: &str = "kueue-admission-checks.dev/request";
 /// Workload annotations with this prefix become request parameters (prefix stripped).
 pub const PARAMETER_ANNOTATION_PREFIX: &str = "provreq.kueue.x-k8s.io/";
 /// Longest parameter value a ProvisioningRequest accepts.

@@ -40,10 +40,10 @@ use kueue_admission_sdk::api::{
 };
 use kueue_admission_sdk::attempts;
 use kueue_admission_sdk::runtime::lease_name_for;
-use kueue_provisioning_controller::plan::{
-    CHECK_ANNOTATION, MANAGED_BY_LABEL, PARAMETER_ANNOTATION_PREFIX, REQUEST_ANNOTATION,
-    WORKLOAD_ANNOTATION, WORKLOAD_UID_LABEL,
+use kueue_provisioning_controller::identity::{
+    CHECK_ANNOTATION, MANAGED_BY_LABEL, REQUEST_ANNOTATION, WORKLOAD_ANNOTATION, WORKLOAD_UID_LABEL,
 };
+use kueue_provisioning_controller::plan::PARAMETER_ANNOTATION_PREFIX;
 use kueue_provisioning_controller::{identity, names};
 use serde_json::{Value, json};
 use tokio::time::Instant;

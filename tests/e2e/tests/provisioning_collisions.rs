@@ -18,7 +18,7 @@ use kueue_admission_sdk::api::{
 };
 use kueue_provisioning_controller::identity::{KUEUE_CONTROLLER_NAME, KUEUE_MANAGED_LABEL};
 use kueue_provisioning_controller::outcome::CONSUME_ANNOTATION;
-use kueue_provisioning_controller::{identity, names, plan};
+use kueue_provisioning_controller::{identity, names};
 use serde_json::json;
 
 /// Our check (from the harness), Kueue's check whose name ends with `-<ours>`, and the names
@@ -254,7 +254,7 @@ fn assert_ours(r: &ProvisioningRequest, wl: &Workload, controller_name: &str) ->
     ensure!(
         r.labels().get(identity::INSTANCE_LABEL)
             == Some(&identity::instance_label(controller_name))
-            && r.labels().get(plan::WORKLOAD_UID_LABEL) == wl.uid().as_ref()
+            && r.labels().get(identity::WORKLOAD_UID_LABEL) == wl.uid().as_ref()
             && r.owner_references().is_empty(),
         "not ours for {}: {}",
         wl.name_any(),

@@ -23,7 +23,7 @@ use kueue_admission_sdk::api::{
     workload_condition as cond,
 };
 use kueue_provisioning_controller::outcome::{CLASS_ANNOTATION, CONSUME_ANNOTATION};
-use kueue_provisioning_controller::{identity, names, plan};
+use kueue_provisioning_controller::{identity, names};
 use serde_json::{Value, json};
 
 /// Kueue's built-in ProvisioningRequest check.
@@ -892,18 +892,18 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
         Some(&identity::instance_label(&p.controller_name))
     );
     assert_eq!(
-        labels.get(plan::WORKLOAD_UID_LABEL),
+        labels.get(identity::WORKLOAD_UID_LABEL),
         ours.uid().as_ref(),
         "{}",
         dump(&r)
     );
     assert_eq!(
-        labels.get(plan::MANAGED_BY_LABEL).map(String::as_str),
+        labels.get(identity::MANAGED_BY_LABEL).map(String::as_str),
         Some(identity::MANAGED_BY)
     );
     assert!(r.owner_references().is_empty(), "{}", dump(&r));
     assert_eq!(
-        r.annotations().get(plan::WORKLOAD_ANNOTATION),
+        r.annotations().get(identity::WORKLOAD_ANNOTATION),
         Some(&ours_wl)
     );
 
@@ -921,7 +921,7 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
         Some("true")
     );
     assert!(!k.labels().contains_key(identity::INSTANCE_LABEL));
-    assert!(!k.labels().contains_key(plan::WORKLOAD_UID_LABEL));
+    assert!(!k.labels().contains_key(identity::WORKLOAD_UID_LABEL));
 
     // Exactly these two requests; they survive while both controllers reconcile both
     // Workloads (a label change wakes each controller for each Workload).

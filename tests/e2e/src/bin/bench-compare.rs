@@ -31,7 +31,7 @@ use kueue_admission_sdk::api::{
     ProvisioningRequest, find_condition, provisioning_condition as pr, workload_condition as cond,
 };
 use kueue_provisioning_controller::identity::KUEUE_CONTROLLER_NAME;
-use kueue_provisioning_controller::plan::WORKLOAD_ANNOTATION;
+use kueue_provisioning_controller::identity::WORKLOAD_ANNOTATION;
 use serde_json::json;
 use tokio::time::Instant;
 

@@ -20,7 +20,7 @@ use kueue_admission_sdk::api::{
     CheckState, ProvisioningRequest, Workload, workload_condition as cond,
 };
 use kueue_admission_sdk::attempts;
-use kueue_provisioning_controller::plan::{CHECK_ANNOTATION, WORKLOAD_UID_LABEL};
+use kueue_provisioning_controller::identity::{CHECK_ANNOTATION, WORKLOAD_UID_LABEL};
 use tokio::sync::watch;
 
 use super::plan::{End, LICENSE_POOL, Plan, Queue};
@@ -651,7 +651,7 @@ impl Recorder {
                 if !twins.is_empty() {
                     let index = pr
                         .annotations()
-                        .get(kueue_provisioning_controller::plan::WORKLOAD_ANNOTATION)
+                        .get(kueue_provisioning_controller::identity::WORKLOAD_ANNOTATION)
                         .and_then(|w| state.by_name.get(w).copied());
                     self.violate(
                         state,
