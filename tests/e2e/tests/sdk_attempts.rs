@@ -402,11 +402,13 @@ async fn preemption_keeps_the_attempt_and_is_not_counted_as_a_retry() -> Result<
     script.then(Decision::retry("not yet"));
     let low = job_of_class(&env, "low", &low_class).await?;
     env.wait_admitted(&low).await?;
-    ensure!(
-        script.attempts_of(&low) == [1, 2],
-        "{:?}",
-        script.attempts_of(&low)
-    );
+    // Asked on attempt 1, then on attempt 2. The same attempt may be asked twice: after a
+    // write conflict with a Workload whose spec, labels or annotations changed meanwhile, the
+    // runtime asks again (writing-a-check.md); a CI run saw [1, 1, 2] here once.
+    let before_preemption = script.attempts_of(&low);
+    let mut distinct = before_preemption.clone();
+    distinct.dedup();
+    ensure!(distinct == [1, 2], "{before_preemption:?}");
 
     // The high one takes the quota: the low one is preempted.
     let high = job_of_class(&env, "high", &high_class).await?;
@@ -424,8 +426,9 @@ async fn preemption_keeps_the_attempt_and_is_not_counted_as_a_retry() -> Result<
     env.complete_job("high", &high).await?;
     let again = env.wait_admitted(&low).await?;
     let asked = script.attempts_of(&low);
+    let after_preemption = asked.get(before_preemption.len()..).unwrap_or_default();
     ensure!(
-        asked.len() >= 3 && asked[2..].iter().all(|a| *a == 2),
+        !after_preemption.is_empty() && after_preemption.iter().all(|a| *a == 2),
         "after the preemption the check was asked {asked:?} (want 2 again)"
     );
     ensure_never_decreasing(&check, &asked)?;
