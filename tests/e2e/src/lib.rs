@@ -246,8 +246,8 @@ pub fn audited_since(mark: &AuditMark) -> Result<Vec<(String, Audited)>> {
     audited_lines_since(mark, |_| true)
 }
 
-/// Every 403 the API server answered `user` since `mark`: cheaper than [`forbidden_requests`]
-/// for a test that asks while it runs, since it reads only what was logged since.
+/// Every 403 the API server answered `user` since `mark` (only what was logged since is read,
+/// so a test may ask while it runs).
 pub fn forbidden_since(mark: &AuditMark, user: &str) -> Result<Vec<Forbidden>> {
     Ok(audited_lines_since(mark, |line| line.contains(user))?
         .into_iter()
@@ -307,14 +307,6 @@ fn parse_audit_line(line: &str) -> Option<(String, String, Audited)> {
     let user = event["user"]["username"].as_str()?.to_string();
     let id = event["auditID"].as_str().unwrap_or_default().to_string();
     Some((user, id, audited))
-}
-
-/// Every 403 the API server answered `user`, from its audit log.
-pub fn forbidden_requests(user: &str) -> Result<Vec<Forbidden>> {
-    Ok(audited_requests(user)?
-        .into_iter()
-        .filter(|r| r.code == 403)
-        .collect())
 }
 
 /// The Kueue version under test, as `(minor, patch)` of `v0.<minor>.<patch>`: `KUEUE_VERSION`

@@ -208,13 +208,17 @@ impl Waiter<'_> {
         let (mark, user) = (self.run.audit_mark.clone(), self.run.user.clone());
         let forbidden =
             tokio::task::spawn_blocking(move || e2e::forbidden_since(&mark, &user)).await??;
-        Ok(forbidden.iter().any(|x| {
-            self.run
-                .denied
-                .iter()
-                .any(|g| g.verb == x.verb && g.group == x.group && g.resource == x.resource)
-        }))
+        Ok(refuses_any(&forbidden, &self.run.denied))
     }
+}
+
+/// Whether one of the `forbidden` requests was for one of the `grants`.
+fn refuses_any(forbidden: &[Forbidden], grants: &[Grant]) -> bool {
+    forbidden.iter().any(|x| {
+        grants
+            .iter()
+            .any(|g| g.verb == x.verb && g.group == x.group && g.resource == x.resource)
+    })
 }
 
 /// Probes until `probe` answers `Ok(Ok(..))`, the controller stops, or `bound` passes and the
@@ -1059,11 +1063,7 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
                     }
                     // Only a 403 for the very verb shows it is needed: a step that timed out for
                     // another reason (a loaded machine) proves nothing.
-                    let refused_it = report.forbidden.iter().any(|x| {
-                        grants.iter().any(|g| {
-                            g.verb == x.verb && g.group == x.group && g.resource == x.resource
-                        })
-                    });
+                    let refused_it = refuses_any(&report.forbidden, grants);
                     if !refused_it {
                         problems.push(format!(
                         "without {name} step {:?} failed ({}), but the API server never answered \
