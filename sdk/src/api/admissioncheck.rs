@@ -1,28 +1,19 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::CustomResource;
 use serde::{Deserialize, Serialize};
-use serde_with::skip_serializing_none;
 
-/// `AdmissionCheck.spec`: which controller answers the check, and with which parameters.
-///
-/// Cluster scoped. `controllerName` is immutable, so a cache of "checks that are mine" keyed by
-/// name stays correct for the lifetime of the object.
-#[skip_serializing_none]
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "kueue.x-k8s.io",
-    version = "v1beta2",
-    kind = "AdmissionCheck",
-    status = "AdmissionCheckStatus",
-    schema = "disabled",
-    derive = "PartialEq"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct AdmissionCheckSpec {
-    /// Names the controller that answers this check (1 to 253 characters, immutable).
-    pub controller_name: String,
-    /// Optional reference to a cluster-scoped object holding the check's parameters.
-    pub parameters: Option<AdmissionCheckParametersReference>,
+kueue_kind! {
+    [kind = "AdmissionCheck", status = "AdmissionCheckStatus"]
+    /// `AdmissionCheck.spec`: which controller answers the check, and with which parameters.
+    ///
+    /// Cluster scoped. `controllerName` is immutable, so a cache of "checks that are mine" keyed by
+    /// name stays correct for the lifetime of the object.
+    #[serde(rename_all = "camelCase")]
+    pub struct AdmissionCheckSpec {
+        /// Names the controller that answers this check (1 to 253 characters, immutable).
+        pub controller_name: String,
+        /// Optional reference to a cluster-scoped object holding the check's parameters.
+        pub parameters: Option<AdmissionCheckParametersReference>,
+    }
 }
 
 /// `AdmissionCheck.spec.parameters`.

@@ -11,6 +11,20 @@
 //! reads them as its `Default` (`#[serde(default)]` on the struct), and the fields the API
 //! requires stay required. The tests in `wire_tests.rs` pin the exact JSON.
 
+/// Declares a Kueue `kueue.x-k8s.io/v1beta2` kind from its spec struct: the group, the
+/// version, the derives and the wire rule for `None` are said here once, so every kind moves to
+/// another API version together. The bracket holds the kind's own `#[kube(...)]` arguments.
+/// (An attribute list cannot be named in Rust; only a macro can share one.)
+macro_rules! kueue_kind {
+    ([$($kube:tt)*] $(#[$attr:meta])* $vis:vis struct $spec:ident $body:tt) => {
+        #[serde_with::skip_serializing_none]
+        #[derive(kube::CustomResource, serde::Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq)]
+        #[kube(group = "kueue.x-k8s.io", version = "v1beta2", schema = "disabled", derive = "PartialEq", $($kube)*)]
+        $(#[$attr])*
+        $vis struct $spec $body
+    };
+}
+
 mod admissioncheck;
 mod conditions;
 mod provisioning;

@@ -8,36 +8,29 @@ use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
-/// `ProvisioningRequestConfig.spec`: how a provisioning check builds its requests. Cluster
-/// scoped. Every field is optional in Kueue's schema; absent fields take Kueue's defaults.
-#[skip_serializing_none]
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "kueue.x-k8s.io",
-    version = "v1beta2",
-    kind = "ProvisioningRequestConfig",
-    plural = "provisioningrequestconfigs",
-    schema = "disabled",
-    derive = "PartialEq"
-)]
-#[serde(default, rename_all = "camelCase")]
-pub struct ProvisioningRequestConfigSpec {
-    /// The `provisioningClassName` of the requests (e.g. `check-capacity.autoscaling.x-k8s.io`).
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub provisioning_class_name: String,
-    /// Parameters passed to the provisioning class (values up to 255 characters).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub parameters: BTreeMap<String, String>,
-    /// Only podsets requesting one of these resources need capacity; empty means all do.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub managed_resources: Vec<String>,
-    /// Retries of failed or expired requests.
-    pub retry_strategy: Option<ProvisioningRequestRetryStrategy>,
-    /// Updates to add to the podsets once capacity is provisioned.
-    pub pod_set_updates: Option<ProvisioningRequestPodSetUpdates>,
-    /// `IdenticalPodTemplates` or `IdenticalWorkloadSchedulingRequirements`: merge podsets into
-    /// one request podset when they are alike; absent means never merge.
-    pub pod_set_merge_policy: Option<String>,
+kueue_kind! {
+    [kind = "ProvisioningRequestConfig", plural = "provisioningrequestconfigs"]
+    /// `ProvisioningRequestConfig.spec`: how a provisioning check builds its requests. Cluster
+    /// scoped. Every field is optional in Kueue's schema; absent fields take Kueue's defaults.
+    #[serde(default, rename_all = "camelCase")]
+    pub struct ProvisioningRequestConfigSpec {
+        /// The `provisioningClassName` of the requests (e.g. `check-capacity.autoscaling.x-k8s.io`).
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub provisioning_class_name: String,
+        /// Parameters passed to the provisioning class (values up to 255 characters).
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        pub parameters: BTreeMap<String, String>,
+        /// Only podsets requesting one of these resources need capacity; empty means all do.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub managed_resources: Vec<String>,
+        /// Retries of failed or expired requests.
+        pub retry_strategy: Option<ProvisioningRequestRetryStrategy>,
+        /// Updates to add to the podsets once capacity is provisioned.
+        pub pod_set_updates: Option<ProvisioningRequestPodSetUpdates>,
+        /// `IdenticalPodTemplates` or `IdenticalWorkloadSchedulingRequirements`: merge podsets into
+        /// one request podset when they are alike; absent means never merge.
+        pub pod_set_merge_policy: Option<String>,
+    }
 }
 
 /// `ProvisioningRequestConfig.spec.retryStrategy`. Kueue's defaults when absent: 3 retries,

@@ -3,49 +3,35 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
-use kube::CustomResource;
 use serde::{Deserialize, Serialize};
-use serde_with::skip_serializing_none;
 
-/// `ResourceFlavor.spec`: the node labels and tolerations a flavor stands for. Cluster scoped.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "kueue.x-k8s.io",
-    version = "v1beta2",
-    kind = "ResourceFlavor",
-    schema = "disabled",
-    derive = "PartialEq"
-)]
-#[serde(default, rename_all = "camelCase")]
-pub struct ResourceFlavorSpec {
-    /// Labels of the nodes that provide this flavor.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_labels: BTreeMap<String, String>,
-    /// Tolerations that pods of this flavor need.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tolerations: Vec<Toleration>,
+kueue_kind! {
+    [kind = "ResourceFlavor"]
+    /// `ResourceFlavor.spec`: the node labels and tolerations a flavor stands for. Cluster scoped.
+    #[serde(default, rename_all = "camelCase")]
+    pub struct ResourceFlavorSpec {
+        /// Labels of the nodes that provide this flavor.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        pub node_labels: BTreeMap<String, String>,
+        /// Tolerations that pods of this flavor need.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub tolerations: Vec<Toleration>,
+    }
 }
 
-/// `ClusterQueue.spec`, the part an admission check cares about. Cluster scoped.
-#[skip_serializing_none]
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "kueue.x-k8s.io",
-    version = "v1beta2",
-    kind = "ClusterQueue",
-    status = "ClusterQueueStatus",
-    schema = "disabled",
-    derive = "PartialEq"
-)]
-#[serde(default, rename_all = "camelCase")]
-pub struct ClusterQueueSpec {
-    /// Which namespaces may submit to this queue; `{}` means all.
-    pub namespace_selector: Option<LabelSelector>,
-    /// Quotas, per group of covered resources and per flavor.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub resource_groups: Vec<ResourceGroup>,
-    /// Admission checks every Workload admitted through this queue must pass.
-    pub admission_checks_strategy: Option<AdmissionChecksStrategy>,
+kueue_kind! {
+    [kind = "ClusterQueue", status = "ClusterQueueStatus"]
+    /// `ClusterQueue.spec`, the part an admission check cares about. Cluster scoped.
+    #[serde(default, rename_all = "camelCase")]
+    pub struct ClusterQueueSpec {
+        /// Which namespaces may submit to this queue; `{}` means all.
+        pub namespace_selector: Option<LabelSelector>,
+        /// Quotas, per group of covered resources and per flavor.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub resource_groups: Vec<ResourceGroup>,
+        /// Admission checks every Workload admitted through this queue must pass.
+        pub admission_checks_strategy: Option<AdmissionChecksStrategy>,
+    }
 }
 
 /// `ClusterQueue.spec.resourceGroups[]`.
@@ -107,18 +93,12 @@ pub struct ClusterQueueStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// `LocalQueue.spec`: the namespaced entry point that feeds a ClusterQueue.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "kueue.x-k8s.io",
-    version = "v1beta2",
-    kind = "LocalQueue",
-    namespaced,
-    schema = "disabled",
-    derive = "PartialEq"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct LocalQueueSpec {
-    /// The ClusterQueue this queue submits to.
-    pub cluster_queue: String,
+kueue_kind! {
+    [kind = "LocalQueue", namespaced]
+    /// `LocalQueue.spec`: the namespaced entry point that feeds a ClusterQueue.
+    #[serde(rename_all = "camelCase")]
+    pub struct LocalQueueSpec {
+        /// The ClusterQueue this queue submits to.
+        pub cluster_queue: String,
+    }
 }

@@ -451,3 +451,21 @@ fn all_optional_structs_read_an_empty_object_as_their_default() {
     reads_empty_as_default::<PodTemplateReference>();
     reads_empty_as_default::<ProvisioningRequestStatus>();
 }
+
+/// `kueue_kind!` spells the group and version as literals (the derive takes no constants):
+/// they must say what the crate's public constants say.
+#[test]
+fn every_kueue_kind_speaks_the_published_group_and_version() {
+    use kube::Resource;
+    let expected = format!("{KUEUE_GROUP}/{KUEUE_VERSION}");
+    for api_version in [
+        Workload::api_version(&()),
+        AdmissionCheck::api_version(&()),
+        ClusterQueue::api_version(&()),
+        LocalQueue::api_version(&()),
+        ResourceFlavor::api_version(&()),
+        ProvisioningRequestConfig::api_version(&()),
+    ] {
+        assert_eq!(api_version, expected);
+    }
+}

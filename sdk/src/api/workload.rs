@@ -4,36 +4,27 @@ use std::fmt;
 use k8s_openapi::api::core::v1::{PodTemplateSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
 use super::conditions::{find_condition, is_condition_true};
 
-/// `Workload.spec`: what a batch job asks Kueue for.
-#[skip_serializing_none]
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "kueue.x-k8s.io",
-    version = "v1beta2",
-    kind = "Workload",
-    namespaced,
-    status = "WorkloadStatus",
-    schema = "disabled",
-    derive = "PartialEq"
-)]
-#[serde(default, rename_all = "camelCase")]
-pub struct WorkloadSpec {
-    /// The groups of identical pods the workload runs (1 to 8).
-    pub pod_sets: Vec<PodSet>,
-    /// The LocalQueue the workload was submitted to.
-    pub queue_name: Option<String>,
-    /// Priority resolved from the priority class.
-    pub priority: Option<i32>,
-    /// `false` once the workload is deactivated (e.g. after a `Rejected` check); absent means true.
-    pub active: Option<bool>,
-    /// Upper bound of the run time, if the job declared one.
-    pub maximum_execution_time_seconds: Option<i32>,
+kueue_kind! {
+    [kind = "Workload", namespaced, status = "WorkloadStatus"]
+    /// `Workload.spec`: what a batch job asks Kueue for.
+    #[serde(default, rename_all = "camelCase")]
+    pub struct WorkloadSpec {
+        /// The groups of identical pods the workload runs (1 to 8).
+        pub pod_sets: Vec<PodSet>,
+        /// The LocalQueue the workload was submitted to.
+        pub queue_name: Option<String>,
+        /// Priority resolved from the priority class.
+        pub priority: Option<i32>,
+        /// `false` once the workload is deactivated (e.g. after a `Rejected` check); absent means true.
+        pub active: Option<bool>,
+        /// Upper bound of the run time, if the job declared one.
+        pub maximum_execution_time_seconds: Option<i32>,
+    }
 }
 
 /// `Workload.spec.podSets[]`.
