@@ -115,24 +115,31 @@ pub fn describe_owner(meta: &ObjectMeta, me: &Identity<'_>) -> String {
     }
 }
 
-/// Label naming the controller that manages the object; its value is the `managed_by` argument.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Label holding the uid of the Workload the object was made for.
-pub const WORKLOAD_UID_LABEL: &str = "kueue-admission-checks.dev/workload-uid";
-/// Annotation holding the name of the Workload the object was made for.
-pub const WORKLOAD_ANNOTATION: &str = "kueue-admission-checks.dev/workload";
-/// Annotation holding the name of the AdmissionCheck the object was made for.
-pub const CHECK_ANNOTATION: &str = "kueue-admission-checks.dev/check";
-/// Annotation holding the attempt (1-based) the object was made for.
-pub const ATTEMPT_ANNOTATION: &str = "kueue-admission-checks.dev/attempt";
-/// Annotation of PodTemplates holding the name of their ProvisioningRequest.
-pub const REQUEST_ANNOTATION: &str = "kueue-admission-checks.dev/request";
-/// `app.kubernetes.io/managed-by` on every request and template this controller creates.
-pub const MANAGED_BY: &str = "kueue-provisioning-controller";
+/// A label or annotation key in this project's domain, which is spelled here once.
+macro_rules! domain_key {
+    ($name:literal) => {
+        concat!("kueue-admission-checks.dev/", $name)
+    };
+}
 
 /// Label naming the controller instance (a hash of its controllerName) that owns an object,
 /// so that two instances with different controllerNames never touch each other's requests.
-pub const INSTANCE_LABEL: &str = "kueue-admission-checks.dev/instance";
+pub const INSTANCE_LABEL: &str = domain_key!("instance");
+/// Label holding the uid of the Workload the object was made for.
+pub const WORKLOAD_UID_LABEL: &str = domain_key!("workload-uid");
+/// Annotation holding the name of the Workload the object was made for.
+pub const WORKLOAD_ANNOTATION: &str = domain_key!("workload");
+/// Annotation holding the name of the AdmissionCheck the object was made for.
+pub const CHECK_ANNOTATION: &str = domain_key!("check");
+/// Annotation holding the attempt (1-based) the object was made for.
+pub const ATTEMPT_ANNOTATION: &str = domain_key!("attempt");
+/// Annotation of PodTemplates holding the name of their ProvisioningRequest.
+pub const REQUEST_ANNOTATION: &str = domain_key!("request");
+
+/// Label naming the controller that manages the object; its value is the `managed_by` argument.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// `app.kubernetes.io/managed-by` on every request and template this controller creates.
+pub const MANAGED_BY: &str = "kueue-provisioning-controller";
 
 /// The value of [`INSTANCE_LABEL`] for a controllerName: short, stable, a valid label value.
 pub fn instance_label(controller_name: &str) -> String {
