@@ -296,6 +296,17 @@ struct Decided {
     now: Timestamp,
 }
 
+impl Decided {
+    /// The delayed `Retry` a refused `write` of this decision leaves for the next attempt; none
+    /// for one that is itself carried over (it is kept already).
+    fn late_retry(&self, write: &crate::decide::Write) -> Option<LateRetry> {
+        if self.carried {
+            return None;
+        }
+        LateRetry::from_refused(write, self.decision.message(), self.now)
+    }
+}
+
 /// The parts of a Workload a check decides on that Kueue's bookkeeping within an attempt does
 /// not change: its spec (by generation), labels and annotations (less the attempt records the
 /// runtime writes), and the admission (flavors and counts; quota can be released and reserved
@@ -357,6 +368,7 @@ async fn decide_one<C: AdmissionCheckController>(
         return Ok(Some(wait));
     }
     let pair = Pair {
+        ctx,
         check,
         active,
         key: (uid, check.to_string()),
@@ -370,7 +382,7 @@ async fn decide_one<C: AdmissionCheckController>(
             return Ok(None);
         };
         let asking = (revalidating, kept.take());
-        let Some(decided) = decision_for(ctx, &wl, &pair, asking).await? else {
+        let Some(decided) = decision_for(&wl, &pair, asking).await? else {
             return Ok(None);
         };
         let revalidate_after = ctx
@@ -378,7 +390,7 @@ async fn decide_one<C: AdmissionCheckController>(
             .revalidate()
             .period()
             .filter(|_| decided.revalidating);
-        let write = match plan_write(ctx, &wl, &pair, &decided).await? {
+        let write = match plan_write(&wl, &pair, &decided).await? {
             Ok(write) => write,
             Err(recheck_after) => return Ok(recheck_after.or(revalidate_after)),
         };
@@ -397,7 +409,7 @@ async fn decide_one<C: AdmissionCheckController>(
             }
             Err(failure) => failure,
         };
-        match after_refused_write(ctx, &wl, &pair, decided, &write, failure).await? {
+        match after_refused_write(&wl, &pair, decided, &write, failure).await? {
             Next::Done => return Ok(None),
             Next::Again { fresh, kept: k } => {
                 if let Some(fresh) = fresh {
@@ -411,11 +423,13 @@ async fn decide_one<C: AdmissionCheckController>(
     Ok(Some(Duration::from_secs(1)))
 }
 
-/// The Workload and check one [`decide_one`] is about.
-struct Pair<'a, P> {
+/// The Workload and check one [`decide_one`] is about, with the runtime deciding it: what its
+/// steps share.
+struct Pair<'a, C: AdmissionCheckController> {
+    ctx: &'a Context<C>,
     check: &'a str,
     /// The check as resolved: its parameters and retry policy.
-    active: &'a ActiveCheck<P>,
+    active: &'a ActiveCheck<C::Parameters>,
     key: PairKey,
     /// Workloads in the Workload's namespace.
     api: Api<Workload>,
@@ -436,11 +450,11 @@ enum Next {
 /// one or not): `kept` if it still applies (same attempt, same inputs), else the check's answer.
 /// `None` if the check had nothing to say.
 async fn decision_for<C: AdmissionCheckController>(
-    ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_, C::Parameters>,
+    pair: &Pair<'_, C>,
     (revalidating, kept): (bool, Option<Decided>),
 ) -> Result<Option<Decided>, Error> {
+    let ctx = pair.ctx;
     let asked_at = AskedAt::of(wl, pair.check);
     if let Some(at) = asked_at {
         ctx.memory.pair(&pair.key, |p| p.asked = Some(at));
@@ -450,18 +464,18 @@ async fn decision_for<C: AdmissionCheckController>(
     };
     match kept.filter(still_valid) {
         Some(d) => Ok(Some(d)),
-        None => ask(ctx, wl, pair, revalidating, asked_at).await,
+        None => ask(wl, pair, revalidating, asked_at).await,
     }
 }
 
 /// The status write for `decided`, or (`Err`) when to look again without writing: nothing to
 /// change, or a refusal by the rules (an invalid decision is an error, with an Event).
 async fn plan_write<C: AdmissionCheckController>(
-    ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_, C::Parameters>,
+    pair: &Pair<'_, C>,
     decided: &Decided,
 ) -> Result<Result<crate::decide::Write, Option<Duration>>, Error> {
+    let ctx = pair.ctx;
     let check = pair.check;
     let input = PlanInput {
         workload: wl,
@@ -494,20 +508,21 @@ async fn plan_write<C: AdmissionCheckController>(
 /// for a Workload deleted meanwhile, the permanent failure written instead of an answer the API
 /// server will never take, an error (with backoff) for the rest.
 async fn after_refused_write<C: AdmissionCheckController>(
-    ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_, C::Parameters>,
+    pair: &Pair<'_, C>,
     decided: Decided,
     write: &crate::decide::Write,
     failure: WriteFailure,
 ) -> Result<Next, Error> {
+    let ctx = pair.ctx;
     let check = pair.check;
     match failure {
         WriteFailure::Record(kube::Error::Api(status))
         | WriteFailure::Status(kube::Error::Api(status))
             if status.code == 409 =>
         {
-            after_conflict(ctx, wl, pair, decided, write).await
+            let late = decided.late_retry(write);
+            after_conflict(wl, pair, decided, late).await
         }
         WriteFailure::Record(kube::Error::Api(status))
         | WriteFailure::Status(kube::Error::Api(status))
@@ -536,7 +551,7 @@ async fn after_refused_write<C: AdmissionCheckController>(
                 crate::check::redact_quoted(&status.message, &[])
             );
             warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "status write refused");
-            let decision = permanent_decision(ctx, wl, pair, message, decided.now).await;
+            let decision = permanent_decision(wl, pair, message, decided.now).await;
             let kept = Decided {
                 decision,
                 ..decided
@@ -568,14 +583,15 @@ async fn after_refused_write<C: AdmissionCheckController>(
 }
 
 /// The write of `decided` was refused because the Workload changed since it was read: reads it
-/// again and says whether the same decision still applies to it.
+/// again and says whether the same decision still applies to it; `late` is kept for the next
+/// attempt if Kueue moved on meanwhile.
 async fn after_conflict<C: AdmissionCheckController>(
-    ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_, C::Parameters>,
+    pair: &Pair<'_, C>,
     decided: Decided,
-    write: &crate::decide::Write,
+    late: Option<LateRetry>,
 ) -> Result<Next, Error> {
+    let ctx = pair.ctx;
     let check = pair.check;
     ctx.metrics.conflict(check);
     debug!(workload = %wl.name_any(), check, "conflict, reading the workload again");
@@ -603,11 +619,8 @@ async fn after_conflict<C: AdmissionCheckController>(
         }
         // Kueue moved on (evicted, another attempt): a delayed Retry still holds.
         _ => {
-            if !decided.carried
-                && let Some(late) =
-                    LateRetry::from_refused(write, decided.decision.message(), decided.now)
-            {
-                carry_over(ctx, &fresh, pair, late).await;
+            if let Some(late) = late {
+                carry_over(&fresh, pair, late).await;
             }
             None
         }
@@ -624,12 +637,12 @@ const PERMANENT_MARK: &str = "Permanent failure: ";
 
 /// Asks the check (or takes a carried-over late `Retry`); `None` when nothing is to be written.
 async fn ask<C: AdmissionCheckController>(
-    ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_, C::Parameters>,
+    pair: &Pair<'_, C>,
     revalidating: bool,
     at: Option<AskedAt>,
 ) -> Result<Option<Decided>, Error> {
+    let ctx = pair.ctx;
     let (check, key) = (pair.check, &pair.key);
     let now = Timestamp::now();
     // A Retry refused because Kueue evicted the Workload while the check decided is honoured
@@ -679,7 +692,7 @@ async fn ask<C: AdmissionCheckController>(
                     let note = format!("check {check} (revalidating): {message}");
                     return Err(ctx.check_failed(wl, note, e).await);
                 }
-                permanent_decision(ctx, wl, pair, message, now).await
+                permanent_decision(wl, pair, message, now).await
             }
         },
     };
@@ -700,12 +713,12 @@ async fn ask<C: AdmissionCheckController>(
 /// limit that `Retry` becomes `Rejected`. Any change of the Workload (the user's fix) asks the
 /// check again meanwhile.
 async fn permanent_decision<C: AdmissionCheckController>(
-    ctx: &Context<C>,
     wl: &Workload,
-    pair: &Pair<'_, C::Parameters>,
+    pair: &Pair<'_, C>,
     message: String,
     now: Timestamp,
 ) -> Decision {
+    let ctx = pair.ctx;
     let (check, key) = (pair.check, &pair.key);
     let evictions = wl.total_evictions();
     let (since, first) = ctx.memory.pair(key, |p| {
@@ -766,11 +779,11 @@ const MAX_PERMANENT_MESSAGE: usize = 600;
 
 /// Keeps a refused delayed `Retry` for the next attempt and says so.
 async fn carry_over<C: AdmissionCheckController>(
-    ctx: &Context<C>,
     fresh: &Workload,
-    pair: &Pair<'_, C::Parameters>,
+    pair: &Pair<'_, C>,
     late: LateRetry,
 ) {
+    let ctx = pair.ctx;
     let check = pair.check;
     let note = format!(
         "check {check}: Retry decided for attempt {} arrived after Kueue evicted the workload; \

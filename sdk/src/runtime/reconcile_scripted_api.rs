@@ -187,16 +187,24 @@ impl Harness {
         self.api.fail(code, reason, message);
     }
 
-    /// A harness answering `Ready` whose first write the API server refuses with `code`.
-    fn refused(code: u16, reason: &str, message: &str) -> Self {
-        let h = Self::new(Decision::ready("fine"));
-        h.fail(code, reason, message);
-        h
-    }
-
     /// The next request finds the Workload deleted.
     fn workload_gone(&self) {
         self.fail(404, "NotFound", "workloads \"wl\" not found");
+    }
+
+    /// The next request is a 404 although the Workload exists (a missing subresource, say).
+    fn resource_not_found(&self) {
+        self.fail(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    }
+
+    /// The next request is refused as invalid at `field`, as a podSetUpdate the API server
+    /// does not accept.
+    fn invalid(&self, field: &str) {
+        self.fail(422, "Invalid", &format!("{field}: Invalid value"));
     }
 
     fn conflict(&self) {
@@ -507,11 +515,8 @@ async fn a_conflict_from_a_changed_label_asks_the_check_again() {
 
 #[tokio::test]
 async fn a_write_the_api_server_refuses_as_invalid_becomes_a_permanent_failure_on_the_entry() {
-    let h = Harness::refused(
-        422,
-        "Invalid",
-        "status.admissionChecks[0].podSetUpdates[0].labels: Invalid value",
-    );
+    let h = Harness::new(Decision::ready("fine"));
+    h.invalid("status.admissionChecks[0].podSetUpdates[0].labels");
     h.answer(200, json(&at("11", deciding())));
     let next = h.decide(&at("10", deciding())).await.expect("no error");
     assert_eq!(h.asked(), 1);
@@ -581,11 +586,8 @@ async fn a_workload_deleted_before_the_write_is_no_error() {
 
 #[tokio::test]
 async fn a_404_for_a_workload_that_still_exists_is_an_error() {
-    let h = Harness::refused(
-        404,
-        "NotFound",
-        "the server could not find the requested resource",
-    );
+    let h = Harness::new(Decision::ready("fine"));
+    h.resource_not_found();
     h.answer(200, json(&at("10", deciding())));
     let err = h.decide(&at("10", deciding())).await.expect_err("reported");
     assert_eq!(err.label(), "api");
@@ -595,7 +597,8 @@ async fn a_404_for_a_workload_that_still_exists_is_an_error() {
 /// Transient failures: the answer is not turned into a permanent failure, nothing else is
 /// written, and the error goes back to the controller, which retries with backoff.
 async fn transient(code: u16, reason: &str) -> Harness {
-    let h = Harness::refused(code, reason, "try again later");
+    let h = Harness::new(Decision::ready("fine"));
+    h.fail(code, reason, "try again later");
     let err = h
         .decide(&at("10", deciding()))
         .await

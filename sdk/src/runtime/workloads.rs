@@ -206,6 +206,7 @@ fn list_done(w: &Targets, done: relist::ListDone, now: tokio::time::Instant) {
 mod tests {
     use super::*;
     use crate::api::CheckState;
+    use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
 
     /// What the Workload watch handed on.
     struct Handed {
@@ -223,6 +224,15 @@ mod tests {
         crate::testing::WorkloadBuilder::new("ns", name)
             .resource_version(version)
             .build()
+    }
+
+    /// The events of one list of the watch: each Workload it found, then its end.
+    fn listing<const N: usize>(found: [Workload; N]) -> Vec<watcher::Event<Workload>> {
+        let found = found.into_iter().map(InitApply);
+        std::iter::once(Init)
+            .chain(found)
+            .chain([InitDone])
+            .collect()
     }
 
     /// Feeds `events` to the Workload watch of a replica that leads (or not) and collects what
@@ -298,22 +308,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_relist_reconciles_everything_once_the_cache_holds_it_and_releases_the_vanished() {
-        use watcher::Event::*;
         let handed = feed(
-            vec![
-                Init,
-                InitApply(wl("a", "1")),
-                InitApply(wl("b", "1")),
-                InitDone,
-                Apply(wl("a", "2")),
+            [
+                listing([wl("a", "1"), wl("b", "1")]),
+                vec![Apply(wl("a", "2"))],
                 // The watch expires and lists again: "b" was deleted and "c" created (and
                 // given quota) meanwhile; the cache still holds "a"@2 and "b" until InitDone.
-                Init,
-                InitApply(wl("a", "3")),
-                InitApply(wl("c", "1")),
-                InitDone,
-                Apply(wl("c", "2")),
-            ],
+                listing([wl("a", "3"), wl("c", "1")]),
+                vec![Apply(wl("c", "2"))],
+            ]
+            .concat(),
             true,
         )
         .await;
@@ -329,17 +333,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_standby_hands_nothing_on() {
-        use watcher::Event::*;
         let handed = feed(
-            vec![
-                Init,
-                InitApply(wl("a", "1")),
-                InitDone,
-                Apply(wl("a", "2")),
-                Init,
-                InitDone,
-                Delete(wl("x", "1")),
-            ],
+            [
+                listing([wl("a", "1")]),
+                vec![Apply(wl("a", "2"))],
+                listing([]),
+                vec![Delete(wl("x", "1"))],
+            ]
+            .concat(),
             false,
         )
         .await;
@@ -373,31 +374,25 @@ mod tests {
 
     #[tokio::test]
     async fn pod_sets_are_cached_only_while_the_workload_holds_quota() {
-        use watcher::Event::*;
         let waiting = pending("1").build();
         assert!(waiting.spec.pod_sets[0].template.spec.is_some());
-        let handed = feed(vec![Init, InitApply(waiting), InitDone], true).await;
+        let handed = feed(listing([waiting]), true).await;
         assert!(!cached_pod_set(&handed), "a Workload waiting for quota");
 
         // Getting quota is a change, which brings the whole object: decided with its template.
         let reserved = pending("2").quota_reserved("cq", "f").build();
-        let handed = feed(vec![Init, InitDone, Apply(reserved.clone())], true).await;
+        let handed = feed([listing([]), vec![Apply(reserved.clone())]].concat(), true).await;
         assert!(cached_pod_set(&handed), "a Workload holding quota");
         assert_eq!(handed.changes, ["w"]);
 
         let finished = pending("3").quota_reserved("cq", "f").finished().build();
-        let handed = feed(
-            vec![Init, InitApply(reserved), InitDone, Apply(finished)],
-            true,
-        )
-        .await;
+        let handed = feed([listing([reserved]), vec![Apply(finished)]].concat(), true).await;
         assert!(!cached_pod_set(&handed), "a finished Workload");
     }
 
     #[tokio::test]
     async fn a_check_may_keep_every_pod_set() {
-        use watcher::Event::*;
-        let events = vec![Init, InitApply(pending("1").build()), InitDone];
+        let events = listing([pending("1").build()]);
         let handed = feed_keeping(events, true, CachedPodSets::Always).await;
         assert!(cached_pod_set(&handed));
     }
