@@ -10,7 +10,7 @@ use kube::Client;
 use kueue_admission_sdk::api::{CheckState, Workload};
 use kueue_admission_sdk::configmap_store::MemoryStore;
 use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once, offline_client};
-use kueue_admission_sdk::{Decision, NoParameters, ReleaseReason, RetryDelay, RetryPolicy};
+use kueue_admission_sdk::{Decision, NoParameters, ReleaseReason, RetryDelay};
 use ledger_common::testing::{MemoryWorkloads, decide_concurrently, release_once};
 
 use super::*;
@@ -89,12 +89,7 @@ impl Backend for FakeBackend {
 fn settings() -> Settings {
     Settings {
         controller_name: "example.com/licenses".into(),
-        retry_policy: RetryPolicy::exponential(
-            Duration::from_secs(10),
-            2.0,
-            Duration::from_secs(300),
-            0.0,
-        ),
+        retry_policy: backoff(Duration::from_secs(10), Duration::from_secs(300)),
         pool_recheck: Duration::from_secs(30),
         sweep_interval: Duration::from_secs(300),
     }
