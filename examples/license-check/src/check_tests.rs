@@ -125,6 +125,17 @@ async fn decide(check: &LicenseCheck<FakeBackend>, wl: &Workload) -> Decision {
         .expect("decides")
 }
 
+/// A Workload asking for `licenses`, granted them by `check`.
+async fn granted(check: &LicenseCheck<FakeBackend>, name: &str, licenses: &str) -> Workload {
+    let wl = asking(name, licenses);
+    let decision = decide(check, &wl).await;
+    assert!(
+        matches!(decision, Decision::Ready { .. }),
+        "{name}: {decision:?}"
+    );
+    wl
+}
+
 async fn release(check: &LicenseCheck<FakeBackend>, wl: &Workload, reason: ReleaseReason) {
     release_once(check, wl, CHECK, reason, Timestamp::UNIX_EPOCH)
         .await
@@ -203,9 +214,8 @@ async fn grants_once_and_recognises_the_holder_when_asked_again() {
 #[tokio::test]
 async fn a_shortage_retries_with_the_policy_and_names_the_holder() {
     let (check, fake) = check_with_pool(&[("matlab", 2)]);
-    let holder = asking("a", "matlab=2");
+    let holder = granted(&check, "a", "matlab=2").await;
     fake.workloads.put(&holder);
-    decide(&check, &holder).await;
     assert_eq!(
         decide(&check, &asking("b", "matlab=1")).await,
         Decision::Retry {
@@ -250,7 +260,7 @@ async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
         ),
     ] {
         let (check, fake) = check_with_pool(&[("matlab", 2)]);
-        decide(&check, &asking("a", "matlab=2")).await;
+        granted(&check, "a", "matlab=2").await;
         if let Some(wl) = &gone {
             fake.workloads.put(wl);
         }
@@ -266,9 +276,8 @@ async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
 #[tokio::test]
 async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
     let (check, fake) = check_with_pool(&[("matlab", 3)]);
-    let (a, b) = (asking("a", "matlab=1"), asking("b", "matlab=2"));
-    decide(&check, &a).await;
-    decide(&check, &b).await;
+    granted(&check, "a", "matlab=1").await;
+    let b = granted(&check, "b", "matlab=2").await;
     release(&check, &b, ReleaseReason::Finished).await;
     release(&check, &b, ReleaseReason::Deleted).await;
     assert_eq!(fake.held(), BTreeMap::from([("matlab".into(), 1)]));
@@ -278,10 +287,9 @@ async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
 #[tokio::test]
 async fn sweep_drops_only_holdings_whose_workload_moved_on() {
     let (check, fake) = check_with_pool(&[("matlab", 3)]);
-    let (live, finished) = (asking("live", "matlab=1"), asking("done", "matlab=1"));
-    decide(&check, &live).await;
-    decide(&check, &finished).await;
-    decide(&check, &asking("deleted", "matlab=1")).await;
+    let live = granted(&check, "live", "matlab=1").await;
+    let finished = granted(&check, "done", "matlab=1").await;
+    granted(&check, "deleted", "matlab=1").await;
     fake.workloads.put(&live);
     let mut done = finished.clone();
     done.status
