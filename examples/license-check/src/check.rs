@@ -51,6 +51,12 @@ pub struct Settings {
     pub sweep_interval: Duration,
 }
 
+/// The binary's retry policy: delays doubling from `base` up to `max` (never below `base`), each
+/// up to 10 % longer so that Workloads refused together do not come back in step.
+pub fn backoff(base: Duration, max: Duration) -> RetryPolicy {
+    RetryPolicy::exponential(base, 2.0, max.max(base), 0.1)
+}
+
 /// The license check. Cheap to clone: clones share the ledger's updater, so a sweeper task and
 /// the runtime take turns.
 #[derive(Clone, Debug)]

@@ -10,7 +10,7 @@ use kube::Client;
 use kueue_admission_sdk::api::{CheckState, Workload};
 use kueue_admission_sdk::configmap_store::MemoryStore;
 use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once, offline_client};
-use kueue_admission_sdk::{Decision, NoParameters, ReleaseReason, RetryDelay, RetryPolicy};
+use kueue_admission_sdk::{Decision, NoParameters, ReleaseReason, RetryDelay};
 use ledger_common::testing::{MemoryWorkloads, decide_concurrently, release_once};
 
 use super::*;
@@ -89,12 +89,7 @@ impl Backend for FakeBackend {
 fn settings() -> Settings {
     Settings {
         controller_name: "example.com/licenses".into(),
-        retry_policy: RetryPolicy::exponential(
-            Duration::from_secs(10),
-            2.0,
-            Duration::from_secs(300),
-            0.0,
-        ),
+        retry_policy: backoff(Duration::from_secs(10), Duration::from_secs(300)),
         pool_recheck: Duration::from_secs(30),
         sweep_interval: Duration::from_secs(300),
     }
@@ -128,6 +123,17 @@ async fn decide(check: &LicenseCheck<FakeBackend>, wl: &Workload) -> Decision {
     decide_once(check, wl, CHECK, &NoParameters)
         .await
         .expect("decides")
+}
+
+/// A Workload asking for `licenses`, granted them by `check`.
+async fn granted(check: &LicenseCheck<FakeBackend>, name: &str, licenses: &str) -> Workload {
+    let wl = asking(name, licenses);
+    let decision = decide(check, &wl).await;
+    assert!(
+        matches!(decision, Decision::Ready { .. }),
+        "{name}: {decision:?}"
+    );
+    wl
 }
 
 async fn release(check: &LicenseCheck<FakeBackend>, wl: &Workload, reason: ReleaseReason) {
@@ -208,9 +214,8 @@ async fn grants_once_and_recognises_the_holder_when_asked_again() {
 #[tokio::test]
 async fn a_shortage_retries_with_the_policy_and_names_the_holder() {
     let (check, fake) = check_with_pool(&[("matlab", 2)]);
-    let holder = asking("a", "matlab=2");
+    let holder = granted(&check, "a", "matlab=2").await;
     fake.workloads.put(&holder);
-    decide(&check, &holder).await;
     assert_eq!(
         decide(&check, &asking("b", "matlab=1")).await,
         Decision::Retry {
@@ -255,7 +260,7 @@ async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
         ),
     ] {
         let (check, fake) = check_with_pool(&[("matlab", 2)]);
-        decide(&check, &asking("a", "matlab=2")).await;
+        granted(&check, "a", "matlab=2").await;
         if let Some(wl) = &gone {
             fake.workloads.put(wl);
         }
@@ -271,9 +276,8 @@ async fn a_shortage_first_reclaims_from_workloads_that_moved_on() {
 #[tokio::test]
 async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
     let (check, fake) = check_with_pool(&[("matlab", 3)]);
-    let (a, b) = (asking("a", "matlab=1"), asking("b", "matlab=2"));
-    decide(&check, &a).await;
-    decide(&check, &b).await;
+    granted(&check, "a", "matlab=1").await;
+    let b = granted(&check, "b", "matlab=2").await;
     release(&check, &b, ReleaseReason::Finished).await;
     release(&check, &b, ReleaseReason::Deleted).await;
     assert_eq!(fake.held(), BTreeMap::from([("matlab".into(), 1)]));
@@ -283,10 +287,9 @@ async fn release_gives_back_exactly_what_was_held_and_is_idempotent() {
 #[tokio::test]
 async fn sweep_drops_only_holdings_whose_workload_moved_on() {
     let (check, fake) = check_with_pool(&[("matlab", 3)]);
-    let (live, finished) = (asking("live", "matlab=1"), asking("done", "matlab=1"));
-    decide(&check, &live).await;
-    decide(&check, &finished).await;
-    decide(&check, &asking("deleted", "matlab=1")).await;
+    let live = granted(&check, "live", "matlab=1").await;
+    let finished = granted(&check, "done", "matlab=1").await;
+    granted(&check, "deleted", "matlab=1").await;
     fake.workloads.put(&live);
     let mut done = finished.clone();
     done.status

@@ -1,9 +1,10 @@
 //! The binary's flags and environment variables, and the check they describe.
 
+use crate::check::backoff;
 use crate::{ConfigMapBackend, DEFAULT_CONTROLLER_NAME, LicenseCheck, Settings};
 use clap::Parser;
+use kueue_admission_sdk::Options;
 use kueue_admission_sdk::options::Seconds;
-use kueue_admission_sdk::{Options, RetryPolicy};
 
 /// Kueue admission check for floating licenses: a Workload is admitted once the licenses it
 /// asks for are free, and holds them until it finishes or is evicted.
@@ -68,9 +69,10 @@ impl Flags {
     /// The check the flags describe, and the runtime options to run it with (the leader Lease
     /// beside the check's ConfigMaps unless a flag or `$POD_NAMESPACE` says otherwise).
     pub fn into_check(self) -> (LicenseCheck, Options) {
-        let base = self.backoff_base_seconds.duration();
-        let max = self.backoff_max_seconds.duration().max(base);
-        let mut retry_policy = RetryPolicy::exponential(base, 2.0, max, 0.1);
+        let mut retry_policy = backoff(
+            self.backoff_base_seconds.duration(),
+            self.backoff_max_seconds.duration(),
+        );
         retry_policy.retry_limit = self.retry_limit;
         let check = LicenseCheck::new(
             Settings {
@@ -93,19 +95,45 @@ impl Flags {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kueue_admission_sdk::testing::defaults_refusing;
+    use kueue_admission_sdk::{AdmissionCheckController, NoParameters};
 
+    /// The defaults, read back from the check and runtime options they build.
     #[test]
     fn defaults_and_refusals() {
-        let cli: Flags = kueue_admission_sdk::testing::defaults_refusing(&[
+        let (check, runtime) = defaults_refusing::<Flags>(&[
             "--backoff-base-seconds=0",
             "--sweep-interval-seconds=0",
             "--retry-limit=-1",
-        ]);
-        assert_eq!(cli.controller_name, DEFAULT_CONTROLLER_NAME);
+        ])
+        .into_check();
+        assert_eq!(check.controller_name(), DEFAULT_CONTROLLER_NAME);
+        let backend = check.backend();
         assert_eq!(
-            (cli.namespace.as_str(), cli.pool_configmap.as_str()),
+            (backend.namespace.as_str(), backend.pool.as_str()),
             ("kueue-system", "license-pool")
         );
-        assert_eq!(cli.retry_limit, None);
+        assert_eq!(check.retry_policy(&NoParameters).retry_limit, None);
+        assert_eq!(
+            runtime.lease_namespace_fallback.as_deref(),
+            Some("kueue-system")
+        );
+    }
+
+    #[test]
+    fn a_longest_delay_below_the_first_is_raised_to_it() {
+        let flags = Flags::try_parse_from([
+            "license-check",
+            "--backoff-base-seconds=60",
+            "--backoff-max-seconds=10",
+            "--retry-limit=3",
+        ])
+        .expect("parses");
+        let (check, _) = flags.into_check();
+        let sixty = std::time::Duration::from_secs(60);
+        assert_eq!(
+            check.retry_policy(&NoParameters),
+            backoff(sixty, sixty).with_retry_limit(3)
+        );
     }
 }
