@@ -7,9 +7,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/versions.env"
 CACHE_DIR="${KUEUE_AC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kueue-admission-checks}"
 BIN_DIR="$CACHE_DIR/bin"
 MANIFEST_DIR="$CACHE_DIR/manifests/kueue-$KUEUE_VERSION"
-ETCD_BIN="$BIN_DIR/etcd-$ETCD_VERSION/etcd"
-APISERVER_BIN="$BIN_DIR/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
-KUEUE_BIN="$BIN_DIR/kueue-$KUEUE_VERSION/kueue"
+# Where a built tool lives: a directory per tool and version, so that bumping a version
+# builds the new one beside the old; the executable is named after the tool.
+tool_bin() { printf '%s/%s-%s/%s\n' "$BIN_DIR" "$1" "$2" "$1"; } # tool version
+ETCD_BIN="$(tool_bin etcd "$ETCD_VERSION")"
+APISERVER_BIN="$(tool_bin kube-apiserver "$KUBERNETES_VERSION")"
+KUEUE_BIN="$(tool_bin kueue "$KUEUE_VERSION")"
 
 # A message on stderr under a [tag], and the same as an error that ends the script; the chart
 # scripts, which source this file, log under their own tag.

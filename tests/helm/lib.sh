@@ -11,10 +11,10 @@ PROMETHEUS_MODULE_VERSION="${PROMETHEUS_MODULE_VERSION:-v0.315.0}"
 # Its CRDs (ServiceMonitor, PrometheusRule) validate what the chart renders.
 PROMETHEUS_OPERATOR_VERSION="${PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
 
-HELM_BIN="$BIN_DIR/helm-$HELM_VERSION/helm"
-PROMTOOL_BIN="$BIN_DIR/promtool-$PROMETHEUS_MODULE_VERSION/promtool"
+HELM_BIN="$(tool_bin helm "$HELM_VERSION")"
+PROMTOOL_BIN="$(tool_bin promtool "$PROMETHEUS_MODULE_VERSION")"
 # Debian's promtool, unpacked from its prometheus package (PROMTOOL_FROM=go skips it).
-DEBIAN_PROMTOOL_BIN="$BIN_DIR/promtool-debian/promtool"
+DEBIAN_PROMTOOL_BIN="$(tool_bin promtool debian)"
 
 hlog() { tagged_log chart "$@"; }
 hdie() { tagged_die chart "$@"; }

@@ -730,17 +730,24 @@ impl TestEnv {
             .admission_check(check, controller_name)
             .await?
             .name_any();
-        let cluster_queue = self
-            .cluster_queue("cq", &flavor, cpu, &[&check])
-            .await?
-            .name_any();
-        self.local_queue("lq", &cluster_queue).await?;
+        let cluster_queue = self.queues_on(&flavor, cpu, &[&check]).await?;
         Ok(GuardedQueue {
             flavor,
             check,
             controller_name: controller_name.into(),
             cluster_queue,
         })
+    }
+
+    /// ClusterQueue `cq` with `cpu` of `flavor` guarded by `checks`, and LocalQueue `lq` feeding
+    /// it: the queues of most tests. Returns the ClusterQueue's cluster-scoped name.
+    pub async fn queues_on(&self, flavor: &str, cpu: &str, checks: &[&str]) -> Result<String> {
+        let cq = self
+            .cluster_queue("cq", flavor, cpu, checks)
+            .await?
+            .name_any();
+        self.local_queue("lq", &cq).await?;
+        Ok(cq)
     }
 
     /// Creates or replaces the ConfigMap `name` in the test namespace with exactly `data`.

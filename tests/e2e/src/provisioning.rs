@@ -174,11 +174,7 @@ impl TestEnv {
     /// cluster-scoped names.
     pub async fn pool_queues(&self, cpu: &str, checks: &[&str]) -> Result<(String, String)> {
         let flavor = self.provisioning_flavor("pool").await?;
-        let cq = self
-            .cluster_queue("cq", &flavor, cpu, checks)
-            .await?
-            .name_any();
-        self.local_queue("lq", &cq).await?;
+        let cq = self.queues_on(&flavor, cpu, checks).await?;
         Ok((flavor, cq))
     }
 

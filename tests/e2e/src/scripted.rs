@@ -1141,11 +1141,7 @@ pub async fn run(test: &str, config: RunConfig) -> Result<Report> {
     }
     let refs: Vec<&str> = check_names.iter().map(String::as_str).collect();
     let quota = config.workloads.to_string();
-    let cq = env
-        .cluster_queue("cq", &flavor, &quota, &refs)
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    let cq = env.queues_on(&flavor, &quota, &refs).await?;
 
     let recorder = Arc::new(Recorder::new(script.clone(), check_names.clone()));
     let watch = start_recorder(&env, recorder.clone()).await?;

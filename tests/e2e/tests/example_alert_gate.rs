@@ -182,11 +182,7 @@ async fn gated(test: &str, spec: AlertGateSpec) -> Result<Gated> {
         .await?
         .name_any();
     let flavor = env.resource_flavor("default").await?.name_any();
-    let cq = env
-        .cluster_queue("cq", &flavor, "8", &[&check])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    env.queues_on(&flavor, "8", &[&check]).await?;
     let runtime = env.runtime_config();
     let controller = e2e::Running::check(
         env.client.clone(),

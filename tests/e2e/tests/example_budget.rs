@@ -404,11 +404,7 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
         .await?
         .name_any();
     // The queue does not list the check: in shadow mode nothing may wait on it.
-    let cq = env
-        .cluster_queue("cq", &flavor, "20", &[])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    let cq = env.queues_on(&flavor, "20", &[]).await?;
     let q = GuardedQueue {
         flavor,
         check,

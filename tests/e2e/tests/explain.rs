@@ -28,8 +28,7 @@ async fn gated(test: &str) -> Result<(TestEnv, GuardedQueue)> {
 async fn a_workload_without_quota_quotes_kueues_reason() -> Result<()> {
     let env = TestEnv::new("explain-quota").await?;
     let flavor = env.resource_flavor("default").await?.name_any();
-    let cq = env.cluster_queue("cq", &flavor, "1", &[]).await?.name_any();
-    env.local_queue("lq", &cq).await?;
+    let cq = env.queues_on(&flavor, "1", &[]).await?;
     let wl = env.submit_job("big", "lq", "4").await?;
     env.wait_workload(&wl, "QuotaReserved=False with a reason", |wl| {
         wl.condition(cond::QUOTA_RESERVED)

@@ -14,31 +14,29 @@ async fn queues(env: &TestEnv) -> Result<GuardedQueue> {
 }
 
 /// The queues with their check `Active`, and a Job whose Workload holds quota with the check's
-/// entry `Pending`: the moment a check controller is asked. Returns the Workload as then seen.
-async fn job_waiting_for_the_check(env: &TestEnv) -> Result<(GuardedQueue, Workload)> {
+/// entry `Pending`: the moment a check controller is asked. Returns the Workload's name and the
+/// Workload as then seen.
+async fn job_waiting_for_the_check(env: &TestEnv) -> Result<(GuardedQueue, String, Workload)> {
     let q = queues(env).await?;
     env.set_admission_check_active(&q.check, true).await?;
     let wl_name = env.submit_job("job", "lq", "1").await?;
     let wl = env
         .wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
-    Ok((q, wl))
+    Ok((q, wl_name, wl))
 }
 
-/// A ClusterQueue (4 cpu, LocalQueue `lq`) guarded by two active checks the test answers;
-/// returns their names.
-async fn two_checks(env: &TestEnv, [a, b]: [&str; 2]) -> Result<[String; 2]> {
+/// A ClusterQueue (4 cpu, LocalQueue `lq`) guarded by two active checks the test answers, and
+/// the Job `job` submitted to it; returns the checks' names and the Workload's.
+async fn job_under_two_checks(env: &TestEnv, [a, b]: [&str; 2]) -> Result<([String; 2], String)> {
     let flavor = env.resource_flavor("default").await?.name_any();
     let a = env.admission_check(a, TEST_CONTROLLER).await?.name_any();
     let b = env.admission_check(b, TEST_CONTROLLER).await?.name_any();
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &[&a, &b])
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    env.queues_on(&flavor, "4", &[&a, &b]).await?;
     env.set_admission_check_active(&a, true).await?;
     env.set_admission_check_active(&b, true).await?;
-    Ok([a, b])
+    let wl_name = env.submit_job("job", "lq", "1").await?;
+    Ok(([a, b], wl_name))
 }
 
 /// Answers the check `Ready` and waits until the Workload is admitted and its Job `job`
@@ -102,8 +100,7 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
 #[tokio::test]
 async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
     let env = TestEnv::new("retry-evicts").await?;
-    let (q, wl) = job_waiting_for_the_check(&env).await?;
-    let wl_name = wl.name_any();
+    let (q, wl_name, wl) = job_waiting_for_the_check(&env).await?;
     assert_eq!(
         wl.admission_check(&q.check).and_then(|e| e.retry_count),
         None,
@@ -160,8 +157,7 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
 #[tokio::test]
 async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
     let env = TestEnv::new("delayed-retry").await?;
-    let (q, wl) = job_waiting_for_the_check(&env).await?;
-    let wl_name = wl.name_any();
+    let (q, wl_name, _) = job_waiting_for_the_check(&env).await?;
 
     const DELAY: i32 = 8;
     let started = std::time::Instant::now();
@@ -236,8 +232,7 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
 #[tokio::test]
 async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
     let env = TestEnv::new("two-delays").await?;
-    let [short, long] = two_checks(&env, ["short", "long"]).await?;
-    let wl_name = env.submit_job("job", "lq", "1").await?;
+    let ([short, long], wl_name) = job_under_two_checks(&env, ["short", "long"]).await?;
     env.wait_check_pending_with_quota(&wl_name, &short).await?;
     env.wait_check_pending_with_quota(&wl_name, &long).await?;
 
@@ -274,8 +269,7 @@ async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
 #[tokio::test]
 async fn another_checks_eviction_drops_the_retry_count_of_a_ready_entry() -> Result<()> {
     let env = TestEnv::new("reset-ready").await?;
-    let [a, b] = two_checks(&env, ["a", "b"]).await?;
-    let wl_name = env.submit_job("job", "lq", "1").await?;
+    let ([a, b], wl_name) = job_under_two_checks(&env, ["a", "b"]).await?;
 
     // Check a retries once: its entry comes back Pending with retryCount 1.
     env.wait_check_pending_with_quota(&wl_name, &a).await?;
@@ -399,8 +393,7 @@ async fn deleting_the_job_finishes_the_workload_from_v0_18_and_leaves_it_to_the_
     use kube::api::DeleteParams;
     const IN_USE: &str = "kueue.x-k8s.io/resource-in-use";
     let env = TestEnv::new("job-deleted").await?;
-    let (q, wl) = job_waiting_for_the_check(&env).await?;
-    let wl_name = wl.name_any();
+    let (q, wl_name, _) = job_waiting_for_the_check(&env).await?;
     env.answer_check(&wl_name, &q.check, CheckState::Ready, "ready from the test")
         .await?;
     let admitted = env.wait_admitted(&wl_name).await?;

@@ -611,14 +611,9 @@ async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
     // that cause, then give the woken reconcile time to (wrongly) act. (No marker tells when a
     // reconcile that writes nothing is over; this quiet window can only pass falsely, never
     // fail falsely, on a loaded machine.)
-    let deadline = tokio::time::Instant::now() + e2e::DEFAULT_TIMEOUT;
-    while metrics(&t).await?.counter("requests_booking_expired") < 1.0 {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the controller never saw the booking expire"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    t.wait_counter("kueue_provisioning_requests_booking_expired_total", 1.0)
+        .await
+        .context("the controller never saw the booking expire")?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let now = env.workloads().get(&wl).await?;
     assert!(now.condition_is_true(cond::ADMITTED), "{}", e2e::dump(&now));

@@ -78,11 +78,7 @@ async fn checks_on_one_queue(
         });
     }
     let names: Vec<&str> = checks.iter().map(|c| c.name.as_str()).collect();
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &names)
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    env.queues_on(&flavor, "4", &names).await?;
     for check in &mut checks {
         check.start(env);
     }

@@ -55,11 +55,7 @@ async fn setup(test: &str, with_other: bool) -> Result<(TestEnv, Setup)> {
         None
     };
     let refs: Vec<&str> = checks.iter().map(String::as_str).collect();
-    let cq = env
-        .cluster_queue("cq", &flavor, "4", &refs)
-        .await?
-        .name_any();
-    env.local_queue("lq", &cq).await?;
+    env.queues_on(&flavor, "4", &refs).await?;
     let s = Setup {
         controller_name,
         probe,
