@@ -43,7 +43,8 @@ use tracing_subscriber::EnvFilter;
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
 use crate::runtime::{
-    LeaderElection, RuntimeConfig, lease_name_for, run_until, termination_signal,
+    DEFAULT_FIELD_MANAGER, LeaderElection, RuntimeConfig, lease_name_for, run_until,
+    termination_signal,
 };
 
 /// Where the metrics and health endpoints listen, or `off`.
@@ -236,11 +237,7 @@ pub struct Options {
     pub lease_duration_seconds: Seconds<3, 3600>,
 
     /// Prefix of the server-side apply field managers and the events' reporting controller.
-    #[arg(
-        long,
-        env = "KUEUE_AC_FIELD_MANAGER",
-        default_value = "kueue-admission-sdk"
-    )]
+    #[arg(long, env = "KUEUE_AC_FIELD_MANAGER", default_value = DEFAULT_FIELD_MANAGER)]
     pub field_manager: String,
 
     /// Log format.

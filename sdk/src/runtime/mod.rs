@@ -89,11 +89,14 @@ pub struct RuntimeConfig {
 /// message and fix an annotation, short enough not to starve a queue.
 pub const DEFAULT_PERMANENT_FAILURE_HOLD: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// The default of [`RuntimeConfig::field_manager`] (and of `--field-manager`).
+pub const DEFAULT_FIELD_MANAGER: &str = "kueue-admission-sdk";
+
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             metrics_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
-            field_manager: "kueue-admission-sdk".into(),
+            field_manager: DEFAULT_FIELD_MANAGER.into(),
             concurrency: 10,
             leader_election: None,
             max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
