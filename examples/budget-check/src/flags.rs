@@ -1,7 +1,10 @@
 //! The binary's flags and environment variables, and the check they describe.
 
 use crate::cost::Prices;
-use crate::{BudgetCheck, ConfigMapBackend, DEFAULT_CONTROLLER_NAME, Settings};
+use crate::{
+    BudgetCheck, ConfigMapBackend, DEFAULT_BUDGETS_CONFIGMAP, DEFAULT_CONTROLLER_NAME,
+    DEFAULT_LEDGER_PREFIX, Settings,
+};
 use clap::Parser;
 use kueue_admission_sdk::Options;
 use kueue_admission_sdk::options::Seconds;
@@ -21,19 +24,11 @@ pub struct Flags {
     pub namespace: String,
 
     /// ConfigMap of budgets: one key per namespace, valued credits/day or credits/week.
-    #[arg(
-        long,
-        env = "BUDGET_CHECK_BUDGETS_CONFIGMAP",
-        default_value = "budgets"
-    )]
+    #[arg(long, env = "BUDGET_CHECK_BUDGETS_CONFIGMAP", default_value = DEFAULT_BUDGETS_CONFIGMAP)]
     pub budgets_configmap: String,
 
     /// Ledgers are ConfigMaps named this prefix plus the namespace they record.
-    #[arg(
-        long,
-        env = "BUDGET_CHECK_LEDGER_PREFIX",
-        default_value = "budget-ledger-"
-    )]
+    #[arg(long, env = "BUDGET_CHECK_LEDGER_PREFIX", default_value = DEFAULT_LEDGER_PREFIX)]
     pub ledger_prefix: String,
 
     /// Credits per resource unit per hour: per core of cpu, per GiB of memory, per device of

@@ -34,3 +34,7 @@ pub use ledger_common::Error;
 
 /// The controller name the binary answers by default.
 pub const DEFAULT_CONTROLLER_NAME: &str = "kueue-admission-checks.dev/budget";
+/// The budgets ConfigMap the binary reads by default.
+pub const DEFAULT_BUDGETS_CONFIGMAP: &str = "budgets";
+/// The prefix of the ledger ConfigMaps the binary writes by default.
+pub const DEFAULT_LEDGER_PREFIX: &str = "budget-ledger-";

@@ -1,7 +1,10 @@
 //! The binary's flags and environment variables, and the check they describe.
 
 use crate::check::backoff;
-use crate::{ConfigMapBackend, DEFAULT_CONTROLLER_NAME, LicenseCheck, Settings};
+use crate::{
+    ConfigMapBackend, DEFAULT_CONTROLLER_NAME, DEFAULT_LEDGER_CONFIGMAP, DEFAULT_POOL_CONFIGMAP,
+    LicenseCheck, Settings,
+};
 use clap::Parser;
 use kueue_admission_sdk::Options;
 use kueue_admission_sdk::options::Seconds;
@@ -20,19 +23,11 @@ pub struct Flags {
     pub namespace: String,
 
     /// ConfigMap listing the licenses that exist, one key per feature, the count as value.
-    #[arg(
-        long,
-        env = "LICENSE_CHECK_POOL_CONFIGMAP",
-        default_value = "license-pool"
-    )]
+    #[arg(long, env = "LICENSE_CHECK_POOL_CONFIGMAP", default_value = DEFAULT_POOL_CONFIGMAP)]
     pub pool_configmap: String,
 
     /// ConfigMap where the check records who holds what; created on first use.
-    #[arg(
-        long,
-        env = "LICENSE_CHECK_LEDGER_CONFIGMAP",
-        default_value = "license-ledger"
-    )]
+    #[arg(long, env = "LICENSE_CHECK_LEDGER_CONFIGMAP", default_value = DEFAULT_LEDGER_CONFIGMAP)]
     pub ledger_configmap: String,
 
     /// Delay before the second attempt of a Workload that found its licenses taken; doubles

@@ -29,3 +29,7 @@ pub use ledger_common::Error;
 
 /// The controller name the binary answers by default.
 pub const DEFAULT_CONTROLLER_NAME: &str = "kueue-admission-checks.dev/license";
+/// The pool ConfigMap the binary reads by default.
+pub const DEFAULT_POOL_CONFIGMAP: &str = "license-pool";
+/// The ledger ConfigMap the binary writes by default.
+pub const DEFAULT_LEDGER_CONFIGMAP: &str = "license-ledger";

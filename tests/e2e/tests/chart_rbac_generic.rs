@@ -113,7 +113,7 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
         budget_check::ConfigMapBackend {
             namespace: parsed.namespace.clone(),
             budgets: parsed.budgets_configmap.clone(),
-            ledger_prefix: "budget-ledger-".into(),
+            ledger_prefix: budget_check::DEFAULT_LEDGER_PREFIX.into(),
         },
     );
     let client = e2e::service_account_client(&env.ns, &service_account).await?;

@@ -22,7 +22,7 @@ use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond}
 use kueue_admission_sdk::shadow::ShadowScope;
 use serde_json::json;
 
-const BUDGETS: &str = "budgets";
+const BUDGETS: &str = budget_check::DEFAULT_BUDGETS_CONFIGMAP;
 
 /// One test's queue, check and the ConfigMaps its controller uses.
 type Budgeted = ExampleTest<ConfigMapBackend, BudgetLedger>;
@@ -39,7 +39,7 @@ fn backend(ns: &str) -> ConfigMapBackend {
     ConfigMapBackend {
         namespace: ns.into(),
         budgets: BUDGETS.into(),
-        ledger_prefix: "budget-ledger-".into(),
+        ledger_prefix: budget_check::DEFAULT_LEDGER_PREFIX.into(),
     }
 }
 

@@ -20,8 +20,8 @@ use license_check::request::LICENSES_ANNOTATION;
 use license_check::{Backend, ConfigMapBackend, LicenseCheck, Settings};
 use serde_json::json;
 
-const POOL: &str = "license-pool";
-const LEDGER: &str = "license-ledger";
+const POOL: &str = license_check::DEFAULT_POOL_CONFIGMAP;
+const LEDGER: &str = license_check::DEFAULT_LEDGER_CONFIGMAP;
 
 /// One test's queue, check and the ConfigMaps its controller uses.
 type Licensed = ExampleTest<ConfigMapBackend, Ledger>;
