@@ -369,7 +369,7 @@ impl<C: AdmissionCheckController> CheckSync<C> {
             },
         };
         if let Err(inactive) = &state {
-            warn!(check = %name, reason = inactive.reason, message = %inactive.message, "admission check inactive");
+            warn!(check = %name, reason = %inactive.reason, message = %inactive.message, "admission check inactive");
         }
         let summary = state
             .as_ref()

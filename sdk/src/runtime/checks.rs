@@ -14,24 +14,32 @@ use crate::check::{AdmissionCheckController, ApiKind, CheckParameters};
 use crate::error::Error;
 use crate::retry::RetryPolicy;
 
-/// Condition reasons on our AdmissionChecks (the first two are Kueue's own).
-pub(crate) mod reason {
-    pub const ACTIVE: &str = "Active";
-    pub const BAD_PARAMETERS_REF: &str = "BadParametersRef";
-    pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+/// Reasons of the `Active` condition on our AdmissionChecks; each is written as its variant's
+/// name (`Active` and `BadParametersRef` are Kueue's own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reason {
+    Active,
+    BadParametersRef,
+    InvalidParameters,
     /// The controller's RBAC does not let it read the parameters object.
-    pub const PARAMETERS_FORBIDDEN: &str = "ParametersForbidden";
+    ParametersForbidden,
     /// The cluster does not serve an API the check needs (a CRD missing or at another version).
-    pub const API_NOT_SERVED: &str = "ApiNotServed";
+    ApiNotServed,
     /// The controller runs in shadow mode: it decides, but writes no answers.
-    pub const SHADOW_MODE: &str = "ShadowMode";
+    ShadowMode,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
 }
 
 /// What the `Active` condition says of a check that could answer (`active`, its `Active=True`
 /// message) while the controller runs in shadow mode.
 pub(crate) fn shadow_mode(scope: &crate::shadow::ShadowScope, active: &str) -> Inactive {
     Inactive {
-        reason: reason::SHADOW_MODE,
+        reason: Reason::ShadowMode,
         message: format!(
             "Shadow mode: the controller decides for Workloads holding quota on {} and publishes \
              what it would answer (Events WouldAnswer, metric kueue_ac_shadow_decisions_total) \
@@ -72,7 +80,7 @@ pub(crate) fn active_message(policy: &RetryPolicy, ceiling: std::time::Duration)
 /// Why a check is not active: the `Active=False` reason and message.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Inactive {
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
 }
 
@@ -83,7 +91,7 @@ pub(crate) type Registry<P> = Arc<RwLock<CheckMap<P>>>;
 
 fn bad_ref(message: String) -> Inactive {
     Inactive {
-        reason: reason::BAD_PARAMETERS_REF,
+        reason: Reason::BadParametersRef,
         message,
     }
 }
@@ -185,7 +193,7 @@ pub(crate) async fn resolve<C: AdmissionCheckController>(
     };
     let invalid = |message: String| {
         Resolved::Inactive(Inactive {
-            reason: reason::INVALID_PARAMETERS,
+            reason: Reason::InvalidParameters,
             message,
         })
     };
@@ -253,7 +261,7 @@ async fn read_parameters<P: CheckParameters>(
     Ok(serde_json::to_value(&object)
         .and_then(serde_json::from_value)
         .map_err(|e| Inactive {
-            reason: reason::INVALID_PARAMETERS,
+            reason: Reason::InvalidParameters,
             message: format!("{} {name:?} cannot be read: {e}", kind.kind),
         }))
 }
@@ -295,7 +303,7 @@ pub(crate) fn inactive_for<P: CheckParameters>(
 ) -> Option<Inactive> {
     match error {
         Error::ApiNotServed(message) => Some(Inactive {
-            reason: reason::API_NOT_SERVED,
+            reason: Reason::ApiNotServed,
             message: message.clone(),
         }),
         _ if active_for_current_spec(ac) => None,
@@ -311,7 +319,7 @@ fn unreadable<P: CheckParameters>(ac: &AdmissionCheck, error: &Error) -> Option<
         return None;
     };
     status.is_forbidden().then(|| Inactive {
-        reason: reason::PARAMETERS_FORBIDDEN,
+        reason: Reason::ParametersForbidden,
         message: format!(
             "the controller may not read {} {:?} ({}); its RBAC must allow get, list and watch on {}",
             kind.kind,
@@ -333,14 +341,14 @@ pub(crate) fn desired_active_condition(
     now: Timestamp,
 ) -> Option<Condition> {
     let (status, reason, message) = match state {
-        Ok(message) => ("True", reason::ACTIVE, message.clone()),
+        Ok(message) => ("True", Reason::Active, message.clone()),
         Err(i) => ("False", i.reason, i.message.clone()),
     };
     let current = ac.active_condition();
     let generation = ac.metadata.generation;
     if let Some(c) = current
         && c.status == status
-        && c.reason == reason
+        && c.reason == reason.to_string()
         && c.message == message
         && c.observed_generation == generation
     {
@@ -353,7 +361,7 @@ pub(crate) fn desired_active_condition(
     Some(Condition {
         type_: ADMISSION_CHECK_ACTIVE.into(),
         status: status.into(),
-        reason: reason.into(),
+        reason: reason.to_string(),
         message,
         last_transition_time,
         observed_generation: generation,
@@ -431,6 +439,31 @@ mod tests {
         kind: "ProvisioningRequest",
         plural: "provisioningrequests",
     };
+
+    /// Users and alerts match on these strings: a renamed variant must not change one.
+    #[test]
+    fn reasons_are_written_as_documented() {
+        let written = [
+            Reason::Active,
+            Reason::BadParametersRef,
+            Reason::InvalidParameters,
+            Reason::ParametersForbidden,
+            Reason::ApiNotServed,
+            Reason::ShadowMode,
+        ]
+        .map(|r| r.to_string());
+        assert_eq!(
+            written,
+            [
+                "Active",
+                "BadParametersRef",
+                "InvalidParameters",
+                "ParametersForbidden",
+                "ApiNotServed",
+                "ShadowMode"
+            ]
+        );
+    }
 
     fn resources(names: &[&str]) -> serde_json::Value {
         discovery_fixtures::resource_list("autoscaling.x-k8s.io/v1", names)
@@ -540,7 +573,7 @@ mod tests {
             let inactive =
                 inactive_for::<crate::NoParameters>(&admission_check(active), &not_served)
                     .expect("inactive");
-            assert_eq!(inactive.reason, reason::API_NOT_SERVED);
+            assert_eq!(inactive.reason, Reason::ApiNotServed);
             assert!(inactive.message.contains("widgets.example.com/v1"));
         }
         let transient = Error::Config("anything else".into());
