@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use super::checks::Registry;
 use super::memory::Memory;
 use super::own_writes::OwnWrites;
+use super::queued_changes::QueuedChanges;
 use crate::api::Workload;
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
@@ -30,6 +31,8 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     pub(super) memory: Memory,
     /// Status writes the Workload cache does not show yet.
     pub own_writes: Arc<OwnWrites>,
+    /// Changes taken from the watch that no reconcile has read yet (for the queue metrics).
+    pub(super) queued: QueuedChanges,
     pub metrics: Arc<super::metrics::Metrics>,
     pub(super) max_retry_delay: Duration,
     pub(super) permanent_failure_hold: Duration,
@@ -73,6 +76,7 @@ impl<C: AdmissionCheckController> Context<C> {
             recorder,
             memory: Default::default(),
             own_writes,
+            queued: QueuedChanges::default(),
             metrics,
             max_retry_delay: config.max_retry_delay,
             permanent_failure_hold: config.permanent_failure_hold,

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
-use kube::Client;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{info, warn};
@@ -66,7 +66,15 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
             warn!("stopping before the Workload cache was ever complete");
         }
     };
-    let changes = ReceiverStream::new(l.changes).map(Ok);
+    let queue = l.ctx.clone();
+    let changes = ReceiverStream::new(l.changes).map(move |wl: Workload| {
+        let now = tokio::time::Instant::now();
+        let namespace = wl.namespace().unwrap_or_default();
+        let waiting = queue.queued.taken(&namespace, &wl.name_any(), now);
+        queue.metrics.queue_depth(waiting);
+        Ok(wl)
+    });
+    let queue = l.ctx.clone();
     let reconciler = Controller::for_stream(changes, cache.clone())
         // Unlimited here: the reconcile takes a fair turn itself (see `reconcile::Context`).
         // kube still never runs two reconciles of one Workload at once.
@@ -75,11 +83,16 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         .reconcile_on(ReceiverStream::new(wake_rx))
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, l.ctx)
-        .for_each(|res| async move {
+        .for_each(|res| async {
             match res {
                 Ok(_) => {}
                 Err(e) if is_deleted_before_reconcile(&e) => {
                     tracing::debug!(error = %e, "workload gone before its reconcile");
+                    if let kube::runtime::controller::Error::ObjectNotFound(gone) = &e {
+                        let namespace = gone.namespace.as_deref().unwrap_or_default();
+                        let waiting = queue.queued.gone(namespace, &gone.name);
+                        queue.metrics.queue_depth(waiting);
+                    }
                 }
                 Err(e) => warn!(error = %e, "workload reconcile failed"),
             }
@@ -89,6 +102,8 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         () = stop_unsynced => {}
     }
     tasks.stop().await;
+    queue.queued.clear();
+    queue.metrics.queue_depth(0);
     if lost.load(Ordering::Acquire) {
         Err(Error::LeadershipLost)
     } else {

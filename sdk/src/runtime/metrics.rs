@@ -48,6 +48,13 @@ fn reconcile_histogram() -> Histogram {
     ])
 }
 
+/// A change waits microseconds on an idle controller, minutes behind a flood of changes.
+fn queue_wait_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0,
+    ])
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: String,
@@ -82,6 +89,8 @@ pub(crate) struct Metrics {
     retry_delays_clamped: Family<CheckLabels, Counter>,
     permanent_failures: Family<CheckLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram>,
+    reconcile_queue_wait: Histogram,
+    reconcile_queue_depth: Gauge,
     shadow_decisions: Family<StateLabels, Counter>,
     /// The runtime runs its checks in shadow mode: their would-be answers are counted.
     shadow: bool,
@@ -120,6 +129,8 @@ impl Metrics {
             retry_delays_clamped: Family::default(),
             permanent_failures: Family::default(),
             reconcile_duration: Family::new_with_constructor(reconcile_histogram as fn() -> _),
+            reconcile_queue_wait: queue_wait_histogram(),
+            reconcile_queue_depth: Gauge::default(),
             shadow_decisions: Family::default(),
             shadow: false,
             leader: Gauge::default(),
@@ -204,6 +215,16 @@ impl Metrics {
             self.reconcile_duration.clone(),
         );
         registry.register(
+            "reconcile_queue_wait_seconds",
+            "Time a Workload change from the watch waited for a reconcile to read it (kube's queue, then a turn among --concurrency)",
+            self.reconcile_queue_wait.clone(),
+        );
+        registry.register(
+            "reconcile_queue_depth",
+            "Workloads with a change from the watch that no reconcile has read yet",
+            self.reconcile_queue_depth.clone(),
+        );
+        registry.register(
             "shadow_decisions",
             "Answers a check in shadow mode would have written (it writes none), by check and state; counted once per Workload reservation and state or message",
             self.shadow_decisions.clone(),
@@ -246,6 +267,17 @@ impl Metrics {
                 result: result.into(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// A reconcile started that reads a change which waited `waited` for it.
+    pub fn queue_waited(&self, waited: std::time::Duration) {
+        self.reconcile_queue_wait.observe(waited.as_secs_f64());
+    }
+
+    /// `waiting` Workloads have a change no reconcile has read yet.
+    pub fn queue_depth(&self, waiting: usize) {
+        self.reconcile_queue_depth
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
     /// This replica took or lost the lead.
@@ -501,6 +533,30 @@ mod tests {
             .map(crate::Error::label)
             .collect();
         assert_eq!(labels, RECONCILE_ERROR_KINDS);
+    }
+
+    #[test]
+    fn the_reconcile_queue_is_measured() {
+        let mut registry = Registry::default();
+        let (store, _writer) = kube::runtime::reflector::store::<Workload>();
+        let metrics = Metrics::new(&mut registry, store, Arc::new(Vec::new));
+        let before = scrape(&registry);
+        assert!(
+            before.contains("kueue_ac_reconcile_queue_depth 0"),
+            "{before}"
+        );
+        metrics.queue_depth(3);
+        metrics.queue_waited(std::time::Duration::from_millis(200));
+        let out = scrape(&registry);
+        assert!(out.contains("kueue_ac_reconcile_queue_depth 3"), "{out}");
+        assert!(
+            out.contains("kueue_ac_reconcile_queue_wait_seconds_bucket{le=\"0.1\"} 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains("kueue_ac_reconcile_queue_wait_seconds_bucket{le=\"0.5\"} 1"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!   at a time per Workload, backoff on errors) and the check's own tasks ([`Extensions`]);
 //! - `reconcile` asks the check whenever `decide::eligibility` says so and applies what
 //!   `decide::plan` allows (`shadow`: the same, writing nothing; `memory`: what is kept per
-//!   Workload between reconciles; `own_writes`: our writes the cache lacks yet);
+//!   Workload between reconciles; `own_writes`: our writes the cache lacks yet;
+//!   `queued_changes`: changes waiting for a reconcile, for the queue metrics);
 //! - `http` serves metrics and probes (`metrics`); `kueue_api` waits for a Kueue we can talk
 //!   to; `tasks` ties every task to the run.
 //!
@@ -29,6 +30,7 @@ mod leader;
 mod memory;
 mod metrics;
 mod own_writes;
+mod queued_changes;
 mod reconcile;
 mod relist;
 mod shadow;

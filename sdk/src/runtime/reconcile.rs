@@ -40,6 +40,16 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     let Ok(_turn) = ctx.turns.acquire().await else {
         return Ok(Action::await_change());
     };
+    // Whatever this reconcile finds, it reads the changes that waited for it.
+    {
+        let namespace = wl.namespace().unwrap_or_default();
+        let now = tokio::time::Instant::now();
+        let (waited, waiting) = ctx.queued.reconciling(&namespace, &wl.name_any(), now);
+        if let Some(waited) = waited {
+            ctx.metrics.queue_waited(waited);
+        }
+        ctx.metrics.queue_depth(waiting);
+    }
     // The Workload may have changed while this reconcile waited for its turn.
     let wl = match &ctx.cache {
         Some(cache) => match cache.get(&ObjectRef::from_obj(wl.as_ref())) {

@@ -804,6 +804,30 @@ async fn a_reconcile_of_a_workload_deleted_while_it_waited_decides_nothing() {
     assert!(api.requests().is_empty());
 }
 
+/// A reconcile reads the change that waited for it, also when it finds the Workload deleted
+/// meanwhile: nothing is left counted as waiting.
+#[tokio::test]
+async fn a_reconcile_reads_the_changes_that_waited_for_it() {
+    use kube::runtime::watcher::Event;
+    let (cache, mut writer) = reflector::store::<Workload>();
+    writer.apply_watcher_event(&Event::Apply(at("10", deciding())));
+    let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache);
+    let taken = tokio::time::Instant::now();
+    assert_eq!(ctx.queued.taken("ns", "wl", taken), 1);
+    assert_eq!(ctx.queued.taken("ns", "gone", taken), 2);
+    api.answer(200, json(&at("11", deciding())));
+    super::reconcile(Arc::new(at("10", deciding())), ctx.clone())
+        .await
+        .expect("no error");
+    let gone = WorkloadBuilder::new("ns", "gone").build();
+    super::reconcile(Arc::new(gone), ctx.clone())
+        .await
+        .expect("no error");
+    let later = tokio::time::Instant::now();
+    assert_eq!(ctx.queued.reconciling("ns", "wl", later), (None, 0));
+    assert_eq!(ctx.queued.reconciling("ns", "gone", later), (None, 0));
+}
+
 /// A reconcile waiting for its turn is small: with every cached Workload queued at once (a new
 /// leader, a re-list), memory grows by this much per Workload, not by a whole decision.
 #[tokio::test]

@@ -149,6 +149,14 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
             ),
         ],
     );
+    // Both decisions were asked on changes from the watch, which the reconciles read: the
+    // queue metrics counted their waits and, once all is quiet, nothing is left waiting.
+    let waits = e2e::metric_sample(&metrics, "kueue_ac_reconcile_queue_wait_seconds_count");
+    ensure!(
+        waits.is_some_and(|n| n >= 2.0),
+        "queue waits {waits:?}:\n{metrics}"
+    );
+    e2e::wait_metric(http, "kueue_ac_reconcile_queue_depth", 0.0).await?;
     Ok(())
 }
 
