@@ -1430,14 +1430,8 @@ impl Results<'_> {
 
     fn fault_schedule(&self, out: &mut String) {
         let _ = writeln!(out, "\n## Fault schedule (seed {})\n", self.plan.seed);
-        for f in &self.seen.faults {
-            let _ = writeln!(
-                out,
-                "- {:>6.1}s {}: {}",
-                f.at.as_secs_f64(),
-                f.label,
-                f.outcome
-            );
+        for FaultDone { at, label, outcome } in &self.seen.faults {
+            let _ = writeln!(out, "- {:>6.1}s {label}: {outcome}", at.as_secs_f64());
         }
     }
 
