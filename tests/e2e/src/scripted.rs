@@ -581,6 +581,78 @@ fn stored_attempt(wl: &Workload, check: &str) -> Option<u32> {
     attempts::record(wl, check).map(|_| attempts::attempt(wl, check))
 }
 
+/// One observed Workload version, as [`Recorder::observe`] checks it.
+struct Version<'a> {
+    wl: &'a Workload,
+    /// Its script index.
+    index: usize,
+    rv: &'a str,
+    quota: bool,
+}
+
+/// What one version broke, and what it was checked for.
+#[derive(Default)]
+struct Findings {
+    violations: Vec<(Invariant, String)>,
+    counts: Counts,
+}
+
+/// (3): admitted only with every entry `Ready`; notes when it was first admitted, or
+/// deactivated.
+fn check_admitted(
+    v: &Version,
+    track: &mut WorkloadTrack,
+    all_ready: bool,
+    entries: &[String],
+    found: &mut Findings,
+    now: Instant,
+) {
+    if v.wl.condition_is_true(cond::ADMITTED) {
+        found.counts.admitted_versions += 1;
+        if !all_ready {
+            found.violations.push((
+                Invariant::AdmittedIffAllReady,
+                format!(
+                    "Admitted=True at rv {} with entries {}",
+                    v.rv,
+                    entries.join(" ")
+                ),
+            ));
+        }
+        track.admitted_at.get_or_insert(now);
+    }
+    if !v.wl.is_active() {
+        track.deactivated_at.get_or_insert(now);
+    }
+}
+
+/// A version's line in the timeline: Kueue's conditions, evictions, our entries.
+fn version_line(wl: &Workload, rv: &str, evictions: i64, entries: &[String]) -> String {
+    let flag = |t: &str| {
+        wl.condition(t)
+            .map_or("-", |c| if c.status == "True" { "T" } else { "F" })
+    };
+    let evicted_reason = wl
+        .condition(cond::EVICTED)
+        .filter(|c| c.status == "True")
+        .map(|c| format!("({})", c.reason))
+        .unwrap_or_default();
+    let requeue_at = wl
+        .requeue_at()
+        .map(|t| format!(" requeueAt={}", t))
+        .unwrap_or_default();
+    format!(
+        "rv {rv}: QuotaReserved={} Admitted={} Evicted={}{evicted_reason} Requeued={} \
+         active={} evictions={evictions}{requeue_at} | {}",
+        flag(cond::QUOTA_RESERVED),
+        flag(cond::ADMITTED),
+        flag(cond::EVICTED),
+        flag(cond::REQUEUED),
+        wl.is_active(),
+        entries.join(" ")
+    )
+}
+
 impl Recorder {
     fn new(script: Arc<Script>, check_names: Vec<String>) -> Self {
         Self {
@@ -668,143 +740,132 @@ impl Recorder {
         track.last_rv.clone_from(&rv);
         track.name = wl.name_any();
         track.uid = wl.uid().unwrap_or_default();
-        let mut violations = Vec::new();
-        let mut counts = Counts::default();
-        counts.versions += 1;
-
-        let quota = holds_quota(wl);
-        let admitted = wl.condition_is_true(cond::ADMITTED);
-        let mut all_ready = true;
-        let mut entries = Vec::new();
-        for (c, name) in self.check_names.iter().enumerate() {
-            let short = &self.script.checks[c].short;
-            let limit = self.script.checks[c].retry_limit;
-            let Some(entry) = wl.admission_check(name) else {
-                all_ready = false;
-                entries.push(format!("{short}=absent"));
-                continue;
-            };
-            counts.entries += 1;
-            let ct = &mut track.checks[c];
-            let state_now = entry.state;
-            all_ready &= state_now == CheckState::Ready;
-            let msg: String = entry.message.chars().take(60).collect();
-            entries.push(format!(
-                "{short}={state_now}(rc={},{:?})",
-                entry.retry_count.map_or("-".into(), |r| r.to_string()),
-                msg
-            ));
-            // (1): Kueue resets the entries and starts dropping the quota in one write, so no
-            // version may show an answer of ours without the quota it was given for.
-            if matches!(state_now, CheckState::Ready | CheckState::Retry) && !quota {
-                violations.push((
-                    Invariant::NoAnswerWithoutQuota,
-                    format!("{short} is {state_now} at rv {rv} without QuotaReserved=True"),
-                ));
-            }
-            // (4)
-            if state_now == CheckState::Retry && ct.state != Some(CheckState::Retry) {
-                ct.retries_entered += 1;
-                counts.retries += 1;
-                if ct.retries_entered > limit {
-                    violations.push((
-                        Invariant::LimitsHonoured,
-                        format!(
-                            "{short} entered Retry for the {} time at rv {rv}; its limit is {limit}",
-                            ct.retries_entered
-                        ),
-                    ));
-                }
-            }
-            if state_now == CheckState::Rejected && ct.state != Some(CheckState::Rejected) {
-                ct.rejected_seen = true;
-                counts.rejections += 1;
-                let doomed = self.script.workloads.get(index).map(|w| w.end)
-                    == Some(EndState::Deactivated { by: c });
-                if !doomed {
-                    violations.push((
-                        Invariant::LimitsHonoured,
-                        format!(
-                            "{short} Rejected at rv {rv}, but it was scripted within its limit"
-                        ),
-                    ));
-                }
-            }
-            // (2), on what the Workload stores.
-            if let Some(stored) = stored_attempt(wl, name) {
-                counts.stored_attempts += 1;
-                if let Some(before) = ct.last_stored_attempt
-                    && stored < before
-                {
-                    violations.push((
-                        Invariant::AttemptsNeverDecrease,
-                        format!("{short}: stored attempt {stored} after {before} at rv {rv}"),
-                    ));
-                }
-                ct.last_stored_attempt = Some(stored);
-            }
-            ct.state = Some(state_now);
-        }
-        // (3)
-        if admitted {
-            counts.admitted_versions += 1;
-            if !all_ready {
-                violations.push((
-                    Invariant::AdmittedIffAllReady,
-                    format!(
-                        "Admitted=True at rv {rv} with entries {}",
-                        entries.join(" ")
-                    ),
-                ));
-            }
-            track.admitted_at.get_or_insert(now);
-        }
-        if !wl.is_active() {
-            track.deactivated_at.get_or_insert(now);
-        }
-        let evictions = i64::from(wl.total_evictions());
-        counts.evictions += u64::try_from(evictions - track.evictions).unwrap_or(0);
-        track.evictions = evictions;
-
-        let flag = |t: &str| {
-            wl.condition(t)
-                .map_or("-", |c| if c.status == "True" { "T" } else { "F" })
+        let v = Version {
+            wl,
+            index,
+            rv: &rv,
+            quota: holds_quota(wl),
         };
-        let evicted_reason = wl
-            .condition(cond::EVICTED)
-            .filter(|c| c.status == "True")
-            .map(|c| format!("({})", c.reason))
-            .unwrap_or_default();
-        let requeue_at = wl
-            .requeue_at()
-            .map(|t| format!(" requeueAt={}", t))
-            .unwrap_or_default();
-        track.timeline.push(format!(
-            "{at} rv {rv}: QuotaReserved={} Admitted={} Evicted={}{evicted_reason} Requeued={} \
-             active={} evictions={evictions}{requeue_at} | {}",
-            flag(cond::QUOTA_RESERVED),
-            flag(cond::ADMITTED),
-            flag(cond::EVICTED),
-            flag(cond::REQUEUED),
-            wl.is_active(),
-            entries.join(" ")
-        ));
-        for (invariant, what) in &violations {
+        let mut found = Findings::default();
+        found.counts.versions += 1;
+        let (entries, all_ready) = self.check_entries(&v, track, &mut found);
+        check_admitted(&v, track, all_ready, &entries, &mut found, now);
+        let evictions = i64::from(wl.total_evictions());
+        found.counts.evictions += u64::try_from(evictions - track.evictions).unwrap_or(0);
+        track.evictions = evictions;
+        let line = version_line(wl, &rv, evictions, &entries);
+        track.timeline.push(format!("{at} {line}"));
+        for (invariant, what) in &found.violations {
             track
                 .timeline
                 .push(format!("{at} VIOLATION ({}) {what}", invariant.number()));
         }
         track.last = Some(wl.clone());
-        state
-            .violations
-            .extend(violations.into_iter().map(|(invariant, what)| Violation {
-                invariant,
-                workload: index,
-                what,
-            }));
-        state.counts.add(&counts);
+        state.violations.extend(
+            found
+                .violations
+                .into_iter()
+                .map(|(invariant, what)| Violation {
+                    invariant,
+                    workload: index,
+                    what,
+                }),
+        );
+        state.counts.add(&found.counts);
         drop(guard);
         self.changed.notify_waiters();
+    }
+
+    /// Checks each of our entries of `v` (invariants 1, 2 and 4); returns them for the timeline
+    /// and whether every one is `Ready`.
+    fn check_entries(
+        &self,
+        v: &Version,
+        track: &mut WorkloadTrack,
+        found: &mut Findings,
+    ) -> (Vec<String>, bool) {
+        let mut all_ready = true;
+        let mut entries = Vec::new();
+        for (c, name) in self.check_names.iter().enumerate() {
+            let short = &self.script.checks[c].short;
+            let Some(entry) = v.wl.admission_check(name) else {
+                all_ready = false;
+                entries.push(format!("{short}=absent"));
+                continue;
+            };
+            found.counts.entries += 1;
+            all_ready &= entry.state == CheckState::Ready;
+            let msg: String = entry.message.chars().take(60).collect();
+            entries.push(format!(
+                "{short}={}(rc={},{:?})",
+                entry.state,
+                entry.retry_count.map_or("-".into(), |r| r.to_string()),
+                msg
+            ));
+            self.check_entry(v, c, entry.state, &mut track.checks[c], found);
+        }
+        (entries, all_ready)
+    }
+
+    /// Invariants 1, 4 and 2 on check `c`'s entry, in `state_now`.
+    fn check_entry(
+        &self,
+        v: &Version,
+        c: usize,
+        state_now: CheckState,
+        ct: &mut CheckTrack,
+        found: &mut Findings,
+    ) {
+        let (short, rv) = (&self.script.checks[c].short, v.rv);
+        let limit = self.script.checks[c].retry_limit;
+        // (1): Kueue resets the entries and starts dropping the quota in one write, so no
+        // version may show an answer of ours without the quota it was given for.
+        if matches!(state_now, CheckState::Ready | CheckState::Retry) && !v.quota {
+            found.violations.push((
+                Invariant::NoAnswerWithoutQuota,
+                format!("{short} is {state_now} at rv {rv} without QuotaReserved=True"),
+            ));
+        }
+        // (4)
+        if state_now == CheckState::Retry && ct.state != Some(CheckState::Retry) {
+            ct.retries_entered += 1;
+            found.counts.retries += 1;
+            if ct.retries_entered > limit {
+                found.violations.push((
+                    Invariant::LimitsHonoured,
+                    format!(
+                        "{short} entered Retry for the {} time at rv {rv}; its limit is {limit}",
+                        ct.retries_entered
+                    ),
+                ));
+            }
+        }
+        if state_now == CheckState::Rejected && ct.state != Some(CheckState::Rejected) {
+            ct.rejected_seen = true;
+            found.counts.rejections += 1;
+            let doomed = self.script.workloads.get(v.index).map(|w| w.end)
+                == Some(EndState::Deactivated { by: c });
+            if !doomed {
+                found.violations.push((
+                    Invariant::LimitsHonoured,
+                    format!("{short} Rejected at rv {rv}, but it was scripted within its limit"),
+                ));
+            }
+        }
+        // (2), on what the Workload stores.
+        if let Some(stored) = stored_attempt(v.wl, &self.check_names[c]) {
+            found.counts.stored_attempts += 1;
+            if let Some(before) = ct.last_stored_attempt
+                && stored < before
+            {
+                found.violations.push((
+                    Invariant::AttemptsNeverDecrease,
+                    format!("{short}: stored attempt {stored} after {before} at rv {rv}"),
+                ));
+            }
+            ct.last_stored_attempt = Some(stored);
+        }
+        ct.state = Some(state_now);
     }
 
     fn watch_error(&self, e: &watcher::Error) {
@@ -1095,75 +1156,20 @@ pub struct Report {
     timelines: BTreeMap<usize, (String, Vec<String>, Option<Duration>)>,
 }
 
-/// Runs the script against the shared control plane in a namespace of its own.
+/// Runs the script against the shared control plane in a namespace of its own: the checks
+/// and their queue, the recorder, the checks' runtimes, then the Jobs.
 pub async fn run(test: &str, config: RunConfig) -> Result<Report> {
     let script = Arc::new(Script::generate(
         config.seed,
         config.workloads,
         config.checks,
     ));
-    println!(
-        "multi_check: seed={} (0x{:x}) workloads={} in_flight={} checks={} limits={:?} policy delays={:?}\n\
-         multi_check: reproduce with MULTI_CHECK_SEED={} MULTI_CHECK_WORKLOADS={}",
-        config.seed,
-        config.seed,
-        config.workloads,
-        config.in_flight,
-        script.checks.len(),
-        script
-            .checks
-            .iter()
-            .map(|c| c.retry_limit)
-            .collect::<Vec<_>>(),
-        script
-            .checks
-            .iter()
-            .map(|c| c.policy_delay)
-            .collect::<Vec<_>>(),
-        config.seed,
-        config.workloads,
-    );
+    announce(&config, &script);
     let env = TestEnv::new(test).await?;
-
-    // One flavor, one ClusterQueue guarded by every check, room for every Workload at once
-    // (admitted Jobs never finish here: no pods run).
-    let flavor = env.resource_flavor("default").await?.name_any();
-    let mut check_names = Vec::new();
-    let mut controllers = Vec::new();
-    for spec in &script.checks {
-        let controller = format!("e2e.kueue-admission-checks.dev/{}-{}", env.ns, spec.short);
-        let name = env
-            .admission_check(&spec.short, &controller)
-            .await?
-            .name_any();
-        check_names.push(name);
-        controllers.push(controller);
-    }
-    let refs: Vec<&str> = check_names.iter().map(String::as_str).collect();
-    let quota = config.workloads.to_string();
-    let cq = env.queues_on(&flavor, &quota, &refs).await?;
-
-    let recorder = Arc::new(Recorder::new(script.clone(), check_names.clone()));
+    let (check_names, controllers, cq) = create_checks(&env, &script, config.workloads).await?;
+    let recorder = Arc::new(Recorder::new(script.clone(), check_names));
     let watch = start_recorder(&env, recorder.clone()).await?;
-
-    let mut runtimes = Vec::new();
-    for (index, (spec, controller)) in script.checks.iter().zip(controllers).enumerate() {
-        let check = ScriptedCheck {
-            controller_name: controller,
-            index,
-            policy: spec.policy(),
-            script: script.clone(),
-            recorder: recorder.clone(),
-        };
-        let config = RuntimeConfig {
-            field_manager: format!("e2e-{}-{}", env.ns, spec.short),
-            // Late answers sleep inside a reconcile: enough room that no Workload waits for
-            // another one's sleep.
-            concurrency: u16::try_from(config.in_flight * 2).unwrap_or(u16::MAX),
-            ..env.runtime_config()
-        };
-        runtimes.push(crate::Running::check(env.client.clone(), check, config));
-    }
+    let runtimes = start_checks(&env, &script, &recorder, controllers, config.in_flight);
     // The runtimes mark their checks Active; until all are, Kueue reserves nothing, and that
     // wait must not count against any Workload's bound.
     let cqs = Api::<ClusterQueue>::all(env.client.clone());
@@ -1186,27 +1192,87 @@ pub async fn run(test: &str, config: RunConfig) -> Result<Report> {
     }
     watch.abort();
     result?;
+    Ok(Report::new(config, script, duration, &recorder))
+}
 
-    let state = lock(&recorder.state);
-    let timelines = state
-        .workloads
-        .iter()
-        .map(|(i, t)| {
-            let took = t
-                .ended
-                .zip(t.submitted)
-                .map(|(end, start)| end.duration_since(start));
-            (*i, (t.name.clone(), t.timeline.clone(), took))
-        })
-        .collect();
-    Ok(Report {
-        config,
-        script: script.clone(),
-        duration,
-        counts: state.counts.clone(),
-        violations: state.violations.clone(),
-        timelines,
-    })
+/// The settings and the script's checks, first thing (the seed reproduces the run).
+fn announce(config: &RunConfig, script: &Script) {
+    println!(
+        "multi_check: seed={} (0x{:x}) workloads={} in_flight={} checks={} limits={:?} policy delays={:?}\n\
+         multi_check: reproduce with MULTI_CHECK_SEED={} MULTI_CHECK_WORKLOADS={}",
+        config.seed,
+        config.seed,
+        config.workloads,
+        config.in_flight,
+        script.checks.len(),
+        script
+            .checks
+            .iter()
+            .map(|c| c.retry_limit)
+            .collect::<Vec<_>>(),
+        script
+            .checks
+            .iter()
+            .map(|c| c.policy_delay)
+            .collect::<Vec<_>>(),
+        config.seed,
+        config.workloads,
+    );
+}
+
+/// One flavor, one ClusterQueue guarded by every check, room for every Workload at once
+/// (admitted Jobs never finish here: no pods run). Returns the AdmissionChecks' names, their
+/// controllers' names and the ClusterQueue's name.
+async fn create_checks(
+    env: &TestEnv,
+    script: &Script,
+    workloads: usize,
+) -> Result<(Vec<String>, Vec<String>, String)> {
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let mut check_names = Vec::new();
+    let mut controllers = Vec::new();
+    for spec in &script.checks {
+        let controller = format!("e2e.kueue-admission-checks.dev/{}-{}", env.ns, spec.short);
+        let name = env
+            .admission_check(&spec.short, &controller)
+            .await?
+            .name_any();
+        check_names.push(name);
+        controllers.push(controller);
+    }
+    let refs: Vec<&str> = check_names.iter().map(String::as_str).collect();
+    let quota = workloads.to_string();
+    let cq = env.queues_on(&flavor, &quota, &refs).await?;
+    Ok((check_names, controllers, cq))
+}
+
+/// Runs each scripted check with the SDK runtime, as its own `controllers` entry.
+fn start_checks(
+    env: &TestEnv,
+    script: &Arc<Script>,
+    recorder: &Arc<Recorder>,
+    controllers: Vec<String>,
+    in_flight: usize,
+) -> Vec<crate::Running> {
+    let mut runtimes = Vec::new();
+    for (index, (spec, controller)) in script.checks.iter().zip(controllers).enumerate() {
+        let check = ScriptedCheck {
+            controller_name: controller,
+            index,
+            policy: spec.policy(),
+            script: script.clone(),
+            recorder: recorder.clone(),
+        };
+        let config = RuntimeConfig {
+            field_manager: format!("e2e-{}-{}", env.ns, spec.short),
+            // Late answers sleep inside a reconcile: enough room that no Workload waits for
+            // another one's sleep.
+            concurrency: u16::try_from(in_flight * 2).unwrap_or(u16::MAX),
+            ..env.runtime_config()
+        };
+        runtimes.push(crate::Running::check(env.client.clone(), check, config));
+    }
+    runtimes
 }
 
 /// Creates the Jobs, at most `in_flight` under way at once, and waits until each Workload is
@@ -1257,23 +1323,39 @@ async fn drive(
 }
 
 impl Report {
+    /// What `recorder` saw of a run of `script`.
+    fn new(
+        config: RunConfig,
+        script: Arc<Script>,
+        duration: Duration,
+        recorder: &Recorder,
+    ) -> Self {
+        let state = lock(&recorder.state);
+        let timelines = state
+            .workloads
+            .iter()
+            .map(|(i, t)| {
+                let took = t
+                    .ended
+                    .zip(t.submitted)
+                    .map(|(end, start)| end.duration_since(start));
+                (*i, (t.name.clone(), t.timeline.clone(), took))
+            })
+            .collect();
+        Report {
+            config,
+            script,
+            duration,
+            counts: state.counts.clone(),
+            violations: state.violations.clone(),
+            timelines,
+        }
+    }
+
     /// The figures per invariant, as the table of `docs/reliability.md`.
     pub fn summary(&self) -> String {
         let c = &self.counts;
         let broken = |i: Invariant| self.violations.iter().filter(|v| v.invariant == i).count();
-        let worst = self
-            .timelines
-            .iter()
-            .filter_map(|(i, (_, _, took))| {
-                Some(took.as_ref()?.as_secs_f64() / self.script.time_bound(*i).as_secs_f64())
-            })
-            .fold(0.0_f64, f64::max);
-        let longest = self
-            .timelines
-            .values()
-            .filter_map(|(_, _, took)| *took)
-            .max()
-            .unwrap_or_default();
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -1292,7 +1374,41 @@ impl Report {
         );
         let _ = writeln!(out, "| Invariant | Checked | Violations |");
         let _ = writeln!(out, "|---|---|---|");
-        let rows = [
+        for (invariant, checked) in self.checked() {
+            let _ = writeln!(
+                out,
+                "| ({}) {invariant:?} | {checked} | {} |",
+                invariant.number(),
+                broken(invariant)
+            );
+        }
+        if c.watch_errors > 0 {
+            let _ = writeln!(
+                out,
+                "({} watch errors: versions may have been missed)",
+                c.watch_errors
+            );
+        }
+        out
+    }
+
+    /// How often each invariant was checked, in the order of the table.
+    fn checked(&self) -> [(Invariant, String); 5] {
+        let c = &self.counts;
+        let worst = self
+            .timelines
+            .iter()
+            .filter_map(|(i, (_, _, took))| {
+                Some(took.as_ref()?.as_secs_f64() / self.script.time_bound(*i).as_secs_f64())
+            })
+            .fold(0.0_f64, f64::max);
+        let longest = self
+            .timelines
+            .values()
+            .filter_map(|(_, _, took)| *took)
+            .max()
+            .unwrap_or_default();
+        [
             (
                 Invariant::NoAnswerWithoutQuota,
                 format!("{} versions, {} entries", c.versions, c.entries),
@@ -1325,23 +1441,7 @@ impl Report {
                     worst * 100.0
                 ),
             ),
-        ];
-        for (invariant, checked) in rows {
-            let _ = writeln!(
-                out,
-                "| ({}) {invariant:?} | {checked} | {} |",
-                invariant.number(),
-                broken(invariant)
-            );
-        }
-        if c.watch_errors > 0 {
-            let _ = writeln!(
-                out,
-                "({} watch errors: versions may have been missed)",
-                c.watch_errors
-            );
-        }
-        out
+        ]
     }
 
     /// Fails with the seed, every violation and the timelines of the Workloads concerned

@@ -80,6 +80,18 @@ struct Names {
     cq: BTreeMap<Queue, String>,
 }
 
+impl Names {
+    /// (short name, AdmissionCheck name) of the checks whose entries the recorder checks.
+    fn checks(&self) -> Vec<(String, String)> {
+        vec![
+            ("prov".to_string(), self.check_split.clone()),
+            ("prov-merge".to_string(), self.check_merge.clone()),
+            ("license".to_string(), self.check_license.clone()),
+            ("budget".to_string(), self.check_budget.clone()),
+        ]
+    }
+}
+
 /// What a run saw; [`Report::check`] fails it.
 #[derive(Debug)]
 pub struct Report {
@@ -91,10 +103,47 @@ pub struct Report {
     pub passed: bool,
 }
 
-/// Runs the soak on the shared control plane in a namespace of its own.
+/// Runs the soak on the shared control plane in a namespace of its own: plan, start the
+/// controllers, play the load with its faults, drain, judge, report.
 pub async fn run(config: SoakConfig) -> Result<Report> {
     let plan = Arc::new(Plan::generate(config.seed, config.workloads));
     std::fs::create_dir_all(&config.out)?;
+    announce(&config, &plan);
+    let soak = Soak::start(&config, plan).await?;
+    let faults = soak.schedule_faults();
+    let stalls = soak.sweep_stalls();
+    let took = soak.play_load(config.in_flight, faults).await;
+    let leaks = soak.drain().await;
+    stalls.abort();
+    soak.judge_leaks(&leaks);
+    let metrics = check_metrics(&soak.env, &soak.supervisor, &soak.recorder).await;
+    let exits = soak.supervisor.exits();
+    let processes = soak.supervisor.slots.len();
+    soak.judge_exits(&exits);
+    let recorder = soak.recorder.clone();
+    let plan = soak.plan.clone();
+    let faults = soak.stop().await;
+    let seen = Seen {
+        faults,
+        exits,
+        leaks,
+        metrics,
+        took,
+        processes,
+    };
+    let text = report(&config, &plan, &recorder, &seen);
+    let results = config.out.join("results.md");
+    std::fs::write(&results, &text)?;
+    let passed = recorder.violations().is_empty();
+    Ok(Report {
+        results,
+        text,
+        passed,
+    })
+}
+
+/// The plan and where the results go, first thing (the seed replays the run).
+fn announce(config: &SoakConfig, plan: &Plan) {
     println!(
         "soak: seed {} — {} Workloads over {:.0?} ({:?}), {} faults: {:?}",
         config.seed,
@@ -109,92 +158,177 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
         config.out.display(),
         commit()
     );
-    let env = TestEnv::new("soak").await?;
-    let names = setup(&env).await?;
-    let checks = vec![
-        ("prov".to_string(), names.check_split.clone()),
-        ("prov-merge".to_string(), names.check_merge.clone()),
-        ("license".to_string(), names.check_license.clone()),
-        ("budget".to_string(), names.check_budget.clone()),
-    ];
-    let recorder = Arc::new(Recorder::new(
-        plan.clone(),
-        checks,
-        names.check_license.clone(),
-    ));
-    let (evicted_tx, evicted_rx) = tokio::sync::mpsc::unbounded_channel();
-    recorder.on_evicted_plain(evicted_tx);
-    let integration = tokio::spawn(play_the_owner(env.clone(), evicted_rx));
-    let watches = recorder::start(recorder.clone(), &env.client, &env.ns, LEDGER).await?;
-    let supervisor = Arc::new(Supervisor::start(
-        specs(&config, &names),
-        &config.out.join("logs"),
-    )?);
-    wait_for_leaders(&env, &supervisor).await?;
+}
 
-    let started = Instant::now();
-    let faults_done = Arc::new(std::sync::Mutex::new(
-        Vec::<(Duration, String, String)>::new(),
-    ));
-    let fault_tasks: Vec<_> = plan
-        .faults
-        .iter()
-        .cloned()
-        .map(|fault| {
-            let (env, names, supervisor, recorder, done) = (
-                env.clone(),
-                names.clone(),
-                supervisor.clone(),
-                recorder.clone(),
-                faults_done.clone(),
-            );
-            tokio::spawn(async move {
-                tokio::time::sleep_until((started + fault.at).into()).await;
-                let outcome = inject(&env, &names, &supervisor, &recorder, &fault).await;
-                let outcome = match outcome {
-                    Ok(s) => s,
-                    Err(e) => format!("skipped: {e:#}"),
-                };
-                println!(
-                    "soak: {:>6.1}s {}: {outcome}",
-                    started.elapsed().as_secs_f64(),
-                    fault.kind
-                );
-                lock(&done).push((started.elapsed(), fault.kind.label().to_string(), outcome));
-            })
+/// A fault as it went: when it ended (since the load began), its kind's label and what it did
+/// or why it was skipped.
+#[derive(Clone, Debug)]
+struct FaultDone {
+    at: Duration,
+    label: String,
+    outcome: String,
+}
+
+/// What the run saw besides the recorder, for the report.
+#[derive(Debug)]
+struct Seen {
+    faults: Vec<FaultDone>,
+    exits: Vec<replicas::Exit>,
+    leaks: Vec<(String, usize)>,
+    metrics: Vec<String>,
+    /// The load phase and its drain.
+    took: Duration,
+    processes: usize,
+}
+
+/// A soak under way: the namespace, the witness, the controllers' processes and the tasks
+/// beside them.
+struct Soak {
+    plan: Arc<Plan>,
+    env: TestEnv,
+    names: Names,
+    recorder: Arc<Recorder>,
+    supervisor: Arc<Supervisor>,
+    /// The recorder's watches.
+    watches: Vec<tokio::task::JoinHandle<()>>,
+    /// [`play_the_owner`].
+    owner: tokio::task::JoinHandle<()>,
+    /// When the load began: faults and submissions are timed from here.
+    started: Instant,
+    faults_done: Arc<std::sync::Mutex<Vec<FaultDone>>>,
+}
+
+impl Soak {
+    /// Sets the namespace up, starts the recorder and the controllers, and waits until each
+    /// controller has a leader.
+    async fn start(config: &SoakConfig, plan: Arc<Plan>) -> Result<Self> {
+        let env = TestEnv::new("soak").await?;
+        let names = setup(&env).await?;
+        let recorder = Arc::new(Recorder::new(
+            plan.clone(),
+            names.checks(),
+            names.check_license.clone(),
+        ));
+        let (evicted_tx, evicted_rx) = tokio::sync::mpsc::unbounded_channel();
+        recorder.on_evicted_plain(evicted_tx);
+        let owner = tokio::spawn(play_the_owner(env.clone(), evicted_rx));
+        let watches = recorder::start(recorder.clone(), &env.client, &env.ns, LEDGER).await?;
+        let supervisor = Arc::new(Supervisor::start(
+            specs(config, &names),
+            &config.out.join("logs"),
+        )?);
+        wait_for_leaders(&env, &supervisor).await?;
+        Ok(Self {
+            plan,
+            env,
+            names,
+            recorder,
+            supervisor,
+            watches,
+            owner,
+            started: Instant::now(),
+            faults_done: Arc::default(),
         })
-        .collect();
+    }
 
-    let stalls = {
-        let recorder = recorder.clone();
+    /// One task per planned fault: each waits for its time, injects it and notes the outcome.
+    fn schedule_faults(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        let started = self.started;
+        self.plan
+            .faults
+            .iter()
+            .cloned()
+            .map(|fault| {
+                let (env, names, supervisor, recorder, done) = (
+                    self.env.clone(),
+                    self.names.clone(),
+                    self.supervisor.clone(),
+                    self.recorder.clone(),
+                    self.faults_done.clone(),
+                );
+                tokio::spawn(async move {
+                    tokio::time::sleep_until((started + fault.at).into()).await;
+                    let outcome = inject(&env, &names, &supervisor, &recorder, &fault).await;
+                    let outcome = match outcome {
+                        Ok(s) => s,
+                        Err(e) => format!("skipped: {e:#}"),
+                    };
+                    println!(
+                        "soak: {:>6.1}s {}: {outcome}",
+                        started.elapsed().as_secs_f64(),
+                        fault.kind
+                    );
+                    lock(&done).push(FaultDone {
+                        at: started.elapsed(),
+                        label: fault.kind.label().to_string(),
+                        outcome,
+                    });
+                })
+            })
+            .collect()
+    }
+
+    /// Every 5 s, the recorder looks for Workloads holding quota without progress.
+    fn sweep_stalls(&self) -> tokio::task::JoinHandle<()> {
+        let recorder = self.recorder.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 recorder.check_stalls();
             }
         })
-    };
-    let gate = Arc::new(Semaphore::new(config.in_flight));
-    let drivers: Vec<_> = plan
-        .workloads
-        .iter()
-        .cloned()
-        .map(|w| {
-            let (env, recorder, gate) = (env.clone(), recorder.clone(), gate.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep_until((started + w.submit_at).into()).await;
-                let Ok(_permit) = gate.acquire_owned().await else {
-                    return;
-                };
-                if let Err(e) = drive(&env, &recorder, &w).await {
-                    recorder.driver_note(w.index, &format!("gave up: {e:#}"));
-                }
+    }
+
+    /// Drives every planned Workload (at most `in_flight` at once) while `faults` play, and
+    /// returns once all are done (or past a bound): how long that took.
+    async fn play_load(
+        &self,
+        in_flight: usize,
+        faults: Vec<tokio::task::JoinHandle<()>>,
+    ) -> Duration {
+        let drivers = self.schedule_workloads(in_flight);
+        let progress = self.report_progress();
+        // Every driver ends by itself (each wait is bounded); the whole is bounded too.
+        let deadline = self.plan.load_duration + recorder::END_BOUND + Duration::from_secs(180);
+        let all = futures::future::join_all(drivers);
+        if tokio::time::timeout(deadline, all).await.is_err() {
+            println!("soak: the drivers did not finish within {deadline:?}");
+        }
+        for t in faults {
+            let _ = t.await;
+        }
+        let took = self.started.elapsed();
+        progress.abort();
+        took
+    }
+
+    /// One task per planned Workload: each waits for its time and a place in flight, then
+    /// drives the Workload's life.
+    fn schedule_workloads(&self, in_flight: usize) -> Vec<tokio::task::JoinHandle<()>> {
+        let started = self.started;
+        let gate = Arc::new(Semaphore::new(in_flight));
+        self.plan
+            .workloads
+            .iter()
+            .cloned()
+            .map(|w| {
+                let (env, recorder, gate) = (self.env.clone(), self.recorder.clone(), gate.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep_until((started + w.submit_at).into()).await;
+                    let Ok(_permit) = gate.acquire_owned().await else {
+                        return;
+                    };
+                    if let Err(e) = drive(&env, &recorder, &w).await {
+                        recorder.driver_note(w.index, &format!("gave up: {e:#}"));
+                    }
+                })
             })
-        })
-        .collect();
-    let progress = {
-        let recorder = recorder.clone();
-        let plan = plan.clone();
+            .collect()
+    }
+
+    /// Every 30 s, a line of how far the load is.
+    fn report_progress(&self) -> tokio::task::JoinHandle<()> {
+        let (recorder, plan, started) = (self.recorder.clone(), self.plan.clone(), self.started);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(30)).await;
@@ -212,84 +346,69 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
                 );
             }
         })
-    };
-    // Every driver ends by itself (each wait is bounded); the whole is bounded too.
-    let deadline = plan.load_duration + recorder::END_BOUND + Duration::from_secs(180);
-    let all = futures::future::join_all(drivers);
-    if tokio::time::timeout(deadline, all).await.is_err() {
-        println!("soak: the drivers did not finish within {deadline:?}");
     }
-    for t in fault_tasks {
-        let _ = t.await;
+
+    /// Ends what the load left and waits for the controllers to clean up: what is left by kind.
+    async fn drain(&self) -> Vec<(String, usize)> {
+        let unfinished = self.recorder.give_up_on_unfinished();
+        if unfinished > 0 {
+            println!("soak: {unfinished} Workloads never reached their end state");
+        }
+        // Whatever the drivers left (a Workload they gave up on) goes now, so that the leak check
+        // sees what the controllers clean up, not what the run abandoned.
+        delete_everything(&self.env).await;
+        wait_for_no_leaks(&self.env, &self.names).await
     }
-    let load_took = started.elapsed();
-    progress.abort();
-    let unfinished = recorder.give_up_on_unfinished();
-    if unfinished > 0 {
-        println!("soak: {unfinished} Workloads never reached their end state");
-    }
-    // Whatever the drivers left (a Workload they gave up on) goes now, so that the leak check
-    // sees what the controllers clean up, not what the run abandoned.
-    delete_everything(&env).await;
-    let leaks = wait_for_no_leaks(&env, &names).await;
-    stalls.abort();
-    for (what, n) in &leaks {
-        if *n > 0 {
-            recorder.record(Invariant::NoLeaks, None, format!("{n} {what} left"));
+
+    fn judge_leaks(&self, leaks: &[(String, usize)]) {
+        for (what, n) in leaks {
+            if *n > 0 {
+                self.recorder
+                    .record(Invariant::NoLeaks, None, format!("{n} {what} left"));
+            }
         }
     }
-    let metrics = check_metrics(&env, &supervisor, &recorder).await;
-    let exits = supervisor.exits();
-    let processes = supervisor.slots.len();
-    let restarts = lock(&faults_done)
-        .iter()
-        .filter(|(_, label, _)| label.contains("restarted"))
-        .map(|(at, _, _)| *at)
-        .collect::<Vec<_>>();
-    let unexpected: Vec<&replicas::Exit> = exits
-        .iter()
-        .filter(|e| !e.killed && !near_restart(e.at, &restarts))
-        .collect();
-    for e in &unexpected {
-        recorder.record(
-            Invariant::NoPanics,
-            None,
-            format!(
-                "{} generation {} exited ({}) at {:.0?}",
-                e.slot, e.generation, e.status, e.at
-            ),
-        );
+
+    /// A process that exited unless the soak killed it or a restart of the control plane
+    /// stopped it, or a panic in any log, breaks [`Invariant::NoPanics`].
+    fn judge_exits(&self, exits: &[replicas::Exit]) {
+        let restarts = lock(&self.faults_done)
+            .iter()
+            .filter(|f| f.label.contains("restarted"))
+            .map(|f| f.at)
+            .collect::<Vec<_>>();
+        let unexpected: Vec<&replicas::Exit> = exits
+            .iter()
+            .filter(|e| !e.killed && !near_restart(e.at, &restarts))
+            .collect();
+        for e in &unexpected {
+            self.recorder.record(
+                Invariant::NoPanics,
+                None,
+                format!(
+                    "{} generation {} exited ({}) at {:.0?}",
+                    e.slot, e.generation, e.status, e.at
+                ),
+            );
+        }
+        for p in self.supervisor.panics() {
+            self.recorder.record(Invariant::NoPanics, None, p);
+        }
     }
-    for p in supervisor.panics() {
-        recorder.record(Invariant::NoPanics, None, p);
+
+    /// Stops the controllers and the tasks beside them; returns the faults as they went.
+    async fn stop(self) -> Vec<FaultDone> {
+        let faults = lock(&self.faults_done).clone();
+        let supervisor = Arc::try_unwrap(self.supervisor).ok();
+        if let Some(s) = supervisor {
+            s.stop().await;
+        }
+        for w in self.watches {
+            w.abort();
+        }
+        self.owner.abort();
+        faults
     }
-    let supervisor = Arc::try_unwrap(supervisor).ok();
-    if let Some(s) = supervisor {
-        s.stop().await;
-    }
-    for w in watches {
-        w.abort();
-    }
-    integration.abort();
-    let text = report(
-        &config,
-        &plan,
-        &recorder,
-        &lock(&faults_done),
-        &exits,
-        &leaks,
-        &metrics,
-        load_took,
-        processes,
-    );
-    let results = config.out.join("results.md");
-    std::fs::write(&results, &text)?;
-    let passed = recorder.violations().is_empty();
-    Ok(Report {
-        results,
-        text,
-        passed,
-    })
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -856,6 +975,7 @@ async fn control_plane(what: &str, component: &str) -> Result<String> {
     Ok(format!("{component} back after {:.1?}", began.elapsed()))
 }
 
+/// Injects `fault`: what it did, or why it could not.
 async fn inject(
     env: &TestEnv,
     names: &Names,
@@ -864,126 +984,143 @@ async fn inject(
     fault: &Fault,
 ) -> Result<String> {
     match &fault.kind {
-        FaultKind::KillLeader(controller) => {
-            let Some(pod) = leader(env, controller).await? else {
-                bail!("no live leader to kill (a takeover under way)");
-            };
-            let slot = supervisor
-                .by_pod_name(&pod)
-                .with_context(|| format!("the Lease names {pod}, which no slot runs"))?;
-            let pid = slot.signal("KILL")?;
-            Ok(format!("killed {pod} (pid {pid})"))
-        }
-        FaultKind::RestartApiserver | FaultKind::RestartKueue => {
-            let component = if fault.kind == FaultKind::RestartApiserver {
-                "kube-apiserver"
-            } else {
-                "kueue"
-            };
-            recorder.outage_begins();
-            let result = control_plane("restart", component).await;
-            recorder.outage_ends();
-            result
-        }
-        FaultKind::PauseSimulator(d) => {
-            let slot = supervisor
-                .of("simulator")
-                .pop()
-                .context("no simulator slot")?;
-            recorder.outage_begins();
-            let paused = slot.signal("STOP");
-            tokio::time::sleep(*d).await;
-            let resumed = slot.signal("CONT");
-            recorder.outage_ends();
-            paused?;
-            resumed?;
-            Ok(format!("paused for {d:?}"))
-        }
-        FaultKind::RemoveCheck(d) => {
-            let cqs: Api<ClusterQueue> = Api::all(env.client.clone());
-            let cq = &names.cq[&Queue::Merged];
-            let set = |checks: Value| {
-                let cqs = cqs.clone();
-                async move {
-                    retrying(
-                        &format!("updating ClusterQueue {cq}"),
-                        |_| None,
-                        || async {
-                            cqs.patch(
-                                cq,
-                                &PatchParams::default(),
-                                &Patch::Merge(
-                                    json!({"spec": {"admissionChecksStrategy": checks.clone()}}),
-                                ),
-                            )
-                            .await
-                            .map(|_| ())
-                        },
+        FaultKind::KillLeader(controller) => kill_leader(env, supervisor, controller).await,
+        FaultKind::RestartApiserver => restart(recorder, "kube-apiserver").await,
+        FaultKind::RestartKueue => restart(recorder, "kueue").await,
+        FaultKind::PauseSimulator(d) => pause_simulator(supervisor, recorder, *d).await,
+        FaultKind::RemoveCheck(d) => remove_check(env, names, *d).await,
+        FaultKind::ChangeConfig(d) => change_config(env, names, *d).await,
+        FaultKind::ConflictBurst(d) => conflict_burst(env, *d).await,
+    }
+}
+
+/// `kill -9` of the replica the Lease of `controller` names.
+async fn kill_leader(env: &TestEnv, supervisor: &Supervisor, controller: &str) -> Result<String> {
+    let Some(pod) = leader(env, controller).await? else {
+        bail!("no live leader to kill (a takeover under way)");
+    };
+    let slot = supervisor
+        .by_pod_name(&pod)
+        .with_context(|| format!("the Lease names {pod}, which no slot runs"))?;
+    let pid = slot.signal("KILL")?;
+    Ok(format!("killed {pod} (pid {pid})"))
+}
+
+/// Restarts a component of the control plane: an outage for the recorder meanwhile.
+async fn restart(recorder: &Recorder, component: &str) -> Result<String> {
+    recorder.outage_begins();
+    let result = control_plane("restart", component).await;
+    recorder.outage_ends();
+    result
+}
+
+/// Stops the autoscaler simulator for `d` (`SIGSTOP`, then `SIGCONT`): an outage meanwhile.
+async fn pause_simulator(
+    supervisor: &Supervisor,
+    recorder: &Recorder,
+    d: Duration,
+) -> Result<String> {
+    let slot = supervisor
+        .of("simulator")
+        .pop()
+        .context("no simulator slot")?;
+    recorder.outage_begins();
+    let paused = slot.signal("STOP");
+    tokio::time::sleep(d).await;
+    let resumed = slot.signal("CONT");
+    recorder.outage_ends();
+    paused?;
+    resumed?;
+    Ok(format!("paused for {d:?}"))
+}
+
+/// Takes the merge check off its ClusterQueue for `d`, then puts it back.
+async fn remove_check(env: &TestEnv, names: &Names, d: Duration) -> Result<String> {
+    let cqs: Api<ClusterQueue> = Api::all(env.client.clone());
+    let cq = &names.cq[&Queue::Merged];
+    let set = |checks: Value| {
+        let cqs = cqs.clone();
+        async move {
+            retrying(
+                &format!("updating ClusterQueue {cq}"),
+                |_| None,
+                || async {
+                    cqs.patch(
+                        cq,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"admissionChecksStrategy": checks.clone()}})),
                     )
                     .await
-                }
-            };
-            // The list may not be empty: the strategy goes as a whole.
-            set(Value::Null).await?;
-            tokio::time::sleep(*d).await;
-            set(json!({"admissionChecks": [{"name": names.check_merge}]})).await?;
-            Ok(format!("{} off {cq} for {d:?}", names.check_merge))
+                    .map(|_| ())
+                },
+            )
+            .await
         }
-        FaultKind::ChangeConfig(d) => {
-            let prcs: Api<ProvisioningRequestConfig> = Api::all(env.client.clone());
-            let set = |base: u32| {
-                let prcs = prcs.clone();
-                let name = names.prc_split.clone();
-                async move {
-                    retrying(&format!("updating {name}"), |_| None, || async {
-                        prcs.patch(
-                            &name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"spec": {"retryStrategy": {"backoffBaseSeconds": base, "backoffMaxSeconds": 4 * base}}})),
-                        )
-                        .await
-                        .map(|_| ())
-                    })
-                    .await
-                }
-            };
-            set(2).await?;
-            tokio::time::sleep(*d).await;
-            set(1).await?;
-            Ok(format!("{}: backoff base 1 s → 2 s → 1 s", names.prc_split))
+    };
+    // The list may not be empty: the strategy goes as a whole.
+    set(Value::Null).await?;
+    tokio::time::sleep(d).await;
+    set(json!({"admissionChecks": [{"name": names.check_merge}]})).await?;
+    Ok(format!("{} off {cq} for {d:?}", names.check_merge))
+}
+
+/// Doubles the split ProvisioningRequestConfig's backoff for `d`, then sets it back.
+async fn change_config(env: &TestEnv, names: &Names, d: Duration) -> Result<String> {
+    let prcs: Api<ProvisioningRequestConfig> = Api::all(env.client.clone());
+    let set = |base: u32| {
+        let prcs = prcs.clone();
+        let name = names.prc_split.clone();
+        async move {
+            retrying(&format!("updating {name}"), |_| None, || async {
+                prcs.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"retryStrategy": {"backoffBaseSeconds": base, "backoffMaxSeconds": 4 * base}}})),
+                )
+                .await
+                .map(|_| ())
+            })
+            .await
         }
-        FaultKind::ConflictBurst(d) => {
-            let api = env.workloads();
-            let touches = AtomicU64::new(0);
-            let end = Instant::now() + *d;
-            let mut round = 0u64;
-            while Instant::now() < end {
-                round += 1;
-                let Ok(list) = api.list_metadata(&ListParams::default()).await else {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                };
-                for wl in list.items {
-                    let patch = json!({"metadata": {"annotations": {TOUCHED: round.to_string()}}});
-                    if api
-                        .patch(
-                            &wl.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await
-                        .is_ok()
-                    {
-                        touches.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+    };
+    set(2).await?;
+    tokio::time::sleep(d).await;
+    set(1).await?;
+    Ok(format!("{}: backoff base 1 s → 2 s → 1 s", names.prc_split))
+}
+
+/// A second writer: for `d`, touches an annotation of every Workload, round after round, so
+/// that the controllers' writes meet conflicts.
+async fn conflict_burst(env: &TestEnv, d: Duration) -> Result<String> {
+    let api = env.workloads();
+    let touches = AtomicU64::new(0);
+    let end = Instant::now() + d;
+    let mut round = 0u64;
+    while Instant::now() < end {
+        round += 1;
+        let Ok(list) = api.list_metadata(&ListParams::default()).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        for wl in list.items {
+            let patch = json!({"metadata": {"annotations": {TOUCHED: round.to_string()}}});
+            if api
+                .patch(
+                    &wl.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .is_ok()
+            {
+                touches.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(format!(
-                "{} Workload updates in {round} rounds",
-                touches.load(Ordering::Relaxed)
-            ))
         }
     }
+    Ok(format!(
+        "{} Workload updates in {round} rounds",
+        touches.load(Ordering::Relaxed)
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1115,191 +1252,245 @@ async fn check_metrics(env: &TestEnv, supervisor: &Supervisor, recorder: &Record
     lines
 }
 
-#[allow(clippy::too_many_arguments)]
-fn report(
-    config: &SoakConfig,
-    plan: &Plan,
-    recorder: &Recorder,
-    faults: &[(Duration, String, String)],
-    exits: &[replicas::Exit],
-    leaks: &[(String, usize)],
-    metrics: &[String],
-    took: Duration,
-    processes: usize,
-) -> String {
+/// The results file: a verdict, the figures, then what a failure needs to be traced.
+fn report(config: &SoakConfig, plan: &Plan, recorder: &Recorder, seen: &Seen) -> String {
+    let results = Results {
+        config,
+        plan,
+        recorder,
+        seen,
+        counts: recorder.counts(),
+        violations: recorder.violations(),
+    };
     let mut out = String::new();
-    let commit = commit();
-    let violations = recorder.violations();
-    let counts = recorder.counts();
-    let _ = writeln!(
-        out,
-        "# Soak {} — seed {}, {} Workloads, commit {commit}, {} UTC\n",
-        if violations.is_empty() {
-            "passed"
-        } else {
-            "FAILED"
-        },
-        config.seed,
-        plan.workloads.len(),
-        k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M"),
-    );
-    let _ = writeln!(
-        out,
-        "Load phase and drain: {took:.0?}; Workloads by planned end: {:?}; by queue: {:?}.\n",
-        plan.ends(),
-        plan.workloads
-            .iter()
-            .fold(BTreeMap::<&str, usize>::new(), |mut m, w| {
-                *m.entry(w.queue.name()).or_default() += 1;
-                m
-            })
-    );
-    let _ = writeln!(out, "## Time to end state (s)\n");
-    let _ = writeln!(
-        out,
-        "| End | Workloads | p50 | p95 | max |\n|---|---|---|---|---|"
-    );
-    for (end, times) in recorder.times_to_end() {
-        quantile_row(&mut out, &end.to_string(), &times);
+    results.heading(&mut out);
+    results.times_to_end(&mut out);
+    results.faults_injected(&mut out);
+    results.invariants(&mut out);
+    results.fault_schedule(&mut out);
+    results.process_exits(&mut out);
+    results.traces(&mut out);
+    out
+}
+
+/// What [`report`] writes from.
+struct Results<'a> {
+    config: &'a SoakConfig,
+    plan: &'a Plan,
+    recorder: &'a Recorder,
+    seen: &'a Seen,
+    counts: recorder::Counts,
+    violations: Vec<recorder::Violation>,
+}
+
+impl Results<'_> {
+    fn heading(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# Soak {} — seed {}, {} Workloads, commit {}, {} UTC\n",
+            if self.violations.is_empty() {
+                "passed"
+            } else {
+                "FAILED"
+            },
+            self.config.seed,
+            self.plan.workloads.len(),
+            commit(),
+            k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M"),
+        );
+        let _ = writeln!(
+            out,
+            "Load phase and drain: {:.0?}; Workloads by planned end: {:?}; by queue: {:?}.\n",
+            self.seen.took,
+            self.plan.ends(),
+            self.plan
+                .workloads
+                .iter()
+                .fold(BTreeMap::<&str, usize>::new(), |mut m, w| {
+                    *m.entry(w.queue.name()).or_default() += 1;
+                    m
+                })
+        );
     }
-    let held = recorder.quota_held_to_end();
-    if !held.is_empty() {
-        quantile_row(&mut out, "quota held before the end (every end)", &held);
-    }
-    let _ = writeln!(
-        out,
-        "\n## Faults injected\n\n| Kind | Done | Skipped |\n|---|---|---|"
-    );
-    let mut by_kind: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for (_, label, outcome) in faults {
-        let e = by_kind.entry(label).or_default();
-        if outcome.starts_with("skipped") {
-            e.1 += 1;
-        } else {
-            e.0 += 1;
+
+    fn times_to_end(&self, out: &mut String) {
+        let _ = writeln!(out, "## Time to end state (s)\n");
+        let _ = writeln!(
+            out,
+            "| End | Workloads | p50 | p95 | max |\n|---|---|---|---|---|"
+        );
+        for (end, times) in self.recorder.times_to_end() {
+            quantile_row(out, &end.to_string(), &times);
+        }
+        let held = self.recorder.quota_held_to_end();
+        if !held.is_empty() {
+            quantile_row(out, "quota held before the end (every end)", &held);
         }
     }
-    for (label, (done, skipped)) in &by_kind {
-        let _ = writeln!(out, "| {label} | {done} | {skipped} |");
+
+    /// Per kind, how many faults were done and how many skipped; then the driver's own.
+    fn faults_injected(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\n## Faults injected\n\n| Kind | Done | Skipped |\n|---|---|---|"
+        );
+        let mut by_kind: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+        for f in &self.seen.faults {
+            let e = by_kind.entry(&f.label).or_default();
+            if f.outcome.starts_with("skipped") {
+                e.1 += 1;
+            } else {
+                e.0 += 1;
+            }
+        }
+        for (label, (done, skipped)) in &by_kind {
+            let _ = writeln!(out, "| {label} | {done} | {skipped} |");
+        }
+        let _ = writeln!(
+            out,
+            "| Job finished (deleted) or Workload finished by the driver | {} | 0 |",
+            self.recorder.finished_count()
+        );
+        let _ = writeln!(
+            out,
+            "| Workload deleted mid-flight | {} | 0 |",
+            self.plan.ends().get(&End::Deleted).copied().unwrap_or(0)
+        );
     }
-    let _ = writeln!(
-        out,
-        "| Job finished (deleted) or Workload finished by the driver | {} | 0 |",
-        recorder.finished_count()
-    );
-    let _ = writeln!(
-        out,
-        "| Workload deleted mid-flight | {} | 0 |",
-        plan.ends().get(&End::Deleted).copied().unwrap_or(0)
-    );
-    let _ = writeln!(
-        out,
-        "\n## Invariants\n\n| Invariant | Checked | Violations |\n|---|---|---|"
-    );
-    for inv in Invariant::ALL {
-        let checked = match inv {
-            Invariant::EndStateInTime => format!("{} Workloads", plan.workloads.len()),
+
+    /// The table of the invariants, then the recorder's own figures.
+    fn invariants(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\n## Invariants\n\n| Invariant | Checked | Violations |\n|---|---|---|"
+        );
+        for inv in Invariant::ALL {
+            let n = self
+                .violations
+                .iter()
+                .filter(|v| v.invariant == inv)
+                .count();
+            let _ = writeln!(out, "| {} | {} | {n} |", inv.describe(), self.checked(inv));
+        }
+        let c = &self.counts;
+        let _ = writeln!(
+            out,
+            "\nRecorder: {} Workload versions, {} admissions ({} after a revoked capacity), {} \
+             rejections, {} watch errors, {} Workloads found deleted by a new list.",
+            c.versions,
+            c.admissions,
+            c.readmissions,
+            c.rejections,
+            c.watch_errors,
+            c.deleted_while_away
+        );
+    }
+
+    /// How much `inv` was checked: a table of zeros must still say something.
+    fn checked(&self, inv: Invariant) -> String {
+        let (c, seen) = (&self.counts, self.seen);
+        match inv {
+            Invariant::EndStateInTime => format!("{} Workloads", self.plan.workloads.len()),
             Invariant::NotStuck => format!(
                 "{} sweeps, longest wait with quota {:.0?}{}",
-                counts.stall_checks,
-                counts.longest_stall,
-                counts
-                    .longest_stall_workload
-                    .map(|i| format!(" ({})", plan.workloads[i].name()))
+                c.stall_checks,
+                c.longest_stall,
+                c.longest_stall_workload
+                    .map(|i| format!(" ({})", self.plan.workloads[i].name()))
                     .unwrap_or_default()
             ),
-            Invariant::NoAnswerWithoutQuota => format!("{} entries", counts.entries),
-            Invariant::AttemptsNeverDecrease => format!("{} attempts", counts.attempts),
+            Invariant::NoAnswerWithoutQuota => format!("{} entries", c.entries),
+            Invariant::AttemptsNeverDecrease => format!("{} attempts", c.attempts),
             Invariant::NoDuplicateRequests => format!(
                 "{} request versions, {} requests",
-                counts.requests, counts.distinct_requests
+                c.requests, c.distinct_requests
             ),
             Invariant::NoDoubleBooking => format!(
                 "{} ledger versions, {} Workload versions (peak {} of {})",
-                counts.ledger_versions,
-                counts.license_checks,
-                counts.peak_licenses,
+                c.ledger_versions,
+                c.license_checks,
+                c.peak_licenses,
                 plan::LICENSE_POOL
             ),
-            Invariant::NoLeaks => leaks
+            Invariant::NoLeaks => seen
+                .leaks
                 .iter()
                 .map(|(k, n)| format!("{n} {k}"))
                 .collect::<Vec<_>>()
                 .join(", "),
             Invariant::NoPanics => format!(
                 "{} slots' logs, {} exits ({} killed by the soak)",
-                processes,
-                exits.len(),
-                exits.iter().filter(|e| e.killed).count()
+                seen.processes,
+                seen.exits.len(),
+                seen.exits.iter().filter(|e| e.killed).count()
             ),
-            Invariant::MetricsAgree => format!("{} leaders", metrics.len()),
-        };
-        let n = violations.iter().filter(|v| v.invariant == inv).count();
-        let _ = writeln!(out, "| {} | {checked} | {n} |", inv.describe());
+            Invariant::MetricsAgree => format!("{} leaders", seen.metrics.len()),
+        }
     }
-    let _ = writeln!(
-        out,
-        "\nRecorder: {} Workload versions, {} admissions ({} after a revoked capacity), {} \
-         rejections, {} watch errors, {} Workloads found deleted by a new list.",
-        counts.versions,
-        counts.admissions,
-        counts.readmissions,
-        counts.rejections,
-        counts.watch_errors,
-        counts.deleted_while_away
-    );
-    let _ = writeln!(out, "\n## Fault schedule (seed {})\n", plan.seed);
-    for (at, label, outcome) in faults {
-        let _ = writeln!(out, "- {:>6.1}s {label}: {outcome}", at.as_secs_f64());
+
+    fn fault_schedule(&self, out: &mut String) {
+        let _ = writeln!(out, "\n## Fault schedule (seed {})\n", self.plan.seed);
+        for FaultDone { at, label, outcome } in &self.seen.faults {
+            let _ = writeln!(out, "- {:>6.1}s {label}: {outcome}", at.as_secs_f64());
+        }
     }
-    let _ = writeln!(out, "\n## Process exits\n");
-    for e in exits {
-        let _ = writeln!(
-            out,
-            "- {:>6.1}s {} generation {}: {}{}",
-            e.at.as_secs_f64(),
-            e.slot,
-            e.generation,
-            e.status,
-            if e.killed {
-                " (killed by the soak)"
-            } else {
-                ""
-            }
-        );
+
+    /// Every exit of a controller's process, then what the leaders' metrics said.
+    fn process_exits(&self, out: &mut String) {
+        let _ = writeln!(out, "\n## Process exits\n");
+        for e in &self.seen.exits {
+            let _ = writeln!(
+                out,
+                "- {:>6.1}s {} generation {}: {}{}",
+                e.at.as_secs_f64(),
+                e.slot,
+                e.generation,
+                e.status,
+                if e.killed {
+                    " (killed by the soak)"
+                } else {
+                    ""
+                }
+            );
+        }
+        for line in &self.seen.metrics {
+            let _ = writeln!(out, "- metrics: {line}");
+        }
     }
-    for line in metrics {
-        let _ = writeln!(out, "- metrics: {line}");
-    }
-    if let Some(i) = counts.longest_stall_workload {
-        // Even in a passing run, the one that came closest to the bound is worth a look.
-        let _ = writeln!(
-            out,
-            "\n## The longest wait with quota\n\n```\n{}```",
-            recorder.timeline(i)
-        );
-    }
-    if !violations.is_empty() {
+
+    /// The longest wait's timeline; then the violations, with the timelines of the first ten
+    /// Workloads concerned.
+    fn traces(&self, out: &mut String) {
+        if let Some(i) = self.counts.longest_stall_workload {
+            // Even in a passing run, the one that came closest to the bound is worth a look.
+            let _ = writeln!(
+                out,
+                "\n## The longest wait with quota\n\n```\n{}```",
+                self.recorder.timeline(i)
+            );
+        }
+        if self.violations.is_empty() {
+            return;
+        }
         let _ = writeln!(out, "\n## Violations\n");
-        for v in violations.iter().take(50) {
+        for v in self.violations.iter().take(50) {
             let who = v
                 .workload
-                .map(|i| plan.workloads[i].name())
+                .map(|i| self.plan.workloads[i].name())
                 .unwrap_or_default();
             let _ = writeln!(out, "- {:?} {who}: {}", v.invariant, v.what);
         }
         let mut shown = std::collections::BTreeSet::new();
         let _ = writeln!(out, "\n## Timelines\n");
-        for v in &violations {
+        for v in &self.violations {
             if let Some(i) = v.workload
                 && shown.len() < 10
                 && shown.insert(i)
             {
-                let _ = writeln!(out, "```\n{}```", recorder.timeline(i));
+                let _ = writeln!(out, "```\n{}```", self.recorder.timeline(i));
             }
         }
     }
-    out
 }
 
 /// The commit the soak's binaries were built from: read once, when the soak starts (the tree may

@@ -240,6 +240,61 @@ fn deactivated(wl: &Workload) -> bool {
     wl.spec.active == Some(false)
 }
 
+/// One observed Workload version, as [`Recorder::observe`] reads it.
+struct Version<'a> {
+    wl: &'a Workload,
+    /// Its plan index.
+    index: usize,
+    rv: String,
+    uid: String,
+    name: String,
+    quota: bool,
+    admitted: bool,
+    finished: bool,
+}
+
+impl Version<'_> {
+    /// Its line in the timeline: conditions, whether active, our entries.
+    fn timeline_line(&self, entries: &[String]) -> String {
+        let conditions: Vec<&str> = [
+            (cond::QUOTA_RESERVED, "quota"),
+            (cond::ADMITTED, "admitted"),
+            (cond::EVICTED, "evicted"),
+            (cond::FINISHED, "finished"),
+        ]
+        .iter()
+        .filter(|(c, _)| self.wl.condition_is_true(c))
+        .map(|(_, s)| *s)
+        .collect();
+        format!(
+            "rv {} {} [{}]{} {}",
+            self.rv,
+            self.name,
+            conditions.join(","),
+            if deactivated(self.wl) {
+                " inactive"
+            } else {
+                ""
+            },
+            entries.join(" ")
+        )
+    }
+}
+
+/// How long a Workload held quota: a span opens with quota (unfinished) and adds up as it
+/// closes; holding it unadmitted and active is what the stall sweep watches.
+fn account_quota(t: &mut Track, v: &Version, now: Instant) {
+    match (v.quota && !v.finished, t.quota_since) {
+        (true, None) => t.quota_since = Some(now),
+        (false, Some(since)) => {
+            t.quota_held += now.duration_since(since);
+            t.quota_since = None;
+        }
+        _ => {}
+    }
+    t.holds_quota_unadmitted = v.quota && !v.admitted && !v.finished && !deactivated(v.wl);
+}
+
 impl Recorder {
     /// A recorder for `plan`; `checks` are (short name, AdmissionCheck name) of the checks whose
     /// entries it checks, `licensed_check` the license check's name.
@@ -390,50 +445,86 @@ impl Recorder {
         }
     }
 
-    /// One Workload version.
+    /// One Workload version: the invariants it may break, its line in the timeline, and what
+    /// the driver learns of it.
     fn observe(&self, wl: &Workload) {
         let Some(index) = index_of(wl).filter(|i| *i < self.plan.workloads.len()) else {
             return;
         };
-        let rv = wl.resource_version().unwrap_or_default();
-        let uid = wl.uid().unwrap_or_default();
-        let name = wl.name_any();
+        let v = Version {
+            wl,
+            index,
+            rv: wl.resource_version().unwrap_or_default(),
+            uid: wl.uid().unwrap_or_default(),
+            name: wl.name_any(),
+            quota: holds_quota(wl),
+            admitted: wl.condition_is_true(cond::ADMITTED),
+            finished: wl.condition_is_true(cond::FINISHED),
+        };
         let mut guard = lock(&self.state);
         let state = &mut *guard;
-        if let Some(listed) = state.relisted.as_mut() {
-            listed.insert(name.clone());
-        }
-        if state.tracks[index].last_rv == rv {
+        let Some(now) = self.new_version(state, &v) else {
             return;
+        };
+        self.announce_evicted_plain(&v);
+        let (entries, rejected_by) = self.check_entries(state, &v);
+        self.note(state, index, v.timeline_line(&entries));
+        if self.plan.workloads[index].queue == Queue::Licensed {
+            self.count_licenses(state, &v);
         }
-        state.by_name.insert(name.clone(), index);
+        let t = &mut state.tracks[index];
+        account_quota(t, &v, now);
+        let rejected = rejected_by.is_some() && deactivated(wl);
+        if rejected && t.rejected_by.is_none() {
+            t.rejected_by.clone_from(&rejected_by);
+            state.counts.rejections += 1;
+        }
+        self.publish(state, &v, now, rejected);
+    }
+
+    /// Notes a version not seen before (a new list repeats the last one): when it was seen.
+    fn new_version(&self, state: &mut State, v: &Version) -> Option<Instant> {
+        if let Some(listed) = state.relisted.as_mut() {
+            listed.insert(v.name.clone());
+        }
+        if state.tracks[v.index].last_rv == v.rv {
+            return None;
+        }
+        state.by_name.insert(v.name.clone(), v.index);
         state.counts.versions += 1;
         let now = Instant::now();
-        {
-            let t = &mut state.tracks[index];
-            t.last_rv.clone_from(&rv);
-            t.uid.clone_from(&uid);
-            t.versions += 1;
-            t.last_change = Some(now);
-        }
-        let quota = holds_quota(wl);
-        let admitted = wl.condition_is_true(cond::ADMITTED);
-        let finished = wl.condition_is_true(cond::FINISHED);
-        if wl.owner_references().is_empty()
-            && wl.condition_is_true(cond::EVICTED)
-            && wl.condition_is_true(cond::QUOTA_RESERVED)
-            && !finished
+        let t = &mut state.tracks[v.index];
+        t.last_rv.clone_from(&v.rv);
+        t.uid.clone_from(&v.uid);
+        t.versions += 1;
+        t.last_change = Some(now);
+        Some(now)
+    }
+
+    /// An evicted Workload without an owner that still reserves quota goes to whoever plays
+    /// its owner.
+    fn announce_evicted_plain(&self, v: &Version) {
+        if v.wl.owner_references().is_empty()
+            && v.wl.condition_is_true(cond::EVICTED)
+            && v.wl.condition_is_true(cond::QUOTA_RESERVED)
+            && !v.finished
             && let Some(to) = lock(&self.evicted_plain).as_ref()
         {
-            let _ = to.send(name.clone());
+            let _ = to.send(v.name.clone());
         }
+    }
+
+    /// Checks our checks' entries: none answers without quota, no attempt decreases. Returns
+    /// the entries for the timeline and the check that rejected, if one did.
+    fn check_entries(&self, state: &mut State, v: &Version) -> (Vec<String>, Option<String>) {
+        let (index, rv) = (v.index, &v.rv);
         let mut entries = Vec::new();
         let mut rejected_by = None;
         for (short, check) in &self.checks {
-            let Some(entry) = wl.admission_check(check) else {
+            let Some(entry) = v.wl.admission_check(check) else {
                 continue;
             };
-            let attempt = attempts::attempt(wl, check);
+            let attempt = attempts::attempt(v.wl, check);
             entries.push(format!(
                 "{short}={}#{attempt}{}",
                 entry.state,
@@ -444,9 +535,9 @@ impl Recorder {
             if entry.state == CheckState::Rejected {
                 rejected_by = Some(short.clone());
             }
-            if !finished {
+            if !v.finished {
                 state.counts.entries += 1;
-                if matches!(entry.state, CheckState::Ready | CheckState::Retry) && !quota {
+                if matches!(entry.state, CheckState::Ready | CheckState::Retry) && !v.quota {
                     self.violate(
                         state,
                         Invariant::NoAnswerWithoutQuota,
@@ -456,7 +547,7 @@ impl Recorder {
                 }
             }
             state.counts.attempts += 1;
-            let key = (uid.clone(), short.clone());
+            let key = (v.uid.clone(), short.clone());
             let before = state.tracks[index].attempts.insert(key, attempt);
             if let Some(before) = before.filter(|b| attempt < *b) {
                 self.violate(
@@ -467,79 +558,54 @@ impl Recorder {
                 );
             }
         }
-        let conditions: Vec<&str> = [
-            (cond::QUOTA_RESERVED, "quota"),
-            (cond::ADMITTED, "admitted"),
-            (cond::EVICTED, "evicted"),
-            (cond::FINISHED, "finished"),
-        ]
-        .iter()
-        .filter(|(c, _)| wl.condition_is_true(c))
-        .map(|(_, s)| *s)
-        .collect();
-        let line = format!(
-            "rv {rv} {name} [{}]{} {}",
-            conditions.join(","),
-            if deactivated(wl) { " inactive" } else { "" },
-            entries.join(" ")
-        );
-        self.note(state, index, line);
+        (entries, rejected_by)
+    }
 
-        // Double booking, as Workloads see it: licenses of admitted, unfinished Workloads.
-        if self.plan.workloads[index].queue == Queue::Licensed {
-            let holds = admitted && !finished && wl.admission_check(&self.licensed_check).is_some();
-            if holds {
-                state
-                    .licensed_admitted
-                    .insert(index, self.plan.workloads[index].licenses);
-            } else {
-                state.licensed_admitted.remove(&index);
-            }
-            state.counts.license_checks += 1;
-            let total: u32 = state.licensed_admitted.values().sum();
-            state.counts.peak_licenses = state.counts.peak_licenses.max(total);
-            if total > LICENSE_POOL {
-                let who: Vec<String> = state
-                    .licensed_admitted
-                    .keys()
-                    .map(|i| self.plan.workloads[*i].name())
-                    .collect();
-                self.violate(
-                    state,
-                    Invariant::NoDoubleBooking,
-                    Some(index),
-                    format!(
-                        "{total} licenses held by admitted Workloads at rv {rv}, pool {LICENSE_POOL}: {who:?}"
-                    ),
-                );
-            }
+    /// Double booking, as Workloads see it: licenses of admitted, unfinished Workloads.
+    fn count_licenses(&self, state: &mut State, v: &Version) {
+        let index = v.index;
+        let holds =
+            v.admitted && !v.finished && v.wl.admission_check(&self.licensed_check).is_some();
+        if holds {
+            state
+                .licensed_admitted
+                .insert(index, self.plan.workloads[index].licenses);
+        } else {
+            state.licensed_admitted.remove(&index);
         }
+        state.counts.license_checks += 1;
+        let total: u32 = state.licensed_admitted.values().sum();
+        state.counts.peak_licenses = state.counts.peak_licenses.max(total);
+        if total > LICENSE_POOL {
+            let who: Vec<String> = state
+                .licensed_admitted
+                .keys()
+                .map(|i| self.plan.workloads[*i].name())
+                .collect();
+            self.violate(
+                state,
+                Invariant::NoDoubleBooking,
+                Some(index),
+                format!(
+                    "{total} licenses held by admitted Workloads at rv {}, pool {LICENSE_POOL}: {who:?}",
+                    v.rv
+                ),
+            );
+        }
+    }
 
-        let t = &mut state.tracks[index];
-        match (quota && !finished, t.quota_since) {
-            (true, None) => t.quota_since = Some(now),
-            (false, Some(since)) => {
-                t.quota_held += now.duration_since(since);
-                t.quota_since = None;
-            }
-            _ => {}
-        }
-        t.holds_quota_unadmitted = quota && !admitted && !finished && !deactivated(wl);
-        let rejected = rejected_by.is_some() && deactivated(wl);
-        if rejected && t.rejected_by.is_none() {
-            t.rejected_by.clone_from(&rejected_by);
-            state.counts.rejections += 1;
-        }
+    /// Tells the driver what it waits for, counts admissions, and reaches an end state.
+    fn publish(&self, state: &mut State, v: &Version, now: Instant, rejected: bool) {
         let mut end = None;
-        self.observed[index].send_modify(|o| {
-            o.name = Some(name.clone());
-            if admitted && !o.admitted {
+        self.observed[v.index].send_modify(|o| {
+            o.name = Some(v.name.clone());
+            if v.admitted && !o.admitted {
                 o.admissions += 1;
                 o.first_admitted.get_or_insert(now);
                 end = Some(End::Admitted);
             }
-            o.admitted = admitted;
-            o.finished |= finished;
+            o.admitted = v.admitted;
+            o.finished |= v.finished;
             o.rejected |= rejected;
             if rejected {
                 end = Some(if o.admissions > 0 {
@@ -549,7 +615,7 @@ impl Recorder {
                 });
             }
         });
-        let admissions = self.observed[index].borrow().admissions;
+        let admissions = self.observed[v.index].borrow().admissions;
         if end == Some(End::Admitted) {
             state.counts.admissions += 1;
             if admissions > 1 {
@@ -557,7 +623,7 @@ impl Recorder {
             }
         }
         if let Some(end) = end {
-            self.reach(state, index, end);
+            self.reach(state, v.index, end);
         }
     }
 
