@@ -148,12 +148,13 @@ impl Metrics {
                 result: result.into(),
             });
         }
-        metrics.register(registry);
+        metrics.register_decisions(registry);
+        metrics.register_health(registry);
         metrics
     }
 
-    /// Registers every metric, with its help text, in `registry`.
-    fn register(&self, registry: &mut Registry) {
+    /// Registers what the checks decided, with its help text, in `registry`.
+    fn register_decisions(&self, registry: &mut Registry) {
         registry.register(
             "decisions",
             "Check states written, by check and state",
@@ -174,6 +175,25 @@ impl Metrics {
             "Time from quota reservation to a Ready, Retry or Rejected being written",
             self.time_to_decision.clone(),
         );
+        registry.register(
+            "retry_delays_clamped",
+            "Retry delays longer than the ceiling (--max-retry-delay) that were written as the ceiling",
+            self.retry_delays_clamped.clone(),
+        );
+        registry.register(
+            "permanent_failures",
+            "Decisions that failed in a way retrying cannot fix (shown on the Workload's entry)",
+            self.permanent_failures.clone(),
+        );
+        registry.register(
+            "shadow_decisions",
+            "Answers a check in shadow mode would have written (it writes none), by check and state; counted once per Workload reservation and state or message",
+            self.shadow_decisions.clone(),
+        );
+    }
+
+    /// Registers how the controller itself fares, with its help text, in `registry`.
+    fn register_health(&self, registry: &mut Registry) {
         registry.register(
             "reconcile_errors",
             "Failed reconciles, by error kind",
@@ -200,16 +220,6 @@ impl Metrics {
             self.check_claimed_elsewhere.clone(),
         );
         registry.register(
-            "retry_delays_clamped",
-            "Retry delays longer than the ceiling (--max-retry-delay) that were written as the ceiling",
-            self.retry_delays_clamped.clone(),
-        );
-        registry.register(
-            "permanent_failures",
-            "Decisions that failed in a way retrying cannot fix (shown on the Workload's entry)",
-            self.permanent_failures.clone(),
-        );
-        registry.register(
             "reconcile_duration_seconds",
             "Time one Workload reconcile took (every check of this controller asked, status written), by result",
             self.reconcile_duration.clone(),
@@ -223,11 +233,6 @@ impl Metrics {
             "reconcile_queue_depth",
             "Workloads with a change from the watch that no reconcile has read yet",
             self.reconcile_queue_depth.clone(),
-        );
-        registry.register(
-            "shadow_decisions",
-            "Answers a check in shadow mode would have written (it writes none), by check and state; counted once per Workload reservation and state or message",
-            self.shadow_decisions.clone(),
         );
         registry.register(
             "leader",
