@@ -1280,6 +1280,18 @@ async fn http_exchange(addr: std::net::SocketAddr, request: &str) -> Result<(u16
     Ok((status, body.to_string()))
 }
 
+/// The smallest bucket bound of the histogram `name` (no labels) at or below which a share
+/// `quantile` of its observations lie: the quantile, rounded up to a bucket.
+pub fn histogram_bound(metrics: &str, name: &str, quantile: f64) -> Option<f64> {
+    let count = metric_sample(metrics, &format!("{name}_count"))?;
+    let prefix = format!("{name}_bucket{{le=\"");
+    metrics.lines().find_map(|l| {
+        let (bound, value) = l.strip_prefix(&prefix)?.split_once("\"} ")?;
+        let below: f64 = value.parse().ok()?;
+        (below >= quantile * count).then(|| bound.parse().unwrap_or(f64::INFINITY))
+    })
+}
+
 /// The value of one series in a Prometheus text exposition, e.g. `name{check="x"}`.
 pub fn metric_sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| {

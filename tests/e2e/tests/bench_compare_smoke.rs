@@ -46,5 +46,10 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "{expected:?} missing from:\n{stdout}"
         );
     }
+    // Each run's details go to stderr, with our controller's reconcile queue.
+    ensure!(
+        stderr.contains("our reconcile queue: "),
+        "our reconcile queue missing from:\n{stderr}"
+    );
     Ok(())
 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use e2e::bench::{self, Creating, Mark, Marks, Process, RunQueue, Seen, Stage, quantile};
 use e2e::{AuditMark, TestEnv, chart};
@@ -131,6 +131,8 @@ struct Measured {
     cpu: BTreeMap<&'static str, f64>,
     /// Our controller's peak resident memory, KiB.
     peak_rss_kib: Option<u64>,
+    /// Our controller's reconcile queue: the waits of Workload changes for their reconcile.
+    queue_wait: Option<QueueWait>,
     /// Our controller's start: from its process start to ready (its caches listed), and its
     /// resident memory then, KiB.
     startup: Option<(Duration, u64)>,
@@ -328,17 +330,7 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
     let pids = processes(&simulator, ours.as_ref().map(|o| &o.process))?;
     let cpu_before = cpu_of(&pids)?;
     let seen = Seen::default();
-    let watches = [
-        tokio::spawn(bench::watch_workloads(
-            env.workloads(),
-            queue.check.clone(),
-            seen.clone(),
-        )),
-        tokio::spawn(watch_requests(
-            Api::namespaced(env.client.clone(), &env.ns),
-            seen.clone(),
-        )),
-    ];
+    let watches = watch_run(&env, &queue, &seen);
     let started = Instant::now();
     let creating = Creating {
         prefix: "wl",
@@ -354,10 +346,13 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
     })
     .await?;
     let cpu_after = cpu_of(&pids)?;
-    let peak_rss_kib = ours
-        .as_ref()
-        .map(|o| memory_kib(o.process.pid(), "VmHWM"))
-        .transpose()?;
+    let (peak_rss_kib, queue_wait) = match &ours {
+        Some(o) => (
+            Some(memory_kib(o.process.pid(), "VmHWM")?),
+            Some(QueueWait::scrape(o.http).await?),
+        ),
+        None => (None, None),
+    };
     for w in watches {
         w.abort();
     }
@@ -383,8 +378,49 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         requests,
         cpu,
         peak_rss_kib,
+        queue_wait,
         startup,
     })
+}
+
+/// Watches the run's Workloads and requests into `seen`.
+fn watch_run(env: &TestEnv, queue: &RunQueue, seen: &Seen) -> [tokio::task::JoinHandle<()>; 2] {
+    [
+        tokio::spawn(bench::watch_workloads(
+            env.workloads(),
+            queue.check.clone(),
+            seen.clone(),
+        )),
+        tokio::spawn(watch_requests(
+            Api::namespaced(env.client.clone(), &env.ns),
+            seen.clone(),
+        )),
+    ]
+}
+
+/// How long Workload changes waited in our controller for the reconcile that read them.
+#[derive(Debug)]
+struct QueueWait {
+    changes: f64,
+    mean: f64,
+    /// The 99th percentile, rounded up to a bucket of the histogram.
+    p99_at_most: f64,
+}
+
+impl QueueWait {
+    async fn scrape(http: std::net::SocketAddr) -> Result<Self> {
+        const WAIT: &str = "kueue_ac_reconcile_queue_wait_seconds";
+        let (_, metrics) = e2e::http_get(http, "/metrics").await?;
+        let sample = |suffix: &str| e2e::metric_sample(&metrics, &format!("{WAIT}_{suffix}"));
+        let (Some(changes), Some(sum)) = (sample("count"), sample("sum")) else {
+            bail!("no {WAIT} in our controller's metrics:\n{metrics}");
+        };
+        Ok(Self {
+            changes,
+            mean: sum / changes.max(1.0),
+            p99_at_most: e2e::histogram_bound(&metrics, WAIT, 0.99).unwrap_or(f64::NAN),
+        })
+    }
 }
 
 /// A run's queue: a ProvisioningRequestConfig of its own class, an AdmissionCheck answered by
@@ -445,6 +481,8 @@ fn requests_by_actor(
 /// Our controller, started for a run.
 struct Ours {
     process: Process,
+    /// Where it serves `/metrics`.
+    http: std::net::SocketAddr,
     /// The chart's ServiceAccount it runs as.
     service_account: String,
     /// From its process start to ready, and its resident memory then (KiB).
@@ -480,6 +518,7 @@ async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<O
     let startup = (spawned.elapsed(), memory_kib(process.pid(), "VmRSS")?);
     Ok(Ours {
         process,
+        http,
         service_account,
         startup,
     })
@@ -640,6 +679,14 @@ fn details(m: &Measured) -> String {
     }
     let cpu: Vec<String> = m.cpu.iter().map(|(p, s)| format!("{p} {s:.1} s")).collect();
     let _ = writeln!(out, "\nCPU during the run: {}", cpu.join(", "));
+    if let Some(q) = &m.queue_wait {
+        let _ = writeln!(
+            out,
+            "our reconcile queue: {:.0} Workload changes read, waited {:.3} s on average, \
+             99 % at most {} s",
+            q.changes, q.mean, q.p99_at_most
+        );
+    }
     if let Some((ready, rss)) = m.startup {
         let _ = writeln!(
             out,
