@@ -48,11 +48,43 @@ fn reconcile_histogram() -> Histogram {
     ])
 }
 
-/// A change waits microseconds on an idle controller, minutes behind a flood of changes.
-fn queue_wait_histogram() -> Histogram {
-    Histogram::new([
-        0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0,
-    ])
+/// The reconcile queue: Workload changes from the watch that wait for a reconcile to read them.
+#[derive(Debug)]
+struct QueueMetrics {
+    queue_wait: Histogram,
+    queue_depth: Gauge,
+}
+
+impl Default for QueueMetrics {
+    fn default() -> Self {
+        // A change waits microseconds on an idle controller, minutes behind a flood of changes.
+        let buckets = [
+            0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0,
+        ];
+        Self {
+            queue_wait: Histogram::new(buckets),
+            queue_depth: Gauge::default(),
+        }
+    }
+}
+
+impl QueueMetrics {
+    fn register(&self, registry: &mut Registry) {
+        let Self {
+            queue_wait,
+            queue_depth,
+        } = self;
+        registry.register(
+            "reconcile_queue_wait_seconds",
+            "Time a Workload change from the watch waited for a reconcile to read it (kube's queue, then a turn among --concurrency)",
+            queue_wait.clone(),
+        );
+        registry.register(
+            "reconcile_queue_depth",
+            "Workloads with a change from the watch that no reconcile has read yet",
+            queue_depth.clone(),
+        );
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -60,7 +92,7 @@ struct ResultLabels {
     result: String,
 }
 
-/// Error kinds counted from the start, at zero (see [`crate::Error::label`]).
+/// Error kinds counted from the start, at zero (see [`crate::error::Error::label`]).
 const RECONCILE_ERROR_KINDS: [&str; 4] = ["api", "check", "invalid_decision", "malformed_workload"];
 
 /// States a check writes, for series that exist from the start.
@@ -89,8 +121,6 @@ pub(crate) struct Metrics {
     retry_delays_clamped: Family<CheckLabels, Counter>,
     permanent_failures: Family<CheckLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram>,
-    reconcile_queue_wait: Histogram,
-    reconcile_queue_depth: Gauge,
     shadow_decisions: Family<StateLabels, Counter>,
     /// The runtime runs its checks in shadow mode: their would-be answers are counted.
     shadow: bool,
@@ -98,6 +128,8 @@ pub(crate) struct Metrics {
     /// Checks whose series exist: a reconcile that finishes after its check went away must not
     /// bring a few of them back.
     live: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The reconcile queue.
+    queue: QueueMetrics,
 }
 
 impl fmt::Debug for Metrics {
@@ -129,12 +161,11 @@ impl Metrics {
             retry_delays_clamped: Family::default(),
             permanent_failures: Family::default(),
             reconcile_duration: Family::new_with_constructor(reconcile_histogram as fn() -> _),
-            reconcile_queue_wait: queue_wait_histogram(),
-            reconcile_queue_depth: Gauge::default(),
             shadow_decisions: Family::default(),
             shadow: false,
             leader: Gauge::default(),
             live: Default::default(),
+            queue: QueueMetrics::default(),
         };
         // Series that exist from the start, so that `rate()` and `increase()` see their first
         // increment (a series born at 1 hides it).
@@ -148,13 +179,12 @@ impl Metrics {
                 result: result.into(),
             });
         }
-        metrics.register_decisions(registry);
-        metrics.register_health(registry);
+        metrics.register(registry);
         metrics
     }
 
-    /// Registers what the checks decided, with its help text, in `registry`.
-    fn register_decisions(&self, registry: &mut Registry) {
+    /// Registers every metric, with its help text, in `registry`.
+    fn register(&self, registry: &mut Registry) {
         registry.register(
             "decisions",
             "Check states written, by check and state",
@@ -190,10 +220,6 @@ impl Metrics {
             "Answers a check in shadow mode would have written (it writes none), by check and state; counted once per Workload reservation and state or message",
             self.shadow_decisions.clone(),
         );
-    }
-
-    /// Registers how the controller itself fares, with its help text, in `registry`.
-    fn register_health(&self, registry: &mut Registry) {
         registry.register(
             "reconcile_errors",
             "Failed reconciles, by error kind",
@@ -224,16 +250,7 @@ impl Metrics {
             "Time one Workload reconcile took (every check of this controller asked, status written), by result",
             self.reconcile_duration.clone(),
         );
-        registry.register(
-            "reconcile_queue_wait_seconds",
-            "Time a Workload change from the watch waited for a reconcile to read it (kube's queue, then a turn among --concurrency)",
-            self.reconcile_queue_wait.clone(),
-        );
-        registry.register(
-            "reconcile_queue_depth",
-            "Workloads with a change from the watch that no reconcile has read yet",
-            self.reconcile_queue_depth.clone(),
-        );
+        self.queue.register(registry);
         registry.register(
             "leader",
             "1 while this replica leads (holds the Lease, or runs without leader election), 0 while it stands by",
@@ -276,12 +293,13 @@ impl Metrics {
 
     /// A reconcile started that reads a change which waited `waited` for it.
     pub fn queue_waited(&self, waited: std::time::Duration) {
-        self.reconcile_queue_wait.observe(waited.as_secs_f64());
+        self.queue.queue_wait.observe(waited.as_secs_f64());
     }
 
     /// `waiting` Workloads have a change no reconcile has read yet.
     pub fn queue_depth(&self, waiting: usize) {
-        self.reconcile_queue_depth
+        self.queue
+            .queue_depth
             .set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
@@ -474,6 +492,14 @@ impl Collector for WaitingCollector {
 mod tests {
     use super::*;
 
+    /// The metrics, registered, for a runtime without checks or Workloads.
+    fn registered() -> (Registry, Metrics) {
+        let mut registry = Registry::default();
+        let (store, _writer) = kube::runtime::reflector::store::<Workload>();
+        let metrics = Metrics::new(&mut registry, store, Arc::new(Vec::new));
+        (registry, metrics)
+    }
+
     fn scrape(registry: &Registry) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, registry).expect("encodes");
@@ -482,9 +508,7 @@ mod tests {
 
     #[test]
     fn a_checks_series_exist_at_zero_from_its_first_sync_until_it_goes() {
-        let mut registry = Registry::default();
-        let (store, _writer) = kube::runtime::reflector::store::<Workload>();
-        let metrics = Metrics::new(&mut registry, store, Arc::new(Vec::new));
+        let (registry, metrics) = registered();
         let before = scrape(&registry);
         assert!(
             before.contains("kueue_ac_reconcile_errors_total{kind=\"api\"} 0"),
@@ -492,6 +516,10 @@ mod tests {
         );
         assert!(
             before.contains("kueue_ac_reconcile_duration_seconds_count{result=\"error\"} 0"),
+            "{before}"
+        );
+        assert!(
+            before.contains("kueue_ac_reconcile_queue_depth 0"),
             "{before}"
         );
         assert!(!before.contains("check=\"budget\""), "{before}");
@@ -529,27 +557,20 @@ mod tests {
 
     #[test]
     fn the_error_kinds_counted_from_the_start_are_the_errors_labels() {
-        let api = crate::Error::Api(kube::Error::LinesCodecMaxLineLengthExceeded);
-        let check = crate::Error::Check("x".into());
-        let invalid = crate::Error::InvalidDecision("x".into());
-        let malformed = crate::Error::MalformedWorkload("x".into());
+        let api = crate::error::Error::Api(kube::Error::LinesCodecMaxLineLengthExceeded);
+        let check = crate::error::Error::Check("x".into());
+        let invalid = crate::error::Error::InvalidDecision("x".into());
+        let malformed = crate::error::Error::MalformedWorkload("x".into());
         let labels: Vec<&str> = [api, check, invalid, malformed]
             .iter()
-            .map(crate::Error::label)
+            .map(crate::error::Error::label)
             .collect();
         assert_eq!(labels, RECONCILE_ERROR_KINDS);
     }
 
     #[test]
     fn the_reconcile_queue_is_measured() {
-        let mut registry = Registry::default();
-        let (store, _writer) = kube::runtime::reflector::store::<Workload>();
-        let metrics = Metrics::new(&mut registry, store, Arc::new(Vec::new));
-        let before = scrape(&registry);
-        assert!(
-            before.contains("kueue_ac_reconcile_queue_depth 0"),
-            "{before}"
-        );
+        let (registry, metrics) = registered();
         metrics.queue_depth(3);
         metrics.queue_waited(std::time::Duration::from_millis(200));
         let out = scrape(&registry);
@@ -566,9 +587,7 @@ mod tests {
 
     #[test]
     fn reconcile_durations_are_observed_by_result() {
-        let mut registry = Registry::default();
-        let (store, _writer) = kube::runtime::reflector::store::<Workload>();
-        let metrics = Metrics::new(&mut registry, store, Arc::new(Vec::new));
+        let (registry, metrics) = registered();
         metrics.reconciled(std::time::Duration::from_millis(30), true);
         metrics.reconciled(std::time::Duration::from_millis(3), true);
         let out = scrape(&registry);

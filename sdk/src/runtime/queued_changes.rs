@@ -68,13 +68,20 @@ impl QueuedChanges {
 mod tests {
     use super::*;
 
+    /// A queue that took a change of each `namespace/name` at the instant returned.
+    fn taken_at_once(workloads: &[(&str, &str)]) -> (QueuedChanges, Instant) {
+        let (queued, start) = (QueuedChanges::default(), Instant::now());
+        for (namespace, name) in workloads {
+            queued.taken(namespace, name, start);
+        }
+        (queued, start)
+    }
+
     #[test]
     fn a_workload_waits_once_since_its_oldest_change() {
-        let queued = QueuedChanges::default();
-        let start = Instant::now();
-        assert_eq!(queued.taken("ns", "a", start), 1);
-        assert_eq!(queued.taken("ns", "a", start + Duration::from_secs(2)), 1);
-        assert_eq!(queued.taken("other", "a", start), 2);
+        let (queued, start) = taken_at_once(&[("ns", "a"), ("other", "a")]);
+        let later = start + Duration::from_secs(2);
+        assert_eq!(queued.taken("ns", "a", later), 2, "one entry per Workload");
         let (waited, left) = queued.reconciling("ns", "a", start + Duration::from_secs(5));
         assert_eq!((waited, left), (Some(Duration::from_secs(5)), 1));
         // A second reconcile without a change in between read nothing that waited.
@@ -84,12 +91,9 @@ mod tests {
 
     #[test]
     fn a_gone_workload_and_a_stop_leave_nothing_waiting() {
-        let queued = QueuedChanges::default();
-        let now = Instant::now();
-        queued.taken("ns", "deleted", now);
-        queued.taken("ns", "kept", now);
+        let (queued, start) = taken_at_once(&[("ns", "deleted"), ("ns", "kept")]);
         assert_eq!(queued.gone("ns", "deleted"), 1);
         queued.clear();
-        assert_eq!(queued.taken("ns", "next", now), 1);
+        assert_eq!(queued.taken("ns", "next", start), 1);
     }
 }
