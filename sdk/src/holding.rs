@@ -58,7 +58,7 @@ pub fn stale_reason(
     if wl.uid().as_deref() != Some(holding.uid) {
         return Some("its Workload was deleted (one of the same name is another one)".into());
     }
-    let idle = |reason: crate::ReleaseReason| {
+    let idle = |reason: crate::release::ReleaseReason| {
         Some(format!(
             "its Workload no longer needs it ({})",
             reason.as_str().replace('_', " ")

@@ -571,14 +571,14 @@ mod tests {
         let not_served = Error::ApiNotServed("needs widgets.example.com/v1".into());
         for active in [false, true] {
             let inactive =
-                inactive_for::<crate::NoParameters>(&admission_check(active), &not_served)
+                inactive_for::<crate::check::NoParameters>(&admission_check(active), &not_served)
                     .expect("inactive");
             assert_eq!(inactive.reason, Reason::ApiNotServed);
             assert!(inactive.message.contains("widgets.example.com/v1"));
         }
         let transient = Error::Config("anything else".into());
         assert_eq!(
-            inactive_for::<crate::NoParameters>(&admission_check(false), &transient),
+            inactive_for::<crate::check::NoParameters>(&admission_check(false), &transient),
             None
         );
     }

@@ -92,9 +92,9 @@ async fn claim_lease(
     client: &Client,
     config: &LeaderElection,
     controller_name: &str,
-) -> Result<(), crate::Error> {
+) -> Result<(), crate::error::Error> {
     let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
-    let err = |e: kube::Error| crate::Error::LeaderElection(LeaseManagerError::KubeError(e));
+    let err = |e: kube::Error| crate::error::Error::LeaderElection(LeaseManagerError::KubeError(e));
     let existing = match api.get_opt(&config.lease_name).await.map_err(err)? {
         Some(lease) => lease,
         None => {
@@ -127,16 +127,16 @@ async fn claim_lease(
             .map_err(err)?;
             Ok(())
         }
-        Err(why) => Err(crate::Error::Config(why)),
+        Err(why) => Err(crate::error::Error::Config(why)),
     }
 }
 
 /// Whether joining the election failed for a reason that passes by itself: the API server
 /// unreachable, overloaded or failing (5xx, 429, 408). A refusal (403, a Lease that is not
 /// ours, an invalid name) is not waited out: it needs the operator.
-fn is_transient(error: &crate::Error) -> bool {
+fn is_transient(error: &crate::error::Error) -> bool {
     match error {
-        crate::Error::LeaderElection(LeaseManagerError::KubeError(e)) => match e {
+        crate::error::Error::LeaderElection(LeaseManagerError::KubeError(e)) => match e {
             kube::Error::Api(status) => {
                 status.code >= 500 || status.code == 429 || status.code == 408
             }
@@ -229,7 +229,7 @@ impl Leadership {
         client: Client,
         config: &LeaderElection,
         controller_name: &str,
-    ) -> Result<Self, crate::Error> {
+    ) -> Result<Self, crate::error::Error> {
         let mut failures = 0u32;
         loop {
             match Self::try_elect(client.clone(), config, controller_name).await {
@@ -249,7 +249,7 @@ impl Leadership {
         client: Client,
         config: &LeaderElection,
         controller_name: &str,
-    ) -> Result<Self, crate::Error> {
+    ) -> Result<Self, crate::error::Error> {
         claim_lease(&client, config, controller_name).await?;
         let manager = LeaseManagerBuilder::new(client, &config.lease_name)
             .with_namespace(&config.namespace)
@@ -264,7 +264,7 @@ impl Leadership {
             .with_field_manager(format!("kueue-admission-sdk/{}", config.identity))
             .build()
             .await
-            .map_err(crate::Error::LeaderElection)?;
+            .map_err(crate::error::Error::LeaderElection)?;
         let (leading, task) = manager.watch().await;
         info!(lease = %config.lease_name, namespace = %config.namespace, identity = %config.identity, "joined the leader election");
         Ok(Self {
@@ -374,7 +374,7 @@ mod tests {
         LeaderElection::new("ops", "example.com-budget")
     }
 
-    async fn claim(api: &crate::testing::ScriptedApi) -> Result<(), crate::Error> {
+    async fn claim(api: &crate::testing::ScriptedApi) -> Result<(), crate::error::Error> {
         claim_lease(&api.client(), &config(), "example.com/budget").await
     }
 

@@ -367,7 +367,7 @@ mod tests {
     async fn a_check_that_refuses_shadow_mode_stops_the_start_with_its_reason() {
         struct Provisions;
         impl AdmissionCheckController for Provisions {
-            type Parameters = crate::NoParameters;
+            type Parameters = crate::check::NoParameters;
             type Error = std::convert::Infallible;
             fn controller_name(&self) -> &str {
                 "example.com/provisions"
@@ -377,8 +377,8 @@ mod tests {
             }
             async fn decide(
                 &self,
-                _: &crate::CheckContext<'_, crate::NoParameters>,
-            ) -> Result<crate::Decision, Self::Error> {
+                _: &crate::check::CheckContext<'_, crate::check::NoParameters>,
+            ) -> Result<crate::check::Decision, Self::Error> {
                 unreachable!("never started")
             }
         }

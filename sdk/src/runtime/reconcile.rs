@@ -717,7 +717,7 @@ async fn ask<C: AdmissionCheckController>(
 }
 
 /// What to write for a permanent failure: `Pending` with the reason while the Workload may keep
-/// its quota ([`crate::RuntimeConfig::permanent_failure_hold`], from the first failure of this
+/// its quota ([`super::RuntimeConfig::permanent_failure_hold`], from the first failure of this
 /// attempt), then `Retry` without delay, which gives the quota back (Kueue keeps quota for the
 /// whole delay of a delayed `Retry`, so a delay would only hold it longer); past the retry
 /// limit that `Retry` becomes `Rejected`. Any change of the Workload (the user's fix) asks the

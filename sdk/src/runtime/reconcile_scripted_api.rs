@@ -259,7 +259,7 @@ impl Harness {
         self.events().iter().any(|r| r == reason)
     }
 
-    async fn decide(&self, wl: &Workload) -> Result<Option<Duration>, crate::Error> {
+    async fn decide(&self, wl: &Workload) -> Result<Option<Duration>, crate::error::Error> {
         let stands = crate::decide::eligibility(wl, CHECK, self.ctx.revalidates());
         decide_one(&self.ctx, wl, CHECK, &self.active, stands).await
     }
@@ -765,7 +765,7 @@ async fn a_failed_reconcile_backs_off_unless_the_workload_changes() {
         .await
         .expect_err("the write failed");
     // What kube hands the error policy next (its kind only labels a counter).
-    let err = crate::Error::MalformedWorkload("the write failed".into());
+    let err = crate::error::Error::MalformedWorkload("the write failed".into());
     let _ = super::error_policy(failed.clone(), &err, ctx.clone());
     assert_eq!(ctx.controller.asked(), 1);
 
