@@ -48,9 +48,11 @@ fn reconcile_histogram() -> Histogram {
     ])
 }
 
-/// The reconcile queue: Workload changes from the watch that wait for a reconcile to read them.
+/// Where a Workload's change spends its time before a reconcile reads it: reaching this
+/// controller's watch, then waiting in the reconcile queue.
 #[derive(Debug)]
 struct QueueMetrics {
+    reserved_seen: Histogram,
     queue_wait: Histogram,
     queue_depth: Gauge,
 }
@@ -62,6 +64,10 @@ impl Default for QueueMetrics {
             0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0,
         ];
         Self {
+            // Kueue's condition times are whole seconds.
+            reserved_seen: Histogram::new([
+                1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+            ]),
             queue_wait: Histogram::new(buckets),
             queue_depth: Gauge::default(),
         }
@@ -71,9 +77,15 @@ impl Default for QueueMetrics {
 impl QueueMetrics {
     fn register(&self, registry: &mut Registry) {
         let Self {
+            reserved_seen,
             queue_wait,
             queue_depth,
         } = self;
+        registry.register(
+            "quota_reserved_seen_seconds",
+            "Time from Kueue reserving a Workload's quota (its QuotaReserved lastTransitionTime: whole seconds, Kueue's clock) to this controller's watch delivering it",
+            reserved_seen.clone(),
+        );
         registry.register(
             "reconcile_queue_wait_seconds",
             "Time a Workload change from the watch waited for a reconcile to read it (kube's queue, then a turn among --concurrency)",
@@ -289,6 +301,11 @@ impl Metrics {
                 result: result.into(),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// Where the Workload watch times reservations.
+    pub fn reserved_seen(&self) -> Histogram {
+        self.queue.reserved_seen.clone()
     }
 
     /// A reconcile started that reads a change which waited `waited` for it.

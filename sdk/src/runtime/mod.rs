@@ -207,7 +207,7 @@ where
         &client,
         (cache.clone(), cache_writer),
         controller.cached_pod_sets(),
-        &reconcile_all,
+        (&reconcile_all, metrics.reserved_seen()),
         &leading,
         &mut background,
     );

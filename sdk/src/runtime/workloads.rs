@@ -4,9 +4,11 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
@@ -36,7 +38,7 @@ pub(super) fn start(
         reflector::store::Writer<Workload>,
     ),
     pod_sets: CachedPodSets,
-    reconcile_all: &mpsc::Sender<()>,
+    (reconcile_all, reserved_seen): (&mpsc::Sender<()>, Histogram),
     leading: &watch::Receiver<bool>,
     background: &mut super::tasks::TaskGroup,
 ) -> Feed {
@@ -62,6 +64,7 @@ pub(super) fn start(
         reconcile_all: reconcile_all.clone(),
         leading: leading.clone(),
         own_writes: feed.own_writes.clone(),
+        reserved_seen,
     };
     background.push(tokio::spawn(watch_workloads(
         events, writer, pod_sets, targets,
@@ -83,6 +86,8 @@ struct Targets {
     reconcile_all: mpsc::Sender<()>,
     leading: watch::Receiver<bool>,
     own_writes: Arc<own_writes::OwnWrites>,
+    /// `kueue_ac_quota_reserved_seen_seconds`: Kueue's reservation → this watch delivering it.
+    reserved_seen: Histogram,
 }
 
 /// Keeps the Workload cache and forwards changes to the reconciler while this replica leads.
@@ -96,7 +101,8 @@ async fn watch_workloads<S>(
 ) where
     S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
 {
-    let events = slim_and_cache(events, writer, pod_sets, &w.leading, &w.deleted);
+    let timing = (w.cache.clone(), w.reserved_seen.clone());
+    let events = slim_and_cache(events, writer, pod_sets, &w.leading, &w.deleted, timing);
     let mut events = std::pin::pin!(events);
     let mut lists = relist::WorkloadLists::default();
     while let Some(event) = events.next().await {
@@ -136,13 +142,15 @@ async fn watch_workloads<S>(
 }
 
 /// The events, stripped of what the runtime never reads, applied to the cache by `writer`; a
-/// deletion is handed on for release at once while this replica leads.
+/// deletion is handed on for release at once while this replica leads. A reservation is timed
+/// against the cached version the event replaces (`reserved_seen`).
 fn slim_and_cache<S>(
     events: S,
     writer: reflector::store::Writer<Workload>,
     pod_sets: CachedPodSets,
     leading: &watch::Receiver<bool>,
     deleted: &mpsc::UnboundedSender<Workload>,
+    (cache, reserved_seen): (reflector::Store<Workload>, Histogram),
 ) -> impl futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>
 where
     S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
@@ -150,6 +158,16 @@ where
     let (leading, deleted) = (leading.clone(), deleted.clone());
     events
         .modify(move |wl| slim(wl, pod_sets))
+        .inspect(move |event| {
+            // Live changes only: a list brings reservations of any age.
+            if let Ok(watcher::Event::Apply(wl)) = event {
+                let cached = cache.get(&reflector::ObjectRef::from_obj(wl));
+                if let Some(at) = newly_reserved(cached.as_deref(), wl) {
+                    let late = Timestamp::now().duration_since(at).as_secs_f64();
+                    reserved_seen.observe(late.max(0.0));
+                }
+            }
+        })
         .inspect(move |event| {
             if let Ok(watcher::Event::Delete(wl)) = event
                 && *leading.borrow()
@@ -159,6 +177,18 @@ where
             }
         })
         .reflect(writer)
+}
+
+/// When Kueue reserved quota for `new` (its `QuotaReserved` condition's lastTransitionTime),
+/// if the version it replaces in the cache did not show that reservation yet.
+fn newly_reserved(cached: Option<&Workload>, new: &Workload) -> Option<Timestamp> {
+    let reserved_at = |wl: &Workload| {
+        wl.condition(cond::QUOTA_RESERVED)
+            .filter(|c| c.status == "True")
+            .map(|c| c.last_transition_time.0)
+    };
+    let at = reserved_at(new)?;
+    (cached.and_then(reserved_at) != Some(at)).then_some(at)
 }
 
 /// Drops what the runtime and the check do not read: managedFields, the last-applied
@@ -259,6 +289,7 @@ mod tests {
             reconcile_all: all_tx,
             leading: leading_rx,
             own_writes: Default::default(),
+            reserved_seen: Histogram::new([1.0]),
         };
         // Checks, as each change arrives, that the cache already holds it.
         let cache_check = cache.clone();
@@ -329,6 +360,28 @@ mod tests {
         assert_eq!(handed.reconcile_all, 1);
         // "b" vanished without a Delete event: released all the same.
         assert_eq!(handed.deleted, ["b"]);
+    }
+
+    /// A reservation is timed once, when the watch first shows it; a later reservation (after
+    /// an eviction gave the quota back) is timed again.
+    #[test]
+    fn a_reservation_is_new_until_the_cache_shows_it() {
+        let at = |secs: i64| Timestamp::from_second(secs).expect("valid");
+        let reserved = |secs| {
+            crate::testing::WorkloadBuilder::new("ns", "w")
+                .at(at(secs))
+                .quota_reserved("cq", "f")
+                .build()
+        };
+        let waiting = crate::testing::WorkloadBuilder::new("ns", "w").build();
+        assert_eq!(newly_reserved(None, &waiting), None);
+        assert_eq!(newly_reserved(Some(&waiting), &reserved(10)), Some(at(10)));
+        assert_eq!(newly_reserved(None, &reserved(10)), Some(at(10)));
+        assert_eq!(newly_reserved(Some(&reserved(10)), &reserved(10)), None);
+        assert_eq!(
+            newly_reserved(Some(&reserved(10)), &reserved(70)),
+            Some(at(70))
+        );
     }
 
     #[tokio::test]
