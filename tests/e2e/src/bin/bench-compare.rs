@@ -405,11 +405,15 @@ struct QueueWait {
     mean: f64,
     /// The 99th percentile, rounded up to a bucket of the histogram.
     p99_at_most: f64,
+    /// Kueue's reservation → our watch delivering it: median and 99th percentile, each
+    /// rounded up to a bucket.
+    reserved_seen_at_most: (f64, f64),
 }
 
 impl QueueWait {
     async fn scrape(http: std::net::SocketAddr) -> Result<Self> {
         const WAIT: &str = "kueue_ac_reconcile_queue_wait_seconds";
+        const SEEN: &str = "kueue_ac_quota_reserved_seen_seconds";
         let (_, metrics) = e2e::http_get(http, "/metrics").await?;
         let sample = |suffix: &str| e2e::metric_sample(&metrics, &format!("{WAIT}_{suffix}"));
         let (Some(changes), Some(sum)) = (sample("count"), sample("sum")) else {
@@ -419,6 +423,10 @@ impl QueueWait {
             changes,
             mean: sum / changes.max(1.0),
             p99_at_most: e2e::histogram_bound(&metrics, WAIT, 0.99).unwrap_or(f64::NAN),
+            reserved_seen_at_most: (
+                e2e::histogram_bound(&metrics, SEEN, 0.5).unwrap_or(f64::NAN),
+                e2e::histogram_bound(&metrics, SEEN, 0.99).unwrap_or(f64::NAN),
+            ),
         })
     }
 }
@@ -683,8 +691,9 @@ fn details(m: &Measured) -> String {
         let _ = writeln!(
             out,
             "our reconcile queue: {:.0} Workload changes read, waited {:.3} s on average, \
-             99 % at most {} s",
-            q.changes, q.mean, q.p99_at_most
+             99 % at most {} s; quota reservations reached our watch within {} s (p50), {} s \
+             (p99)",
+            q.changes, q.mean, q.p99_at_most, q.reserved_seen_at_most.0, q.reserved_seen_at_most.1
         );
     }
     if let Some((ready, rss)) = m.startup {
