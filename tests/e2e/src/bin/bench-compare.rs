@@ -408,6 +408,8 @@ struct QueueWait {
     /// Kueue's reservation → our watch delivering it: median and 99th percentile, each
     /// rounded up to a bucket.
     reserved_seen_at_most: (f64, f64),
+    /// Reconciles that succeeded, and their mean duration.
+    reconciles: (f64, f64),
 }
 
 impl QueueWait {
@@ -419,6 +421,11 @@ impl QueueWait {
         let (Some(changes), Some(sum)) = (sample("count"), sample("sum")) else {
             bail!("no {WAIT} in our controller's metrics:\n{metrics}");
         };
+        let ok = |part: &str| {
+            let series = format!("kueue_ac_reconcile_duration_seconds_{part}{{result=\"ok\"}}");
+            e2e::metric_sample(&metrics, &series).unwrap_or(f64::NAN)
+        };
+        let (reconciles, reconciling) = (ok("count"), ok("sum"));
         Ok(Self {
             changes,
             mean: sum / changes.max(1.0),
@@ -427,6 +434,7 @@ impl QueueWait {
                 e2e::histogram_bound(&metrics, SEEN, 0.5).unwrap_or(f64::NAN),
                 e2e::histogram_bound(&metrics, SEEN, 0.99).unwrap_or(f64::NAN),
             ),
+            reconciles: (reconciles, reconciling / reconciles.max(1.0)),
         })
     }
 }
@@ -692,8 +700,14 @@ fn details(m: &Measured) -> String {
             out,
             "our reconcile queue: {:.0} Workload changes read, waited {:.3} s on average, \
              99 % at most {} s; quota reservations reached our watch within {} s (p50), {} s \
-             (p99)",
-            q.changes, q.mean, q.p99_at_most, q.reserved_seen_at_most.0, q.reserved_seen_at_most.1
+             (p99); {:.0} reconciles took {:.3} s on average",
+            q.changes,
+            q.mean,
+            q.p99_at_most,
+            q.reserved_seen_at_most.0,
+            q.reserved_seen_at_most.1,
+            q.reconciles.0,
+            q.reconciles.1
         );
     }
     if let Some((ready, rss)) = m.startup {
