@@ -156,10 +156,11 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
         waits.is_some_and(|n| n >= 2.0),
         "queue waits {waits:?}:\n{metrics}"
     );
-    // Both got quota while the controller watched: each reservation was timed once.
+    // Both got quota while the controller watched, so both reservations were timed (the watch
+    // sees every namespace: tests running beside this one add theirs).
     let reserved = e2e::metric_sample(&metrics, "kueue_ac_quota_reserved_seen_seconds_count");
     ensure!(
-        reserved == Some(2.0),
+        reserved.is_some_and(|n| n >= 2.0),
         "reservations seen {reserved:?}:\n{metrics}"
     );
     e2e::wait_metric(http, "kueue_ac_reconcile_queue_depth", 0.0).await?;
