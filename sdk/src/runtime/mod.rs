@@ -207,7 +207,8 @@ where
         &client,
         (cache.clone(), cache_writer),
         controller.cached_pod_sets(),
-        (&reconcile_all, metrics.reserved_seen()),
+        &reconcile_all,
+        metrics.reserved_seen(),
         &leading,
         &mut background,
     );

@@ -38,7 +38,8 @@ pub(super) fn start(
         reflector::store::Writer<Workload>,
     ),
     pod_sets: CachedPodSets,
-    (reconcile_all, reserved_seen): (&mpsc::Sender<()>, Histogram),
+    reconcile_all: &mpsc::Sender<()>,
+    reserved_seen: Histogram,
     leading: &watch::Receiver<bool>,
     background: &mut super::tasks::TaskGroup,
 ) -> Feed {
@@ -101,8 +102,7 @@ async fn watch_workloads<S>(
 ) where
     S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
 {
-    let timing = (w.cache.clone(), w.reserved_seen.clone());
-    let events = slim_and_cache(events, writer, pod_sets, &w.leading, &w.deleted, timing);
+    let events = slim_and_cache(events, writer, pod_sets, &w);
     let mut events = std::pin::pin!(events);
     let mut lists = relist::WorkloadLists::default();
     while let Some(event) = events.next().await {
@@ -148,14 +148,13 @@ fn slim_and_cache<S>(
     events: S,
     writer: reflector::store::Writer<Workload>,
     pod_sets: CachedPodSets,
-    leading: &watch::Receiver<bool>,
-    deleted: &mpsc::UnboundedSender<Workload>,
-    (cache, reserved_seen): (reflector::Store<Workload>, Histogram),
+    w: &Targets,
 ) -> impl futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>
 where
     S: futures::Stream<Item = Result<watcher::Event<Workload>, watcher::Error>>,
 {
-    let (leading, deleted) = (leading.clone(), deleted.clone());
+    let (leading, deleted) = (w.leading.clone(), w.deleted.clone());
+    let (cache, reserved_seen) = (w.cache.clone(), w.reserved_seen.clone());
     events
         .modify(move |wl| slim(wl, pod_sets))
         .inspect(move |event| {
