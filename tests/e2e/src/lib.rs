@@ -1489,52 +1489,41 @@ fn is_event_on(event: &k8s_openapi::api::events::v1::Event, name: &str, reason: 
         && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
 }
 
-/// Waits until the `Active` condition of the cluster-scoped object `name` (found by
-/// `active`) has `status` and, if given, `reason`; returns the condition.
-async fn wait_active<K>(
-    api: Api<K>,
-    name: &str,
-    status: &str,
-    reason: Option<&str>,
-    active: impl Fn(&K) -> Option<&Condition>,
-) -> Result<Condition>
-where
-    K: Resource + Clone + Debug + Serialize + DeserializeOwned + Send + 'static,
-    K::DynamicType: Default,
+/// A cluster-scoped Kueue object whose `Active` condition a test waits for.
+pub trait HasActiveCondition:
+    Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static
 {
-    let matches = |c: &Condition| c.status == status && reason.is_none_or(|r| c.reason == r);
-    let what = format!("Active={status} (reason {reason:?})");
-    let object = wait_for(api, name, &what, |k| active(k).is_some_and(matches)).await?;
-    active(&object).cloned().context("no Active condition")
+    /// Its `Active` condition, if any controller wrote one.
+    fn active(&self) -> Option<&Condition>;
+}
+
+impl HasActiveCondition for AdmissionCheck {
+    fn active(&self) -> Option<&Condition> {
+        self.active_condition()
+    }
+}
+
+impl HasActiveCondition for ClusterQueue {
+    fn active(&self) -> Option<&Condition> {
+        let conditions = self.status.as_ref().map(|s| s.conditions.as_slice());
+        kueue_admission_sdk::api::find_condition(conditions.unwrap_or_default(), "Active")
+    }
 }
 
 impl TestEnv {
-    /// Waits until the ClusterQueue's `Active` condition has `status` (and `reason`, if given);
-    /// returns the condition.
-    pub async fn wait_cluster_queue_active(
+    /// Waits until the `Active` condition of the AdmissionCheck or ClusterQueue `name` has
+    /// `status` and, if given, `reason`; returns the condition.
+    pub async fn wait_active<K: HasActiveCondition>(
         &self,
         name: &str,
         status: &str,
         reason: Option<&str>,
     ) -> Result<Condition> {
-        let api = Api::<ClusterQueue>::all(self.client.clone());
-        wait_active(api, name, status, reason, |cq| {
-            let conditions = cq.status.as_ref().map(|s| s.conditions.as_slice());
-            kueue_admission_sdk::api::find_condition(conditions.unwrap_or_default(), "Active")
-        })
-        .await
-    }
-
-    /// Waits until the AdmissionCheck's `Active` condition has `status` (and `reason`, if
-    /// given); returns the condition.
-    pub async fn wait_check_active(
-        &self,
-        name: &str,
-        status: &str,
-        reason: Option<&str>,
-    ) -> Result<Condition> {
-        let api = Api::<AdmissionCheck>::all(self.client.clone());
-        wait_active(api, name, status, reason, AdmissionCheck::active_condition).await
+        let matches = |c: &Condition| c.status == status && reason.is_none_or(|r| c.reason == r);
+        let what = format!("Active={status} (reason {reason:?})");
+        let api = Api::<K>::all(self.client.clone());
+        let object = wait_for(api, name, &what, |k| k.active().is_some_and(matches)).await?;
+        object.active().cloned().context("no Active condition")
     }
 
     /// Waits for an event with this reason on the Workload and returns its note.

@@ -18,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
-use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::shadow::ShadowScope;
 use serde_json::json;
 
@@ -430,7 +430,7 @@ async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refus
     // The check says it is in shadow mode, and that no queue may wait on it.
     let message = t
         .env
-        .wait_check_active(&t.q.check, "False", Some("ShadowMode"))
+        .wait_active::<AdmissionCheck>(&t.q.check, "False", Some("ShadowMode"))
         .await?
         .message;
     assert!(

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use e2e::{GuardedQueue, TestEnv};
 use kube::ResourceExt;
-use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::api::{CheckState, ClusterQueue, Workload, workload_condition as cond};
 
 const TEST_CONTROLLER: &str = "e2e.kueue-admission-checks.dev/test-controller";
 
@@ -65,7 +65,7 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
 
     // Nobody has marked the check Active yet: Kueue makes the ClusterQueue inactive, and an
     // inactive ClusterQueue reserves no quota (contract section 2).
-    env.wait_cluster_queue_active(&q.cluster_queue, "False", Some("AdmissionCheckInactive"))
+    env.wait_active::<ClusterQueue>(&q.cluster_queue, "False", Some("AdmissionCheckInactive"))
         .await?;
 
     let wl_name = env.submit_job("job", "lq", "1").await?;

@@ -163,7 +163,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
         )
     );
     let before = env.wait_request(&first_request, pr::PROVISIONED).await?;
-    env.wait_cluster_queue_active(&p.cluster_queue, "True", Some("Ready"))
+    env.wait_active::<ClusterQueue>(&p.cluster_queue, "True", Some("Ready"))
         .await?;
 
     let terminating = delete_held_in_use(&flavors, &p.flavor).await?;
@@ -225,7 +225,7 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
 
     // Still terminating, the ClusterQueue still active: Kueue admitted the second Job on it.
     let cq_active = env
-        .wait_cluster_queue_active(&p.cluster_queue, "True", Some("Ready"))
+        .wait_active::<ClusterQueue>(&p.cluster_queue, "True", Some("Ready"))
         .await?;
     assert_eq!(cq_active.message, "Can admit new workloads");
     let still = flavors.get(&p.flavor).await?;
@@ -542,7 +542,7 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
         .await?;
     flavors.delete(&p.flavor, &DeleteParams::default()).await?;
     e2e::wait_gone(flavors.clone(), &p.flavor).await?;
-    env.wait_cluster_queue_active(&p.cluster_queue, "False", Some("FlavorNotFound"))
+    env.wait_active::<ClusterQueue>(&p.cluster_queue, "False", Some("FlavorNotFound"))
         .await?;
 
     // The autoscaler provisions the request: the change asks the check again.

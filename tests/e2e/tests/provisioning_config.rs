@@ -553,13 +553,13 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     let simulator = env.start_simulator()?;
 
     let c = env
-        .wait_check_active(&check, "False", Some("BadParametersRef"))
+        .wait_active::<AdmissionCheck>(&check, "False", Some("BadParametersRef"))
         .await?;
     ensure!(
         c.message.contains(&format!("{config:?}")) && c.message.contains("does not exist"),
         "the message should name the missing ProvisioningRequestConfig: {c:?}"
     );
-    env.wait_cluster_queue_active(&cq, "False", Some("AdmissionCheckInactive"))
+    env.wait_active::<ClusterQueue>(&cq, "False", Some("AdmissionCheckInactive"))
         .await?;
     let wl = env.submit_job("job", "lq", "1").await?;
     assert_not_admitted(&env, &wl, &cq).await?;
@@ -568,7 +568,7 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
     let created = env.provisioning_config("prc", json!({})).await?;
     assert_eq!(created, config);
     let c = env
-        .wait_check_active(&check, "True", Some("Active"))
+        .wait_active::<AdmissionCheck>(&check, "True", Some("Active"))
         .await?;
     ensure!(!c.message.is_empty(), "{c:?}");
     env.wait_admitted_ready(&wl, &check).await?;
@@ -623,7 +623,7 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
         .await?;
     let controller = env.start_provisioning_controller_as(client, None)?;
     let c = env
-        .wait_check_active(&check, "False", Some("ParametersForbidden"))
+        .wait_active::<AdmissionCheck>(&check, "False", Some("ParametersForbidden"))
         .await?;
     ensure!(
         c.message.starts_with(&format!(
@@ -642,7 +642,7 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
     // tried again at least once (the cause) and the check still says why.
     e2e::wait_metric_where(http, &sync_errors, "at least 2", |n| n >= 2.0).await?;
     let still = env
-        .wait_check_active(&check, "False", Some("ParametersForbidden"))
+        .wait_active::<AdmissionCheck>(&check, "False", Some("ParametersForbidden"))
         .await?;
     ensure!(still == c, "{still:?}");
     let metrics = e2e::http_get(http, "/metrics").await?.1;
@@ -656,7 +656,7 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
     env.grant_cluster_rules("controller", limited_rules(true))
         .await?;
     let c = env
-        .wait_check_active(&check, "True", Some("Active"))
+        .wait_active::<AdmissionCheck>(&check, "True", Some("Active"))
         .await?;
     ensure!(c.message == "The admission check is active", "{c:?}");
 
@@ -687,7 +687,7 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
         "{metrics}"
     );
     let kept = env
-        .wait_check_active(&check, "True", Some("Active"))
+        .wait_active::<AdmissionCheck>(&check, "True", Some("Active"))
         .await?;
     ensure!(kept == c, "the condition is untouched: {kept:?}");
 
@@ -702,7 +702,7 @@ async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowe
         )
         .await?;
     let c = env
-        .wait_check_active(&check, "False", Some("ParametersForbidden"))
+        .wait_active::<AdmissionCheck>(&check, "False", Some("ParametersForbidden"))
         .await?;
     ensure!(c.message.contains(&format!("{other:?}")), "{c:?}");
     controller.stop().await
@@ -725,13 +725,13 @@ async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
     let controller = env.start_provisioning_controller(None)?;
 
     let c = env
-        .wait_check_active(&check, "False", Some("BadParametersRef"))
+        .wait_active::<AdmissionCheck>(&check, "False", Some("BadParametersRef"))
         .await?;
     ensure!(
         c.message.contains("ConfigMap") && c.message.contains("ProvisioningRequestConfig"),
         "the message should name the wrong kind and the expected one: {c:?}"
     );
-    env.wait_cluster_queue_active(&cq, "False", Some("AdmissionCheckInactive"))
+    env.wait_active::<ClusterQueue>(&cq, "False", Some("AdmissionCheckInactive"))
         .await?;
     let wl = env.submit_job("job", "lq", "1").await?;
     assert_not_admitted(&env, &wl, &cq).await?;
@@ -798,7 +798,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
     let simulator = env.start_simulator()?;
 
     let c = env
-        .wait_check_active(&cases[0].1, "False", Some("InvalidParameters"))
+        .wait_active::<AdmissionCheck>(&cases[0].1, "False", Some("InvalidParameters"))
         .await?;
     ensure!(
         c.message
@@ -807,7 +807,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
         "the message should name the annotation and its value: {c:?}"
     );
     let c = env
-        .wait_check_active(&cases[1].1, "False", Some("InvalidParameters"))
+        .wait_active::<AdmissionCheck>(&cases[1].1, "False", Some("InvalidParameters"))
         .await?;
     ensure!(
         c.message.contains("backoffLimitCount") && c.message.contains("-1"),
@@ -815,7 +815,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
     );
     let mut workloads = Vec::new();
     for (name, _, cq) in &cases {
-        env.wait_cluster_queue_active(cq, "False", Some("AdmissionCheckInactive"))
+        env.wait_active::<ClusterQueue>(cq, "False", Some("AdmissionCheckInactive"))
             .await?;
         workloads.push(
             env.submit_job(&format!("job-{name}"), &format!("lq-{name}"), "1")
@@ -834,7 +834,7 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
     Api::<ProvisioningRequestConfig>::all(env.client.clone())
         .patch(&soon, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    env.wait_check_active(&cases[0].1, "True", Some("Active"))
+    env.wait_active::<AdmissionCheck>(&cases[0].1, "True", Some("Active"))
         .await?;
     env.wait_admitted_ready(&workloads[0], &cases[0].1).await?;
     assert_not_admitted(&env, &workloads[1], &cases[1].2).await?;
@@ -863,7 +863,7 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
     env.local_queue("kueue-lq", &kueue_cq).await?;
     let controller = env.start_provisioning_controller(None)?;
     let simulator = env.start_simulator()?;
-    env.wait_check_active(&kueue_check, "True", Some("Active"))
+    env.wait_active::<AdmissionCheck>(&kueue_check, "True", Some("Active"))
         .await?;
 
     let ours_job = env

@@ -10,7 +10,9 @@ use e2e::TestEnv;
 use e2e::probe::{Probe, ProbeScript};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kueue_admission_sdk::api::{AdmissionCheck, CheckState, workload_condition as cond};
+use kueue_admission_sdk::api::{
+    AdmissionCheck, CheckState, ClusterQueue, workload_condition as cond,
+};
 use kueue_admission_sdk::{
     AdmissionCheckController, ApiKind, CheckContext, Decision, NoParameters, ReleaseReason,
     RetryPolicy, RuntimeConfig,
@@ -96,7 +98,7 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
     } = serve(&env, &scripts, RetryPolicy::default()).await?;
 
     // Nobody but the runtime marks the check Active; without it no quota would be reserved.
-    env.wait_check_active(&check, "True", Some("Active"))
+    env.wait_active::<AdmissionCheck>(&check, "True", Some("Active"))
         .await?;
 
     let wl = env.submit_job("job", "lq", "1").await?;
@@ -284,7 +286,8 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
         ..
     } = serve(&env, &[], RetryPolicy::default()).await?;
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
-    env.wait_check_active(&check, "True", None).await?;
+    env.wait_active::<AdmissionCheck>(&check, "True", None)
+        .await?;
 
     let set = |params: serde_json::Value| json!({"spec": {"parameters": params}});
     let bad = set(json!({"apiGroup": "example.com", "kind": "Budget", "name": "weekly"}));
@@ -292,7 +295,7 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
         .patch(&check, &PatchParams::default(), &Patch::Merge(&bad))
         .await?;
     let inactive = env
-        .wait_check_active(&check, "False", Some("BadParametersRef"))
+        .wait_active::<AdmissionCheck>(&check, "False", Some("BadParametersRef"))
         .await?;
     assert_eq!(
         inactive.message,
@@ -315,7 +318,8 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
             &Patch::Merge(&set(serde_json::Value::Null)),
         )
         .await?;
-    env.wait_check_active(&check, "True", None).await?;
+    env.wait_active::<AdmissionCheck>(&check, "True", None)
+        .await?;
     Ok(())
 }
 
@@ -379,7 +383,8 @@ async fn a_failing_check_is_retried_with_growing_delays_until_it_answers() -> Re
     let _runtime = e2e::Running::check(env.client.clone(), flaky, config);
     // Started, with the check resolved: its activation reconciles every Workload once, which
     // would come between a failure and its backoff.
-    env.wait_check_active(&check, "True", None).await?;
+    env.wait_active::<AdmissionCheck>(&check, "True", None)
+        .await?;
 
     let wl = env.admitted_job("job").await?;
     let note = env.event_note(&wl, "CheckFailed").await?;
@@ -513,7 +518,7 @@ async fn a_check_whose_api_is_not_served_is_inactive_until_its_crd_is_installed(
             && message.contains("CustomResourceDefinition"),
         "{message}"
     );
-    env.wait_cluster_queue_active(&queue.cluster_queue, "False", None)
+    env.wait_active::<ClusterQueue>(&queue.cluster_queue, "False", None)
         .await?;
 
     // Installed at another version: named, still inactive (looked at again with backoff).
@@ -529,7 +534,8 @@ async fn a_check_whose_api_is_not_served_is_inactive_until_its_crd_is_installed(
 
     // Served at v1 too: active by itself, and a Job is admitted through the check.
     e2e::chart::apply(&env.client, &widget_crd(group, &["v1alpha1", "v1"]), "e2e").await?;
-    env.wait_check_active(&queue.check, "True", None).await?;
+    env.wait_active::<AdmissionCheck>(&queue.check, "True", None)
+        .await?;
     env.admitted_job("job").await?;
 
     Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(env.client.clone())

@@ -28,7 +28,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use kueue_admission_sdk::api::{
-    ProvisioningRequest, find_condition, provisioning_condition as pr, workload_condition as cond,
+    AdmissionCheck, ClusterQueue, ProvisioningRequest, find_condition,
+    provisioning_condition as pr, workload_condition as cond,
 };
 use kueue_provisioning_controller::identity::KUEUE_CONTROLLER_NAME;
 use kueue_provisioning_controller::identity::WORKLOAD_ANNOTATION;
@@ -321,8 +322,9 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         Controller::Kueue => None,
         Controller::Ours => Some(start_ours(cli, &env, &controller_name).await?),
     };
-    env.wait_check_active(&queue.check, "True", None).await?;
-    env.wait_cluster_queue_active(&queue.cluster_queue, "True", None)
+    env.wait_active::<AdmissionCheck>(&queue.check, "True", None)
+        .await?;
+    env.wait_active::<ClusterQueue>(&queue.cluster_queue, "True", None)
         .await?;
 
     // The measurement: from here to the last admission.

@@ -25,7 +25,9 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kueue_admission_sdk::Options;
-use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::api::{
+    AdmissionCheck, CheckState, ClusterQueue, Workload, workload_condition as cond,
+};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -202,7 +204,8 @@ async fn sdk_pass(cli: &Cli) -> Result<(Pass, String, String)> {
         std::env::temp_dir().join(format!("{}.log", env.ns)),
     )?;
     process.wait_ready(http).await?;
-    env.wait_check_active(&check, "True", None).await?;
+    env.wait_active::<AdmissionCheck>(&check, "True", None)
+        .await?;
     let pass = drive(cli, &env, &check, "the SDK (always-ready)").await?;
     let (_, metrics) = e2e::http_get(http, "/metrics").await?;
     drop(process);
@@ -224,7 +227,7 @@ async fn raw_pass(cli: &Cli) -> Result<Pass> {
     let controller = format!("raw.kueue-admission-checks.dev/{}", env.ns);
     let queue = env.guarded_queue("check", &controller, &quota(cli)).await?;
     env.set_admission_check_active(&queue.check, true).await?;
-    env.wait_cluster_queue_active(&queue.cluster_queue, "True", None)
+    env.wait_active::<ClusterQueue>(&queue.cluster_queue, "True", None)
         .await?;
     let answering = tokio::spawn(answer_raw(
         Api::namespaced(client, &env.ns),
