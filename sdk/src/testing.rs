@@ -53,6 +53,9 @@ use crate::decide::{Eligibility, Plan, PlanInput, Refusal, plan, status_apply_pa
 use crate::release::ReleaseReason;
 use crate::retry::RetryPolicy;
 
+mod memory_api;
+pub use memory_api::MemoryApi;
+
 /// Builds Workloads in the shapes Kueue gives them. Starts with no podsets, no checks, no quota
 /// and `resourceVersion` "1".
 #[derive(Clone, Debug)]
@@ -505,16 +508,30 @@ pub async fn decide_once<C: AdmissionCheckController>(
     check: &str,
     parameters: &C::Parameters,
 ) -> Result<Decision, C::Error> {
+    decide_with_client(controller, &offline_client(), workload, check, parameters).await
+}
+
+/// [`decide_once`] with `client` as the check's client: a [`MemoryApi`]'s, for a check that
+/// reads or writes through the API server.
+///
+/// # Panics
+/// If the Workload has no entry for `check`: a test setup error.
+pub async fn decide_with_client<C: AdmissionCheckController>(
+    controller: &C,
+    client: &kube::Client,
+    workload: &Workload,
+    check: &str,
+    parameters: &C::Parameters,
+) -> Result<Decision, C::Error> {
     #[allow(clippy::expect_used)] // documented: a broken test setup
     let entry = workload
         .admission_check(check)
         .expect("the workload has an entry for the check");
-    let client = offline_client();
     let ctx = CheckContext {
         workload,
         entry,
         parameters,
-        client: &client,
+        client,
         now: decision_time(workload),
         shadow: None,
     };
