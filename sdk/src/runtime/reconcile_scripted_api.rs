@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use kube::runtime::reflector;
 
-use super::super::checks::ActiveCheck;
-use super::super::own_writes::OwnWrites;
-use super::super::{RuntimeConfig, metrics::Metrics};
+use crate::runtime::checks::ActiveCheck;
+use crate::runtime::own_writes::OwnWrites;
+use crate::runtime::{RuntimeConfig, metrics::Metrics};
 use kube::runtime::controller::Action;
 
 use super::{Context, decide_one};
