@@ -360,6 +360,19 @@ impl SeenRequest {
     }
 }
 
+/// An answer of an API server: `code` with `body` as JSON.
+fn json_response(
+    code: u16,
+    body: &serde_json::Value,
+) -> Result<http::Response<kube::client::Body>, kube::Error> {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    http::Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(bytes))
+        .map_err(|e| kube::Error::Service(e.into()))
+}
+
 /// A `Status` body as the API server sends with an error.
 pub fn status_body(code: u16, reason: &str, message: &str) -> serde_json::Value {
     serde_json::json!({
@@ -425,13 +438,7 @@ impl ScriptedApi {
                         ));
                     }
                 };
-                http::Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(
-                        serde_json::to_vec(&body).unwrap_or_default(),
-                    ))
-                    .map_err(|e| kube::Error::Service(e.into()))
+                json_response(code, &body)
             }
         });
         kube::Client::new(service, "default")

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::status_body;
+use super::{json_response, status_body};
 
 /// An API server in memory, for unit tests: it stores the objects it is sent and answers reads
 /// from them, with the API server's rules that matter to a check's state:
@@ -89,13 +89,7 @@ impl MemoryApi {
                 tokio::task::yield_now().await;
                 let call = Call::read(req).await?;
                 let (code, body) = api.answer(call);
-                http::Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(
-                        serde_json::to_vec(&body).unwrap_or_default(),
-                    ))
-                    .map_err(|e| kube::Error::Service(e.into()))
+                json_response(code, &body)
             }
         });
         kube::Client::new(service, "default")
