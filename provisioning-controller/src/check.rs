@@ -117,7 +117,8 @@ impl ProvisioningCheck {
             .insert(identity::INSTANCE_LABEL.into(), self.instance.clone());
         let created = match requests.create(&PostParams::default(), &request).await {
             Ok(r) => {
-                self.metrics.created(me.check, attempt);
+                let since_reserved = seconds_since_reserved(wl, &r);
+                self.metrics.created(me.check, attempt, since_reserved);
                 info!(request = %plan.name, attempt, "created ProvisioningRequest");
                 r
             }
@@ -456,6 +457,18 @@ fn unavailable(why: Unavailable) -> Decision {
 }
 
 /// Whether an existing request is the one `plan` describes (class, parameters, podsets).
+/// Seconds from the Workload's quota reservation to the request's creation, both as the control
+/// plane stamped them (whole seconds), so no clock of ours enters.
+fn seconds_since_reserved(wl: &Workload, request: &ProvisioningRequest) -> Option<f64> {
+    let reserved = wl
+        .condition(cond::QUOTA_RESERVED)
+        .filter(|c| c.status == "True")?
+        .last_transition_time
+        .0;
+    let created = request.metadata.creation_timestamp.as_ref()?.0;
+    Some(created.duration_since(reserved).as_secs_f64().max(0.0))
+}
+
 fn matches_plan(plan: &RequestPlan, request: &ProvisioningRequest) -> bool {
     let spec = &request.spec;
     spec.provisioning_class_name == plan.provisioning_class_name
@@ -802,6 +815,27 @@ mod scripted_api;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kueue_admission_sdk::testing::WorkloadBuilder;
+
+    #[test]
+    fn time_to_request_counts_from_the_reservation_on_the_control_plane_stamps() {
+        let at = |s: &str| Time(s.parse().expect("timestamp"));
+        let reserved = WorkloadBuilder::new("ns", "wl")
+            .at(at("2026-11-26T10:00:00Z").0)
+            .quota_reserved("cq", "default")
+            .build();
+        let mut request = ProvisioningRequest::new("wl-1", Default::default());
+        request.metadata.creation_timestamp = Some(at("2026-11-26T10:00:03Z"));
+        assert_eq!(seconds_since_reserved(&reserved, &request), Some(3.0));
+        // Two clocks a second apart never make it negative.
+        request.metadata.creation_timestamp = Some(at("2026-11-26T09:59:59Z"));
+        assert_eq!(seconds_since_reserved(&reserved, &request), Some(0.0));
+        let waiting = WorkloadBuilder::new("ns", "wl").build();
+        assert_eq!(seconds_since_reserved(&waiting, &request), None);
+        request.metadata.creation_timestamp = None;
+        assert_eq!(seconds_since_reserved(&reserved, &request), None);
+    }
 
     #[test]
     fn the_instance_label_differs_per_controller_name() {

@@ -23,6 +23,7 @@ pub struct Metrics {
     timed_out: Family<CheckLabels, Counter>,
     attempt: Family<CheckLabels, Histogram, fn() -> Histogram>,
     time_to_provisioned: Family<CheckLabels, Histogram, fn() -> Histogram>,
+    time_to_request: Family<CheckLabels, Histogram, fn() -> Histogram>,
 }
 
 fn attempts() -> Histogram {
@@ -67,6 +68,7 @@ impl Metrics {
             timed_out: Family::default(),
             attempt: Family::new_with_constructor(attempts),
             time_to_provisioned: Family::new_with_constructor(seconds),
+            time_to_request: Family::new_with_constructor(seconds),
         }
     }
 
@@ -113,6 +115,11 @@ impl Metrics {
             "Time from a ProvisioningRequest's creation to its Provisioned condition",
             self.time_to_provisioned.clone(),
         );
+        r.register(
+            "time_to_request_seconds",
+            "Time from a Workload's quota reservation to the creation of its ProvisioningRequest",
+            self.time_to_request.clone(),
+        );
     }
 
     fn labels(check: &str) -> CheckLabels {
@@ -121,12 +128,15 @@ impl Metrics {
         }
     }
 
-    /// A request was created for `attempt`.
-    pub fn created(&self, check: &str, attempt: u32) {
-        self.created.get_or_create(&Self::labels(check)).inc();
-        self.attempt
-            .get_or_create(&Self::labels(check))
-            .observe(f64::from(attempt));
+    /// A request was created for `attempt`, `since_reserved` seconds after the Workload's quota
+    /// reservation (`None`: either time is unknown).
+    pub fn created(&self, check: &str, attempt: u32, since_reserved: Option<f64>) {
+        let l = Self::labels(check);
+        self.created.get_or_create(&l).inc();
+        self.attempt.get_or_create(&l).observe(f64::from(attempt));
+        if let Some(secs) = since_reserved {
+            self.time_to_request.get_or_create(&l).observe(secs);
+        }
     }
 
     /// A request's condition turned true.

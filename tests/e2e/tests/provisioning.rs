@@ -1011,6 +1011,13 @@ async fn metrics_and_events_account_for_every_request() -> Result<()> {
         "{}",
         m.text
     );
+    // Each request was made under a reservation: both are timed from it.
+    assert_eq!(
+        m.get("kueue_provisioning_time_to_request_seconds_count"),
+        Some(2.0),
+        "{}",
+        m.text
+    );
     // Attempts 1 and 2 were created.
     assert_eq!(
         m.get("kueue_provisioning_request_attempt_count"),
