@@ -1,9 +1,8 @@
 //! Where budgets and ledgers live: ConfigMaps in the controller's namespace, out of reach of the
 //! tenants whose spending they record. Each ledger is the SDK's [`OwnedConfigMap`], written with
-//! optimistic concurrency. The [`Backend`] trait is the seam that lets unit tests run the whole
-//! check against memory.
-
-use std::future::Future;
+//! optimistic concurrency. Unit tests run this same code against the SDK's
+//! [`MemoryApi`](kueue_admission_sdk::testing::MemoryApi), an API server in memory, so no trait
+//! stands between the check and its storage.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
@@ -19,49 +18,6 @@ use crate::window::Budget;
 
 /// Label on each ledger ConfigMap; its value is the namespace whose spending it records.
 pub const LEDGER_LABEL: &str = "kueue-admission-checks.dev/budget-ledger-for";
-
-/// What the check reads and writes. Every call gets the runtime's client.
-pub trait Backend: Clone + Send + Sync + 'static {
-    /// The budget of a namespace: `Ok(Err(message))` when it has none or it is malformed.
-    fn budget(
-        &self,
-        client: &Client,
-        namespace: &str,
-    ) -> impl Future<Output = Result<Result<Budget, String>, Error>> + Send;
-
-    /// A namespace's ledger and its version; an empty ledger without version if there is none.
-    fn load(
-        &self,
-        client: &Client,
-        namespace: &str,
-    ) -> impl Future<Output = Result<Versioned<BudgetLedger>, Error>> + Send;
-
-    /// Writes a namespace's ledger if it is still at `version` (creates it when `None`).
-    fn save(
-        &self,
-        client: &Client,
-        namespace: &str,
-        ledger: &BudgetLedger,
-        version: Option<&str>,
-    ) -> impl Future<Output = Result<Saved, Error>> + Send;
-
-    /// The namespaces that have a ledger.
-    fn ledgers(&self, client: &Client) -> impl Future<Output = Result<Vec<String>, Error>> + Send;
-
-    /// Reads a Workload fresh from the API server (not from a cache: a charge is judged
-    /// against a Workload read after the ledger, never before). Unit tests read from memory.
-    fn workload(
-        &self,
-        client: &Client,
-        namespace: &str,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<Workload>, Error>> + Send {
-        read_workload(client, namespace, name)
-    }
-
-    /// `namespace/name` of a namespace's ledger, for messages.
-    fn ledger_name(&self, namespace: &str) -> String;
-}
 
 /// Budgets in one ConfigMap (tenant namespace → `credits/day` or `credits/week`), and one ledger
 /// ConfigMap per tenant namespace, all in the controller's namespace.
@@ -82,10 +38,9 @@ impl ConfigMapBackend {
         let name = format!("{}{namespace}", self.ledger_prefix);
         OwnedConfigMap::new(&self.namespace, name, LEDGER_LABEL, namespace)
     }
-}
 
-impl Backend for ConfigMapBackend {
-    async fn budget(
+    /// The budget of a namespace: `Ok(Err(message))` when it has none or it is malformed.
+    pub async fn budget(
         &self,
         client: &Client,
         namespace: &str,
@@ -104,7 +59,8 @@ impl Backend for ConfigMapBackend {
         }))
     }
 
-    async fn load(
+    /// A namespace's ledger and its version; an empty ledger without version if there is none.
+    pub async fn load(
         &self,
         client: &Client,
         namespace: &str,
@@ -115,7 +71,8 @@ impl Backend for ConfigMapBackend {
             .await?)
     }
 
-    async fn save(
+    /// Writes a namespace's ledger if it is still at `version` (creates it when `None`).
+    pub async fn save(
         &self,
         client: &Client,
         namespace: &str,
@@ -129,7 +86,8 @@ impl Backend for ConfigMapBackend {
             .await?)
     }
 
-    async fn ledgers(&self, client: &Client) -> Result<Vec<String>, Error> {
+    /// The namespaces that have a ledger.
+    pub async fn ledgers(&self, client: &Client) -> Result<Vec<String>, Error> {
         let list = Api::<ConfigMap>::namespaced(client.clone(), &self.namespace)
             .list(&ListParams::default().labels(LEDGER_LABEL))
             .await?;
@@ -144,7 +102,19 @@ impl Backend for ConfigMapBackend {
             .collect())
     }
 
-    fn ledger_name(&self, namespace: &str) -> String {
+    /// Reads a Workload fresh from the API server (not from a cache: a charge is judged
+    /// against a Workload read after the ledger, never before).
+    pub async fn workload(
+        &self,
+        client: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Workload>, Error> {
+        read_workload(client, namespace, name).await
+    }
+
+    /// `namespace/name` of a namespace's ledger, for messages.
+    pub fn ledger_name(&self, namespace: &str) -> String {
         self.ledger_of(namespace).to_string()
     }
 }

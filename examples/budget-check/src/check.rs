@@ -1,5 +1,5 @@
 //! The check itself: the thin layer between the SDK runtime, the cost and ledger arithmetic and
-//! the [`Backend`].
+//! the [`ConfigMapBackend`].
 //!
 //! Why a namespace is never charged twice or beyond its budget: every charge is a
 //! read-modify-write of the namespace's ledger that carries the `resourceVersion` it was read at,
@@ -34,7 +34,7 @@ use ledger_common::{Sweep, sweep_while_leading};
 use tracing::info;
 
 use crate::Error;
-use crate::backend::{Backend, ConfigMapBackend, Saved};
+use crate::backend::{ConfigMapBackend, Saved};
 use crate::cost::{Estimate, Prices, estimate};
 use crate::ledger::{BudgetLedger, Charge, Fit, Settlement};
 use crate::money::Credits;
@@ -63,9 +63,9 @@ pub struct Settings {
 /// The budget check. Cheap to clone: clones share the ledgers' updater, so the sweep and the
 /// runtime's reconciles take turns.
 #[derive(Clone, Debug)]
-pub struct BudgetCheck<B = ConfigMapBackend> {
+pub struct BudgetCheck {
     settings: Arc<Settings>,
-    backend: Arc<B>,
+    backend: Arc<ConfigMapBackend>,
     ledgers: Updater,
 }
 
@@ -91,7 +91,7 @@ pub struct Swept {
     pub reason: String,
 }
 
-impl<B: Backend> AdmissionCheckController for BudgetCheck<B> {
+impl AdmissionCheckController for BudgetCheck {
     type Parameters = NoParameters;
     type Error = Error;
 
@@ -201,9 +201,9 @@ impl<B: Backend> AdmissionCheckController for BudgetCheck<B> {
     }
 }
 
-impl<B: Backend> BudgetCheck<B> {
+impl BudgetCheck {
     /// A check with these settings, keeping its state in `backend`.
-    pub fn new(settings: Settings, backend: B) -> Self {
+    pub fn new(settings: Settings, backend: ConfigMapBackend) -> Self {
         Self {
             settings: Arc::new(settings),
             backend: Arc::new(backend),
@@ -381,7 +381,7 @@ impl<B: Backend> BudgetCheck<B> {
     }
 }
 
-impl<B: Backend> Sweep for BudgetCheck<B> {
+impl Sweep for BudgetCheck {
     type Swept = Swept;
 
     /// Settles every open charge, in every ledger, whose Workload no longer needs it, and drops

@@ -1,51 +1,74 @@
-//! The check's decisions against an in-memory backend: no cluster, but the same read, decide,
-//! write-if-unchanged cycle as against ConfigMaps, with conflicts when writers interleave.
+//! The check's decisions against an API server in memory (the SDK's [`MemoryApi`]): no
+//! cluster, but the real backend's read, decide, write-if-unchanged cycle on ConfigMaps, with
+//! conflicts when writers interleave.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
+use kube::api::ObjectMeta;
 use kueue_admission_sdk::api::{CheckState, EvictionCount, SchedulingStats, Workload};
-use kueue_admission_sdk::testing::{WorkloadBuilder, decide_once, offline_client};
+use kueue_admission_sdk::testing::{MemoryApi, WorkloadBuilder, decide_with_client};
 use kueue_admission_sdk::{Decision, NoParameters, ReleaseReason, RetryDelay};
-use ledger_common::testing::{MemoryWorkloads, decide_concurrently, release_once};
+use ledger_common::testing::{decide_concurrently, release_once};
 
 use super::*;
-use crate::backend::Versioned;
 use crate::money::Credits;
 use crate::window::Period;
-use kueue_admission_sdk::configmap_store::MemoryStore;
 
 const CHECK: &str = "budget";
 const NS: &str = "team-a";
+/// Where the check keeps budgets and ledgers in these tests.
+const STATE_NAMESPACE: &str = "ops";
 
-/// Budgets and Workloads in memory, and the ledgers, by namespace, in the SDK's [`MemoryStore`]:
-/// a version that every save must match, like `resourceVersion`, and reads that yield to other
-/// tasks so that concurrent deciders interleave between read and write.
-#[derive(Clone, Debug, Default)]
-struct FakeBackend {
-    budgets: Arc<Mutex<BTreeMap<String, Result<Budget, String>>>>,
-    workloads: MemoryWorkloads,
-    ledgers: Arc<MemoryStore<BudgetLedger>>,
+/// The check's ConfigMaps: budgets `ops/budgets`, ledgers `ops/ledger-<namespace>`.
+fn backend() -> ConfigMapBackend {
+    ConfigMapBackend {
+        namespace: STATE_NAMESPACE.into(),
+        budgets: "budgets".into(),
+        ledger_prefix: "ledger-".into(),
+    }
 }
 
-impl FakeBackend {
+/// The API server in memory that holds the budgets, the ledgers and the Workloads (a Workload
+/// not stored reads as deleted).
+#[derive(Clone, Debug, Default)]
+struct Cluster {
+    api: MemoryApi,
+}
+
+impl Cluster {
     fn with_budget(budget: &str) -> Self {
-        let fake = Self::default();
-        fake.set_budget(NS, budget);
-        fake
+        let cluster = Self::default();
+        cluster.set_budget(NS, budget);
+        cluster
     }
 
+    /// Writes a namespace's budget into the budgets ConfigMap, as a person would.
     fn set_budget(&self, namespace: &str, budget: &str) {
-        let budget = Ok(budget.parse().expect("budget"));
-        let mut budgets = self.budgets.lock().expect("not poisoned");
-        budgets.insert(namespace.into(), budget);
+        let mut budgets = self
+            .api
+            .get::<ConfigMap>(Some(STATE_NAMESPACE), "budgets")
+            .unwrap_or_else(|| ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("budgets".into()),
+                    namespace: Some(STATE_NAMESPACE.into()),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            });
+        let data = budgets.data.get_or_insert_default();
+        data.insert(namespace.into(), budget.into());
+        self.api.put(&budgets);
     }
 
+    /// The namespace's ledger as stored.
     fn ledger(&self) -> BudgetLedger {
-        self.ledgers.value(NS)
+        let name = backend().ledger_of(NS).name;
+        let stored = self.api.get::<ConfigMap>(Some(STATE_NAMESPACE), &name);
+        let data = stored.and_then(|cm| cm.data).unwrap_or_default();
+        BudgetLedger::from_config_map_data(&data).expect("the ledger reads back")
     }
 
     /// The Workloads with an open charge in the namespace's ledger, by name.
@@ -54,46 +77,18 @@ impl FakeBackend {
     }
 }
 
-impl Backend for FakeBackend {
-    async fn budget(&self, _: &Client, namespace: &str) -> Result<Result<Budget, String>, Error> {
-        let budget = self
-            .budgets
-            .lock()
-            .expect("not poisoned")
-            .get(namespace)
-            .cloned();
-        Ok(budget.unwrap_or_else(|| Err(format!("namespace {namespace} has no budget"))))
-    }
+/// The check as the runtime runs it: with a client of the cluster it keeps its state in.
+struct Check {
+    controller: BudgetCheck,
+    client: Client,
+}
 
-    async fn load(&self, _: &Client, namespace: &str) -> Result<Versioned<BudgetLedger>, Error> {
-        Ok(self.ledgers.load(namespace).await)
-    }
-
-    async fn save(
-        &self,
-        _: &Client,
-        namespace: &str,
-        ledger: &BudgetLedger,
-        version: Option<&str>,
-    ) -> Result<Saved, Error> {
-        Ok(self.ledgers.save(namespace, ledger, version))
-    }
-
-    async fn ledgers(&self, _: &Client) -> Result<Vec<String>, Error> {
-        Ok(self.ledgers.keys())
-    }
-
-    async fn workload(
-        &self,
-        _: &Client,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Workload>, Error> {
-        Ok(self.workloads.get(namespace, name))
-    }
-
-    fn ledger_name(&self, namespace: &str) -> String {
-        format!("ns/ledger-{namespace}")
+impl Check {
+    fn new(settings: Settings, cluster: &Cluster) -> Self {
+        Self {
+            controller: BudgetCheck::new(settings, backend()),
+            client: cluster.api.client(),
+        }
     }
 }
 
@@ -108,10 +103,10 @@ fn settings() -> Settings {
     }
 }
 
-/// A check on a namespace with this budget, and its fake backend.
-fn check_with_budget(budget: &str) -> (BudgetCheck<FakeBackend>, FakeBackend) {
-    let fake = FakeBackend::with_budget(budget);
-    (BudgetCheck::new(settings(), fake.clone()), fake)
+/// A check on a namespace with this budget, and the cluster it keeps its state in.
+fn check_with_budget(budget: &str) -> (Check, Cluster) {
+    let fake = Cluster::with_budget(budget);
+    (Check::new(settings(), &fake), fake)
 }
 
 fn at(s: &str) -> Timestamp {
@@ -136,24 +131,19 @@ fn asking(name: &str, cpu: &str) -> Workload {
     asking_at(name, cpu, NOW)
 }
 
-async fn decide(check: &BudgetCheck<FakeBackend>, wl: &Workload) -> Decision {
-    decide_once(check, wl, CHECK, &NoParameters)
+async fn decide(check: &Check, wl: &Workload) -> Decision {
+    decide_with_client(&check.controller, &check.client, wl, CHECK, &NoParameters)
         .await
         .expect("decides")
 }
 
-async fn release(
-    check: &BudgetCheck<FakeBackend>,
-    wl: &Workload,
-    reason: ReleaseReason,
-    now: &str,
-) {
-    release_once(check, wl, CHECK, reason, at(now))
+async fn release(check: &Check, wl: &Workload, reason: ReleaseReason, now: &str) {
+    release_once(&check.controller, &check.client, wl, CHECK, reason, at(now))
         .await
         .expect("releases");
 }
 
-fn spent_today(fake: &FakeBackend) -> Credits {
+fn spent_today(fake: &Cluster) -> Credits {
     fake.ledger()
         .spent(&Window::containing(Period::Day, at(NOW)))
 }
@@ -175,14 +165,14 @@ async fn a_fitting_workload_is_charged_once_however_often_it_is_asked() {
     );
     assert_eq!(decide(&check, &wl).await, first);
     assert_eq!(spent_today(&fake), credits("4"));
-    assert_eq!(fake.ledgers.saves(), 1);
+    assert_eq!(fake.api.writes(), 1);
 }
 
 #[tokio::test]
 async fn over_budget_waits_exactly_until_the_window_resets() {
     let (check, fake) = check_with_budget("10/day");
     let a = asking("a", "8");
-    fake.workloads.put(&a);
+    fake.api.put(&a);
     decide(&check, &a).await;
     let Decision::Retry { message, delay } = decide(&check, &asking("b", "4")).await else {
         panic!("not a retry");
@@ -200,7 +190,7 @@ async fn over_budget_waits_exactly_until_the_window_resets() {
 
     let mut capped = settings();
     capped.max_wait = Some(Duration::from_secs(600));
-    let check = BudgetCheck::new(capped, fake.clone());
+    let check = Check::new(capped, &fake);
     let Decision::Retry { delay, .. } = decide(&check, &asking("b", "4")).await else {
         panic!("not a retry");
     };
@@ -225,19 +215,43 @@ async fn what_can_never_fit_is_rejected_and_what_cannot_be_priced_too() {
         ),
         "{message}"
     );
-    assert_eq!(fake.ledgers.saves(), 0);
+    assert_eq!(fake.api.writes(), 0);
 }
 
 #[tokio::test]
 async fn a_missing_budget_keeps_the_workload_pending_and_free_workloads_pass() {
-    let check = BudgetCheck::new(settings(), FakeBackend::default());
+    let fake = Cluster::default();
+    let check = Check::new(settings(), &fake);
+    let recheck = Duration::from_secs(30);
     assert_eq!(
         decide(&check, &asking("a", "1")).await,
-        Decision::pending_recheck_after("namespace team-a has no budget", Duration::from_secs(30))
+        Decision::pending_recheck_after(
+            "the budgets ConfigMap ops/budgets does not exist",
+            recheck
+        )
     );
+    fake.set_budget("team-b", "10/day");
+    assert_eq!(
+        decide(&check, &asking("a", "1")).await,
+        Decision::pending_recheck_after(
+            "namespace team-a has no budget: the budgets ConfigMap ops/budgets has no key \"team-a\"",
+            recheck
+        )
+    );
+    fake.set_budget(NS, "ten/day");
+    let Decision::Pending { message, .. } = decide(&check, &asking("a", "1")).await else {
+        panic!("not pending");
+    };
+    assert!(
+        message.starts_with(
+            "the budget of namespace team-a in the budgets ConfigMap ops/budgets is invalid: "
+        ),
+        "{message}"
+    );
+    assert_eq!(fake.api.writes(), 0, "nothing charged without a budget");
     let mut gpu_only = settings();
     gpu_only.prices = "nvidia.com/gpu=10".parse().expect("prices");
-    let check = BudgetCheck::new(gpu_only, FakeBackend::default());
+    let check = Check::new(gpu_only, &Cluster::default());
     assert_eq!(
         decide(&check, &asking("a", "1")).await,
         Decision::ready("costs nothing: requests none of the priced resources (nvidia.com/gpu=10)")
@@ -327,7 +341,7 @@ async fn before_making_a_workload_wait_it_settles_what_ended_unnoticed() {
         let (check, fake) = check_with_budget("10/day");
         decide(&check, &asking("a", "8")).await;
         if let Some(wl) = &gone {
-            fake.workloads.put(wl);
+            fake.api.put(wl);
         }
         assert!(
             matches!(
@@ -342,11 +356,11 @@ async fn before_making_a_workload_wait_it_settles_what_ended_unnoticed() {
 
 #[tokio::test]
 async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
-    let fake = FakeBackend::with_budget("100/day");
+    let fake = Cluster::with_budget("100/day");
     fake.set_budget("team-b", "100/day");
-    let check = BudgetCheck::new(settings(), fake.clone());
+    let check = Check::new(settings(), &fake);
     let live = asking("live", "1");
-    fake.workloads.put(&live);
+    fake.api.put(&live);
     decide(&check, &live).await;
     decide(&check, &asking("gone", "1")).await;
     let other = WorkloadBuilder::new("team-b", "gone-too")
@@ -356,7 +370,11 @@ async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
         .quota_reserved("cq", "f")
         .build();
     decide(&check, &other).await;
-    let swept = check.sweep(&offline_client(), None).await.expect("sweeps");
+    let swept = check
+        .controller
+        .sweep(&check.client, None)
+        .await
+        .expect("sweeps");
     let mut names: Vec<(String, String)> = swept
         .iter()
         .map(|s| (s.namespace.clone(), s.settlement.charge.name.clone()))
@@ -371,7 +389,11 @@ async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
     );
     assert_eq!(fake.charged(), vec!["live"]);
     assert_eq!(
-        check.sweep(&offline_client(), None).await.expect("sweeps"),
+        check
+            .controller
+            .sweep(&check.client, None)
+            .await
+            .expect("sweeps"),
         vec![],
         "nothing left to settle"
     );
@@ -382,20 +404,26 @@ async fn sweep_settles_every_namespace_and_keeps_what_still_runs() {
 /// has its charge.
 #[tokio::test]
 async fn concurrent_deciders_without_a_common_lock_never_overspend() {
-    let fake = FakeBackend::with_budget("10/day");
+    let fake = Cluster::with_budget("10/day");
     let replicas = [
-        BudgetCheck::new(settings(), fake.clone()),
-        BudgetCheck::new(settings(), fake.clone()),
+        BudgetCheck::new(settings(), backend()),
+        BudgetCheck::new(settings(), backend()),
     ];
     let workloads: Vec<Workload> = (0..8).map(|i| asking(&format!("wl-{i}"), "3")).collect();
     for wl in &workloads {
-        fake.workloads.put(wl);
+        fake.api.put(wl);
     }
-    let (decisions, ready) = decide_concurrently(&replicas, &workloads, CHECK, &NoParameters)
-        .await
-        .expect("decides");
+    let (decisions, ready) = decide_concurrently(
+        &replicas,
+        &fake.api.client(),
+        &workloads,
+        CHECK,
+        &NoParameters,
+    )
+    .await
+    .expect("decides");
     assert_eq!(ready.len(), 3, "{decisions:?}");
     assert_eq!(ready, fake.charged());
     assert_eq!(spent_today(&fake), credits("9"));
-    assert!(fake.ledgers.conflicts() > 0, "the deciders did interleave");
+    assert!(fake.api.conflicts() > 0, "the deciders did interleave");
 }

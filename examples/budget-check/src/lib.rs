@@ -28,7 +28,7 @@ pub mod money;
 pub mod quantity;
 pub mod window;
 
-pub use backend::{Backend, ConfigMapBackend};
+pub use backend::ConfigMapBackend;
 pub use check::{BudgetCheck, Settings};
 pub use ledger_common::Error;
 

@@ -7,7 +7,7 @@
 //! - [`Error`]: the one error type of such a check;
 //! - [`read_workload`], [`read_config_map`]: the two reads from the API server both make;
 //! - [`Sweep`] and [`sweep_while_leading`]: the sweep as a task of the leader;
-//! - [`testing`]: in-memory Workloads and the release and concurrency drivers of their unit tests.
+//! - [`testing`]: the release and concurrency drivers of their unit tests.
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -1,8 +1,7 @@
 //! Where the pool and the ledger live: two ConfigMaps; the ledger is the SDK's
-//! [`OwnedConfigMap`], read and written with optimistic concurrency. The [`Backend`] trait is
-//! the seam that lets unit tests run the whole check against memory.
-
-use std::future::Future;
+//! [`OwnedConfigMap`], read and written with optimistic concurrency. Unit tests run this real
+//! backend against the SDK's [`MemoryApi`](kueue_admission_sdk::testing::MemoryApi), an API
+//! server in memory, so there is no seam to replace it.
 
 use kube::Client;
 use kueue_admission_sdk::api::Workload;
@@ -18,44 +17,7 @@ use crate::pool::Pool;
 /// never overwrites a ConfigMap of that name that is not its ledger.
 pub const LEDGER_LABEL: &str = "kueue-admission-checks.dev/license-ledger";
 
-/// What the check reads and writes. Every call gets the runtime's client.
-pub trait Backend: Clone + Send + Sync + 'static {
-    /// The pool: `Ok(Err(message))` when it is missing or malformed (a message for the user).
-    fn pool(
-        &self,
-        client: &Client,
-    ) -> impl Future<Output = Result<Result<Pool, String>, Error>> + Send;
-
-    /// The ledger and its version; an empty ledger without version if there is none yet.
-    fn load(
-        &self,
-        client: &Client,
-    ) -> impl Future<Output = Result<Versioned<Ledger>, Error>> + Send;
-
-    /// Writes the ledger if it is still at `version` (creates it when `version` is `None`).
-    fn save(
-        &self,
-        client: &Client,
-        ledger: &Ledger,
-        version: Option<&str>,
-    ) -> impl Future<Output = Result<Saved, Error>> + Send;
-
-    /// Reads a Workload fresh from the API server (not from a cache: a holding is judged
-    /// against a Workload read after the ledger, never before). Unit tests read from memory.
-    fn workload(
-        &self,
-        client: &Client,
-        namespace: &str,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<Workload>, Error>> + Send {
-        read_workload(client, namespace, name)
-    }
-
-    /// `namespace/name` of the ledger, for messages.
-    fn ledger_name(&self) -> String;
-}
-
-/// The pool and the ledger as ConfigMaps in one namespace.
+/// The pool and the ledger as ConfigMaps in one namespace. Every call gets the runtime's client.
 #[derive(Clone, Debug)]
 pub struct ConfigMapBackend {
     /// Namespace of both ConfigMaps.
@@ -71,10 +33,9 @@ impl ConfigMapBackend {
     pub fn ledger_configmap(&self) -> OwnedConfigMap {
         OwnedConfigMap::new(&self.namespace, &self.ledger, LEDGER_LABEL, "true")
     }
-}
 
-impl Backend for ConfigMapBackend {
-    async fn pool(&self, client: &Client) -> Result<Result<Pool, String>, Error> {
+    /// The pool: `Ok(Err(message))` when it is missing or malformed (a message for the user).
+    pub async fn pool(&self, client: &Client) -> Result<Result<Pool, String>, Error> {
         let where_ = format!(
             "the license pool ConfigMap {}/{}",
             self.namespace, self.pool
@@ -85,12 +46,14 @@ impl Backend for ConfigMapBackend {
         Ok(Pool::from_config_map_data(&data).map_err(|e| format!("{where_} is invalid: {e}")))
     }
 
-    async fn load(&self, client: &Client) -> Result<Versioned<Ledger>, Error> {
+    /// The ledger and its version; an empty ledger without version if there is none yet.
+    pub async fn load(&self, client: &Client) -> Result<Versioned<Ledger>, Error> {
         let ledger = self.ledger_configmap();
         Ok(ledger.load(client, Ledger::from_config_map_data).await?)
     }
 
-    async fn save(
+    /// Writes the ledger if it is still at `version` (creates it when `version` is `None`).
+    pub async fn save(
         &self,
         client: &Client,
         ledger: &Ledger,
@@ -100,7 +63,19 @@ impl Backend for ConfigMapBackend {
         Ok(self.ledger_configmap().save(client, data, version).await?)
     }
 
-    fn ledger_name(&self) -> String {
+    /// Reads a Workload fresh from the API server (not from a cache: a holding is judged
+    /// against a Workload read after the ledger, never before).
+    pub async fn workload(
+        &self,
+        client: &Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Workload>, Error> {
+        read_workload(client, namespace, name).await
+    }
+
+    /// `namespace/name` of the ledger, for messages.
+    pub fn ledger_name(&self) -> String {
         self.ledger_configmap().to_string()
     }
 }

@@ -1,5 +1,5 @@
 //! The check itself: the thin layer between the SDK runtime, the ledger arithmetic and the
-//! [`Backend`].
+//! [`ConfigMapBackend`].
 //!
 //! Why licenses are never handed out twice: every grant is a read-modify-write of the one ledger
 //! object that carries the `resourceVersion` it was read at, so of two writers that read the
@@ -32,7 +32,7 @@ use ledger_common::{Sweep, sweep_while_leading};
 use tracing::info;
 
 use crate::Error;
-use crate::backend::{Backend, ConfigMapBackend, Saved};
+use crate::backend::{ConfigMapBackend, Saved};
 use crate::ledger::{Acquired, Holding, Ledger, describe_holding};
 use crate::pool::Pool;
 use crate::request::{format_licenses, requested_licenses};
@@ -60,9 +60,9 @@ pub fn backoff(base: Duration, max: Duration) -> RetryPolicy {
 /// The license check. Cheap to clone: clones share the ledger's updater, so a sweeper task and
 /// the runtime take turns.
 #[derive(Clone, Debug)]
-pub struct LicenseCheck<B = ConfigMapBackend> {
+pub struct LicenseCheck {
     settings: Arc<Settings>,
-    backend: Arc<B>,
+    backend: Arc<ConfigMapBackend>,
     ledger: Updater,
 }
 
@@ -77,7 +77,7 @@ pub struct Swept {
     pub reason: String,
 }
 
-impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
+impl AdmissionCheckController for LicenseCheck {
     type Parameters = NoParameters;
     type Error = Error;
 
@@ -169,9 +169,9 @@ impl<B: Backend> AdmissionCheckController for LicenseCheck<B> {
     }
 }
 
-impl<B: Backend> LicenseCheck<B> {
+impl LicenseCheck {
     /// A check with these settings, keeping its state in `backend`.
-    pub fn new(settings: Settings, backend: B) -> Self {
+    pub fn new(settings: Settings, backend: ConfigMapBackend) -> Self {
         Self {
             settings: Arc::new(settings),
             backend: Arc::new(backend),
@@ -179,8 +179,8 @@ impl<B: Backend> LicenseCheck<B> {
         }
     }
 
-    /// The backend.
-    pub fn backend(&self) -> &B {
+    /// Where the pool and the ledger live.
+    pub fn backend(&self) -> &ConfigMapBackend {
         &self.backend
     }
 
@@ -259,7 +259,7 @@ impl<B: Backend> LicenseCheck<B> {
     }
 }
 
-impl<B: Backend> Sweep for LicenseCheck<B> {
+impl Sweep for LicenseCheck {
     type Swept = Swept;
 
     /// Drops every holding whose Workload no longer needs it and returns them.

@@ -23,7 +23,7 @@ pub mod ledger;
 pub mod pool;
 pub mod request;
 
-pub use backend::{Backend, ConfigMapBackend};
+pub use backend::ConfigMapBackend;
 pub use check::{LicenseCheck, Settings};
 pub use ledger_common::Error;
 

@@ -12,12 +12,11 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RetryPolicy;
-use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
-use license_check::backend::{Saved, Versioned};
+use kueue_admission_sdk::api::{CheckState, workload_condition as cond};
+use license_check::backend::Saved;
 use license_check::ledger::Ledger;
-use license_check::pool::Pool;
 use license_check::request::LICENSES_ANNOTATION;
-use license_check::{Backend, ConfigMapBackend, LicenseCheck, Settings};
+use license_check::{ConfigMapBackend, LicenseCheck, Settings};
 use serde_json::json;
 
 const POOL: &str = license_check::DEFAULT_POOL_CONFIGMAP;
@@ -54,10 +53,6 @@ impl Licensed {
     /// Starts a controller instance on `client`: backoff 1 s doubling to 4 s, no retry limit,
     /// a ledger sweep at start (and not again during the test).
     fn start(&self, client: Client) -> e2e::Running {
-        self.start_with(client, self.backend.clone())
-    }
-
-    fn start_with<B: Backend>(&self, client: Client, backend: B) -> e2e::Running {
         let settings = Settings {
             controller_name: self.q.controller_name.clone(),
             retry_policy: RetryPolicy::exponential(
@@ -70,7 +65,11 @@ impl Licensed {
             sweep_interval: Duration::from_secs(3600),
         };
         let runtime = self.env.runtime_config();
-        e2e::Running::check(client, LicenseCheck::new(settings, backend), runtime)
+        e2e::Running::check(
+            client,
+            LicenseCheck::new(settings, self.backend.clone()),
+            runtime,
+        )
     }
 
     async fn set_pool(&self, data: &[(&str, &str)]) -> Result<()> {
@@ -130,44 +129,23 @@ fn matlab_in_use(ledger: &Ledger) -> u32 {
     ledger.in_use().get("matlab").copied().unwrap_or(0)
 }
 
-/// The real ConfigMap backend, with a pause between reading the ledger and writing it back.
-/// Two instances with different pauses get out of step, so one writes from a version the other
-/// has already replaced.
-#[derive(Clone, Debug)]
-struct Dawdling(ConfigMapBackend, Duration);
-
-impl Backend for Dawdling {
-    async fn pool(&self, client: &Client) -> Result<Result<Pool, String>, license_check::Error> {
-        self.0.pool(client).await
-    }
-
-    async fn load(&self, client: &Client) -> Result<Versioned<Ledger>, license_check::Error> {
-        let loaded = self.0.load(client).await?;
-        tokio::time::sleep(self.1).await;
-        Ok(loaded)
-    }
-
-    async fn save(
-        &self,
-        client: &Client,
-        ledger: &Ledger,
-        version: Option<&str>,
-    ) -> Result<Saved, license_check::Error> {
-        self.0.save(client, ledger, version).await
-    }
-
-    async fn workload(
-        &self,
-        client: &Client,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Workload>, license_check::Error> {
-        self.0.workload(client, namespace, name).await
-    }
-
-    fn ledger_name(&self) -> String {
-        self.0.ledger_name()
-    }
+/// A client of the same API server that pauses after each read of the ledger ConfigMap
+/// `namespace/LEDGER`, before the check gets it. Two instances with different pauses get out of
+/// step, so one writes from a version the other has already replaced.
+fn dawdling(client: Client, namespace: &str, pause: Duration) -> Client {
+    let ledger = format!("/api/v1/namespaces/{namespace}/configmaps/{LEDGER}");
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let client = client.clone();
+        let reads_the_ledger = req.method() == http::Method::GET && req.uri().path() == ledger;
+        async move {
+            let response = client.send(req).await?;
+            if reads_the_ledger {
+                tokio::time::sleep(pause).await;
+            }
+            Ok::<_, kube::Error>(response)
+        }
+    });
+    Client::new(service, "default")
 }
 
 #[tokio::test]
@@ -436,14 +414,17 @@ async fn two_instances_deciding_at_once_never_exceed_the_pool() -> Result<()> {
         .save(&t.env.client, &Ledger::default(), None)
         .await?;
     assert_eq!(created, Saved::Written);
-    let _one = t.start_with(
+    let ns = &t.backend.namespace;
+    let _one = t.start(dawdling(
         t.env.client.clone(),
-        Dawdling(t.backend.clone(), Duration::from_millis(400)),
-    );
-    let _two = t.start_with(
+        ns,
+        Duration::from_millis(400),
+    ));
+    let _two = t.start(dawdling(
         t.env.client.clone(),
-        Dawdling(t.backend.clone(), Duration::from_millis(30)),
-    );
+        ns,
+        Duration::from_millis(30),
+    ));
     // All at once, so that Kueue reserves quota for them in one burst.
     let jobs: Vec<String> = (0..9).map(|i| format!("job-{i}")).collect();
     let submit = futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "matlab=1")));
