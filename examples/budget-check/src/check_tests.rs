@@ -410,18 +410,10 @@ async fn concurrent_deciders_without_a_common_lock_never_overspend() {
         BudgetCheck::new(settings(), backend()),
     ];
     let workloads: Vec<Workload> = (0..8).map(|i| asking(&format!("wl-{i}"), "3")).collect();
-    for wl in &workloads {
-        fake.api.put(wl);
-    }
-    let (decisions, ready) = decide_concurrently(
-        &replicas,
-        &fake.api.client(),
-        &workloads,
-        CHECK,
-        &NoParameters,
-    )
-    .await
-    .expect("decides");
+    let (decisions, ready) =
+        decide_concurrently(&replicas, &fake.api, &workloads, CHECK, &NoParameters)
+            .await
+            .expect("decides");
     assert_eq!(ready.len(), 3, "{decisions:?}");
     assert_eq!(ready, fake.charged());
     assert_eq!(spent_today(&fake), credits("9"));

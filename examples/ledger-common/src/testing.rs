@@ -7,7 +7,7 @@ use futures::future::try_join_all;
 use k8s_openapi::jiff::Timestamp;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::Workload;
-use kueue_admission_sdk::testing::decide_with_client;
+use kueue_admission_sdk::testing::{MemoryApi, decide_with_client};
 use kueue_admission_sdk::{AdmissionCheckController, Decision, ReleaseContext, ReleaseReason};
 
 /// Calls `controller.release` once for `workload`'s entry of `check`, as the runtime does when
@@ -32,17 +32,21 @@ pub async fn release_once<C: AdmissionCheckController>(
     controller.release(&ctx).await
 }
 
-/// Decides for every Workload at once, the i-th by `replicas[i % replicas.len()]` (at least one
-/// replica), all with `client`: replicas that share nothing but the API server, like two
-/// controllers without a common lock. Returns every decision, and the names of the Workloads
-/// told `Ready`, in order.
+/// Stores every Workload in `api`, then decides for all at once, the i-th by
+/// `replicas[i % replicas.len()]` (at least one replica), each with a client of `api`: replicas
+/// that share nothing but the API server, like two controllers without a common lock. Returns
+/// every decision, and the names of the Workloads told `Ready`, in order.
 pub async fn decide_concurrently<C: AdmissionCheckController>(
     replicas: &[C],
-    client: &Client,
+    api: &MemoryApi,
     workloads: &[Workload],
     check: &str,
     parameters: &C::Parameters,
 ) -> Result<(Vec<Decision>, Vec<String>), C::Error> {
+    for wl in workloads {
+        api.put(wl);
+    }
+    let client = &api.client();
     let decisions = try_join_all(workloads.iter().enumerate().map(|(i, wl)| {
         let replica = &replicas[i % replicas.len()];
         decide_with_client(replica, client, wl, check, parameters)

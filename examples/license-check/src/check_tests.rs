@@ -350,18 +350,10 @@ async fn concurrent_deciders_without_a_common_lock_never_exceed_the_pool() {
     let workloads: Vec<Workload> = (0..10)
         .map(|i| asking(&format!("wl-{i}"), "matlab=1"))
         .collect();
-    for wl in &workloads {
-        fx.api.put(wl);
-    }
-    let (decisions, ready) = decide_concurrently(
-        &replicas,
-        &fx.api.client(),
-        &workloads,
-        CHECK,
-        &NoParameters,
-    )
-    .await
-    .expect("decides");
+    let (decisions, ready) =
+        decide_concurrently(&replicas, &fx.api, &workloads, CHECK, &NoParameters)
+            .await
+            .expect("decides");
     let mut holders = fx.holders();
     holders.sort();
     assert_eq!(ready.len(), 3, "{decisions:?}");
