@@ -1280,14 +1280,25 @@ async fn http_exchange(addr: std::net::SocketAddr, request: &str) -> Result<(u16
     Ok((status, body.to_string()))
 }
 
-/// The smallest bucket bound of the histogram `name` (no labels) at or below which a share
-/// `quantile` of its observations lie: the quantile, rounded up to a bucket.
-pub fn histogram_bound(metrics: &str, name: &str, quantile: f64) -> Option<f64> {
-    let count = metric_sample(metrics, &format!("{name}_count"))?;
+/// The smallest bucket bound of the histogram `series` (`name`, or `name{labels}` for one of a
+/// family) at or below which a share `quantile` of its observations lie: the quantile, rounded
+/// up to a bucket.
+pub fn histogram_bound(metrics: &str, series: &str, quantile: f64) -> Option<f64> {
+    let (name, labels) = match series.split_once('{') {
+        Some((name, labels)) => (name, labels.trim_end_matches('}')),
+        None => (series, ""),
+    };
+    // prometheus-client writes `le` first: `name_bucket{le="1.0",check="x"} 3`.
+    let (count, rest) = if labels.is_empty() {
+        (format!("{name}_count"), "} ".to_string())
+    } else {
+        (format!("{name}_count{{{labels}}}"), format!(",{labels}}} "))
+    };
+    let count = metric_sample(metrics, &count)?;
     let prefix = format!("{name}_bucket{{le=\"");
     metrics.lines().find_map(|l| {
-        let (bound, value) = l.strip_prefix(&prefix)?.split_once("\"} ")?;
-        let below: f64 = value.parse().ok()?;
+        let (bound, after) = l.strip_prefix(&prefix)?.split_once('"')?;
+        let below: f64 = after.strip_prefix(&rest)?.parse().ok()?;
         (below >= quantile * count).then(|| bound.parse().unwrap_or(f64::INFINITY))
     })
 }

@@ -46,10 +46,21 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "{expected:?} missing from:\n{stdout}"
         );
     }
-    // Each run's details go to stderr, with our controller's reconcile queue.
+    // Each run's details go to stderr, with our controller's reconcile queue and the time from
+    // a reservation to our request (read from our metrics: NaN if a series went missing).
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("our reconcile queue: "))
+        .collect();
     ensure!(
-        stderr.contains("our reconcile queue: "),
+        ours.len() == 2,
         "our reconcile queue missing from:\n{stderr}"
     );
+    for line in ours {
+        ensure!(
+            line.contains("our requests were created within ") && !line.contains("NaN"),
+            "a measure missing from {line:?}"
+        );
+    }
     Ok(())
 }

@@ -351,7 +351,7 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
     let (peak_rss_kib, queue_wait) = match &ours {
         Some(o) => (
             Some(memory_kib(o.process.pid(), "VmHWM")?),
-            Some(QueueWait::scrape(o.http).await?),
+            Some(QueueWait::scrape(o.http, &queue.check).await?),
         ),
         None => (None, None),
     };
@@ -412,12 +412,16 @@ struct QueueWait {
     reserved_seen_at_most: (f64, f64),
     /// Reconciles that succeeded, and their mean duration.
     reconciles: (f64, f64),
+    /// Kueue's reservation → our ProvisioningRequest created (control-plane stamps): median
+    /// and 99th percentile, each rounded up to a bucket.
+    reserved_to_request_at_most: (f64, f64),
 }
 
 impl QueueWait {
-    async fn scrape(http: std::net::SocketAddr) -> Result<Self> {
+    async fn scrape(http: std::net::SocketAddr, check: &str) -> Result<Self> {
         const WAIT: &str = "kueue_ac_reconcile_queue_wait_seconds";
         const SEEN: &str = "kueue_ac_quota_reserved_seen_seconds";
+        let to_request = format!("kueue_provisioning_time_to_request_seconds{{check=\"{check}\"}}");
         let (_, metrics) = e2e::http_get(http, "/metrics").await?;
         let sample = |suffix: &str| e2e::metric_sample(&metrics, &format!("{WAIT}_{suffix}"));
         let (Some(changes), Some(sum)) = (sample("count"), sample("sum")) else {
@@ -437,6 +441,10 @@ impl QueueWait {
                 e2e::histogram_bound(&metrics, SEEN, 0.99).unwrap_or(f64::NAN),
             ),
             reconciles: (reconciles, reconciling / reconciles.max(1.0)),
+            reserved_to_request_at_most: (
+                e2e::histogram_bound(&metrics, &to_request, 0.5).unwrap_or(f64::NAN),
+                e2e::histogram_bound(&metrics, &to_request, 0.99).unwrap_or(f64::NAN),
+            ),
         })
     }
 }
@@ -702,14 +710,17 @@ fn details(m: &Measured) -> String {
             out,
             "our reconcile queue: {:.0} Workload changes read, waited {:.3} s on average, \
              99 % at most {} s; quota reservations reached our watch within {} s (p50), {} s \
-             (p99); {:.0} reconciles took {:.3} s on average",
+             (p99); {:.0} reconciles took {:.3} s on average; our requests were created within \
+             {} s (p50), {} s (p99) of the reservation",
             q.changes,
             q.mean,
             q.p99_at_most,
             q.reserved_seen_at_most.0,
             q.reserved_seen_at_most.1,
             q.reconciles.0,
-            q.reconciles.1
+            q.reconciles.1,
+            q.reserved_to_request_at_most.0,
+            q.reserved_to_request_at_most.1
         );
     }
     if let Some((ready, rss)) = m.startup {
