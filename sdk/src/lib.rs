@@ -18,7 +18,7 @@
 //! - [`shadow`]: shadow mode, which decides and publishes what would be answered, writing nothing;
 //! - [`runtime`]: the thin I/O shell that watches, reconciles and writes, with leader election;
 //! - [`options`]: the flags and environment variables of a check binary;
-//! - [`testing`]: builders and an offline client to unit-test a check's decisions.
+//! - [`testing`]: builders, an offline client and API servers in memory to unit-test a check.
 //!
 //! The repository's `docs/writing-a-check.md` walks from an empty crate to a deployed controller,
 //! and `docs/state-machine.md` shows the states the runtime moves an entry through.

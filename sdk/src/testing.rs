@@ -35,6 +35,11 @@
 //!
 //! To see what the runtime would write for a decision (the retry delay, the attempt in the
 //! message, or a refusal), pass it to [`plan_once`] with the same Workload.
+//!
+//! A check that reads or writes through the API server (a ledger ConfigMap, a fresh Workload
+//! read) runs against [`MemoryApi`], an API server in memory with the real one's versions and
+//! conflicts, through [`decide_with_client`]; [`ScriptedApi`] answers each call as a test
+//! scripts it, for the errors a real server rarely gives on cue.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
