@@ -123,6 +123,10 @@ pub enum Mark {
     Created,
     /// Kueue reserved quota.
     Reserved,
+    /// Quota reserved and the check's entry in `status.admissionChecks`: the check can act.
+    /// Kueue's scheduler reserves quota and its Workload reconciler adds the entries, each on its
+    /// own, so under load the entry can come well after the reservation.
+    Askable,
     /// Its ProvisioningRequest appeared.
     Request,
     /// Its ProvisioningRequest turned Provisioned.
@@ -233,17 +237,22 @@ where
     }
 }
 
-/// Records when each Workload of `api` first reached quota reservation, `Ready` of `check`
-/// and admission, and counts its admissions.
+/// Records when each Workload of `api` first reached quota reservation, quota with an entry of
+/// `check`, `Ready` of `check` and admission, and counts its admissions.
 pub async fn watch_workloads(api: Api<Workload>, check: String, seen: Seen) {
     watch(api, |wl: Workload, now| {
         let ready = wl
             .admission_check(&check)
             .is_some_and(|e| e.state == CheckState::Ready);
         let admitted = wl.condition_is_true(cond::ADMITTED);
+        let reserved = wl.condition_is_true(cond::QUOTA_RESERVED);
+        let entry = wl.admission_check(&check).is_some();
         seen.of(wl.name_any(), |m| {
-            if wl.condition_is_true(cond::QUOTA_RESERVED) {
+            if reserved {
                 m.first(Mark::Reserved, now);
+            }
+            if reserved && entry {
+                m.first(Mark::Askable, now);
             }
             if ready {
                 m.first(Mark::Ready, now);

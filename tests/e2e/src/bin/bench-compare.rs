@@ -635,12 +635,22 @@ async fn verify(env: &TestEnv, run: Run, marks: &[Marks]) -> Result<()> {
 
 /// The stages reported, each as the benchmark's watches saw it; the summary shows the first
 /// two.
-const STAGES: [Stage; 5] = [
+const STAGES: [Stage; 7] = [
     Stage::new("quota reserved → check Ready", Mark::Reserved, Mark::Ready),
     Stage::new("created → admitted", Mark::Created, Mark::Admitted),
     Stage::new(
         "quota reserved → request seen",
         Mark::Reserved,
+        Mark::Request,
+    ),
+    Stage::new(
+        "quota reserved → check's entry there too (Kueue)",
+        Mark::Reserved,
+        Mark::Askable,
+    ),
+    Stage::new(
+        "check's entry with quota → request seen (the check)",
+        Mark::Askable,
         Mark::Request,
     ),
     Stage::new(
