@@ -1,7 +1,6 @@
 //! For the examples' unit tests: drivers that call a check the way the runtime does (a release,
-//! many decisions at once), with the client of the SDK's
-//! [`MemoryApi`](kueue_admission_sdk::testing::MemoryApi) that holds the check's ConfigMaps and
-//! Workloads.
+//! many decisions at once), against the SDK's [`MemoryApi`] that holds the check's ConfigMaps
+//! and Workloads.
 
 use futures::future::try_join_all;
 use k8s_openapi::jiff::Timestamp;
