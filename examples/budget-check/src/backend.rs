@@ -7,10 +7,9 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
-use kueue_admission_sdk::api::Workload;
 use kueue_admission_sdk::configmap_store::OwnedConfigMap;
 pub use kueue_admission_sdk::configmap_store::{Saved, Versioned};
-use ledger_common::{read_config_map, read_workload};
+use ledger_common::read_config_map;
 
 use crate::Error;
 use crate::ledger::BudgetLedger;
@@ -100,17 +99,6 @@ impl ConfigMapBackend {
                 (cm.name_any() == self.ledger_of(ns).name).then(|| ns.clone())
             })
             .collect())
-    }
-
-    /// Reads a Workload fresh from the API server (not from a cache: a charge is judged
-    /// against a Workload read after the ledger, never before).
-    pub async fn workload(
-        &self,
-        client: &Client,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Workload>, Error> {
-        read_workload(client, namespace, name).await
     }
 
     /// `namespace/name` of a namespace's ledger, for messages.

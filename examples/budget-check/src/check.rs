@@ -30,7 +30,7 @@ use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
     RetryPolicy,
 };
-use ledger_common::{Sweep, sweep_while_leading};
+use ledger_common::{Sweep, read_workload, sweep_while_leading};
 use tracing::info;
 
 use crate::Error;
@@ -330,10 +330,8 @@ impl BudgetCheck {
     ) -> Result<Vec<Swept>, Error> {
         let mut swept = Vec::new();
         for (uid, charge) in ledger.open_charges().clone() {
-            let wl = self
-                .backend
-                .workload(client, namespace, &charge.name)
-                .await?;
+            // Read fresh, after the ledger: a charge is never judged by an older Workload.
+            let wl = read_workload(client, namespace, &charge.name).await?;
             let Some(reason) = stale_reason(&uid, &charge, wl.as_ref(), shadow) else {
                 continue;
             };

@@ -4,10 +4,9 @@
 //! server in memory, so there is no seam to replace it.
 
 use kube::Client;
-use kueue_admission_sdk::api::Workload;
 use kueue_admission_sdk::configmap_store::OwnedConfigMap;
 pub use kueue_admission_sdk::configmap_store::{Saved, Versioned};
-use ledger_common::{read_config_map, read_workload};
+use ledger_common::read_config_map;
 
 use crate::Error;
 use crate::ledger::Ledger;
@@ -61,17 +60,6 @@ impl ConfigMapBackend {
     ) -> Result<Saved, Error> {
         let data = ledger.to_config_map_data();
         Ok(self.ledger_configmap().save(client, data, version).await?)
-    }
-
-    /// Reads a Workload fresh from the API server (not from a cache: a holding is judged
-    /// against a Workload read after the ledger, never before).
-    pub async fn workload(
-        &self,
-        client: &Client,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Workload>, Error> {
-        read_workload(client, namespace, name).await
     }
 
     /// `namespace/name` of the ledger, for messages.

@@ -28,7 +28,7 @@ use kueue_admission_sdk::{
     AdmissionCheckController, CheckContext, Decision, Extensions, NoParameters, ReleaseContext,
     RetryPolicy,
 };
-use ledger_common::{Sweep, sweep_while_leading};
+use ledger_common::{Sweep, read_workload, sweep_while_leading};
 use tracing::info;
 
 use crate::Error;
@@ -243,10 +243,8 @@ impl LicenseCheck {
     ) -> Result<Vec<Swept>, Error> {
         let mut stale = Vec::new();
         for (uid, holding) in ledger.holdings() {
-            let wl = self
-                .backend
-                .workload(client, &holding.namespace, &holding.name)
-                .await?;
+            // Read fresh, after the ledger: a holding is never judged by an older Workload.
+            let wl = read_workload(client, &holding.namespace, &holding.name).await?;
             if let Some(reason) = stale_reason(uid, holding, wl.as_ref(), shadow) {
                 stale.push(Swept {
                     uid: uid.clone(),
