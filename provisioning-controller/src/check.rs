@@ -456,7 +456,6 @@ fn unavailable(why: Unavailable) -> Decision {
     Decision::pending_recheck_after(why.to_string(), after)
 }
 
-/// Whether an existing request is the one `plan` describes (class, parameters, podsets).
 /// Seconds from the Workload's quota reservation to the request's creation, both as the control
 /// plane stamped them (whole seconds), so no clock of ours enters.
 fn seconds_since_reserved(wl: &Workload, request: &ProvisioningRequest) -> Option<f64> {
@@ -469,6 +468,7 @@ fn seconds_since_reserved(wl: &Workload, request: &ProvisioningRequest) -> Optio
     Some(created.duration_since(reserved).as_secs_f64().max(0.0))
 }
 
+/// Whether an existing request is the one `plan` describes (class, parameters, podsets).
 fn matches_plan(plan: &RequestPlan, request: &ProvisioningRequest) -> bool {
     let spec = &request.spec;
     spec.provisioning_class_name == plan.provisioning_class_name
