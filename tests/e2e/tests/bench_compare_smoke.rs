@@ -62,5 +62,19 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "a measure missing from {line:?}"
         );
     }
+    // The entry mark is recorded: from the check's entry (with quota) to its request takes some
+    // time in every run, where a mark never set would print 0.00 (no durations).
+    let entry_to_request: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("| check's entry with quota → request seen (the check) | "))
+        .collect();
+    ensure!(
+        entry_to_request.len() == 4,
+        "the entry → request stage missing from:\n{stderr}"
+    );
+    for line in entry_to_request {
+        let p50: f64 = line.split('|').nth(2).unwrap_or_default().trim().parse()?;
+        ensure!(p50 > 0.0, "no entry → request time in {line:?}");
+    }
     Ok(())
 }
