@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The local control plane for tests and the demo: real etcd, kube-apiserver and Kueue on loopback.
+# The local control plane for tests and the demo, on loopback: real etcd, kube-apiserver,
+# kube-controller-manager (Job controller, garbage collector, node lifecycle), kube-scheduler,
+# Kueue, and kwok playing the kubelets of fake nodes (one standing node, kwok-standing-1).
 #
 #   control-plane.sh start              build if needed, start everything, wait until ready (idempotent)
 #   control-plane.sh stop               stop the processes this script started (by pid)
 #   control-plane.sh status             what runs, and whether it answers
-#   control-plane.sh restart COMPONENT  stop and start kube-apiserver or kueue on the same data
+#   control-plane.sh restart COMPONENT  stop and start one component (not etcd) on the same data
 #   control-plane.sh env                shell exports for KUBECONFIG and the run directory
 #   control-plane.sh kubeconfig-for NAMESPACE SERVICEACCOUNT [SECONDS]
 #                                       a kubeconfig authenticating as that ServiceAccount (RBAC applies)
@@ -27,6 +29,9 @@ APISERVER_PORT="${CP_APISERVER_PORT:-16443}"
 KUEUE_WEBHOOK_PORT="${CP_KUEUE_WEBHOOK_PORT:-19443}"
 KUEUE_HEALTH_PORT="${CP_KUEUE_HEALTH_PORT:-18081}"
 KUEUE_METRICS_PORT="${CP_KUEUE_METRICS_PORT:-18443}"
+CONTROLLER_MANAGER_PORT="${CP_CONTROLLER_MANAGER_PORT:-20257}"
+SCHEDULER_PORT="${CP_SCHEDULER_PORT:-20259}"
+KWOK_PORT="${CP_KWOK_PORT:-20247}"
 SERVER="https://127.0.0.1:$APISERVER_PORT"
 KUBECONFIG_PATH="$RUN_DIR/admin.kubeconfig"
 # The users Kueue and the autoscaler simulator authenticate as (audited; see the audit policy).
@@ -35,7 +40,15 @@ SIMULATOR_USER=autoscaler-simulator
 # Kueue v0.15+ reads its metrics serving certificate from this fixed path when it does not
 # manage certificates itself (cmd/kueue/main.go); there is no setting to move it.
 KUEUE_METRICS_CERT_DIR=/etc/kueue/metrics/certs
-COMPONENTS=(etcd kube-apiserver kueue)
+# In start order; stopped in reverse (Kueue first, etcd last).
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kueue)
+# What kube-controller-manager runs: what a Job, its pods and the objects they own need
+# (the namespace controller stays off: the benchmarks delete namespaces of thousands of
+# Workloads, whose removal would run under the next measurement).
+CONTROLLERS=job-controller,garbage-collector-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller
+# kwok manages only nodes carrying this annotation (the standing node, and the nodes an
+# autoscaler creates from templates that carry it).
+KWOK_NODE_ANNOTATION=kwok.x-k8s.io/node=fake
 
 export CP_PKI_DIR="$PKI" CP_SERVER="$SERVER"
 kube() { python3 "$here/kube.py" "$@"; }
@@ -43,7 +56,11 @@ kube() { python3 "$here/kube.py" "$@"; }
 # --- processes ---------------------------------------------------------------------------------
 
 binary_of() {
-  case $1 in etcd) echo "$ETCD_BIN" ;; kube-apiserver) echo "$APISERVER_BIN" ;; kueue) echo "$KUEUE_BIN" ;; esac
+  case $1 in
+    etcd) echo "$ETCD_BIN" ;; kube-apiserver) echo "$APISERVER_BIN" ;; kueue) echo "$KUEUE_BIN" ;;
+    kube-controller-manager) echo "$CONTROLLER_MANAGER_BIN" ;; kube-scheduler) echo "$SCHEDULER_BIN" ;;
+    kwok) echo "$KWOK_BIN" ;;
+  esac
 }
 
 # A pid file holds "PID EXECUTABLE". The pid counts only while that process is alive and still
@@ -106,11 +123,24 @@ curl_admin() { curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$P
 etcd_healthy() { curl -sf "http://127.0.0.1:$ETCD_PORT/health" | grep -q '"health":"true"'; }
 apiserver_ready() { [[ $(curl_admin "$SERVER/readyz") == ok ]]; }
 kueue_ready() { curl -sf "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" >/dev/null; }
+# Both serve /healthz without authentication (always-allowed path), over TLS with a
+# self-signed certificate of their own.
+controller_manager_ready() { [[ $(curl -sk "https://127.0.0.1:$CONTROLLER_MANAGER_PORT/healthz") == ok ]]; }
+scheduler_ready() { [[ $(curl -sk "https://127.0.0.1:$SCHEDULER_PORT/healthz") == ok ]]; }
+kwok_ready() { [[ $(curl -s "http://127.0.0.1:$KWOK_PORT/healthz") == ok ]]; }
+# Whether a running component answers its health check.
+component_ready() {
+  case $1 in
+    etcd) etcd_healthy ;; kube-apiserver) apiserver_ready ;; kueue) kueue_ready ;;
+    kube-controller-manager) controller_manager_ready ;; kube-scheduler) scheduler_ready ;;
+    kwok) kwok_ready ;;
+  esac
+}
 
 # --- certificates and configuration ------------------------------------------------------------
 
 make_pki() {
-  [[ -f $PKI/.complete-v2 ]] && return 0
+  [[ -f $PKI/.complete-v3 ]] && return 0
   command -v openssl >/dev/null || die "openssl is required to make the control plane's certificates"
   rm -rf "$PKI"; mkdir -p "$PKI"
   (
@@ -138,6 +168,11 @@ keyUsage=critical,digitalSignature,keyEncipherment"
     # their requests apart from the tests' (the comparison benchmark counts them per actor).
     sign kueue "/O=system:masters/CN=$KUEUE_USER" "$client"
     sign autoscaler-simulator "/O=system:masters/CN=$SIMULATOR_USER" "$client"
+    # The cluster's own components, each under its usual user name, so the API server's and
+    # their logs tell them apart.
+    sign kube-controller-manager "/O=system:masters/CN=system:kube-controller-manager" "$client"
+    sign kube-scheduler "/O=system:masters/CN=system:kube-scheduler" "$client"
+    sign kwok "/O=system:masters/CN=kwok-controller" "$client"
     # ServiceAccount token signing key (RSA: the apiserver's issuer uses RS256).
     openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
     openssl pkey -in sa.key -pubout -out sa.pub
@@ -145,7 +180,7 @@ keyUsage=critical,digitalSignature,keyEncipherment"
     cp kueue-webhook.crt kueue-webhook-certs/tls.crt
     cp kueue-webhook.key kueue-webhook-certs/tls.key
   )
-  touch "$PKI/.complete-v2"
+  touch "$PKI/.complete-v3"
 }
 
 write_kubeconfig() { # path user-block
@@ -180,6 +215,8 @@ write_kubeconfigs() {
   write_client_kubeconfig "$KUBECONFIG_PATH" admin
   write_client_kubeconfig "$RUN_DIR/kueue.kubeconfig" kueue
   write_client_kubeconfig "$RUN_DIR/autoscaler-simulator.kubeconfig" autoscaler-simulator
+  local c
+  for c in kube-controller-manager kube-scheduler kwok; do write_client_kubeconfig "$RUN_DIR/$c.kubeconfig" "$c"; done
 }
 
 install_metrics_certs() {
@@ -237,7 +274,9 @@ check_ports_free() {
   local entry name port var
   for entry in "etcd:$ETCD_PORT:CP_ETCD_PORT" "etcd-peer:$ETCD_PEER_PORT:CP_ETCD_PEER_PORT" \
     "kube-apiserver:$APISERVER_PORT:CP_APISERVER_PORT" "kueue-webhook:$KUEUE_WEBHOOK_PORT:CP_KUEUE_WEBHOOK_PORT" \
-    "kueue-health:$KUEUE_HEALTH_PORT:CP_KUEUE_HEALTH_PORT" "kueue-metrics:$KUEUE_METRICS_PORT:CP_KUEUE_METRICS_PORT"; do
+    "kueue-health:$KUEUE_HEALTH_PORT:CP_KUEUE_HEALTH_PORT" "kueue-metrics:$KUEUE_METRICS_PORT:CP_KUEUE_METRICS_PORT" \
+    "kube-controller-manager:$CONTROLLER_MANAGER_PORT:CP_CONTROLLER_MANAGER_PORT" \
+    "kube-scheduler:$SCHEDULER_PORT:CP_SCHEDULER_PORT" "kwok:$KWOK_PORT:CP_KWOK_PORT"; do
     IFS=: read -r name port var <<<"$entry"
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       die "port $port ($name) is already in use by a process this script did not start; free it or set $var"
@@ -246,6 +285,7 @@ check_ports_free() {
 }
 
 all_running() { local c; for c in "${COMPONENTS[@]}"; do runs_configured_version "$c" || return 1; done; }
+all_ready() { local c; for c in "${COMPONENTS[@]}"; do component_ready "$c" || return 1; done; }
 
 cmd_start() {
   command -v curl >/dev/null || die "curl is required"
@@ -253,9 +293,9 @@ cmd_start() {
   # A control plane started by another version of these scripts (another Kueue config, other
   # users) is started again.
   local stamp
-  stamp="$(cat "$here/control-plane.sh" "$here/lib.sh" "$here/versions.env" | sha256sum | cut -c1-16)"
-  if all_running && [[ $(cat "$RUN_DIR/started-by" 2>/dev/null) == "$stamp" ]] &&
-    apiserver_ready && kueue_ready; then
+  stamp="$(cat "$here/control-plane.sh" "$here/lib.sh" "$here/versions.env" "$here/kwok-stages.yaml" "$here/standing-node.yaml" |
+    sha256sum | cut -c1-16)"
+  if all_running && [[ $(cat "$RUN_DIR/started-by" 2>/dev/null) == "$stamp" ]] && all_ready; then
     log "already running (KUBECONFIG=$KUBECONFIG_PATH)"
     return 0
   fi
@@ -266,7 +306,8 @@ cmd_start() {
   cmd_stop >/dev/null 2>&1 || true
   check_ports_free
   mkdir -p "$RUN_DIR" "$LOGS" "$PIDS"
-  : >"$LOGS/etcd.log"; : >"$LOGS/kube-apiserver.log"; : >"$LOGS/kueue.log"; : >"$LOGS/audit.log"
+  local c
+  for c in "${COMPONENTS[@]}" audit; do : >"$LOGS/$c.log"; done
   # Requests of ServiceAccounts (the controllers under test run as theirs), Kueue and the
   # simulator, at Metadata level: who asked for what and the response code. The RBAC proofs
   # read the 403s from it; the comparison benchmark counts requests per actor.
@@ -303,11 +344,17 @@ AUDIT
   printf 'apiVersion: v1\nkind: Namespace\nmetadata: {name: kueue-system}\n' >"$RUN_DIR/kueue-namespace.yaml"
   kube apply "$RUN_DIR/kueue-namespace.yaml"
 
+  start_controller_manager
+  start_scheduler
+  start_kwok
+  # One node from the start, so that pods of queues whose flavor selects no nodes run.
+  kube apply "$here/standing-node.yaml"
+
   install_metrics_certs
   write_kueue_config
   start_kueue
   echo "$stamp" >"$RUN_DIR/started-by"
-  log "ready in $((SECONDS - start))s: etcd $ETCD_VERSION, kube-apiserver $KUBERNETES_VERSION, kueue $KUEUE_VERSION"
+  log "ready in $((SECONDS - start))s: etcd $ETCD_VERSION, Kubernetes $KUBERNETES_VERSION (apiserver, controller manager, scheduler), kwok $KWOK_VERSION, kueue $KUEUE_VERSION"
   log "export KUBECONFIG=$KUBECONFIG_PATH   (logs: $LOGS)"
 }
 
@@ -325,6 +372,43 @@ start_apiserver() {
   wait_for kube-apiserver 90 apiserver_ready
 }
 
+# Shared flags of the controller manager and the scheduler: their delegated authentication and
+# authorization go through the same admin-level kubeconfig, without the request-header CA lookup
+# (this apiserver has no front proxy, and the lookup would only log errors).
+component_auth_flags() { # kubeconfig
+  printf '%s\n' --kubeconfig "$1" --authentication-kubeconfig "$1" --authorization-kubeconfig "$1" \
+    --authentication-skip-lookup --bind-address 127.0.0.1 --leader-elect=false
+}
+
+start_controller_manager() {
+  local flags
+  mapfile -t flags < <(component_auth_flags "$RUN_DIR/kube-controller-manager.kubeconfig")
+  spawn kube-controller-manager "${flags[@]}" --secure-port "$CONTROLLER_MANAGER_PORT" \
+    --cert-dir "$RUN_DIR/kube-controller-manager-certs" --use-service-account-credentials=false \
+    --controllers "$CONTROLLERS"
+  wait_for kube-controller-manager 60 controller_manager_ready
+}
+
+start_scheduler() {
+  local flags
+  mapfile -t flags < <(component_auth_flags "$RUN_DIR/kube-scheduler.kubeconfig")
+  spawn kube-scheduler "${flags[@]}" --secure-port "$SCHEDULER_PORT" --cert-dir "$RUN_DIR/kube-scheduler-certs"
+  wait_for kube-scheduler 60 scheduler_ready
+}
+
+# kwok keeps a node Ready by renewing its Lease under a holder name chosen at each start: a new
+# kwok process ignores nodes whose Lease another holder renewed until it expires (up to 40 s),
+# so the Leases of the fake nodes go first. HOME is its own: kwok also reads ~/.kwok/kwok.yaml.
+start_kwok() {
+  kube delete-leases kube-node-lease "$KWOK_NODE_ANNOTATION"
+  mkdir -p "$RUN_DIR/kwok-home"
+  HOME="$RUN_DIR/kwok-home" spawn kwok --kubeconfig "$RUN_DIR/kwok.kubeconfig" --config "$here/kwok-stages.yaml" \
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector "$KWOK_NODE_ANNOTATION" \
+    --node-lease-duration-seconds 40 --cidr 10.244.0.0/16 --node-ip 10.243.0.1 \
+    --server-address "127.0.0.1:$KWOK_PORT"
+  wait_for kwok 60 kwok_ready
+}
+
 start_kueue() {
   KUBECONFIG="$RUN_DIR/kueue.kubeconfig" spawn kueue --config "$RUN_DIR/kueue-config.yaml" --zap-log-level=2
   wait_for kueue 90 kueue_ready
@@ -338,13 +422,17 @@ start_kueue() {
 cmd_restart() { # component
   local c=${1:-}
   case $c in
-    kube-apiserver | kueue) ;;
-    *) die "usage: control-plane.sh restart kube-apiserver|kueue" ;;
+    kube-apiserver | kueue | kube-controller-manager | kube-scheduler | kwok) ;;
+    *) die "usage: control-plane.sh restart kube-apiserver|kube-controller-manager|kube-scheduler|kwok|kueue" ;;
   esac
   all_running || die "the control plane is not running; start it first"
   local start=$SECONDS
   stop_component "$c"
-  if [[ $c == kube-apiserver ]]; then start_apiserver; else start_kueue; fi
+  case $c in
+    kube-apiserver) start_apiserver ;; kueue) start_kueue ;;
+    kube-controller-manager) start_controller_manager ;; kube-scheduler) start_scheduler ;;
+    kwok) start_kwok ;;
+  esac
   log "restarted $c in $((SECONDS - start))s"
 }
 
@@ -358,23 +446,20 @@ cmd_status() {
   local c pid health ok=0
   for c in "${COMPONENTS[@]}"; do
     if pid="$(live_pid "$c")"; then
-      case $c in
-        etcd) etcd_healthy && health=healthy || health=unhealthy ;;
-        kube-apiserver) apiserver_ready && health=ready || health="not ready" ;;
-        kueue) kueue_ready && health=ready || health="not ready" ;;
-      esac
+      if component_ready "$c"; then health=ready; else health="not ready"; ok=1; fi
       if ! runs_configured_version "$c"; then
         health+=", but not the configured version: $(cut -d' ' -f2- "$PIDS/$c.pid")"
         ok=1
       fi
-      printf '%-15s running (pid %s), %s\n' "$c" "$pid" "$health"
-      [[ $health == healthy || $health == ready ]] || ok=1
+      printf '%-24s running (pid %s), %s\n' "$c" "$pid" "$health"
     else
-      printf '%-15s stopped\n' "$c"; ok=1
+      printf '%-24s stopped\n' "$c"; ok=1
     fi
   done
-  printf 'versions        etcd %s, kube-apiserver %s, kueue %s\n' "$ETCD_VERSION" "$KUBERNETES_VERSION" "$KUEUE_VERSION"
-  printf 'kubeconfig      %s\nlogs            %s\n' "$KUBECONFIG_PATH" "$LOGS"
+  printf 'versions                 etcd %s, Kubernetes %s, kwok %s, kueue %s\n' \
+    "$ETCD_VERSION" "$KUBERNETES_VERSION" "$KWOK_VERSION" "$KUEUE_VERSION"
+  if apiserver_ready; then printf 'nodes                    %s\n' "$(kube nodes)"; fi
+  printf 'kubeconfig               %s\nlogs                     %s\n' "$KUBECONFIG_PATH" "$LOGS"
   return $ok
 }
 

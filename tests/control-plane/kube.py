@@ -2,8 +2,8 @@
 """Minimal API-server client for the control-plane script: no kubectl needed.
 
 Only what bringing up the control plane needs: server-side apply of a few cluster-scoped kinds,
-waiting for CRDs to be Established, rewriting Kueue's webhook manifest to loopback URLs, and
-minting ServiceAccount tokens through the TokenRequest API.
+waiting for CRDs to be Established, rewriting Kueue's webhook manifest to loopback URLs, minting
+ServiceAccount tokens through the TokenRequest API, and the fake nodes' Leases and readiness.
 """
 import base64
 import json
@@ -23,6 +23,7 @@ PATHS = {
     "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
     "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
     "Namespace": "/api/v1/namespaces",
+    "Node": "/api/v1/nodes",
 }
 
 
@@ -154,6 +155,39 @@ def cmd_render_webhooks(src, base_url, ca_file, keep_groups):
     yaml.safe_dump_all(out, sys.stdout, sort_keys=False)
 
 
+def selected_nodes(client, annotation):
+    """Nodes carrying annotation `key=value`."""
+    key, _, value = annotation.partition("=")
+    code, body = client.request("GET", "/api/v1/nodes")
+    if code >= 300:
+        fail(f"listing nodes: HTTP {code}: {body.get('message')}")
+    return [n for n in body.get("items", [])
+            if (n["metadata"].get("annotations") or {}).get(key) == value]
+
+
+def cmd_delete_leases(client, namespace, annotation):
+    """Deletes the Leases of the nodes carrying `annotation` (a node's Lease has its name)."""
+    for node in selected_nodes(client, annotation):
+        name = node["metadata"]["name"]
+        code, body = client.request(
+            "DELETE", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
+        if code >= 300 and code != 404:
+            fail(f"deleting Lease {namespace}/{name}: HTTP {code}: {body.get('message')}")
+
+
+def cmd_nodes(client):
+    """One line: each node with its Ready status, or 'none'."""
+    code, body = client.request("GET", "/api/v1/nodes")
+    if code >= 300:
+        fail(f"listing nodes: HTTP {code}: {body.get('message')}")
+    words = []
+    for node in body.get("items", []):
+        ready = next((c["status"] for c in (node.get("status") or {}).get("conditions") or []
+                      if c["type"] == "Ready"), "Unknown")
+        words.append(f"{node['metadata']['name']} (Ready={ready})")
+    print(", ".join(words) or "none")
+
+
 def cmd_token(client, namespace, sa, seconds):
     body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
             "spec": {"expirationSeconds": int(seconds)}}
@@ -178,7 +212,7 @@ def cmd_dry_run_probe(client):
 
 def main(argv):
     if len(argv) < 2:
-        fail("usage: kube.py apply|apply-crds|render-webhooks|token|probe-webhooks ...")
+        fail("usage: kube.py apply|apply-crds|render-webhooks|token|probe-webhooks|delete-leases|nodes ...")
     cmd, args = argv[1], argv[2:]
     if cmd == "render-webhooks":
         return cmd_render_webhooks(*args)
@@ -191,6 +225,10 @@ def main(argv):
         return cmd_token(client, *args)
     if cmd == "probe-webhooks":
         return cmd_dry_run_probe(client)
+    if cmd == "delete-leases":
+        return cmd_delete_leases(client, *args)
+    if cmd == "nodes":
+        return cmd_nodes(client)
     fail(f"unknown command {cmd}")
 
 

@@ -13,6 +13,9 @@ tool_bin() { printf '%s/%s-%s/%s\n' "$BIN_DIR" "$1" "$2" "$1"; } # tool version
 ETCD_BIN="$(tool_bin etcd "$ETCD_VERSION")"
 APISERVER_BIN="$(tool_bin kube-apiserver "$KUBERNETES_VERSION")"
 KUEUE_BIN="$(tool_bin kueue "$KUEUE_VERSION")"
+SCHEDULER_BIN="$(tool_bin kube-scheduler "$KUBERNETES_VERSION")"
+CONTROLLER_MANAGER_BIN="$(tool_bin kube-controller-manager "$KUBERNETES_VERSION")"
+KWOK_BIN="$(tool_bin kwok "$KWOK_VERSION")"
 
 # A message on stderr under a [tag], and the same as an error that ends the script; the chart
 # scripts, which source this file, log under their own tag.
