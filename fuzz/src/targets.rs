@@ -555,7 +555,7 @@ fn prov_plan(c: PlanCase) -> bool {
         r.pod_sets.len(),
         "two podsets share a template name"
     );
-    let request = prov_plan::request_object(&r, wl, &c.check, c.attempt, "fuzz");
+    let request = prov_plan::request_object(&r, wl, &c.check, c.attempt, "fuzz", &[]);
     assert_eq!(request.metadata.name.as_deref(), Some(r.name.as_str()));
     assert_eq!(request.spec.pod_sets.len(), r.pod_sets.len());
     let objects = prov_plan::pod_template_objects(&r, wl, &c.check, c.attempt, "fuzz");

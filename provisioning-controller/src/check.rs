@@ -111,7 +111,8 @@ impl ProvisioningCheck {
         let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
         let requests: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
         let made = self.create_templates(&templates, creation).await?;
-        let mut request = plan::request_object(plan, wl, me.check, attempt, identity::MANAGED_BY);
+        let mut request =
+            plan::request_object(plan, wl, me.check, attempt, identity::MANAGED_BY, &made);
         request
             .labels_mut()
             .insert(identity::INSTANCE_LABEL.into(), self.instance.clone());
@@ -185,9 +186,14 @@ impl ProvisioningCheck {
         Ok(made)
     }
 
-    /// Creates `template`. A template of ours under its name is taken; a predecessor's (left
-    /// by a deleted Workload of the same name) is deleted once the Workload is confirmed
-    /// current, and the create tried again; anything else is [`Error::NameTaken`].
+    /// Creates `template`. A template of ours under its name is taken if our live request of
+    /// the plan's name owns it (a pass interrupted after making both); otherwise it is stale (a
+    /// pass interrupted before the request, or the template of an earlier request of the same
+    /// name, whose deletion may still be on its way to the request watch, which deletes that
+    /// request's templates by uid), so it is deleted and the create tried again: a new request
+    /// never shares a template with another. A predecessor's (left by a deleted Workload of the
+    /// same name) is deleted once the Workload is confirmed current; anything else is
+    /// [`Error::NameTaken`].
     async fn create_template(
         &self,
         templates: &Api<PodTemplate>,
@@ -206,24 +212,25 @@ impl ProvisioningCheck {
             }
             let existing = templates.get(&name).await;
             let existing = existing.map_err(Error::api::<PodTemplate>("get", &namespace, &name))?;
-            match ownership(&existing.metadata, me) {
-                Ownership::Ours => return Ok(existing),
-                Ownership::Predecessor
-                    if !replaced
-                        && self
-                            .workload_is_current(&templates.clone().into_client(), &namespace, me)
-                            .await? =>
-                {
-                    requests::delete_exactly(templates, &existing).await?;
-                    replaced = true;
+            let client = templates.clone().into_client();
+            let stale = match ownership(&existing.metadata, me) {
+                Ownership::Ours => {
+                    if owned_by_live_request(&client, creation, &existing).await? {
+                        return Ok(existing);
+                    }
+                    true
                 }
-                _ => {
-                    return Err(Error::NameTaken(format!(
-                        "PodTemplate {namespace}/{name} exists, {}",
-                        identity::describe_owner(&existing.metadata, me)
-                    )));
-                }
+                Ownership::Predecessor => self.workload_is_current(&client, &namespace, me).await?,
+                Ownership::Foreign => false,
+            };
+            if !stale || replaced {
+                return Err(Error::NameTaken(format!(
+                    "PodTemplate {namespace}/{name} exists, {}",
+                    identity::describe_owner(&existing.metadata, me)
+                )));
             }
+            requests::delete_exactly(templates, &existing).await?;
+            replaced = true;
         }
     }
 
@@ -440,6 +447,25 @@ impl ProvisioningCheck {
 }
 
 /// What the cache of AdmissionChecks keeps: whether Kueue's built-in check answers it.
+/// Whether our request of the plan's name, read fresh, owns `template` (or predates templates
+/// owning requests and so names its templates only by name).
+async fn owned_by_live_request(
+    client: &Client,
+    creation: &Creation<'_>,
+    template: &PodTemplate,
+) -> Result<bool, Error> {
+    let namespace = creation.wl.namespace().unwrap_or_default();
+    let name = &creation.plan.name;
+    let requests: Api<ProvisioningRequest> = Api::namespaced(client.clone(), &namespace);
+    let request = requests.get_opt(name).await;
+    let request = request.map_err(Error::api::<ProvisioningRequest>("get", &namespace, name))?;
+    Ok(request.is_some_and(|r| {
+        let owners = plan::owner_template_uids(&r);
+        ownership(&r.metadata, creation.me) == Ownership::Ours
+            && (owners.is_empty() || template.uid().is_some_and(|u| owners.contains(&u.as_str())))
+    }))
+}
+
 fn is_kueues(check: &AdmissionCheck) -> bool {
     check.spec.controller_name == identity::KUEUE_CONTROLLER_NAME
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::PodTemplate;
 use kube::ResourceExt;
 use kueue_admission_sdk::api::{CheckState, ProvisioningRequestConfigSpec, ResourceFlavorSpec};
 use kueue_admission_sdk::testing::{ScriptedApi, WorkloadBuilder};
@@ -102,17 +103,23 @@ impl Setup {
 
     /// The template as the API server returns it once created.
     fn template(&self) -> serde_json::Value {
+        serde_json::to_value(self.template_object()).unwrap_or_default()
+    }
+
+    /// [`Self::template`] as an object.
+    fn template_object(&self) -> PodTemplate {
         let mut t =
             plan::pod_template_objects(&self.plan, &self.wl, CHECK, 1, MANAGED_BY).remove(0);
         t.labels_mut()
             .insert(INSTANCE_LABEL.into(), self.check.instance().into());
         t.metadata.uid = Some("t-1".into());
-        serde_json::to_value(t).unwrap_or_default()
+        t
     }
 
-    /// The request as this instance makes it.
+    /// The request as this instance makes it, owned by [`Self::template`].
     fn ours(&self) -> serde_json::Value {
-        let mut r = plan::request_object(&self.plan, &self.wl, CHECK, 1, MANAGED_BY);
+        let templates = [self.template_object()];
+        let mut r = plan::request_object(&self.plan, &self.wl, CHECK, 1, MANAGED_BY, &templates);
         r.labels_mut()
             .insert(INSTANCE_LABEL.into(), self.check.instance().into());
         serde_json::to_value(r).unwrap_or_default()
@@ -321,7 +328,6 @@ async fn release_deletes_only_our_request_and_template_each_with_a_uid_precondit
     let mut other_check = s.listed("r-2");
     other_check["metadata"]["annotations"][identity::CHECK_ANNOTATION] = "other".into();
     s.list(vec![s.listed("r-1"), other_check]);
-    s.api.answer(200, s.template());
     s.api.answer(
         200,
         serde_json::json!({"kind": "Status", "status": "Success"}),
@@ -349,7 +355,11 @@ async fn objects_already_gone_or_replaced_count_as_released() {
         "Precondition failed: UID in precondition: r-1",
     );
     assert_eq!(s.release().await.expect("nothing left of ours"), 1);
-    assert_eq!(s.deletes(), ["provisioningrequests r-1"]);
+    // Nothing is read first: the request names its templates' uids as its owners.
+    assert_eq!(
+        s.deletes(),
+        ["podtemplates t-1", "provisioningrequests r-1"]
+    );
 }
 
 #[tokio::test]
@@ -357,7 +367,6 @@ async fn a_failed_delete_is_an_error_so_the_release_is_tried_again() {
     for code in [500, 429, 403] {
         let s = setup();
         s.list(vec![s.listed("r-1")]);
-        s.api.answer(200, s.template());
         s.api.answer(
             200,
             serde_json::json!({"kind": "Status", "status": "Success"}),
@@ -419,7 +428,6 @@ async fn a_request_made_from_an_older_config_is_deleted_with_its_templates_and_m
     stale["metadata"]["uid"] = "r-1".into();
     let stale: ProvisioningRequest = serde_json::from_value(stale).expect("a request");
     let deleted = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Success"});
-    s.api.answer(200, s.template());
     s.api.answer(200, &deleted);
     s.api.answer(200, &deleted);
     let (parameters, client) = (Setup::parameters(), s.api.client());
@@ -572,18 +580,13 @@ async fn the_first_decide_creates_the_template_and_the_request_and_later_ones_re
 async fn release_reads_the_requests_from_the_cache_once_listed() {
     let s = setup();
     s.watches_listed(&[s.listed("r-1")]);
-    s.api.answer(200, s.template());
     let deleted = serde_json::json!({"kind": "Status", "status": "Success"});
     s.api.answer(200, &deleted);
     s.api.answer(200, &deleted);
     assert_eq!(s.release().await.expect("released"), 1);
     assert_eq!(
         s.calls(),
-        [
-            "GET podtemplates",
-            "DELETE podtemplates",
-            "DELETE provisioningrequests"
-        ]
+        ["DELETE podtemplates", "DELETE provisioningrequests"]
     );
 }
 
@@ -596,7 +599,6 @@ async fn a_request_released_before_the_watch_shows_the_deletion_is_made_again_no
     let s = setup();
     s.watches_listed(&[s.provisioned("r-1")]);
     assert_eq!(s.decide().await.state(), CheckState::Ready);
-    s.api.answer(200, s.template());
     let deleted = serde_json::json!({"kind": "Status", "status": "Success"});
     s.api.answer(200, &deleted);
     s.api.answer(200, &deleted);
@@ -655,24 +657,50 @@ async fn a_foreign_request_found_by_the_create_sends_the_decide_to_the_second_na
     assert_eq!(s.api.unused(), 0);
 }
 
-/// A template's name is only read when its create finds it taken: ours is taken as it is, a
-/// predecessor's replaced once the Workload is confirmed current, anything else makes the name
-/// unusable (and the next one is tried).
+/// A template's name is only read when its create finds it taken: ours is taken as it is when
+/// our live request of that name owns it, and made again otherwise (never shared with a new
+/// request: issue 26, item 1); a predecessor's is replaced once the Workload is confirmed
+/// current; anything else makes the name unusable (and the next one is tried).
 #[tokio::test]
 async fn a_taken_template_name_is_read_only_after_the_create_finds_it_taken() {
     let exists = |s: &Setup| {
         s.api
             .fail(409, "AlreadyExists", "podtemplates already exists")
     };
-    // Ours, from a pass interrupted after creating it.
+    let deleted = serde_json::json!({"kind": "Status", "status": "Success"});
+    // Ours, from a pass interrupted after creating it and its request (a lost answer): the
+    // request owns it, so it is taken, and so is the request.
     let s = setup();
     exists(&s);
     s.api.answer(200, s.template());
-    s.api.answer(201, s.listed("r-1"));
-    s.api.answer(200, s.template());
+    s.api.answer(200, s.listed("r-1"));
+    s.api
+        .fail(409, "AlreadyExists", "provisioningrequests already exists");
+    s.api.answer(200, s.listed("r-1"));
     s.create().await.expect("ours is taken");
-    let ours = ["POST podtemplates", "GET podtemplates"];
-    assert_eq!(s.calls(), [&ours[..], &CREATING[1..]].concat());
+    let ours = [
+        "POST podtemplates",
+        "GET podtemplates",
+        "GET provisioningrequests",
+    ];
+    let taken = ["POST provisioningrequests", "GET provisioningrequests"];
+    assert_eq!(s.calls(), [&ours[..], &taken].concat());
+    assert!(s.deletes().is_empty());
+
+    // Ours, with no request owning it (a pass interrupted before its request, or the template
+    // of an earlier request of that name whose deletion the watch has yet to handle): deleted
+    // by uid and made again, so a late deletion of that earlier request cannot take it.
+    let s = setup();
+    exists(&s);
+    s.api.answer(200, s.template());
+    s.api
+        .fail(404, "NotFound", "provisioningrequests not found");
+    s.api.answer(200, &deleted);
+    s.creating("r-1");
+    s.create().await.expect("made again");
+    let stale = ["GET provisioningrequests", "DELETE podtemplates"];
+    assert_eq!(s.calls(), [&ours[..2], &stale, &CREATING].concat());
+    assert_eq!(s.deletes(), ["podtemplates t-1"]);
 
     // A deleted Workload's of the same name: deleted by uid, then made again.
     let s = setup();

@@ -122,9 +122,14 @@ pub async fn delete_request(
     Ok(true)
 }
 
-/// Deletes the PodTemplates a request names, but only those made with it (this instance, the
-/// same Workload uid and check): a template of that name may be Kueue's, a user's, or that of a
-/// Workload re-created under the same name.
+/// Deletes the PodTemplates made with a request: those that own it (its ownerReferences give
+/// their uids), never another object under the same name, such as the template of a successor
+/// request of the same name made meanwhile (the watch may deliver this request's deletion after
+/// the successor exists). No template is read: each delete carries the uid as precondition.
+///
+/// A request made before templates owned requests names its templates only by name; of those,
+/// a template made with it (this instance, the same Workload uid and check) and not after it is
+/// deleted.
 pub(crate) async fn delete_templates(
     client: &Client,
     instance: &str,
@@ -135,13 +140,25 @@ pub(crate) async fn delete_templates(
     };
     let namespace = request.namespace().unwrap_or_default();
     let templates: Api<PodTemplate> = Api::namespaced(client.clone(), &namespace);
+    let owners: Vec<_> = request
+        .owner_references()
+        .iter()
+        .filter(|o| o.kind == "PodTemplate")
+        .collect();
+    if !owners.is_empty() {
+        for owner in owners {
+            delete_by_uid(&templates, &owner.name, &owner.uid).await?;
+        }
+        return Ok(());
+    }
     for p in &request.spec.pod_sets {
         let name = &p.pod_template_ref.name;
         let template = templates.get_opt(name).await;
         let Some(t) = template.map_err(Error::api::<PodTemplate>("get", &namespace, name))? else {
             continue;
         };
-        if ownership(&t.metadata, &recorded) != Ownership::Ours {
+        let made_with_it = t.creation_timestamp() <= request.creation_timestamp();
+        if ownership(&t.metadata, &recorded) != Ownership::Ours || !made_with_it {
             continue;
         }
         delete_exactly(&templates, &t).await?;
@@ -149,28 +166,38 @@ pub(crate) async fn delete_templates(
     Ok(())
 }
 
-/// Deletes this very object (a uid precondition), not one re-created under its name meanwhile.
-pub(crate) async fn delete_exactly<K>(api: &Api<K>, object: &K) -> Result<(), Error>
+/// Deletes the object `name` if its uid is still `uid`; gone or replaced is fine.
+async fn delete_by_uid<K>(api: &Api<K>, name: &str, uid: &str) -> Result<(), Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: object.uid(),
+            uid: Some(uid.to_string()),
             resource_version: None,
         }),
         ..DeleteParams::background()
     };
-    let name = object.name_any();
-    match api.delete(&name, &params).await {
+    match api.delete(name, &params).await {
         Ok(_) => Ok(()),
-        // Gone, or replaced by another object of the same name (precondition failed).
         Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
         Err(e) => {
-            let namespace = object.namespace().unwrap_or_default();
-            Err(Error::api::<K>("delete", &namespace, &name)(e))
+            let namespace = api.namespace().unwrap_or_default();
+            Err(Error::api::<K>("delete", &namespace, name)(e))
         }
     }
+}
+
+/// Deletes this very object (a uid precondition), not one re-created under its name meanwhile.
+pub(crate) async fn delete_exactly<K>(api: &Api<K>, object: &K) -> Result<(), Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    // An object without a uid was never created: nothing of it to delete.
+    let Some(uid) = object.uid() else {
+        return Ok(());
+    };
+    delete_by_uid(api, &object.name_any(), &uid).await
 }
 
 /// A 409: the object changed, or a precondition (uid) did not hold.
@@ -181,4 +208,131 @@ pub(crate) fn is_conflict(e: &kube::Error) -> bool {
 /// A 404: the object (or its namespace) is gone.
 pub(crate) fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodTemplateSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    use kube::api::PostParams;
+    use kueue_admission_sdk::api::{
+        PodTemplateReference, ProvisioningRequestPodSet, ProvisioningRequestSpec,
+    };
+    use kueue_admission_sdk::testing::MemoryApi;
+
+    use crate::identity::{CHECK_ANNOTATION, WORKLOAD_ANNOTATION, WORKLOAD_UID_LABEL};
+
+    const INSTANCE: &str = "pr-test";
+    const NS: &str = "team-a";
+    const TEMPLATE: &str = "ppt-job-1-prov-1-main";
+
+    /// Metadata that makes an object this instance's, for Workload `job-1` (uid `wl-1`).
+    fn ours(name: &str) -> kube::api::ObjectMeta {
+        kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            labels: Some(
+                [(INSTANCE_LABEL, INSTANCE), (WORKLOAD_UID_LABEL, "wl-1")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into(),
+            ),
+            annotations: Some(
+                [(WORKLOAD_ANNOTATION, "job-1"), (CHECK_ANNOTATION, "prov")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn template() -> PodTemplate {
+        PodTemplate {
+            metadata: ours(TEMPLATE),
+            template: Some(PodTemplateSpec::default()),
+        }
+    }
+
+    /// Request `job-1-prov-1` naming [`TEMPLATE`], owned by the given templates.
+    fn request(owners: &[PodTemplate]) -> ProvisioningRequest {
+        let spec = ProvisioningRequestSpec {
+            pod_sets: vec![ProvisioningRequestPodSet {
+                pod_template_ref: PodTemplateReference {
+                    name: TEMPLATE.into(),
+                },
+                count: 1,
+            }],
+            provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
+            parameters: Default::default(),
+        };
+        let mut r = ProvisioningRequest::new("job-1-prov-1", spec);
+        r.metadata = ours("job-1-prov-1");
+        let owners = crate::plan::template_owners(owners);
+        r.metadata.owner_references = (!owners.is_empty()).then_some(owners);
+        r
+    }
+
+    /// Issue 26, item 1: the watch delivers the deletion of a request after a successor of the
+    /// same name (the same Workload, check and attempt: a config switch) has its template.
+    /// The successor's template, under the same name and with the same identity, stays.
+    #[tokio::test]
+    async fn a_late_deletion_never_takes_the_successors_template() {
+        let api = MemoryApi::new();
+        let client = api.client();
+        let templates: Api<PodTemplate> = Api::namespaced(client.clone(), NS);
+        let pp = PostParams::default();
+        let old_template = templates.create(&pp, &template()).await.expect("created");
+        let old_request = request(std::slice::from_ref(&old_template));
+        // The switch: the old request and its template go, the successor's template comes.
+        delete_exactly(&templates, &old_template)
+            .await
+            .expect("deleted");
+        let successor = templates.create(&pp, &template()).await.expect("again");
+        assert_ne!(successor.uid(), old_template.uid());
+
+        delete_templates(&client, INSTANCE, &old_request)
+            .await
+            .expect("a late deletion is no error");
+        let kept = templates
+            .get(TEMPLATE)
+            .await
+            .expect("the successor's template stays");
+        assert_eq!(kept.uid(), successor.uid());
+
+        // Its own deletion takes it.
+        let successor_request = request(std::slice::from_ref(&successor));
+        delete_templates(&client, INSTANCE, &successor_request)
+            .await
+            .expect("deleted");
+        assert!(templates.get_opt(TEMPLATE).await.expect("read").is_none());
+    }
+
+    /// A request made before templates owned requests: its templates are found by name, and
+    /// one made after the request (a successor's) is left alone.
+    #[tokio::test]
+    async fn a_request_without_template_owners_takes_only_older_templates() {
+        let api = MemoryApi::new();
+        let client = api.client();
+        let templates: Api<PodTemplate> = Api::namespaced(client.clone(), NS);
+        let at = |s: i64| Some(Time(Timestamp::from_second(s).expect("a time")));
+        let mut legacy = request(&[]);
+        legacy.metadata.creation_timestamp = at(1_000);
+        let mut newer = template();
+        newer.metadata.creation_timestamp = at(1_001);
+        api.put(&newer);
+        delete_templates(&client, INSTANCE, &legacy)
+            .await
+            .expect("ok");
+        assert!(templates.get_opt(TEMPLATE).await.expect("read").is_some());
+
+        let mut older = template();
+        older.metadata.creation_timestamp = at(999);
+        older.metadata.uid = Some("older".into());
+        api.put(&older);
+        delete_templates(&client, INSTANCE, &legacy)
+            .await
+            .expect("ok");
+        assert!(templates.get_opt(TEMPLATE).await.expect("read").is_none());
+    }
 }

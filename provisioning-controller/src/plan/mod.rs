@@ -14,8 +14,11 @@
 //!   with [`PARAMETER_ANNOTATION_PREFIX`] (prefix stripped, the annotation wins).
 //!
 //! Requests and PodTemplates carry labels and annotations that identify their Workload, check
-//! and attempt, and no ownerReference to the Workload: Kueue's built-in controller deletes any
-//! ProvisioningRequest with an ownerReference named like a Workload it handles.
+//! and attempt. For the garbage collector, the Workload owns the templates and the templates own
+//! their request ([`template_owners`]), so deleting the Workload removes both without this
+//! controller. The request names no Workload as its owner: Kueue's built-in controller deletes
+//! any ProvisioningRequest with an ownerReference named like a Workload that holds quota,
+//! whichever check it is for.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -328,13 +331,15 @@ fn join_or_add<'a>(
 }
 
 /// The ProvisioningRequest of a plan, in the Workload's namespace, identified by labels and
-/// annotations and without ownerReferences.
+/// annotations and owned by `templates` (the PodTemplates made for it, see
+/// [`template_owners`]).
 pub fn request_object(
     plan: &RequestPlan,
     workload: &Workload,
     check: &str,
     attempt: u32,
     managed_by: &str,
+    templates: &[PodTemplate],
 ) -> ProvisioningRequest {
     let spec = ProvisioningRequestSpec {
         pod_sets: plan
@@ -352,7 +357,45 @@ pub fn request_object(
     };
     let mut request = ProvisioningRequest::new(&plan.name, spec);
     request.metadata = identification(&plan.name, workload, check, attempt, managed_by);
+    let owners = template_owners(templates);
+    request.metadata.owner_references = (!owners.is_empty()).then_some(owners);
     request
+}
+
+/// The request's owners: every PodTemplate made for it (those with a uid, that is, created).
+///
+/// This is the garbage collector's chain from the Workload (which owns the templates) to the
+/// request, and how clean-up tells a request's own templates from a successor's of the same
+/// names: by uid. A request with several owners goes when the last one is gone; the templates
+/// all belong to the same Workload, so that is when the Workload goes. None is a controller
+/// reference or blocks deletion.
+pub fn template_owners(templates: &[PodTemplate]) -> Vec<OwnerReference> {
+    templates
+        .iter()
+        .filter_map(|t| {
+            Some(OwnerReference {
+                api_version: "v1".into(),
+                kind: "PodTemplate".into(),
+                name: t.metadata.name.clone()?,
+                uid: t.metadata.uid.clone()?,
+                controller: Some(false),
+                block_owner_deletion: Some(false),
+            })
+        })
+        .collect()
+}
+
+/// The uids of the PodTemplates that own `request` (see [`template_owners`]); empty for a
+/// request made before templates owned requests.
+pub fn owner_template_uids(request: &ProvisioningRequest) -> Vec<&str> {
+    request
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.kind == "PodTemplate" && o.api_version == "v1")
+        .map(|o| o.uid.as_str())
+        .collect()
 }
 
 /// The PodTemplates of a plan, in the Workload's namespace, identified by labels and annotations
@@ -383,11 +426,12 @@ pub fn pod_template_objects(
 }
 
 /// The Workload as the templates' owner, for the garbage collector: in the create itself, so
-/// no second request sets it. Not the request (as Kueue's built-in check ends up doing, with an
-/// update per template): its uid exists only after the templates, which are made first on
-/// purpose (see `check.rs`). A template whose request is deleted by someone else is deleted by
-/// the request watch, or by the template sweep when no replica ran. Not a controller
-/// reference, and never blocking the Workload's deletion.
+/// no second request sets it. The templates own the request in turn ([`template_owners`]), not
+/// the other way round as Kueue's built-in check ends up doing with an update per template: the
+/// request's uid exists only after the templates, which are made first on purpose (see
+/// `check.rs`). A template whose request is deleted by someone else is deleted by the request
+/// watch, or by the template sweep when no replica ran. Not a controller reference, and never
+/// blocking the Workload's deletion.
 fn workload_owner(workload: &Workload) -> Option<OwnerReference> {
     Some(OwnerReference {
         api_version: "kueue.x-k8s.io/v1beta2".into(),

@@ -728,9 +728,11 @@ fn objects_carry_identification_and_only_templates_are_owned_by_the_workload() {
         "v".to_string(),
     )]));
     let r = request(&wl, &config());
-    let pr = request_object(&r, &wl, "prov", 1, "me");
+    let pr = request_object(&r, &wl, "prov", 1, "me", &[]);
     assert_eq!(pr.metadata.name.as_deref(), Some("job-1-prov-1"));
     assert_eq!(pr.metadata.namespace.as_deref(), Some("team-a"));
+    // No Workload among the request's owners (Kueue's built-in check would delete it), and
+    // without templates made, no owner at all.
     assert_eq!(pr.metadata.owner_references, None);
     let labels = pr.metadata.labels.clone().expect("labels");
     assert_eq!(labels.get(MANAGED_BY_LABEL).map(String::as_str), Some("me"));
@@ -798,7 +800,7 @@ fn workload_without_uid_gets_no_uid_label() {
     let mut wl = workload(vec![cpu_pod_set("a", 1)], "default");
     wl.metadata.uid = None;
     let r = request(&wl, &config());
-    let pr = request_object(&r, &wl, "prov", 1, "me");
+    let pr = request_object(&r, &wl, "prov", 1, "me", &[]);
     assert!(
         !pr.metadata
             .labels

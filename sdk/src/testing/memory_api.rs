@@ -16,16 +16,18 @@ use super::{json_response, status_body};
 /// An API server in memory, for unit tests: it stores the objects it is sent and answers reads
 /// from them, with the API server's rules that matter to a check's state:
 ///
-/// - every write gives the object a new `metadata.resourceVersion`;
+/// - every write gives the object a new `metadata.resourceVersion`, and a create a `uid`;
 /// - a replace (`PUT`) at a `resourceVersion` other than the stored one is refused with `409
 ///   Conflict`, and a create (`POST`) of a name that exists with `409 AlreadyExists`;
-/// - a read of a missing object is `404 NotFound`;
+/// - a delete honours the `uid` and `resourceVersion` preconditions of its options (`409
+///   Conflict` when one does not hold);
+/// - a read or delete of a missing object is `404 NotFound`;
 /// - a list honours a `labelSelector` of `key`, `!key`, `key=value` and `key!=value` terms.
 ///
 /// Each request first yields to other tasks, so that concurrent read-modify-write updates
 /// interleave between their read and their write as they do against a real API server. Events
-/// are accepted and counted apart. Patches, deletes and watches are answered `405`: the
-/// runtime's own writes are tested against the real API server.
+/// are accepted and counted apart. Patches and watches are answered `405`: the runtime's own
+/// writes are tested against the real API server.
 ///
 /// ```
 /// use kueue_admission_sdk::testing::MemoryApi;
@@ -149,12 +151,13 @@ impl MemoryApi {
             (&http::Method::GET, None) => stored.list(&call.collection, call.query.as_deref()),
             (&http::Method::POST, None) => stored.create(call),
             (&http::Method::PUT, Some(_)) => stored.replace(call),
+            (&http::Method::DELETE, Some(_)) => stored.delete(call),
             _ => (
                 405,
                 status_body(
                     405,
                     "MethodNotAllowed",
-                    "MemoryApi answers get, list, create and replace only",
+                    "MemoryApi answers get, list, create, replace and delete only",
                 ),
             ),
         }
@@ -251,9 +254,39 @@ impl Stored {
             return (409, status_body(409, "AlreadyExists", &message));
         }
         self.stamp(&mut object, namespace_of(&key.0));
+        // As the API server does: every object created gets a uid of its own.
+        if object["metadata"]["uid"].as_str().is_none_or(str::is_empty) {
+            object["metadata"]["uid"] = json!(format!("memory-uid-{}", self.version));
+        }
         self.writes += 1;
         self.objects.insert(key, object.clone());
         (201, object)
+    }
+
+    /// Deletes the object, honouring the uid and resourceVersion preconditions of the
+    /// DeleteOptions sent (409 when one does not hold, as the API server answers).
+    fn delete(&mut self, call: Call) -> (u16, Value) {
+        let name = call.name.unwrap_or_default();
+        let key = (call.collection, name.clone());
+        let Some(current) = self.objects.get(&key) else {
+            return not_found(&key.0, &name);
+        };
+        let preconditions = &call.body["preconditions"];
+        for field in ["uid", "resourceVersion"] {
+            let asked = &preconditions[field];
+            if !asked.is_null() && asked != &current["metadata"][field] {
+                self.conflicts += 1;
+                let message = format!(
+                    "Precondition failed: {field} in precondition: {asked}, {field} in object \
+                     meta: {}",
+                    current["metadata"][field]
+                );
+                return (409, status_body(409, "Conflict", &message));
+            }
+        }
+        self.writes += 1;
+        let deleted = self.objects.remove(&key).unwrap_or_default();
+        (200, deleted)
     }
 
     fn replace(&mut self, call: Call) -> (u16, Value) {
@@ -436,5 +469,56 @@ mod tests {
             .expect_err("patches are not served");
         assert!(matches!(refused, kube::Error::Api(s) if s.code == 405));
         assert_eq!((api.writes(), api.events()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn deletes_honour_uid_and_version_preconditions() {
+        let api = MemoryApi::new();
+        let maps: Api<ConfigMap> = Api::namespaced(api.client(), "ops");
+        let pp = PostParams::default();
+        let first = maps
+            .create(&pp, &config_map("ledger", &[]))
+            .await
+            .expect("created");
+        let first_uid = first.uid().expect("a create gives a uid");
+        let with = |uid: Option<String>, version: Option<String>| kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid,
+                resource_version: version,
+            }),
+            ..Default::default()
+        };
+        maps.delete("ledger", &with(Some(first_uid.clone()), None))
+            .await
+            .expect("deleted at its uid");
+        let second = maps
+            .create(&pp, &config_map("ledger", &[]))
+            .await
+            .expect("again");
+        assert_ne!(
+            second.uid(),
+            Some(first_uid.clone()),
+            "a new object, a new uid"
+        );
+        // The first object's uid no longer names what is stored under the name.
+        let stale = maps
+            .delete("ledger", &with(Some(first_uid), None))
+            .await
+            .expect_err("another object");
+        assert!(matches!(stale, kube::Error::Api(s) if s.code == 409));
+        let old_version = maps
+            .delete("ledger", &with(None, first.resource_version()))
+            .await
+            .expect_err("another version");
+        assert!(matches!(old_version, kube::Error::Api(s) if s.code == 409));
+        assert!(maps.get_opt("ledger").await.expect("read").is_some());
+        maps.delete("ledger", &Default::default())
+            .await
+            .expect("no precondition");
+        let gone = maps
+            .delete("ledger", &Default::default())
+            .await
+            .expect_err("gone");
+        assert!(matches!(gone, kube::Error::Api(s) if s.code == 404));
     }
 }
