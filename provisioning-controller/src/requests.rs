@@ -183,7 +183,7 @@ where
         Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(()),
         Err(e) => {
             let namespace = api.namespace().unwrap_or_default();
-            Err(Error::api::<K>("delete", &namespace, name)(e))
+            Err(Error::api::<K>("delete", namespace, name)(e))
         }
     }
 }
