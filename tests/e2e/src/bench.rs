@@ -379,9 +379,10 @@ impl From<&GuardedQueue> for RunQueue {
     }
 }
 
-/// Deletes what a run created, so that the next run starts from the same cluster state. There
-/// is no garbage collector nor namespace controller here: a provisioning run's requests and
-/// templates are deleted explicitly, and the namespace itself stays (empty).
+/// Deletes what a run created, so that the next run starts from the same cluster state. A
+/// provisioning run's requests and templates are deleted explicitly rather than left to the
+/// garbage collector, so that none of its work runs under the next measurement; the namespace
+/// itself stays, empty (the namespace controller does not run here).
 pub async fn clean_up(env: &TestEnv, queue: &RunQueue) -> Result<()> {
     let (dp, all) = (DeleteParams::background(), ListParams::default());
     let client = &env.client;

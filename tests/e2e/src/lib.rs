@@ -2,8 +2,11 @@
 //!
 //! The first test that needs the cluster starts the local control plane
 //! (`tests/control-plane/control-plane.sh start`, a no-op when it already runs); every test of
-//! the run then shares it. Each test gets its own namespace ([`TestEnv::new`]) and prefixes its
-//! cluster-scoped objects with that namespace, because without kube-controller-manager
+//! the run then shares it. It is a real cluster short of kubelets and a cloud: the Job
+//! controller makes a Job's pods, kube-scheduler binds them, kwok runs them on fake nodes (one
+//! standing node, more from the autoscaler simulator) and the garbage collector removes what
+//! owners left behind. Each test gets its own namespace ([`TestEnv::new`]) and prefixes its
+//! cluster-scoped objects with that namespace; the namespace controller does not run, so
 //! namespaces never finish deleting: nothing is cleaned up, and nothing needs to be.
 //!
 //! Set `E2E_KUBECONFIG` to run against a control plane managed elsewhere. If the control plane
@@ -30,7 +33,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -425,7 +428,9 @@ fn unique_suffix() -> String {
 }
 
 /// A suspended batch/v1 Job for [`TestEnv::create_job`]: one container requesting `cpu` per
-/// pod, submitted to `local_queue`. No pod ever runs (there is no kube-controller-manager).
+/// pod, submitted to `local_queue`. Once Kueue starts it, its pods are made, scheduled and run
+/// (on a kwok node its flavor selects), until they are annotated to succeed
+/// ([`TestEnv::complete_job`]) or their template says for how long ([`RUN_FOR_ANNOTATION`]).
 #[derive(Clone, Copy, Debug)]
 pub struct SuspendedJob<'a> {
     /// The Job's name.
@@ -788,7 +793,7 @@ impl TestEnv {
     }
 
     /// Creates a suspended batch/v1 Job of one pod requesting `cpu`, submitted to `local_queue`.
-    /// No pod ever runs (there is no kube-controller-manager); Kueue still manages the Job.
+    /// Kueue still manages the Job; its pods run on the standing node once it is started.
     pub async fn suspended_job(&self, name: &str, local_queue: &str, cpu: &str) -> Result<Job> {
         self.create_job(&SuspendedJob::new(name, local_queue, cpu))
             .await
@@ -984,51 +989,63 @@ impl TestEnv {
         Ok((wl, entry))
     }
 
-    /// Ends a Job the way its pods would: this control plane has no Job controller, so the test
-    /// writes the status that controller writes once every completion succeeded (start and
-    /// completion time, `succeeded`, `SuccessCriteriaMet` and `Complete`). Kueue then marks the
-    /// Workload `Finished` (reason `Succeeded`) and releases its quota, in every Kueue version
-    /// this project supports; deleting the Job does that only from Kueue v0.18 on (v0.15 leaves
-    /// the orphan to the garbage collector). Waits for `Finished=True` and returns the Workload.
+    /// Ends a Job the way its work ending would: once Kueue has started it and its pods run,
+    /// each pod is annotated to succeed now ([`RUN_FOR_ANNOTATION`]); kwok ends them, the Job
+    /// controller completes the Job, and Kueue marks the Workload `Finished` (reason
+    /// `Succeeded`) and releases its quota. Nothing writes the Job's status by hand. Waits for
+    /// `Finished=True` and returns the Workload; fails, naming each pod's state, if the pods do
+    /// not run (no node their flavor selects, say).
     pub async fn complete_job(&self, job: &str, workload: &str) -> Result<Workload> {
-        // Pods run only once Kueue has started the Job, which it does after it marks the
-        // Workload Admitted: completing the Job in between is a race a real Job never runs
-        // (Kueue v0.15 may then take the Workload for a stale one and delete it).
-        let admitted = self
-            .workloads()
-            .get(workload)
-            .await
-            .with_context(|| format!("reading Workload {workload}"))?
-            .condition_is_true(workload_condition::ADMITTED);
-        let current = if admitted {
-            self.wait_job_unsuspended(job).await?
-        } else {
-            self.jobs()
-                .get(job)
+        let current = self.wait_job_unsuspended(job).await?;
+        let pods = current.spec.as_ref().and_then(|s| s.parallelism).unwrap_or(1);
+        let running = self.wait_job_pods_running(job, pods).await?;
+        let annotate = json!({"metadata": {"annotations": {RUN_FOR_ANNOTATION: "0s"}}});
+        for pod in &running {
+            Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+                .patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&annotate))
                 .await
-                .with_context(|| format!("reading Job {job}"))?
-        };
-        let completions = current.spec.and_then(|s| s.completions).unwrap_or(1);
-        let now = Timestamp::now().to_string();
-        let condition = |kind: &str| {
-            json!({
-                "type": kind, "status": "True", "reason": "CompletionsReached",
-                "message": "Reached expected number of succeeded pods (set by the e2e test)",
-                "lastProbeTime": now, "lastTransitionTime": now,
-            })
-        };
-        let status = json!({"status": {
-            "startTime": now, "completionTime": now, "succeeded": completions,
-            "conditions": [condition("SuccessCriteriaMet"), condition("Complete")],
-        }});
-        self.jobs()
-            .patch_status(job, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .with_context(|| format!("marking Job {job} complete"))?;
+                .with_context(|| format!("annotating pod {} to succeed", pod.name_any()))?;
+        }
         self.wait_workload(workload, "Finished=True", |wl| {
             wl.condition_is_true(workload_condition::FINISHED)
         })
         .await
+    }
+
+    /// The pods of a Job (by the Job controller's label), in name order.
+    pub async fn job_pods(&self, job: &str) -> Result<Vec<Pod>> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let selector = format!("{JOB_NAME_LABEL}={job}");
+        let mut pods = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .with_context(|| format!("listing the pods of Job {job}"))?
+            .items;
+        pods.sort_by_key(|p| p.name_any());
+        Ok(pods)
+    }
+
+    /// Waits until `count` pods of the Job are `Running` (scheduled, and started by kwok) and
+    /// returns them; on timeout, fails with each pod's phase and scheduling condition.
+    pub async fn wait_job_pods_running(&self, job: &str, count: i32) -> Result<Vec<Pod>> {
+        let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+        let wanted = usize::try_from(count).unwrap_or(0);
+        loop {
+            let pods = self.job_pods(job).await?;
+            let running: Vec<Pod> = pods.iter().filter(|p| pod_phase(p) == "Running").cloned().collect();
+            if running.len() >= wanted {
+                return Ok(running);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let states: Vec<String> = pods.iter().map(describe_pod).collect();
+                bail!(
+                    "{} of {count} pods of Job {job} running after {DEFAULT_TIMEOUT:?}: [{}]",
+                    running.len(),
+                    states.join("; ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Waits until Kueue has unsuspended the Job.
@@ -1380,8 +1397,37 @@ pub async fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<()> {
     Ok(())
 }
 
+/// The annotation of a pod (or of a Job's pod template) that makes kwok end it successfully
+/// this long after it started running (a Go duration, "30s"; see
+/// `tests/control-plane/kwok-stages.yaml`). A pod of a Job without it runs until deleted.
+pub const RUN_FOR_ANNOTATION: &str = "pod-complete.stage.kwok.x-k8s.io/delay";
+
+/// The label the Job controller puts on a Job's pods, naming the Job.
+pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+
+/// A pod's phase (`Pending` when it has none yet).
+pub fn pod_phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+/// A pod in a few words: name, phase, node, and why it is not scheduled (if it is not).
+pub fn describe_pod(pod: &Pod) -> String {
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("no node");
+    let unscheduled = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"))
+        .map(|c| format!(" ({})", c.message.as_deref().unwrap_or_default()))
+        .unwrap_or_default();
+    format!("{} {} on {node}{unscheduled}", pod.name_any(), pod_phase(pod))
+}
+
 /// The pod template of every test workload: pods with these annotations, each one container
-/// asking for `cpu` that never runs (there is no kubelet).
+/// asking for `cpu`, run by kwok (the image is never pulled).
 pub fn pod_template(annotations: serde_json::Value, cpu: &str) -> serde_json::Value {
     json!({
         "metadata": {"annotations": annotations},
@@ -1389,7 +1435,7 @@ pub fn pod_template(annotations: serde_json::Value, cpu: &str) -> serde_json::Va
             "restartPolicy": "Never",
             "containers": [{
                 "name": "main",
-                "image": "registry.invalid/no-pod-runs-here:1",
+                "image": "registry.invalid/kwok-runs-it:1",
                 "resources": {"requests": {"cpu": cpu}},
             }],
         },

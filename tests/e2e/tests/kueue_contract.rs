@@ -3,7 +3,9 @@
 
 use anyhow::{Context, Result};
 use e2e::{GuardedQueue, TestEnv};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
+use kube::api::Api;
 use kueue_admission_sdk::api::{CheckState, ClusterQueue, Workload, workload_condition as cond};
 
 const TEST_CONTROLLER: &str = "e2e.kueue-admission-checks.dev/test-controller";
@@ -381,52 +383,45 @@ async fn an_evicted_workload_without_an_owner_keeps_its_quota_until_its_owner_re
     Ok(())
 }
 
-/// What deleting the Job of an admitted Workload does, which changed within the supported
-/// range: from v0.18 (feature gate `FinishOrphanedWorkloads`, beta and on by default) Kueue marks
-/// the orphaned Workload `Finished` (reason `OwnerNotFound`), which releases its quota; before,
-/// Kueue only drops its `resource-in-use` finalizer and leaves the Workload admitted, holding
-/// quota, for the garbage collector to delete (it owns the Workload). Either way a check
-/// controller sees the end: `Finished`, or the Workload deleted.
+/// What deleting the Job of an admitted Workload does. The Job owns its Workload, so the
+/// garbage collector deletes the Workload (and the Job's pods) in every supported version; a
+/// check controller sees the Workload deleted. From v0.18 (feature gate
+/// `FinishOrphanedWorkloads`, beta and on by default) Kueue may first mark the orphan
+/// `Finished` (reason `OwnerNotFound`); before, it only drops its `resource-in-use` finalizer
+/// and leaves the rest to the collector. Either way the quota is released.
 #[tokio::test]
-async fn deleting_the_job_finishes_the_workload_from_v0_18_and_leaves_it_to_the_gc_before()
--> Result<()> {
+async fn deleting_the_job_lets_the_garbage_collector_delete_its_workload_and_pods() -> Result<()> {
     use kube::api::DeleteParams;
-    const IN_USE: &str = "kueue.x-k8s.io/resource-in-use";
     let env = TestEnv::new("job-deleted").await?;
     let (q, wl_name, _) = job_waiting_for_the_check(&env).await?;
     env.answer_check(&wl_name, &q.check, CheckState::Ready, "ready from the test")
         .await?;
-    let admitted = env.wait_admitted(&wl_name).await?;
-    assert!(admitted.finalizers().iter().any(|f| f == IN_USE));
+    env.wait_admitted(&wl_name).await?;
+    let running = env.wait_job_pods_running("job", 1).await?;
+    let mut recorder = env.record_workloads().await?;
 
     env.jobs()
         .delete("job", &DeleteParams::background())
         .await?;
-    let seen = env
-        .wait_workload(&wl_name, "Finished=True, or its finalizer dropped", |wl| {
-            wl.condition_is_true(cond::FINISHED) || !wl.finalizers().iter().any(|f| f == IN_USE)
+    let versions = recorder
+        .until(&wl_name, "being deleted", |wl| {
+            wl.metadata.deletion_timestamp.is_some()
         })
         .await?;
-    let (minor, _) = e2e::kueue_version();
-    if minor >= 18 {
-        assert_eq!(
-            seen.condition(cond::FINISHED).map(|c| c.reason.as_str()),
-            Some("OwnerNotFound"),
-            "{}",
-            e2e::dump(&seen)
-        );
-    } else {
-        assert!(
-            seen.condition(cond::FINISHED).is_none()
-                && seen.condition_is_true(cond::ADMITTED)
-                && seen.condition_is_true(cond::QUOTA_RESERVED),
-            "Kueue v0.{minor} is expected to leave the orphan admitted:\n{}",
-            e2e::dump(&seen)
-        );
-        // What the garbage collector would do (this control plane has none).
-        env.workloads()
-            .delete(&wl_name, &DeleteParams::background())
+    e2e::wait_gone(env.workloads(), &wl_name).await?;
+    for pod in &running {
+        e2e::wait_gone(Api::<Pod>::namespaced(env.client.clone(), &env.ns), &pod.name_any())
             .await?;
+    }
+    let finished = versions
+        .iter()
+        .find_map(|wl| wl.condition(cond::FINISHED).map(|c| c.reason.clone()));
+    let (minor, _) = e2e::kueue_version();
+    println!("Kueue v0.{minor}: Finished before its deletion: {finished:?}");
+    if minor < 18 {
+        assert_eq!(finished, None, "Kueue v0.{minor} has no FinishOrphanedWorkloads");
+    } else if let Some(reason) = finished {
+        assert_eq!(reason, "OwnerNotFound");
     }
     Ok(())
 }
