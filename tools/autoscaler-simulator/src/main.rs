@@ -62,39 +62,44 @@ struct Cli {
     skip_taint: bool,
 
     /// Pause between loops without activity (--scan-interval).
-    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "SIMULATOR_SCAN_INTERVAL", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     scan_interval: Duration,
 
     /// First retry delay of a Provisioned=False request.
-    #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "SIMULATOR_INITIAL_BACKOFF", default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
     initial_backoff: Duration,
 
     /// Longest retry delay.
-    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "SIMULATOR_MAX_BACKOFF", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     max_backoff: Duration,
 
     /// How long a Provisioned request books its capacity.
-    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "SIMULATOR_BOOKING_DURATION", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     booking_duration: Duration,
 
     /// How long after creation a never-provisioned request fails Expired.
-    #[arg(long, default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "SIMULATOR_EXPIRE_AFTER", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     expire_after: Duration,
 
     /// How long after its Provisioned or Failed condition a request is deleted.
-    #[arg(long, default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "SIMULATOR_REQUEST_TTL", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
     request_ttl: Duration,
 
     /// How long a Node stays unneeded before it is deleted (--scale-down-unneeded-time).
-    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "SIMULATOR_SCALE_DOWN_UNNEEDED_TIME", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     scale_down_unneeded_time: Duration,
 
     /// Check up to this many check-capacity requests per loop (0 or 1: no batching).
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[arg(
+        long,
+        env = "SIMULATOR_CHECK_CAPACITY_BATCH_SIZE",
+        default_value_t = 0,
+        value_name = "N"
+    )]
     check_capacity_batch_size: usize,
 
     /// The most Nodes one scale-up adds (--max-nodes-per-scaleup).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    #[arg(long, env = "SIMULATOR_MAX_NODES_PER_SCALEUP", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     max_nodes_per_scaleup: u32,
 
     /// Kubeconfig file; without it, $KUBECONFIG, ~/.kube/config, or the in-cluster config.

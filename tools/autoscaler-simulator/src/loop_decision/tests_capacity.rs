@@ -410,3 +410,50 @@ fn loops_alternate_between_requests_and_ordinary_pods() {
         Some(("True", reason::CAPACITY_IS_PROVISIONED))
     );
 }
+
+proptest! {
+    /// Rules 6, 8, 9 and 18 together, on arbitrary clusters: a check-capacity request never
+    /// creates a Node; a best-effort one creates Nodes only with Provisioned=True/
+    /// `CapacityIsProvisioned`, in one group, never beyond its max count, and enough of them
+    /// for every pod that did not fit (checked by packing the pods onto the result); otherwise
+    /// it creates none.
+    #[test]
+    fn scale_ups_stay_within_bounds_and_are_all_or_nothing(
+        best_effort in any::<bool>(),
+        count in 1i32..30,
+        cpu in 1u32..5,
+        live in prop::collection::vec(0u32..5, 0..4),
+        max in 1u32..8,
+    ) {
+        let settings = settings_with_group(0, max);
+        let nodes: Vec<_> = live.iter().enumerate().map(|(i, _)| node(&format!("g-{i}"), Some("g"), "4")).collect();
+        let pods: Vec<_> = live
+            .iter()
+            .enumerate()
+            .filter(|(_, used)| **used > 0)
+            .map(|(i, used)| bound_pod(&format!("p{i}"), &format!("g-{i}"), &used.to_string()))
+            .collect();
+        let class = if best_effort { BEST_EFFORT_CLASS } else { CHECK_CAPACITY_CLASS };
+        let v = view(nodes.clone(), pods.clone(), vec![request("r", class, &[("t", count)])], vec![template("t", &cpu.to_string())]);
+        let actions = run(&settings, &v, 10);
+        let provisioned = outcome(&actions, "r", PROVISIONED);
+        if !best_effort {
+            prop_assert!(actions.node_creations.is_empty());
+            return Ok(());
+        }
+        match &actions.node_creations[..] {
+            [] => prop_assert_ne!(provisioned, Some(("True", reason::CAPACITY_IS_PROVISIONED))),
+            [creation] => {
+                prop_assert_eq!(provisioned, Some(("True", reason::CAPACITY_IS_PROVISIONED)));
+                prop_assert!(live.len() + creation.count <= max as usize);
+                // The cluster with the new Nodes (Ready copies of the template) takes every pod.
+                let mut grown = nodes.clone();
+                grown.extend((0..creation.count).map(|i| node(&format!("g-new-{i}"), Some("g"), "4")));
+                let after = view(grown, pods, vec![request("again", CHECK_CAPACITY_CLASS, &[("t", count)])], vec![template("t", &cpu.to_string())]);
+                let check = run(&Settings::default(), &after, 10);
+                prop_assert_eq!(outcome(&check, "again", PROVISIONED), Some(("True", reason::CAPACITY_IS_FOUND)));
+            }
+            more => prop_assert!(false, "more than one group: {:?}", more),
+        }
+    }
+}
