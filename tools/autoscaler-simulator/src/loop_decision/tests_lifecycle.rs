@@ -151,7 +151,8 @@ fn rule_16_old_requests_are_deleted() {
 }
 
 /// Scale-down: an empty Node of a group is deleted once unneeded for the unneeded time, down to
-/// the group's min count; a bound pod, a booked pod or a soon-scheduled pod keeps it.
+/// the group's min count; a bound pod, a booked pod (rule 12: bookings hold against
+/// scale-down) or a soon-scheduled pod keeps it.
 #[test]
 fn empty_nodes_are_deleted_after_the_unneeded_time() {
     let settings = settings_with_group(1, 5);
