@@ -279,13 +279,16 @@ impl TestEnv {
         Ok(Running::check(client, check, config))
     }
 
-    /// Starts a simulator serving only this test's class, answering `provision` by default.
+    /// Starts a simulator for this test's namespace, scripting this test's class (`provision`
+    /// by default).
     pub fn start_simulator(&self) -> Result<Running> {
         let settings = simulator::Settings {
-            classes: vec![self.provisioning_class()],
+            scripted_classes: vec![self.provisioning_class()],
             default_script: "provision"
                 .parse::<Script>()
                 .map_err(|e| anyhow::anyhow!("{e}"))?,
+            namespace: Some(self.ns.clone()),
+            ..simulator::Settings::default()
         };
         let client = self.client.clone();
         Ok(Running::spawn(None, |shutdown| async move {
