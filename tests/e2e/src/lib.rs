@@ -113,6 +113,23 @@ impl WorkloadRecorder {
         what: &str,
         until: impl Fn(&Workload) -> bool,
     ) -> Result<Vec<Workload>> {
+        self.collect(name, what, |wl, deleted| !deleted && until(wl))
+            .await
+    }
+
+    /// The versions of Workload `name` seen from where the recorder is up to until its
+    /// deletion (the last one: the object as deleted).
+    pub async fn until_deleted(&mut self, name: &str) -> Result<Vec<Workload>> {
+        self.collect(name, "deleted", |_, deleted| deleted).await
+    }
+
+    /// Versions of `name` (a deletion with `true`) until `stop` says so.
+    async fn collect(
+        &mut self,
+        name: &str,
+        what: &str,
+        stop: impl Fn(&Workload, bool) -> bool,
+    ) -> Result<Vec<Workload>> {
         use futures::StreamExt;
         use kube::runtime::watcher::Event;
         let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT + LATE_SLACK;
@@ -127,10 +144,13 @@ impl WorkloadRecorder {
                 Ok(None) => bail!("the Workload recorder's watch ended"),
                 Ok(Some(e)) => e.context("the Workload recorder's watch")?,
             };
-            if let Event::Apply(wl) | Event::InitApply(wl) = event
-                && wl.name_any() == name
-            {
-                let done = until(&wl);
+            let (wl, deleted) = match event {
+                Event::Apply(wl) | Event::InitApply(wl) => (wl, false),
+                Event::Delete(wl) => (wl, true),
+                _ => continue,
+            };
+            if wl.name_any() == name {
+                let done = stop(&wl, deleted);
                 versions.push(wl);
                 if done {
                     return Ok(versions);
@@ -1404,6 +1424,41 @@ pub const RUN_FOR_ANNOTATION: &str = "pod-complete.stage.kwok.x-k8s.io/delay";
 
 /// The label the Job controller puts on a Job's pods, naming the Job.
 pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+
+/// Creates the kwok node `name` unless it exists: these labels, this `key=value:NoSchedule`
+/// taint if any, and room for thousands of pods. kwok (started with the control plane) runs it
+/// and the pods bound to it. Several tests may ask for it at once; the first create wins.
+pub async fn ensure_standing_node(
+    client: &Client,
+    name: &str,
+    labels: &[(&str, &str)],
+    taint: Option<(&str, &str)>,
+) -> Result<()> {
+    let mut all_labels: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| ((*k).into(), (*v).into()))
+        .collect();
+    all_labels.insert("kubernetes.io/hostname".into(), name.into());
+    let taints: Vec<_> = taint
+        .map(|(k, v)| json!({"key": k, "value": v, "effect": "NoSchedule"}))
+        .into_iter()
+        .collect();
+    let room = json!({"cpu": "1000", "memory": "4Ti", "pods": "5000"});
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": all_labels,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "spec": {"taints": taints},
+        "status": {"allocatable": room, "capacity": room},
+    }))?;
+    match Api::all(client.clone()).create(&PostParams::default(), &node).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating the standing node {name}")),
+    }
+}
 
 /// A pod's phase (`Pending` when it has none yet).
 pub fn pod_phase(pod: &Pod) -> &str {

@@ -190,8 +190,18 @@ impl TestEnv {
     }
 
     /// A ResourceFlavor with node label `pool=<name>` and a `dedicated=<name>:NoSchedule`
-    /// toleration, which the PodTemplates must carry.
+    /// toleration, which the PodTemplates must carry. Its pods run on a standing kwok node of
+    /// that label and taint, shared by every test ([`crate::ensure_standing_node`]): the
+    /// capacity of a scripted autoscaler, which only writes conditions. Tests of the real
+    /// autoscaler's behaviour use node groups of their own instead.
     pub async fn provisioning_flavor(&self, name: &str) -> Result<String> {
+        crate::ensure_standing_node(
+            &self.client,
+            &format!("kwok-standing-{name}"),
+            &[("pool", name)],
+            Some(("dedicated", name)),
+        )
+        .await?;
         let rf: kueue_admission_sdk::api::ResourceFlavor = serde_json::from_value(json!({
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ResourceFlavor",
@@ -562,6 +572,26 @@ impl TestEnv {
         let wl = crate::standalone_workload(&self.ns, name, json!({}), template)?;
         self.create_workload(&wl).await
     }
+
+    /// Marks a standalone Workload `Finished` as its owner would once its pods completed (it
+    /// has no Job whose pods could).
+    pub async fn finish_standalone_workload(&self, name: &str) -> Result<()> {
+        let patch = json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "status": {"conditions": [{
+                "type": "Finished", "status": "True", "reason": "Succeeded",
+                "message": "finished by the end-to-end test, as its owner would",
+                "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            }]},
+        });
+        let params = kube::api::PatchParams::apply(crate::TEST_FIELD_MANAGER).force();
+        self.workloads()
+            .patch_status(name, &params, &kube::api::Patch::Apply(&patch))
+            .await
+            .with_context(|| format!("finishing Workload {name}"))?;
+        Ok(())
+    }
 }
 
 /// One provisioning test's world: its namespace, the objects of [`TestEnv::provisioning`], the
@@ -661,4 +691,24 @@ impl World {
     pub async fn stop(self) -> Result<()> {
         Running::stop_all(self.controller.into_iter().chain([self.simulator])).await
     }
+}
+
+/// Whether a request of ours is owned as this controller owns it: by the PodTemplates it
+/// names (one reference each, by uid), and by nothing else, a Workload least of all.
+pub fn owned_by_its_templates(request: &ProvisioningRequest) -> bool {
+    let owners = request.owner_references();
+    let mut named: Vec<&str> = request
+        .spec
+        .pod_sets
+        .iter()
+        .map(|p| p.pod_template_ref.name.as_str())
+        .collect();
+    let mut owning: Vec<&str> = owners.iter().map(|o| o.name.as_str()).collect();
+    named.sort_unstable();
+    owning.sort_unstable();
+    !owners.is_empty()
+        && owners
+            .iter()
+            .all(|o| o.kind == "PodTemplate" && o.api_version == "v1" && !o.uid.is_empty())
+        && named == owning
 }

@@ -403,12 +403,7 @@ async fn deleting_the_job_lets_the_garbage_collector_delete_its_workload_and_pod
     env.jobs()
         .delete("job", &DeleteParams::background())
         .await?;
-    let versions = recorder
-        .until(&wl_name, "being deleted", |wl| {
-            wl.metadata.deletion_timestamp.is_some()
-        })
-        .await?;
-    e2e::wait_gone(env.workloads(), &wl_name).await?;
+    let versions = recorder.until_deleted(&wl_name).await?;
     for pod in &running {
         e2e::wait_gone(Api::<Pod>::namespaced(env.client.clone(), &env.ns), &pod.name_any())
             .await?;

@@ -952,19 +952,42 @@ async fn finishing_evicting_or_deleting_the_workload_leaves_nothing() -> Result<
     t.stop().await
 }
 
+/// Issue 25: the garbage collector removes a deleted Workload's request and templates with no
+/// controller of ours running (the Workload owns the templates, the templates the request).
 #[tokio::test]
-async fn a_workload_deleted_while_the_controller_is_down_is_cleaned_up_by_the_next() -> Result<()> {
+async fn a_workload_deleted_while_the_controller_is_down_leaves_nothing_through_the_garbage_collector()
+-> Result<()> {
     let mut t = World::new("prov-deleted-down", retry_strategy(2, 1)).await?;
     let env = t.env.clone();
     let wl = env.standalone_workload("wl", "provision").await?.name_any();
     env.wait_admitted(&wl).await?;
     let request = t.request(&wl, 1);
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
+    let r = env.provisioning_requests().get(&request).await?;
+    assert!(e2e::provisioning::owned_by_its_templates(&r), "{}", e2e::dump(&r));
 
     t.controller.take().context("running")?.kill().await;
     env.delete_workload(&wl).await?;
     e2e::wait_gone(env.workloads(), &wl).await?;
-    // No controller of ours runs, so nothing can clean up: the orphan waits for the next one.
+    // No controller of ours runs: only the garbage collector can remove them.
+    env.wait_nothing_left().await?;
+    t.stop().await
+}
+
+/// A Workload that finished while no controller of ours ran still exists, so the garbage
+/// collector keeps its request and templates: the next controller's sweep deletes them.
+#[tokio::test]
+async fn a_workload_finished_while_the_controller_is_down_is_cleaned_up_by_the_next() -> Result<()> {
+    let mut t = World::new("prov-finished-down", retry_strategy(2, 1)).await?;
+    let env = t.env.clone();
+    let wl = env.standalone_workload("wl", "provision").await?.name_any();
+    env.wait_admitted(&wl).await?;
+    let request = t.request(&wl, 1);
+
+    t.controller.take().context("running")?.kill().await;
+    env.finish_standalone_workload(&wl).await?;
+    env.wait_workload(&wl, "Finished=True", |w| w.condition_is_true(cond::FINISHED))
+        .await?;
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
     assert_eq!(
         env.our_pod_templates().await?,

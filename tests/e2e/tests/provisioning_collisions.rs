@@ -255,7 +255,7 @@ fn assert_ours(r: &ProvisioningRequest, wl: &Workload, controller_name: &str) ->
         r.labels().get(identity::INSTANCE_LABEL)
             == Some(&identity::instance_label(controller_name))
             && r.labels().get(identity::WORKLOAD_UID_LABEL) == wl.uid().as_ref()
-            && r.owner_references().is_empty(),
+            && e2e::provisioning::owned_by_its_templates(r),
         "not ours for {}: {}",
         wl.name_any(),
         dump(r)
