@@ -13,6 +13,7 @@
 //! cannot start, the tests fail with its reason: they never skip.
 
 pub mod bench;
+pub mod capacity;
 pub mod chart;
 pub mod probe;
 pub mod provisioning;
@@ -1017,12 +1018,20 @@ impl TestEnv {
     /// not run (no node their flavor selects, say).
     pub async fn complete_job(&self, job: &str, workload: &str) -> Result<Workload> {
         let current = self.wait_job_unsuspended(job).await?;
-        let pods = current.spec.as_ref().and_then(|s| s.parallelism).unwrap_or(1);
+        let pods = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.parallelism)
+            .unwrap_or(1);
         let running = self.wait_job_pods_running(job, pods).await?;
         let annotate = json!({"metadata": {"annotations": {RUN_FOR_ANNOTATION: "0s"}}});
         for pod in &running {
             Api::<Pod>::namespaced(self.client.clone(), &self.ns)
-                .patch(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&annotate))
+                .patch(
+                    &pod.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&annotate),
+                )
                 .await
                 .with_context(|| format!("annotating pod {} to succeed", pod.name_any()))?;
         }
@@ -1052,7 +1061,11 @@ impl TestEnv {
         let wanted = usize::try_from(count).unwrap_or(0);
         loop {
             let pods = self.job_pods(job).await?;
-            let running: Vec<Pod> = pods.iter().filter(|p| pod_phase(p) == "Running").cloned().collect();
+            let running: Vec<Pod> = pods
+                .iter()
+                .filter(|p| pod_phase(p) == "Running")
+                .cloned()
+                .collect();
             if running.len() >= wanted {
                 return Ok(running);
             }
@@ -1404,6 +1417,23 @@ pub fn free_local_address() -> Result<std::net::SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
+/// [`eventually`] for a condition read from the cluster: polls `check` every 200 ms until it
+/// answers `true`; an error ends the wait with that error.
+pub async fn eventually_async<F, Fut>(what: &str, check: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+    while !check().await? {
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {DEFAULT_TIMEOUT:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
 /// Waits, for at most [`DEFAULT_TIMEOUT`], until `cond` holds for state kept in this test
 /// process (what a test check recorded); the cluster is waited on with watches instead.
 pub async fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<()> {
@@ -1453,7 +1483,10 @@ pub async fn ensure_standing_node(
         "spec": {"taints": taints},
         "status": {"allocatable": room, "capacity": room},
     }))?;
-    match Api::all(client.clone()).create(&PostParams::default(), &node).await {
+    match Api::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         Err(e) => Err(e).with_context(|| format!("creating the standing node {name}")),
@@ -1470,15 +1503,26 @@ pub fn pod_phase(pod: &Pod) -> &str {
 
 /// A pod in a few words: name, phase, node, and why it is not scheduled (if it is not).
 pub fn describe_pod(pod: &Pod) -> String {
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).unwrap_or("no node");
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or("no node");
     let unscheduled = pod
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False"))
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        })
         .map(|c| format!(" ({})", c.message.as_deref().unwrap_or_default()))
         .unwrap_or_default();
-    format!("{} {} on {node}{unscheduled}", pod.name_any(), pod_phase(pod))
+    format!(
+        "{} {} on {node}{unscheduled}",
+        pod.name_any(),
+        pod_phase(pod)
+    )
 }
 
 /// The pod template of every test workload: pods with these annotations, each one container

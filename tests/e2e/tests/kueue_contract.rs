@@ -405,8 +405,11 @@ async fn deleting_the_job_lets_the_garbage_collector_delete_its_workload_and_pod
         .await?;
     let versions = recorder.until_deleted(&wl_name).await?;
     for pod in &running {
-        e2e::wait_gone(Api::<Pod>::namespaced(env.client.clone(), &env.ns), &pod.name_any())
-            .await?;
+        e2e::wait_gone(
+            Api::<Pod>::namespaced(env.client.clone(), &env.ns),
+            &pod.name_any(),
+        )
+        .await?;
     }
     let finished = versions
         .iter()
@@ -414,7 +417,10 @@ async fn deleting_the_job_lets_the_garbage_collector_delete_its_workload_and_pod
     let (minor, _) = e2e::kueue_version();
     println!("Kueue v0.{minor}: Finished before its deletion: {finished:?}");
     if minor < 18 {
-        assert_eq!(finished, None, "Kueue v0.{minor} has no FinishOrphanedWorkloads");
+        assert_eq!(
+            finished, None,
+            "Kueue v0.{minor} has no FinishOrphanedWorkloads"
+        );
     } else if let Some(reason) = finished {
         assert_eq!(reason, "OwnerNotFound");
     }

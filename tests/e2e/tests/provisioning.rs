@@ -964,7 +964,11 @@ async fn a_workload_deleted_while_the_controller_is_down_leaves_nothing_through_
     let request = t.request(&wl, 1);
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
     let r = env.provisioning_requests().get(&request).await?;
-    assert!(e2e::provisioning::owned_by_its_templates(&r), "{}", e2e::dump(&r));
+    assert!(
+        e2e::provisioning::owned_by_its_templates(&r),
+        "{}",
+        e2e::dump(&r)
+    );
 
     t.controller.take().context("running")?.kill().await;
     env.delete_workload(&wl).await?;
@@ -977,7 +981,8 @@ async fn a_workload_deleted_while_the_controller_is_down_leaves_nothing_through_
 /// A Workload that finished while no controller of ours ran still exists, so the garbage
 /// collector keeps its request and templates: the next controller's sweep deletes them.
 #[tokio::test]
-async fn a_workload_finished_while_the_controller_is_down_is_cleaned_up_by_the_next() -> Result<()> {
+async fn a_workload_finished_while_the_controller_is_down_is_cleaned_up_by_the_next() -> Result<()>
+{
     let mut t = World::new("prov-finished-down", retry_strategy(2, 1)).await?;
     let env = t.env.clone();
     let wl = env.standalone_workload("wl", "provision").await?.name_any();
@@ -986,8 +991,10 @@ async fn a_workload_finished_while_the_controller_is_down_is_cleaned_up_by_the_n
 
     t.controller.take().context("running")?.kill().await;
     env.finish_standalone_workload(&wl).await?;
-    env.wait_workload(&wl, "Finished=True", |w| w.condition_is_true(cond::FINISHED))
-        .await?;
+    env.wait_workload(&wl, "Finished=True", |w| {
+        w.condition_is_true(cond::FINISHED)
+    })
+    .await?;
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
     assert_eq!(
         env.our_pod_templates().await?,

@@ -903,7 +903,11 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
     );
     // Owned by its templates only: a Workload among its owners would make Kueue's check
     // delete it.
-    assert!(e2e::provisioning::owned_by_its_templates(&r), "{}", dump(&r));
+    assert!(
+        e2e::provisioning::owned_by_its_templates(&r),
+        "{}",
+        dump(&r)
+    );
     assert_eq!(
         r.annotations().get(identity::WORKLOAD_ANNOTATION),
         Some(&ours_wl)
