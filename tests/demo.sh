@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The demo: starts the local control plane (building it on first use), the provisioning
-# controller and the autoscaler simulator, then submits two Jobs through a ProvisioningRequest
-# check and narrates their admission (one provisioned at once, one after a failed request and a
-# retry with backoff). The control plane keeps running afterwards so you can look around;
-# `make down` stops it. The controller and the simulator stop with the demo; their logs stay in
-# the control plane's run directory.
+# controller and the autoscaler simulator (cluster-autoscaler's behaviour, scaling the node
+# group of tests/demo-node-groups.yaml), then submits two Jobs through a ProvisioningRequest
+# check and narrates their pods and Nodes: Nodes added for the first Job's request, its pods
+# scheduled and run there; the second Job waiting for room, then running on the same Nodes once
+# the first is done; the Nodes removed once idle. The control plane keeps running afterwards so
+# you can look around; `make down` stops it. The controller and the simulator stop with the
+# demo; their logs stay in the control plane's run directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 CONTROLLER_NAME="demo.kueue-admission-checks.dev/provisioning-request"
-CLASS="demo.kueue-admission-checks.dev"
+NODE_GROUP="demo-pool"
 METRICS="127.0.0.1:${DEMO_METRICS_PORT:-9464}"
 
 # The Rust build runs beside the control plane's (on first use: the Go build of etcd,
@@ -43,11 +45,14 @@ target/debug/kueue-provisioning-controller \
   --leader-election-namespace default \
   >"$logs/demo-provisioning-controller.log" 2>&1 &
 pids+=("$!")
-target/debug/autoscaler-simulator --class "$CLASS" \
+# cluster-autoscaler's defaults but for the pace: a loop every 2 s (not 10), a retry 5 s after
+# CapacityIsNotFound (not 1 min), idle Nodes removed after 5 s (not 10 min).
+target/debug/autoscaler-simulator --node-groups tests/demo-node-groups.yaml \
+  --scan-interval 2s --initial-backoff 5s --max-backoff 10s --scale-down-unneeded-time 5s \
   >"$logs/demo-autoscaler-simulator.log" 2>&1 &
 pids+=("$!")
 echo "[demo] kueue-provisioning-controller (log: $logs/demo-provisioning-controller.log)"
-echo "[demo] autoscaler-simulator serving class $CLASS (log: $logs/demo-autoscaler-simulator.log)"
+echo "[demo] autoscaler-simulator scaling node group $NODE_GROUP (log: $logs/demo-autoscaler-simulator.log)"
 
 # Ready once its caches have synced and it holds the leader Lease.
 for _ in $(seq 1 120); do
@@ -63,4 +68,4 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 
-target/debug/demo --controller-name "$CONTROLLER_NAME" --class "$CLASS" --metrics-address "$METRICS"
+target/debug/demo --controller-name "$CONTROLLER_NAME" --node-group "$NODE_GROUP" --metrics-address "$METRICS"

@@ -1452,6 +1452,11 @@ pub async fn eventually(what: &str, cond: impl Fn() -> bool) -> Result<()> {
 /// `tests/control-plane/kwok-stages.yaml`). A pod of a Job without it runs until deleted.
 pub const RUN_FOR_ANNOTATION: &str = "pod-complete.stage.kwok.x-k8s.io/delay";
 
+/// The annotation of a pod (or of a Job's pod template) that makes kwok start it this long after
+/// it was bound to its node (a Go duration), as a kubelet pulling an image would; without it a
+/// pod starts at once.
+pub const START_AFTER_ANNOTATION: &str = "kueue-admission-checks.dev/start-after";
+
 /// The label the Job controller puts on a Job's pods, naming the Job.
 pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 
