@@ -9,6 +9,7 @@
 //! Figures and the invariants are in `docs/reliability.md`.
 
 pub mod plan;
+pub mod pods;
 pub mod recorder;
 pub mod replicas;
 
@@ -120,6 +121,7 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
     let exits = soak.supervisor.exits();
     let processes = soak.supervisor.slots.len();
     soak.judge_exits(&exits);
+    let pods = soak.judge_pods();
     let recorder = soak.recorder.clone();
     let plan = soak.plan.clone();
     let faults = soak.stop().await;
@@ -128,6 +130,7 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
         exits,
         leaks,
         metrics,
+        pods,
         took,
         processes,
     };
@@ -176,6 +179,8 @@ struct Seen {
     exits: Vec<replicas::Exit>,
     leaks: Vec<(String, usize)>,
     metrics: Vec<String>,
+    /// What the pod witness judged.
+    pods: pods::PodVerdict,
     /// The load phase and its drain.
     took: Duration,
     processes: usize,
@@ -189,8 +194,10 @@ struct Soak {
     names: Names,
     recorder: Arc<Recorder>,
     supervisor: Arc<Supervisor>,
-    /// The recorder's watches.
+    /// The recorder's watches, and the pod witness's.
     watches: Vec<tokio::task::JoinHandle<()>>,
+    /// Where the Jobs' pods ran.
+    pods: pods::PodWitness,
     /// [`play_the_owner`].
     owner: tokio::task::JoinHandle<()>,
     /// When the load began: faults and submissions are timed from here.
@@ -212,7 +219,9 @@ impl Soak {
         let (evicted_tx, evicted_rx) = tokio::sync::mpsc::unbounded_channel();
         recorder.on_evicted_plain(evicted_tx);
         let owner = tokio::spawn(play_the_owner(env.clone(), evicted_rx));
-        let watches = recorder::start(recorder.clone(), &env.client, &env.ns, LEDGER).await?;
+        let mut watches = recorder::start(recorder.clone(), &env.client, &env.ns, LEDGER).await?;
+        let pods = pods::PodWitness::default();
+        watches.extend(pods::start(pods.clone(), &env.client, &env.ns).await?);
         let supervisor = Arc::new(Supervisor::start(
             specs(config, &names),
             &config.out.join("logs"),
@@ -225,6 +234,7 @@ impl Soak {
             recorder,
             supervisor,
             watches,
+            pods,
             owner,
             started: Instant::now(),
             faults_done: Arc::default(),
@@ -367,6 +377,37 @@ impl Soak {
                     .record(Invariant::NoLeaks, None, format!("{n} {what} left"));
             }
         }
+    }
+
+    /// Holds every pod of a Job seen to [`Invariant::PodsOnTheirCapacity`]. The simulator is
+    /// scripted here (fault injection), so the capacity a request provisions is the flavor's
+    /// standing Node: a pod must consume a request provisioned for its own Workload by its
+    /// queue's provisioning check, and run on a Node of the flavor's label.
+    fn judge_pods(&self) -> pods::PodVerdict {
+        let n = &self.names;
+        let checks = BTreeMap::from([
+            (Queue::Provisioning, Some(n.check_split.clone())),
+            (Queue::Merged, Some(n.check_merge.clone())),
+            (Queue::Licensed, Some(n.check_split.clone())),
+            (Queue::Budgeted, None),
+        ]);
+        let verdict = self.pods.judge(&self.plan, &checks, &[("pool", "pool")]);
+        for v in &verdict.violations {
+            self.recorder
+                .record(Invariant::PodsOnTheirCapacity, None, v.clone());
+        }
+        let admitted_jobs =
+            self.plan.workloads.iter().enumerate().any(|(i, w)| {
+                matches!(w.shape, Shape::Job { .. }) && self.recorder.was_admitted(i)
+            });
+        if admitted_jobs && verdict.pods == 0 {
+            self.recorder.record(
+                Invariant::PodsOnTheirCapacity,
+                None,
+                "Jobs were admitted, yet no pod of theirs was seen bound to a Node".into(),
+            );
+        }
+        verdict
     }
 
     /// A process that exited unless the soak killed it or a restart of the control plane
@@ -1425,6 +1466,10 @@ impl Results<'_> {
                 seen.exits.iter().filter(|e| e.killed).count()
             ),
             Invariant::MetricsAgree => format!("{} leaders", seen.metrics.len()),
+            Invariant::PodsOnTheirCapacity => format!(
+                "{} pods of Jobs, {} consuming a request",
+                seen.pods.pods, seen.pods.consuming
+            ),
         }
     }
 

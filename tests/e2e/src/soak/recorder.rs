@@ -46,11 +46,13 @@ pub enum Invariant {
     NoPanics,
     /// The controllers' metrics agree with what the recorder saw.
     MetricsAgree,
+    /// Every pod of a Job runs on capacity provisioned for its own request (or none was needed).
+    PodsOnTheirCapacity,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 9] = [
+    pub const ALL: [Invariant; 10] = [
         Invariant::EndStateInTime,
         Invariant::NotStuck,
         Invariant::NoAnswerWithoutQuota,
@@ -60,6 +62,7 @@ impl Invariant {
         Invariant::NoLeaks,
         Invariant::NoPanics,
         Invariant::MetricsAgree,
+        Invariant::PodsOnTheirCapacity,
     ];
 
     /// Its line in the table.
@@ -76,6 +79,9 @@ impl Invariant {
             Invariant::NoLeaks => "nothing leaked after the Workloads are gone",
             Invariant::NoPanics => "no panic, no unexpected exit",
             Invariant::MetricsAgree => "metrics agree with the recorder",
+            Invariant::PodsOnTheirCapacity => {
+                "every pod of a Job consumes a request provisioned for its own Workload, on its flavor's Nodes (none where no check asks)"
+            }
         }
     }
 }
@@ -227,7 +233,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The plan index of a Workload: its own name (`w-NNNN`) or its Job's.
-fn index_of(wl: &Workload) -> Option<usize> {
+pub(crate) fn index_of(wl: &Workload) -> Option<usize> {
     let from = |name: &str| name.strip_prefix("w-").and_then(|n| n.parse().ok());
     from(&wl.name_any()).or_else(|| wl.owner_references().iter().find_map(|o| from(&o.name)))
 }
@@ -842,6 +848,11 @@ impl Recorder {
     /// Workloads seen `Finished=True`.
     pub fn finished_count(&self) -> usize {
         self.observed.iter().filter(|o| o.borrow().finished).count()
+    }
+
+    /// Whether Workload `index` was ever seen admitted.
+    pub fn was_admitted(&self, index: usize) -> bool {
+        self.observed[index].borrow().first_admitted.is_some()
     }
 
     /// Whether Workload `index` reached its end state.

@@ -1,0 +1,287 @@
+//! The soak's witness of pods: where each pod of a Job ran, and on what capacity.
+//!
+//! It watches the run namespace's Workloads, ProvisioningRequests and pods, and the Nodes, and
+//! keeps, for every pod it saw bound to a Node, the request its `consume-provisioning-request`
+//! annotation names and the Node's labels. At the end of the run [`PodWitness::judge`] holds
+//! each pod to [`super::recorder::Invariant::PodsOnTheirCapacity`]: a pod of a Job whose queue
+//! has a provisioning check consumes a request provisioned for its own Workload by that check
+//! (seen `Provisioned=True`, or named by the check's `Ready` entry of that Workload), and runs
+//! on a Node carrying the flavor's node labels; a pod of a queue without one (or of a Workload
+//! admitted while the check was off its queue) consumes none.
+//! Judged at the end, when everything seen is known, so the order in which the watches
+//! delivered things does not matter.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use kueue_admission_sdk::api::{CheckState, ProvisioningRequest, Workload, find_condition};
+use kueue_provisioning_controller::identity::{CHECK_ANNOTATION, WORKLOAD_UID_LABEL};
+
+use super::plan::{Plan, Queue};
+
+/// The annotation by which a pod consumes a ProvisioningRequest.
+const CONSUME: &str = "autoscaling.x-k8s.io/consume-provisioning-request";
+
+/// A pod as seen once bound to a Node.
+#[derive(Clone, Debug)]
+struct Sighting {
+    name: String,
+    /// The uid of the Job that owns it.
+    job_uid: String,
+    consumes: Option<String>,
+    node: String,
+}
+
+/// A Workload of a Job, as far as the pods need it.
+#[derive(Clone, Debug, Default)]
+struct JobWorkload {
+    /// Plan index (from the Workload's name).
+    index: Option<usize>,
+    uid: String,
+    /// Requests its `Ready` entries named in their podSetUpdates, by check.
+    named: BTreeSet<(String, String)>,
+    /// Whether it was seen admitted with no entry at all for some check: a check removed from
+    /// its ClusterQueue meanwhile asks for no request (noted per entry name present).
+    admitted_with: Vec<BTreeSet<String>>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    sightings: BTreeMap<String, Sighting>,
+    /// By the uid of the Job that owns the Workload.
+    workloads: BTreeMap<String, JobWorkload>,
+    /// Requests seen `Provisioned=True`: name → (Workload uid, check).
+    provisioned: BTreeSet<(String, String, String)>,
+    node_labels: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// The witness; cheap to share.
+#[derive(Clone, Debug, Default)]
+pub struct PodWitness(Arc<Mutex<Seen>>);
+
+/// The verdict of [`PodWitness::judge`].
+#[derive(Debug, Default)]
+pub struct PodVerdict {
+    /// Pods checked.
+    pub pods: usize,
+    /// Of which consumed a request.
+    pub consuming: usize,
+    /// What was wrong, a line each.
+    pub violations: Vec<String>,
+}
+
+impl PodWitness {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn workload(&self, wl: &Workload) {
+        let Some(job) = wl.owner_references().iter().find(|o| o.kind == "Job") else {
+            return;
+        };
+        let mut seen = self.seen();
+        let w = seen.workloads.entry(job.uid.clone()).or_default();
+        w.index = super::recorder::index_of(wl);
+        w.uid = wl.uid().unwrap_or_default();
+        if wl.condition_is_true(kueue_admission_sdk::api::workload_condition::ADMITTED) {
+            let entries = wl.status.iter().flat_map(|s| &s.admission_checks);
+            w.admitted_with.push(entries.map(|e| e.name.clone()).collect());
+        }
+        for entry in wl.status.iter().flat_map(|s| &s.admission_checks) {
+            if entry.state != CheckState::Ready {
+                continue;
+            }
+            for update in &entry.pod_set_updates {
+                if let Some(request) = update.annotations.get(CONSUME) {
+                    w.named.insert((entry.name.clone(), request.clone()));
+                }
+            }
+        }
+    }
+
+    fn request(&self, r: &ProvisioningRequest) {
+        let conditions = r.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
+        if find_condition(conditions, "Provisioned").is_none_or(|c| c.status != "True") {
+            return;
+        }
+        let uid = r
+            .labels()
+            .get(WORKLOAD_UID_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        let check = r
+            .annotations()
+            .get(CHECK_ANNOTATION)
+            .cloned()
+            .unwrap_or_default();
+        self.seen().provisioned.insert((r.name_any(), uid, check));
+    }
+
+    fn pod(&self, pod: &Pod) {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return;
+        };
+        let Some(job) = pod.owner_references().iter().find(|o| o.kind == "Job") else {
+            return;
+        };
+        let sighting = Sighting {
+            name: pod.name_any(),
+            job_uid: job.uid.clone(),
+            consumes: pod.annotations().get(CONSUME).cloned(),
+            node,
+        };
+        self.seen()
+            .sightings
+            .entry(pod.uid().unwrap_or_default())
+            .or_insert(sighting);
+    }
+
+    fn node(&self, node: &Node) {
+        let labels = node.labels().clone();
+        self.seen().node_labels.insert(node.name_any(), labels);
+    }
+
+    /// Holds every pod seen to the invariant. `checks` maps each queue to the full name of its
+    /// provisioning check (none: the queue has no such check); `node_labels` are the flavor's.
+    pub fn judge(
+        &self,
+        plan: &Plan,
+        checks: &BTreeMap<Queue, Option<String>>,
+        node_labels: &[(&str, &str)],
+    ) -> PodVerdict {
+        let seen = self.seen();
+        let mut verdict = PodVerdict::default();
+        for s in seen.sightings.values() {
+            verdict.pods += 1;
+            verdict.consuming += usize::from(s.consumes.is_some());
+            let problem = judge_one(&seen, s, plan, checks, node_labels);
+            if let Some(problem) = problem {
+                verdict
+                    .violations
+                    .push(format!("pod {} on {}: {problem}", s.name, s.node));
+            }
+        }
+        verdict
+    }
+}
+
+/// What is wrong with one pod, if anything.
+fn judge_one(
+    seen: &Seen,
+    s: &Sighting,
+    plan: &Plan,
+    checks: &BTreeMap<Queue, Option<String>>,
+    node_labels: &[(&str, &str)],
+) -> Option<String> {
+    let Some(wl) = seen.workloads.get(&s.job_uid) else {
+        return Some("its Job's Workload was never seen".into());
+    };
+    let Some(queue) = wl
+        .index
+        .and_then(|i| plan.workloads.get(i))
+        .map(|w| w.queue)
+    else {
+        return Some("its Workload is not one of the plan's".into());
+    };
+    let labels = seen.node_labels.get(&s.node);
+    let on_flavor = labels.is_some_and(|l| {
+        node_labels
+            .iter()
+            .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+    });
+    if !on_flavor {
+        return Some(format!(
+            "the Node lacks the flavor's labels {node_labels:?}"
+        ));
+    }
+    match (checks.get(&queue).cloned().flatten(), &s.consumes) {
+        (None, None) => None,
+        (None, Some(r)) => Some(format!(
+            "consumes {r}, but its queue has no provisioning check"
+        )),
+        // Admitted while the check was off its ClusterQueue: no request was needed.
+        (Some(check), None) if wl.admitted_with.iter().any(|e| !e.contains(&check)) => None,
+        (Some(check), None) => Some(format!("consumes no request, but {check} guards its queue")),
+        (Some(check), Some(r)) => {
+            let provisioned =
+                seen.provisioned
+                    .contains(&(r.clone(), wl.uid.clone(), check.clone()));
+            let named = wl.named.contains(&(check.clone(), r.clone()));
+            (!provisioned && !named).then(|| {
+                format!("consumes {r}, never seen provisioned for its own Workload by {check}")
+            })
+        }
+    }
+}
+
+/// Starts the witness's watches of `namespace` (and of the Nodes). Returns once each has listed.
+pub async fn start(
+    witness: PodWitness,
+    client: &Client,
+    namespace: &str,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let (ready, mut ready_rx) = tokio::sync::mpsc::channel::<()>(4);
+    let mut tasks = Vec::new();
+    let w = witness.clone();
+    tasks.push(spawn(
+        Api::<Workload>::namespaced(client.clone(), namespace),
+        ready.clone(),
+        move |wl| w.workload(&wl),
+    ));
+    let w = witness.clone();
+    tasks.push(spawn(
+        Api::<ProvisioningRequest>::namespaced(client.clone(), namespace),
+        ready.clone(),
+        move |r| w.request(&r),
+    ));
+    let w = witness.clone();
+    tasks.push(spawn(
+        Api::<Pod>::namespaced(client.clone(), namespace),
+        ready.clone(),
+        move |p| w.pod(&p),
+    ));
+    let w = witness;
+    tasks.push(spawn(Api::<Node>::all(client.clone()), ready, move |n| {
+        w.node(&n)
+    }));
+    for _ in 0..4 {
+        tokio::time::timeout(crate::DEFAULT_TIMEOUT, ready_rx.recv())
+            .await
+            .map_err(|_| anyhow::anyhow!("a pod witness watch never completed its first list"))?;
+    }
+    Ok(tasks)
+}
+
+/// Feeds every object `api` shows (listed or changed) to `seen`; sends on `ready` once listed.
+fn spawn<K>(
+    api: Api<K>,
+    ready: tokio::sync::mpsc::Sender<()>,
+    seen: impl Fn(K) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut first = true;
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(k) | watcher::Event::InitApply(k)) => seen(k),
+                Ok(watcher::Event::InitDone) if first => {
+                    first = false;
+                    let _ = ready.send(()).await;
+                }
+                // Deletions change nothing of what was seen; errors are retried by the watch.
+                _ => {}
+            }
+        }
+    })
+}
