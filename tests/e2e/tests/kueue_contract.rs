@@ -426,3 +426,76 @@ async fn deleting_the_job_lets_the_garbage_collector_delete_its_workload_and_pod
     }
     Ok(())
 }
+
+/// Why our requests are owned by their PodTemplates and not by their Workload: Kueue's built-in
+/// provisioning check (always running when the ProvisioningRequest API is served) deletes every
+/// ProvisioningRequest whose ownerReferences name a Workload that holds quota, whichever
+/// controller made it and whether or not a check of its own guards the Workload (its index
+/// keys on the reference's name only), the next time it reconciles that Workload (any change of
+/// it). A request owned by a PodTemplate, made at the same moment, stays.
+#[tokio::test]
+async fn kueues_check_deletes_any_request_owned_by_a_workload_holding_quota() -> Result<()> {
+    use k8s_openapi::api::core::v1::PodTemplate;
+    use kube::api::PostParams;
+    use kueue_admission_sdk::api::ProvisioningRequest;
+    let env = TestEnv::new("owned-by-workload").await?;
+    let (_, wl_name, wl) = job_waiting_for_the_check(&env).await?;
+    let template: PodTemplate = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "anchor"},
+        "template": e2e::pod_template(serde_json::json!({}), "1"),
+    }))?;
+    let template = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &template)
+        .await?;
+    let owner = |api_version: &str, kind: &str, name: String, uid: Option<String>| serde_json::json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid});
+    let request = |name: &str, owner: serde_json::Value| -> Result<ProvisioningRequest> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1",
+            "kind": "ProvisioningRequest",
+            "metadata": {"name": name, "ownerReferences": [owner]},
+            "spec": {
+                "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+                "podSets": [{"podTemplateRef": {"name": "anchor"}, "count": 1}],
+            },
+        }))?)
+    };
+    let requests = Api::<ProvisioningRequest>::namespaced(env.client.clone(), &env.ns);
+    let by_template = owner("v1", "PodTemplate", template.name_any(), template.uid());
+    requests
+        .create(
+            &PostParams::default(),
+            &request("owned-by-template", by_template)?,
+        )
+        .await?;
+    let by_workload = owner(
+        "kueue.x-k8s.io/v1beta2",
+        "Workload",
+        wl_name.clone(),
+        wl.uid(),
+    );
+    requests
+        .create(
+            &PostParams::default(),
+            &request("owned-by-workload", by_workload)?,
+        )
+        .await?;
+    // Kueue's check reconciles the Workload on any change of it (a check writing its entry,
+    // say); the test makes one.
+    let touch = serde_json::json!({"metadata": {"annotations": {"e2e.kueue-admission-checks.dev/touched": "1"}}});
+    env.workloads()
+        .patch(
+            &wl_name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&touch),
+        )
+        .await?;
+    e2e::wait_gone(requests.clone(), "owned-by-workload").await?;
+    assert!(requests.get_opt("owned-by-template").await?.is_some());
+    let still: Workload = env.workloads().get(&wl_name).await?;
+    assert!(
+        still.condition_is_true(cond::QUOTA_RESERVED),
+        "{}",
+        e2e::dump(&still)
+    );
+    Ok(())
+}

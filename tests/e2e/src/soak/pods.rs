@@ -92,7 +92,8 @@ impl PodWitness {
         w.uid = wl.uid().unwrap_or_default();
         if wl.condition_is_true(kueue_admission_sdk::api::workload_condition::ADMITTED) {
             let entries = wl.status.iter().flat_map(|s| &s.admission_checks);
-            w.admitted_with.push(entries.map(|e| e.name.clone()).collect());
+            w.admitted_with
+                .push(entries.map(|e| e.name.clone()).collect());
         }
         for entry in wl.status.iter().flat_map(|s| &s.admission_checks) {
             if entry.state != CheckState::Ready {
