@@ -638,31 +638,230 @@ async fn a_dropped_connection_is_retried_and_the_next_reconcile_writes() {
     assert_eq!(h.asked(), 2);
 }
 
-#[tokio::test]
-async fn a_retry_whose_attempt_record_is_forbidden_is_never_written_uncounted() {
-    let h = Harness::new(Decision::retry("busy"));
-    h.fail(
+/// A harness answering `answer` whose permanent-failure hold is `hold`.
+fn holding(answer: Decision, hold: Duration) -> Harness {
+    Harness::configured(answer, false, |c| c.permanent_failure_hold = hold)
+}
+
+/// The entry the status write at `index` of the API requests carried.
+fn written_entry(h: &Harness, index: usize) -> serde_json::Value {
+    h.api_requests()[index].body["status"]["admissionChecks"][0].clone()
+}
+
+/// The note of the first Event of `reason`.
+fn event_note(h: &Harness, reason: &str) -> String {
+    h.requests()
+        .iter()
+        .find(|s| s.path.contains("/events") && s.body["reason"] == reason)
+        .and_then(|s| s.body["note"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// The ways the API server refuses an attempt record for good: RBAC without `patch` on
+/// workloads, a policy webhook's 400, annotations over their limit (422).
+const RECORD_REFUSALS: [(u16, &str, &str, &str); 3] = [
+    (
         403,
         "Forbidden",
-        "workloads.kueue.x-k8s.io is forbidden: User cannot patch",
+        "workloads.kueue.x-k8s.io \"wl\" is forbidden: User \"system:serviceaccount:ns:sa\" cannot patch resource \"workloads\"",
+        "grant patch on workloads",
+    ),
+    (
+        400,
+        "BadRequest",
+        "admission webhook \"policy.example.com\" denied the request: annotation 'attempts' is not allowed",
+        "admission webhook <18 characters> denied the request: annotation <8 characters> is not allowed",
+    ),
+    (
+        422,
+        "Invalid",
+        "metadata.annotations: Too long: must have at most 262144 bytes",
+        "(422 Invalid): metadata.annotations: Too long",
+    ),
+];
+
+#[tokio::test]
+async fn a_retry_whose_attempt_record_is_refused_for_good_holds_the_quota_then_goes_uncounted() {
+    for (code, reason, server_says, we_say) in RECORD_REFUSALS {
+        // During the hold: the entry says why, the quota is kept, nothing uncounted lands.
+        let h = holding(Decision::retry("busy"), Duration::from_secs(120));
+        h.fail(code, reason, server_says);
+        h.answer(200, json(&at("11", deciding())));
+        let next = h.decide(&at("10", deciding())).await.expect("no error");
+        assert!(
+            next.is_some_and(|d| d <= Duration::from_secs(120)),
+            "{code}: looked at again when the hold ends: {next:?}"
+        );
+        assert_eq!(h.calls(), ["PATCH workload", "PATCH status"], "{code}");
+        let entry = written_entry(&h, 1);
+        let message = entry["message"].as_str().unwrap_or_default();
+        assert_eq!(entry["state"], "Pending", "{code}: {message}");
+        assert!(
+            message.starts_with("Permanent failure: check probe answered Retry")
+                && message.contains(we_say)
+                && message.contains("then the Retry is written without the count"),
+            "{code}: {message}"
+        );
+        assert!(
+            h.api_requests()[1].body["metadata"]["annotations"].is_null(),
+            "{code}: the Pending carries no record"
+        );
+        assert!(
+            event_note(&h, "AttemptRecordRefused").contains(we_say),
+            "{code}"
+        );
+        assert_eq!(h.asked(), 1);
+
+        // Once the hold is over (none here): the Retry is written without its record, and
+        // Kueue's retryCount counts it.
+        let h = holding(Decision::retry("busy"), Duration::ZERO);
+        h.fail(code, reason, server_says);
+        h.answer(200, json(&at("11", deciding())));
+        h.decide(&at("10", deciding())).await.expect("no error");
+        assert_eq!(h.calls(), ["PATCH workload", "PATCH status"], "{code}");
+        let entry = written_entry(&h, 1);
+        assert_eq!(entry["state"], "Retry", "{code}: {entry}");
+        assert!(
+            entry["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("busy (attempt 1 of 4"),
+            "{code}: {entry}"
+        );
+        assert!(
+            event_note(&h, "AttemptRecordRefused")
+                .contains("the Retry answer is written without it"),
+            "{code}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refused_record_is_counted_once_per_attempt_and_its_hold_survives_a_new_answer() {
+    let h = holding(Decision::retry("busy"), Duration::from_secs(120));
+    let (code, reason, server_says, _) = RECORD_REFUSALS[0];
+    h.fail(code, reason, server_says);
+    h.answer(200, json(&at("11", deciding())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    // Asked again (a change of the Workload, here the watch delivering our own Pending): the
+    // same refusal, the same hold (the entry already says it: nothing to write), one count.
+    let held = written_entry(&h, 1);
+    let shown = deciding().check_entry(serde_json::from_value(held).expect("an entry"));
+    h.fail(code, reason, server_says);
+    h.decide(&at("11", shown)).await.expect("no error");
+    assert_eq!(h.asked(), 2);
+    assert_eq!(
+        h.calls(),
+        ["PATCH workload", "PATCH status", "PATCH workload"]
     );
+    assert_eq!(h.ctx.metrics.attempt_records_refused_of(CHECK), 1);
+}
+
+#[tokio::test]
+async fn a_refused_catch_up_record_is_dropped_at_once_and_a_rejection_past_the_limit_lands() {
+    // Kueue's retryCount says 4 retries, no record: the record only catches up, so the
+    // Rejected the exhausted Retry becomes is written without it at once, hold or not.
+    let exhausted = || deciding().retry_count(CHECK, 4);
+    let h = holding(Decision::retry("busy"), Duration::from_secs(120));
+    let (code, reason, server_says, _) = RECORD_REFUSALS[2];
+    h.fail(code, reason, server_says);
+    h.answer(200, json(&at("11", exhausted())));
+    h.decide(&at("10", exhausted())).await.expect("no error");
+    assert_eq!(h.calls(), ["PATCH workload", "PATCH status"]);
+    assert_eq!(written_entry(&h, 1)["state"], "Rejected");
+    assert!(h.sent_event("AttemptRecordRefused"));
+}
+
+#[tokio::test]
+async fn a_record_write_that_may_pass_is_retried_with_backoff_never_uncounted() {
+    let h = holding(Decision::retry("busy"), Duration::ZERO);
+    h.fail(503, "ServiceUnavailable", "etcd leader changed");
     let err = h
         .decide(&at("10", deciding()))
         .await
-        .expect_err("forbidden");
+        .expect_err("transient");
     assert_eq!(err.label(), "api");
-    // Only the record was tried: a Retry without its count would restart the attempts.
     assert_eq!(h.calls(), ["PATCH workload"]);
     assert_eq!(h.events(), ["CheckWriteFailed"]);
-    let note = h
-        .requests()
-        .iter()
-        .find(|s| s.path.contains("/events"))
-        .map(|s| s.body["note"].clone());
-    let note = note
-        .and_then(|n| n.as_str().map(String::from))
-        .unwrap_or_default();
-    assert!(note.contains("grant patch on workloads"), "{note}");
+}
+
+#[tokio::test]
+async fn an_invalid_decision_is_held_on_the_entry_then_retried_then_rejected() {
+    let mut bad = crate::api::PodSetUpdate {
+        name: "main".into(),
+        ..Default::default()
+    };
+    bad.node_selector
+        .insert(format!("example.com/{}", "z".repeat(70)), "a".into());
+    let answer = Decision::ready_with_updates("capacity ready", vec![bad]);
+    // The hold: the reason on the entry, no error, no retry of the same answer forever.
+    let h = holding(answer.clone(), Duration::from_secs(120));
+    h.answer(200, json(&at("11", deciding())));
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert!(next.is_some());
+    assert_eq!(h.calls(), ["PATCH status"]);
+    let entry = written_entry(&h, 0);
+    let message = entry["message"].as_str().unwrap_or_default();
+    assert_eq!(entry["state"], "Pending");
+    assert!(
+        message.starts_with("Permanent failure: the Ready answer of check probe cannot be written: the podSetUpdate for podset \"main\": nodeSelector key")
+            && message.contains("70 characters")
+            && message.contains("capacity ready"),
+        "{message}"
+    );
+    assert!(entry["podSetUpdates"].is_null(), "{entry}");
+    assert!(h.sent_event("CheckFailedPermanently"), "{:?}", h.events());
+    // After the hold: Retry without delay, counted...
+    let h = holding(answer.clone(), Duration::ZERO);
+    h.answer(200, json(&at("11", deciding())));
+    h.answer(200, json(&at("12", deciding())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(h.calls(), ["PATCH workload", "PATCH status"]);
+    let entry = written_entry(&h, 1);
+    assert_eq!(
+        (entry["state"].clone(), entry["requeueAfterSeconds"].clone()),
+        ("Retry".into(), 0.into())
+    );
+    // ... and Rejected past the retry limit (Kueue's default of 3 retries).
+    let h = holding(answer, Duration::ZERO);
+    let spent = || {
+        with_record(deciding(), "retries=3,evictions=0").with(|w| {
+            if let Some(s) = w.status.as_mut() {
+                s.scheduling_stats = Some(crate::api::SchedulingStats {
+                    evictions: vec![crate::api::EvictionCount {
+                        reason: "AdmissionCheck".into(),
+                        underlying_cause: String::new(),
+                        count: 3,
+                    }],
+                });
+            }
+        })
+    };
+    h.answer(200, json(&at("11", spent())));
+    h.decide(&at("10", spent())).await.expect("no error");
+    assert_eq!(written_entry(&h, 0)["state"], "Rejected");
+}
+
+#[tokio::test]
+async fn a_webhooks_denial_of_the_answer_is_permanent_not_rbac() {
+    let h = Harness::new(Decision::ready("fine"));
+    h.fail(
+        403,
+        "Forbidden",
+        "admission webhook \"vworkload.kb.io\" denied the request: status.admissionChecks[0].podSetUpdates[0].nodeSelector: Invalid value: \"example.com/zzz\": name part must be no more than 63 bytes",
+    );
+    h.answer(200, json(&at("11", deciding())));
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert!(next.is_some(), "looked at again when the hold ends");
+    let entry = written_entry(&h, 1);
+    let message = entry["message"].as_str().unwrap_or_default();
+    assert_eq!(entry["state"], "Pending");
+    assert!(
+        message.starts_with("Permanent failure: the Ready answer of check probe cannot be written: admission webhook vworkload.kb.io refused a request (403)")
+            && !message.contains("example.com/zzz"),
+        "{message}"
+    );
+    assert!(h.sent_event("CheckFailedPermanently"));
 }
 
 /// The record is a merge patch conditioned on the read's `resourceVersion`: for a Workload
