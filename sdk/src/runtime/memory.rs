@@ -183,6 +183,11 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
+    #[cfg(test)]
+    pub(super) fn for_tests(since: Timestamp, evictions: i32) -> Self {
+        Self { since, evictions }
+    }
+
     /// The hold of the attempt at `evictions`: `kept` if it is of that attempt, else one that
     /// starts `now`.
     pub(super) fn of_attempt(kept: &mut Option<Hold>, evictions: i32, now: Timestamp) -> Hold {

@@ -17,6 +17,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::checks::ActiveCheck;
 use super::context::{Context, redact_workload_note, release};
 use super::memory::{AskedAt, Hold, PairKey, PermanentFailure, lock};
+use super::unanswerable;
 use crate::api::CheckState;
 use crate::api::Workload;
 use crate::attempts;
@@ -108,19 +109,11 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         }
         return Ok(requeue.map_or_else(Action::await_change, Action::requeue));
     }
-    // Checks to decide (active, with an entry on this Workload), and every check of ours (an
-    // inactive or removed one may still have something to release).
-    let mut ours = Vec::new();
-    let mut all_ours = Vec::new();
-    {
-        let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
-        for (name, state) in registry.iter() {
-            all_ours.push(name.clone());
-            if let (Ok(active), Some(_)) = (state, wl.admission_check(name)) {
-                ours.push((name.clone(), active.clone()));
-            }
-        }
-    }
+    let RegistryView {
+        ours,
+        all_ours,
+        cannot_answer,
+    } = registry_view(ctx, wl);
     // Releases cover the checks gone from the registry too: a check deleted or renamed while
     // Workloads held something for it (Kueue then drops its entries: the check is idle).
     let releasable: Vec<String> = {
@@ -151,6 +144,10 @@ async fn reconcile_workload<C: AdmissionCheckController>(
     remember_earlier_answers(ctx, wl, &all_ours, &seen);
     release_idle(ctx, wl, &seen).await?;
     let mut requeue: Option<Duration> = None;
+    for (check, why) in cannot_answer {
+        let next = unanswerable::hold_or_release(ctx, wl, &check, &why).await?;
+        requeue = sooner(requeue, next);
+    }
     for (check, active) in ours {
         // One span per check and reconcile: every log line inside names the Workload and check.
         let span = info_span!(
@@ -163,15 +160,54 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         let next = decide_one(ctx, wl, &check, &active, stands)
             .instrument(span)
             .await?;
-        requeue = match (requeue, next) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        requeue = sooner(requeue, next);
     }
     if let Some(uid) = wl.uid() {
         ctx.memory.workload(&uid, |w| w.failures = 0);
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Our checks as they concern one Workload.
+struct RegistryView<P> {
+    /// Checks to decide: active, with an entry on the Workload.
+    ours: Vec<(String, Arc<ActiveCheck<P>>)>,
+    /// Every check of ours (an inactive or removed one may still have something to release).
+    all_ours: Vec<String>,
+    /// Inactive checks with an entry, and why they cannot answer (see `unanswerable`).
+    cannot_answer: Vec<(String, String)>,
+}
+
+fn registry_view<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+) -> RegistryView<C::Parameters> {
+    let mut view = RegistryView {
+        ours: Vec::new(),
+        all_ours: Vec::new(),
+        cannot_answer: Vec::new(),
+    };
+    let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
+    for (name, state) in registry.iter() {
+        view.all_ours.push(name.clone());
+        match (state, wl.admission_check(name)) {
+            (Ok(active), Some(_)) => view.ours.push((name.clone(), active.clone())),
+            (Err(inactive), Some(_)) => {
+                let why = unanswerable::inactive(name, inactive);
+                view.cannot_answer.push((name.clone(), why));
+            }
+            (_, None) => {}
+        }
+    }
+    view
+}
+
+/// The sooner of two times to look again.
+pub(super) fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// A Workload that holds quota with our answer on it was asked by an earlier process (before a
@@ -973,17 +1009,35 @@ async fn carry_over<C: AdmissionCheckController>(
 }
 
 /// Which of the two writes of [`apply`] failed.
-enum WriteFailure {
+pub(super) enum WriteFailure {
     /// The attempt record on the Workload's metadata.
     Record(kube::Error),
     /// The entry on the status subresource.
     Status(kube::Error),
 }
 
+impl WriteFailure {
+    /// The Workload changed since it was read (409).
+    pub(super) fn is_conflict(&self) -> bool {
+        let (Self::Record(kube::Error::Api(status)) | Self::Status(kube::Error::Api(status))) =
+            self
+        else {
+            return false;
+        };
+        status.code == 409
+    }
+
+    /// The failure as the reconcile's error.
+    pub(super) fn into_error(self) -> Error {
+        let (Self::Record(e) | Self::Status(e)) = self;
+        e.into()
+    }
+}
+
 /// Writes the attempt record (when the plan has one) and then the entry, both conditioned on
 /// the `resourceVersion` the decision was made on; returns the `resourceVersion` of the
 /// Workload after the write.
-async fn apply(
+pub(super) async fn apply(
     api: &Api<Workload>,
     wl: &Workload,
     check: &str,
@@ -1020,7 +1074,7 @@ fn missing_resource_version(wl: &Workload) -> kube::Error {
 }
 
 /// Logs, counts and announces a state that was written.
-async fn written<C: AdmissionCheckController>(
+pub(super) async fn written<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
     check: &str,

@@ -1135,3 +1135,169 @@ async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_a
     assert!(ctx.memory.of("uid-ns-wl").checks.is_empty(), "forgotten");
     assert_eq!(ctx.controller.asked(), 1, "never asked again");
 }
+
+/// A whole-reconcile setup whose check is in the registry as `state`, with the configuration
+/// `tune` gives, and `wl` in the cache.
+fn reconciling_as(
+    state: Result<ActiveCheck<NoParameters>, crate::runtime::checks::Inactive>,
+    tune: impl FnOnce(&mut RuntimeConfig),
+    wl: &Workload,
+) -> (Arc<Context<Probe>>, ScriptedApi) {
+    let (cache, mut writer) = reflector::store::<Workload>();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(wl.clone()));
+    let Harness { ctx, api, .. } = Harness::configured(Decision::ready("fine"), false, tune);
+    ctx.registry
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(CHECK.to_string(), state.map(Arc::new));
+    // The cache keeps what it was given once its writer is gone.
+    drop(writer);
+    (Arc::new(ctx.with_cache(cache)), api)
+}
+
+fn inactive() -> crate::runtime::checks::Inactive {
+    crate::runtime::checks::Inactive {
+        reason: crate::runtime::checks::Reason::BadParametersRef,
+        message: "ProvisioningRequestConfig prc not found.".into(),
+    }
+}
+
+fn active() -> ActiveCheck<NoParameters> {
+    ActiveCheck {
+        parameters: NoParameters,
+        policy: RetryPolicy::default(),
+        message: String::new(),
+    }
+}
+
+/// The state and message of the entry the status write at `index` of `api`'s requests carried.
+fn entry_of(api: &ScriptedApi, index: usize) -> (String, String) {
+    let entry = &api.requests()[index].body["status"]["admissionChecks"][0];
+    (
+        entry["state"].as_str().unwrap_or_default().to_string(),
+        entry["message"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+fn calls_of(api: &ScriptedApi) -> Vec<String> {
+    api.requests()
+        .iter()
+        .map(|s| {
+            let end = if s.path.ends_with("/status") {
+                "status"
+            } else {
+                "workload"
+            };
+            format!("{} {end}", s.method)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_inactive_check_holds_its_workloads_with_the_reason_then_gives_the_quota_back() {
+    // Held: the reason on the entry, the quota kept, the check never asked.
+    let wl = at("11", deciding());
+    let (ctx, api) = reconciling_as(Err(inactive()), |_| {}, &wl);
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(wl.clone()), ctx.clone())
+        .await
+        .expect("held");
+    assert_eq!(calls_of(&api), ["PATCH status"]);
+    let (state, message) = entry_of(&api, 0);
+    assert_eq!(state, "Pending");
+    assert!(
+        message.starts_with(
+            "check probe cannot answer: its AdmissionCheck is not active (BadParametersRef: \
+             ProvisioningRequestConfig prc not found). The workload keeps its quota until "
+        ),
+        "{message}"
+    );
+    assert_eq!(ctx.controller.asked(), 0);
+    assert!(
+        api.event_reasons()
+            .contains(&"CheckCannotAnswer".to_string())
+    );
+
+    // Once the hold is over: Retry without delay, never Rejected (its retries are spent here).
+    let spent = || {
+        with_record(deciding(), "retries=3,evictions=0").with(|w| {
+            if let Some(s) = w.status.as_mut() {
+                s.scheduling_stats = Some(crate::api::SchedulingStats {
+                    evictions: vec![crate::api::EvictionCount {
+                        reason: "AdmissionCheck".into(),
+                        underlying_cause: String::new(),
+                        count: 3,
+                    }],
+                });
+            }
+        })
+    };
+    let wl = at("11", spent());
+    let (ctx, api) = reconciling_as(
+        Err(inactive()),
+        |c| c.permanent_failure_hold = Duration::ZERO,
+        &wl,
+    );
+    api.answer(200, json(&at("12", spent())));
+    api.answer(200, json(&at("13", spent())));
+    super::reconcile(Arc::new(wl), ctx.clone())
+        .await
+        .expect("released");
+    assert_eq!(calls_of(&api), ["PATCH workload", "PATCH status"]);
+    let (state, message) = entry_of(&api, 1);
+    assert_eq!(state, "Retry", "{message}");
+    assert!(message.contains("the quota is given back"), "{message}");
+    assert_eq!(
+        api.requests()[1].body["status"]["admissionChecks"][0]["requeueAfterSeconds"],
+        0
+    );
+
+    // An admitted Workload keeps its Ready: nothing to hold.
+    let admitted = at(
+        "11",
+        deciding()
+            .check_entry(our_entry(CheckState::Ready, "fine"))
+            .admitted(),
+    );
+    let (ctx, api) = reconciling_as(Err(inactive()), |_| {}, &admitted);
+    super::reconcile(Arc::new(admitted), ctx)
+        .await
+        .expect("nothing");
+    assert!(api.requests().is_empty());
+}
+
+#[tokio::test]
+async fn in_shadow_mode_a_workload_holding_quota_for_a_listed_check_is_answered_then_released() {
+    let shadow = |hold: Duration| {
+        move |c: &mut RuntimeConfig| {
+            c.shadow = Some(crate::shadow::ShadowScope::AllClusterQueues);
+            c.permanent_failure_hold = hold;
+        }
+    };
+    let wl = at("11", deciding());
+    let (ctx, api) = reconciling_as(Ok(active()), shadow(Duration::from_secs(120)), &wl);
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(wl.clone()), ctx.clone())
+        .await
+        .expect("held");
+    assert_eq!(calls_of(&api), ["PATCH status"]);
+    let (state, message) = entry_of(&api, 0);
+    assert_eq!(state, "Pending");
+    assert!(
+        message.starts_with("check probe cannot answer: its controller runs in shadow mode"),
+        "{message}"
+    );
+    // The would-be answer is still published, and nothing of it written.
+    assert!(
+        api.event_reasons().contains(&"WouldAnswer".to_string()),
+        "{:?}",
+        api.event_reasons()
+    );
+
+    let (ctx, api) = reconciling_as(Ok(active()), shadow(Duration::ZERO), &wl);
+    api.answer(200, json(&at("12", deciding())));
+    api.answer(200, json(&at("13", deciding())));
+    super::reconcile(Arc::new(wl), ctx).await.expect("released");
+    assert_eq!(calls_of(&api), ["PATCH workload", "PATCH status"]);
+    assert_eq!(entry_of(&api, 1).0, "Retry");
+}
