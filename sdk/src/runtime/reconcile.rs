@@ -553,7 +553,7 @@ async fn held_for_invalid<C: AdmissionCheckController>(
         "the {} answer of check {} cannot be written: {why} (the check said: {:?})",
         decided.decision.state(),
         pair.check,
-        crate::check::truncate_chars(decided.decision.message(), 200)
+        crate::check::truncate_chars(decided.decision.message(), 300)
     );
     let decision = permanent_decision(wl, pair, message, decided.now).await;
     Decided {
