@@ -533,6 +533,10 @@ async fn landed<C: AdmissionCheckController>(
     if decided.carried {
         ctx.memory.pair(&pair.key, |p| p.late = None);
     }
+    if !decided.decision.message().starts_with(PERMANENT_MARK) {
+        // The check's own answer landed: a permanent failure shown before is over.
+        ctx.memory.pair(&pair.key, |p| p.permanent = None);
+    }
     if let Some(rv) = written_rv {
         let now = tokio::time::Instant::now();
         ctx.own_writes.wrote(&pair.key.0, check, rv, now);
@@ -886,10 +890,9 @@ async fn ask<C: AdmissionCheckController>(
         shadow: None,
     };
     let decision = match ctx.controller.decide(&check_ctx).await {
-        Ok(d) => {
-            ctx.memory.pair(key, |p| p.permanent = None);
-            d
-        }
+        // A permanent failure shown on the entry ends once a real answer is written (see
+        // `landed`), not here: an answer that cannot be written is one more failure.
+        Ok(d) => d,
         Err(e) => match ctx.controller.classify_error(&e) {
             ErrorClass::Transient => {
                 return Err(ctx.check_failed(wl, format!("check {check}: {e}"), e).await);

@@ -811,6 +811,22 @@ async fn an_invalid_decision_is_held_on_the_entry_then_retried_then_rejected() {
     );
     assert!(entry["podSetUpdates"].is_null(), "{entry}");
     assert!(h.sent_event("CheckFailedPermanently"), "{:?}", h.events());
+    // Asked again (the watch delivers our Pending): the check answers the same, the hold goes
+    // on from where it started (the entry already says so: nothing to write). A hold that
+    // started again at every answer would never end.
+    let since = || {
+        h.ctx.memory.of("uid-ns-wl").checks[CHECK]
+            .permanent
+            .as_ref()
+            .map(|f| f.since)
+    };
+    let started = since();
+    let shown = deciding().check_entry(serde_json::from_value(entry.clone()).expect("an entry"));
+    h.decide(&at("11", shown)).await.expect("no error");
+    assert_eq!(h.asked(), 2);
+    assert!(started.is_some());
+    assert_eq!(since(), started, "the hold started again");
+    assert_eq!(h.calls(), ["PATCH status"]);
     // After the hold: Retry without delay, counted...
     let h = holding(answer.clone(), Duration::ZERO);
     h.answer(200, json(&at("11", deciding())));
