@@ -554,7 +554,7 @@ async fn held_for_invalid<C: AdmissionCheckController>(
     why: &str,
 ) -> Decided {
     let message = format!(
-        "the {} answer of check {} cannot be written: {why} (the check said: {:?})",
+        "the {} answer of check {} cannot be written: {why} (the check said: {})",
         decided.decision.state(),
         pair.check,
         crate::check::truncate_chars(decided.decision.message(), 300)

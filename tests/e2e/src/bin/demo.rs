@@ -193,10 +193,25 @@ async fn narrate_until_admitted(
     Ok(())
 }
 
-/// The Workload's entry for `check`, as the narrator tells it.
+/// The Workload's entry for `check`, as the narrator tells it. Kueue adds the entry `Pending`
+/// with an empty message before anything answers it: then the line says what is going on
+/// (no quota yet, so the check is not asked; or quota reserved, the check's first answer,
+/// which makes the ProvisioningRequest, not written yet) instead of printing nothing.
 fn check_entry(wl: &Workload, check: &str) -> Option<String> {
     let e = wl.admission_check(check)?;
-    let mut line = format!("{:?}: {}", e.state, e.message);
+    let message = match (
+        e.message.is_empty(),
+        wl.condition_is_true(cond::QUOTA_RESERVED),
+    ) {
+        (false, _) => e.message.clone(),
+        (true, false) => "entry added by Kueue; no quota reserved yet, so the check is not \
+                          asked"
+            .to_string(),
+        (true, true) => "quota reserved; the check has not answered yet (its first answer \
+                         creates the ProvisioningRequest)"
+            .to_string(),
+    };
+    let mut line = format!("{:?}: {message}", e.state);
     if let Some(d) = e.requeue_after_seconds {
         line.push_str(&format!(" (requeueAfterSeconds {d})"));
     }
