@@ -3,7 +3,7 @@
 //!
 //! Layers: [`fetch`] reads (get and list only), [`report`] turns what was read into a
 //! [`report::Report`] (pure, time passed in), [`render`] prints it as text; `-o json` prints the
-//! report itself. [`reactivate`] plans a reactivation (pure) and sends it.
+//! report itself. [`mod@reactivate`] plans a reactivation (pure) and sends it.
 
 pub mod fetch;
 pub mod reactivate;
@@ -57,7 +57,7 @@ pub async fn explain(
 }
 
 /// Queues again the Workload `target` names in `namespace`, which Kueue deactivated (see
-/// [`reactivate`]); `keep_attempts` keeps the checks' attempt records. Returns what was done.
+/// [`mod@reactivate`]); `keep_attempts` keeps the checks' attempt records. Returns what was done.
 pub async fn reactivate(
     client: &kube::Client,
     namespace: &str,
