@@ -41,6 +41,10 @@ struct Probe {
 /// `ctx.now`, as a budget check computes "until midnight".
 const UNTIL_NEXT_MINUTE: &str = "until the next minute";
 
+/// The answer of [`Probe`] that stands for "fail transiently, quoting values back", as an API
+/// error quotes the value it refused.
+const FAIL_QUOTING: &str = "fail quoting";
+
 impl Probe {
     /// How often the check was asked.
     fn asked(&self) -> u32 {
@@ -77,6 +81,11 @@ impl AdmissionCheckController for Probe {
         ctx: &CheckContext<'_, NoParameters>,
     ) -> Result<Decision, std::io::Error> {
         self.asked.fetch_add(1, Ordering::SeqCst);
+        if self.answer.message() == FAIL_QUOTING {
+            return Err(std::io::Error::other(
+                "the ledger said \"hunter2\" and 'swordfish' for workload \"wl\"",
+            ));
+        }
         if self.answer.message() == UNTIL_NEXT_MINUTE {
             let minute = (ctx.now.as_second() / 60 + 1) * 60;
             let next = k8s_openapi::jiff::Timestamp::from_second(minute).unwrap_or(ctx.now);
@@ -1316,4 +1325,23 @@ async fn in_shadow_mode_a_workload_holding_quota_for_a_listed_check_is_answered_
     super::reconcile(Arc::new(wl), ctx).await.expect("released");
     assert_eq!(calls_of(&api), ["PATCH workload", "PATCH status"]);
     assert_eq!(entry_of(&api, 1).0, "Retry");
+}
+
+#[tokio::test]
+async fn a_transient_failure_is_announced_with_its_quoted_values_redacted() {
+    let h = Harness::new(Decision::pending(FAIL_QUOTING));
+    let err = h
+        .decide(&at("10", deciding()))
+        .await
+        .expect_err("transient");
+    assert_eq!(err.label(), "check");
+    assert!(
+        h.api_requests().is_empty(),
+        "nothing written on the Workload"
+    );
+    let note = event_note(&h, "CheckFailed");
+    assert_eq!(
+        note,
+        "check probe: the ledger said <7 characters> and <9 characters> for workload \"wl\""
+    );
 }
