@@ -1030,6 +1030,11 @@ impl WriteFailure {
         status.code == 409
     }
 
+    /// The API server refused the attempt record for good (see [`refused_for_good`]).
+    pub(super) fn is_record_refused_for_good(&self) -> bool {
+        matches!(self, Self::Record(kube::Error::Api(status)) if refused_for_good(status.code))
+    }
+
     /// The failure as the reconcile's error.
     pub(super) fn into_error(self) -> Error {
         let (Self::Record(e) | Self::Status(e)) = self;

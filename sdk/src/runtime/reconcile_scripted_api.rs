@@ -1345,3 +1345,19 @@ async fn a_transient_failure_is_announced_with_its_quoted_values_redacted() {
         "check probe: the ledger said <7 characters> and <9 characters> for workload \"wl\""
     );
 }
+
+#[tokio::test]
+async fn an_inactive_checks_release_goes_uncounted_when_its_record_is_refused() {
+    let wl = at("11", deciding());
+    let (ctx, api) = reconciling_as(
+        Err(inactive()),
+        |c| c.permanent_failure_hold = Duration::ZERO,
+        &wl,
+    );
+    let (code, reason, server_says, _) = RECORD_REFUSALS[0];
+    api.fail(code, reason, server_says);
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(wl), ctx).await.expect("released");
+    assert_eq!(calls_of(&api), ["PATCH workload", "PATCH status"]);
+    assert_eq!(entry_of(&api, 1).0, "Retry");
+}

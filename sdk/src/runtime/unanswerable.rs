@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 use super::checks::Inactive;
 use super::context::Context;
 use super::memory::Hold;
-use super::reconcile::{apply, field_manager_for, written};
+use super::reconcile::{WriteFailure, apply, field_manager_for, written};
 use crate::api::{CheckState, Workload};
 use crate::check::{AdmissionCheckController, Decision};
 use crate::decide::{Eligibility, Plan, PlanInput, eligibility, plan};
@@ -120,7 +120,7 @@ pub(super) async fn hold_or_release<C: AdmissionCheckController>(
         now,
         jitter_sample: 0.0,
     };
-    let write = match plan(input) {
+    let mut write = match plan(input) {
         Plan::Write(write) => write,
         Plan::Unchanged { recheck_after } => return Ok(recheck_after),
         Plan::Refused(refusal) => {
@@ -130,7 +130,16 @@ pub(super) async fn hold_or_release<C: AdmissionCheckController>(
     };
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
     let pp = PatchParams::apply(&field_manager_for(&ctx.field_manager, check)).force();
-    match apply(&api, wl, check, &write, &pp).await {
+    let mut result = apply(&api, wl, check, &write, &pp).await;
+    if result
+        .as_ref()
+        .is_err_and(WriteFailure::is_record_refused_for_good)
+    {
+        // The count is not worth the quota here: Kueue's retryCount counts this Retry anyway.
+        write.record = None;
+        result = apply(&api, wl, check, &write, &pp).await;
+    }
+    match result {
         Ok(_) => {}
         // Changed since the read: the watch brings the new version, which is looked at again.
         Err(failure) if failure.is_conflict() => return Ok(Some(Duration::from_secs(1))),
