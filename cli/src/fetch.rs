@@ -52,21 +52,22 @@ impl std::str::FromStr for Target {
     }
 }
 
-/// Reads the Workload `target` names in `namespace` and everything around it.
-pub async fn snapshot(
+/// The Workload `target` names in `namespace`: a Workload of that name, or the one a Job
+/// of that name owns.
+pub async fn workload(
     client: &Client,
     namespace: &str,
     target: &Target,
-) -> Result<Snapshot, Error> {
+) -> Result<Workload, Error> {
     let workloads: Api<Workload> = Api::namespaced(client.clone(), namespace);
-    let workload = match target {
+    match target {
         Target::Workload(name) => workloads
             .get_opt(name)
             .await?
-            .ok_or_else(|| Error::NotFound(format!("Workload {namespace}/{name}")))?,
-        Target::Job(name) => workload_of_job(client, namespace, name).await?,
+            .ok_or_else(|| Error::NotFound(format!("Workload {namespace}/{name}"))),
+        Target::Job(name) => workload_of_job(client, namespace, name).await,
         Target::Either(name) => match workloads.get_opt(name).await? {
-            Some(wl) => wl,
+            Some(wl) => Ok(wl),
             None => workload_of_job(client, namespace, name)
                 .await
                 .map_err(|e| match e {
@@ -74,9 +75,18 @@ pub async fn snapshot(
                         "no Workload or Job named {name} in namespace {namespace}"
                     )),
                     other => other,
-                })?,
+                }),
         },
-    };
+    }
+}
+
+/// Reads the Workload `target` names in `namespace` and everything around it.
+pub async fn snapshot(
+    client: &Client,
+    namespace: &str,
+    target: &Target,
+) -> Result<Snapshot, Error> {
+    let workload = workload(client, namespace, target).await?;
     let uid = workload.uid().unwrap_or_default();
     let owner = workload
         .owner_references()
@@ -108,6 +118,46 @@ pub async fn snapshot(
         None => None,
     };
 
+    let (admission_checks, provisioning_configs) = checks_of(client, &workload).await?;
+    let (provisioning_requests, pod_templates) = made_for(client, namespace, &uid).await?;
+    let events = Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().fields(&format!(
+            "involvedObject.kind=Workload,involvedObject.name={}",
+            workload.name_any()
+        )))
+        .await?
+        .items
+        .into_iter()
+        // Events about an earlier Workload of the same name are not this one's.
+        .filter(|e| e.involved_object.uid.as_deref().is_none_or(|u| u == uid))
+        .collect();
+
+    Ok(Snapshot {
+        workload,
+        owner,
+        cluster_queue_name,
+        cluster_queue,
+        local_queue_exists: Some(local_queue.is_some()),
+        admission_checks,
+        provisioning_configs,
+        provisioning_requests,
+        pod_templates,
+        events,
+    })
+}
+
+/// The AdmissionChecks named by the Workload's entries, and the ProvisioningRequestConfigs
+/// they name, by check.
+async fn checks_of(
+    client: &Client,
+    workload: &Workload,
+) -> Result<
+    (
+        BTreeMap<String, AdmissionCheck>,
+        BTreeMap<String, ProvisioningRequestConfig>,
+    ),
+    Error,
+> {
     let mut admission_checks = BTreeMap::new();
     let mut provisioning_configs = BTreeMap::new();
     let entries = workload
@@ -132,7 +182,16 @@ pub async fn snapshot(
         }
         admission_checks.insert(entry.name.clone(), ac);
     }
+    Ok((admission_checks, provisioning_configs))
+}
 
+/// The ProvisioningRequests and the names of the PodTemplates made for the Workload of `uid`
+/// (ours by label, Kueue's by owner).
+async fn made_for(
+    client: &Client,
+    namespace: &str,
+    uid: &str,
+) -> Result<(Vec<ProvisioningRequest>, Vec<String>), Error> {
     let made_for = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
         meta.labels
             .as_ref()
@@ -165,30 +224,7 @@ pub async fn snapshot(
         .filter(|t| made_for(&t.metadata))
         .map(|t| t.name_any())
         .collect();
-    let events = Api::<Event>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().fields(&format!(
-            "involvedObject.kind=Workload,involvedObject.name={}",
-            workload.name_any()
-        )))
-        .await?
-        .items
-        .into_iter()
-        // Events about an earlier Workload of the same name are not this one's.
-        .filter(|e| e.involved_object.uid.as_deref().is_none_or(|u| u == uid))
-        .collect();
-
-    Ok(Snapshot {
-        workload,
-        owner,
-        cluster_queue_name,
-        cluster_queue,
-        local_queue_exists: Some(local_queue.is_some()),
-        admission_checks,
-        provisioning_configs,
-        provisioning_requests,
-        pod_templates,
-        events,
-    })
+    Ok((provisioning_requests, pod_templates))
 }
 
 /// The Workload Kueue made for Job `name` (it owns the Workload).

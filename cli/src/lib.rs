@@ -1,10 +1,12 @@
-//! `kueue-ac explain`: where a Kueue Workload stands and what would move it.
+//! `kueue-ac explain`: where a Kueue Workload stands and what would move it; `kueue-ac
+//! reactivate`: queue again a Workload Kueue deactivated.
 //!
 //! Layers: [`fetch`] reads (get and list only), [`report`] turns what was read into a
 //! [`report::Report`] (pure, time passed in), [`render`] prints it as text; `-o json` prints the
-//! report itself.
+//! report itself. [`mod@reactivate`] plans a reactivation (pure) and sends it.
 
 pub mod fetch;
+pub mod reactivate;
 pub mod render;
 pub mod report;
 
@@ -23,6 +25,9 @@ pub enum Error {
     /// Kubeconfig or flags unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// The command does not apply to the Workload as it is (e.g. nothing to reactivate).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl Error {
@@ -33,6 +38,7 @@ impl Error {
             Error::NotFound(_) => "not_found",
             Error::NoWorkload(_) => "no_workload",
             Error::Config(_) => "config",
+            Error::Refused(_) => "refused",
         }
     }
 }
@@ -47,5 +53,23 @@ pub async fn explain(
     Ok(report::report(
         &snapshot,
         k8s_openapi::jiff::Timestamp::now(),
+    ))
+}
+
+/// Queues again the Workload `target` names in `namespace`, which Kueue deactivated (see
+/// [`mod@reactivate`]); `keep_attempts` keeps the checks' attempt records. Returns what was done.
+pub async fn reactivate(
+    client: &kube::Client,
+    namespace: &str,
+    target: &fetch::Target,
+    keep_attempts: bool,
+) -> Result<String, Error> {
+    let wl = fetch::workload(client, namespace, target).await?;
+    let plan = reactivate::plan(&wl, keep_attempts).map_err(Error::Refused)?;
+    reactivate::apply(client, &wl, &plan).await?;
+    Ok(reactivate::describe(
+        namespace,
+        &kube::ResourceExt::name_any(&wl),
+        &plan,
     ))
 }

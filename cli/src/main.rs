@@ -38,6 +38,16 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Queue again a Workload that Kueue deactivated (a check's Rejected, ...): setting
+    /// spec.active: true alone leaves such a Workload evicted for good. Gives the checks their
+    /// retries back (removes their attempt records) unless --keep-attempts.
+    Reactivate {
+        /// NAME (a Workload, else a Job), workload/NAME or job/NAME.
+        target: Target,
+        /// Keep the checks' attempt records: their spent retries still count.
+        #[arg(long)]
+        keep_attempts: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -99,5 +109,9 @@ async fn run(cli: Cli) -> Result<String, Error> {
                 }
             })
         }
+        Command::Reactivate {
+            target,
+            keep_attempts,
+        } => kueue_ac::reactivate(&client, &namespace, &target, keep_attempts).await,
     }
 }

@@ -50,14 +50,36 @@ pub fn text(r: &Report) -> String {
             .unwrap_or("no reason given yet");
         let _ = writeln!(out, "  Quota:   not reserved: {why}");
     }
-    if let Some(q) = &r.requeue {
-        let at = q.at.map(format_time).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            out,
-            "  Requeue: {} time(s), next at {at}",
-            q.count.unwrap_or(0)
-        );
+    let evicted: i32 = r
+        .evictions
+        .iter()
+        .fold(0, |sum, e| sum.saturating_add(e.count));
+    if evicted > 0 {
+        let by: Vec<String> = r
+            .evictions
+            .iter()
+            .map(|e| {
+                let why = if e.underlying_cause.is_empty() {
+                    e.reason.clone()
+                } else {
+                    format!("{} ({})", e.reason, e.underlying_cause)
+                };
+                format!("{why} {}", e.count)
+            })
+            .collect();
+        let _ = writeln!(out, "  Evicted: {evicted} time(s): {}", by.join(", "));
     }
+    if let Some(at) = r.requeue.as_ref().and_then(|q| q.at) {
+        let _ = writeln!(out, "  Requeue: at {}", format_time(at));
+    }
+    checks(&mut out, r);
+    rest(&mut out, r);
+    let _ = writeln!(out, "Advice: {}", r.advice);
+    out
+}
+
+/// The admission checks, one paragraph each.
+fn checks(out: &mut String, r: &Report) {
     if !r.checks.is_empty() {
         let _ = writeln!(out, "Admission checks:");
     }
@@ -92,15 +114,25 @@ pub fn text(r: &Report) -> String {
             let _ = write!(line, " (Kueue's retryCount {n})");
         }
         if let Some(at) = c.next_attempt_at {
+            let own = match c.delay_ends_at {
+                Some(own) if own != at => {
+                    format!(" (its own delay ends at {})", format_time(own))
+                }
+                _ => String::new(),
+            };
             let held = if c.quota_held_until_retry {
                 "; quota held until then"
             } else {
                 ""
             };
-            let _ = write!(line, "; next attempt at {}{held}", format_time(at));
+            let _ = write!(line, "; next attempt at {}{own}{held}", format_time(at));
         }
         let _ = writeln!(out, "{line}");
     }
+}
+
+/// Requests, templates and events.
+fn rest(out: &mut String, r: &Report) {
     if !r.provisioning_requests.is_empty() {
         let _ = writeln!(out, "ProvisioningRequests:");
     }
@@ -127,6 +159,4 @@ pub fn text(r: &Report) -> String {
         };
         let _ = writeln!(out, "  {at} {} {}{times}: {}", e.type_, e.reason, e.note);
     }
-    let _ = writeln!(out, "Advice: {}", r.advice);
-    out
 }

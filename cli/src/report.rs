@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kueue_admission_sdk::api::{
-    AdmissionCheck, CheckState, ClusterQueue, ProvisioningRequest, ProvisioningRequestConfig,
-    Workload, find_condition, workload_condition as cond,
+    AdmissionCheck, AdmissionCheckState, CheckState, ClusterQueue, ProvisioningRequest,
+    ProvisioningRequestConfig, Workload, find_condition, workload_condition as cond,
 };
 use kueue_admission_sdk::attempts;
 use kueue_provisioning_controller::identity::{ATTEMPT_ANNOTATION, CHECK_ANNOTATION};
@@ -74,6 +74,8 @@ pub struct Report {
     pub cluster_queue: Option<String>,
     pub quota: Quota,
     pub requeue: Option<Requeue>,
+    /// Kueue's evictions of the Workload, by reason (`status.schedulingStats.evictions`).
+    pub evictions: Vec<EvictionReport>,
     pub checks: Vec<CheckReport>,
     pub provisioning_requests: Vec<RequestReport>,
     pub pod_templates: Vec<String>,
@@ -93,12 +95,26 @@ pub struct Quota {
     pub waiting_reason: Option<String>,
 }
 
-/// Kueue's requeue bookkeeping after an eviction or a `Retry`.
+/// When Kueue considers the Workload again after an eviction or a `Retry`.
+///
+/// Not `requeueState.count`: Kueue counts only waitForPodsReady requeues there, and clears it
+/// on deactivation; the evictions are in [`Report::evictions`].
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Requeue {
-    pub count: Option<i32>,
+    /// The latest of `status.requeueState.requeueAt` and, over the entries in `Retry`, their
+    /// `lastTransitionTime + requeueAfterSeconds`: Kueue waits for the longest delay.
     pub at: Option<Timestamp>,
+}
+
+/// How often Kueue evicted the Workload for one reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictionReport {
+    pub reason: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub underlying_cause: String,
+    pub count: i32,
 }
 
 /// One admission check of the Workload.
@@ -119,8 +135,12 @@ pub struct CheckReport {
     pub retry_count: Option<i32>,
     /// Retries allowed, when known (a ProvisioningRequestConfig's `backoffLimitCount`).
     pub retry_limit: Option<i32>,
-    /// After a `Retry`: when Kueue evicts and requeues it (the delay's end).
+    /// After a `Retry`: when Kueue evicts and requeues the Workload, the end of the longest
+    /// delay of all its entries in `Retry` (Kueue waits for every one of them).
     pub next_attempt_at: Option<Timestamp>,
+    /// After a delayed `Retry`: the end of this check's own delay
+    /// (`lastTransitionTime + requeueAfterSeconds`).
+    pub delay_ends_at: Option<Timestamp>,
     /// After a delayed `Retry`: Kueue keeps the quota until `next_attempt_at`.
     pub quota_held_until_retry: bool,
 }
@@ -173,53 +193,15 @@ pub fn report(snapshot: &Snapshot, now: Timestamp) -> Report {
             .map(|c| c.message.clone())
             .filter(|m| !m.is_empty()),
     };
-    let requeue = wl
-        .status
-        .as_ref()
-        .and_then(|s| s.requeue_state.as_ref())
-        .map(|r| Requeue {
-            count: r.count,
-            at: r.requeue_at.as_ref().map(|t| t.0),
-        });
+    let requeue_at = requeue_at(wl);
+    let requeue = requeue_at.map(|at| Requeue { at: Some(at) });
     let checks: Vec<CheckReport> = wl
         .status
         .as_ref()
         .map(|s| s.admission_checks.as_slice())
         .unwrap_or_default()
         .iter()
-        .map(|entry| {
-            let ac = snapshot.admission_checks.get(&entry.name);
-            let active = ac.and_then(AdmissionCheck::active_condition);
-            let since = entry.last_transition_time.as_ref().map(|t| t.0);
-            let next_attempt_at = (entry.state == CheckState::Retry)
-                .then(|| {
-                    let delay = i64::from(entry.requeue_after_seconds.unwrap_or(0).max(0));
-                    since.and_then(|t| t.checked_add(SignedDuration::from_secs(delay)).ok())
-                })
-                .flatten();
-            CheckReport {
-                name: entry.name.clone(),
-                controller: ac.map(|ac| ac.spec.controller_name.clone()),
-                active: active.map(|c| c.status == "True"),
-                active_message: active.map(|c| c.message.clone()),
-                state: entry.state,
-                message: entry.message.clone(),
-                since,
-                attempt: attempts::attempt(wl, &entry.name),
-                retry_count: entry.retry_count,
-                retry_limit: snapshot.provisioning_configs.get(&entry.name).map(|c| {
-                    c.spec
-                        .retry_strategy
-                        .as_ref()
-                        .and_then(|r| r.backoff_limit_count)
-                        .unwrap_or(KUEUE_DEFAULT_BACKOFF_LIMIT)
-                }),
-                quota_held_until_retry: reserved
-                    && next_attempt_at.is_some_and(|at| at > now)
-                    && !wl.condition_is_true(cond::EVICTED),
-                next_attempt_at,
-            }
-        })
+        .map(|entry| check_report(snapshot, entry, requeue_at, now))
         .collect();
     let mut requests: Vec<RequestReport> = snapshot
         .provisioning_requests
@@ -243,6 +225,7 @@ pub fn report(snapshot: &Snapshot, now: Timestamp) -> Report {
             .or_else(|| snapshot.cluster_queue_name.clone()),
         quota,
         requeue,
+        evictions: evictions(wl),
         checks,
         provisioning_requests: requests,
         pod_templates: snapshot.pod_templates.clone(),
@@ -251,6 +234,90 @@ pub fn report(snapshot: &Snapshot, now: Timestamp) -> Report {
     };
     report.advice = advice(snapshot, &report, now);
     report
+}
+
+/// When Kueue requeues the Workload: the latest of `status.requeueState.requeueAt` and, over
+/// the entries in `Retry` with both fields, `lastTransitionTime + requeueAfterSeconds` (Kueue
+/// moves `requeueAt` forward to the largest, never back).
+pub fn requeue_at(wl: &Workload) -> Option<Timestamp> {
+    let entries = wl
+        .status
+        .as_ref()
+        .map(|s| s.admission_checks.as_slice())
+        .unwrap_or_default();
+    entries
+        .iter()
+        .filter(|e| e.state == CheckState::Retry)
+        .filter_map(delay_end)
+        .chain(wl.requeue_at())
+        .max()
+}
+
+/// `lastTransitionTime + requeueAfterSeconds` of an entry that has both.
+fn delay_end(entry: &AdmissionCheckState) -> Option<Timestamp> {
+    let since = entry.last_transition_time.as_ref()?.0;
+    let delay = i64::from(entry.requeue_after_seconds?.max(0));
+    since.checked_add(SignedDuration::from_secs(delay)).ok()
+}
+
+/// One entry of the Workload, with what its AdmissionCheck and config say.
+fn check_report(
+    snapshot: &Snapshot,
+    entry: &AdmissionCheckState,
+    requeue_at: Option<Timestamp>,
+    now: Timestamp,
+) -> CheckReport {
+    let wl = &snapshot.workload;
+    let reserved = wl.condition_is_true(cond::QUOTA_RESERVED);
+    let ac = snapshot.admission_checks.get(&entry.name);
+    let active = ac.and_then(AdmissionCheck::active_condition);
+    let retrying = entry.state == CheckState::Retry;
+    // Without a delay of its own, Kueue requeues at once: the time is its own transition.
+    let delay_ends_at = retrying
+        .then(|| delay_end(entry).or(entry.last_transition_time.as_ref().map(|t| t.0)))
+        .flatten();
+    let next_attempt_at = retrying.then(|| delay_ends_at.max(requeue_at)).flatten();
+    CheckReport {
+        name: entry.name.clone(),
+        controller: ac.map(|ac| ac.spec.controller_name.clone()),
+        active: active.map(|c| c.status == "True"),
+        active_message: active.map(|c| c.message.clone()),
+        state: entry.state,
+        message: entry.message.clone(),
+        since: entry.last_transition_time.as_ref().map(|t| t.0),
+        attempt: attempts::attempt(wl, &entry.name),
+        retry_count: entry.retry_count,
+        retry_limit: snapshot.provisioning_configs.get(&entry.name).map(|c| {
+            c.spec
+                .retry_strategy
+                .as_ref()
+                .and_then(|r| r.backoff_limit_count)
+                .unwrap_or(KUEUE_DEFAULT_BACKOFF_LIMIT)
+        }),
+        quota_held_until_retry: reserved
+            && next_attempt_at.is_some_and(|at| at > now)
+            && !wl.condition_is_true(cond::EVICTED),
+        next_attempt_at,
+        delay_ends_at,
+    }
+}
+
+/// Kueue's evictions of the Workload, by reason and underlying cause.
+fn evictions(wl: &Workload) -> Vec<EvictionReport> {
+    wl.status
+        .as_ref()
+        .and_then(|s| s.scheduling_stats.as_ref())
+        .map(|s| {
+            s.evictions
+                .iter()
+                .map(|e| EvictionReport {
+                    reason: e.reason.clone(),
+                    underlying_cause: e.underlying_cause.clone(),
+                    count: e.count,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn phase(wl: &Workload) -> Phase {
@@ -337,54 +404,22 @@ fn advice(snapshot: &Snapshot, r: &Report, now: Timestamp) -> String {
     let cq = r.cluster_queue.as_deref().unwrap_or("?");
     match r.phase {
         Phase::Finished => return "Finished: nothing to do.".into(),
-        Phase::Deactivated => {
-            if let Some(rejected) = r.checks.iter().find(|c| c.state == CheckState::Rejected) {
-                return format!(
-                    "Rejected by check {}: {}. Fix what it says, then set spec.active: true on the Workload (or resubmit the Job).",
-                    rejected.name, rejected.message
-                );
-            }
-            let why = wl
-                .condition(cond::DEACTIVATION_TARGET)
-                .or_else(|| wl.condition(cond::EVICTED))
-                .map(|c| c.message.clone())
-                .filter(|m| !m.is_empty())
-                .unwrap_or_else(|| "spec.active is false".into());
-            return format!("Deactivated ({why}); set spec.active: true to queue it again.");
-        }
+        Phase::Deactivated => return deactivated_advice(wl, r),
         Phase::Admitted => {
             return format!("Admitted on ClusterQueue {cq}: its pods may start.");
         }
         _ => {}
     }
     if r.quota.reserved {
-        if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Rejected) {
-            return format!(
-                "Check {} answered Rejected: {}. Kueue deactivates the Workload.",
-                c.name, c.message
-            );
-        }
-        if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Retry) {
-            let next = c.next_attempt_at.map(format_time);
-            return match next {
-                Some(at) if c.quota_held_until_retry => format!(
-                    "Check {} answered Retry: {}. Kueue keeps the quota until {at}, then evicts and requeues the Workload for attempt {}.",
-                    c.name,
-                    c.message,
-                    c.attempt.saturating_add(1)
-                ),
-                _ => format!(
-                    "Check {} answered Retry: {}. Kueue evicts and requeues the Workload for attempt {}.",
-                    c.name,
-                    c.message,
-                    c.attempt.saturating_add(1)
-                ),
-            };
-        }
-        if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Pending) {
-            return pending_advice(r, c);
-        }
-        return "Every check is Ready: Kueue admits the Workload at its next pass.".into();
+        return reserved_advice(r);
+    }
+    if let Some(reason) = stranded_by_deactivation(wl) {
+        return format!(
+            "Reactivated, but Kueue does not queue it again: it was deactivated by Kueue \
+             ({reason}), and Kueue (v0.15 to v0.19) requeues a reactivated Workload only when \
+             it was deactivated by a user. {}",
+            reactivation_paths(r)
+        );
     }
     if let Some(at) = r.requeue.as_ref().and_then(|q| q.at).filter(|at| *at > now) {
         return format!(
@@ -392,6 +427,130 @@ fn advice(snapshot: &Snapshot, r: &Report, now: Timestamp) -> String {
             format_time(at)
         );
     }
+    queueing_advice(snapshot, r, cq)
+}
+
+/// What to run to queue again a Workload Kueue deactivated: a resubmitted Job, or
+/// `kueue-ac reactivate`, which does what Kueue's reactivation misses.
+fn reactivation_paths(r: &Report) -> String {
+    let job = r
+        .owner
+        .as_deref()
+        .and_then(|o| o.strip_prefix("Job/"))
+        .map(|job| format!("job {job}"))
+        .unwrap_or_else(|| "its owner".into());
+    format!(
+        "Resubmit {job} (its new Workload starts from attempt 1), or run `kueue-ac reactivate \
+         -n {} workload/{}`, which queues this Workload again and gives the checks their \
+         retries back (--keep-attempts keeps them: the attempt record on the Workload still \
+         counts the retries spent).",
+        r.namespace, r.workload
+    )
+}
+
+/// `spec.active: false`: why, and what brings it back.
+fn deactivated_advice(wl: &Workload, r: &Report) -> String {
+    let rejected = r.checks.iter().find(|c| c.state == CheckState::Rejected);
+    if rejected.is_some() || deactivated_by_kueue(wl).is_some() {
+        let why = match rejected {
+            Some(c) => format!("Rejected by check {}: {}", c.name, c.message),
+            None => format!(
+                "Deactivated by Kueue ({})",
+                deactivation_message(wl).unwrap_or_else(|| "no reason given".into())
+            ),
+        };
+        return format!(
+            "{why}. Fix what it says, then queue it again. Setting spec.active: true is not \
+             enough: Kueue (v0.15 to v0.19) requeues a reactivated Workload only when a user \
+             deactivated it. {}",
+            reactivation_paths(r)
+        );
+    }
+    let why = deactivation_message(wl).unwrap_or_else(|| "spec.active is false".into());
+    format!("Deactivated ({why}); set spec.active: true to queue it again.")
+}
+
+/// Kueue's message about the deactivation.
+fn deactivation_message(wl: &Workload) -> Option<String> {
+    wl.condition(cond::DEACTIVATION_TARGET)
+        .or_else(|| wl.condition(cond::EVICTED))
+        .map(|c| c.message.clone())
+        .filter(|m| !m.is_empty())
+}
+
+/// The reason Kueue deactivated the Workload itself (a check's `Rejected`, a requeuing limit,
+/// a maximum execution time: `DeactivatedDueTo...`), as its `Evicted` or `Requeued` condition
+/// says. A user's deactivation says `Deactivated` alone.
+pub fn deactivated_by_kueue(wl: &Workload) -> Option<String> {
+    [cond::REQUEUED, cond::EVICTED, cond::DEACTIVATION_TARGET]
+        .iter()
+        .filter_map(|t| wl.condition(t))
+        .find_map(|c| match c.type_.as_str() {
+            cond::DEACTIVATION_TARGET if c.status == "True" => {
+                Some(format!("DeactivatedDueTo{}", c.reason))
+            }
+            cond::DEACTIVATION_TARGET => None,
+            _ => c
+                .reason
+                .starts_with("DeactivatedDueTo")
+                .then(|| c.reason.clone()),
+        })
+}
+
+/// An active Workload that Kueue deactivated and someone reactivated, that Kueue will never
+/// queue again: `Requeued=False` with a `DeactivatedDueTo...` reason (Kueue requeues only on
+/// `Deactivated`). The reason, if so.
+pub fn stranded_by_deactivation(wl: &Workload) -> Option<String> {
+    let requeued = wl.condition(cond::REQUEUED)?;
+    (wl.is_active()
+        && !wl.condition_is_true(cond::QUOTA_RESERVED)
+        && !wl.condition_is_true(cond::FINISHED)
+        && requeued.status == "False"
+        && requeued.reason.starts_with("DeactivatedDueTo"))
+    .then(|| requeued.reason.clone())
+}
+
+/// The advice while the Workload holds quota: the first check that holds it back.
+fn reserved_advice(r: &Report) -> String {
+    if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Rejected) {
+        return format!(
+            "Check {} answered Rejected: {}. Kueue deactivates the Workload.",
+            c.name, c.message
+        );
+    }
+    if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Retry) {
+        let next = c.next_attempt_at.map(format_time);
+        // Kueue waits for the longest delay of all the checks that answered Retry.
+        let longest = r
+            .checks
+            .iter()
+            .filter(|o| o.state == CheckState::Retry && o.name != c.name)
+            .find(|o| o.delay_ends_at.is_some() && o.delay_ends_at == c.next_attempt_at)
+            .filter(|_| c.delay_ends_at != c.next_attempt_at)
+            .map(|o| format!(" (check {}'s delay, the longest)", o.name))
+            .unwrap_or_default();
+        let attempt = c.attempt.saturating_add(1);
+        return match next {
+            Some(at) if c.quota_held_until_retry => format!(
+                "Check {} answered Retry: {}. Kueue keeps the quota until {at}{longest}, then \
+                 evicts and requeues the Workload for attempt {attempt}.",
+                c.name, c.message
+            ),
+            _ => format!(
+                "Check {} answered Retry: {}. Kueue evicts and requeues the Workload for \
+                 attempt {attempt}.",
+                c.name, c.message
+            ),
+        };
+    }
+    if let Some(c) = r.checks.iter().find(|c| c.state == CheckState::Pending) {
+        return pending_advice(r, c);
+    }
+    "Every check is Ready: Kueue admits the Workload at its next pass.".into()
+}
+
+/// The advice for a Workload without quota and not requeued: its queues, then Kueue's reason.
+fn queueing_advice(snapshot: &Snapshot, r: &Report, cq: &str) -> String {
     if r.local_queue.is_none() {
         return "No queue: set the label kueue.x-k8s.io/queue-name on the Job.".into();
     }
@@ -745,6 +904,160 @@ mod tests {
             .build();
         let r = report(&snapshot(admitted), t("2026-01-01T00:00:00Z"));
         assert_eq!(r.advice, "Admitted on ClusterQueue cq: its pods may start.");
+    }
+
+    /// A Retry entry of check `name` written at `at` with `delay` seconds.
+    fn retry_entry(name: &str, at: Timestamp, delay: i32) -> AdmissionCheckState {
+        AdmissionCheckState {
+            name: name.into(),
+            state: CheckState::Retry,
+            last_transition_time: Some(Time(at)),
+            message: format!("{name} busy"),
+            requeue_after_seconds: Some(delay),
+            retry_count: None,
+            pod_set_updates: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_quota_is_held_until_the_longest_delay_of_all_retries() {
+        let at = t("2026-01-01T00:00:00Z");
+        // The first entry has the shorter delay: Kueue waits for the second's.
+        let wl = WorkloadBuilder::new("ns", "w")
+            .at(at)
+            .pod_set("main", 1, "1")
+            .check_entry(retry_entry("short", at, 60))
+            .check_entry(retry_entry("long", t("2026-01-01T00:00:10Z"), 300))
+            .quota_reserved("cq", "default")
+            .with(|wl| {
+                // Kueue's own bookkeeping, which says waitForPodsReady requeues, not these.
+                wl.status.get_or_insert_with(Default::default).requeue_state =
+                    Some(kueue_admission_sdk::api::RequeueState {
+                        count: Some(5),
+                        requeue_at: Some(Time(t("2026-01-01T00:01:00Z"))),
+                    });
+            })
+            .build();
+        let r = report(&snapshot(wl), t("2026-01-01T00:00:30Z"));
+        let longest = t("2026-01-01T00:05:10Z");
+        assert_eq!(r.requeue.as_ref().and_then(|q| q.at), Some(longest));
+        for c in &r.checks {
+            assert_eq!(c.next_attempt_at, Some(longest), "{}", c.name);
+            assert!(c.quota_held_until_retry, "{}", c.name);
+        }
+        assert_eq!(r.checks[0].delay_ends_at, Some(t("2026-01-01T00:01:00Z")));
+        assert_eq!(
+            r.advice,
+            "Check short answered Retry: short busy. Kueue keeps the quota until \
+             2026-01-01T00:05:10Z (check long's delay, the longest), then evicts and requeues \
+             the Workload for attempt 2."
+        );
+        let text = crate::render::text(&r);
+        assert!(
+            text.contains(
+                "next attempt at 2026-01-01T00:05:10Z (its own delay ends at \
+                 2026-01-01T00:01:00Z); quota held until then"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("Requeue: at 2026-01-01T00:05:10Z"), "{text}");
+        assert!(
+            !text.contains("5 time(s)"),
+            "requeueState.count printed: {text}"
+        );
+    }
+
+    #[test]
+    fn evictions_are_counted_from_the_scheduling_stats_not_requeue_state() {
+        let wl = WorkloadBuilder::new("ns", "w")
+            .with(|wl| {
+                let status = wl.status.get_or_insert_with(Default::default);
+                status.scheduling_stats = Some(kueue_admission_sdk::api::SchedulingStats {
+                    evictions: vec![
+                        kueue_admission_sdk::api::EvictionCount {
+                            reason: "AdmissionCheck".into(),
+                            underlying_cause: String::new(),
+                            count: 2,
+                        },
+                        kueue_admission_sdk::api::EvictionCount {
+                            reason: "Deactivated".into(),
+                            underlying_cause: "AdmissionCheck".into(),
+                            count: 1,
+                        },
+                    ],
+                });
+                // Cleared by the deactivation in Kueue; never the count to show.
+                status.requeue_state = Some(kueue_admission_sdk::api::RequeueState {
+                    count: None,
+                    requeue_at: None,
+                });
+            })
+            .build();
+        let r = report(&snapshot(wl), t("2026-01-01T00:00:00Z"));
+        let text = crate::render::text(&r);
+        assert!(
+            text.contains("Evicted: 3 time(s): AdmissionCheck 2, Deactivated (AdmissionCheck) 1"),
+            "{text}"
+        );
+        assert!(!text.contains("Requeue:"), "{text}");
+    }
+
+    /// A Workload Kueue deactivated after a check's Rejected, the entry already reset.
+    fn deactivated_by_a_check(active: bool) -> Workload {
+        let at = t("2026-01-01T00:00:00Z");
+        WorkloadBuilder::new("ns", "w")
+            .check("c", CheckState::Pending)
+            .with(|wl| {
+                wl.spec.active = Some(active);
+                wl.spec.queue_name = Some("lq".into());
+                wl.status.get_or_insert_with(Default::default).conditions = vec![
+                    condition(
+                        cond::EVICTED,
+                        "True",
+                        "DeactivatedDueToAdmissionCheck",
+                        "The workload is deactivated due to Admission check(s): [c], were rejected",
+                        at,
+                    ),
+                    condition(
+                        cond::REQUEUED,
+                        "False",
+                        "DeactivatedDueToAdmissionCheck",
+                        "x",
+                        at,
+                    ),
+                ];
+            })
+            .build()
+    }
+
+    #[test]
+    fn a_workload_a_check_deactivated_is_not_sent_to_spec_active() {
+        let r = report(
+            &snapshot(deactivated_by_a_check(false)),
+            t("2026-01-01T00:00:00Z"),
+        );
+        assert_eq!(r.phase, Phase::Deactivated);
+        assert!(
+            r.advice.starts_with("Deactivated by Kueue (The workload is deactivated due to Admission check(s): [c], were rejected). Fix what it says, then queue it again. Setting spec.active: true is not enough")
+                && r.advice.contains("Resubmit job train")
+                && r.advice.contains("kueue-ac reactivate -n ns workload/w")
+                && r.advice.contains("still counts the retries spent"),
+            "{}",
+            r.advice
+        );
+        // Reactivated by hand: active, evicted, never queued again.
+        let r = report(
+            &snapshot(deactivated_by_a_check(true)),
+            t("2026-01-01T00:00:00Z"),
+        );
+        assert!(
+            r.advice.starts_with(
+                "Reactivated, but Kueue does not queue it again: it was deactivated by Kueue \
+                 (DeactivatedDueToAdmissionCheck)"
+            ) && r.advice.contains("kueue-ac reactivate"),
+            "{}",
+            r.advice
+        );
     }
 
     #[test]

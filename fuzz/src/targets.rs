@@ -66,9 +66,12 @@ pub fn all() -> Vec<Target> {
         },
         Target {
             name: "sdk_text",
-            covers: "sdk check::{truncate_chars, redact_quoted, ErrorClass::of_status}, runtime::lease_name_for",
-            asserts: "cuts stay within the limit and keep a prefix; a quoted secret never reaches a message; \
-                      lease names are DNS subdomains and stable",
+            covers: "sdk check::{truncate_chars, redact_quoted, ErrorClass::of_status}, runtime::lease_name_for, \
+                     api::validation::{qualified_name, label_value}",
+            asserts: "cuts stay within the limit and keep a prefix; a quoted secret (double or single quotes, \
+                      in a webhook's 403 too) never reaches a message; a webhook's denial is permanent; \
+                      lease names are DNS subdomains and stable; what passes for a label name or value \
+                      is what Kubernetes takes",
             run: sdk_text,
         },
         Target {
@@ -456,6 +459,33 @@ fn sdk_text(input: &[u8]) -> bool {
     assert!(!redacted.contains(SECRET), "secret in {redacted:?}");
     if let ErrorClass::Permanent { message } = ErrorClass::of_status(422, "Invalid", &quoted) {
         assert!(!message.contains(SECRET), "secret in {message:?}");
+    }
+    // Single-quoted too, and in a webhook's 403 denial (which is permanent).
+    let plain: String = plain.chars().filter(|c| *c != '\'').collect();
+    let single = format!("{head} '{SECRET}' {tail}").replace('"', "");
+    let redacted = redact_quoted(&single, &[]);
+    assert!(!redacted.contains(SECRET), "secret in {redacted:?}");
+    let denial = format!("admission webhook \"w.example.com\" denied the request: {quoted}");
+    match ErrorClass::of_status(403, "Forbidden", &denial) {
+        ErrorClass::Permanent { message } => {
+            assert!(!message.contains(SECRET), "secret in {message:?}");
+        }
+        ErrorClass::Transient => panic!("a webhook's denial taken for RBAC: {denial:?}"),
+    }
+    // What passes for a label name or value is what Kubernetes takes.
+    use kueue_admission_sdk::api::validation::{label_value, qualified_name};
+    let label_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    for text in [s.as_ref(), plain.as_str()] {
+        if label_value(text).is_ok() {
+            assert!(text.len() <= 63 && text.chars().all(label_char), "{text:?}");
+        }
+        if qualified_name(text).is_ok() {
+            let name = text.rsplit('/').next().unwrap_or_default();
+            assert!(
+                !name.is_empty() && name.len() <= 63 && name.chars().all(label_char),
+                "{text:?}"
+            );
+        }
     }
     let lease = kueue_admission_sdk::runtime::lease_name_for(&s);
     assert!(is_dns_subdomain(&lease), "lease name {lease:?}");

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use kueue_admission_sdk::api::validation::qualified_name;
 use kueue_admission_sdk::api::{
     ProvisioningRequestConfigSpec, ProvisioningRequestPodSetUpdatesNodeSelector,
 };
@@ -118,6 +119,17 @@ impl CheckParameters for ProvisioningParameters {
                 "spec.podSetUpdates.nodeSelector has an entry with an empty key or \
                  valueFromProvisioningClassDetail: {e:?}"
             ));
+        }
+        // The CRD takes any key; Kueue's webhook refuses a podSetUpdate whose node selector key
+        // is not a label name (403), so every provisioned Workload would wait for nothing.
+        for (i, e) in self.node_selector_updates().iter().enumerate() {
+            qualified_name(&e.key).map_err(|why| {
+                format!(
+                    "spec.podSetUpdates.nodeSelector[{i}].key {:?} is not a valid label name: \
+                     {why}; Kueue refuses node selectors with such a key",
+                    e.key
+                )
+            })?;
         }
         self.timeout_override()?;
         Ok(())
@@ -408,6 +420,38 @@ mod tests {
             })
         });
         assert!(node_selector.contains("nodeSelector"), "{node_selector}");
+        // The issue's key: a 70-character name part, which the CRD takes and Kueue's webhook
+        // refuses on every Ready.
+        let long = format!("example.com/{}", "z".repeat(70));
+        let key = refusal(|spec| {
+            spec.pod_set_updates = Some(ProvisioningRequestPodSetUpdates {
+                node_selector: vec![
+                    ProvisioningRequestPodSetUpdatesNodeSelector {
+                        key: "topology.kubernetes.io/zone".into(),
+                        value_from_provisioning_class_detail: "zone".into(),
+                    },
+                    ProvisioningRequestPodSetUpdatesNodeSelector {
+                        key: long.clone(),
+                        value_from_provisioning_class_detail: "pool".into(),
+                    },
+                ],
+            })
+        });
+        assert!(
+            key.starts_with("spec.podSetUpdates.nodeSelector[1].key")
+                && key.contains(&long)
+                && key.contains("70 characters, more than 63"),
+            "{key}"
+        );
+        let spaced = refusal(|spec| {
+            spec.pod_set_updates = Some(ProvisioningRequestPodSetUpdates {
+                node_selector: vec![ProvisioningRequestPodSetUpdatesNodeSelector {
+                    key: "my zone".into(),
+                    value_from_provisioning_class_detail: "zone".into(),
+                }],
+            })
+        });
+        assert!(spaced.contains("U+0020"), "{spaced}");
         let mut p = params(class());
         p.metadata
             .annotations

@@ -154,10 +154,19 @@ pub fn decision(
         Outcome::Revoked(m) => Decision::rejected(format!(
             "ProvisioningRequest {request}: capacity revoked: {m}"
         )),
-        Outcome::Provisioned => Decision::ready_with_updates(
-            format!("ProvisioningRequest {request} provisioned"),
-            updates(),
-        ),
+        Outcome::Provisioned => {
+            let updates = updates();
+            let mut message = format!("ProvisioningRequest {request} provisioned");
+            if let Some(why) = invalid_class_detail(&updates) {
+                // The SDK refuses this Ready (Kueue would): the reason goes on the entry, the
+                // quota is held for a while, then given back. The message says where it came from.
+                message.push_str(&format!(
+                    ", but {why}; fix the autoscaler's class details or the \
+                     ProvisioningRequestConfig's podSetUpdates.nodeSelector"
+                ));
+            }
+            Decision::ready_with_updates(message, updates)
+        }
         Outcome::Waiting {
             message,
             timeout_in,
@@ -176,6 +185,24 @@ pub fn decision(
             }
         }
     }
+}
+
+/// The first node selector of `updates` whose value (from the request's
+/// `provisioningClassDetails`) is not a label value, said for the user: Kueue refuses such a
+/// podSetUpdate, so the Workload could never start with it.
+pub fn invalid_class_detail(updates: &[PodSetUpdate]) -> Option<String> {
+    updates.iter().find_map(|u| {
+        u.node_selector.iter().find_map(|(key, value)| {
+            kueue_admission_sdk::api::validation::label_value(value)
+                .err()
+                .map(|why| {
+                    format!(
+                        "the provisioningClassDetails value for node selector {key:?} is not a \
+                         valid label value: it {why}"
+                    )
+                })
+        })
+    })
 }
 
 /// How long ago `since` was at `now`, 0 if it is in the future.
@@ -323,6 +350,54 @@ mod tests {
         assert_eq!(
             outcome(&done, false, Some(limit), at(600)),
             Outcome::Provisioned
+        );
+    }
+
+    #[test]
+    fn a_class_detail_that_is_no_label_value_names_the_node_selector_key() {
+        let mut r = request(&[(pr::PROVISIONED, 1, "")]);
+        if let Some(s) = r.status.as_mut() {
+            s.provisioning_class_details
+                .insert("zone".into(), format!("zone-{}", "a".repeat(70)));
+        }
+        let selector = [ProvisioningRequestPodSetUpdatesNodeSelector {
+            key: "topology.kubernetes.io/zone".into(),
+            value_from_provisioning_class_detail: "zone".into(),
+        }];
+        let updates = pod_set_updates(&r, &["main".into()], &selector);
+        let d = decision(&Outcome::Provisioned, "ns/wl-check-1", 1, || {
+            updates.clone()
+        });
+        let why = invalid_class_detail(&updates).expect("invalid");
+        assert!(
+            why.contains("\"topology.kubernetes.io/zone\"") && why.contains("75 characters"),
+            "{why}"
+        );
+        assert!(d.message().contains(&why), "{d:?}");
+        // The SDK refuses that Ready, so the permanent path (hold, Retry, Rejected) takes it.
+        let wl = kueue_admission_sdk::testing::WorkloadBuilder::new("ns", "wl")
+            .pod_set("main", 1, "1")
+            .check("check", kueue_admission_sdk::api::CheckState::Pending)
+            .quota_reserved("cq", "default")
+            .build();
+        let planned = kueue_admission_sdk::testing::plan_once(
+            &wl,
+            "check",
+            d,
+            &kueue_admission_sdk::testing::PlanSettings::default(),
+        );
+        assert!(
+            matches!(planned, kueue_admission_sdk::testing::Planned::Invalid(_)),
+            "{planned:?}"
+        );
+        // A good value is no reason.
+        assert_eq!(
+            invalid_class_detail(&pod_set_updates(
+                &request(&[(pr::PROVISIONED, 1, "")]),
+                &["main".into()],
+                &selector
+            )),
+            None
         );
     }
 

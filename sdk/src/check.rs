@@ -332,6 +332,10 @@ impl ErrorClass {
 
     /// Classifies an API server answer by its HTTP code; see [`ErrorClass::of`]. The server's
     /// message goes into a permanent failure with quoted values replaced by their length.
+    ///
+    /// A 403 is the operator's RBAC (transient: fixed by a grant, not by the user) unless the
+    /// message says an admission webhook or a ValidatingAdmissionPolicy denied the request
+    /// ([`admission_denial`]): a policy refusing what was sent, which no retry changes.
     pub fn of_status(code: u16, reason: &str, message: &str) -> Self {
         match code {
             400 | 405 | 413 | 415 | 422 => ErrorClass::permanent(format!(
@@ -339,9 +343,36 @@ impl ErrorClass {
                 if reason.is_empty() { "invalid" } else { reason },
                 redact_quoted(message, &[])
             )),
+            403 => match admission_denial(message) {
+                Some(by) => ErrorClass::permanent(format!(
+                    "{by} refused a request (403): {}",
+                    redact_quoted(message, &[])
+                )),
+                None => ErrorClass::Transient,
+            },
             _ => ErrorClass::Transient,
         }
     }
+}
+
+/// Who denied a request, if the API server's `message` says an admission webhook
+/// (`admission webhook "<name>" denied the request: ...`) or a ValidatingAdmissionPolicy
+/// (`... is forbidden: ValidatingAdmissionPolicy '<name>' with binding '<binding>' denied
+/// request: ...`) did, rather than RBAC (`... is forbidden: User "..." cannot patch resource
+/// ...`). The webhook's name is kept (it is a configuration name, not a value); a policy's is
+/// not repeated (it is single-quoted among values).
+pub fn admission_denial(message: &str) -> Option<String> {
+    const WEBHOOK: &str = "admission webhook \"";
+    if let Some(at) = message.find(WEBHOOK) {
+        let rest = &message[at + WEBHOOK.len()..];
+        if let Some((name, after)) = rest.split_once('"')
+            && after.trim_start().starts_with("denied the request")
+        {
+            return Some(format!("admission webhook {name}"));
+        }
+    }
+    (message.contains("ValidatingAdmissionPolicy") && message.contains("denied request"))
+        .then(|| "a ValidatingAdmissionPolicy".to_string())
 }
 
 /// `text` cut to at most `max` characters (on a character boundary), the cut marked with `…`:
@@ -359,14 +390,30 @@ pub fn truncate_chars(text: &str, max: usize) -> String {
     cut
 }
 
-/// `text` with every double-quoted string replaced by its length, except those in `keep` (names
-/// a check chose): an API server message may quote the value it refused, which can be a
-/// secret, and must not be repeated on a Workload or in an Event.
+/// `text` with every quoted string replaced by its length, except those in `keep` (names a
+/// check chose): an API server message may quote the value it refused, which can be a secret,
+/// and must not be repeated on a Workload or in an Event. Double quotes always quote (an
+/// unbalanced one hides the rest); a single quote quotes when it opens at the start or after a
+/// character that is not a letter or digit and closes before one (`'value'`, `('a', 'b')`), so
+/// an apostrophe (`doesn't`) is left as it is.
 pub fn redact_quoted(text: &str, keep: &[&str]) -> String {
     let mut out = String::with_capacity(text.len().min(1024));
     let mut rest = text;
-    while let Some(open) = rest.find('"') {
+    while let Some(open) = next_quote(rest, out.chars().last()) {
         out.push_str(&rest[..open]);
+        if rest[open..].starts_with('\'') {
+            let after = &rest[open + 1..];
+            let Some(close) = single_quote_end(after) else {
+                // Not a quotation after all: an apostrophe.
+                out.push('\'');
+                rest = after;
+                continue;
+            };
+            let quoted = &after[..close];
+            push_redacted(&mut out, quoted, '\'', keep);
+            rest = &after[close + 1..];
+            continue;
+        }
         let after = &rest[open + 1..];
         // The closing quote: the first one not escaped by a backslash.
         let mut close = None;
@@ -387,17 +434,51 @@ pub fn redact_quoted(text: &str, keep: &[&str]) -> String {
             return out;
         };
         let quoted = &after[..close];
-        if keep.contains(&quoted) {
-            out.push('"');
-            out.push_str(quoted);
-            out.push('"');
-        } else {
-            out.push_str(&characters(quoted.chars().count()));
-        }
+        push_redacted(&mut out, quoted, '"', keep);
         rest = &after[close + 1..];
     }
     out.push_str(rest);
     out
+}
+
+/// The byte offset of the next quote in `rest` that opens a quotation: any `"`, or a `'` at the
+/// start or after a character that is not a letter or digit (`before` is the character just
+/// before `rest`).
+fn next_quote(rest: &str, before: Option<char>) -> Option<usize> {
+    let mut previous = before;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '"' => return Some(i),
+            '\'' if !previous.is_some_and(char::is_alphanumeric) => return Some(i),
+            _ => {}
+        }
+        previous = Some(c);
+    }
+    None
+}
+
+/// Where a single-quoted string that starts at `after` ends: the first `'` followed by the end
+/// or by a character that is not a letter or digit.
+fn single_quote_end(after: &str) -> Option<usize> {
+    let mut chars = after.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c == '\'' && !chars.peek().is_some_and(|(_, n)| n.is_alphanumeric()) {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// `quoted` as it goes into a message: kept in its quotes if the check chose it, else its
+/// length.
+fn push_redacted(out: &mut String, quoted: &str, quote: char, keep: &[&str]) {
+    if keep.contains(&quoted) {
+        out.push(quote);
+        out.push_str(quoted);
+        out.push(quote);
+    } else {
+        out.push_str(&characters(quoted.chars().count()));
+    }
 }
 
 fn characters(n: usize) -> String {
@@ -547,6 +628,63 @@ mod tests {
         );
         assert_eq!(redact_quoted(r#"open "secret"#, &[]), "open <6 characters>");
         assert_eq!(redact_quoted("nothing quoted", &[]), "nothing quoted");
+    }
+
+    #[test]
+    fn single_quoted_values_are_redacted_and_apostrophes_kept() {
+        assert_eq!(
+            redact_quoted("token 'hunter2' refused; it doesn't fit", &[]),
+            "token <7 characters> refused; it doesn't fit"
+        );
+        assert_eq!(
+            redact_quoted("values ('a b', 'c') and 'ppt-x'", &["ppt-x"]),
+            "values (<3 characters>, <1 character>) and 'ppt-x'"
+        );
+        // A value with an apostrophe inside is one value.
+        assert_eq!(
+            redact_quoted("got 'it's here'.", &[]),
+            "got <9 characters>."
+        );
+        // An opening quote that never closes is an apostrophe: nothing to hide.
+        assert_eq!(redact_quoted("the workers' pods", &[]), "the workers' pods");
+        assert_eq!(
+            redact_quoted(r#"both "x" and 'yy'"#, &[]),
+            "both <1 character> and <2 characters>"
+        );
+    }
+
+    #[test]
+    fn a_webhook_or_policy_denial_is_permanent_and_rbac_is_not() {
+        // As the API server words Kueue's webhook refusing a podSetUpdate (seen on v0.19.2).
+        let webhook = r#"admission webhook "vworkload.kb.io" denied the request: status.admissionChecks[0].podSetUpdates[0].nodeSelector: Invalid value: "example.com/zzzz": name part must be no more than 63 bytes"#;
+        let ErrorClass::Permanent { message } = ErrorClass::of_status(403, "Forbidden", webhook)
+        else {
+            panic!("a webhook's denial is permanent");
+        };
+        assert!(
+            message.starts_with("admission webhook vworkload.kb.io refused a request (403)"),
+            "{message}"
+        );
+        assert!(!message.contains("example.com/zzzz"), "{message}");
+        let policy = "workloads.kueue.x-k8s.io \"w\" is forbidden: ValidatingAdmissionPolicy \
+                      'no-secret' with binding 'b' denied request: failed expression";
+        let ErrorClass::Permanent { message } = ErrorClass::of_status(403, "Forbidden", policy)
+        else {
+            panic!("a policy's denial is permanent");
+        };
+        assert!(
+            message.starts_with("a ValidatingAdmissionPolicy refused"),
+            "{message}"
+        );
+        assert!(!message.contains("no-secret"), "{message}");
+        let rbac = r#"workloads.kueue.x-k8s.io "w" is forbidden: User "system:serviceaccount:a:b" cannot patch resource "workloads" in API group "kueue.x-k8s.io" in the namespace "ns""#;
+        assert_eq!(
+            ErrorClass::of_status(403, "Forbidden", rbac),
+            ErrorClass::Transient
+        );
+        assert_eq!(admission_denial(rbac), None);
+        // The words alone, without a webhook's name before them, are not a denial.
+        assert_eq!(admission_denial("the request was denied the request"), None);
     }
 
     #[test]

@@ -163,7 +163,7 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
             ReleaseReason::CheckRemoved,
         )));
     };
-    if let Err(why) = validate_decision(wl, &decision, revalidating) {
+    if let Err(why) = validate_decision(wl, current, &decision, revalidating) {
         return Plan::Refused(Refusal::InvalidDecision(why));
     }
     let terms = RetryTerms {
@@ -392,7 +392,15 @@ impl LateRetry {
     }
 }
 
-fn validate_decision(wl: &Workload, decision: &Decision, revalidating: bool) -> Result<(), String> {
+/// Why `decision` cannot be written on `current`, the entry as read: what Kueue would refuse
+/// (podSetUpdates its webhook, its CRD or the job start refuses, see
+/// [`crate::api::validation`]) or what makes no sense (a `Ready` entry taken back to `Pending`).
+fn validate_decision(
+    wl: &Workload,
+    current: &AdmissionCheckState,
+    decision: &Decision,
+    revalidating: bool,
+) -> Result<(), String> {
     if revalidating && matches!(decision, Decision::Pending { .. }) {
         return Err("a Ready entry can only stay Ready, or become Retry or Rejected; Pending would leave an admitted \
                     workload undecided"
@@ -402,28 +410,16 @@ fn validate_decision(wl: &Workload, decision: &Decision, revalidating: bool) -> 
         pod_set_updates, ..
     } = decision
     {
-        if pod_set_updates.len() > AdmissionCheckState::MAX_POD_SET_UPDATES {
-            return Err(format!(
-                "{} podSetUpdates, Kueue accepts at most {}",
-                pod_set_updates.len(),
-                AdmissionCheckState::MAX_POD_SET_UPDATES
-            ));
-        }
-        let pod_sets: Vec<&str> = wl.spec.pod_sets.iter().map(|p| p.name.as_str()).collect();
-        let mut seen = std::collections::BTreeSet::new();
-        for update in pod_set_updates {
-            if !pod_sets.contains(&update.name.as_str()) {
-                return Err(format!(
-                    "podSetUpdate for podset {:?}, which the workload does not have (it has {pod_sets:?})",
-                    update.name
-                ));
-            }
-            if !seen.insert(update.name.as_str()) {
-                return Err(format!(
-                    "two podSetUpdates for podset {:?}; merge them into one",
-                    update.name
-                ));
-            }
+        crate::api::validation::pod_set_updates(&wl.spec.pod_sets, pod_set_updates)?;
+        // Kueue's webhook keeps the podSetUpdates of a Ready entry as they are (they may be in
+        // the pods already).
+        if current.state == CheckState::Ready && current.pod_set_updates != *pod_set_updates {
+            return Err(
+                "the podSetUpdates of a Ready entry cannot change (Kueue's webhook \
+                        refuses it); answer Retry to have the workload admitted again with new \
+                        ones"
+                    .into(),
+            );
         }
     }
     Ok(())

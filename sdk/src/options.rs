@@ -164,6 +164,9 @@ pub struct Options {
 
     /// Seconds a Workload keeps its quota after its check failed in a way retrying cannot fix
     /// (the reason is on its entry) before the check answers Retry and gives the quota back.
+    /// The same hold applies to an answer Kueue would refuse, an attempt record the API server
+    /// refuses (the Retry is then written without it) and a check that cannot answer (inactive,
+    /// or in shadow mode while a ClusterQueue lists it).
     #[arg(
         long,
         env = "KUEUE_AC_PERMANENT_FAILURE_HOLD_SECONDS",

@@ -1,9 +1,11 @@
 //! Shadow mode, the pure part: which Workloads a shadowed check is asked about, when it is
 //! asked again, and which of its answers are news worth an Event and a count.
 //!
-//! A check in shadow mode decides as usual but writes nothing on Workloads: no ClusterQueue
+//! A check in shadow mode decides as usual but writes no answers on Workloads: no ClusterQueue
 //! waits on it (its AdmissionCheck is kept `Active=False`, reason `ShadowMode`, so a queue that
-//! lists it by mistake stops admitting rather than waiting forever). It is asked about every
+//! lists it by mistake stops admitting rather than waiting forever). A Workload that already
+//! holds quota with its entry `Pending` (the check was enforcing, or the queue lists it) is
+//! told so on the entry and gives its quota back (`Retry`) after the permanent-failure hold. It is asked about every
 //! Workload holding quota on a ClusterQueue in its [`ShadowScope`], once per quota reservation
 //! (again while its answer is `Pending`), and its would-be answers are published. What it took
 //! (a budget charge, a license) is given back through `release` as in enforcing mode, so its

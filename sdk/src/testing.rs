@@ -608,8 +608,10 @@ pub enum Planned {
     /// without revalidation): nothing is written.
     AlreadyAnswered(CheckState),
     /// Kueue would not take the decision (a podSetUpdate for a podset the Workload does not
-    /// have, say): nothing is written; the runtime reports the reason in an `InvalidDecision`
-    /// Event and retries with backoff.
+    /// have, a node selector value that is no label value, say): it is not written; the
+    /// runtime writes the reason on the entry instead, as for a permanent failure (held, then
+    /// `Retry`, `Rejected` past the limit). While revalidating a `Ready` entry it reports the
+    /// reason in an `InvalidDecision` Event and asks again with backoff.
     Invalid(String),
 }
 

@@ -30,6 +30,7 @@ mod conditions;
 mod provisioning;
 mod quantity;
 mod queues;
+pub mod validation;
 mod workload;
 
 pub use admissioncheck::*;

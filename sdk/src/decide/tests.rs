@@ -303,6 +303,56 @@ fn invalid_decisions_are_refused_with_a_reason() {
     assert!(
         refusal(Decision::ready_with_updates("", vec![update("main"); 19])).contains("at most 18")
     );
+    // What Kueue's webhook refuses with 403 (the 70-character name part) is refused
+    // here, with the podset and the key named.
+    let key = format!("example.com/{}", "z".repeat(70));
+    let mut bad_key = update("main");
+    bad_key.node_selector.insert(key.clone(), "a".into());
+    let why = refusal(Decision::ready_with_updates("", vec![bad_key]));
+    assert!(
+        why.contains("podset \"main\"") && why.contains(&key) && why.contains("70 characters"),
+        "{why}"
+    );
+}
+
+#[test]
+fn the_updates_of_a_ready_entry_stay_as_they_are() {
+    let mut given = PodSetUpdate {
+        name: "main".into(),
+        ..Default::default()
+    };
+    given.node_selector.insert("zone".into(), "a".into());
+    let wl = deciding()
+        .check_entry(AdmissionCheckState {
+            name: CHECK.into(),
+            state: CheckState::Ready,
+            message: "ok".into(),
+            pod_set_updates: vec![given.clone()],
+            ..Default::default()
+        })
+        .admitted()
+        .build();
+    let policy = RetryPolicy::default();
+    let revalidate = |decision| {
+        plan(PlanInput {
+            revalidate_ready: true,
+            ..input(&wl, decision, &policy)
+        })
+    };
+    assert_eq!(
+        revalidate(Decision::ready_with_updates("ok", vec![given.clone()])),
+        Plan::Unchanged {
+            recheck_after: None
+        }
+    );
+    let mut changed = given;
+    changed.node_selector.insert("zone".into(), "b".into());
+    match revalidate(Decision::ready_with_updates("ok", vec![changed])) {
+        Plan::Refused(Refusal::InvalidDecision(why)) => {
+            assert!(why.contains("cannot change"), "{why}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 #[test]

@@ -100,8 +100,11 @@ impl<C: AdmissionCheckController> Context<C> {
     }
 
     /// A failure of the check's `decide` that is tried again with backoff: said in a
-    /// `CheckFailed` Event on the Workload, and returned as the reconcile's error.
+    /// `CheckFailed` Event on the Workload, and returned as the reconcile's error. Quoted
+    /// values in the note are redacted as a permanent failure's are (an API error may quote
+    /// what it refused, a secret among them), except the Workload's name and namespace.
     pub(super) async fn check_failed(&self, wl: &Workload, note: String, error: C::Error) -> Error {
+        let note = redact_workload_note(wl, &note);
         self.event(wl, EventType::Warning, "CheckFailed", note)
             .await;
         Error::Check(Box::new(error))
@@ -127,6 +130,13 @@ impl<C: AdmissionCheckController> Context<C> {
             warn!(workload = %wl.name_any(), error = %e, "publishing an event");
         }
     }
+}
+
+/// `note` with quoted values (double or single quotes) replaced by their length, except the
+/// Workload's own name and namespace: for Events that carry an error's words.
+pub(super) fn redact_workload_note(wl: &Workload, note: &str) -> String {
+    let (name, namespace) = (wl.name_any(), wl.namespace().unwrap_or_default());
+    crate::check::redact_quoted(note, &[name.as_str(), namespace.as_str()])
 }
 
 /// kube-runtime's `Recorder` merges events by type, action and reason (not by note): a second
@@ -243,6 +253,7 @@ pub(super) async fn release<C: AdmissionCheckController>(
             "check {check}{mode}: releasing after {}: {e}",
             reason.as_str()
         );
+        let note = redact_workload_note(wl, &note);
         ctx.event(wl, EventType::Warning, "CheckReleaseFailed", note)
             .await;
         return Err(Error::Check(Box::new(e)));

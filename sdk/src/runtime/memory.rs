@@ -44,6 +44,13 @@ pub(crate) struct PairMemory {
     pub late: Option<LateRetry>,
     /// A permanent failure being shown on the entry, with the time the hold started.
     pub permanent: Option<PermanentFailure>,
+    /// The API server refuses this attempt's attempt record for good (RBAC, a policy, a size
+    /// limit): since when. Not cleared when the check answers again (it answers the same), only
+    /// by a new attempt.
+    pub record_refused: Option<Hold>,
+    /// The check cannot answer (inactive, or in shadow mode) while the Workload holds quota
+    /// with its entry `Pending`: since when, in which attempt.
+    pub unanswerable: Option<Hold>,
     /// In shadow mode, the last would-be answer, until released.
     pub shadowed: Option<ShadowRecord>,
 }
@@ -53,6 +60,8 @@ impl PairMemory {
         self.asked.is_none()
             && self.late.is_none()
             && self.permanent.is_none()
+            && self.record_refused.is_none()
+            && self.unanswerable.is_none()
             && self.shadowed.is_none()
     }
 }
@@ -162,6 +171,49 @@ pub(crate) struct PermanentFailure {
     pub(super) since: Timestamp,
     pub(super) evictions: i32,
     pub(super) message: String,
+}
+
+/// A hold over one attempt of a (Workload, check): the quota is kept from `since` for
+/// [`super::RuntimeConfig::permanent_failure_hold`], then given back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub(super) since: Timestamp,
+    /// The eviction count of the attempt it belongs to.
+    pub(super) evictions: i32,
+}
+
+impl Hold {
+    #[cfg(test)]
+    pub(super) fn for_tests(since: Timestamp, evictions: i32) -> Self {
+        Self { since, evictions }
+    }
+
+    /// The hold of the attempt at `evictions`: `kept` if it is of that attempt, else one that
+    /// starts `now`.
+    pub(super) fn of_attempt(kept: &mut Option<Hold>, evictions: i32, now: Timestamp) -> Hold {
+        match kept {
+            Some(h) if h.evictions == evictions => *h,
+            _ => *kept.insert(Hold {
+                since: now,
+                evictions,
+            }),
+        }
+    }
+
+    /// How long is left of a hold of `hold` at `now` (`None`: over), and its end.
+    pub(super) fn left(
+        &self,
+        hold: std::time::Duration,
+        now: Timestamp,
+    ) -> (Option<std::time::Duration>, Timestamp) {
+        let held =
+            std::time::Duration::try_from(now.duration_since(self.since)).unwrap_or_default();
+        let until = k8s_openapi::jiff::SignedDuration::try_from(hold)
+            .ok()
+            .and_then(|h| self.since.checked_add(h).ok())
+            .unwrap_or(now);
+        (hold.checked_sub(held).filter(|l| !l.is_zero()), until)
+    }
 }
 
 #[cfg(test)]

@@ -132,6 +132,7 @@ pub(crate) struct Metrics {
     check_claimed_elsewhere: Family<CheckLabels, Gauge>,
     retry_delays_clamped: Family<CheckLabels, Counter>,
     permanent_failures: Family<CheckLabels, Counter>,
+    attempt_records_refused: Family<CheckLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram>,
     shadow_decisions: Family<StateLabels, Counter>,
     /// The runtime runs its checks in shadow mode: their would-be answers are counted.
@@ -172,6 +173,7 @@ impl Metrics {
             check_claimed_elsewhere: Family::default(),
             retry_delays_clamped: Family::default(),
             permanent_failures: Family::default(),
+            attempt_records_refused: Family::default(),
             reconcile_duration: Family::new_with_constructor(reconcile_histogram as fn() -> _),
             shadow_decisions: Family::default(),
             shadow: false,
@@ -226,6 +228,11 @@ impl Metrics {
             "permanent_failures",
             "Decisions that failed in a way retrying cannot fix (shown on the Workload's entry)",
             self.permanent_failures.clone(),
+        );
+        registry.register(
+            "attempt_records_refused",
+            "Attempts whose attempt record the API server refused for good (RBAC, a policy, a size limit); their Retry is written without it after the permanent-failure hold",
+            self.attempt_records_refused.clone(),
         );
         registry.register(
             "shadow_decisions",
@@ -395,6 +402,19 @@ impl Metrics {
         self.count(&self.permanent_failures, check);
     }
 
+    /// The API server refused an attempt's record for good.
+    pub fn attempt_record_refused(&self, check: &str) {
+        self.count(&self.attempt_records_refused, check);
+    }
+
+    /// How many attempts of `check` had their record refused, for tests.
+    #[cfg(test)]
+    pub fn attempt_records_refused_of(&self, check: &str) -> u64 {
+        self.attempt_records_refused
+            .get_or_create(&check_labels(check))
+            .get()
+    }
+
     /// One more in `counter` for `check`, unless the check was forgotten meanwhile (its series
     /// must not come back).
     fn count(&self, counter: &Family<CheckLabels, Counter>, check: &str) {
@@ -430,6 +450,7 @@ impl Metrics {
         let _ = self.check_sync_errors.get_or_create(&labels);
         let _ = self.retry_delays_clamped.get_or_create(&labels);
         let _ = self.permanent_failures.get_or_create(&labels);
+        let _ = self.attempt_records_refused.get_or_create(&labels);
         let _ = self.retry_delay.get_or_create(&labels);
         let _ = self.attempt.get_or_create(&labels);
     }
@@ -451,6 +472,7 @@ impl Metrics {
         self.check_sync_errors.remove(&labels);
         self.retry_delays_clamped.remove(&labels);
         self.permanent_failures.remove(&labels);
+        self.attempt_records_refused.remove(&labels);
         self.retry_delay.remove(&labels);
         self.attempt.remove(&labels);
     }

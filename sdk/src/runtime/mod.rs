@@ -35,6 +35,7 @@ mod reconcile;
 mod relist;
 mod shadow;
 mod tasks;
+mod unanswerable;
 mod workloads;
 
 use std::future::Future;
@@ -74,11 +75,18 @@ pub struct RuntimeConfig {
     pub max_retry_delay: std::time::Duration,
     /// How long a Workload keeps its quota after its check failed permanently (see
     /// [`crate::check::ErrorClass`]) before the runtime answers `Retry` for it: the time the
-    /// user has to fix what the entry's message says without losing the reservation.
+    /// user has to fix what the entry's message says without losing the reservation. The same
+    /// hold applies to a decision Kueue would refuse, an attempt record the API server refuses,
+    /// and a Workload holding quota for a check that cannot answer (inactive, or in shadow
+    /// mode while a ClusterQueue lists it).
     pub permanent_failure_hold: std::time::Duration,
     /// Shadow mode: decide for the Workloads holding quota in this scope and publish what would
-    /// have been answered, writing nothing on Workloads (see [`crate::shadow`]). `None`: the
-    /// checks answer for real.
+    /// have been answered, writing no answers on Workloads (see [`crate::shadow`]). The one
+    /// write: a Workload that holds quota with the entry of a check of this controller (its
+    /// ClusterQueue lists the check, which is inactive meanwhile) gets the reason on the entry
+    /// and, after [`Self::permanent_failure_hold`], a `Retry` that gives the quota back, so
+    /// switching an enforcing check back to shadow mode strands nothing. `None`: the checks
+    /// answer for real.
     pub shadow: Option<crate::shadow::ShadowScope>,
     /// Publish Normal events about the check's answers (`CheckReady`, `CheckPending`,
     /// `CheckRetryCarriedOver`); `false` keeps only Warning events (`CheckRetry`,

@@ -15,8 +15,9 @@ use sha2::{Digest, Sha256};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::checks::ActiveCheck;
-use super::context::{Context, release};
-use super::memory::{AskedAt, PairKey, PermanentFailure, lock};
+use super::context::{Context, redact_workload_note, release};
+use super::memory::{AskedAt, Hold, PairKey, PermanentFailure, lock};
+use super::unanswerable;
 use crate::api::CheckState;
 use crate::api::Workload;
 use crate::attempts;
@@ -108,19 +109,11 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         }
         return Ok(requeue.map_or_else(Action::await_change, Action::requeue));
     }
-    // Checks to decide (active, with an entry on this Workload), and every check of ours (an
-    // inactive or removed one may still have something to release).
-    let mut ours = Vec::new();
-    let mut all_ours = Vec::new();
-    {
-        let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
-        for (name, state) in registry.iter() {
-            all_ours.push(name.clone());
-            if let (Ok(active), Some(_)) = (state, wl.admission_check(name)) {
-                ours.push((name.clone(), active.clone()));
-            }
-        }
-    }
+    let RegistryView {
+        ours,
+        all_ours,
+        cannot_answer,
+    } = registry_view(ctx, wl);
     // Releases cover the checks gone from the registry too: a check deleted or renamed while
     // Workloads held something for it (Kueue then drops its entries: the check is idle).
     let releasable: Vec<String> = {
@@ -151,6 +144,10 @@ async fn reconcile_workload<C: AdmissionCheckController>(
     remember_earlier_answers(ctx, wl, &all_ours, &seen);
     release_idle(ctx, wl, &seen).await?;
     let mut requeue: Option<Duration> = None;
+    for (check, why) in cannot_answer {
+        let next = unanswerable::hold_or_release(ctx, wl, &check, &why).await?;
+        requeue = sooner(requeue, next);
+    }
     for (check, active) in ours {
         // One span per check and reconcile: every log line inside names the Workload and check.
         let span = info_span!(
@@ -163,15 +160,54 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         let next = decide_one(ctx, wl, &check, &active, stands)
             .instrument(span)
             .await?;
-        requeue = match (requeue, next) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        requeue = sooner(requeue, next);
     }
     if let Some(uid) = wl.uid() {
         ctx.memory.workload(&uid, |w| w.failures = 0);
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Our checks as they concern one Workload.
+struct RegistryView<P> {
+    /// Checks to decide: active, with an entry on the Workload.
+    ours: Vec<(String, Arc<ActiveCheck<P>>)>,
+    /// Every check of ours (an inactive or removed one may still have something to release).
+    all_ours: Vec<String>,
+    /// Inactive checks with an entry, and why they cannot answer (see `unanswerable`).
+    cannot_answer: Vec<(String, String)>,
+}
+
+fn registry_view<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+) -> RegistryView<C::Parameters> {
+    let mut view = RegistryView {
+        ours: Vec::new(),
+        all_ours: Vec::new(),
+        cannot_answer: Vec::new(),
+    };
+    let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
+    for (name, state) in registry.iter() {
+        view.all_ours.push(name.clone());
+        match (state, wl.admission_check(name)) {
+            (Ok(active), Some(_)) => view.ours.push((name.clone(), active.clone())),
+            (Err(inactive), Some(_)) => {
+                let why = unanswerable::inactive(name, inactive);
+                view.cannot_answer.push((name.clone(), why));
+            }
+            (_, None) => {}
+        }
+    }
+    view
+}
+
+/// The sooner of two times to look again.
+pub(super) fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// A Workload that holds quota with our answer on it was asked by an earlier process (before a
@@ -278,9 +314,12 @@ async fn release_idle<C: AdmissionCheckController>(
         );
         ctx.memory.pair(&key, |p| {
             p.asked = None;
-            // A permanent failure belongs to the attempt that saw it; a late Retry waits for
-            // the next attempt, unless there is none.
+            // A permanent failure, a refused record and a hold for a check that cannot answer
+            // belong to the attempt that saw them; a late Retry waits for the next attempt,
+            // unless there is none.
             p.permanent = None;
+            p.record_refused = None;
+            p.unanswerable = None;
             if over {
                 p.late = None;
             }
@@ -304,6 +343,9 @@ struct Decided {
     /// The time the check was given: a delay it computed (e.g. until midnight) counts from it,
     /// so the entry written for this decision, even after a conflict, uses it too.
     now: Timestamp,
+    /// Written without the attempt record: the API server refuses the record for good, and
+    /// the hold for that is over (or the record was only a catch-up with `retryCount`).
+    uncounted: bool,
 }
 
 impl Decided {
@@ -400,21 +442,21 @@ async fn decide_one<C: AdmissionCheckController>(
             .revalidate()
             .period()
             .filter(|_| decided.revalidating);
-        let write = match plan_write(&wl, &pair, &decided).await? {
-            Ok(write) => write,
-            Err(recheck_after) => return Ok(recheck_after.or(revalidate_after)),
+        let mut write = match plan_write(&wl, &pair, &decided).await? {
+            Planned::Write(write) => write,
+            Planned::Skip(recheck_after) => return Ok(recheck_after.or(revalidate_after)),
+            Planned::Invalid(why) => {
+                kept = Some(held_for_invalid(&wl, &pair, decided, &why).await);
+                continue;
+            }
         };
+        if decided.uncounted {
+            write.record = None;
+        }
         let pp = PatchParams::apply(&field_manager_for(&ctx.field_manager, check)).force();
         let failure = match apply(&pair.api, &wl, check, &write, &pp).await {
             Ok(written_rv) => {
-                if decided.carried {
-                    ctx.memory.pair(&pair.key, |p| p.late = None);
-                }
-                if let Some(rv) = written_rv {
-                    let now = tokio::time::Instant::now();
-                    ctx.own_writes.wrote(&pair.key.0, check, rv, now);
-                }
-                written(ctx, &wl, check, &write, decided.now).await;
+                landed(&wl, &pair, &decided, &write, written_rv).await;
                 return Ok(write.recheck_after.or(revalidate_after));
             }
             Err(failure) => failure,
@@ -478,13 +520,70 @@ async fn decision_for<C: AdmissionCheckController>(
     }
 }
 
-/// The status write for `decided`, or (`Err`) when to look again without writing: nothing to
-/// change, or a refusal by the rules (an invalid decision is an error, with an Event).
+/// The write of `decided` landed at `written_rv`: a carried-over `Retry` is done, the write is
+/// awaited in the cache, and it is logged, counted and announced.
+async fn landed<C: AdmissionCheckController>(
+    wl: &Workload,
+    pair: &Pair<'_, C>,
+    decided: &Decided,
+    write: &crate::decide::Write,
+    written_rv: Option<String>,
+) {
+    let (ctx, check) = (pair.ctx, pair.check);
+    if decided.carried {
+        ctx.memory.pair(&pair.key, |p| p.late = None);
+    }
+    if !decided.decision.message().starts_with(PERMANENT_MARK) {
+        // The check's own answer landed: a permanent failure shown before is over.
+        ctx.memory.pair(&pair.key, |p| p.permanent = None);
+    }
+    if let Some(rv) = written_rv {
+        let now = tokio::time::Instant::now();
+        ctx.own_writes.wrote(&pair.key.0, check, rv, now);
+    }
+    written(ctx, wl, check, write, decided.now, decided.uncounted).await;
+}
+
+/// A decision Kueue would refuse, or that makes no sense (`why`): retrying the same answer
+/// cannot help, so the reason goes on the entry instead, the permanent path (held, then
+/// `Retry`, then `Rejected` past the limit).
+async fn held_for_invalid<C: AdmissionCheckController>(
+    wl: &Workload,
+    pair: &Pair<'_, C>,
+    decided: Decided,
+    why: &str,
+) -> Decided {
+    let message = format!(
+        "the {} answer of check {} cannot be written: {why} (the check said: {})",
+        decided.decision.state(),
+        pair.check,
+        crate::check::truncate_chars(decided.decision.message(), 300)
+    );
+    let decision = permanent_decision(wl, pair, message, decided.now).await;
+    Decided {
+        decision,
+        ..decided
+    }
+}
+
+/// What [`plan_write`] found.
+enum Planned {
+    /// Write this.
+    Write(crate::decide::Write),
+    /// Nothing to write (nothing changes, or not eligible); look again after this long, if set.
+    Skip(Option<Duration>),
+    /// The decision cannot be written, for this reason.
+    Invalid(String),
+}
+
+/// The status write for `decided`, when to look again without writing, or why it cannot be
+/// written. A decision refused by the rules while revalidating a `Ready` entry is an error
+/// (with an Event, tried again with backoff): an admitted answer is not taken back for it.
 async fn plan_write<C: AdmissionCheckController>(
     wl: &Workload,
     pair: &Pair<'_, C>,
     decided: &Decided,
-) -> Result<Result<crate::decide::Write, Option<Duration>>, Error> {
+) -> Result<Planned, Error> {
     let ctx = pair.ctx;
     let check = pair.check;
     let input = PlanInput {
@@ -499,11 +598,16 @@ async fn plan_write<C: AdmissionCheckController>(
         jitter_sample: rand::random::<f64>(),
     };
     match plan(input) {
-        Plan::Write(write) => Ok(Ok(write)),
-        Plan::Unchanged { recheck_after } => Ok(Err(recheck_after)),
+        Plan::Write(write) => Ok(Planned::Write(write)),
+        Plan::Unchanged { recheck_after } => Ok(Planned::Skip(recheck_after)),
         Plan::Refused(Refusal::NotEligible(why)) => {
             debug!(workload = %wl.name_any(), check, ?why, "decision not written");
-            Ok(Err(None))
+            Ok(Planned::Skip(None))
+        }
+        Plan::Refused(Refusal::InvalidDecision(why))
+            if !decided.revalidating && !decided.decision.message().starts_with(PERMANENT_MARK) =>
+        {
+            Ok(Planned::Invalid(why))
         }
         Plan::Refused(Refusal::InvalidDecision(why)) => {
             let why = format!("check {check}: {why}");
@@ -548,17 +652,15 @@ async fn after_refused_write<C: AdmissionCheckController>(
             Err(kube::Error::Api(status).into())
         }
         WriteFailure::Status(kube::Error::Api(status))
-            if matches!(
-                ErrorClass::of_status(status.code, &status.reason, &status.message),
-                ErrorClass::Permanent { .. }
-            ) && !decided.decision.message().starts_with(PERMANENT_MARK) =>
+            if !decided.decision.message().starts_with(PERMANENT_MARK)
+                && let ErrorClass::Permanent { message: refused } =
+                    ErrorClass::of_status(status.code, &status.reason, &status.message) =>
         {
-            // The API server will never take this answer (e.g. a podSetUpdate it finds
-            // invalid): say so on the entry instead, and keep the quota only for a while.
+            // The API server will never take this answer (e.g. a podSetUpdate it or a webhook
+            // finds invalid): say so on the entry instead, and keep the quota only for a while.
             let message = format!(
-                "the {} answer of check {check} cannot be written: {}",
+                "the {} answer of check {check} cannot be written: {refused}",
                 write.entry.state,
-                crate::check::redact_quoted(&status.message, &[])
             );
             warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "status write refused");
             let decision = permanent_decision(wl, pair, message, decided.now).await;
@@ -571,25 +673,124 @@ async fn after_refused_write<C: AdmissionCheckController>(
                 kept: Some(kept),
             })
         }
+        WriteFailure::Record(kube::Error::Api(status)) if refused_for_good(status.code) => {
+            Ok(record_refused(wl, pair, decided, write, &status).await)
+        }
         WriteFailure::Record(e) => {
-            // Without the record no Retry may be written (it would land uncounted): tried
-            // again with backoff, and said where the operator looks.
-            let why = match &e {
-                kube::Error::Api(s) if s.code == 403 => format!(
-                    "the controller may not patch workloads.kueue.x-k8s.io, which it needs to \
-                     count this check's retries before writing a Retry (grant patch on \
-                     workloads): {}",
-                    s.message
-                ),
-                other => format!("counting the Retry on the Workload failed: {other}"),
-            };
-            let note = format!("check {check}: {why}");
-            ctx.event(wl, EventType::Warning, "CheckWriteFailed", note)
-                .await;
+            // A failure that may pass (an outage, a timeout, 5xx, 429): without the record no
+            // Retry may be written (it would land uncounted), so it is tried again with backoff
+            // and said where the operator looks.
+            let note = format!("check {check}: counting the Retry on the Workload failed: {e}");
+            ctx.event(
+                wl,
+                EventType::Warning,
+                "CheckWriteFailed",
+                redact_workload_note(wl, &note),
+            )
+            .await;
             Err(e.into())
         }
         WriteFailure::Status(e) => Err(e.into()),
     }
+}
+
+/// Codes with which the API server refuses a write for good (the request itself, RBAC or a
+/// policy): 400, 403, 405, 413, 415, 422.
+fn refused_for_good(code: u16) -> bool {
+    matches!(code, 400 | 403 | 405 | 413 | 415 | 422)
+}
+
+/// The API server refuses the attempt record of `write` for good (a 403 for a missing `patch`
+/// on workloads, a policy's 400 or 403, a 422 for annotations over their limit). A `Retry`
+/// must not reach Kueue uncounted while the operator may still fix it, but neither may the
+/// quota be held until someone does: the entry says so (`Pending`, the permanent-failure
+/// mark) for [`super::RuntimeConfig::permanent_failure_hold`], counted from the first refusal
+/// of the attempt, and then the `Retry` (or the `Rejected` it becomes past the limit) is
+/// written without the record: Kueue's `retryCount` still counts it. Any other state is
+/// written without the record at once (it was only a catch-up with `retryCount`). Each refusal
+/// is an Event `AttemptRecordRefused`; the first of an attempt is counted
+/// (`kueue_ac_attempt_records_refused_total`) and logged.
+async fn record_refused<C: AdmissionCheckController>(
+    wl: &Workload,
+    pair: &Pair<'_, C>,
+    decided: Decided,
+    write: &crate::decide::Write,
+    status: &kube::core::Status,
+) -> Next {
+    let (ctx, check) = (pair.ctx, pair.check);
+    let why = record_refusal(check, status);
+    let now = Timestamp::now();
+    let evictions = wl.total_evictions();
+    let (hold, first) = ctx.memory.pair(&pair.key, |p| {
+        let first = p.record_refused.is_none_or(|h| h.evictions != evictions);
+        (
+            Hold::of_attempt(&mut p.record_refused, evictions, now),
+            first,
+        )
+    });
+    if first {
+        ctx.metrics.attempt_record_refused(check);
+        warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %why, "attempt record refused");
+    }
+    let (left, until) = hold.left(ctx.permanent_failure_hold, now);
+    let held = left.filter(|_| write.entry.state == CheckState::Retry);
+    let until = until.strftime("%Y-%m-%dT%H:%M:%SZ");
+    let plan = match held {
+        Some(_) => format!(
+            "the Retry is written without it at {until} (Kueue's retryCount still counts it)"
+        ),
+        None => format!(
+            "the {} answer is written without it (Kueue's retryCount still counts retries)",
+            write.entry.state
+        ),
+    };
+    let note = format!("check {check}: the attempt record cannot be written: {why}; {plan}");
+    ctx.event(wl, EventType::Warning, "AttemptRecordRefused", note)
+        .await;
+    let Some(left) = held else {
+        return Next::Again {
+            fresh: None,
+            kept: Some(Decided {
+                uncounted: true,
+                ..decided
+            }),
+        };
+    };
+    let decision = Decision::pending_recheck_after(
+        format!(
+            "{PERMANENT_MARK}check {check} answered Retry ({:?}), but it cannot be counted on \
+             the Workload: {why}. The workload keeps its quota until {until}; then the Retry is \
+             written without the count (Kueue's retryCount still counts it).",
+            crate::check::truncate_chars(decided.decision.message(), 200)
+        ),
+        left,
+    );
+    Next::Again {
+        fresh: None,
+        kept: Some(Decided {
+            decision,
+            uncounted: true,
+            ..decided
+        }),
+    }
+}
+
+/// Why the attempt record was refused, for the entry, the Event and the log: RBAC named as a
+/// missing grant, anything else with the server's words (quoted values redacted).
+fn record_refusal(check: &str, status: &kube::core::Status) -> String {
+    let annotation = attempts::annotation_key(check);
+    if status.code == 403 && crate::check::admission_denial(&status.message).is_none() {
+        return format!(
+            "the controller may not patch workloads.kueue.x-k8s.io (grant patch on workloads; \
+             it writes annotation {annotation})"
+        );
+    }
+    format!(
+        "the API server refused the patch of annotation {annotation} ({} {}): {}",
+        status.code,
+        status.reason,
+        crate::check::redact_quoted(&status.message, &[])
+    )
 }
 
 /// The write of `decided` was refused because the Workload changed since it was read: reads it
@@ -671,6 +872,7 @@ async fn ask<C: AdmissionCheckController>(
                     inputs: Inputs::of(wl),
                     revalidating,
                     now,
+                    uncounted: false,
                 }));
             }
             None => ctx.memory.pair(key, |p| p.late = None),
@@ -688,10 +890,9 @@ async fn ask<C: AdmissionCheckController>(
         shadow: None,
     };
     let decision = match ctx.controller.decide(&check_ctx).await {
-        Ok(d) => {
-            ctx.memory.pair(key, |p| p.permanent = None);
-            d
-        }
+        // A permanent failure shown on the entry ends once a real answer is written (see
+        // `landed`), not here: an answer that cannot be written is one more failure.
+        Ok(d) => d,
         Err(e) => match ctx.controller.classify_error(&e) {
             ErrorClass::Transient => {
                 return Err(ctx.check_failed(wl, format!("check {check}: {e}"), e).await);
@@ -713,6 +914,7 @@ async fn ask<C: AdmissionCheckController>(
         inputs: Inputs::of(wl),
         revalidating,
         now,
+        uncounted: false,
     }))
 }
 
@@ -810,17 +1012,40 @@ async fn carry_over<C: AdmissionCheckController>(
 }
 
 /// Which of the two writes of [`apply`] failed.
-enum WriteFailure {
+pub(super) enum WriteFailure {
     /// The attempt record on the Workload's metadata.
     Record(kube::Error),
     /// The entry on the status subresource.
     Status(kube::Error),
 }
 
+impl WriteFailure {
+    /// The Workload changed since it was read (409).
+    pub(super) fn is_conflict(&self) -> bool {
+        let (Self::Record(kube::Error::Api(status)) | Self::Status(kube::Error::Api(status))) =
+            self
+        else {
+            return false;
+        };
+        status.code == 409
+    }
+
+    /// The API server refused the attempt record for good (see [`refused_for_good`]).
+    pub(super) fn is_record_refused_for_good(&self) -> bool {
+        matches!(self, Self::Record(kube::Error::Api(status)) if refused_for_good(status.code))
+    }
+
+    /// The failure as the reconcile's error.
+    pub(super) fn into_error(self) -> Error {
+        let (Self::Record(e) | Self::Status(e)) = self;
+        e.into()
+    }
+}
+
 /// Writes the attempt record (when the plan has one) and then the entry, both conditioned on
 /// the `resourceVersion` the decision was made on; returns the `resourceVersion` of the
 /// Workload after the write.
-async fn apply(
+pub(super) async fn apply(
     api: &Api<Workload>,
     wl: &Workload,
     check: &str,
@@ -857,16 +1082,17 @@ fn missing_resource_version(wl: &Workload) -> kube::Error {
 }
 
 /// Logs, counts and announces a state that was written.
-async fn written<C: AdmissionCheckController>(
+pub(super) async fn written<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
     check: &str,
     write: &crate::decide::Write,
     now: Timestamp,
+    uncounted: bool,
 ) {
     info!(
         workload = %wl.name_any(), namespace = ?wl.namespace(), check, state = %write.entry.state,
-        attempt = write.attempt, message = %write.entry.message, "check state written"
+        attempt = write.attempt, message = %write.entry.message, uncounted, "check state written"
     );
     let delay = write.retry_delay.map(|d| d.as_secs_f64());
     ctx.metrics

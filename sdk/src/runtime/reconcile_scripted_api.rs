@@ -41,6 +41,10 @@ struct Probe {
 /// `ctx.now`, as a budget check computes "until midnight".
 const UNTIL_NEXT_MINUTE: &str = "until the next minute";
 
+/// The answer of [`Probe`] that stands for "fail transiently, quoting values back", as an API
+/// error quotes the value it refused.
+const FAIL_QUOTING: &str = "fail quoting";
+
 impl Probe {
     /// How often the check was asked.
     fn asked(&self) -> u32 {
@@ -77,6 +81,11 @@ impl AdmissionCheckController for Probe {
         ctx: &CheckContext<'_, NoParameters>,
     ) -> Result<Decision, std::io::Error> {
         self.asked.fetch_add(1, Ordering::SeqCst);
+        if self.answer.message() == FAIL_QUOTING {
+            return Err(std::io::Error::other(
+                "the ledger said \"hunter2\" and 'swordfish' for workload \"wl\"",
+            ));
+        }
         if self.answer.message() == UNTIL_NEXT_MINUTE {
             let minute = (ctx.now.as_second() / 60 + 1) * 60;
             let next = k8s_openapi::jiff::Timestamp::from_second(minute).unwrap_or(ctx.now);
@@ -638,31 +647,246 @@ async fn a_dropped_connection_is_retried_and_the_next_reconcile_writes() {
     assert_eq!(h.asked(), 2);
 }
 
-#[tokio::test]
-async fn a_retry_whose_attempt_record_is_forbidden_is_never_written_uncounted() {
-    let h = Harness::new(Decision::retry("busy"));
-    h.fail(
+/// A harness answering `answer` whose permanent-failure hold is `hold`.
+fn holding(answer: Decision, hold: Duration) -> Harness {
+    Harness::configured(answer, false, |c| c.permanent_failure_hold = hold)
+}
+
+/// The entry the status write at `index` of the API requests carried.
+fn written_entry(h: &Harness, index: usize) -> serde_json::Value {
+    h.api_requests()[index].body["status"]["admissionChecks"][0].clone()
+}
+
+/// The note of the first Event of `reason`.
+fn event_note(h: &Harness, reason: &str) -> String {
+    h.requests()
+        .iter()
+        .find(|s| s.path.contains("/events") && s.body["reason"] == reason)
+        .and_then(|s| s.body["note"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// The ways the API server refuses an attempt record for good: RBAC without `patch` on
+/// workloads, a policy webhook's 400, annotations over their limit (422).
+const RECORD_REFUSALS: [(u16, &str, &str, &str); 3] = [
+    (
         403,
         "Forbidden",
-        "workloads.kueue.x-k8s.io is forbidden: User cannot patch",
+        "workloads.kueue.x-k8s.io \"wl\" is forbidden: User \"system:serviceaccount:ns:sa\" cannot patch resource \"workloads\"",
+        "grant patch on workloads",
+    ),
+    (
+        400,
+        "BadRequest",
+        "admission webhook \"policy.example.com\" denied the request: annotation 'attempts' is not allowed",
+        "admission webhook <18 characters> denied the request: annotation <8 characters> is not allowed",
+    ),
+    (
+        422,
+        "Invalid",
+        "metadata.annotations: Too long: must have at most 262144 bytes",
+        "(422 Invalid): metadata.annotations: Too long",
+    ),
+];
+
+#[tokio::test]
+async fn a_retry_whose_attempt_record_is_refused_for_good_holds_the_quota_then_goes_uncounted() {
+    for (code, reason, server_says, we_say) in RECORD_REFUSALS {
+        // During the hold: the entry says why, the quota is kept, nothing uncounted lands.
+        let h = holding(Decision::retry("busy"), Duration::from_secs(120));
+        h.fail(code, reason, server_says);
+        h.answer(200, json(&at("11", deciding())));
+        let next = h.decide(&at("10", deciding())).await.expect("no error");
+        assert!(
+            next.is_some_and(|d| d <= Duration::from_secs(120)),
+            "{code}: looked at again when the hold ends: {next:?}"
+        );
+        assert_eq!(h.calls(), ["PATCH workload", "PATCH status"], "{code}");
+        let entry = written_entry(&h, 1);
+        let message = entry["message"].as_str().unwrap_or_default();
+        assert_eq!(entry["state"], "Pending", "{code}: {message}");
+        assert!(
+            message.starts_with("Permanent failure: check probe answered Retry")
+                && message.contains(we_say)
+                && message.contains("then the Retry is written without the count"),
+            "{code}: {message}"
+        );
+        assert!(
+            h.api_requests()[1].body["metadata"]["annotations"].is_null(),
+            "{code}: the Pending carries no record"
+        );
+        assert!(
+            event_note(&h, "AttemptRecordRefused").contains(we_say),
+            "{code}"
+        );
+        assert_eq!(h.asked(), 1);
+
+        // Once the hold is over (none here): the Retry is written without its record, and
+        // Kueue's retryCount counts it.
+        let h = holding(Decision::retry("busy"), Duration::ZERO);
+        h.fail(code, reason, server_says);
+        h.answer(200, json(&at("11", deciding())));
+        h.decide(&at("10", deciding())).await.expect("no error");
+        assert_eq!(h.calls(), ["PATCH workload", "PATCH status"], "{code}");
+        let entry = written_entry(&h, 1);
+        assert_eq!(entry["state"], "Retry", "{code}: {entry}");
+        assert!(
+            entry["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("busy (attempt 1 of 4"),
+            "{code}: {entry}"
+        );
+        assert!(
+            event_note(&h, "AttemptRecordRefused")
+                .contains("the Retry answer is written without it"),
+            "{code}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refused_record_is_counted_once_per_attempt_and_its_hold_survives_a_new_answer() {
+    let h = holding(Decision::retry("busy"), Duration::from_secs(120));
+    let (code, reason, server_says, _) = RECORD_REFUSALS[0];
+    h.fail(code, reason, server_says);
+    h.answer(200, json(&at("11", deciding())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    // Asked again (a change of the Workload, here the watch delivering our own Pending): the
+    // same refusal, the same hold (the entry already says it: nothing to write), one count.
+    let held = written_entry(&h, 1);
+    let shown = deciding().check_entry(serde_json::from_value(held).expect("an entry"));
+    h.fail(code, reason, server_says);
+    h.decide(&at("11", shown)).await.expect("no error");
+    assert_eq!(h.asked(), 2);
+    assert_eq!(
+        h.calls(),
+        ["PATCH workload", "PATCH status", "PATCH workload"]
     );
+    assert_eq!(h.ctx.metrics.attempt_records_refused_of(CHECK), 1);
+}
+
+#[tokio::test]
+async fn a_refused_catch_up_record_is_dropped_at_once_and_a_rejection_past_the_limit_lands() {
+    // Kueue's retryCount says 4 retries, no record: the record only catches up, so the
+    // Rejected the exhausted Retry becomes is written without it at once, hold or not.
+    let exhausted = || deciding().retry_count(CHECK, 4);
+    let h = holding(Decision::retry("busy"), Duration::from_secs(120));
+    let (code, reason, server_says, _) = RECORD_REFUSALS[2];
+    h.fail(code, reason, server_says);
+    h.answer(200, json(&at("11", exhausted())));
+    h.decide(&at("10", exhausted())).await.expect("no error");
+    assert_eq!(h.calls(), ["PATCH workload", "PATCH status"]);
+    assert_eq!(written_entry(&h, 1)["state"], "Rejected");
+    assert!(h.sent_event("AttemptRecordRefused"));
+}
+
+#[tokio::test]
+async fn a_record_write_that_may_pass_is_retried_with_backoff_never_uncounted() {
+    let h = holding(Decision::retry("busy"), Duration::ZERO);
+    h.fail(503, "ServiceUnavailable", "etcd leader changed");
     let err = h
         .decide(&at("10", deciding()))
         .await
-        .expect_err("forbidden");
+        .expect_err("transient");
     assert_eq!(err.label(), "api");
-    // Only the record was tried: a Retry without its count would restart the attempts.
     assert_eq!(h.calls(), ["PATCH workload"]);
     assert_eq!(h.events(), ["CheckWriteFailed"]);
-    let note = h
-        .requests()
-        .iter()
-        .find(|s| s.path.contains("/events"))
-        .map(|s| s.body["note"].clone());
-    let note = note
-        .and_then(|n| n.as_str().map(String::from))
-        .unwrap_or_default();
-    assert!(note.contains("grant patch on workloads"), "{note}");
+}
+
+#[tokio::test]
+async fn an_invalid_decision_is_held_on_the_entry_then_retried_then_rejected() {
+    let mut bad = crate::api::PodSetUpdate {
+        name: "main".into(),
+        ..Default::default()
+    };
+    bad.node_selector
+        .insert(format!("example.com/{}", "z".repeat(70)), "a".into());
+    let answer = Decision::ready_with_updates("capacity ready", vec![bad]);
+    // The hold: the reason on the entry, no error, no retry of the same answer forever.
+    let h = holding(answer.clone(), Duration::from_secs(120));
+    h.answer(200, json(&at("11", deciding())));
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert!(next.is_some());
+    assert_eq!(h.calls(), ["PATCH status"]);
+    let entry = written_entry(&h, 0);
+    let message = entry["message"].as_str().unwrap_or_default();
+    assert_eq!(entry["state"], "Pending");
+    assert!(
+        message.starts_with("Permanent failure: the Ready answer of check probe cannot be written: the podSetUpdate for podset \"main\": nodeSelector key")
+            && message.contains("70 characters")
+            && message.contains("capacity ready"),
+        "{message}"
+    );
+    assert!(entry["podSetUpdates"].is_null(), "{entry}");
+    assert!(h.sent_event("CheckFailedPermanently"), "{:?}", h.events());
+    // Asked again (the watch delivers our Pending): the check answers the same, the hold goes
+    // on from where it started (the entry already says so: nothing to write). A hold that
+    // started again at every answer would never end.
+    let since = || {
+        h.ctx.memory.of("uid-ns-wl").checks[CHECK]
+            .permanent
+            .as_ref()
+            .map(|f| f.since)
+    };
+    let started = since();
+    let shown = deciding().check_entry(serde_json::from_value(entry.clone()).expect("an entry"));
+    h.decide(&at("11", shown)).await.expect("no error");
+    assert_eq!(h.asked(), 2);
+    assert!(started.is_some());
+    assert_eq!(since(), started, "the hold started again");
+    assert_eq!(h.calls(), ["PATCH status"]);
+    // After the hold: Retry without delay, counted...
+    let h = holding(answer.clone(), Duration::ZERO);
+    h.answer(200, json(&at("11", deciding())));
+    h.answer(200, json(&at("12", deciding())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(h.calls(), ["PATCH workload", "PATCH status"]);
+    let entry = written_entry(&h, 1);
+    assert_eq!(
+        (entry["state"].clone(), entry["requeueAfterSeconds"].clone()),
+        ("Retry".into(), 0.into())
+    );
+    // ... and Rejected past the retry limit (Kueue's default of 3 retries).
+    let h = holding(answer, Duration::ZERO);
+    let spent = || {
+        with_record(deciding(), "retries=3,evictions=0").with(|w| {
+            if let Some(s) = w.status.as_mut() {
+                s.scheduling_stats = Some(crate::api::SchedulingStats {
+                    evictions: vec![crate::api::EvictionCount {
+                        reason: "AdmissionCheck".into(),
+                        underlying_cause: String::new(),
+                        count: 3,
+                    }],
+                });
+            }
+        })
+    };
+    h.answer(200, json(&at("11", spent())));
+    h.decide(&at("10", spent())).await.expect("no error");
+    assert_eq!(written_entry(&h, 0)["state"], "Rejected");
+}
+
+#[tokio::test]
+async fn a_webhooks_denial_of_the_answer_is_permanent_not_rbac() {
+    let h = Harness::new(Decision::ready("fine"));
+    h.fail(
+        403,
+        "Forbidden",
+        "admission webhook \"vworkload.kb.io\" denied the request: status.admissionChecks[0].podSetUpdates[0].nodeSelector: Invalid value: \"example.com/zzz\": name part must be no more than 63 bytes",
+    );
+    h.answer(200, json(&at("11", deciding())));
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert!(next.is_some(), "looked at again when the hold ends");
+    let entry = written_entry(&h, 1);
+    let message = entry["message"].as_str().unwrap_or_default();
+    assert_eq!(entry["state"], "Pending");
+    assert!(
+        message.starts_with("Permanent failure: the Ready answer of check probe cannot be written: admission webhook vworkload.kb.io refused a request (403)")
+            && !message.contains("example.com/zzz"),
+        "{message}"
+    );
+    assert!(h.sent_event("CheckFailedPermanently"));
 }
 
 /// The record is a merge patch conditioned on the read's `resourceVersion`: for a Workload
@@ -935,4 +1159,205 @@ async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_a
     );
     assert!(ctx.memory.of("uid-ns-wl").checks.is_empty(), "forgotten");
     assert_eq!(ctx.controller.asked(), 1, "never asked again");
+}
+
+/// A whole-reconcile setup whose check is in the registry as `state`, with the configuration
+/// `tune` gives, and `wl` in the cache.
+fn reconciling_as(
+    state: Result<ActiveCheck<NoParameters>, crate::runtime::checks::Inactive>,
+    tune: impl FnOnce(&mut RuntimeConfig),
+    wl: &Workload,
+) -> (Arc<Context<Probe>>, ScriptedApi) {
+    let (cache, mut writer) = reflector::store::<Workload>();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(wl.clone()));
+    let Harness { ctx, api, .. } = Harness::configured(Decision::ready("fine"), false, tune);
+    ctx.registry
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(CHECK.to_string(), state.map(Arc::new));
+    // The cache keeps what it was given once its writer is gone.
+    drop(writer);
+    (Arc::new(ctx.with_cache(cache)), api)
+}
+
+fn inactive() -> crate::runtime::checks::Inactive {
+    crate::runtime::checks::Inactive {
+        reason: crate::runtime::checks::Reason::BadParametersRef,
+        message: "ProvisioningRequestConfig prc not found.".into(),
+    }
+}
+
+fn active() -> ActiveCheck<NoParameters> {
+    ActiveCheck {
+        parameters: NoParameters,
+        policy: RetryPolicy::default(),
+        message: String::new(),
+    }
+}
+
+/// The state and message of the entry the status write at `index` of `api`'s requests carried.
+fn entry_of(api: &ScriptedApi, index: usize) -> (String, String) {
+    let entry = &api.requests()[index].body["status"]["admissionChecks"][0];
+    (
+        entry["state"].as_str().unwrap_or_default().to_string(),
+        entry["message"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+fn calls_of(api: &ScriptedApi) -> Vec<String> {
+    api.requests()
+        .iter()
+        .map(|s| {
+            let end = if s.path.ends_with("/status") {
+                "status"
+            } else {
+                "workload"
+            };
+            format!("{} {end}", s.method)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_inactive_check_holds_its_workloads_with_the_reason_then_gives_the_quota_back() {
+    // Held: the reason on the entry, the quota kept, the check never asked.
+    let wl = at("11", deciding());
+    let (ctx, api) = reconciling_as(Err(inactive()), |_| {}, &wl);
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(wl.clone()), ctx.clone())
+        .await
+        .expect("held");
+    assert_eq!(calls_of(&api), ["PATCH status"]);
+    let (state, message) = entry_of(&api, 0);
+    assert_eq!(state, "Pending");
+    assert!(
+        message.starts_with(
+            "check probe cannot answer: its AdmissionCheck is not active (BadParametersRef: \
+             ProvisioningRequestConfig prc not found). The workload keeps its quota until "
+        ),
+        "{message}"
+    );
+    assert_eq!(ctx.controller.asked(), 0);
+    assert!(
+        api.event_reasons()
+            .contains(&"CheckCannotAnswer".to_string())
+    );
+
+    // Once the hold is over: Retry without delay, never Rejected (its retries are spent here).
+    let spent = || {
+        with_record(deciding(), "retries=3,evictions=0").with(|w| {
+            if let Some(s) = w.status.as_mut() {
+                s.scheduling_stats = Some(crate::api::SchedulingStats {
+                    evictions: vec![crate::api::EvictionCount {
+                        reason: "AdmissionCheck".into(),
+                        underlying_cause: String::new(),
+                        count: 3,
+                    }],
+                });
+            }
+        })
+    };
+    let wl = at("11", spent());
+    let (ctx, api) = reconciling_as(
+        Err(inactive()),
+        |c| c.permanent_failure_hold = Duration::ZERO,
+        &wl,
+    );
+    api.answer(200, json(&at("12", spent())));
+    api.answer(200, json(&at("13", spent())));
+    super::reconcile(Arc::new(wl), ctx.clone())
+        .await
+        .expect("released");
+    assert_eq!(calls_of(&api), ["PATCH workload", "PATCH status"]);
+    let (state, message) = entry_of(&api, 1);
+    assert_eq!(state, "Retry", "{message}");
+    assert!(message.contains("the quota is given back"), "{message}");
+    assert_eq!(
+        api.requests()[1].body["status"]["admissionChecks"][0]["requeueAfterSeconds"],
+        0
+    );
+
+    // An admitted Workload keeps its Ready: nothing to hold.
+    let admitted = at(
+        "11",
+        deciding()
+            .check_entry(our_entry(CheckState::Ready, "fine"))
+            .admitted(),
+    );
+    let (ctx, api) = reconciling_as(Err(inactive()), |_| {}, &admitted);
+    super::reconcile(Arc::new(admitted), ctx)
+        .await
+        .expect("nothing");
+    assert!(api.requests().is_empty());
+}
+
+#[tokio::test]
+async fn in_shadow_mode_a_workload_holding_quota_for_a_listed_check_is_answered_then_released() {
+    let shadow = |hold: Duration| {
+        move |c: &mut RuntimeConfig| {
+            c.shadow = Some(crate::shadow::ShadowScope::AllClusterQueues);
+            c.permanent_failure_hold = hold;
+        }
+    };
+    let wl = at("11", deciding());
+    let (ctx, api) = reconciling_as(Ok(active()), shadow(Duration::from_secs(120)), &wl);
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(wl.clone()), ctx.clone())
+        .await
+        .expect("held");
+    assert_eq!(calls_of(&api), ["PATCH status"]);
+    let (state, message) = entry_of(&api, 0);
+    assert_eq!(state, "Pending");
+    assert!(
+        message.starts_with("check probe cannot answer: its controller runs in shadow mode"),
+        "{message}"
+    );
+    // The would-be answer is still published, and nothing of it written.
+    assert!(
+        api.event_reasons().contains(&"WouldAnswer".to_string()),
+        "{:?}",
+        api.event_reasons()
+    );
+
+    let (ctx, api) = reconciling_as(Ok(active()), shadow(Duration::ZERO), &wl);
+    api.answer(200, json(&at("12", deciding())));
+    api.answer(200, json(&at("13", deciding())));
+    super::reconcile(Arc::new(wl), ctx).await.expect("released");
+    assert_eq!(calls_of(&api), ["PATCH workload", "PATCH status"]);
+    assert_eq!(entry_of(&api, 1).0, "Retry");
+}
+
+#[tokio::test]
+async fn a_transient_failure_is_announced_with_its_quoted_values_redacted() {
+    let h = Harness::new(Decision::pending(FAIL_QUOTING));
+    let err = h
+        .decide(&at("10", deciding()))
+        .await
+        .expect_err("transient");
+    assert_eq!(err.label(), "check");
+    assert!(
+        h.api_requests().is_empty(),
+        "nothing written on the Workload"
+    );
+    let note = event_note(&h, "CheckFailed");
+    assert_eq!(
+        note,
+        "check probe: the ledger said <7 characters> and <9 characters> for workload \"wl\""
+    );
+}
+
+#[tokio::test]
+async fn an_inactive_checks_release_goes_uncounted_when_its_record_is_refused() {
+    let wl = at("11", deciding());
+    let (ctx, api) = reconciling_as(
+        Err(inactive()),
+        |c| c.permanent_failure_hold = Duration::ZERO,
+        &wl,
+    );
+    let (code, reason, server_says, _) = RECORD_REFUSALS[0];
+    api.fail(code, reason, server_says);
+    api.answer(200, json(&at("12", deciding())));
+    super::reconcile(Arc::new(wl), ctx).await.expect("released");
+    assert_eq!(calls_of(&api), ["PATCH workload", "PATCH status"]);
+    assert_eq!(entry_of(&api, 1).0, "Retry");
 }

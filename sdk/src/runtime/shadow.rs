@@ -1,6 +1,8 @@
 //! Shadow mode, the I/O part: ask each check about a Workload in scope, publish what it would
 //! have answered (an Event, a count, a log line), release what it took once the Workload no
-//! longer holds quota in scope. Nothing is written on the Workload. The rules are in
+//! longer holds quota in scope. No answer is written on the Workload; only one that holds
+//! quota for a check of ours its ClusterQueue lists (and that therefore waits for an answer
+//! never written) is held, then given back (`super::unanswerable`). The rules are in
 //! [`crate::shadow`].
 
 use std::sync::Arc;
@@ -15,6 +17,8 @@ use tracing::info;
 use super::checks::ActiveCheck;
 use super::context::{Context, release};
 use super::memory::{PairKey, lock};
+use super::reconcile::sooner;
+use super::unanswerable;
 use crate::api::{AdmissionCheckState, CheckState, Workload};
 use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass};
 use crate::error::Error;
@@ -37,26 +41,41 @@ pub(super) async fn reconcile_shadowed<C: AdmissionCheckController>(
     let Some(uid) = wl.uid() else {
         return Err(Error::MalformedWorkload("no uid".into()));
     };
-    let active: Vec<_> = {
+    let (active, cannot_answer) = {
         let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
-        registry
+        let active: Vec<_> = registry
             .iter()
             .filter_map(|(name, state)| state.as_ref().ok().map(|a| (name.clone(), a.clone())))
-            .collect()
+            .collect();
+        // A ClusterQueue that lists a check of ours, which writes no answers in shadow mode:
+        // Workloads already holding quota with its entry would wait for ever.
+        let cannot_answer: Vec<(String, String)> = registry
+            .iter()
+            .filter(|(name, _)| wl.admission_check(name).is_some())
+            .map(|(name, state)| {
+                let why = match state {
+                    Ok(_) => unanswerable::shadowed(name),
+                    Err(inactive) => unanswerable::inactive(name, inactive),
+                };
+                (name.clone(), why)
+            })
+            .collect();
+        (active, cannot_answer)
     };
+    let mut requeue: Option<Duration> = None;
+    for (check, why) in cannot_answer {
+        let next = unanswerable::hold_or_release(ctx, wl, &check, &why).await?;
+        requeue = sooner(requeue, next);
+    }
     let eligibility = shadow_eligibility(wl, scope);
     release_unneeded(ctx, wl, &uid, &active, &eligibility).await?;
     let ShadowEligibility::Decide { reservation } = eligibility else {
-        return Ok(None);
+        return Ok(requeue);
     };
-    let mut requeue: Option<Duration> = None;
     for (check, active) in active {
         let key: PairKey = (uid.clone(), check);
         let after = decide_in_shadow(ctx, wl, scope, &key, &active, &reservation).await?;
-        requeue = match (requeue, after) {
-            (Some(r), Some(a)) => Some(r.min(a)),
-            (r, a) => r.or(a),
-        };
+        requeue = sooner(requeue, after);
     }
     Ok(requeue)
 }

@@ -153,9 +153,14 @@ async fn admitted_and_rejected_workloads_say_so() -> Result<()> {
     let r = explain(&env, &no).await?;
     assert_eq!(r.phase, Phase::Deactivated);
     // Kueue may have reset the entry after the deactivation; the advice names the check either
-    // way, from the entry or from Kueue's deactivation message.
+    // way, from the entry or from Kueue's deactivation message, and what brings it back:
+    // not spec.active: true (Kueue does not requeue a Workload a check deactivated), but a
+    // resubmitted Job or `kueue-ac reactivate` (tests/e2e/tests/reactivate.rs runs it).
     assert!(
-        r.advice.contains(&q.check) && r.advice.contains("spec.active: true"),
+        r.advice.contains(&q.check)
+            && r.advice.contains("Setting spec.active: true is not enough")
+            && r.advice
+                .contains(&format!("kueue-ac reactivate -n {} workload/{no}", env.ns)),
         "{}",
         kueue_ac::render::text(&r)
     );
@@ -212,5 +217,75 @@ async fn a_failed_provisioning_request_is_shown_with_the_autoscalers_words() -> 
             .any(|e| e.reason == "CheckRetry" || e.reason.contains("Retry")),
         "{text}"
     );
+    Ok(())
+}
+
+/// Two checks answer `Retry` with delays of different lengths, the first entry with the shorter:
+/// Kueue keeps the quota until the longer one ends, and so does the report (it used to take the
+/// first entry's).
+#[tokio::test]
+async fn two_delayed_retries_hold_the_quota_until_the_longer_one_ends() -> Result<()> {
+    use k8s_openapi::jiff::SignedDuration;
+    let env = TestEnv::new("explain-two-retries").await?;
+    let controller = env.own_controller_name("explain");
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let short = env
+        .admission_check("a-short", &controller)
+        .await?
+        .name_any();
+    let long = env.admission_check("b-long", &controller).await?.name_any();
+    env.queues_on(&flavor, "4", &[&short, &long]).await?;
+    env.set_admission_check_active(&short, true).await?;
+    env.set_admission_check_active(&long, true).await?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&wl, &short).await?;
+    env.answer_check_with_delay(
+        &wl,
+        &short,
+        CheckState::Retry,
+        "license server down",
+        Some(600),
+    )
+    .await?;
+    let answered = env
+        .answer_check_with_delay(&wl, &long, CheckState::Retry, "budget spent", Some(1800))
+        .await?;
+    let since = answered
+        .admission_check(&long)
+        .and_then(|e| e.last_transition_time.as_ref())
+        .map(|t| t.0)
+        .ok_or_else(|| anyhow::anyhow!("no lastTransitionTime"))?;
+    let longest = since.checked_add(SignedDuration::from_secs(1800))?;
+    // Kueue's own bookkeeping agrees: requeueAt moves to the longest delay's end.
+    env.wait_workload(&wl, "requeueAt at the longer delay's end", |w| {
+        w.requeue_at() == Some(longest)
+    })
+    .await?;
+
+    let r = explain(&env, &wl).await?;
+    let text = kueue_ac::render::text(&r);
+    ensure!(r.checks.len() == 2 && r.checks[0].name == short, "{text}");
+    for c in &r.checks {
+        assert_eq!(c.state, CheckState::Retry, "{text}");
+        assert_eq!(c.next_attempt_at, Some(longest), "{}: {text}", c.name);
+        assert!(c.quota_held_until_retry, "{}: {text}", c.name);
+    }
+    assert!(r.checks[0].delay_ends_at < Some(longest), "{text}");
+    assert!(
+        r.advice.starts_with(&format!(
+            "Check {short} answered Retry: license server down. Kueue keeps the quota until {} \
+             (check {long}'s delay, the longest)",
+            kueue_ac::report::format_time(longest)
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "Requeue: at {}",
+            kueue_ac::report::format_time(longest)
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("time(s), next at"), "{text}");
     Ok(())
 }

@@ -499,3 +499,180 @@ async fn kueues_check_deletes_any_request_owned_by_a_workload_holding_quota() ->
     );
     Ok(())
 }
+
+/// Kueue's Workload webhook refuses a podSetUpdate it finds invalid with 403, worded as an
+/// admission webhook's denial, not as RBAC: here the node selector key with a
+/// 70-character name part (a ProvisioningRequestConfig's CRD takes such a key). The SDK takes
+/// that denial for permanent, and validates podSetUpdates before writing so it never sends one.
+#[tokio::test]
+async fn kueues_webhook_refuses_an_invalid_pod_set_update_with_a_403_that_is_no_rbac() -> Result<()>
+{
+    use kube::api::{Patch, PatchParams};
+    use kueue_admission_sdk::ErrorClass;
+    let env = TestEnv::new("webhook-403").await?;
+    let (q, wl_name, wl) = job_waiting_for_the_check(&env).await?;
+    let key = format!("example.com/{}", "z".repeat(70));
+    let body = serde_json::json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": wl_name, "namespace": env.ns, "resourceVersion": wl.resource_version()},
+        "status": {"admissionChecks": [{
+            "name": q.check,
+            "state": "Ready",
+            "message": "provisioned",
+            "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now()),
+            "podSetUpdates": [{"name": "main", "nodeSelector": {key.clone(): "zone-a"}}],
+        }]},
+    });
+    let pp = PatchParams::apply(&format!("{}-{}", e2e::TEST_FIELD_MANAGER, q.check)).force();
+    let refused = env
+        .workloads()
+        .patch_status(&wl_name, &pp, &Patch::Apply(&body))
+        .await
+        .expect_err("Kueue's webhook refuses the key");
+    let kube::Error::Api(status) = refused else {
+        panic!("not an API answer: {refused}");
+    };
+    println!("{} {}: {}", status.code, status.reason, status.message);
+    assert_eq!(status.code, 403, "{status:?}");
+    assert!(
+        status
+            .message
+            .starts_with("admission webhook \"vworkload.kb.io\" denied the request")
+            && status.message.contains("name part must be no more than 63"),
+        "{status:?}"
+    );
+    assert!(
+        matches!(
+            ErrorClass::of_status(status.code, &status.reason, &status.message),
+            ErrorClass::Permanent { .. }
+        ),
+        "the SDK takes it for permanent"
+    );
+    // The SDK's own check says the same before anything is sent.
+    let mut update = kueue_admission_sdk::api::PodSetUpdate {
+        name: "main".into(),
+        ..Default::default()
+    };
+    update.node_selector.insert(key, "zone-a".into());
+    let why = kueue_admission_sdk::api::validation::pod_set_updates(&wl.spec.pod_sets, &[update])
+        .expect_err("refused by the SDK too");
+    assert!(why.contains("70 characters"), "{why}");
+    // Nothing landed.
+    let now = env.workloads().get(&wl_name).await?;
+    assert_eq!(entry_state(&now, &q.check), Some(CheckState::Pending));
+    Ok(())
+}
+
+/// A Workload deactivated because a check answered `Rejected` is not queued again by
+/// `spec.active: true` (Kueue v0.15 to v0.19, `pkg/controller/core/workload_controller.go`:
+/// a reactivated Workload is requeued only when its `Requeued` condition says reason
+/// `Deactivated`, and this one says `DeactivatedDueToAdmissionCheck`). It stays evicted and
+/// never gets quota, while a later Workload of the same queue does. Giving `Requeued` the
+/// reason `Deactivated` (what `kueue-ac reactivate` does) is what requeues it.
+#[tokio::test]
+async fn a_workload_a_check_rejected_is_not_queued_again_by_spec_active_true() -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    let env = TestEnv::new("reactivate-rejected").await?;
+    let (q, wl_name, _) = job_waiting_for_the_check(&env).await?;
+    env.answer_check(
+        &wl_name,
+        &q.check,
+        CheckState::Rejected,
+        "rejected by the test",
+    )
+    .await?;
+    let deactivated = env
+        .wait_workload(&wl_name, "deactivated, evicted, quota released", |wl| {
+            !wl.is_active()
+                && wl.condition_is_true(cond::EVICTED)
+                && !wl.condition_is_true(cond::QUOTA_RESERVED)
+                && wl.condition(cond::REQUEUED).is_some()
+        })
+        .await?;
+    let requeued = deactivated.condition(cond::REQUEUED).cloned();
+    let evicted = deactivated.condition(cond::EVICTED).cloned();
+    assert_eq!(
+        requeued
+            .as_ref()
+            .map(|c| (c.status.as_str(), c.reason.as_str())),
+        Some(("False", "DeactivatedDueToAdmissionCheck")),
+        "{}",
+        e2e::dump(&deactivated)
+    );
+    assert_eq!(
+        evicted.as_ref().map(|c| c.reason.as_str()),
+        Some("DeactivatedDueToAdmissionCheck")
+    );
+
+    // The advice of old: spec.active: true.
+    env.workloads()
+        .patch(
+            &wl_name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"active": true}})),
+        )
+        .await?;
+    // A Job submitted afterwards, with room for both: the scheduler runs and admits it, while
+    // the reactivated Workload (older, same priority, first in line if it were queued) gets
+    // nothing.
+    let later = env.submit_job("later", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&later, &q.check).await?;
+    let stuck = env.workloads().get(&wl_name).await?;
+    // Never reserved since: its QuotaReserved=False is the one the deactivation left.
+    let released_at = |wl: &Workload| {
+        wl.condition(cond::QUOTA_RESERVED)
+            .map(|c| (c.status.clone(), c.last_transition_time.clone()))
+    };
+    assert_eq!(
+        released_at(&stuck),
+        released_at(&deactivated),
+        "{}",
+        e2e::dump(&stuck)
+    );
+    assert!(
+        stuck.is_active()
+            && stuck.condition_is_true(cond::EVICTED)
+            && stuck.condition(cond::REQUEUED).map(|c| c.reason.as_str())
+                == Some("DeactivatedDueToAdmissionCheck"),
+        "{}",
+        e2e::dump(&stuck)
+    );
+
+    // The reason Kueue requeues on: it is queued again and reserves quota.
+    let conditions: Vec<_> = stuck
+        .status
+        .clone()
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .map(|mut c| {
+            if c.type_ == cond::REQUEUED {
+                c.reason = "Deactivated".into();
+            }
+            c
+        })
+        .collect();
+    env.workloads()
+        .patch_status(
+            &wl_name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"resourceVersion": stuck.resource_version()},
+                "status": {"conditions": conditions},
+            })),
+        )
+        .await?;
+    let back = env
+        .wait_check_pending_with_quota(&wl_name, &q.check)
+        .await?;
+    assert_eq!(
+        back.condition(cond::REQUEUED)
+            .map(|c| (c.status.as_str(), c.reason.as_str())),
+        Some(("True", "Reactivated")),
+        "{}",
+        e2e::dump(&back)
+    );
+    Ok(())
+}

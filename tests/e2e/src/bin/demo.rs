@@ -254,10 +254,19 @@ fn tell(seen: Seen, check: &str, cluster: &mut Cluster, narrator: &mut Narrator)
 fn tell_workload(wl: &Workload, check: &str, cluster: &mut Cluster, narrator: &mut Narrator) {
     let name = wl.name_any();
     if let Some(e) = wl.admission_check(check) {
-        let message = if e.message.is_empty() {
-            "(no message yet: Kueue added the entry, the controller has not answered)"
-        } else {
-            e.message.as_str()
+        // Kueue adds the entry Pending with an empty message before anything answers it.
+        let message = match (
+            e.message.is_empty(),
+            wl.condition_is_true(cond::QUOTA_RESERVED),
+        ) {
+            (false, _) => e.message.as_str(),
+            (true, false) => {
+                "entry added by Kueue; no quota reserved yet, so the check is not asked"
+            }
+            (true, true) => {
+                "quota reserved; the check has not answered yet (its first answer creates the \
+                 ProvisioningRequest)"
+            }
         };
         let line = format!("{:?}: {message}", e.state);
         narrator.say_if_changed(

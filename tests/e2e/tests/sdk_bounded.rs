@@ -1,0 +1,448 @@
+//! No path holds quota without an answer (issue 26), against the real Kueue: an answer Kueue
+//! would refuse, an answer a policy refuses, an attempt record a policy refuses, a check that
+//! turns inactive, and an enforcing check switched back to shadow mode. Each ends with the
+//! quota given back (or the Workload admitted), and the reason on the entry on the way.
+//!
+//! The policies are ValidatingAdmissionPolicies: the API server enforces them itself, worded
+//! and answered as a policy webhook's denial would be, bound to the test's namespace only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use e2e::probe::{Probe, ProbeScript};
+use e2e::{GuardedQueue, TestEnv};
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kueue_admission_sdk::api::{
+    AdmissionCheck, CheckState, ClusterQueue, PodSetUpdate, Workload, workload_condition as cond,
+};
+use kueue_admission_sdk::retry::Backoff;
+use kueue_admission_sdk::shadow::ShadowScope;
+use kueue_admission_sdk::{Decision, RetryPolicy, RuntimeConfig};
+use serde_json::json;
+
+/// The permanent-failure hold of these tests: long enough to see the reason on the entry,
+/// short enough to see the quota given back.
+const HOLD: Duration = Duration::from_secs(3);
+
+/// No delay between attempts, one retry: the second failure rejects.
+fn one_retry() -> RetryPolicy {
+    RetryPolicy {
+        backoff: Backoff::Immediate,
+        retry_limit: Some(1),
+    }
+}
+
+/// Queues guarded by a check this test's probe answers, with the probe's script.
+async fn probed(env: &TestEnv) -> Result<(GuardedQueue, Arc<ProbeScript>)> {
+    let q = env
+        .guarded_queue("check", &env.own_controller_name("bounded"), "4")
+        .await?;
+    Ok((q, ProbeScript::new()))
+}
+
+/// The probe of `q` running with `policy`, the short hold, its metrics served, and `tune`.
+fn run_probe(
+    env: &TestEnv,
+    q: &GuardedQueue,
+    script: &Arc<ProbeScript>,
+    policy: RetryPolicy,
+    tune: impl FnOnce(RuntimeConfig) -> RuntimeConfig,
+) -> Result<e2e::Running> {
+    let http = e2e::free_local_address()?;
+    Ok(Probe::new(&q.controller_name, script.clone())
+        .policy(policy)
+        .run(env, env.client.clone(), |c| {
+            tune(RuntimeConfig {
+                permanent_failure_hold: HOLD,
+                metrics_address: Some(http),
+                ..c
+            })
+        }))
+}
+
+fn message_of(wl: &Workload, check: &str) -> String {
+    wl.admission_check(check)
+        .map(|e| e.message.clone())
+        .unwrap_or_default()
+}
+
+/// Waits until `check`'s entry on the Workload says something starting with `start` while the
+/// Workload holds quota; returns the message.
+async fn held_with(env: &TestEnv, wl: &str, check: &str, start: &str) -> Result<String> {
+    let what = format!("quota held, entry Pending saying {start:?}");
+    let seen = env
+        .wait_workload(wl, &what, |w| {
+            w.condition_is_true(cond::QUOTA_RESERVED)
+                && w.admission_check(check)
+                    .is_some_and(|e| e.state == CheckState::Pending && e.message.starts_with(start))
+        })
+        .await?;
+    Ok(message_of(&seen, check))
+}
+
+#[tokio::test]
+async fn an_answer_kueue_would_refuse_is_shown_on_the_entry_then_retried_then_rejected()
+-> Result<()> {
+    let env = TestEnv::new("bounded-invalid").await?;
+    let (q, script) = probed(&env).await?;
+    let nope = PodSetUpdate {
+        name: "nope".into(),
+        ..Default::default()
+    };
+    script.answer("job", Decision::ready_with_updates("granted", vec![nope]));
+    let _probe = run_probe(&env, &q, &script, one_retry(), |c| c)?;
+    let mut recorder = env.record_workloads().await?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    let start = format!(
+        "Permanent failure: the Ready answer of check {} cannot be written: a podSetUpdate for \
+         podset \"nope\", which the workload does not have",
+        q.check
+    );
+    let message = held_with(&env, &wl, &q.check, &start).await?;
+    assert!(message.contains("granted"), "{message}");
+    // Not retried for ever: held, given back (Retry), asked again, and past the limit Rejected,
+    // which Kueue answers with a deactivation.
+    let history = recorder
+        .until(&wl, "deactivated", |w| !w.is_active())
+        .await?;
+    let rejected = history.iter().any(|w| {
+        w.admission_check(&q.check)
+            .is_some_and(|e| e.state == CheckState::Rejected)
+    });
+    let last = history.last().context("no version")?;
+    assert!(
+        rejected && last.evictions("AdmissionCheck") >= 1,
+        "{}",
+        e2e::dump(last)
+    );
+    let attempts: Vec<u32> = script.calls_for("job").iter().map(|(_, a)| *a).collect();
+    assert!(
+        attempts.contains(&1) && attempts.contains(&2),
+        "{attempts:?}"
+    );
+    let note = env.event_note(&wl, "CheckFailedPermanently").await?;
+    assert!(note.contains("\"nope\""), "{note}");
+    Ok(())
+}
+
+/// A cluster-scoped object of `kind` in `admissionregistration.k8s.io/v1`, created from `body`.
+async fn create_admission_object(env: &TestEnv, kind: &str, body: serde_json::Value) -> Result<()> {
+    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    let api: Api<DynamicObject> = Api::all_with(env.client.clone(), &ApiResource::from_gvk(&gvk));
+    let object: DynamicObject = serde_json::from_value(body)?;
+    api.create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("creating {kind}"))?;
+    Ok(())
+}
+
+/// A ValidatingAdmissionPolicy denying what `expression` refuses on `resource` of Workloads
+/// (`workloads` or `workloads/status`) with `reason` (`Forbidden`: 403, `Invalid`: 422), bound
+/// to the test's namespace only.
+async fn deny(
+    env: &TestEnv,
+    name: &str,
+    resource: &str,
+    (expression, reason): (&str, &str),
+) -> Result<String> {
+    let name = env.cluster_name(name);
+    create_admission_object(
+        env,
+        "ValidatingAdmissionPolicy",
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["kueue.x-k8s.io"], "apiVersions": ["*"],
+                    "operations": ["UPDATE"], "resources": [resource],
+                }]},
+                "validations": [{
+                    "expression": expression,
+                    "message": "refused by the test's policy",
+                    "reason": reason,
+                }],
+            },
+        }),
+    )
+    .await?;
+    create_admission_object(
+        env,
+        "ValidatingAdmissionPolicyBinding",
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": env.ns,
+                }}},
+            },
+        }),
+    )
+    .await?;
+    Ok(name)
+}
+
+/// Waits until a dry run of `patch` on the Workload (its status if `status`) is refused by a
+/// policy (403 or 422): the API server takes a moment to enforce a new binding.
+async fn until_refused(
+    env: &TestEnv,
+    wl: &str,
+    status: bool,
+    patch: serde_json::Value,
+) -> Result<()> {
+    let pp = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    for _ in 0..100 {
+        let result = if status {
+            env.workloads()
+                .patch_status(wl, &pp, &Patch::Merge(&patch))
+                .await
+        } else {
+            env.workloads().patch(wl, &pp, &Patch::Merge(&patch)).await
+        };
+        match result {
+            Err(kube::Error::Api(s)) if [403, 422].contains(&s.code) => return Ok(()),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    bail!("the policy was never enforced on Workload {wl}")
+}
+
+#[tokio::test]
+async fn a_policys_denial_of_the_answer_is_permanent_not_rbac() -> Result<()> {
+    let env = TestEnv::new("bounded-policy").await?;
+    let (q, script) = probed(&env).await?;
+    script.answers(
+        "job",
+        vec![
+            Decision::ready("granted, forbidden-word"),
+            Decision::ready("granted"),
+        ],
+    );
+    let gate = script.gate("job");
+    let _probe = run_probe(&env, &q, &script, one_retry(), |c| c)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&wl, &q.check).await?;
+    let expression = "!has(object.status.admissionChecks) || \
+                      object.status.admissionChecks.all(c, !c.message.contains('forbidden-word'))";
+    deny(
+        &env,
+        "no-word",
+        "workloads/status",
+        (expression, "Forbidden"),
+    )
+    .await?;
+    let word = json!({"status": {"admissionChecks": [{
+        "name": q.check, "state": "Pending", "message": "forbidden-word",
+        "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now()),
+    }]}});
+    until_refused(&env, &wl, true, word).await?;
+    gate.add_permits(100);
+    let start = format!(
+        "Permanent failure: the Ready answer of check {} cannot be written: a \
+         ValidatingAdmissionPolicy refused a request (403)",
+        q.check
+    );
+    let message = held_with(&env, &wl, &q.check, &start).await?;
+    assert!(!message.contains("forbidden-word"), "{message}");
+    // After the hold the quota goes back; the next attempt's answer is admitted.
+    let (admitted, _) = env.wait_admitted_ready(&wl, &q.check).await?;
+    assert_eq!(
+        admitted.evictions("AdmissionCheck"),
+        1,
+        "{}",
+        e2e::dump(&admitted)
+    );
+    let attempts: Vec<u32> = script.calls_for("job").iter().map(|(_, a)| *a).collect();
+    assert_eq!(attempts.last(), Some(&2), "{attempts:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_refused_attempt_record_holds_the_quota_then_the_retry_goes_uncounted() -> Result<()> {
+    let env = TestEnv::new("bounded-record").await?;
+    let (q, script) = probed(&env).await?;
+    script.answers(
+        "job",
+        vec![Decision::retry("busy"), Decision::ready("granted")],
+    );
+    let gate = script.gate("job");
+    let immediate = RetryPolicy {
+        backoff: Backoff::Immediate,
+        retry_limit: Some(3),
+    };
+    let probe = run_probe(&env, &q, &script, immediate, |c| c)?;
+    let mut recorder = env.record_workloads().await?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&wl, &q.check).await?;
+    let expression = "!has(object.metadata.annotations) || \
+                      !object.metadata.annotations.exists(k, \
+                      k.startsWith('attempts.kueue-admission-checks.dev/'))";
+    // 422, as for annotations over their limit.
+    deny(&env, "no-record", "workloads", (expression, "Invalid")).await?;
+    let record = json!({"metadata": {"annotations": {
+        kueue_admission_sdk::attempts::annotation_key(&q.check): "retries=1,evictions=0",
+    }}});
+    until_refused(&env, &wl, false, record).await?;
+    gate.add_permits(100);
+    let start = format!(
+        "Permanent failure: check {} answered Retry (\"busy\"), but it cannot be counted on the \
+         Workload: the API server refused the patch of annotation",
+        q.check
+    );
+    held_with(&env, &wl, &q.check, &start).await?;
+    // After the hold: the Retry without its record; Kueue counts it (retryCount 1), so the
+    // next attempt is attempt 2, which is admitted.
+    let history = recorder
+        .until(&wl, "admitted", |w| w.condition_is_true(cond::ADMITTED))
+        .await?;
+    let last = history.last().context("no version")?;
+    assert!(
+        history.iter().all(|w| w
+            .annotations()
+            .keys()
+            .all(|k| !k.starts_with("attempts.kueue-admission-checks.dev/"))),
+        "a record landed:\n{}",
+        e2e::dump(last)
+    );
+    assert!(
+        history.iter().any(|w| w
+            .admission_check(&q.check)
+            .is_some_and(|e| e.state == CheckState::Retry)),
+        "no Retry written"
+    );
+    assert_eq!(
+        last.admission_check(&q.check).and_then(|e| e.retry_count),
+        Some(1)
+    );
+    let attempts: Vec<u32> = script.calls_for("job").iter().map(|(_, a)| *a).collect();
+    assert_eq!(attempts.last(), Some(&2), "{attempts:?}");
+    let note = env.event_note(&wl, "AttemptRecordRefused").await?;
+    assert!(note.contains("refused by the test"), "{note}");
+    // Counted once per attempt: the first attempt's Retry, and the second attempt's Ready,
+    // whose record would only have caught up with Kueue's retryCount (written without it at
+    // once, no hold).
+    let series = format!(
+        "kueue_ac_attempt_records_refused_total{{check=\"{}\"}}",
+        q.check
+    );
+    assert_eq!(probe.metric(&series).await?, Some(2.0));
+    Ok(())
+}
+
+/// Patches `check`'s AdmissionCheck `spec.parameters` (null removes them).
+async fn set_parameters(env: &TestEnv, check: &str, parameters: serde_json::Value) -> Result<()> {
+    Api::<AdmissionCheck>::all(env.client.clone())
+        .patch(
+            check,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"parameters": parameters}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until the Workload was evicted by `reason` once, gave its quota back and Kueue keeps it
+/// from quota because its ClusterQueue is inactive.
+async fn given_back_and_waiting(env: &TestEnv, wl: &str, cq: &str) -> Result<Workload> {
+    let what = format!("evicted once, quota given back, waiting: ClusterQueue {cq} is inactive");
+    env.wait_workload(wl, &what, |w| {
+        w.evictions("AdmissionCheck") == 1
+            && w.condition(cond::QUOTA_RESERVED).is_some_and(|c| {
+                c.status == "False"
+                    && c.message
+                        .contains(&format!("ClusterQueue {cq} is inactive"))
+            })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_check_turned_inactive_holds_its_workloads_with_the_reason_then_gives_the_quota_back()
+-> Result<()> {
+    let env = TestEnv::new("bounded-inactive").await?;
+    let (q, script) = probed(&env).await?;
+    let _probe = run_probe(&env, &q, &script, RetryPolicy::default(), |c| c)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_workload(&wl, "the probe's Pending", |w| {
+        message_of(w, &q.check) == "no answer yet"
+    })
+    .await?;
+    let bad = json!({"apiGroup": "example.com", "kind": "Budget", "name": "weekly"});
+    set_parameters(&env, &q.check, bad).await?;
+    let start = format!(
+        "check {} cannot answer: its AdmissionCheck is not active (BadParametersRef: this check \
+         takes no parameters",
+        q.check
+    );
+    let message = held_with(&env, &wl, &q.check, &start).await?;
+    assert!(message.contains("keeps its quota until"), "{message}");
+    env.event_note(&wl, "CheckCannotAnswer").await?;
+    given_back_and_waiting(&env, &wl, &q.cluster_queue).await?;
+    // Fixed: active again, the Workload gets quota again and is answered.
+    script.answer("job", Decision::ready("granted"));
+    set_parameters(&env, &q.check, serde_json::Value::Null).await?;
+    let (admitted, entry) = env.wait_admitted_ready(&wl, &q.check).await?;
+    assert_eq!(entry.message, "granted", "{}", e2e::dump(&admitted));
+    Ok(())
+}
+
+/// Switching an enforcing check back to shadow mode: the Workload that held quota waiting for
+/// it is told why, gives the quota back after the hold, and waits in its queue; removing the
+/// check from the ClusterQueue (the rest of the rollback) admits it.
+#[tokio::test]
+async fn switching_an_enforcing_check_back_to_shadow_mode_strands_no_quota() -> Result<()> {
+    let env = TestEnv::new("bounded-shadow").await?;
+    let (q, script) = probed(&env).await?;
+    let enforcing = run_probe(&env, &q, &script, RetryPolicy::default(), |c| c)?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_workload(&wl, "the probe's Pending", |w| {
+        w.condition_is_true(cond::QUOTA_RESERVED) && message_of(w, &q.check) == "no answer yet"
+    })
+    .await?;
+    enforcing.stop().await?;
+
+    let _shadow = run_probe(&env, &q, &script, RetryPolicy::default(), |c| {
+        RuntimeConfig {
+            shadow: Some(ShadowScope::AllClusterQueues),
+            ..c
+        }
+    })?;
+    env.wait_active::<AdmissionCheck>(&q.check, "False", Some("ShadowMode"))
+        .await?;
+    let start = format!(
+        "check {} cannot answer: its controller runs in shadow mode (--shadow)",
+        q.check
+    );
+    held_with(&env, &wl, &q.check, &start).await?;
+    given_back_and_waiting(&env, &wl, &q.cluster_queue).await?;
+    env.wait_job_suspend("job", true).await?;
+
+    // The rest of the rollback: the ClusterQueue no longer waits for the check.
+    Api::<ClusterQueue>::all(env.client.clone())
+        .patch(
+            &q.cluster_queue,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"admissionChecksStrategy": null}})),
+        )
+        .await?;
+    let admitted = env.wait_admitted(&wl).await?;
+    assert!(
+        admitted.admission_check(&q.check).is_none(),
+        "{}",
+        e2e::dump(&admitted)
+    );
+    Ok(())
+}
