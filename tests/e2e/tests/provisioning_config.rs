@@ -966,12 +966,18 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
         assert_eq!(annotations.get(CONSUME_ANNOTATION), Some(req), "job {job}");
     }
 
-    // Both Jobs complete and their Workloads finish; nothing of ours remains (Kueue's
-    // requests are Kueue's business).
+    // Both Jobs complete and their Workloads finish; nothing of ours remains. Kueue's check
+    // deletes its request, and the garbage collector its template (the request owns it).
     for (job, wl) in [("ours", &ours_wl), ("theirs", &theirs_wl)] {
         env.complete_job(job, wl).await?;
     }
     env.wait_nothing_left().await?;
+    e2e::wait_gone(env.provisioning_requests(), &theirs_req).await?;
+    let templates = kube::Api::<k8s_openapi::api::core::v1::PodTemplate>::namespaced(
+        env.client.clone(),
+        &env.ns,
+    );
+    e2e::wait_gone(templates, &format!("ppt-{theirs_req}-main")).await?;
     e2e::Running::stop_all([controller, simulator]).await
 }
 
