@@ -475,7 +475,10 @@ fn start_simulator(env: &TestEnv) -> Result<Process> {
         Command::new(sibling("autoscaler-simulator")?)
             .arg("--kubeconfig")
             .arg(run_dir()?.join("autoscaler-simulator.kubeconfig"))
-            .args(["--class", &env.provisioning_class()])
+            // Scripted: every request provisioned at once, as in every run before; watching
+            // only the run's namespace.
+            .args(["--scripted-class", &env.provisioning_class()])
+            .args(["--namespace", &env.ns])
             .args(["--log-level", "warn"])
             // Never the bottleneck, for either controller.
             .env("KUEUE_AC_KUBE_API_QPS", "2000")

@@ -631,7 +631,9 @@ fn specs(config: &SoakConfig, names: &Names) -> Vec<Spec> {
         program: config.bin_dir.join("autoscaler-simulator"),
         args: vec![
             format!("--kubeconfig={kubeconfig}"),
-            format!("--class={}", names.class),
+            // Scripted (fault injection), and only in the soak's namespace.
+            format!("--scripted-class={}", names.class),
+            format!("--namespace={}", names.ns),
         ],
     });
     specs
