@@ -34,6 +34,30 @@ impl ExactQuantity {
     pub fn to_f64(&self) -> f64 {
         self.to_string().parse().unwrap_or(f64::NAN)
     }
+
+    /// The amount in thousandths, rounded up as Kubernetes' `MilliValue` rounds a positive
+    /// amount (`100m` is 100, `1.0001m` is 2, `1Ki` is 1,024,000), so every resource compares in
+    /// one integer unit; a negative amount is rounded towards zero. `None` beyond `i128`.
+    pub fn milli_ceil(&self) -> Option<i128> {
+        let power = self.exponent.checked_add(3)?;
+        let magnitude = if power >= 0 {
+            let scale = 10u128.checked_pow(u32::try_from(power).ok()?)?;
+            self.mantissa.checked_mul(scale)?
+        } else {
+            // Beyond 10^38 every mantissa rounds up to 1 (or stays 0).
+            let scale = u32::try_from(-power)
+                .ok()
+                .and_then(|p| 10u128.checked_pow(p))
+                .unwrap_or(u128::MAX);
+            if self.negative {
+                self.mantissa / scale
+            } else {
+                self.mantissa.div_ceil(scale)
+            }
+        };
+        let magnitude = i128::try_from(magnitude).ok()?;
+        Some(if self.negative { -magnitude } else { magnitude })
+    }
 }
 
 impl fmt::Display for ExactQuantity {
@@ -166,6 +190,25 @@ mod tests {
         assert_eq!(q("1Gi").to_string(), "1073741824e0");
         assert_eq!(q("-2k").to_string(), "-2e3");
         assert!(q("-1").is_negative());
+    }
+
+    #[test]
+    fn thousandths_round_up_as_milli_value_does() {
+        for (text, milli) in [
+            ("100m", Some(100)),
+            ("1", Some(1000)),
+            ("1.5", Some(1500)),
+            ("1Ki", Some(1_024_000)),
+            ("16Gi", Some(16 * (1i128 << 30) * 1000)),
+            ("5e-1", Some(500)),
+            ("1u", Some(1)),
+            ("1.0001m", Some(2)),
+            ("-1.5m", Some(-1)),
+            ("0", Some(0)),
+            ("1e40", None),
+        ] {
+            assert_eq!(q(text).milli_ceil(), milli, "{text}");
+        }
     }
 
     #[test]

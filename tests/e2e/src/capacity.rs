@@ -162,14 +162,7 @@ impl TestEnv {
             ..simulator::Settings::default()
         };
         tune(&mut settings);
-        let client = self.client.clone();
-        Running::spawn(None, |shutdown| async move {
-            tokio::select! {
-                () = simulator::run(client, settings) => {}
-                () = shutdown => {}
-            }
-            Ok(())
-        })
+        self.start_simulator_with(settings)
     }
 }
 

@@ -300,14 +300,19 @@ impl TestEnv {
             namespace: Some(self.ns.clone()),
             ..simulator::Settings::default()
         };
+        Ok(self.start_simulator_with(settings))
+    }
+
+    /// Starts a simulator with these settings, in this process.
+    pub fn start_simulator_with(&self, settings: simulator::Settings) -> Running {
         let client = self.client.clone();
-        Ok(Running::spawn(None, |shutdown| async move {
+        Running::spawn(None, |shutdown| async move {
             tokio::select! {
                 () = simulator::run(client, settings) => {}
                 () = shutdown => {}
             }
             Ok(())
-        }))
+        })
     }
 
     /// The ProvisioningRequests of this test's namespace.

@@ -79,14 +79,7 @@ async fn every_live_request_keeps_its_templates_through_50_class_switches_under_
         namespace: Some(env.ns.clone()),
         ..simulator::Settings::default()
     };
-    let client = env.client.clone();
-    let simulator = e2e::Running::spawn(None, |shutdown| async move {
-        tokio::select! {
-            () = simulator::run(client, settings) => {}
-            () = shutdown => {}
-        }
-        Ok(())
-    });
+    let simulator = env.start_simulator_with(settings);
     let t = World {
         env: env.clone(),
         p,

@@ -1,108 +1,34 @@
 //! Resource quantities (`100m`, `16Gi`, `1.5`, `2e3`) as whole milli-units, rounded up like
 //! Kubernetes' `MilliValue`, so every resource (cpu, memory, pods, extended ones) compares in one
-//! integer unit. The simulator keeps its own parser: a test oracle should not share the parsing
-//! of the code it tests.
+//! integer unit. Read by the SDK's exact quantity parser ([`ExactQuantity`]); this module only
+//! refuses what a request, a capacity or an allocatable never is.
 
-/// Why a text is not a resource quantity.
+use kueue_admission_sdk::api::ExactQuantity;
+
+/// Why a text is not a resource quantity the simulator can count with.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{text:?} is not a resource quantity: {why}")]
-pub struct QuantityError {
-    text: String,
-    why: &'static str,
-}
-
-/// The binary (power of 1024) and decimal (power of 10) factor of a suffix.
-fn suffix_factor(suffix: &str) -> Option<(u32, i32)> {
-    Some(match suffix {
-        "" => (0, 0),
-        "n" => (0, -9),
-        "u" => (0, -6),
-        "m" => (0, -3),
-        "k" => (0, 3),
-        "M" => (0, 6),
-        "G" => (0, 9),
-        "T" => (0, 12),
-        "P" => (0, 15),
-        "E" => (0, 18),
-        "Ki" => (1, 0),
-        "Mi" => (2, 0),
-        "Gi" => (3, 0),
-        "Ti" => (4, 0),
-        "Pi" => (5, 0),
-        "Ei" => (6, 0),
-        _ => return None,
-    })
+pub enum QuantityError {
+    /// Not a quantity at all.
+    #[error(transparent)]
+    Unreadable(#[from] kueue_admission_sdk::api::QuantityError),
+    /// A quantity below zero.
+    #[error("{0:?} is not a resource quantity: negative")]
+    Negative(String),
+    /// More thousandths than an `i128` holds.
+    #[error("{0:?} is not a resource quantity: too large")]
+    TooLarge(String),
 }
 
 /// The quantity in milli-units, rounded up (`1.0001m` is 2). Negative quantities are refused:
 /// requests, capacities and allocatables never are.
 pub fn parse_milli(text: &str) -> Result<i128, QuantityError> {
-    let bad = |why| QuantityError {
-        text: text.to_string(),
-        why,
-    };
-    let trimmed = text.trim();
-    let rest = trimmed.strip_prefix('+').unwrap_or(trimmed);
-    if rest.starts_with('-') {
-        return Err(bad("negative"));
+    let quantity: ExactQuantity = text.parse()?;
+    if quantity.is_negative() {
+        return Err(QuantityError::Negative(text.to_string()));
     }
-    let number_end = rest
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(rest.len());
-    let (number, suffix) = rest.split_at(number_end);
-    let (integer, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if (integer.is_empty() && fraction.is_empty()) || fraction.contains('.') {
-        return Err(bad("no number"));
-    }
-    let (binary, mut exponent) = match suffix_factor(suffix) {
-        Some(factor) => factor,
-        None => decimal_exponent(suffix)
-            .map(|e| (0, e))
-            .ok_or(bad("unknown suffix"))?,
-    };
-    let mut mantissa: u128 = 0;
-    for digit in integer.bytes().chain(fraction.bytes()) {
-        mantissa = mantissa
-            .checked_mul(10)
-            .and_then(|m| m.checked_add(u128::from(digit - b'0')))
-            .ok_or(bad("too large"))?;
-    }
-    let fraction_digits = i32::try_from(fraction.len()).map_err(|_| bad("too long"))?;
-    exponent = exponent
-        .checked_add(3)
-        .and_then(|e| e.checked_sub(fraction_digits))
-        .ok_or(bad("exponent out of range"))?;
-    let mut value = mantissa
-        .checked_mul(1024u128.checked_pow(binary).ok_or(bad("too large"))?)
-        .ok_or(bad("too large"))?;
-    if exponent >= 0 {
-        let scale = 10u128
-            .checked_pow(exponent.unsigned_abs())
-            .ok_or(bad("too large"))?;
-        value = value.checked_mul(scale).ok_or(bad("too large"))?;
-    } else {
-        // Beyond 10^38 every u128 rounds up to 1 (or stays 0).
-        let scale = 10u128
-            .checked_pow(exponent.unsigned_abs())
-            .unwrap_or(u128::MAX);
-        value = value.div_ceil(scale);
-    }
-    i128::try_from(value).map_err(|_| bad("too large"))
-}
-
-/// `e<int>` / `E<int>`: a decimal exponent.
-fn decimal_exponent(suffix: &str) -> Option<i32> {
-    let digits = suffix
-        .strip_prefix('e')
-        .or_else(|| suffix.strip_prefix('E'))?;
-    let unsigned = digits
-        .strip_prefix('-')
-        .or_else(|| digits.strip_prefix('+'))
-        .unwrap_or(digits);
-    if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    quantity
+        .milli_ceil()
+        .ok_or_else(|| QuantityError::TooLarge(text.to_string()))
 }
 
 #[cfg(test)]
