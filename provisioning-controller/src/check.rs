@@ -408,8 +408,9 @@ impl ProvisioningCheck {
         Ok(found)
     }
 
-    /// For a `Ready` entry: withdraw it only if the capacity was revoked, or the booking expired
-    /// before admission. Anything else keeps the answer exactly as written (no write).
+    /// For a `Ready` entry: withdraw it only as [`outcome::revalidation`] says (the capacity
+    /// revoked; before admission, the booking expired or the request failed). Anything else
+    /// keeps the answer exactly as written (no write).
     async fn revalidate(
         &self,
         ctx: &CheckContext<'_, ProvisioningParameters>,
@@ -437,12 +438,8 @@ impl ProvisioningCheck {
         let name = request.name_any();
         let admitted = ctx.workload.condition_is_true(cond::ADMITTED);
         let o = outcome::outcome(&request, admitted, None, ctx.now);
-        Ok(match o {
-            Outcome::Revoked(_) | Outcome::BookingExpired(_) => {
-                outcome::decision(&o, &format!("{namespace}/{name}"), ctx.attempt(), Vec::new)
-            }
-            _ => keep,
-        })
+        let qualified = format!("{namespace}/{name}");
+        Ok(outcome::revalidation(&o, admitted, &qualified, ctx.attempt()).unwrap_or(keep))
     }
 }
 
