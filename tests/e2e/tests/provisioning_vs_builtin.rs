@@ -8,7 +8,8 @@
 //!   podsets all are `Ready` before admission; on one podset Kueue could not start the job
 //!   (each check names its own request in the same pod annotation), so the second `Ready` is
 //!   refused with the reason, where Kueue would admit and then finish the Workload as
-//!   `FailedToStart` (pinned here too, with checks the test answers);
+//!   `FailedToStart` (pinned here too, with checks the test answers, and with two of Kueue's
+//!   built-in checks, which do exactly that);
 //! - a check limited to one flavor of a ClusterQueue (`onFlavors`) makes nothing for Workloads
 //!   assigned another flavor.
 
@@ -28,6 +29,7 @@ use kueue_admission_sdk::api::{
     AdmissionCheckState, CheckState, PodSetUpdate, Workload, provisioning_condition as pr,
     workload_condition as cond,
 };
+use kueue_provisioning_controller::identity::KUEUE_CONTROLLER_NAME;
 use serde_json::{Value, json};
 
 /// Field manager of the objects this file applies.
@@ -417,6 +419,52 @@ async fn two_checks_of_ours_on_one_podset_refuse_the_second_ready_instead_of_fai
     assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
     env.wait_nothing_left().await?;
     e2e::Running::stop_all([controller, simulator]).await
+}
+
+/// Kueue's built-in check walks into the trap the SDK now refuses: two of its AdmissionChecks
+/// (one config) on one ClusterQueue, both covering the Job's one podset, each have their request
+/// provisioned and answer `Ready` naming it in `consume-provisioning-request`; Kueue admits the
+/// Workload, then finishes it as `FailedToStart`, and the Job never starts.
+#[tokio::test]
+async fn two_built_in_checks_on_one_podset_are_admitted_then_fail_to_start() -> Result<()> {
+    let env = TestEnv::new("kueue-two-checks-one-podset").await?;
+    let config = env.provisioning_config("prc", retries(0)).await?;
+    let mut checks = Vec::new();
+    for name in ["kprov-a", "kprov-b"] {
+        checks.push(
+            env.provisioning_check(name, KUEUE_CONTROLLER_NAME, &config)
+                .await?,
+        );
+    }
+    let flavor = env.provisioning_flavor("pool").await?;
+    let check_refs: Vec<&str> = checks.iter().map(String::as_str).collect();
+    env.queues_on(&flavor, "4", &check_refs).await?;
+    let simulator = env.start_simulator()?;
+    let wl = env.job_with_script("job", "provision").await?;
+    let finished = env
+        .wait_workload(&wl, "Finished", |w| w.condition_is_true(cond::FINISHED))
+        .await?;
+    let c = finished
+        .condition(cond::FINISHED)
+        .cloned()
+        .context("a Finished condition")?;
+    assert_eq!(c.reason, "FailedToStart", "{}", e2e::dump(&finished));
+    assert!(
+        c.message.contains(&format!(
+            "invalid admission check PodSetUpdate: conflict for annotations: conflict for \
+             key={CONSUME_ANNOTATION}"
+        )),
+        "{}",
+        c.message
+    );
+    for check in &checks {
+        let e = finished.admission_check(check).cloned().unwrap_or_default();
+        assert_eq!(e.state, CheckState::Ready, "{}", e2e::dump(&finished));
+    }
+    assert!(finished.condition_is_true(cond::ADMITTED));
+    let job = env.jobs().get("job").await?;
+    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    simulator.stop().await
 }
 
 /// A Workload of two podsets, `cpus` (cpu only) and `mems` (memory only), in LocalQueue `lq`,
