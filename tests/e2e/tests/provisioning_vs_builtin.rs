@@ -181,6 +181,39 @@ async fn a_request_failed_after_our_ready_before_admission_is_retried_like_the_b
     t.stop().await
 }
 
+/// The other side of that decision, Kueue's built-in check after admission (read in
+/// `syncCheckStates`, v0.19.2: a `Failed` request is a `Retry` whenever the Workload holds
+/// quota): its request failing once the Job runs, it answers `Retry` and Kueue evicts the
+/// running Workload and suspends the Job. Ours keeps `Ready` then (only `CapacityRevoked`
+/// withdraws it: `outcome::tests::a_ready_answer_is_withdrawn_before_admission_by_a_failure_and_after_only_by_revocation`).
+#[tokio::test]
+async fn kueues_built_in_check_evicts_a_running_workload_whose_request_fails() -> Result<()> {
+    let env = TestEnv::new("kueue-failed-after-admission").await?;
+    let config = env.provisioning_config("prc", retries(2)).await?;
+    let check = env
+        .provisioning_check("kprov", KUEUE_CONTROLLER_NAME, &config)
+        .await?;
+    let flavor = env.provisioning_flavor("pool").await?;
+    env.queues_on(&flavor, "4", &[&check]).await?;
+    let simulator = env.start_simulator()?;
+    // Attempt 2's request is never provisioned: the Job stays suspended once evicted.
+    let wl = env.job_with_script("job", "provision,accept").await?;
+    env.wait_admitted_ready(&wl, &check).await?;
+    env.wait_job_pods_running("job", 1).await?;
+
+    let request = format!("{wl}-{check}-1");
+    add_request_condition(&env, &request, pr::FAILED, "the node group went away").await?;
+    let evicted = env
+        .wait_workload(&wl, "evicted by its check", |w| {
+            w.evictions("AdmissionCheck") == 1
+        })
+        .await?;
+    let entry = evicted.admission_check(&check).cloned().unwrap_or_default();
+    assert_eq!(entry.retry_count, Some(1), "{}", e2e::dump(&evicted));
+    env.wait_job_suspend("job", true).await?;
+    simulator.stop().await
+}
+
 /// Applies cluster-scoped or namespaced `object` (server-side, this file's field manager).
 async fn apply(env: &TestEnv, object: Value) -> Result<()> {
     e2e::chart::apply(&env.client, &object, FIELD_MANAGER).await
