@@ -264,7 +264,7 @@ impl Sources {
 }
 
 /// While this replica leads: judges the warning of every AdmissionCheck of `controller_name`
-/// whenever one of the caches changes (and every [`RESYNC`]), and applies the conditions that
+/// whenever one of the caches changes (and every 30 s), and applies the conditions that
 /// differ.
 pub async fn warn_while_leading(ctx: LeaderContext, controller_name: String, sources: Sources) {
     let mut changes = [
