@@ -497,4 +497,91 @@ mod tests {
         );
         assert_eq!(view.warning.map(|c| c.message), Some("m".to_string()));
     }
+
+    /// Fills a cache from one list of `objects`.
+    fn listed<K: kube::Resource, V: Clone>(
+        objects: Vec<K>,
+        keep: fn(&K) -> V,
+        resource: &'static str,
+    ) -> Arc<WatchedCache<V>> {
+        use kube::runtime::watcher::Event;
+        let cache = Arc::new(WatchedCache::new(resource));
+        cache.apply(&Event::<K>::Init, keep);
+        for k in objects {
+            cache.apply(&Event::InitApply(k), keep);
+        }
+        cache.apply(&Event::<K>::InitDone, keep);
+        cache
+    }
+
+    #[test]
+    fn judged_from_the_caches_for_our_checks_only_and_once() {
+        let check = |name: &str, controller: &str| -> AdmissionCheck {
+            serde_json::from_value(json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+                "metadata": {"name": name, "uid": format!("uid-{name}")},
+                "spec": {"controllerName": controller},
+            }))
+            .expect("an AdmissionCheck")
+        };
+        let queue = |name: &str, flavor: &str, check: &str| -> ClusterQueue {
+            serde_json::from_value(json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                "metadata": {"name": name},
+                "spec": {
+                    "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{"name": flavor, "resources": []}]}],
+                    "admissionChecksStrategy": {"admissionChecks": [{"name": check}]},
+                },
+            }))
+            .expect("a ClusterQueue")
+        };
+        let flavor = |name: &str, topology: Option<&str>| {
+            let mut f = kueue_admission_sdk::api::ResourceFlavor::new(name, Default::default());
+            f.spec.topology_name = topology.map(String::from);
+            f
+        };
+        let sources = Sources {
+            checks: listed(
+                vec![check("ours", "me"), check("theirs", "someone-else")],
+                kept_check,
+                "admissionchecks",
+            ),
+            queues: listed(
+                vec![queue("cq-1", "tas", "ours"), queue("cq-2", "tas", "theirs")],
+                kept_queue,
+                "clusterqueues",
+            ),
+            flavors: listed(
+                vec![flavor("tas", Some("racks")), flavor("plain", None)],
+                |f: &kueue_admission_sdk::api::ResourceFlavor| f.spec.clone(),
+                "resourceflavors",
+            ),
+        };
+        let mut written = HashMap::new();
+        let writes = sources.judge("me", &written, at(0)).expect("readable");
+        let named: Vec<(&str, &str, &str)> = writes
+            .iter()
+            .map(|(n, uid, _, c)| (n.as_str(), uid.as_str(), c.status.as_str()))
+            .collect();
+        assert_eq!(named, [("ours", "uid-ours", "True")]);
+        let (name, uid, want, _) = writes.into_iter().next().expect("one");
+        assert!(
+            want.message
+                .starts_with("ClusterQueue cq-1 on flavor tas (Topology racks)")
+        );
+        // Applied, but the cache does not show it yet: not written twice.
+        written.insert(name, (uid, want));
+        assert!(
+            sources
+                .judge("me", &written, at(1))
+                .expect("readable")
+                .is_empty()
+        );
+        // A cache not listed yet (or refused) writes nothing.
+        let unread = Sources {
+            queues: Arc::new(WatchedCache::new("clusterqueues")),
+            ..sources
+        };
+        assert!(unread.judge("me", &HashMap::new(), at(2)).is_err());
+    }
 }
