@@ -104,13 +104,16 @@ enum Step {
     /// provisioningrequestconfigs list and watch (the config is created after the check).
     CheckActive,
     /// clusterqueues list and watch (the ClusterQueue is created after the start; the
-    /// warning is judged from the leader's cache of them only).
+    /// warning is judged from the leader's cache of them only), and resourceflavors list and
+    /// watch (the flavors' topologyName comes from the flavor cache, so without them this is
+    /// the first step to fail).
     TopologyWarned,
     /// workloads get (the sweep reads the Workload afresh), provisioningrequests list (the
     /// leader's watch of its requests lists first) and delete.
     OrphanRequestRemoved,
     /// workloads watch, workloads/status patch, resourceflavors list and watch (a decision
-    /// waits for the flavor cache and says which verb is refused), provisioningrequests create,
+    /// waits for the flavor cache and says which verb is refused; TopologyWarned fails first
+    /// without them), provisioningrequests create,
     /// podtemplates create; workloads patch (the attempt annotation, applied before the Retry:
     /// without it no Retry is written and the Job is never retried).
     Admitted,
