@@ -361,6 +361,12 @@ impl<V: Clone> WatchedCache<V> {
         Self::readable(&self.lock(), self.resource, Instant::now())
     }
 
+    /// Told of every change (a delivery or a failure), for a task that judges the whole cache
+    /// again on each.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
     /// Whether a reader waiting for the first list can stop: listed, or refused.
     pub fn settled(&self) -> bool {
         self.lock().health != Health::Starting

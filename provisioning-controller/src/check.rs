@@ -9,8 +9,7 @@ use k8s_openapi::api::core::v1::PodTemplate;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{
-    AdmissionCheck, CheckState, ProvisioningRequest, ResourceFlavorSpec, Workload,
-    workload_condition as cond,
+    CheckState, ProvisioningRequest, ResourceFlavorSpec, Workload, workload_condition as cond,
 };
 use kueue_admission_sdk::prometheus_client::registry::Registry;
 use kueue_admission_sdk::{
@@ -30,6 +29,7 @@ use crate::outcome::{self, Outcome};
 use crate::plan::{self, Plan, PlanInput, RequestPlan};
 use crate::refusal::{self, Subject};
 use crate::requests::{self, RequestCache};
+use crate::topology::{self, CheckView, QueueView};
 
 /// How often a Workload whose request names are all held by foreign objects looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
@@ -56,8 +56,10 @@ pub struct ProvisioningCheck {
     flavors: FlavorCache,
     /// This instance's requests, kept by the leader's watch of them.
     requests: Arc<RequestCache>,
-    /// Every AdmissionCheck's name → whether Kueue's built-in check answers it.
-    admission_checks: Arc<WatchedCache<bool>>,
+    /// Every AdmissionCheck's name → its controllerName (and our topology warning on it).
+    admission_checks: Arc<WatchedCache<CheckView>>,
+    /// Every ClusterQueue's flavors and checks (for the topology warning).
+    cluster_queues: Arc<WatchedCache<QueueView>>,
 }
 
 impl ProvisioningCheck {
@@ -72,6 +74,7 @@ impl ProvisioningCheck {
             flavors: FlavorCache::default(),
             requests: requests::request_cache(),
             admission_checks: Arc::new(WatchedCache::new("admissionchecks.kueue.x-k8s.io")),
+            cluster_queues: Arc::new(WatchedCache::new("clusterqueues.kueue.x-k8s.io")),
         }
     }
 
@@ -400,7 +403,10 @@ impl ProvisioningCheck {
         self.admission_checks.listed().await?;
         let mut found: Vec<String> = self
             .admission_checks
-            .select(|(_, name), kueues| *kueues && names::checks_may_share_names(check, name))?
+            .select(|(_, name), c| {
+                c.controller_name == identity::KUEUE_CONTROLLER_NAME
+                    && names::checks_may_share_names(check, name)
+            })?
             .into_iter()
             .map(|((_, name), _)| name)
             .collect();
@@ -408,8 +414,9 @@ impl ProvisioningCheck {
         Ok(found)
     }
 
-    /// For a `Ready` entry: withdraw it only if the capacity was revoked, or the booking expired
-    /// before admission. Anything else keeps the answer exactly as written (no write).
+    /// For a `Ready` entry: withdraw it only as [`outcome::revalidation`] says (the capacity
+    /// revoked; before admission, the booking expired or the request failed). Anything else
+    /// keeps the answer exactly as written (no write).
     async fn revalidate(
         &self,
         ctx: &CheckContext<'_, ProvisioningParameters>,
@@ -437,16 +444,11 @@ impl ProvisioningCheck {
         let name = request.name_any();
         let admitted = ctx.workload.condition_is_true(cond::ADMITTED);
         let o = outcome::outcome(&request, admitted, None, ctx.now);
-        Ok(match o {
-            Outcome::Revoked(_) | Outcome::BookingExpired(_) => {
-                outcome::decision(&o, &format!("{namespace}/{name}"), ctx.attempt(), Vec::new)
-            }
-            _ => keep,
-        })
+        let qualified = format!("{namespace}/{name}");
+        Ok(outcome::revalidation(&o, admitted, &qualified, ctx.attempt()).unwrap_or(keep))
     }
 }
 
-/// What the cache of AdmissionChecks keeps: whether Kueue's built-in check answers it.
 /// Whether our request of the plan's name, read fresh, owns `template` (or predates templates
 /// owning requests and so names its templates only by name).
 async fn owned_by_live_request(
@@ -464,10 +466,6 @@ async fn owned_by_live_request(
         ownership(&r.metadata, creation.me) == Ownership::Ours
             && (owners.is_empty() || template.uid().is_some_and(|u| owners.contains(&u.as_str())))
     }))
-}
-
-fn is_kueues(check: &AdmissionCheck) -> bool {
-    check.spec.controller_name == identity::KUEUE_CONTROLLER_NAME
 }
 
 /// The answer while a cache a decision reads cannot be read: `Pending`, naming what is missing
@@ -630,11 +628,19 @@ impl AdmissionCheckController for ProvisioningCheck {
     }
 
     // On the leader: watch this instance's requests, wake their Workloads, count their
-    // transitions and remove orphans.
+    // transitions and remove orphans; keep the caches of flavors, AdmissionChecks and
+    // ClusterQueues; warn on our checks that a ClusterQueue applies to a topology-aware flavor.
     fn while_leading(&self) -> Extensions {
         let (instance, metrics) = (self.instance().to_string(), self.metrics());
         let (flavors, requests) = (self.flavors.shared(), self.requests.clone());
-        let admission_checks = self.admission_checks.clone();
+        let (admission_checks, cluster_queues) =
+            (self.admission_checks.clone(), self.cluster_queues.clone());
+        let sources = topology::Sources {
+            checks: admission_checks.clone(),
+            queues: cluster_queues.clone(),
+            flavors: flavors.clone(),
+        };
+        let controller_name = self.settings.controller_name.clone();
         Extensions::new()
             .while_leading("provisioning-requests", move |ctx| {
                 crate::request_watch::watch_requests(ctx, instance, metrics, requests)
@@ -643,7 +649,13 @@ impl AdmissionCheckController for ProvisioningCheck {
                 FlavorCache::watch(flavors, ctx)
             })
             .while_leading("admission-checks", move |ctx| {
-                admission_checks.fill(Api::all(ctx.client), is_kueues)
+                admission_checks.fill(Api::all(ctx.client), topology::kept_check)
+            })
+            .while_leading("cluster-queues", move |ctx| {
+                cluster_queues.fill(Api::all(ctx.client), topology::kept_queue)
+            })
+            .while_leading("topology-warning", move |ctx| {
+                topology::warn_while_leading(ctx, controller_name, sources)
             })
     }
 

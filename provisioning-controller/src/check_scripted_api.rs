@@ -485,8 +485,11 @@ impl Setup {
             crate::requests::kept,
         );
         let checks = &self.check.admission_checks;
-        checks.apply(&Event::Init, super::is_kueues);
-        checks.apply(&Event::<AdmissionCheck>::InitDone, super::is_kueues);
+        checks.apply(&Event::Init, crate::topology::kept_check);
+        checks.apply(
+            &Event::<AdmissionCheck>::InitDone,
+            crate::topology::kept_check,
+        );
     }
 
     /// One decide for `setup`'s Workload, as the runtime calls it.
@@ -753,7 +756,9 @@ async fn a_name_kueues_check_may_want_is_left_to_it_without_a_list() {
     };
     // Its Workload `w` gets `w-x-prov-1`, as Workload `w-x` does here.
     let kueues = kube::runtime::watcher::Event::Apply(AdmissionCheck::new("x-prov", spec));
-    s.check.admission_checks.apply(&kueues, super::is_kueues);
+    s.check
+        .admission_checks
+        .apply(&kueues, crate::topology::kept_check);
     let says = [
         "may be wanted by Kueue's built-in check",
         "(AdmissionCheck x-prov)",

@@ -1,6 +1,6 @@
 //! The ResourceFlavors the planner reads (node labels and tolerations), from a cache the leading
 //! replica keeps with one watch, instead of one GET per assigned flavor and decision. Only the
-//! spec's node labels and tolerations are kept, by name.
+//! spec's node labels, tolerations and Topology (for [`crate::topology`]) are kept, by name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -38,6 +38,7 @@ fn kept(flavor: &ResourceFlavor) -> ResourceFlavorSpec {
     ResourceFlavorSpec {
         node_labels: flavor.spec.node_labels.clone(),
         tolerations: flavor.spec.tolerations.clone(),
+        topology_name: flavor.spec.topology_name.clone(),
     }
 }
 

@@ -20,7 +20,9 @@
 //!   before any delete, patch or use);
 //! - [`requests`]: deleting what this instance made, and only that;
 //! - [`request_watch`]: watching our requests, waking their Workloads, removing what nobody
-//!   needs.
+//!   needs;
+//! - [`topology`]: the warning on our AdmissionChecks when a ClusterQueue applies one to a
+//!   topology-aware flavor (Kueue assigns the topology before we provision).
 
 pub mod cache;
 pub mod check;
@@ -35,6 +37,7 @@ pub mod plan;
 pub mod refusal;
 pub mod request_watch;
 pub mod requests;
+pub mod topology;
 
 pub use check::{ProvisioningCheck, Settings};
 pub use config::ProvisioningParameters;

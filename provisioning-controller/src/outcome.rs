@@ -187,6 +187,32 @@ pub fn decision(
     }
 }
 
+/// What a `Ready` entry becomes when its request changes (the Workload `admitted` or not):
+/// `None` keeps the answer as written. The capacity revoked withdraws it, also after admission;
+/// before admission, an expired booking or a request that failed after it was provisioned
+/// (another check still holding the Workload back) is a failed attempt, as with Kueue's
+/// built-in check: `Retry`, counted against the retry limit. After admission a `Failed` or an
+/// expired booking changes nothing: the pods are placed, and only a revocation takes the
+/// capacity away (Kueue's built-in check answers `Retry` to a `Failed` then, evicting the
+/// running Workload).
+pub fn revalidation(
+    outcome: &Outcome,
+    admitted: bool,
+    request: &str,
+    attempt: u32,
+) -> Option<Decision> {
+    match outcome {
+        Outcome::Revoked(_) | Outcome::BookingExpired(_) => {
+            Some(decision(outcome, request, attempt, Vec::new))
+        }
+        Outcome::Failed(m) if !admitted => Some(Decision::retry(format!(
+            "ProvisioningRequest {request} failed after it was provisioned, before the \
+             workload was admitted: {m}"
+        ))),
+        _ => None,
+    }
+}
+
 /// The first node selector of `updates` whose value (from the request's
 /// `provisioningClassDetails`) is not a label value, said for the user: Kueue refuses such a
 /// podSetUpdate, so the Workload could never start with it.
@@ -216,7 +242,9 @@ pub(crate) fn age_at(now: Timestamp, since: Timestamp) -> Duration {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-    use kueue_admission_sdk::api::{ProvisioningRequestSpec, ProvisioningRequestStatus};
+    use kueue_admission_sdk::api::{
+        CheckState, ProvisioningRequestSpec, ProvisioningRequestStatus,
+    };
 
     const T0: i64 = 1_800_000_000;
 
@@ -293,6 +321,48 @@ mod tests {
         ] {
             let r = request(&conditions[..n]);
             assert_eq!(outcome(&r, admitted, None, at(10)), expected, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_ready_answer_is_withdrawn_before_admission_by_a_failure_and_after_only_by_revocation() {
+        let provisioned = [(pr::ACCEPTED, 1, ""), (pr::PROVISIONED, 2, "")];
+        let then = |c: (&'static str, i64, &'static str)| {
+            let mut all = provisioned.to_vec();
+            all.push(c);
+            request(&all)
+        };
+        let failed = then((pr::FAILED, 5, "node group deleted"));
+        let expired = then((pr::BOOKING_EXPIRED, 5, ""));
+        let revoked = then((pr::CAPACITY_REVOKED, 5, "gone"));
+        let still = request(&provisioned);
+        let state = |r: &ProvisioningRequest, admitted: bool| {
+            let o = outcome(r, admitted, None, at(10));
+            revalidation(&o, admitted, "ns/wl-check-1", 1)
+                .map(|d| (d.state(), d.message().to_string()))
+        };
+        assert_eq!(
+            state(&failed, false),
+            Some((
+                CheckState::Retry,
+                "ProvisioningRequest ns/wl-check-1 failed after it was provisioned, before the \
+                 workload was admitted: node group deleted"
+                    .to_string()
+            ))
+        );
+        assert_eq!(
+            state(&failed, true),
+            None,
+            "a failure after admission keeps Ready"
+        );
+        assert_eq!(state(&expired, false).map(|s| s.0), Some(CheckState::Retry));
+        assert_eq!(state(&expired, true), None);
+        for admitted in [false, true] {
+            assert_eq!(
+                state(&revoked, admitted).map(|s| s.0),
+                Some(CheckState::Rejected)
+            );
+            assert_eq!(state(&still, admitted), None);
         }
     }
 

@@ -98,6 +98,7 @@ fn flavors() -> BTreeMap<String, ResourceFlavorSpec> {
             ResourceFlavorSpec {
                 node_labels: BTreeMap::from([("pool".to_string(), "spot".to_string())]),
                 tolerations: vec![],
+                topology_name: None,
             },
         ),
     ])

@@ -411,6 +411,17 @@ fn validate_decision(
     } = decision
     {
         crate::api::validation::pod_set_updates(&wl.spec.pod_sets, pod_set_updates)?;
+        // A new Ready must fit beside the other checks' Ready entries (a Ready entry kept as it
+        // is was written first, or by a check that could not know: a later conflicting Ready is
+        // the other check's to refuse).
+        if current.state != CheckState::Ready {
+            let entries = wl
+                .status
+                .as_ref()
+                .map(|s| s.admission_checks.as_slice())
+                .unwrap_or_default();
+            crate::api::validation::conflicts_with_ready(&current.name, pod_set_updates, entries)?;
+        }
         // Kueue's webhook keeps the podSetUpdates of a Ready entry as they are (they may be in
         // the pods already).
         if current.state == CheckState::Ready && current.pod_set_updates != *pod_set_updates {

@@ -32,6 +32,7 @@ SDK_RULES = {
 PROVISIONING_RULES = {**SDK_RULES, **{
     ("kueue.x-k8s.io", "provisioningrequestconfigs"): {"get", "list", "watch"},
     ("kueue.x-k8s.io", "resourceflavors"): {"list", "watch"},
+    ("kueue.x-k8s.io", "clusterqueues"): {"list", "watch"},
     ("autoscaling.x-k8s.io", "provisioningrequests"): {"get", "list", "watch", "create", "delete"},
     ("", "podtemplates"): {"get", "list", "create", "delete"},
 }}

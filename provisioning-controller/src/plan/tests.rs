@@ -109,6 +109,7 @@ fn flavors() -> BTreeMap<String, ResourceFlavorSpec> {
                     ("zone".to_string(), "a".to_string()),
                 ]),
                 tolerations: vec![toleration("spot", "true")],
+                topology_name: None,
             },
         ),
         (
@@ -116,6 +117,7 @@ fn flavors() -> BTreeMap<String, ResourceFlavorSpec> {
             ResourceFlavorSpec {
                 node_labels: BTreeMap::from([("accelerator".to_string(), "a100".to_string())]),
                 tolerations: vec![toleration("nvidia.com/gpu", "present")],
+                topology_name: None,
             },
         ),
         (
@@ -123,6 +125,7 @@ fn flavors() -> BTreeMap<String, ResourceFlavorSpec> {
             ResourceFlavorSpec {
                 node_labels: BTreeMap::from([("pool".to_string(), "other".to_string())]),
                 tolerations: vec![],
+                topology_name: None,
             },
         ),
     ])

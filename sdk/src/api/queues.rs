@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 kueue_kind! {
     [kind = "ResourceFlavor"]
-    /// `ResourceFlavor.spec`: the node labels and tolerations a flavor stands for. Cluster scoped.
+    /// `ResourceFlavor.spec`: the node labels and tolerations a flavor stands for, and its
+    /// Topology if it is topology-aware. Cluster scoped.
     #[serde(default, rename_all = "camelCase")]
     pub struct ResourceFlavorSpec {
         /// Labels of the nodes that provide this flavor.
@@ -16,6 +17,11 @@ kueue_kind! {
         /// Tolerations that pods of this flavor need.
         #[serde(skip_serializing_if = "Vec::is_empty")]
         pub tolerations: Vec<Toleration>,
+        /// The Topology of a topology-aware flavor: Kueue assigns the pods of a Workload on it
+        /// to topology domains of existing Nodes when it reserves quota (after provisioning
+        /// only for its own ProvisioningRequest check).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub topology_name: Option<String>,
     }
 }
 

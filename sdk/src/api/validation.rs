@@ -20,7 +20,13 @@
 //!   `Equal` value is a label value; the effect is `NoSchedule`, `PreferNoSchedule` or
 //!   `NoExecute` (or absent); `tolerationSeconds` only with `NoExecute`;
 //! - additive only: a key the podset's pod template already has with another value makes the
-//!   job fail to start (Kueue merges the updates into the template and refuses a conflict).
+//!   job fail to start (Kueue merges the updates into the template and refuses a conflict);
+//! - and so, across checks: Kueue merges the updates of every `Ready` entry into the same pod
+//!   template when it starts the job (`getPodSetsInfoFromStatus` in
+//!   `pkg/controller/jobframework/reconciler.go`), and an annotation, label or node selector key
+//!   two checks give different values makes the start fail for good: the Workload, already
+//!   admitted, is finished with reason `FailedToStart` ([`conflicts_with_ready`]). Kueue's
+//!   webhook does not compare the entries.
 //!
 //! Messages name the podset, the field and the key, never a value (a value may be anything a
 //! check copied from elsewhere).
@@ -29,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Toleration;
 
-use super::{AdmissionCheckState, PodSet, PodSetUpdate};
+use super::{AdmissionCheckState, CheckState, PodSet, PodSetUpdate};
 
 /// Longest name part of a qualified name, and longest label value.
 pub const MAX_NAME_PART: usize = 63;
@@ -170,6 +176,44 @@ pub fn pod_set_updates(pod_sets: &[PodSet], updates: &[PodSetUpdate]) -> Result<
         }
         one_update(pod_set, update)
             .map_err(|why| format!("the podSetUpdate for podset {:?}: {why}", update.name))?;
+    }
+    Ok(())
+}
+
+/// Why `updates`, about to be written in a `Ready` entry of `check`, cannot stand beside the
+/// podSetUpdates of the other checks' `Ready` entries in `entries`: a key one of them gives the
+/// same podset with another value (annotations, labels, node selectors; tolerations are only
+/// added). Kueue would admit the Workload and then fail to start the job. A key set to the same
+/// value by several checks is fine.
+pub fn conflicts_with_ready(
+    check: &str,
+    updates: &[PodSetUpdate],
+    entries: &[AdmissionCheckState],
+) -> Result<(), String> {
+    let others = entries
+        .iter()
+        .filter(|e| e.name != check && e.state == CheckState::Ready);
+    for other in others {
+        for theirs in &other.pod_set_updates {
+            let Some(ours) = updates.iter().find(|u| u.name == theirs.name) else {
+                continue;
+            };
+            for (field, a, b) in [
+                ("annotation", &ours.annotations, &theirs.annotations),
+                ("label", &ours.labels, &theirs.labels),
+                ("nodeSelector", &ours.node_selector, &theirs.node_selector),
+            ] {
+                if let Some(key) = a.iter().find_map(|(k, v)| (b.get(k)? != v).then_some(k)) {
+                    return Err(format!(
+                        "the podSetUpdate for podset {:?} gives {field} {key:?} another value \
+                         than the Ready entry of check {:?} does: Kueue would admit the workload \
+                         and then fail to start it (reason FailedToStart), as it cannot merge \
+                         both into the pods; checks may set the same key only to the same value",
+                        ours.name, other.name
+                    ));
+                }
+            }
+        }
     }
     Ok(())
 }

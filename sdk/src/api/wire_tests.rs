@@ -315,11 +315,12 @@ fn queue_wire_format() {
         ResourceFlavorSpec {
             node_labels: map(&[("zone", "a")]),
             tolerations: vec![Toleration::default()],
+            topology_name: Some("racks".into()),
         },
     );
     assert_wire(
         &flavor,
-        r#"{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"ResourceFlavor","metadata":{"name":"default"},"spec":{"nodeLabels":{"zone":"a"},"tolerations":[{}]}}"#,
+        r#"{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"ResourceFlavor","metadata":{"name":"default"},"spec":{"nodeLabels":{"zone":"a"},"tolerations":[{}],"topologyName":"racks"}}"#,
     );
     assert_wire(&ResourceFlavorSpec::default(), "{}");
     let lq = LocalQueue::new(

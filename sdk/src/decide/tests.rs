@@ -315,6 +315,61 @@ fn invalid_decisions_are_refused_with_a_reason() {
     );
 }
 
+/// Kueue merges every Ready entry's podSetUpdates into the pods when it starts the job, and a
+/// key given two values finishes the admitted Workload as FailedToStart: a new Ready that would
+/// do that is refused, naming the podset, the key and the other check; the same value, another
+/// podset, or another check's entry that is not Ready, is no conflict.
+#[test]
+fn a_ready_whose_updates_conflict_with_another_checks_ready_is_refused() {
+    let consume = "autoscaling.x-k8s.io/consume-provisioning-request";
+    let update = |pod_set: &str, value: &str| {
+        let mut u = PodSetUpdate {
+            name: pod_set.into(),
+            ..Default::default()
+        };
+        u.annotations.insert(consume.into(), value.into());
+        u
+    };
+    let other = |state, updates| AdmissionCheckState {
+        name: "capacity-b".into(),
+        state,
+        message: "provisioned".into(),
+        pod_set_updates: updates,
+        ..Default::default()
+    };
+    let theirs = deciding()
+        .check_entry(other(CheckState::Ready, vec![update("main", "req-b")]))
+        .build();
+    match plan_for(
+        &theirs,
+        Decision::ready_with_updates("ok", vec![update("main", "req-a")]),
+    ) {
+        Plan::Refused(Refusal::InvalidDecision(why)) => assert!(
+            why.contains("podset \"main\"")
+                && why.contains(consume)
+                && why.contains("check \"capacity-b\"")
+                && why.contains("FailedToStart")
+                && !why.contains("req-"),
+            "{why}"
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    for (wl, ours, why) in [
+        (&theirs, update("main", "req-b"), "the same value"),
+        (&theirs, update("workers", "req-a"), "another podset"),
+        (
+            &deciding()
+                .check_entry(other(CheckState::Pending, vec![update("main", "req-b")]))
+                .build(),
+            update("main", "req-a"),
+            "the other entry is not Ready",
+        ),
+    ] {
+        let plan = plan_for(wl, Decision::ready_with_updates("ok", vec![ours]));
+        assert!(matches!(plan, Plan::Write(_)), "{why}: {plan:?}");
+    }
+}
+
 #[test]
 fn the_updates_of_a_ready_entry_stay_as_they_are() {
     let mut given = PodSetUpdate {

@@ -103,11 +103,17 @@ enum Step {
     CheckInactive,
     /// provisioningrequestconfigs list and watch (the config is created after the check).
     CheckActive,
+    /// clusterqueues list and watch (the ClusterQueue is created after the start; the
+    /// warning is judged from the leader's cache of them only), and resourceflavors list and
+    /// watch (the flavors' topologyName comes from the flavor cache, so without them this is
+    /// the first step to fail).
+    TopologyWarned,
     /// workloads get (the sweep reads the Workload afresh), provisioningrequests list (the
     /// leader's watch of its requests lists first) and delete.
     OrphanRequestRemoved,
     /// workloads watch, workloads/status patch, resourceflavors list and watch (a decision
-    /// waits for the flavor cache and says which verb is refused), provisioningrequests create,
+    /// waits for the flavor cache and says which verb is refused; TopologyWarned fails first
+    /// without them), provisioningrequests create,
     /// podtemplates create; workloads patch (the attempt annotation, applied before the Retry:
     /// without it no Retry is written and the Job is never retried).
     Admitted,
@@ -136,6 +142,10 @@ impl Step {
                  yet, gets Active=False, and the controller handles all its events"
             }
             Step::CheckActive => "creating the config makes the check Active=True",
+            Step::TopologyWarned => {
+                "a ClusterQueue created after the start that applies the check to a \
+                 topology-aware flavor puts TopologyAssignedBeforeProvisioning=True on the check"
+            }
             Step::OrphanRequestRemoved => {
                 "a request left by a Workload deleted while no controller ran is deleted"
             }
@@ -532,6 +542,9 @@ impl Run {
             check_active(env, w, check, &field_manager, "True", "Active")
         );
 
+        topology_aware_queue(env, check).await?;
+        step!(Step::TopologyWarned, topology_warned(env, w, check));
+
         step!(
             Step::OrphanRequestRemoved,
             poll(w, STEP_TIMEOUT, || async {
@@ -876,6 +889,43 @@ async fn check_active(
                 ))
             },
         )
+    })
+    .await
+}
+
+/// A ResourceFlavor with a Topology (none needs to exist: the warning reads the flavor's
+/// `topologyName`) and ClusterQueue `cq-tas` applying `check` to it.
+async fn topology_aware_queue(env: &TestEnv, check: &str) -> Result<()> {
+    let flavor: kueue_admission_sdk::api::ResourceFlavor = serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": env.cluster_name("tas")},
+        "spec": {"nodeLabels": {"pool": env.ns}, "topologyName": env.cluster_name("topology")},
+    }))?;
+    Api::<kueue_admission_sdk::api::ResourceFlavor>::all(env.client.clone())
+        .create(&PostParams::default(), &flavor)
+        .await
+        .context("creating the topology-aware flavor")?;
+    env.cluster_queue("cq-tas", &env.cluster_name("tas"), "1", &[check])
+        .await?;
+    Ok(())
+}
+
+/// The check carries `TopologyAssignedBeforeProvisioning=True`, applied by the controller's
+/// topology warning.
+async fn topology_warned(env: &TestEnv, w: &Waiter<'_>, check: &str) -> Waited<()> {
+    use kueue_provisioning_controller::topology;
+    poll(w, STEP_TIMEOUT, || async {
+        let ac = Api::<AdmissionCheck>::all(env.client.clone())
+            .get(check)
+            .await?;
+        let conditions = ac.status.map(|s| s.conditions).unwrap_or_default();
+        let c = find_condition(&conditions, topology::CONDITION);
+        let cq = env.cluster_name("cq-tas");
+        Ok(match c {
+            Some(c) if c.status == "True" && c.message.contains(&cq) => Ok(()),
+            other => Err(format!("{}: {other:?}", topology::CONDITION)),
+        })
     })
     .await
 }
