@@ -90,21 +90,33 @@ add_kueue() { # module dir
   (cd "$1" && go get "sigs.k8s.io/kueue@$KUEUE_VERSION")
 }
 
-# One command of the kubernetes module (kube-apiserver, kube-scheduler, kube-controller-manager),
-# version-stamped: an unstamped binary reports v0.0.0-master, which Kueue cannot parse.
-go_build_kubernetes_command() { # module dir, command, output
-  local ld="" pkg minor
+# The version stamps of every binary built here: Kubernetes' (an unstamped kube-apiserver
+# reports v0.0.0-master, which Kueue cannot parse) and Kueue's; a stamp of a package a binary
+# does not link is ignored. `-s -w` leaves out the symbol table and DWARF: links take less time
+# and nobody debugs these binaries.
+version_ldflags() {
+  local ld="-s -w" pkg minor
   minor="$(kubernetes_minor)"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
-  (cd "$1" && go build -pgo=off -trimpath -ldflags "$ld" -o "$3" "k8s.io/kubernetes/cmd/$2")
+  echo "$ld -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
 }
 
-go_build_kueue() { # module dir, output
-  (cd "$1" && go build -pgo=off -trimpath -ldflags "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
-    -o "$2" sigs.k8s.io/kueue/cmd/kueue)
+# Builds main packages of module dir SRC in one `go build`, each to its binary (arguments
+# `package=output`): the packages they share compile once, and their links (single-threaded
+# each) run side by side on the cores.
+go_build_all() { # module dir, package=output...
+  local src=$1 pair pkgs=()
+  shift
+  for pair in "$@"; do pkgs+=("${pair%%=*}"); done
+  rm -rf "${src:?}/bin"; mkdir -p "$src/bin"
+  (cd "$src" && go build -pgo=off -trimpath -ldflags "$(version_ldflags)" -o "$src/bin/" "${pkgs[@]}")
+  for pair in "$@"; do
+    mkdir -p "$(dirname "${pair#*=}")"
+    mv "$src/bin/$(basename "${pair%%=*}")" "${pair#*=}"
+  done
 }
 
 # The Kubernetes minor a Kueue release is built against (its k8s.io/api requirement, v0.<minor>.x).
@@ -116,7 +128,7 @@ kueue_kubernetes_minor() {
   awk '$1=="k8s.io/api"{split($2, v, "."); print v[2]; exit}' "$gomod"
 }
 
-# The Kubernetes components the control plane runs, each built unless its binary is there.
+# The Kubernetes components the control plane runs.
 KUBERNETES_COMMANDS=(kube-apiserver kube-scheduler kube-controller-manager)
 kubernetes_bin() {
   case $1 in
@@ -124,22 +136,16 @@ kubernetes_bin() {
     kube-controller-manager) echo "$CONTROLLER_MANAGER_BIN" ;;
   esac
 }
-kubernetes_missing() { local c; for c in "${KUBERNETES_COMMANDS[@]}"; do [[ -x $(kubernetes_bin "$c") ]] || return 0; done; return 1; }
 
-# Builds the missing Kubernetes commands in module dir SRC (go.mod already written). The scheduler
-# and the controller manager share most of the apiserver's packages: after it they cost about 7 s
-# and 40 s on 2 cores, the controller manager's link peaking near 2.3 GB.
-build_kubernetes_commands_in() { # module dir
-  local c out
-  for c in "${KUBERNETES_COMMANDS[@]}"; do
-    out="$(kubernetes_bin "$c")"
-    [[ -x $out ]] && continue
-    log "building $c $KUBERNETES_VERSION"
-    progress_start "building $c $KUBERNETES_VERSION"
-    mkdir -p "$(dirname "$out")"
-    go_build_kubernetes_command "$1" "$c" "$out.tmp"
-    mv "$out.tmp" "$out"
-  done
+# Adds kwok to a wrapper module, its go.sum merged into the module's: kwok's recorded hashes
+# verify what it brings in.
+add_kwok() { # module dir
+  local dir
+  dir="$(cd "$1" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | json_field Dir)"
+  touch "$1/go.sum"
+  sort -u "$1/go.sum" "$dir/go.sum" >"$1/go.sum.merged"
+  mv "$1/go.sum.merged" "$1/go.sum"; chmod u+w "$1/go.sum"
+  (cd "$1" && go get "sigs.k8s.io/kwok@$KWOK_VERSION")
 }
 
 # `go install sigs.k8s.io/kueue/cmd/kueue@v` would do, but it asks the proxy for Kueue's version
@@ -148,61 +154,45 @@ build_kubernetes_commands_in() { # module dir
 build_kueue_in() { # module dir, output
   wrapper_module "$1" kueue
   add_kueue "$1"
-  go_build_kueue "$1" "$2"
+  (cd "$1" && go build -pgo=off -trimpath -ldflags "$(version_ldflags)" -o "$2" sigs.k8s.io/kueue/cmd/kueue)
 }
 
 build_kueue() {
   build_component "$KUEUE_BIN" "kueue $KUEUE_VERSION" "$CACHE_DIR/src/kueue-$KUEUE_VERSION" build_kueue_in
 }
 
-# Kueue imports about 1,100 of kube-apiserver's 1,800 packages (client-go, apiserver, api, ...).
-# Built in one module, each of those compiles once: on 2 cores, cold, about 6 minutes for both
-# instead of about 10. Go's version selection then gives both binaries the higher of the two
-# requirements of each dependency (for Kueue v0.19.2 beside Kubernetes v1.36.3: k8s.io/client-go
-# v0.36.3 instead of v0.36.2, grpc 1.81.1 instead of 1.79.3 for the apiserver): patch and minor
-# steps of libraries; each binary is still its release's own source. Done only when Kueue is
-# built against the same Kubernetes minor; an older Kueue (e.g. v0.15, on Kubernetes 1.34) is
-# built alone, with exactly its own requirements, and the Kubernetes commands in a module of theirs.
-build_kubernetes_and_kueue() {
-  kubernetes_missing || [[ ! -x $KUEUE_BIN ]] || return 0
-  local src
-  if [[ "$(kueue_kubernetes_minor)" != "$(kubernetes_minor)" ]]; then
-    if kubernetes_missing; then
-      src="$CACHE_DIR/src/kubernetes-$KUBERNETES_VERSION"
-      rm -rf "$src"; mkdir -p "$src"
-      write_kubernetes_gomod "$src"
-      build_kubernetes_commands_in "$src"
-    fi
-    build_kueue
-    return 0
+# Kueue imports about 1,100 of kube-apiserver's 1,800 packages (client-go, apiserver, api, ...),
+# and the scheduler, the controller manager and kwok most of theirs too. Built in one module and
+# one `go build`, each shared package compiles once and the links run side by side: on 2 cores,
+# cold, minutes less than apart. Go's version selection then gives every binary the highest of
+# their requirements of each dependency (for Kueue v0.19.2 beside Kubernetes v1.36.3:
+# k8s.io/client-go v0.36.3 instead of v0.36.2, grpc 1.81.1 instead of 1.79.3 for the apiserver;
+# kwok v0.8.0 gets the v0.36.3 k8s.io libraries instead of v0.36.1): patch and minor steps of
+# libraries; each binary is still its release's own source. Kueue joins only when built against
+# the same Kubernetes minor; an older Kueue (e.g. v0.15, on Kubernetes 1.34) is built alone, with
+# exactly its own requirements.
+build_kubernetes_kwok_and_kueue() {
+  local shared=true missing=() c
+  [[ "$(kueue_kubernetes_minor)" == "$(kubernetes_minor)" ]] || shared=false
+  for c in "${KUBERNETES_COMMANDS[@]}"; do
+    [[ -x $(kubernetes_bin "$c") ]] || missing+=("k8s.io/kubernetes/cmd/$c=$(kubernetes_bin "$c")")
+  done
+  [[ -x $KWOK_BIN ]] || missing+=("sigs.k8s.io/kwok/cmd/kwok=$KWOK_BIN")
+  if $shared && [[ ! -x $KUEUE_BIN ]]; then missing+=("sigs.k8s.io/kueue/cmd/kueue=$KUEUE_BIN"); fi
+  if ((${#missing[@]})); then
+    local src="$CACHE_DIR/src/control-plane-$KUBERNETES_VERSION-kwok-$KWOK_VERSION"
+    $shared && src+="-kueue-$KUEUE_VERSION"
+    local what
+    what="$(printf '%s\n' "${missing[@]}" | sed 's#=.*##; s#.*/##' | paste -sd' ' -)"
+    log "building $what in one module (Kubernetes $KUBERNETES_VERSION, kwok $KWOK_VERSION$($shared && echo ", kueue $KUEUE_VERSION"))"
+    rm -rf "$src"; mkdir -p "$src"
+    write_kubernetes_gomod "$src"
+    if $shared; then add_kueue "$src"; fi
+    add_kwok "$src"
+    progress_start "building $what"
+    go_build_all "$src" "${missing[@]}"
   fi
-  src="$CACHE_DIR/src/control-plane-$KUBERNETES_VERSION-$KUEUE_VERSION"
-  log "building the Kubernetes $KUBERNETES_VERSION components and kueue $KUEUE_VERSION in one module"
-  rm -rf "$src"; mkdir -p "$src"
-  write_kubernetes_gomod "$src"
-  add_kueue "$src"
-  build_kubernetes_commands_in "$src"
-  if [[ ! -x $KUEUE_BIN ]]; then
-    progress_start "building kueue $KUEUE_VERSION (sharing the apiserver's packages)"
-    mkdir -p "$(dirname "$KUEUE_BIN")"
-    go_build_kueue "$src" "$KUEUE_BIN.tmp"
-    mv "$KUEUE_BIN.tmp" "$KUEUE_BIN"
-  fi
-}
-
-# kwok (the fake nodes) in a module of its own, seeded with kwok's go.sum like Kueue: it is built
-# on other k8s.io library patches than the apiserver, so a shared module would gain nothing.
-build_kwok_in() { # module dir, output
-  wrapper_module "$1" kwok
-  local dir
-  dir="$(cd "$1" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | json_field Dir)"
-  cp "$dir/go.sum" "$1/go.sum"; chmod u+w "$1/go.sum"
-  (cd "$1" && go get "sigs.k8s.io/kwok@$KWOK_VERSION" &&
-    go build -pgo=off -trimpath -o "$2" sigs.k8s.io/kwok/cmd/kwok)
-}
-
-build_kwok() {
-  build_component "$KWOK_BIN" "kwok $KWOK_VERSION" "$CACHE_DIR/src/kwok-$KWOK_VERSION" build_kwok_in
+  $shared || build_kueue
 }
 
 # Manifests come from the same modules: Kueue's CRDs and webhooks, and the ProvisioningRequest CRD
@@ -240,8 +230,7 @@ main() {
   local start=$SECONDS
   fetch_manifests
   build_etcd
-  build_kubernetes_and_kueue
-  build_kwok
+  build_kubernetes_kwok_and_kueue
   progress_stop
   log "control plane binaries ready in $((SECONDS - start))s under $BIN_DIR"
 }

@@ -512,10 +512,16 @@ async fn kueues_webhook_refuses_an_invalid_pod_set_update_with_a_403_that_is_no_
     let env = TestEnv::new("webhook-403").await?;
     let (q, wl_name, wl) = job_waiting_for_the_check(&env).await?;
     let key = format!("example.com/{}", "z".repeat(70));
-    let body = serde_json::json!({
+    let pp = PatchParams::apply(&format!("{}-{}", e2e::TEST_FIELD_MANAGER, q.check)).force();
+    // Kueue writes the Workload again right after reserving quota: a write at an older
+    // resourceVersion gets a 409 first, and is sent again from a fresh read.
+    let mut refused = None;
+    for _ in 0..10 {
+        let fresh = env.workloads().get(&wl_name).await?;
+        let body = serde_json::json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "Workload",
-        "metadata": {"name": wl_name, "namespace": env.ns, "resourceVersion": wl.resource_version()},
+        "metadata": {"name": wl_name, "namespace": env.ns, "resourceVersion": fresh.resource_version()},
         "status": {"admissionChecks": [{
             "name": q.check,
             "state": "Ready",
@@ -524,13 +530,18 @@ async fn kueues_webhook_refuses_an_invalid_pod_set_update_with_a_403_that_is_no_
                 k8s_openapi::jiff::Timestamp::now()),
             "podSetUpdates": [{"name": "main", "nodeSelector": {key.clone(): "zone-a"}}],
         }]},
-    });
-    let pp = PatchParams::apply(&format!("{}-{}", e2e::TEST_FIELD_MANAGER, q.check)).force();
-    let refused = env
-        .workloads()
-        .patch_status(&wl_name, &pp, &Patch::Apply(&body))
-        .await
-        .expect_err("Kueue's webhook refuses the key");
+        });
+        let answer = env
+            .workloads()
+            .patch_status(&wl_name, &pp, &Patch::Apply(&body))
+            .await
+            .expect_err("Kueue's webhook refuses the key");
+        if !matches!(&answer, kube::Error::Api(s) if s.code == 409) {
+            refused = Some(answer);
+            break;
+        }
+    }
+    let refused = refused.context("409 Conflict ten times in a row")?;
     let kube::Error::Api(status) = refused else {
         panic!("not an API answer: {refused}");
     };
