@@ -8,7 +8,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/control-plane/lib.sh
 source "$here/lib.sh"
 
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
+# No DWARF from the compiler and a lazier garbage collector in it (GOGC=400; peak 1.6 GB): a
+# cold build of everything took 626 CPU-seconds instead of 727 on 2 cores. Nobody debugs these
+# binaries; they run as optimised as before.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false -gcflags=all=-dwarf=false" GOGC=400
 command -v go >/dev/null || die "go is not installed; the control plane is built from Go modules"
 
 # A wrapper module lets `go build` resolve a main package whose own go.mod carries replace
@@ -228,9 +231,16 @@ main() {
   trap progress_stop EXIT
   mkdir -p "$BIN_DIR"
   local start=$SECONDS
-  fetch_manifests
-  build_etcd
+  # etcd (and the manifests, mostly downloads) beside the big module: each leaves a core idle
+  # at times (downloads, a single-threaded link), which the other fills.
+  (
+    trap progress_stop EXIT
+    fetch_manifests
+    build_etcd
+  ) &
+  local beside=$!
   build_kubernetes_kwok_and_kueue
+  wait "$beside" || die "building etcd or collecting the manifests failed (output above)"
   progress_stop
   log "control plane binaries ready in $((SECONDS - start))s under $BIN_DIR"
 }
