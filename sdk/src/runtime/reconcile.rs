@@ -653,9 +653,10 @@ async fn after_refused_write<C: AdmissionCheckController>(
         }
         WriteFailure::Status(kube::Error::Api(status))
             if !decided.decision.message().starts_with(PERMANENT_MARK)
-                && let ErrorClass::Permanent { message: refused } =
-                    ErrorClass::of_status(status.code, &status.reason, &status.message) =>
+                && permanent_refusal(&status).is_some() =>
         {
+            // (An `if let` guard would bind the message once, but the MSRV, 1.89, lacks it.)
+            let refused = permanent_refusal(&status).unwrap_or_default();
             // The API server will never take this answer (e.g. a podSetUpdate it or a webhook
             // finds invalid): say so on the entry instead, and keep the quota only for a while.
             let message = format!(
@@ -916,6 +917,15 @@ async fn ask<C: AdmissionCheckController>(
         now,
         uncounted: false,
     }))
+}
+
+/// What the API server said when it refused a write for good (a webhook denial, an invalid
+/// field), or `None` when the refusal may pass.
+fn permanent_refusal(status: &kube::core::Status) -> Option<String> {
+    match ErrorClass::of_status(status.code, &status.reason, &status.message) {
+        ErrorClass::Permanent { message } => Some(message),
+        ErrorClass::Transient => None,
+    }
 }
 
 /// What to write for a permanent failure: `Pending` with the reason while the Workload may keep
