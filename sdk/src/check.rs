@@ -105,9 +105,45 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
         ctx: &CheckContext<'_, Self::Parameters>,
     ) -> impl Future<Output = Result<Decision, Self::Error>> + Send;
 
-    /// Called when a Workload this check decided for no longer needs it: quota released,
-    /// evicted, deactivated, finished, deleted, or the check removed from its ClusterQueue.
-    /// Release whatever the Workload holds. Must be idempotent.
+    /// Whether [`start_early`](Self::start_early) is called: `false` by default. When `true`,
+    /// the runtime also watches ClusterQueues, to know which checks a Workload will get.
+    fn starts_early(&self) -> bool {
+        false
+    }
+
+    /// Starts the check's work for a Workload that holds quota before Kueue has added this
+    /// check's entry, so that the answer may be known by the time the entry comes. Kueue
+    /// reserves quota in its scheduler but adds the entries from its Workload loop, which falls
+    /// behind when Kueue is busy (seconds under a burst); nothing can be written until the
+    /// entry exists, but a check that waits on something slow (capacity from an autoscaler)
+    /// can ask for it meanwhile.
+    ///
+    /// Called (when [`starts_early`](Self::starts_early) says so) once per attempt for a
+    /// Workload that holds quota, is active and not evicted, has no entry for the check yet,
+    /// and whose ClusterQueue lists the check in `admissionChecksStrategy` for the flavors
+    /// assigned (an `onFlavors` rule that matches none of them does not count). `ctx.entry` is
+    /// a stand-in: `Pending`, with no message, named after the check. Once Kueue adds the entry,
+    /// [`decide`](Self::decide) is asked as always and must find what was started here (it is
+    /// idempotent anyway); an answer known by then is written at once.
+    ///
+    /// What was started is released through [`release`](Self::release), as any decision's:
+    /// when the Workload loses its quota, is evicted, deactivated, finished or deleted, when
+    /// the ClusterQueue no longer lists the check, or when the entry does not come within
+    /// [`RuntimeConfig::early_start_wait`](crate::RuntimeConfig::early_start_wait)
+    /// ([`ReleaseReason::EntryNotAdded`]). An error is logged, counted and
+    /// tried again on the next change; it is never written on the Workload (there is no entry
+    /// yet): `decide` meets it again when the entry comes.
+    fn start_early(
+        &self,
+        _ctx: &CheckContext<'_, Self::Parameters>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Called when a Workload this check decided for (or started early for) no longer needs
+    /// it: quota released, evicted, deactivated, finished, deleted, the check removed from its
+    /// ClusterQueue, or its entry never added. Release whatever the Workload holds. Must be
+    /// idempotent.
     fn release(
         &self,
         _ctx: &ReleaseContext<'_>,

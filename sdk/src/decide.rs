@@ -39,10 +39,24 @@ pub enum Eligibility {
     /// The Workload does not need the check now; what it held may be released.
     /// `QuotaReleased` also covers a Workload that never had quota.
     Idle(ReleaseReason),
+    /// The Workload holds quota and its ClusterQueue applies the check to the flavors
+    /// assigned, but Kueue has not added the entry yet: work may start
+    /// ([`crate::AdmissionCheckController::start_early`]), nothing may be written.
+    Early,
 }
 
-/// Decides whether `check` should be asked about `wl`.
+/// Decides whether `check` should be asked about `wl`. A Workload without the check's entry is
+/// [`Eligibility::Idle`] here; see [`standing`] for one whose entry is still to come.
 pub fn eligibility(wl: &Workload, check: &str, revalidate_ready: bool) -> Eligibility {
+    standing(wl, check, revalidate_ready, false)
+}
+
+/// As [`eligibility`], knowing whether the Workload's ClusterQueue applies `check` to it
+/// (`applies`, from [`queue_applies_check`]): a Workload that holds quota, is active and not
+/// evicted, without the entry yet, is then [`Eligibility::Early`]. Without the entry, the
+/// reason a Workload is idle is the first of: deleted, finished, deactivated, evicted, quota
+/// released, check removed.
+pub fn standing(wl: &Workload, check: &str, revalidate_ready: bool, applies: bool) -> Eligibility {
     use Eligibility::*;
     if wl.metadata.deletion_timestamp.is_some() {
         return Idle(ReleaseReason::Deleted);
@@ -51,16 +65,16 @@ pub fn eligibility(wl: &Workload, check: &str, revalidate_ready: bool) -> Eligib
         return Idle(ReleaseReason::Finished);
     }
     let Some(entry) = wl.admission_check(check) else {
-        return Idle(ReleaseReason::CheckRemoved);
+        return match holds_quota_idle(wl) {
+            Some(reason) => Idle(reason),
+            // An admitted Workload got the check after its admission: Kueue does not
+            // un-admit it, so there is nothing to start.
+            None if applies && !wl.condition_is_true(cond::ADMITTED) => Early,
+            None => Idle(ReleaseReason::CheckRemoved),
+        };
     };
-    if !wl.is_active() || wl.condition_is_true(cond::DEACTIVATION_TARGET) {
-        return Idle(ReleaseReason::Deactivated);
-    }
-    if wl.condition_is_true(cond::EVICTED) {
-        return Idle(ReleaseReason::Evicted);
-    }
-    if !wl.condition_is_true(cond::QUOTA_RESERVED) {
-        return Idle(ReleaseReason::QuotaReleased);
+    if let Some(reason) = holds_quota_idle(wl) {
+        return Idle(reason);
     }
     match entry.state {
         CheckState::Pending => Decide {
@@ -69,6 +83,48 @@ pub fn eligibility(wl: &Workload, check: &str, revalidate_ready: bool) -> Eligib
         CheckState::Ready if revalidate_ready => Decide { revalidating: true },
         state => Wait(state),
     }
+}
+
+/// Why a Workload that is neither deleted nor finished does not hold usable quota, if so:
+/// deactivated, evicted, or no quota reserved.
+fn holds_quota_idle(wl: &Workload) -> Option<ReleaseReason> {
+    if !wl.is_active() || wl.condition_is_true(cond::DEACTIVATION_TARGET) {
+        return Some(ReleaseReason::Deactivated);
+    }
+    if wl.condition_is_true(cond::EVICTED) {
+        return Some(ReleaseReason::Evicted);
+    }
+    if !wl.condition_is_true(cond::QUOTA_RESERVED) {
+        return Some(ReleaseReason::QuotaReleased);
+    }
+    None
+}
+
+/// Whether the ClusterQueue `queue` (its spec) applies `check` to `wl` as Kueue assigned its
+/// flavors: the queue is the one that reserved the quota (`status.admission.clusterQueue`, the
+/// caller looks it up by that name), and its `admissionChecksStrategy` has a rule for the
+/// check whose `onFlavors` is empty or names a flavor assigned to some podset. Kueue adds the
+/// entry by the same rule.
+pub fn queue_applies_check(
+    queue: &crate::api::ClusterQueueSpec,
+    check: &str,
+    wl: &Workload,
+) -> bool {
+    let Some(admission) = wl.status.as_ref().and_then(|s| s.admission.as_ref()) else {
+        return false;
+    };
+    let rules = queue
+        .admission_checks_strategy
+        .iter()
+        .flat_map(|s| &s.admission_checks);
+    rules.filter(|r| r.name == check).any(|rule| {
+        rule.on_flavors.is_empty()
+            || admission
+                .pod_set_assignments
+                .iter()
+                .flat_map(|p| p.flavors.values())
+                .any(|flavor| rule.on_flavors.contains(flavor))
+    })
 }
 
 /// Everything [`plan`] needs.

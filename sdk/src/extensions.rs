@@ -107,6 +107,10 @@ pub struct LeaderContext {
     pub waker: WorkloadWaker,
     /// The runtime runs in shadow mode, in this scope (see [`crate::holding::stale_reason`]).
     pub shadow: Option<crate::shadow::ShadowScope>,
+    /// The ClusterQueues, watched when the check
+    /// [starts early](crate::AdmissionCheckController::starts_early): whether a Workload's
+    /// entry for a check is still to come (see [`crate::holding::stale_reason_expecting_entry`]).
+    pub cluster_queues: crate::ClusterQueues,
 }
 
 impl std::fmt::Debug for LeaderContext {
@@ -148,6 +152,7 @@ mod tests {
             workloads: reader,
             waker: WorkloadWaker::for_tests(1).0,
             shadow: None,
+            cluster_queues: Default::default(),
         }
     }
 

@@ -9,7 +9,7 @@
 use kube::ResourceExt;
 
 use crate::api::Workload;
-use crate::decide::{Eligibility, eligibility};
+use crate::decide::{Eligibility, standing};
 use crate::shadow::{ShadowEligibility, ShadowScope, shadow_eligibility};
 
 /// What a check gave one Workload, as the check recorded it.
@@ -52,6 +52,20 @@ pub fn stale_reason(
     workload: Option<&Workload>,
     shadow: Option<&ShadowScope>,
 ) -> Option<String> {
+    stale_reason_expecting_entry(holding, workload, shadow, false)
+}
+
+/// As [`stale_reason`], for a check that starts early
+/// ([`crate::AdmissionCheckController::start_early`]): `entry_expected` says whether the
+/// Workload's ClusterQueue applies the check to it
+/// ([`crate::ClusterQueues::check_applies`], from [`crate::LeaderContext::cluster_queues`]), so that what was started before Kueue added the
+/// entry is kept while the entry is due (it still goes once the Workload loses its quota).
+pub fn stale_reason_expecting_entry(
+    holding: &Holding<'_>,
+    workload: Option<&Workload>,
+    shadow: Option<&ShadowScope>,
+    entry_expected: bool,
+) -> Option<String> {
     let Some(wl) = workload else {
         return Some("its Workload no longer exists".into());
     };
@@ -70,7 +84,10 @@ pub fn stale_reason(
             ShadowEligibility::Idle(reason) => idle(reason),
         };
     }
-    match (eligibility(wl, holding.check, true), holding.lasts) {
+    match (
+        standing(wl, holding.check, true, entry_expected),
+        holding.lasts,
+    ) {
         (Eligibility::Idle(reason), _) => idle(reason),
         (Eligibility::Wait(state), Lasts::WhileAnswered | Lasts::ForTheAdmission { .. }) => {
             Some(format!("its check answered {state}"))

@@ -31,6 +31,7 @@ mod readme {}
 pub mod api;
 pub mod attempts;
 pub mod check;
+pub mod cluster_queues;
 pub mod configmap_store;
 pub(crate) mod decide;
 pub mod error;
@@ -51,6 +52,7 @@ pub use check::{
     ErrorClass, NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
     Revalidate,
 };
+pub use cluster_queues::ClusterQueues;
 pub use error::Error;
 pub use options::Options;
 pub use retry::RetryPolicy;

@@ -174,6 +174,12 @@ pub struct Options {
     )]
     pub permanent_failure_hold_seconds: Seconds<0, 86_400>,
 
+    /// Seconds what a check started when a Workload got quota (before Kueue added the check's
+    /// entry) waits for that entry before it is released. Only for checks that start early
+    /// (the provisioning check does); Kueue adds entries within seconds unless it is busy.
+    #[arg(long, env = "KUEUE_AC_EARLY_START_WAIT_SECONDS", default_value = "300")]
+    pub early_start_wait_seconds: Seconds<1, 86_400>,
+
     /// Sustained requests per second to the API server (client-side rate limit; the leader
     /// election's Lease requests are not counted, and Events have a budget of their own of the
     /// same size). At about 5 requests per Workload, 100 answers a burst of 1,000 Workloads in
@@ -345,6 +351,7 @@ impl Options {
             leader_election,
             max_retry_delay: self.max_retry_delay_seconds.duration(),
             permanent_failure_hold: self.permanent_failure_hold_seconds.duration(),
+            early_start_wait: self.early_start_wait_seconds.duration(),
             shadow: self
                 .shadow
                 .then(|| crate::shadow::ShadowScope::of(self.shadow_cluster_queues.clone())),

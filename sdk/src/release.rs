@@ -19,6 +19,9 @@ pub enum ReleaseReason {
     Deleted,
     /// The check no longer applies to the Workload (removed from the ClusterQueue).
     CheckRemoved,
+    /// Work started early ([`crate::AdmissionCheckController::start_early`]) waited longer than
+    /// [`crate::RuntimeConfig::early_start_wait`] for Kueue to add the check's entry.
+    EntryNotAdded,
 }
 
 impl ReleaseReason {
@@ -31,6 +34,7 @@ impl ReleaseReason {
             ReleaseReason::Finished => "finished",
             ReleaseReason::Deleted => "deleted",
             ReleaseReason::CheckRemoved => "check_removed",
+            ReleaseReason::EntryNotAdded => "entry_not_added",
         }
     }
 }

@@ -697,8 +697,9 @@ pub fn plan_once(
         Plan::Refused(Refusal::NotEligible(Eligibility::Wait(state))) => {
             Planned::AlreadyAnswered(state)
         }
-        // `plan` refuses only a Workload that may not be answered.
-        Plan::Refused(Refusal::NotEligible(Eligibility::Decide { .. })) => {
+        // `plan` refuses only a Workload that may not be answered, and judges one without the
+        // entry idle (it knows no ClusterQueue).
+        Plan::Refused(Refusal::NotEligible(Eligibility::Decide { .. } | Eligibility::Early)) => {
             unreachable!("plan refused an eligible Workload")
         }
         Plan::Refused(Refusal::InvalidDecision(why)) => Planned::Invalid(why),

@@ -36,6 +36,11 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     pub metrics: Arc<super::metrics::Metrics>,
     pub(super) max_retry_delay: Duration,
     pub(super) permanent_failure_hold: Duration,
+    /// [`super::RuntimeConfig::early_start_wait`].
+    pub(super) early_start_wait: Duration,
+    /// The ClusterQueues (watched only when the check starts early): which checks a Workload
+    /// will get.
+    pub(super) cluster_queues: crate::ClusterQueues,
     /// Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), granted first come,
     /// first served. kube's own limit hands a free slot to a waiting Workload picked in hash
     /// order, so under a steady stream of changes some waited minutes for their turn (the soak
@@ -80,6 +85,8 @@ impl<C: AdmissionCheckController> Context<C> {
             metrics,
             max_retry_delay: config.max_retry_delay,
             permanent_failure_hold: config.permanent_failure_hold,
+            early_start_wait: config.early_start_wait,
+            cluster_queues: Default::default(),
             turns: tokio::sync::Semaphore::new(usize::from(config.concurrency.max(1))),
             cache: None,
             known_checks: Default::default(),
@@ -91,6 +98,12 @@ impl<C: AdmissionCheckController> Context<C> {
     /// Reconciles read the newest version of their Workload from `cache` once it is their turn.
     pub fn with_cache(mut self, cache: reflector::Store<Workload>) -> Self {
         self.cache = Some(cache);
+        self
+    }
+
+    /// Early starts read which checks a Workload will get from `queues`.
+    pub fn with_cluster_queues(mut self, queues: crate::ClusterQueues) -> Self {
+        self.cluster_queues = queues;
         self
     }
 

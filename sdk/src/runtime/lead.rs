@@ -34,6 +34,13 @@ pub(super) struct Leading<C: AdmissionCheckController> {
     pub(super) leading: watch::Receiver<bool>,
     /// The check's tasks to run while leading.
     pub(super) extensions: Extensions,
+    /// Wakes for single Workloads (the check's tasks get the sender).
+    pub(super) wake: (
+        mpsc::Sender<kube::runtime::reflector::ObjectRef<Workload>>,
+        mpsc::Receiver<kube::runtime::reflector::ObjectRef<Workload>>,
+    ),
+    /// For the check's tasks.
+    pub(super) cluster_queues: crate::ClusterQueues,
     pub(super) shutdown: Shutdown,
 }
 
@@ -41,13 +48,14 @@ pub(super) struct Leading<C: AdmissionCheckController> {
 /// lost ([`Error::LeadershipLost`]). On a stop, reconciles in flight finish first.
 pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(), Error> {
     info!("leading: reconciling Workloads");
-    let (wake_tx, wake_rx) = mpsc::channel(1024);
+    let (wake_tx, wake_rx) = l.wake;
     let cache = l.cache.clone();
     let leader_context = LeaderContext {
         client: l.client,
         workloads: l.cache,
         waker: WorkloadWaker(wake_tx),
         shadow: l.shadow,
+        cluster_queues: l.cluster_queues,
     };
     let tasks = start_tasks(l.extensions, leader_context, &l.cache_ready);
     let lost = Arc::new(AtomicBool::new(false));

@@ -53,6 +53,20 @@ pub(crate) struct PairMemory {
     pub unanswerable: Option<Hold>,
     /// In shadow mode, the last would-be answer, until released.
     pub shadowed: Option<ShadowRecord>,
+    /// The check's work was started before Kueue added its entry: for which attempt, since
+    /// when, and whether it was released for want of the entry. Cleared when the entry comes.
+    pub early: Option<EarlyStart>,
+}
+
+/// Work started before the entry came ([`crate::AdmissionCheckController::start_early`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EarlyStart {
+    /// Where the Workload stood: its attempt and eviction count.
+    pub at: AskedAt,
+    /// When the work started.
+    pub since: tokio::time::Instant,
+    /// Released because the entry did not come in time: not started again in this attempt.
+    pub abandoned: bool,
 }
 
 impl PairMemory {
@@ -63,6 +77,7 @@ impl PairMemory {
             && self.record_refused.is_none()
             && self.unanswerable.is_none()
             && self.shadowed.is_none()
+            && self.early.is_none()
     }
 }
 
@@ -157,10 +172,16 @@ impl AskedAt {
 
     pub(super) fn of(wl: &Workload, check: &str) -> Option<Self> {
         let entry = wl.admission_check(check)?;
-        Some(Self {
-            attempt: attempts::attempt(wl, &entry.name),
+        Some(Self::expected(wl, &entry.name))
+    }
+
+    /// Where the Workload stands for `check`, whether or not it has the entry yet (the attempt
+    /// the entry will have when it comes).
+    pub(super) fn expected(wl: &Workload, check: &str) -> Self {
+        Self {
+            attempt: attempts::attempt(wl, check),
             evictions: wl.total_evictions(),
-        })
+        }
     }
 }
 

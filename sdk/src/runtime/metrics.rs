@@ -133,6 +133,8 @@ pub(crate) struct Metrics {
     retry_delays_clamped: Family<CheckLabels, Counter>,
     permanent_failures: Family<CheckLabels, Counter>,
     attempt_records_refused: Family<CheckLabels, Counter>,
+    early_starts: Family<CheckLabels, Counter>,
+    early_starts_abandoned: Family<CheckLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram>,
     shadow_decisions: Family<StateLabels, Counter>,
     /// The runtime runs its checks in shadow mode: their would-be answers are counted.
@@ -174,6 +176,8 @@ impl Metrics {
             retry_delays_clamped: Family::default(),
             permanent_failures: Family::default(),
             attempt_records_refused: Family::default(),
+            early_starts: Family::default(),
+            early_starts_abandoned: Family::default(),
             reconcile_duration: Family::new_with_constructor(reconcile_histogram as fn() -> _),
             shadow_decisions: Family::default(),
             shadow: false,
@@ -233,6 +237,16 @@ impl Metrics {
             "attempt_records_refused",
             "Attempts whose attempt record the API server refused for good (RBAC, a policy, a size limit); their Retry is written without it after the permanent-failure hold",
             self.attempt_records_refused.clone(),
+        );
+        registry.register(
+            "early_starts",
+            "Workloads whose check work started when they got quota, before Kueue added the check's entry",
+            self.early_starts.clone(),
+        );
+        registry.register(
+            "early_starts_abandoned",
+            "Early starts released because Kueue did not add the check's entry within --early-start-wait",
+            self.early_starts_abandoned.clone(),
         );
         registry.register(
             "shadow_decisions",
@@ -407,6 +421,16 @@ impl Metrics {
         self.count(&self.attempt_records_refused, check);
     }
 
+    /// A check's work started before its entry came.
+    pub fn early_start(&self, check: &str) {
+        self.count(&self.early_starts, check);
+    }
+
+    /// Work started early was released: the entry did not come in time.
+    pub fn early_start_abandoned(&self, check: &str) {
+        self.count(&self.early_starts_abandoned, check);
+    }
+
     /// How many attempts of `check` had their record refused, for tests.
     #[cfg(test)]
     pub fn attempt_records_refused_of(&self, check: &str) -> u64 {
@@ -451,6 +475,8 @@ impl Metrics {
         let _ = self.retry_delays_clamped.get_or_create(&labels);
         let _ = self.permanent_failures.get_or_create(&labels);
         let _ = self.attempt_records_refused.get_or_create(&labels);
+        let _ = self.early_starts.get_or_create(&labels);
+        let _ = self.early_starts_abandoned.get_or_create(&labels);
         let _ = self.retry_delay.get_or_create(&labels);
         let _ = self.attempt.get_or_create(&labels);
     }
@@ -472,6 +498,8 @@ impl Metrics {
         self.check_sync_errors.remove(&labels);
         self.retry_delays_clamped.remove(&labels);
         self.permanent_failures.remove(&labels);
+        self.early_starts.remove(&labels);
+        self.early_starts_abandoned.remove(&labels);
         self.attempt_records_refused.remove(&labels);
         self.retry_delay.remove(&labels);
         self.attempt.remove(&labels);

@@ -30,6 +30,7 @@ mod leader;
 mod memory;
 mod metrics;
 mod own_writes;
+mod queue_watch;
 mod queued_changes;
 mod reconcile;
 mod relist;
@@ -80,6 +81,10 @@ pub struct RuntimeConfig {
     /// and a Workload holding quota for a check that cannot answer (inactive, or in shadow
     /// mode while a ClusterQueue lists it).
     pub permanent_failure_hold: std::time::Duration,
+    /// How long work a check started before Kueue added its entry
+    /// ([`AdmissionCheckController::start_early`]) waits for the entry; then it is released
+    /// ([`crate::ReleaseReason::EntryNotAdded`]) and started again only once the entry comes.
+    pub early_start_wait: std::time::Duration,
     /// Shadow mode: decide for the Workloads holding quota in this scope and publish what would
     /// have been answered, writing no answers on Workloads (see [`crate::shadow`]). The one
     /// write: a Workload that holds quota with the entry of a check of this controller (its
@@ -99,6 +104,11 @@ pub struct RuntimeConfig {
 /// message and fix an annotation, short enough not to starve a queue.
 pub const DEFAULT_PERMANENT_FAILURE_HOLD: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// The default of [`RuntimeConfig::early_start_wait`]: five minutes, far beyond the seconds
+/// Kueue takes to add an entry even under a burst, short enough that capacity asked for a
+/// Workload that never gets the check is not kept for long.
+pub const DEFAULT_EARLY_START_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// The default of [`RuntimeConfig::field_manager`] (and of `--field-manager`).
 pub const DEFAULT_FIELD_MANAGER: &str = "kueue-admission-sdk";
 
@@ -111,6 +121,7 @@ impl Default for RuntimeConfig {
             leader_election: None,
             max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
             permanent_failure_hold: DEFAULT_PERMANENT_FAILURE_HOLD,
+            early_start_wait: DEFAULT_EARLY_START_WAIT,
             shadow: None,
             normal_events: true,
         }
@@ -220,7 +231,26 @@ where
         &leading,
         &mut background,
     );
-    let cache_ready = readiness(feed.synced.clone(), checks_synced, health, &mut background);
+    // Wakes from the check's tasks and the ClusterQueue watch.
+    let (wake, woken) = mpsc::channel(1024);
+    let (cluster_queues, queues_synced) = if controller.starts_early() {
+        let (queues, synced) = queue_watch::start(
+            &client,
+            cache.clone(),
+            wake.clone(),
+            leading.clone(),
+            &mut background,
+        );
+        (queues, Some(synced))
+    } else {
+        (crate::ClusterQueues::default(), None)
+    };
+    let synced = Synced {
+        workloads: feed.synced.clone(),
+        checks: checks_synced,
+        queues: queues_synced,
+    };
+    let cache_ready = readiness(synced, health, &mut background);
     let ctx = context::Context::new(
         client.clone(),
         controller,
@@ -229,7 +259,10 @@ where
         metrics,
         feed.own_writes.clone(),
     );
-    let ctx = Arc::new(ctx.with_cache(cache.clone()));
+    let ctx = Arc::new(
+        ctx.with_cache(cache.clone())
+            .with_cluster_queues(cluster_queues.clone()),
+    );
     background.push(tokio::spawn(release_deleted(ctx.clone(), feed.deleted)));
 
     let became_leader = lead::wait_to_lead(leading.clone(), &shutdown).await;
@@ -245,6 +278,8 @@ where
             reconcile_all: reconcile_all_asked,
             leading: leading.clone(),
             extensions,
+            wake: (wake, woken),
+            cluster_queues,
             shutdown,
         })
         .await
@@ -335,18 +370,33 @@ async fn join(
     }
 }
 
-/// Marks the runtime ready once both watches delivered their first complete list (InitDone,
-/// seen on the streams themselves). Returns our own "Workload cache complete" flag: kube's
-/// `Store::wait_until_ready` can miss its wake-up when several tasks wait on it at once (one
-/// waker is kept), so tasks wait on this.
+/// The first complete list of each watch (InitDone, seen on the streams themselves).
+struct Synced {
+    workloads: Arc<tokio::sync::Notify>,
+    checks: Arc<tokio::sync::Notify>,
+    /// Only when the check starts early.
+    queues: Option<Arc<tokio::sync::Notify>>,
+}
+
+/// Marks the runtime ready once every watch delivered its first complete list. Returns our own
+/// "Workload cache complete" flag (with the ClusterQueues, when watched: the first reconcile of
+/// everything must know which entries are due): kube's `Store::wait_until_ready` can miss its
+/// wake-up when several tasks wait on it at once (one waker is kept), so tasks wait on this.
 fn readiness(
-    workloads_synced: Arc<tokio::sync::Notify>,
-    checks_synced: Arc<tokio::sync::Notify>,
+    synced: Synced,
     health: Arc<http::Health>,
     background: &mut tasks::TaskGroup,
 ) -> watch::Receiver<bool> {
     let (cache_ready_tx, cache_ready) = watch::channel(false);
+    let Synced {
+        workloads: workloads_synced,
+        checks: checks_synced,
+        queues: queues_synced,
+    } = synced;
     background.push(tokio::spawn(async move {
+        if let Some(queues) = queues_synced {
+            queues.notified().await;
+        }
         workloads_synced.notified().await;
         let _ = cache_ready_tx.send(true);
         // Kept until the runtime stops, so waiters never see the channel closed.

@@ -16,14 +16,15 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::checks::ActiveCheck;
 use super::context::{Context, redact_workload_note, release};
-use super::memory::{AskedAt, Hold, PairKey, PermanentFailure, lock};
+use super::memory::{AskedAt, EarlyStart, Hold, PairKey, PermanentFailure, lock};
 use super::unanswerable;
 use crate::api::CheckState;
 use crate::api::Workload;
 use crate::attempts;
 use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass};
 use crate::decide::{
-    Eligibility, LateRetry, Plan, PlanInput, Refusal, eligibility, plan, status_apply_patch,
+    Eligibility, LateRetry, Plan, PlanInput, Refusal, eligibility, plan, standing,
+    status_apply_patch,
 };
 use crate::error::Error;
 use crate::release::{ReleaseContext, ReleaseReason};
@@ -111,6 +112,7 @@ async fn reconcile_workload<C: AdmissionCheckController>(
     }
     let RegistryView {
         ours,
+        early,
         all_ours,
         cannot_answer,
     } = registry_view(ctx, wl);
@@ -127,10 +129,17 @@ async fn reconcile_workload<C: AdmissionCheckController>(
     };
     // Where each check stands on this version of the Workload, worked out once.
     let revalidate = ctx.revalidates();
+    let starts_early = ctx.controller.starts_early();
     let seen: BTreeMap<String, Eligibility> = releasable
         .into_iter()
         .map(|check| {
-            let stands = eligibility(wl, &check, revalidate);
+            // The queue is looked up only for a check without its entry.
+            let stands = if starts_early && wl.admission_check(&check).is_none() {
+                let applies = ctx.cluster_queues.check_applies(wl, &check);
+                standing(wl, &check, revalidate, applies)
+            } else {
+                eligibility(wl, &check, revalidate)
+            };
             (check, stands)
         })
         .collect();
@@ -162,6 +171,21 @@ async fn reconcile_workload<C: AdmissionCheckController>(
             .await?;
         requeue = sooner(requeue, next);
     }
+    for (check, active) in early {
+        if seen.get(&check) != Some(&Eligibility::Early) {
+            continue;
+        }
+        let span = info_span!(
+            "start_early",
+            workload = %wl.name_any(),
+            namespace = %wl.namespace().unwrap_or_default(),
+            check = %check,
+        );
+        let next = start_early(ctx, wl, &check, &active)
+            .instrument(span)
+            .await?;
+        requeue = sooner(requeue, next);
+    }
     if let Some(uid) = wl.uid() {
         ctx.memory.workload(&uid, |w| w.failures = 0);
     }
@@ -172,6 +196,9 @@ async fn reconcile_workload<C: AdmissionCheckController>(
 struct RegistryView<P> {
     /// Checks to decide: active, with an entry on the Workload.
     ours: Vec<(String, Arc<ActiveCheck<P>>)>,
+    /// Active checks without an entry on the Workload, when the check starts early: whether
+    /// the entry is due is worked out with the ClusterQueue.
+    early: Vec<(String, Arc<ActiveCheck<P>>)>,
     /// Every check of ours (an inactive or removed one may still have something to release).
     all_ours: Vec<String>,
     /// Inactive checks with an entry, and why they cannot answer (see `unanswerable`).
@@ -182,8 +209,10 @@ fn registry_view<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
 ) -> RegistryView<C::Parameters> {
+    let starts_early = ctx.controller.starts_early();
     let mut view = RegistryView {
         ours: Vec::new(),
+        early: Vec::new(),
         all_ours: Vec::new(),
         cannot_answer: Vec::new(),
     };
@@ -196,6 +225,7 @@ fn registry_view<C: AdmissionCheckController>(
                 let why = unanswerable::inactive(name, inactive);
                 view.cannot_answer.push((name.clone(), why));
             }
+            (Ok(active), None) if starts_early => view.early.push((name.clone(), active.clone())),
             (_, None) => {}
         }
     }
@@ -231,6 +261,92 @@ fn remember_earlier_answers<C: AdmissionCheckController>(
                 p.asked.get_or_insert(at);
             });
         }
+    }
+}
+
+/// Starts `check`'s work for a Workload whose entry Kueue has yet to add (see
+/// [`AdmissionCheckController::start_early`]), once per attempt, and releases it if the entry
+/// does not come within [`super::RuntimeConfig::early_start_wait`]. Returns when to look again.
+async fn start_early<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    check: &str,
+    active: &ActiveCheck<C::Parameters>,
+) -> Result<Option<Duration>, Error> {
+    let Some(uid) = wl.uid() else { return Ok(None) };
+    let key: PairKey = (uid, check.to_string());
+    let at = AskedAt::expected(wl, check);
+    let now = tokio::time::Instant::now();
+    let wait = ctx.early_start_wait;
+    if let Some(early) = ctx.memory.pair(&key, |p| p.early.filter(|e| e.at == at)) {
+        if early.abandoned {
+            return Ok(None);
+        }
+        let waited = now.saturating_duration_since(early.since);
+        if waited < wait {
+            return Ok(Some(wait - waited));
+        }
+        release(ctx, wl, check, ReleaseReason::EntryNotAdded).await?;
+        ctx.metrics.early_start_abandoned(check);
+        let note = format!(
+            "check {check}: Kueue did not add the check's entry within {}s of the quota \
+             reservation; what the check started for the Workload was released, and starts \
+             again when the entry comes",
+            wait.as_secs()
+        );
+        ctx.event(wl, EventType::Warning, "EarlyStartAbandoned", note)
+            .await;
+        ctx.memory.pair(&key, |p| {
+            p.asked = None;
+            p.early = Some(EarlyStart {
+                abandoned: true,
+                ..early
+            });
+        });
+        return Ok(None);
+    }
+    // A stand-in for the entry Kueue will add: the check reads its name and state.
+    let entry = crate::api::AdmissionCheckState {
+        name: check.to_string(),
+        state: CheckState::Pending,
+        ..Default::default()
+    };
+    let asking = CheckContext {
+        workload: wl,
+        entry: &entry,
+        parameters: &active.parameters,
+        client: &ctx.client,
+        now: Timestamp::now(),
+        shadow: None,
+    };
+    let started = ctx.controller.start_early(&asking).await;
+    // Whatever part of the work exists is released as a decision's would be.
+    ctx.memory.pair(&key, |p| {
+        p.asked = Some(at);
+        if started.is_ok() {
+            p.early = Some(EarlyStart {
+                at,
+                since: now,
+                abandoned: false,
+            });
+        }
+    });
+    match started {
+        Ok(()) => {
+            ctx.metrics.early_start(check);
+            debug!(workload = %wl.name_any(), check, "started before Kueue added the entry");
+            Ok(Some(wait))
+        }
+        // Nothing to show it on before the entry exists: `decide` meets the same failure then,
+        // and says it on the entry.
+        Err(e) => match ctx.controller.classify_error(&e) {
+            ErrorClass::Transient => Err(Error::Check(Box::new(e))),
+            ErrorClass::Permanent { message } => {
+                ctx.metrics.error("check");
+                warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "starting before the entry failed; the check decides once the entry comes");
+                Ok(None)
+            }
+        },
     }
 }
 
@@ -297,6 +413,10 @@ async fn release_idle<C: AdmissionCheckController>(
         };
         let reason = match *stands {
             Eligibility::Idle(reason) => reason,
+            // Started early, then evicted and given quota again before the entry came.
+            Eligibility::Early if AskedAt::expected(wl, check) != asked_at => {
+                ReleaseReason::Evicted
+            }
             // Evicted and given quota again between two reconciles: the eviction was not seen,
             // but the attempt or Kueue's eviction count moved on.
             _ if AskedAt::of(wl, check).is_some_and(|now| now != asked_at) => {
@@ -320,6 +440,7 @@ async fn release_idle<C: AdmissionCheckController>(
             p.permanent = None;
             p.record_refused = None;
             p.unanswerable = None;
+            p.early = None;
             if over {
                 p.late = None;
             }
@@ -509,7 +630,11 @@ async fn decision_for<C: AdmissionCheckController>(
     let ctx = pair.ctx;
     let asked_at = AskedAt::of(wl, pair.check);
     if let Some(at) = asked_at {
-        ctx.memory.pair(&pair.key, |p| p.asked = Some(at));
+        ctx.memory.pair(&pair.key, |p| {
+            p.asked = Some(at);
+            // The entry came: what was started early is now the decision's to carry on.
+            p.early = None;
+        });
     }
     let still_valid = |d: &Decided| {
         d.at == asked_at && d.revalidating == revalidating && d.inputs == Inputs::of(wl)
@@ -1184,6 +1309,10 @@ pub(crate) fn field_manager_for(prefix: &str, check: &str) -> String {
 #[cfg(test)]
 #[path = "reconcile_scripted_api.rs"]
 mod scripted_api;
+
+#[cfg(test)]
+#[path = "reconcile_early_scripted_api.rs"]
+mod early_scripted_api;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,109 @@
+//! The ClusterQueue watch, for a check that starts early: every replica keeps the queues (a
+//! handful of small objects), so whether a Workload's entry is due is known without a read;
+//! the leader wakes the Workloads a queue's change concerns.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::{Notify, mpsc, watch};
+use tracing::{debug, warn};
+
+use crate::ClusterQueues;
+use crate::api::{ClusterQueue, Workload, workload_condition as cond};
+
+/// Starts watching ClusterQueues into the returned cache; `synced` is told when the first list
+/// is in it. While this replica leads, a queue's change wakes its Workloads that hold quota
+/// and are not admitted yet: whether a check applies to them may have changed (a check removed
+/// before its entry came releases what was started early).
+pub(super) fn start(
+    client: &Client,
+    workloads: Store<Workload>,
+    wake: mpsc::Sender<ObjectRef<Workload>>,
+    leading: watch::Receiver<bool>,
+    background: &mut super::tasks::TaskGroup,
+) -> (ClusterQueues, Arc<Notify>) {
+    let (store, writer) = reflector::store::<ClusterQueue>();
+    let synced = Arc::new(Notify::new());
+    let events = watcher(Api::<ClusterQueue>::all(client.clone()), Default::default())
+        .default_backoff()
+        .modify(|cq| cq.managed_fields_mut().clear())
+        .reflect(writer);
+    let told = synced.clone();
+    background.push(tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let queue = match event {
+                Err(e) => {
+                    warn!(error = %e, "watching ClusterQueues");
+                    continue;
+                }
+                Ok(watcher::Event::InitDone) => {
+                    told.notify_one();
+                    continue;
+                }
+                Ok(watcher::Event::Apply(cq) | watcher::Event::Delete(cq)) => cq.name_any(),
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+            };
+            if !*leading.borrow() {
+                continue;
+            }
+            for wl in waiting_in(&workloads, &queue) {
+                debug!(workload = %wl.name, cluster_queue = %queue, "queue changed; waking");
+                if wake.send(wl).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }));
+    (ClusterQueues::cached(store), synced)
+}
+
+/// The Workloads holding quota in `queue` that are neither admitted nor finished.
+fn waiting_in(workloads: &Store<Workload>, queue: &str) -> Vec<ObjectRef<Workload>> {
+    workloads
+        .state()
+        .iter()
+        .filter(|wl| {
+            let reserved_here = wl
+                .status
+                .as_ref()
+                .and_then(|s| s.admission.as_ref())
+                .is_some_and(|a| a.cluster_queue == queue);
+            reserved_here
+                && wl.condition_is_true(cond::QUOTA_RESERVED)
+                && !wl.condition_is_true(cond::ADMITTED)
+                && !wl.condition_is_true(cond::FINISHED)
+        })
+        .map(|wl| ObjectRef::from_obj(wl.as_ref()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::WorkloadBuilder;
+
+    #[test]
+    fn a_queue_change_concerns_its_workloads_waiting_with_quota() {
+        let (store, mut writer) = reflector::store::<Workload>();
+        for wl in [
+            WorkloadBuilder::new("ns", "waiting").quota_reserved("cq", "f"),
+            WorkloadBuilder::new("ns", "admitted")
+                .quota_reserved("cq", "f")
+                .admitted(),
+            WorkloadBuilder::new("ns", "elsewhere").quota_reserved("other", "f"),
+            WorkloadBuilder::new("ns", "queued"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(wl.build()));
+        }
+        let woken: Vec<String> = waiting_in(&store, "cq")
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(woken, ["waiting"]);
+    }
+}
