@@ -16,7 +16,7 @@ use kueue_admission_sdk::{
     AdmissionCheckController, ApiKind, CheckContext, Decision, ErrorClass, Extensions,
     ReleaseContext, RetryPolicy, Revalidate,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cache::{Unavailable, WatchedCache};
 use crate::config::ProvisioningParameters;
@@ -41,6 +41,10 @@ pub struct Settings {
     pub controller_name: String,
     /// Timeout for configs without the timeout annotation; `None` waits forever (as Kueue).
     pub default_timeout: Option<Duration>,
+    /// Make the request when the Workload gets quota, before Kueue adds the check's entry
+    /// (see [`kueue_admission_sdk::AdmissionCheckController::start_early`]); `false` waits for
+    /// the entry, as Kueue's built-in check does.
+    pub start_early: bool,
 }
 
 /// The ProvisioningRequest admission check.
@@ -740,6 +744,29 @@ impl AdmissionCheckController for ProvisioningCheck {
         self.answer_from(ctx, &namespace, &request, &plan).await
     }
 
+    // Kueue adds the entry from a loop that falls seconds behind its scheduler under load:
+    // the request is made as soon as the quota is reserved, so the autoscaler starts sooner.
+    fn starts_early(&self) -> bool {
+        self.settings.start_early
+    }
+
+    // The same path as a decision for the attempt the entry will have: the templates and the
+    // request are made (or found); the answer waits for the entry, whose decision finds them.
+    async fn start_early(
+        &self,
+        ctx: &CheckContext<'_, ProvisioningParameters>,
+    ) -> Result<(), Error> {
+        let decision = self.decide(ctx).await?;
+        debug!(
+            workload = %ctx.workload.name_any(),
+            check = %ctx.entry.name,
+            state = %decision.state(),
+            message = decision.message(),
+            "started before Kueue added the entry"
+        );
+        Ok(())
+    }
+
     async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), Error> {
         let Some(wl) = ctx.workload else {
             return Ok(());
@@ -880,10 +907,12 @@ mod tests {
         let a = ProvisioningCheck::new(Settings {
             controller_name: "a.example.com/provisioning".into(),
             default_timeout: None,
+            start_early: true,
         });
         let b = ProvisioningCheck::new(Settings {
             controller_name: "b.example.com/provisioning".into(),
             default_timeout: None,
+            start_early: true,
         });
         assert_ne!(a.instance(), b.instance());
         assert!(a.instance().len() <= 63);

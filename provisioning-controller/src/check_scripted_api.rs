@@ -28,6 +28,7 @@ fn setup() -> Setup {
     let check = ProvisioningCheck::new(Settings {
         controller_name: "example.com/provisioning".into(),
         default_timeout: None,
+        start_early: true,
     });
     let wl = WorkloadBuilder::new("ns", "wl")
         .uid("u-1")

@@ -26,6 +26,16 @@ struct Cli {
     #[arg(long, env = "PROVISIONING_TIMEOUT_SECONDS")]
     provisioning_timeout_seconds: Option<Seconds<1, 2_147_483_647>>,
 
+    /// Create the ProvisioningRequest as soon as Kueue reserves quota for a Workload whose
+    /// ClusterQueue applies this check, instead of waiting until Kueue adds the check's entry
+    /// (seconds later when Kueue is busy). What is created early and not needed is deleted:
+    /// when the Workload loses its quota, when the check stops applying, or when the entry
+    /// does not come within --early-start-wait-seconds. false waits for the entry, as
+    /// Kueue's built-in check does.
+    #[arg(long, env = "PROVISIONING_START_EARLY", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    start_early: bool,
+
     #[command(flatten)]
     runtime: Options,
 }
@@ -49,6 +59,7 @@ async fn main() -> ExitCode {
     let check = ProvisioningCheck::new(Settings {
         controller_name: cli.controller_name,
         default_timeout: cli.provisioning_timeout_seconds.map(Seconds::duration),
+        start_early: cli.start_early,
     });
     cli.runtime.run(check).await
 }
@@ -63,7 +74,9 @@ mod tests {
             "--controller-name=kueue.x-k8s.io/provisioning-request",
             "--provisioning-timeout-seconds=0",
             "--provisioning-timeout-seconds=ten",
+            "--start-early=maybe",
         ]);
+        assert!(cli.start_early);
         assert_eq!(cli.controller_name, DEFAULT_CONTROLLER_NAME);
         assert_eq!(cli.provisioning_timeout_seconds, None);
     }

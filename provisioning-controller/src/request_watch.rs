@@ -23,11 +23,11 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kueue_admission_sdk::LeaderContext;
 use kueue_admission_sdk::api::{
     ProvisioningRequest, Workload, find_condition, provisioning_condition as pr,
 };
 use kueue_admission_sdk::holding::{self, Holding, Lasts};
+use kueue_admission_sdk::{ClusterQueues, LeaderContext};
 use tracing::{info, warn};
 
 use crate::identity;
@@ -43,8 +43,14 @@ const TEMPLATE_GRACE: Duration = Duration::from_secs(60);
 /// Why a request is no longer needed, or `None` while its Workload may still use it: the SDK's
 /// rule for something made for one attempt (see [`kueue_admission_sdk::holding`]), with the
 /// Workload's uid and the check read from the request's label and annotation. Pure; `workload`
-/// is the Workload named by the request's annotation, if it exists.
-pub fn orphan_reason(request: &ProvisioningRequest, workload: Option<&Workload>) -> Option<String> {
+/// is the Workload named by the request's annotation, if it exists; `queues` tell whether its
+/// ClusterQueue applies the check to it (a request made before Kueue added the entry is kept
+/// while the entry is due).
+pub fn orphan_reason(
+    request: &ProvisioningRequest,
+    workload: Option<&Workload>,
+    queues: &ClusterQueues,
+) -> Option<String> {
     let label = |key: &str| request.labels().get(key).map(String::as_str);
     let annotation = |key: &str| request.annotations().get(key).map(String::as_str);
     let held = Holding {
@@ -54,7 +60,8 @@ pub fn orphan_reason(request: &ProvisioningRequest, workload: Option<&Workload>)
         // A name without an attempt is never superseded.
         lasts: Lasts::ForTheAttempt(names::attempt_of(&request.name_any()).unwrap_or(u32::MAX)),
     };
-    holding::stale_reason(&held, workload, None)
+    let entry_expected = workload.is_some_and(|wl| queues.check_applies(wl, held.check));
+    holding::stale_reason_expecting_entry(&held, workload, None, entry_expected)
 }
 
 /// The conditions counted in metrics that are true on a request.
@@ -194,7 +201,7 @@ async fn sweep_one(
         return false;
     };
     let cached = ctx.workloads.get(&ObjectRef::new(name).within(&namespace));
-    if orphan_reason(r, cached.as_deref()).is_none() {
+    if orphan_reason(r, cached.as_deref(), &ctx.cluster_queues).is_none() {
         return false;
     }
     let api: Api<Workload> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -205,7 +212,7 @@ async fn sweep_one(
             return false;
         }
     };
-    let Some(reason) = orphan_reason(r, fresh.as_ref()) else {
+    let Some(reason) = orphan_reason(r, fresh.as_ref(), &ctx.cluster_queues) else {
         return false;
     };
     match delete_request(&ctx.client, instance, cache, r).await {
@@ -299,40 +306,103 @@ mod tests {
     #[test]
     fn a_request_of_a_live_workload_on_its_current_attempt_is_kept() {
         let r = request("wl-prov-2", "u1", "prov");
-        assert_eq!(orphan_reason(&r, Some(&holding(Some(1)))), None);
+        assert_eq!(
+            orphan_reason(&r, Some(&holding(Some(1))), &ClusterQueues::default()),
+            None
+        );
         // A request ahead of a stale cache is kept too.
         let ahead = request("wl-prov-3", "u1", "prov");
-        assert_eq!(orphan_reason(&ahead, Some(&holding(Some(1)))), None);
+        assert_eq!(
+            orphan_reason(&ahead, Some(&holding(Some(1))), &ClusterQueues::default()),
+            None
+        );
     }
 
     #[test]
     fn gone_recreated_idle_or_superseded_is_an_orphan() {
         let r = request("wl-prov-1", "u1", "prov");
-        assert!(orphan_reason(&r, None).is_some_and(|m| m.contains("no longer exists")));
+        assert!(
+            orphan_reason(&r, None, &ClusterQueues::default())
+                .is_some_and(|m| m.contains("no longer exists"))
+        );
         let other = WorkloadBuilder::new("team", "wl")
             .uid("u2")
             .check("prov", CheckState::Pending)
             .quota_reserved("cq", "default")
             .build();
-        assert!(orphan_reason(&r, Some(&other)).is_some_and(|m| m.contains("another one")));
+        assert!(
+            orphan_reason(&r, Some(&other), &ClusterQueues::default())
+                .is_some_and(|m| m.contains("another one"))
+        );
         let finished = WorkloadBuilder::new("team", "wl")
             .uid("u1")
             .check("prov", CheckState::Ready)
             .quota_reserved("cq", "default")
             .finished()
             .build();
-        assert!(orphan_reason(&r, Some(&finished)).is_some_and(|m| m.contains("finished")));
+        assert!(
+            orphan_reason(&r, Some(&finished), &ClusterQueues::default())
+                .is_some_and(|m| m.contains("finished"))
+        );
         let no_quota = WorkloadBuilder::new("team", "wl")
             .uid("u1")
             .check("prov", CheckState::Pending)
             .build();
-        assert!(orphan_reason(&r, Some(&no_quota)).is_some());
+        assert!(orphan_reason(&r, Some(&no_quota), &ClusterQueues::default()).is_some());
         assert!(
-            orphan_reason(&r, Some(&holding(Some(1))))
+            orphan_reason(&r, Some(&holding(Some(1))), &ClusterQueues::default())
                 .is_some_and(|m| m.contains("superseded by attempt 2"))
         );
         // The check was removed from the Workload's ClusterQueue.
         let other_check = request("wl-gone-1", "u1", "gone");
-        assert!(orphan_reason(&other_check, Some(&holding(None))).is_some());
+        assert!(
+            orphan_reason(
+                &other_check,
+                Some(&holding(None)),
+                &ClusterQueues::default()
+            )
+            .is_some()
+        );
+    }
+
+    #[test]
+    fn a_request_made_before_the_entry_is_kept_while_the_entry_is_due() {
+        use kueue_admission_sdk::api::{
+            AdmissionCheckStrategyRule, AdmissionChecksStrategy, ClusterQueue, ClusterQueueSpec,
+        };
+        let queue = |on_flavors: Vec<String>| {
+            ClusterQueues::for_tests([ClusterQueue::new(
+                "cq",
+                ClusterQueueSpec {
+                    admission_checks_strategy: Some(AdmissionChecksStrategy {
+                        admission_checks: vec![AdmissionCheckStrategyRule {
+                            name: "prov".into(),
+                            on_flavors,
+                        }],
+                    }),
+                    ..Default::default()
+                },
+            )])
+        };
+        let r = request("wl-prov-1", "u1", "prov");
+        let no_entry_yet = WorkloadBuilder::new("team", "wl")
+            .uid("u1")
+            .pod_set("main", 1, "1")
+            .quota_reserved("cq", "default")
+            .build();
+        assert_eq!(orphan_reason(&r, Some(&no_entry_yet), &queue(vec![])), None);
+        assert_eq!(
+            orphan_reason(&r, Some(&no_entry_yet), &queue(vec!["default".into()])),
+            None
+        );
+        // The queue applies the check to other flavors only, or no queue is known.
+        assert!(orphan_reason(&r, Some(&no_entry_yet), &queue(vec!["gpu".into()])).is_some());
+        assert!(orphan_reason(&r, Some(&no_entry_yet), &ClusterQueues::default()).is_some());
+        // The entry never came and the quota went.
+        let released = WorkloadBuilder::new("team", "wl").uid("u1").build();
+        assert!(
+            orphan_reason(&r, Some(&released), &queue(vec![]))
+                .is_some_and(|m| m.contains("quota released"))
+        );
     }
 }

@@ -389,6 +389,8 @@ struct ProvisioningArgs {
     controller_name: String,
     #[arg(long)]
     provisioning_timeout_seconds: Option<u64>,
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    start_early: bool,
     #[command(flatten)]
     runtime: Options,
 }
@@ -419,6 +421,7 @@ pub fn provisioning_config_from_deployment(
     let settings = Settings {
         controller_name: parsed.controller_name,
         default_timeout: parsed.provisioning_timeout_seconds.map(Duration::from_secs),
+        start_early: parsed.start_early,
     };
     Ok((settings, runtime))
 }

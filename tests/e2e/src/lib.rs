@@ -15,6 +15,7 @@
 pub mod bench;
 pub mod capacity;
 pub mod chart;
+pub mod entry_hold;
 pub mod probe;
 pub mod provisioning;
 pub mod running;

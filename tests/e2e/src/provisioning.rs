@@ -279,6 +279,7 @@ impl TestEnv {
         let check = ProvisioningCheck::new(Settings {
             controller_name: self.provisioning_controller_name(),
             default_timeout,
+            start_early: true,
         });
         let mut config = RuntimeConfig {
             metrics_address: Some(http),
