@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
 use e2e::bench::{self, Creating, Mark, Marks, Process, RunQueue, Seen, Stage, quantile};
 use e2e::{AuditMark, TestEnv, chart};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, PodTemplate};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use kueue_admission_sdk::api::{
@@ -632,6 +632,42 @@ async fn verify(env: &TestEnv, run: Run, marks: &[Marks]) -> Result<()> {
     ensure!(
         wrong.is_empty(),
         "Workloads without exactly one live ProvisioningRequest: {wrong:?}"
+    );
+    verify_templates(env).await
+}
+
+/// Every PodTemplate of the run belongs to a live request, and every live request has its
+/// templates: nothing made for a Workload (also before Kueue added its entry) is left over.
+async fn verify_templates(env: &TestEnv) -> Result<()> {
+    let requests: Api<ProvisioningRequest> = Api::namespaced(env.client.clone(), &env.ns);
+    let templates: Api<PodTemplate> = Api::namespaced(env.client.clone(), &env.ns);
+    let referenced: std::collections::BTreeSet<String> = requests
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .flat_map(|r| {
+            r.spec
+                .pod_sets
+                .iter()
+                .map(|p| p.pod_template_ref.name.clone())
+        })
+        .collect();
+    let existing: std::collections::BTreeSet<String> = templates
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|t| t.metadata.deletion_timestamp.is_none())
+        .map(|t| t.name_any())
+        .collect();
+    let left: Vec<&String> = existing.difference(&referenced).collect();
+    ensure!(left.is_empty(), "PodTemplates of no live request: {left:?}");
+    let missing: Vec<&String> = referenced.difference(&existing).collect();
+    ensure!(
+        missing.is_empty(),
+        "PodTemplates live requests name but that do not exist: {missing:?}"
     );
     Ok(())
 }
