@@ -7,7 +7,7 @@
 //! shows on the decisions and in the log (the chart's RBAC test depends on that), and comes
 //! back once granted (the watch is started again, from a fresh list, with backoff).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -109,6 +109,8 @@ impl fmt::Display for Unavailable {
 pub struct WatchedCache<V> {
     /// `resourceflavors.kueue.x-k8s.io`: for messages.
     resource: &'static str,
+    /// The group of a value, when the cache indexes them (see [`WatchedCache::grouped`]).
+    group_of: Option<fn(&V) -> Option<String>>,
     inner: Mutex<Inner<V>>,
     /// Bumped on every change, for readers waiting on one.
     changes: watch::Sender<u64>,
@@ -131,6 +133,9 @@ struct Inner<V> {
     /// The uids of the last [`RECENTLY_DELETED`] deletions the watch delivered, so that a
     /// create whose answer is handled after its object's deletion arrived is not read.
     recently_deleted: std::collections::VecDeque<(Key, String)>,
+    /// By group ([`WatchedCache::grouped`]): the keys that may hold a value of that group,
+    /// in `objects` or `created` (a superset; reads confirm it).
+    groups: HashMap<String, HashSet<Key>>,
     /// Lists started so far.
     lists: u64,
     /// The last failure of the watch that was not a refusal, until a list succeeds.
@@ -166,17 +171,76 @@ impl<V> Inner<V> {
     }
 }
 
+impl<V> Inner<V> {
+    /// Whether `key` holds a value of `group` in `objects` or `created`.
+    fn holds(&self, key: &Key, group: &str, group_of: fn(&V) -> Option<String>) -> bool {
+        let of = |v: &V| group_of(v).as_deref() == Some(group);
+        self.objects.get(key).is_some_and(|(_, v)| of(v))
+            || self.created.get(key).is_some_and(|(_, v, _)| of(v))
+    }
+
+    /// `key` now holds `value` (in `objects` or `created`): indexed under its group.
+    fn index(&mut self, key: &Key, value: &V, group_of: Option<fn(&V) -> Option<String>>) {
+        if let Some(group) = group_of.and_then(|g| g(value)) {
+            self.groups.entry(group).or_default().insert(key.clone());
+        }
+    }
+
+    /// `key` no longer holds `value` where it did: out of its group's index unless it still
+    /// holds another value of that group.
+    fn unindex(&mut self, key: &Key, value: &V, group_of: Option<fn(&V) -> Option<String>>) {
+        let Some(group_of) = group_of else { return };
+        let Some(group) = group_of(value) else { return };
+        if self.holds(key, &group, group_of) {
+            return;
+        }
+        if let Some(keys) = self.groups.get_mut(&group) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.groups.remove(&group);
+            }
+        }
+    }
+
+    /// The index made anew from `objects` and `created` (after a list replaced them).
+    fn reindex(&mut self, group_of: Option<fn(&V) -> Option<String>>) {
+        let Some(group_of) = group_of else { return };
+        let mut groups: HashMap<String, HashSet<Key>> = HashMap::new();
+        let held = self.objects.iter().map(|(k, (_, v))| (k, v));
+        let created = self.created.iter().map(|(k, (_, v, _))| (k, v));
+        for (key, value) in held.chain(created) {
+            if let Some(group) = group_of(value) {
+                groups.entry(group).or_default().insert(key.clone());
+            }
+        }
+        self.groups = groups;
+    }
+}
+
 impl<V: Clone> WatchedCache<V> {
     /// An empty cache of `resource`, not listed yet.
     pub fn new(resource: &'static str) -> Self {
+        Self::with_groups(resource, None)
+    }
+
+    /// An empty cache of `resource` that also indexes its values by `group_of` (e.g. the
+    /// Workload a request was made for), so that [`Self::select_group`] reads one group
+    /// without going through every object.
+    pub fn grouped(resource: &'static str, group_of: fn(&V) -> Option<String>) -> Self {
+        Self::with_groups(resource, Some(group_of))
+    }
+
+    fn with_groups(resource: &'static str, group_of: Option<fn(&V) -> Option<String>>) -> Self {
         Self {
             resource,
+            group_of,
             inner: Mutex::new(Inner {
                 objects: HashMap::new(),
                 relisting: None,
                 created: HashMap::new(),
                 deleted: HashMap::new(),
                 recently_deleted: std::collections::VecDeque::new(),
+                groups: HashMap::new(),
                 lists: 0,
                 last_error: None,
                 health: Health::Starting,
@@ -193,6 +257,7 @@ impl<V: Clone> WatchedCache<V> {
     pub fn apply<K: Resource>(&self, event: &watcher::Event<K>, keep: impl Fn(&K) -> V) {
         let key = |k: &K| (k.namespace().unwrap_or_default(), k.name_any());
         let uid = |k: &K| k.uid().unwrap_or_default();
+        let group_of = self.group_of;
         {
             let mut inner = self.lock();
             match event {
@@ -208,6 +273,7 @@ impl<V: Clone> WatchedCache<V> {
                 watcher::Event::InitDone => {
                     inner.last_error = None;
                     inner.list_done();
+                    inner.reindex(group_of);
                     inner.health = match &inner.health {
                         Health::Refused { verb, message, .. } => Health::Refused {
                             verb,
@@ -221,16 +287,36 @@ impl<V: Clone> WatchedCache<V> {
                     let (key, uid) = (key(k), uid(k));
                     // Our create delivered. (A version of another object under the name, an
                     // older one, does not replace it.)
-                    if inner.created.get(&key).is_some_and(|(c, ..)| *c == uid) {
-                        inner.created.remove(&key);
+                    let mut gone = Vec::new();
+                    if inner.created.get(&key).is_some_and(|(c, ..)| *c == uid)
+                        && let Some((_, v, _)) = inner.created.remove(&key)
+                    {
+                        gone.push(v);
                     }
-                    inner.objects.insert(key, (uid, keep(k)));
+                    let value = keep(k);
+                    inner.index(&key, &value, group_of);
+                    if let Some((_, old)) = inner.objects.insert(key.clone(), (uid, value)) {
+                        gone.push(old);
+                    }
+                    for old in gone {
+                        inner.unindex(&key, &old, group_of);
+                    }
                 }
                 watcher::Event::Delete(k) => {
                     let (key, uid) = (key(k), uid(k));
-                    inner.objects.remove(&key);
-                    if inner.created.get(&key).is_some_and(|(c, ..)| *c == uid) {
-                        inner.created.remove(&key);
+                    let mut gone: Vec<V> = inner
+                        .objects
+                        .remove(&key)
+                        .map(|(_, v)| v)
+                        .into_iter()
+                        .collect();
+                    if inner.created.get(&key).is_some_and(|(c, ..)| *c == uid)
+                        && let Some((_, v, _)) = inner.created.remove(&key)
+                    {
+                        gone.push(v);
+                    }
+                    for old in gone {
+                        inner.unindex(&key, &old, group_of);
                     }
                     if inner.deleted.get(&key).is_some_and(|(d, _)| *d == uid) {
                         inner.deleted.remove(&key);
@@ -288,7 +374,10 @@ impl<V: Clone> WatchedCache<V> {
             return;
         }
         let lists = inner.lists;
-        inner.created.insert(key, (uid, value, lists));
+        inner.index(&key, &value, self.group_of);
+        if let Some((_, old, _)) = inner.created.insert(key.clone(), (uid, value, lists)) {
+            inner.unindex(&key, &old, self.group_of);
+        }
     }
 
     /// Records that this controller deleted the object of uid `uid` under `key` (or found it
@@ -324,6 +413,24 @@ impl<V: Clone> WatchedCache<V> {
         let inner = self.lock();
         Self::readable(&inner, self.resource, Instant::now())?;
         Ok(inner.read(key).cloned())
+    }
+
+    /// The objects of `group` ([`Self::grouped`]) that `select` picks, with their keys: as
+    /// [`Self::select`] restricted to the group, at the cost of the group's size. Empty for a
+    /// cache without groups.
+    pub fn select_group(
+        &self,
+        group: &str,
+        select: impl Fn(&Key, &V) -> bool,
+    ) -> Result<Vec<(Key, V)>, Unavailable> {
+        let inner = self.lock();
+        Self::readable(&inner, self.resource, Instant::now())?;
+        let (Some(group_of), Some(keys)) = (self.group_of, inner.groups.get(group)) else {
+            return Ok(Vec::new());
+        };
+        let found = keys.iter().filter_map(|k| inner.read(k).map(|v| (k, v)));
+        let found = found.filter(|(k, v)| group_of(v).as_deref() == Some(group) && select(k, v));
+        Ok(found.map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 
     /// The objects `select` picks, with their keys.
@@ -728,5 +835,54 @@ mod tests {
             .wait_until(Duration::from_secs(10), WatchedCache::settled)
             .await;
         assert!(never.get(&key("a")).is_err());
+    }
+
+    /// The group of a name: what comes before its first `-`.
+    fn prefix(value: &String) -> Option<String> {
+        value.split('-').next().map(str::to_string)
+    }
+
+    fn group(cache: &WatchedCache<String>, group: &str) -> Vec<String> {
+        let found = cache.select_group(group, |_, _| true).expect("readable");
+        let mut names: Vec<String> = found.into_iter().map(|(_, v)| v).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_group_is_read_without_the_others_through_changes_creates_and_relists() {
+        let cache = WatchedCache::grouped("resourceflavors.kueue.x-k8s.io", prefix);
+        cache.apply(&Event::Init, name_of);
+        for n in ["a-1", "a-2", "b-1"] {
+            cache.apply(&Event::InitApply(flavor(n)), name_of);
+        }
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        assert_eq!(group(&cache, "a"), ["a-1", "a-2"]);
+        assert_eq!(group(&cache, "b"), ["b-1"]);
+        assert!(group(&cache, "c").is_empty());
+
+        cache.apply(&Event::Apply(flavor("a-3")), name_of);
+        cache.apply(&Event::Delete(flavor("a-1")), name_of);
+        assert_eq!(group(&cache, "a"), ["a-2", "a-3"]);
+        // Our own create, read before the watch delivers it; then delivered.
+        cache.created(key("a-4"), String::new(), "a-4".into());
+        assert_eq!(group(&cache, "a"), ["a-2", "a-3", "a-4"]);
+        cache.apply(&Event::Apply(flavor("a-4")), name_of);
+        assert_eq!(group(&cache, "a"), ["a-2", "a-3", "a-4"]);
+        // Deleted by us: not read while the watch has not shown it.
+        let uid = String::new();
+        cache.deleted(key("a-2"), uid);
+        assert_eq!(group(&cache, "a"), ["a-3", "a-4"]);
+
+        // A relist replaces everything, the index with it.
+        cache.apply(&Event::Init, name_of);
+        cache.apply(&Event::InitApply(flavor("b-1")), name_of);
+        cache.apply(&Event::<ResourceFlavor>::InitDone, name_of);
+        assert!(group(&cache, "a").is_empty());
+        assert_eq!(group(&cache, "b"), ["b-1"]);
+        assert!(
+            cache.lock().groups.get("a").is_none(),
+            "no index left for a gone group"
+        );
     }
 }

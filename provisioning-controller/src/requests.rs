@@ -19,9 +19,21 @@ pub type RequestCache = WatchedCache<Arc<ProvisioningRequest>>;
 
 /// An empty [`RequestCache`], not listed yet.
 pub fn request_cache() -> Arc<RequestCache> {
-    Arc::new(WatchedCache::new(
+    Arc::new(WatchedCache::grouped(
         "provisioningrequests.autoscaling.x-k8s.io",
+        workload_uid_of,
     ))
+}
+
+/// The uid of the Workload a request was made for (its label): the cache's groups, so that a
+/// Workload's requests are found without going through every request (a burst of thousands
+/// in one namespace made that the controller's main cost).
+fn workload_uid_of(request: &Arc<ProvisioningRequest>) -> Option<String> {
+    request
+        .labels()
+        .get(identity::WORKLOAD_UID_LABEL)
+        .filter(|uid| !uid.is_empty())
+        .cloned()
 }
 
 /// What the cache keeps of a request: all but its managedFields.
@@ -56,7 +68,9 @@ pub async fn delete_requests_of(
         workload_uid: &uid,
         check,
     };
-    let cached = cache.select(|(ns, _), _| *ns == namespace);
+    let cached = cache.select_group(&uid, |(ns, _), r| {
+        *ns == namespace && ownership(&r.metadata, &me) == Ownership::Ours && which(r)
+    });
     let requests = match cached {
         Ok(requests) => requests.into_iter().map(|(_, r)| r).collect(),
         Err(_) => list_requests(client, &namespace, instance, &uid).await?,

@@ -81,6 +81,10 @@ struct Cli {
     /// Our controller's Workloads decided at once (Kueue v0.19.2 reconciles 10 Workloads at once).
     #[arg(long, default_value_t = 10)]
     concurrency: u32,
+    /// Our controller makes its request at the quota reservation (its default); false waits
+    /// for Kueue to add the check's entry, as the built-in check does.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    start_early: bool,
     /// Workloads the benchmark creates at once.
     #[arg(long, default_value_t = 32)]
     create_concurrency: usize,
@@ -540,6 +544,7 @@ async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<O
             .args(["--kube-api-qps", &cli.kube_api_qps.to_string()])
             .args(["--kube-api-burst", &cli.kube_api_burst.to_string()])
             .args(["--concurrency", &cli.concurrency.to_string()])
+            .arg(format!("--start-early={}", cli.start_early))
             .env("KUEUE_AC_LOG_LEVEL", "warn"),
         std::env::temp_dir().join(format!("{}-check.log", env.ns)),
     )?;
@@ -797,8 +802,9 @@ fn report(cli: &Cli, results: &[Measured]) -> String {
     let _ = writeln!(
         out,
         "\n## bench-compare, commit {commit}, {cores} cores; ours at --kube-api-qps {} \
-         --kube-api-burst {} --concurrency {}; {} idle Workloads kept in the cluster\n",
-        cli.kube_api_qps, cli.kube_api_burst, cli.concurrency, cli.idle_workloads
+         --kube-api-burst {} --concurrency {} --start-early={}; {} idle Workloads kept in the \
+         cluster\n",
+        cli.kube_api_qps, cli.kube_api_burst, cli.concurrency, cli.start_early, cli.idle_workloads
     );
     let _ = writeln!(
         out,
