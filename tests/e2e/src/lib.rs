@@ -13,6 +13,8 @@
 //! cannot start, the tests fail with its reason: they never skip.
 
 pub mod bench;
+#[cfg(feature = "plots")]
+pub mod bench_plot;
 pub mod capacity;
 pub mod chart;
 pub mod entry_hold;

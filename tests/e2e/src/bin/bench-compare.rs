@@ -102,6 +102,10 @@ struct Cli {
     /// Also write the results (Markdown) to this file.
     #[arg(long)]
     results: Option<PathBuf>,
+    /// Where to draw each size's plot (`<workloads>x<podsets>.svg`: reserved → Ready per
+    /// controller, and the median Workload's stages).
+    #[arg(long, default_value = "target/bench-compare")]
+    plots: PathBuf,
 }
 
 /// One run: a controller, a number of Workloads, podsets per Workload.
@@ -174,6 +178,9 @@ async fn run_all(cli: &Cli) -> Result<()> {
     }
     let report = report(cli, &results);
     print!("{report}");
+    for path in draw_plots(cli, &results)? {
+        eprintln!("bench-compare: drew {}", path.display());
+    }
     if let Some(path) = &cli.results {
         std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -788,6 +795,36 @@ fn details(m: &Measured) -> String {
         );
     }
     out
+}
+
+/// One SVG per size, with every controller run at that size; returns their paths.
+fn draw_plots(cli: &Cli, results: &[Measured]) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(&cli.plots)
+        .with_context(|| format!("creating {}", cli.plots.display()))?;
+    let mut drawn = Vec::new();
+    for &workloads in &cli.workloads {
+        for &podsets in &cli.podsets {
+            let runs: Vec<e2e::bench_plot::Drawn<'_>> = results
+                .iter()
+                .filter(|m| m.run.workloads == workloads && m.run.podsets == podsets)
+                .map(|m| e2e::bench_plot::Drawn {
+                    label: m.run.controller.label(),
+                    marks: &m.marks,
+                })
+                .collect();
+            if runs.is_empty() {
+                continue;
+            }
+            let path = cli.plots.join(format!("{workloads}x{podsets}.svg"));
+            let title = format!(
+                "{workloads} Workloads × {podsets} podset(s), ours --start-early={}",
+                cli.start_early
+            );
+            e2e::bench_plot::draw(&path, &title, &runs)?;
+            drawn.push(path);
+        }
+    }
+    Ok(drawn)
 }
 
 /// The summary table over all runs, with the ratios of ours to the built-in's.
