@@ -20,22 +20,24 @@ pub struct Drawn<'a> {
 
 /// The milestones after the reservation that the stacked bars show, with their colours.
 const MILESTONES: [(Mark, &str, RGBColor); 4] = [
-    (Mark::Askable, "Kueue adds the entry", RGBColor(148, 103, 189)),
+    (
+        Mark::Askable,
+        "Kueue adds the entry",
+        RGBColor(148, 103, 189),
+    ),
     (Mark::Request, "request created", RGBColor(31, 119, 180)),
     (Mark::Provisioned, "provisioned", RGBColor(44, 160, 44)),
     (Mark::Ready, "check Ready", RGBColor(214, 39, 40)),
 ];
 
-/// A colour per controller for the distribution.
+/// The distribution's colours: Kueue's built-in check, ours.
 const LINES: [RGBColor; 2] = [RGBColor(127, 127, 127), RGBColor(255, 127, 14)];
 
 /// Draws the runs of one size into `path` (SVG) under `title`.
 pub fn draw(path: &Path, title: &str, runs: &[Drawn<'_>]) -> Result<()> {
     let root = SVGBackend::new(path, (1100, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
-    let root = root
-        .titled(title, ("sans-serif", 20))
-        .map_err(plot_error)?;
+    let root = root.titled(title, ("sans-serif", 20)).map_err(plot_error)?;
     let (left, right) = root.split_horizontally(520);
     distribution(&left, runs)?;
     stages(&right, runs)?;
@@ -68,9 +70,7 @@ fn distribution<DB: DrawingBackend>(
 ) -> Result<()> {
     let series: Vec<(&str, Vec<f64>)> = runs
         .iter()
-        .map(|r| {
-            (r.label, since_reserved(r.marks, Mark::Ready))
-        })
+        .map(|r| (r.label, since_reserved(r.marks, Mark::Ready)))
         .collect();
     let longest = series
         .iter()
@@ -89,9 +89,10 @@ fn distribution<DB: DrawingBackend>(
         .y_desc("% of Workloads answered")
         .draw()
         .map_err(plot_error)?;
-    for (i, (label, d)) in series.iter().enumerate() {
+    for (label, d) in &series {
         let n = d.len().max(1) as f64;
-        let colour = LINES[i % LINES.len()];
+        // The same colour for a controller in every plot.
+        let colour = LINES[usize::from(label.starts_with("ours"))];
         let points = d
             .iter()
             .enumerate()
@@ -124,9 +125,7 @@ fn stages<DB: DrawingBackend>(
             let mut at: Vec<(f64, usize)> = MILESTONES
                 .iter()
                 .enumerate()
-                .map(|(i, (mark, ..))| {
-                    (seconds_quantile(&since_reserved(r.marks, *mark), 0.5), i)
-                })
+                .map(|(i, (mark, ..))| (seconds_quantile(&since_reserved(r.marks, *mark), 0.5), i))
                 .collect();
             at.sort_by(|a, b| a.0.total_cmp(&b.0));
             (r.label, at)
@@ -136,32 +135,36 @@ fn stages<DB: DrawingBackend>(
         .iter()
         .flat_map(|(_, at)| at.iter().map(|(s, _)| *s))
         .fold(1.0_f64, f64::max);
+    // A band above the bars keeps the legend off them.
     let rows = bars.len().max(1) as f64;
+    let top = rows + 0.9;
     let mut chart = ChartBuilder::on(area)
-        .caption("median Workload: time after the reservation", ("sans-serif", 16))
+        .caption(
+            "median Workload: time after the reservation",
+            ("sans-serif", 16),
+        )
         .margin(10)
         .x_label_area_size(40)
-        .y_label_area_size(110)
-        .build_cartesian_2d(0.0..longest * 1.05, 0.0..rows)
+        .y_label_area_size(10)
+        .build_cartesian_2d(0.0..longest * 1.05, 0.0..top)
         .map_err(plot_error)?;
-    let labels: Vec<&str> = bars.iter().map(|(l, _)| *l).collect();
     chart
         .configure_mesh()
         .disable_y_mesh()
+        .disable_y_axis()
         .x_desc("seconds")
-        .y_labels(bars.len() * 2 + 1)
-        .y_label_formatter(&|y| {
-            let row = y.floor() as usize;
-            let centred = (y - y.floor() - 0.5).abs() < 0.01;
-            match labels.get(row) {
-                Some(label) if centred => (*label).to_string(),
-                _ => String::new(),
-            }
-        })
         .draw()
         .map_err(plot_error)?;
-    for (row, (_, at)) in bars.iter().enumerate() {
-        let (y0, y1) = (row as f64 + 0.2, row as f64 + 0.8);
+    for (row, (label, at)) in bars.iter().enumerate() {
+        let (y0, y1) = (row as f64 + 0.15, row as f64 + 0.7);
+        // The controller's name above its bar.
+        chart
+            .draw_series([Text::new(
+                (*label).to_string(),
+                (longest * 0.01, row as f64 + 0.85),
+                ("sans-serif", 14).into_font(),
+            )])
+            .map_err(plot_error)?;
         let mut from = 0.0;
         for (to, milestone) in at {
             let colour = MILESTONES[*milestone].2;
@@ -181,7 +184,7 @@ fn stages<DB: DrawingBackend>(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .border_style(BLACK)
         .background_style(WHITE.mix(0.8))
         .draw()

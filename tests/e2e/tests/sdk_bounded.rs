@@ -375,6 +375,10 @@ async fn a_check_turned_inactive_holds_its_workloads_with_the_reason_then_gives_
     let env = TestEnv::new("bounded-inactive").await?;
     let (q, script) = probed(&env).await?;
     let _probe = run_probe(&env, &q, &script, RetryPolicy::default(), |c| c)?;
+    // Submitted only once the queue admits: a Workload found inadmissible while the queue
+    // still waited for the check once stayed so for over a minute after it turned active.
+    env.wait_active::<ClusterQueue>(&q.cluster_queue, "True", None)
+        .await?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_workload(&wl, "the probe's Pending", |w| {
         message_of(w, &q.check) == "no answer yet"
