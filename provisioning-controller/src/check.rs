@@ -401,6 +401,28 @@ impl ProvisioningCheck {
         }
     }
 
+    /// Why a request of ours has its other name: what holds (or may want) the usual one.
+    async fn why_not_usual(&self, namespace: &str, usual: &str, check: &str) -> String {
+        let kueue_checks = self
+            .kueue_checks_sharing_names(check)
+            .await
+            .unwrap_or_default();
+        let holder = if kueue_checks.is_empty() {
+            "is held by an object this check did not make".to_string()
+        } else {
+            format!(
+                "may be wanted by Kueue's built-in check {} (AdmissionCheck {}), which names its \
+                 requests the same way",
+                identity::KUEUE_CONTROLLER_NAME,
+                kueue_checks.join(", ")
+            )
+        };
+        format!(
+            "not the usual name: ProvisioningRequest {namespace}/{usual} {holder}; this check \
+             never touches objects it did not make"
+        )
+    }
+
     /// The AdmissionChecks of Kueue's built-in provisioning check whose requests can take the
     /// names of `check`'s ([`names::checks_may_share_names`]), from the cache.
     async fn kueue_checks_sharing_names(&self, check: &str) -> Result<Vec<String>, Unavailable> {
@@ -470,6 +492,34 @@ async fn owned_by_live_request(
         ownership(&r.metadata, creation.me) == Ownership::Ours
             && (owners.is_empty() || template.uid().is_some_and(|u| owners.contains(&u.as_str())))
     }))
+}
+
+/// `answer` with `note` added to its message in parentheses; the state, delay and updates kept.
+fn with_note(answer: Decision, note: &str) -> Decision {
+    let noted = |message: &str| format!("{message} ({note})");
+    match answer {
+        Decision::Ready {
+            message,
+            pod_set_updates,
+        } => Decision::Ready {
+            message: noted(&message),
+            pod_set_updates,
+        },
+        Decision::Pending {
+            message,
+            recheck_after,
+        } => Decision::Pending {
+            message: noted(&message),
+            recheck_after,
+        },
+        Decision::Retry { message, delay } => Decision::Retry {
+            message: noted(&message),
+            delay,
+        },
+        Decision::Rejected { message } => Decision::Rejected {
+            message: noted(&message),
+        },
+    }
 }
 
 /// The answer while a cache a decision reads cannot be read: `Pending`, naming what is missing
@@ -741,7 +791,15 @@ impl AdmissionCheckController for ProvisioningCheck {
         };
         // The request is ours (the rule in `locate`): only now may its name reach podSetUpdates.
         let plan = plan.renamed(&request.name_any());
-        self.answer_from(ctx, &namespace, &request, &plan).await
+        let answer = self.answer_from(ctx, &namespace, &request, &plan).await?;
+        let usual = names::request_name(&workload, check, attempt);
+        if request.name_any() == usual {
+            return Ok(answer);
+        }
+        // Made under its other name, maybe before the entry existed (an early start, whose
+        // message nobody saw): every answer says why, as the one that made it did.
+        let why = self.why_not_usual(&namespace, &usual, check).await;
+        Ok(with_note(answer, &why))
     }
 
     // Kueue adds the entry from a loop that falls seconds behind its scheduler under load:

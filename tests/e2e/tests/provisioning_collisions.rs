@@ -285,17 +285,18 @@ async fn kueue_first_ours_takes_another_name_and_leaves_kueues_alone() -> Result
         env.our_pod_templates().await?,
         [names::pod_template_name(&alt, "main")]
     );
-    // While pending, our entry said why the usual name was not used.
+    // Our entry said why the usual name was not used: when the request was created, or (made
+    // at the reservation, before the entry existed) in each answer about it.
     let said = history.applied().iter().any(|w| {
         w.name_any() == c.ours
             && w.admission_check(&c.p.check).is_some_and(|e| {
                 e.message
-                    .contains(&format!("created ProvisioningRequest {}/{alt}", env.ns))
+                    .contains(&format!("ProvisioningRequest {}/{alt}", env.ns))
                     && e.message.contains(&c.shared)
                     && e.message.contains("Kueue's built-in")
             })
     });
-    ensure!(said, "no Pending message explained the name");
+    ensure!(said, "no message of our entry explained the name");
 
     // Both controllers reconcile both Workloads again (a label change wakes each).
     for wl in [c.ours, c.theirs] {
