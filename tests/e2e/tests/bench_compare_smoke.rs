@@ -16,6 +16,7 @@ const MAX_REQUESTS_PER_WORKLOAD: &str = "7.5";
 #[test]
 fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_budget()
 -> Result<()> {
+    let plots = std::env::temp_dir().join(format!("bench-compare-smoke-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_bench-compare"))
         .args([
             "--workloads",
@@ -25,6 +26,8 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "--timeout-seconds",
             "180",
         ])
+        .arg("--plots")
+        .arg(&plots)
         .args(["--max-requests-per-workload", MAX_REQUESTS_PER_WORKLOAD])
         .env("KUBECONFIG", e2e::kubeconfig_path())
         .output()?;
@@ -46,6 +49,15 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "{expected:?} missing from:\n{stdout}"
         );
     }
+    // One plot per size, each with both controllers.
+    for size in ["40x1", "40x2"] {
+        let svg = std::fs::read_to_string(plots.join(format!("{size}.svg")))?;
+        ensure!(
+            svg.contains("Kueue built-in (p99") && svg.contains("ours (p99"),
+            "the plot of {size} lacks a controller"
+        );
+    }
+    std::fs::remove_dir_all(&plots)?;
     // Each run's details go to stderr, with our controller's reconcile queue and the time from
     // a reservation to our request (read from our metrics: NaN if a series went missing).
     let ours: Vec<&str> = stderr
