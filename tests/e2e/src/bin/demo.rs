@@ -264,8 +264,8 @@ fn tell_workload(wl: &Workload, check: &str, cluster: &mut Cluster, narrator: &m
                 "entry added by Kueue; no quota reserved yet, so the check is not asked"
             }
             (true, true) => {
-                "quota reserved; the check has not answered yet (its first answer creates the \
-                 ProvisioningRequest)"
+                "quota reserved; the check has not answered yet (it makes the \
+                 ProvisioningRequest as soon as it sees the reservation)"
             }
         };
         let line = format!("{:?}: {message}", e.state);
