@@ -318,11 +318,9 @@ impl ProvisioningCheck {
         };
         for (i, (name, holder)) in holders.iter().enumerate() {
             if i == 0 && !kueue_checks.is_empty() {
-                taken.push(format!(
-                    "ProvisioningRequest {namespace}/{name} may be wanted by Kueue's built-in \
-                     check {} (AdmissionCheck {}), which names its requests the same way",
-                    identity::KUEUE_CONTROLLER_NAME,
-                    kueue_checks.join(", ")
+                taken.push(wanted_by_kueue(
+                    &format!("{namespace}/{name}"),
+                    &kueue_checks,
                 ));
                 continue;
             }
@@ -337,10 +335,7 @@ impl ProvisioningCheck {
             );
             if !taken.is_empty() {
                 warn!(request = %name, taken = ?taken, "the first choice of name is taken; using another");
-                message.push_str(&format!(
-                    " (not the usual name: {}; this check never touches objects it did not make)",
-                    taken.join("; ")
-                ));
+                message.push_str(&format!(" ({})", not_the_usual_name(&taken.join("; "))));
             }
             return Ok(Decision::pending(message));
         }
@@ -407,20 +402,13 @@ impl ProvisioningCheck {
             .kueue_checks_sharing_names(check)
             .await
             .unwrap_or_default();
-        let holder = if kueue_checks.is_empty() {
-            "is held by an object this check did not make".to_string()
+        let qualified = format!("{namespace}/{usual}");
+        let why = if kueue_checks.is_empty() {
+            format!("ProvisioningRequest {qualified} is held by an object this check did not make")
         } else {
-            format!(
-                "may be wanted by Kueue's built-in check {} (AdmissionCheck {}), which names its \
-                 requests the same way",
-                identity::KUEUE_CONTROLLER_NAME,
-                kueue_checks.join(", ")
-            )
+            wanted_by_kueue(&qualified, &kueue_checks)
         };
-        format!(
-            "not the usual name: ProvisioningRequest {namespace}/{usual} {holder}; this check \
-             never touches objects it did not make"
-        )
+        not_the_usual_name(&why)
     }
 
     /// The AdmissionChecks of Kueue's built-in provisioning check whose requests can take the
@@ -494,32 +482,20 @@ async fn owned_by_live_request(
     }))
 }
 
-/// `answer` with `note` added to its message in parentheses; the state, delay and updates kept.
-fn with_note(answer: Decision, note: &str) -> Decision {
-    let noted = |message: &str| format!("{message} ({note})");
-    match answer {
-        Decision::Ready {
-            message,
-            pod_set_updates,
-        } => Decision::Ready {
-            message: noted(&message),
-            pod_set_updates,
-        },
-        Decision::Pending {
-            message,
-            recheck_after,
-        } => Decision::Pending {
-            message: noted(&message),
-            recheck_after,
-        },
-        Decision::Retry { message, delay } => Decision::Retry {
-            message: noted(&message),
-            delay,
-        },
-        Decision::Rejected { message } => Decision::Rejected {
-            message: noted(&message),
-        },
-    }
+/// Why a request's usual name (`namespace/name`) is left alone: Kueue's built-in check
+/// `kueue_checks` may want it.
+fn wanted_by_kueue(qualified: &str, kueue_checks: &[String]) -> String {
+    format!(
+        "ProvisioningRequest {qualified} may be wanted by Kueue's built-in check {} \
+         (AdmissionCheck {}), which names its requests the same way",
+        identity::KUEUE_CONTROLLER_NAME,
+        kueue_checks.join(", ")
+    )
+}
+
+/// The note on a request under its other name, `why` saying what holds the usual one.
+fn not_the_usual_name(why: &str) -> String {
+    format!("not the usual name: {why}; this check never touches objects it did not make")
 }
 
 /// The answer while a cache a decision reads cannot be read: `Pending`, naming what is missing
@@ -799,7 +775,9 @@ impl AdmissionCheckController for ProvisioningCheck {
         // Made under its other name, maybe before the entry existed (an early start, whose
         // message nobody saw): every answer says why, as the one that made it did.
         let why = self.why_not_usual(&namespace, &usual, check).await;
-        Ok(with_note(answer, &why))
+        let mut answer = answer;
+        answer.message_mut().push_str(&format!(" ({why})"));
+        Ok(answer)
     }
 
     // Kueue adds the entry from a loop that falls seconds behind its scheduler under load:

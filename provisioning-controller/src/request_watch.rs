@@ -367,21 +367,10 @@ mod tests {
 
     #[test]
     fn a_request_made_before_the_entry_is_kept_while_the_entry_is_due() {
-        use kueue_admission_sdk::api::{
-            AdmissionCheckStrategyRule, AdmissionChecksStrategy, ClusterQueue, ClusterQueueSpec,
-        };
-        let queue = |on_flavors: Vec<String>| {
-            ClusterQueues::for_tests([ClusterQueue::new(
+        let queue = |on_flavors: &[&str]| {
+            ClusterQueues::for_tests([kueue_admission_sdk::testing::cluster_queue(
                 "cq",
-                ClusterQueueSpec {
-                    admission_checks_strategy: Some(AdmissionChecksStrategy {
-                        admission_checks: vec![AdmissionCheckStrategyRule {
-                            name: "prov".into(),
-                            on_flavors,
-                        }],
-                    }),
-                    ..Default::default()
-                },
+                &[("prov", on_flavors)],
             )])
         };
         let r = request("wl-prov-1", "u1", "prov");
@@ -390,18 +379,18 @@ mod tests {
             .pod_set("main", 1, "1")
             .quota_reserved("cq", "default")
             .build();
-        assert_eq!(orphan_reason(&r, Some(&no_entry_yet), &queue(vec![])), None);
+        assert_eq!(orphan_reason(&r, Some(&no_entry_yet), &queue(&[])), None);
         assert_eq!(
-            orphan_reason(&r, Some(&no_entry_yet), &queue(vec!["default".into()])),
+            orphan_reason(&r, Some(&no_entry_yet), &queue(&["default"])),
             None
         );
         // The queue applies the check to other flavors only, or no queue is known.
-        assert!(orphan_reason(&r, Some(&no_entry_yet), &queue(vec!["gpu".into()])).is_some());
+        assert!(orphan_reason(&r, Some(&no_entry_yet), &queue(&["gpu"])).is_some());
         assert!(orphan_reason(&r, Some(&no_entry_yet), &ClusterQueues::default()).is_some());
         // The entry never came and the quota went.
         let released = WorkloadBuilder::new("team", "wl").uid("u1").build();
         assert!(
-            orphan_reason(&r, Some(&released), &queue(vec![]))
+            orphan_reason(&r, Some(&released), &queue(&[]))
                 .is_some_and(|m| m.contains("quota released"))
         );
     }

@@ -650,6 +650,16 @@ impl Decision {
             | Decision::Rejected { message } => message,
         }
     }
+
+    /// The message, to change (e.g. add a note) without rebuilding the decision.
+    pub fn message_mut(&mut self) -> &mut String {
+        match self {
+            Decision::Ready { message, .. }
+            | Decision::Pending { message, .. }
+            | Decision::Retry { message, .. }
+            | Decision::Rejected { message } => message,
+        }
+    }
 }
 
 #[cfg(test)]

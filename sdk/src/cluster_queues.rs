@@ -55,27 +55,7 @@ impl ClusterQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{AdmissionCheckStrategyRule, AdmissionChecksStrategy, ClusterQueueSpec};
-    use crate::testing::WorkloadBuilder;
-
-    fn queue(name: &str, rules: &[(&str, &[&str])]) -> ClusterQueue {
-        let rules = rules
-            .iter()
-            .map(|(check, flavors)| AdmissionCheckStrategyRule {
-                name: (*check).into(),
-                on_flavors: flavors.iter().map(|f| (*f).into()).collect(),
-            })
-            .collect();
-        ClusterQueue::new(
-            name,
-            ClusterQueueSpec {
-                admission_checks_strategy: Some(AdmissionChecksStrategy {
-                    admission_checks: rules,
-                }),
-                ..Default::default()
-            },
-        )
-    }
+    use crate::testing::{WorkloadBuilder, cluster_queue as queue};
 
     fn reserved(queue: &str, flavor: &str) -> Workload {
         WorkloadBuilder::new("ns", "w")

@@ -299,6 +299,28 @@ pub fn defaults_refusing<F: clap::Parser>(refused: &[&str]) -> F {
     F::try_parse_from(["binary"]).unwrap_or_else(|e| panic!("the defaults do not parse: {e}"))
 }
 
+/// A ClusterQueue `name` whose `admissionChecksStrategy` has one rule per `(check, onFlavors)`
+/// (an empty `onFlavors`: every flavor), and nothing else: what decides which checks a
+/// Workload gets, for tests of checks that start early.
+pub fn cluster_queue(name: &str, rules: &[(&str, &[&str])]) -> crate::api::ClusterQueue {
+    let rules = rules
+        .iter()
+        .map(|(check, flavors)| crate::api::AdmissionCheckStrategyRule {
+            name: (*check).into(),
+            on_flavors: flavors.iter().map(|f| (*f).into()).collect(),
+        })
+        .collect();
+    crate::api::ClusterQueue::new(
+        name,
+        crate::api::ClusterQueueSpec {
+            admission_checks_strategy: Some(crate::api::AdmissionChecksStrategy {
+                admission_checks: rules,
+            }),
+            ..Default::default()
+        },
+    )
+}
+
 /// A client for unit tests: every request fails at once with an error saying there is no API
 /// server, so a check that unexpectedly calls the API fails its test instead of hanging.
 pub fn offline_client() -> kube::Client {

@@ -134,12 +134,10 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         .into_iter()
         .map(|check| {
             // The queue is looked up only for a check without its entry.
-            let stands = if starts_early && wl.admission_check(&check).is_none() {
-                let applies = ctx.cluster_queues.check_applies(wl, &check);
-                standing(wl, &check, revalidate, applies)
-            } else {
-                eligibility(wl, &check, revalidate)
-            };
+            let applies = starts_early
+                && wl.admission_check(&check).is_none()
+                && ctx.cluster_queues.check_applies(wl, &check);
+            let stands = standing(wl, &check, revalidate, applies);
             (check, stands)
         })
         .collect();

@@ -10,10 +10,7 @@ use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 
 use super::{Context, reconcile};
-use crate::api::{
-    AdmissionCheckStrategyRule, AdmissionChecksStrategy, CheckState, ClusterQueue,
-    ClusterQueueSpec, Workload,
-};
+use crate::api::{CheckState, ClusterQueue, Workload};
 use crate::check::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
 };
@@ -156,21 +153,8 @@ impl World {
 
     /// `cq` now has these rules.
     fn queue(&mut self, rules: &[(&str, &[&str])]) {
-        let rules = rules
-            .iter()
-            .map(|(check, flavors)| AdmissionCheckStrategyRule {
-                name: (*check).into(),
-                on_flavors: flavors.iter().map(|f| (*f).into()).collect(),
-            })
-            .collect();
-        let spec = ClusterQueueSpec {
-            admission_checks_strategy: Some(AdmissionChecksStrategy {
-                admission_checks: rules,
-            }),
-            ..Default::default()
-        };
-        self.queues
-            .apply_watcher_event(&Event::Apply(ClusterQueue::new("cq", spec)));
+        let queue = crate::testing::cluster_queue("cq", rules);
+        self.queues.apply_watcher_event(&Event::Apply(queue));
     }
 
     /// The watch delivers `wl` and it is reconciled.

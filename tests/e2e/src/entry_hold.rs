@@ -19,6 +19,61 @@ use crate::TestEnv;
 /// What the policy's refusal says; a refusal with other words is not the hold's.
 const HELD: &str = "held back by an end-to-end test";
 
+/// Creates a ValidatingAdmissionPolicy `name` that refuses every update of Workloads'
+/// `resource` (`workloads` or `workloads/status`) for which the CEL `expression` is false,
+/// saying `message`, with `reason` (`Forbidden`: 403, `Invalid`: 422; the API server's default
+/// when `None`), and its binding to `env`'s namespace only.
+pub async fn deny_workload_updates(
+    env: &TestEnv,
+    name: &str,
+    resource: &str,
+    expression: &str,
+    message: &str,
+    reason: Option<&str>,
+) -> Result<()> {
+    let mut validation = json!({"expression": expression, "message": message});
+    if let Some(reason) = reason {
+        validation["reason"] = json!(reason);
+    }
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["kueue.x-k8s.io"],
+                "apiVersions": ["*"],
+                "operations": ["UPDATE"],
+                "resources": [resource],
+            }]},
+            "validations": [validation],
+        },
+    }))?;
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": env.ns,
+            }}},
+        },
+    }))?;
+    let pp = PostParams::default();
+    Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+        .create(&pp, &policy)
+        .await
+        .with_context(|| format!("creating the ValidatingAdmissionPolicy {name}"))?;
+    Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
+        .create(&pp, &binding)
+        .await
+        .with_context(|| format!("creating the binding of {name}"))?;
+    Ok(())
+}
+
 /// The policy and its binding, deleted by [`EntryHold::lift`].
 pub struct EntryHold {
     client: kube::Client,
@@ -38,48 +93,11 @@ impl EntryHold {
     /// the API server enforces it (a dry-run write of the entry is refused).
     pub async fn new(env: &TestEnv, check: &str) -> Result<Self> {
         let name = format!("e2e-hold-entry-{}", env.ns);
-        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["kueue.x-k8s.io"],
-                    "apiVersions": ["*"],
-                    "operations": ["UPDATE"],
-                    "resources": ["workloads/status"],
-                }]},
-                "validations": [{
-                    "expression": format!(
-                        "!has(object.status) || !has(object.status.admissionChecks) || \
-                         !object.status.admissionChecks.exists(c, c.name == '{check}')"
-                    ),
-                    "message": HELD,
-                }],
-            },
-        }))?;
-        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {
-                "policyName": name,
-                "validationActions": ["Deny"],
-                "matchResources": {"namespaceSelector": {"matchLabels": {
-                    "kubernetes.io/metadata.name": env.ns,
-                }}},
-            },
-        }))?;
-        let pp = PostParams::default();
-        Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
-            .create(&pp, &policy)
-            .await
-            .context("creating the ValidatingAdmissionPolicy")?;
-        Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone())
-            .create(&pp, &binding)
-            .await
-            .context("creating its binding")?;
+        let expression = format!(
+            "!has(object.status) || !has(object.status.admissionChecks) || \
+             !object.status.admissionChecks.exists(c, c.name == '{check}')"
+        );
+        deny_workload_updates(env, &name, "workloads/status", &expression, HELD, None).await?;
         let hold = Self {
             client: env.client.clone(),
             name,

@@ -88,12 +88,7 @@ async fn the_request_is_made_at_the_reservation_and_the_entry_is_answered_at_onc
     // Kueue adds the entry once the hold is lifted: the known answer is written, nothing new
     // is made, and the Job's pods run.
     hold.lift().await?;
-    let admitted = env.wait_admitted(&wl).await?;
-    let entry = admitted
-        .admission_check(&p.check)
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(entry.state, CheckState::Ready, "{entry:?}");
+    let (_, entry) = env.wait_admitted_ready(&wl, &p.check).await?;
     assert_eq!(
         entry.message,
         format!("ProvisioningRequest {} provisioned", t.qualified(&wl, 1))

@@ -13,8 +13,7 @@ use anyhow::{Context, Result, bail};
 use e2e::probe::{Probe, ProbeScript};
 use e2e::{GuardedQueue, TestEnv};
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::{Api, Patch, PatchParams};
 use kueue_admission_sdk::api::{
     AdmissionCheck, CheckState, ClusterQueue, PodSetUpdate, Workload, workload_condition as cond,
 };
@@ -128,17 +127,6 @@ async fn an_answer_kueue_would_refuse_is_shown_on_the_entry_then_retried_then_re
     Ok(())
 }
 
-/// A cluster-scoped object of `kind` in `admissionregistration.k8s.io/v1`, created from `body`.
-async fn create_admission_object(env: &TestEnv, kind: &str, body: serde_json::Value) -> Result<()> {
-    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    let api: Api<DynamicObject> = Api::all_with(env.client.clone(), &ApiResource::from_gvk(&gvk));
-    let object: DynamicObject = serde_json::from_value(body)?;
-    api.create(&PostParams::default(), &object)
-        .await
-        .with_context(|| format!("creating {kind}"))?;
-    Ok(())
-}
-
 /// A ValidatingAdmissionPolicy denying what `expression` refuses on `resource` of Workloads
 /// (`workloads` or `workloads/status`) with `reason` (`Forbidden`: 403, `Invalid`: 422), bound
 /// to the test's namespace only.
@@ -149,45 +137,9 @@ async fn deny(
     (expression, reason): (&str, &str),
 ) -> Result<String> {
     let name = env.cluster_name(name);
-    create_admission_object(
-        env,
-        "ValidatingAdmissionPolicy",
-        json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["kueue.x-k8s.io"], "apiVersions": ["*"],
-                    "operations": ["UPDATE"], "resources": [resource],
-                }]},
-                "validations": [{
-                    "expression": expression,
-                    "message": "refused by the test's policy",
-                    "reason": reason,
-                }],
-            },
-        }),
-    )
-    .await?;
-    create_admission_object(
-        env,
-        "ValidatingAdmissionPolicyBinding",
-        json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {
-                "policyName": name,
-                "validationActions": ["Deny"],
-                "matchResources": {"namespaceSelector": {"matchLabels": {
-                    "kubernetes.io/metadata.name": env.ns,
-                }}},
-            },
-        }),
-    )
-    .await?;
+    let message = "refused by the test's policy";
+    e2e::entry_hold::deny_workload_updates(env, &name, resource, expression, message, Some(reason))
+        .await?;
     Ok(name)
 }
 
