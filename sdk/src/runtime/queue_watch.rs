@@ -2,6 +2,7 @@
 //! handful of small objects), so whether a Workload's entry is due is known without a read;
 //! the leader wakes the Workloads a queue's change concerns.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -13,12 +14,14 @@ use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, warn};
 
 use crate::ClusterQueues;
-use crate::api::{ClusterQueue, Workload, workload_condition as cond};
+use crate::api::{AdmissionChecksStrategy, ClusterQueue, Workload, workload_condition as cond};
 
 /// Starts watching ClusterQueues into the returned cache; `synced` is told when the first list
-/// is in it. While this replica leads, a queue's change wakes its Workloads that hold quota
-/// and are not admitted yet: whether a check applies to them may have changed (a check removed
-/// before its entry came releases what was started early).
+/// is in it. While this replica leads, a change of a queue's check rules wakes its Workloads
+/// that hold quota and are not admitted yet: whether a check applies to them may have changed (a
+/// check removed before its entry came releases what was started early). Kueue rewrites a
+/// queue's status with every Workload it reserves or admits; those changes wake nothing, or a
+/// burst would wake every waiting Workload once per admission.
 pub(super) fn start(
     client: &Client,
     workloads: Store<Workload>,
@@ -34,6 +37,7 @@ pub(super) fn start(
         .reflect(writer);
     let told = synced.clone();
     background.push(tokio::spawn(async move {
+        let mut rules = RulesSeen::default();
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
             let queue = match event {
@@ -45,8 +49,20 @@ pub(super) fn start(
                     told.notify_one();
                     continue;
                 }
-                Ok(watcher::Event::Apply(cq) | watcher::Event::Delete(cq)) => cq.name_any(),
-                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => continue,
+                // A relist after a broken watch may carry a change missed meanwhile.
+                Ok(watcher::Event::Apply(cq) | watcher::Event::InitApply(cq)) => {
+                    if !rules.changed(&cq, false) {
+                        continue;
+                    }
+                    cq.name_any()
+                }
+                Ok(watcher::Event::Delete(cq)) => {
+                    if !rules.changed(&cq, true) {
+                        continue;
+                    }
+                    cq.name_any()
+                }
+                Ok(watcher::Event::Init) => continue,
             };
             if !*leading.borrow() {
                 continue;
@@ -60,6 +76,29 @@ pub(super) fn start(
         }
     }));
     (ClusterQueues::cached(store), synced)
+}
+
+/// The check rules last seen per queue, so that only a change of them wakes Workloads.
+#[derive(Default)]
+struct RulesSeen(HashMap<String, Option<AdmissionChecksStrategy>>);
+
+impl RulesSeen {
+    /// Records `queue`'s rules (none once `deleted`); whether they differ from those seen
+    /// before. A queue seen for the first time counts as changed unless it has no rules; an
+    /// empty strategy is no rules.
+    fn changed(&mut self, queue: &ClusterQueue, deleted: bool) -> bool {
+        let now = match deleted {
+            true => None,
+            false => (queue.spec.admission_checks_strategy.clone())
+                .filter(|s| !s.admission_checks.is_empty()),
+        };
+        let name = queue.name_any();
+        let before = match deleted {
+            true => self.0.remove(&name).flatten(),
+            false => self.0.insert(name, now.clone()).flatten(),
+        };
+        before != now
+    }
 }
 
 /// The Workloads holding quota in `queue` that are neither admitted nor finished.
@@ -105,5 +144,26 @@ mod tests {
             .map(|r| r.name)
             .collect();
         assert_eq!(woken, ["waiting"]);
+    }
+
+    #[test]
+    fn only_a_change_of_the_check_rules_wakes() {
+        use crate::testing::cluster_queue;
+        let mut seen = RulesSeen::default();
+        let with_check = cluster_queue("cq", &[("c", &[])]);
+        assert!(seen.changed(&with_check, false), "first seen, with rules");
+        let mut status_only = with_check.clone();
+        status_only.metadata.resource_version = Some("2".into());
+        status_only.status = Some(Default::default());
+        assert!(!seen.changed(&status_only, false), "a status update");
+        let on_gpus = cluster_queue("cq", &[("c", &["gpu"])]);
+        assert!(seen.changed(&on_gpus, false), "onFlavors changed");
+        let without = cluster_queue("cq", &[]);
+        assert!(seen.changed(&without, false), "the check removed");
+        assert!(!seen.changed(&without, true), "deleted without rules");
+        assert!(seen.changed(&on_gpus, false), "recreated with rules");
+        assert!(seen.changed(&on_gpus, true), "deleted with rules");
+        let bare = cluster_queue("plain", &[]);
+        assert!(!seen.changed(&bare, false), "first seen, no rules");
     }
 }
