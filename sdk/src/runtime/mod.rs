@@ -36,6 +36,7 @@ mod reconcile;
 mod relist;
 mod shadow;
 mod tasks;
+mod turns;
 mod unanswerable;
 mod workloads;
 
@@ -165,6 +166,9 @@ pub async fn termination_signal() {
 /// How long a clean shutdown waits for the Lease to be released.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a stop waits for the Events the reconciles handed over to be published.
+const EVENT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Runs `controller` until `shutdown` resolves, with the work it declares in
 /// [`AdmissionCheckController::while_leading`] beside the reconciler while this replica leads.
 ///
@@ -261,8 +265,10 @@ where
     );
     let ctx = Arc::new(
         ctx.with_cache(cache.clone())
-            .with_cluster_queues(cluster_queues.clone()),
+            .with_cluster_queues(cluster_queues.clone())
+            .with_events_in_background(),
     );
+    let events = ctx.clone();
     background.push(tokio::spawn(release_deleted(ctx.clone(), feed.deleted)));
 
     let became_leader = lead::wait_to_lead(leading.clone(), &shutdown).await;
@@ -286,6 +292,8 @@ where
     } else {
         Ok(())
     };
+    // What the reconciles decided is told before the process goes.
+    events.flush_events(EVENT_FLUSH_TIMEOUT).await;
     // Every receiver of the leadership channel must be gone before the Lease is released, and
     // nothing may write after it.
     background.stop().await;

@@ -17,7 +17,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::checks::ActiveCheck;
 use super::context::{Context, redact_workload_note, release};
 use super::memory::{AskedAt, EarlyStart, Hold, PairKey, PermanentFailure, lock};
-use super::unanswerable;
+use super::{turns, unanswerable};
 use crate::api::CheckState;
 use crate::api::Workload;
 use crate::attempts;
@@ -38,10 +38,7 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
-    // Never closed; a closed one would mean the runtime is going away.
-    let Ok(_turn) = ctx.turns.acquire().await else {
-        return Ok(Action::await_change());
-    };
+    let _turn = ctx.turns.take(turn_class(&ctx, &wl)).await;
     // Whatever this reconcile finds, it reads the changes that waited for it.
     {
         let namespace = wl.namespace().unwrap_or_default();
@@ -87,6 +84,29 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
         ctx.memory.workload(&uid, |w| w.backing_off = failed_on);
     }
     result
+}
+
+/// Whether `wl` (as cached now: a change may have come since it was queued) has an entry of
+/// ours that Kueue waits for, which goes first.
+fn turn_class<C: AdmissionCheckController>(ctx: &Context<C>, wl: &Arc<Workload>) -> turns::Class {
+    let newest = ctx
+        .cache
+        .as_ref()
+        .and_then(|c| c.get(&ObjectRef::from_obj(wl.as_ref())));
+    let wl = newest.as_ref().unwrap_or(wl);
+    let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
+    let waited_for = wl
+        .status
+        .as_ref()
+        .into_iter()
+        .flat_map(|s| &s.admission_checks);
+    let answerable = waited_for
+        .filter(|entry| entry.state == CheckState::Pending)
+        .any(|entry| matches!(registry.get(&entry.name), Some(Ok(_))));
+    match answerable {
+        true => turns::Class::Answer,
+        false => turns::Class::Other,
+    }
 }
 
 async fn reconcile_in_turn<C: AdmissionCheckController>(

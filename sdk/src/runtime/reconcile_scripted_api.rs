@@ -1361,3 +1361,36 @@ async fn an_inactive_checks_release_goes_uncounted_when_its_record_is_refused() 
     assert_eq!(calls_of(&api), ["PATCH workload", "PATCH status"]);
     assert_eq!(entry_of(&api, 1).0, "Retry");
 }
+
+/// Events handed to the background lanes are all published by a flush, each Workload's in the
+/// order they were decided, and after the flush an Event is published in the reconcile again.
+#[tokio::test]
+async fn events_in_the_background_keep_each_workloads_order_and_a_flush_publishes_them_all() {
+    use kube::runtime::events::EventType;
+    let Harness { ctx, api, .. } = Harness::new(Decision::ready(""));
+    let ctx = ctx.with_events_in_background();
+    let workloads: Vec<Workload> = (0..3)
+        .map(|w| WorkloadBuilder::new("ns", &format!("w{w}")).build())
+        .collect();
+    for i in 0..30 {
+        let w = i % 3;
+        let reason = format!("W{w}E{:02}", i / 3);
+        ctx.event(&workloads[w], EventType::Normal, &reason, reason.clone())
+            .await;
+    }
+    ctx.flush_events(Duration::from_secs(10)).await;
+    let published = api.event_reasons();
+    assert_eq!(published.len(), 30, "{published:?}");
+    for w in 0..3 {
+        let own: Vec<&String> = published
+            .iter()
+            .filter(|r| r.starts_with(&format!("W{w}")))
+            .collect();
+        let mut sorted = own.clone();
+        sorted.sort();
+        assert_eq!(own, sorted, "w{w}'s Events in the order decided");
+    }
+    ctx.event(&workloads[0], EventType::Normal, "After", "after".into())
+        .await;
+    assert_eq!(api.event_reasons().last().map(String::as_str), Some("After"));
+}
