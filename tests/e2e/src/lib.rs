@@ -1699,6 +1699,23 @@ impl TestEnv {
         Ok(event.note.unwrap_or_default())
     }
 
+    /// Waits until at least `at_least` events with this reason are on the Workload (the SDK
+    /// publishes Events beside its reconciles, so one may land just after the write it tells
+    /// of); returns how many there are then.
+    pub async fn wait_event_count(
+        &self,
+        workload: &str,
+        reason: &str,
+        at_least: u32,
+    ) -> Result<u32> {
+        let what = format!("{at_least} event(s) {reason} on Workload {workload}");
+        eventually_async(&what, || async {
+            Ok(self.event_count(workload, reason).await? >= at_least)
+        })
+        .await?;
+        self.event_count(workload, reason).await
+    }
+
     /// Events with this reason on the Workload so far (each counted with its series count).
     pub async fn event_count(&self, workload: &str, reason: &str) -> Result<u32> {
         let events: Api<k8s_openapi::api::events::v1::Event> =

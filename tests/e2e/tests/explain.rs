@@ -187,6 +187,8 @@ async fn a_failed_provisioning_request_is_shown_with_the_autoscalers_words() -> 
             .is_some_and(|e| e.state == CheckState::Retry)
     })
     .await?;
+    // The Event comes beside the write (the SDK publishes Events off the reconcile).
+    env.wait_event_count(&wl, "CheckRetry", 1).await?;
     let r = explain(&env, "job").await?;
     let text = kueue_ac::render::text(&r);
     let c = &r.checks[0];

@@ -367,7 +367,7 @@ async fn two_failures_retry_with_growing_delays_then_the_third_attempt_admits() 
         m.text
     );
     // Two Retry events (their notes: `every_retry_event_names_its_own_request`).
-    assert_eq!(env.event_count(&wl, "CheckRetry").await?, 2);
+    assert_eq!(env.wait_event_count(&wl, "CheckRetry", 2).await?, 2);
     t.stop().await
 }
 
@@ -395,8 +395,8 @@ async fn every_retry_event_names_its_own_request() -> Result<()> {
         .iter()
         .map(|(e, _)| format!("check {check}: {}", e.message))
         .collect();
+    let events = env.wait_event_count(&wl, "CheckRetry", 2).await?;
     let notes = env.event_notes(&wl, "CheckRetry").await?;
-    let events = env.event_count(&wl, "CheckRetry").await?;
     t.stop().await?;
     assert_eq!(
         notes, want,

@@ -563,7 +563,9 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
         e2e::dump(&named)
     );
     ensure!(
-        env.event_count(&wl, "CheckFailedPermanently").await? >= 1,
+        env.wait_event_count(&wl, "CheckFailedPermanently", 1)
+            .await?
+            >= 1,
         "an Event says so too"
     );
 

@@ -243,7 +243,7 @@ async fn a_replica_killed_mid_decision_is_replaced_and_nothing_is_lost_or_double
     );
     ensure!(calls.iter().all(|(_, attempt)| *attempt == 1), "{calls:?}");
     ensure!(
-        env.event_count(&wl, "CheckReady").await? == 1,
+        env.wait_event_count(&wl, "CheckReady", 1).await? == 1,
         "one Ready written, one event"
     );
     ensure!(
@@ -294,7 +294,7 @@ async fn a_decision_from_a_stale_workload_is_refused_and_recomputed() -> Result<
         .await?
         .unwrap_or(0.0);
     ensure!(conflicts >= 1.0, "the refused write was counted");
-    ensure!(env.event_count(&wl, "CheckReady").await? == 1);
+    ensure!(env.wait_event_count(&wl, "CheckReady", 1).await? == 1);
     replica.stop().await
 }
 
