@@ -13,28 +13,39 @@
 //!
 //! It fails unless every Workload is admitted exactly once with exactly one live request, and,
 //! with `--max-requests-per-workload`, when our controller sends more than that per Workload.
+//!
+//! Two things keep the runs on equal terms. With `--idle-workloads`, Kueue writes each idle
+//! Workload's status once after its creation; the benchmark waits until it has done so for
+//! every one and gone quiet before the first run, or that run alone would pay for it. With
+//! `--churn-per-second`, every run carries the same background stream of other Workloads
+//! through a ClusterQueue of their own, each deleted once admitted.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
-use e2e::bench::{self, Creating, Mark, Marks, Process, RunQueue, Seen, Stage, quantile};
+use e2e::bench::{self, Creating, Mark, Marks, Process, RunQueue, Seen, Stage, lock, quantile};
 use e2e::{AuditMark, TestEnv, chart};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, PodTemplate};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kueue_admission_sdk::api::{
-    AdmissionCheck, ClusterQueue, ProvisioningRequest, find_condition,
-    provisioning_condition as pr, workload_condition as cond,
+    AdmissionCheck, ClusterQueue, LocalQueue, ProvisioningRequest, ResourceFlavor, Workload,
+    find_condition, provisioning_condition as pr, workload_condition as cond,
 };
 use kueue_provisioning_controller::identity::KUEUE_CONTROLLER_NAME;
 use kueue_provisioning_controller::identity::WORKLOAD_ANNOTATION;
 use serde_json::json;
-use tokio::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
 
 /// The users the control plane gives Kueue and the simulator (tests/control-plane).
 const KUEUE_USER: &str = "kueue-controller-manager";
@@ -93,9 +104,15 @@ struct Cli {
     timeout_seconds: u64,
     /// Workloads kept in the cluster through the runs, in a namespace of their own and in no
     /// queue (Kueue never admits them): what every controller's cache holds besides the runs'
-    /// Workloads, to measure memory and start-up at scale.
+    /// Workloads, to measure memory and start-up at scale. The first run starts once Kueue has
+    /// marked every one and gone quiet (bounded by --timeout-seconds).
     #[arg(long, default_value_t = 0)]
     idle_workloads: u32,
+    /// Background churn: during each run, this many other Workloads per second (1 pod of 100m
+    /// each) flow through a ClusterQueue of their own without checks, each deleted once
+    /// admitted; the same stream for every run. 0: none.
+    #[arg(long, default_value_t = 0)]
+    churn_per_second: u32,
     /// Fail when our controller sends more API requests than this per admitted Workload.
     #[arg(long)]
     max_requests_per_workload: Option<f64>,
@@ -145,6 +162,8 @@ struct Measured {
     /// Our controller's start: from its process start to ready (its caches listed), and its
     /// resident memory then, KiB.
     startup: Option<(Duration, u64)>,
+    /// What the background churn did during the run, if it flowed.
+    churn: Option<Churned>,
 }
 
 #[tokio::main]
@@ -153,6 +172,12 @@ async fn main() -> ExitCode {
 }
 
 async fn run_all(cli: &Cli) -> Result<()> {
+    // Its queue first: setting it up is work for Kueue too, done before the idle Workloads'
+    // settle, which is the last thing before the first run.
+    let churn = match cli.churn_per_second {
+        0 => None,
+        per_second => Some(ChurnQueue::create(cli, per_second).await?),
+    };
     let idle = match cli.idle_workloads {
         0 => None,
         n => Some(create_idle(cli, n).await?),
@@ -170,13 +195,13 @@ async fn run_all(cli: &Cli) -> Result<()> {
                     "bench-compare: {} with {workloads} Workloads of {podsets} podset(s)",
                     controller.label()
                 );
-                let measured = measure(cli, run).await?;
+                let measured = measure(cli, run, churn.as_ref()).await?;
                 eprint!("{}", details(&measured));
                 results.push(measured);
             }
         }
     }
-    let report = report(cli, &results);
+    let report = report(cli, &results, idle.as_ref().map(|(_, settled)| settled));
     print!("{report}");
     for path in draw_plots(cli, &results)? {
         eprintln!("bench-compare: drew {}", path.display());
@@ -184,7 +209,10 @@ async fn run_all(cli: &Cli) -> Result<()> {
     if let Some(path) = &cli.results {
         std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(env) = idle {
+    if let Some(churn) = churn {
+        churn.delete().await?;
+    }
+    if let Some((env, _)) = idle {
         // The namespace controller deletes the Workloads, server-side: one request instead of a
         // collection delete, which at 10,000 Workloads outlasts the request's timeout.
         Api::<Namespace>::all(env.client.clone())
@@ -211,8 +239,9 @@ async fn run_all(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
-/// Creates `n` Workloads that stay in the cluster through the runs, in no queue.
-async fn create_idle(cli: &Cli, n: u32) -> Result<TestEnv> {
+/// Creates `n` Workloads that stay in the cluster through the runs, in no queue, and waits
+/// until Kueue is done with them.
+async fn create_idle(cli: &Cli, n: u32) -> Result<(TestEnv, Settled)> {
     let env = TestEnv::new("cmp-idle").await?;
     let started = Instant::now();
     let creating = Creating {
@@ -226,7 +255,244 @@ async fn create_idle(cli: &Cli, n: u32) -> Result<TestEnv> {
         "bench-compare: {n} idle Workloads created in {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    Ok(env)
+    let settled = wait_settled(cli, &env, n).await?;
+    let reasons: Vec<String> = settled
+        .reasons
+        .iter()
+        .map(|(reason, count)| format!("{reason} ×{count}"))
+        .collect();
+    let kueue_cpu = settled
+        .kueue_cpu_quiet
+        .map_or(String::new(), |s| format!(" and used {s:.2} CPU s"));
+    eprintln!(
+        "bench-compare: Kueue settled on {n} idle Workloads after {:.0} s: every one has \
+         {}=False ({}; {:?}), none changed in the last {} s (their watch and a list agree), \
+         and Kueue sent no write to their namespace in that time (audit log){kueue_cpu}; {} \
+         changes seen after the watch's first sight of each",
+        settled.took.as_secs_f64(),
+        cond::QUOTA_RESERVED,
+        reasons.join(", "),
+        settled.message,
+        SETTLE_QUIET.as_secs(),
+        settled.changes,
+    );
+    Ok((env, settled))
+}
+
+/// How long none of the idle Workloads may change before Kueue counts as done with them.
+const SETTLE_QUIET: Duration = Duration::from_secs(5);
+
+/// How Kueue came to rest on the idle Workloads.
+#[derive(Debug)]
+struct Settled {
+    /// From the end of their creation to the rest.
+    took: Duration,
+    /// The reasons of their `QuotaReserved=False`, with how many carry each.
+    reasons: BTreeMap<String, usize>,
+    /// The message of one of them.
+    message: String,
+    /// Changes of an idle Workload the watch saw after its first sight of it.
+    changes: u64,
+    /// Kueue's CPU seconds in the quiet window (none if its pid is unknown).
+    kueue_cpu_quiet: Option<f64>,
+}
+
+/// One idle Workload as the settle wait last saw it.
+#[derive(Debug)]
+struct IdleSeen {
+    resource_version: Option<String>,
+    /// The reason and message of its `QuotaReserved=False`, once Kueue wrote it.
+    unqueued: Option<(String, String)>,
+}
+
+impl IdleSeen {
+    /// What Kueue's Workload reconciler writes on a Workload whose LocalQueue does not exist,
+    /// once it has processed it: `QuotaReserved=False` (Kueue v0.15 to v0.19: reason
+    /// `Inadmissible`, or `Misconfigured` with the `UnadmittedWorkloadsObservability` gate;
+    /// message "LocalQueue lq doesn't exist"). Before that reconcile the Workload has no
+    /// conditions.
+    fn of(wl: &Workload) -> Self {
+        let unqueued = wl
+            .condition(cond::QUOTA_RESERVED)
+            .filter(|c| c.status == "False")
+            .map(|c| (c.reason.clone(), c.message.clone()));
+        Self {
+            resource_version: wl.resource_version(),
+            unqueued,
+        }
+    }
+}
+
+/// The start of a window in which nothing may happen to the idle Workloads.
+struct Quiet {
+    since: Instant,
+    /// The audit log's end then: Kueue's writes since are read from here.
+    audit: AuditMark,
+    /// Kueue's CPU seconds then, if its pid is known.
+    kueue_cpu: Option<f64>,
+}
+
+impl Quiet {
+    fn from_now(kueue_pid: Option<u32>) -> Result<Self> {
+        Ok(Self {
+            since: Instant::now(),
+            audit: e2e::audit_log_mark()?,
+            kueue_cpu: kueue_pid.and_then(|pid| cpu_seconds(pid).ok()),
+        })
+    }
+}
+
+/// Waits until Kueue is done with the `count` idle Workloads of `env`: every one carries
+/// Kueue's mark of a Workload without a LocalQueue ([`IdleSeen::of`]) and none has changed for
+/// [`SETTLE_QUIET`] by a watch of their namespace, confirmed at the end by a list (the watch
+/// may lag behind the API server under load) and by the audit log (Kueue sent no write to
+/// their namespace in the window, also none that changed nothing). Fails after
+/// `--timeout-seconds`.
+async fn wait_settled(cli: &Cli, env: &TestEnv, count: u32) -> Result<Settled> {
+    let started = Instant::now();
+    let timeout = Duration::from_secs(cli.timeout_seconds);
+    let kueue_pid = component_pid("kueue").ok();
+    let mut idle: BTreeMap<String, IdleSeen> = BTreeMap::new();
+    let mut changes = 0u64;
+    // Whether anything happened since the last look (the first list, to begin with).
+    let mut changed = true;
+    let mut quiet = Quiet::from_now(kueue_pid)?;
+    let mut doubt = "the watch has not listed them yet".to_string();
+    let events = watcher::watcher(env.workloads(), watcher::Config::default()).default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut looks = tokio::time::interval(Duration::from_millis(250));
+    looks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(wl) | watcher::Event::InitApply(wl))) => {
+                    let seen = IdleSeen::of(&wl);
+                    let version = seen.resource_version.clone();
+                    match idle.insert(wl.name_any(), seen) {
+                        // A re-list of what the watch had: no change.
+                        Some(before) if before.resource_version == version => {}
+                        Some(_) => {
+                            changes += 1;
+                            changed = true;
+                        }
+                        None => changed = true,
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(wl))) => {
+                    idle.remove(&wl.name_any());
+                    changed = true;
+                }
+                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
+                // The watcher retries by itself; what happened meanwhile is unknown.
+                Some(Err(e)) => {
+                    doubt = format!("their watch failed ({e}) and restarts");
+                    changed = true;
+                }
+                None => bail!("the watch of the idle Workloads ended"),
+            },
+            _ = looks.tick() => {
+                let unqueued = idle.values().filter(|s| s.unqueued.is_some()).count();
+                if std::mem::take(&mut changed) {
+                    quiet = Quiet::from_now(kueue_pid)?;
+                    doubt = format!("{unqueued} of {count} marked, changes still coming");
+                } else if unqueued == count as usize
+                    && idle.len() == count as usize
+                    && quiet.since.elapsed() >= SETTLE_QUIET
+                {
+                    match quiet_doubt(env, &idle, &quiet).await? {
+                        None => return Ok(settled(&idle, &quiet, started, changes, kueue_pid)),
+                        Some(why) => {
+                            quiet = Quiet::from_now(kueue_pid)?;
+                            doubt = why;
+                        }
+                    }
+                }
+                ensure!(
+                    started.elapsed() < timeout,
+                    "Kueue did not settle on the {count} idle Workloads within {} s (the \
+                     --timeout-seconds): {unqueued} of {} seen carry {}=False, none changed in \
+                     the last {:.1} s (at least {} s needed); last: {doubt}",
+                    timeout.as_secs(),
+                    idle.len(),
+                    cond::QUOTA_RESERVED,
+                    quiet.since.elapsed().as_secs_f64(),
+                    SETTLE_QUIET.as_secs(),
+                );
+            }
+        }
+    }
+}
+
+/// Why a list or the audit log says something happened to the idle Workloads since `quiet`
+/// began, when the watch saw nothing; none if both agree with it.
+async fn quiet_doubt(
+    env: &TestEnv,
+    idle: &BTreeMap<String, IdleSeen>,
+    quiet: &Quiet,
+) -> Result<Option<String>> {
+    let listed = env
+        .workloads()
+        .list_metadata(&ListParams::default())
+        .await
+        .context("listing the idle Workloads")?
+        .items;
+    let newer = listed
+        .iter()
+        .filter(|w| {
+            idle.get(&w.name_any())
+                .is_none_or(|s| s.resource_version != w.resource_version())
+        })
+        .count();
+    if newer > 0 || listed.len() != idle.len() {
+        return Ok(Some(format!(
+            "a list found {} Workloads, {newer} of them not as the watch last saw them",
+            listed.len()
+        )));
+    }
+    // A write that changes nothing leaves the object as it was, but still loads the server.
+    let writes = e2e::audited_since(&quiet.audit)?
+        .into_iter()
+        .filter(|(user, r)| {
+            user == KUEUE_USER
+                && r.namespace.as_deref() == Some(env.ns.as_str())
+                && !matches!(r.verb.as_str(), "get" | "list" | "watch")
+        })
+        .count();
+    if writes > 0 {
+        return Ok(Some(format!(
+            "Kueue sent {writes} writes to their namespace in the quiet window (audit log)"
+        )));
+    }
+    Ok(None)
+}
+
+/// What the settle wait reports once it ends.
+fn settled(
+    idle: &BTreeMap<String, IdleSeen>,
+    quiet: &Quiet,
+    started: Instant,
+    changes: u64,
+    kueue_pid: Option<u32>,
+) -> Settled {
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    for (reason, _) in idle.values().filter_map(|s| s.unqueued.as_ref()) {
+        *reasons.entry(reason.clone()).or_default() += 1;
+    }
+    let message = idle
+        .values()
+        .find_map(|s| s.unqueued.as_ref())
+        .map(|(_, message)| message.clone())
+        .unwrap_or_default();
+    let kueue_cpu_now = kueue_pid.and_then(|pid| cpu_seconds(pid).ok());
+    Settled {
+        took: started.elapsed(),
+        reasons,
+        message,
+        changes,
+        kueue_cpu_quiet: kueue_cpu_now
+            .zip(quiet.kueue_cpu)
+            .map(|(now, then)| now - then),
+    }
 }
 
 /// A binary built beside this one (`make bench-compare` builds them).
@@ -321,7 +587,7 @@ fn cpu_of(pids: &[(&'static str, u32)]) -> Result<Vec<f64>> {
     pids.iter().map(|(_, pid)| cpu_seconds(*pid)).collect()
 }
 
-async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
+async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Measured> {
     let env = TestEnv::new(&run.namespace_prefix()).await?;
     let controller_name = match run.controller {
         Controller::Kueue => KUEUE_CONTROLLER_NAME.to_string(),
@@ -338,6 +604,13 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
     env.wait_active::<ClusterQueue>(&queue.cluster_queue, "True", None)
         .await?;
 
+    let timeout = Duration::from_secs(cli.timeout_seconds);
+    // The background stream flows from before the burst, in the same way for every run.
+    let churning = match churn {
+        Some(q) => Some(q.start(run, timeout).await?),
+        None => None,
+    };
+
     // The measurement: from here to the last admission.
     let audit_from = e2e::audit_log_mark()?;
     let pids = processes(&simulator, ours.as_ref().map(|o| &o.process))?;
@@ -352,13 +625,18 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         concurrency: cli.create_concurrency,
     };
     bench::create_workloads(&env, creating, Some(&seen)).await?;
-    let timeout = Duration::from_secs(cli.timeout_seconds);
     bench::wait_all_admitted(&seen, run.workloads, timeout, started, || {
         simulator.alive()?;
+        churning.as_ref().map_or(Ok(()), ChurnStream::alive)?;
         ours.as_mut().map_or(Ok(()), |o| o.process.alive())
     })
     .await?;
     let cpu_after = cpu_of(&pids)?;
+    // The stream stops at the run's last admission.
+    let mut churned = match churning {
+        Some(stream) => Some(stream.stop(started).await?),
+        None => None,
+    };
     let (peak_rss_kib, queue_wait) = match &ours {
         Some(o) => (
             Some(memory_kib(o.process.pid(), "VmHWM")?),
@@ -377,12 +655,17 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
     drop(simulator);
 
     let check_user = service_account.map(|sa| format!("system:serviceaccount:{}:{sa}", env.ns));
-    let requests = requests_by_actor(&audit_from, check_user.as_deref())?;
+    let churn_namespace = churn.map(|q| q.env.ns.as_str());
+    let requests = requests_by_actor(&audit_from, check_user.as_deref(), churn_namespace)?;
     let cpu = pids
         .iter()
         .zip(cpu_before.iter().zip(&cpu_after))
         .map(|((name, _), (before, after))| (*name, after - before))
         .collect();
+    // None of the stream is left to run under the next run.
+    if let (Some(q), Some(c)) = (churn, churned.as_mut()) {
+        c.gone_after = q.clear(timeout).await?;
+    }
     bench::clean_up(&env, &queue).await?;
     Ok(Measured {
         run,
@@ -393,6 +676,7 @@ async fn measure(cli: &Cli, run: Run) -> Result<Measured> {
         peak_rss_kib,
         queue_wait,
         startup,
+        churn: churned,
     })
 }
 
@@ -409,6 +693,395 @@ fn watch_run(env: &TestEnv, queue: &RunQueue, seen: &Seen) -> [tokio::task::Join
             seen.clone(),
         )),
     ]
+}
+
+/// The background stream's queue, made once for the whole benchmark: a namespace of its own
+/// with LocalQueue `lq`, feeding a ClusterQueue without admission checks.
+struct ChurnQueue {
+    env: TestEnv,
+    flavor: String,
+    cluster_queue: String,
+    per_second: u32,
+}
+
+/// When the benchmark saw one churn Workload's create sent and answered, its admission and its
+/// deletion answered.
+#[derive(Clone, Copy, Debug)]
+struct ChurnTimes {
+    sent: Instant,
+    created: Option<Instant>,
+    admitted: Option<Instant>,
+    deleted: Option<Instant>,
+}
+
+/// The times of a run's churn Workloads, by name, shared by the stream's tasks.
+type ChurnTimesByName = Arc<Mutex<BTreeMap<String, ChurnTimes>>>;
+
+/// The first error of one of the stream's tasks.
+type ChurnFailure = Arc<Mutex<Option<String>>>;
+
+impl ChurnQueue {
+    async fn create(cli: &Cli, per_second: u32) -> Result<Self> {
+        let env = TestEnv::new("cmp-churn").await?;
+        let flavor = env.resource_flavor("churn").await?.name_any();
+        // 100m per Workload: room for twice what the stream creates in a run that lasts the
+        // whole timeout, so that it never waits for quota, even with its deletes behind.
+        let cpu = (u64::from(per_second) * cli.timeout_seconds / 5 + 1).to_string();
+        let cluster_queue = env.queues_on(&flavor, &cpu, &[]).await?;
+        env.wait_active::<ClusterQueue>(&cluster_queue, "True", None)
+            .await?;
+        eprintln!(
+            "bench-compare: background churn of {per_second} Workloads/s through ClusterQueue \
+             {cluster_queue} during each run"
+        );
+        Ok(Self {
+            env,
+            flavor,
+            cluster_queue,
+            per_second,
+        })
+    }
+
+    /// Starts the stream of `run` and returns once it flows (its first Workload admitted).
+    async fn start(&self, run: Run, timeout: Duration) -> Result<ChurnStream> {
+        let times = ChurnTimesByName::default();
+        let failure = ChurnFailure::default();
+        let (admitted_tx, admitted_rx) = mpsc::unbounded_channel();
+        let (stop, stopped) = oneshot::channel();
+        // Two seconds of the stream in flight before it falls behind its rate, within bounds
+        // that neither starve a slow stream nor flood the server.
+        let in_flight = (2 * self.per_second as usize).clamp(8, 64);
+        let started = Instant::now();
+        let watching = tokio::spawn(watch_churn(
+            self.env.workloads(),
+            times.clone(),
+            admitted_tx,
+        ));
+        let deleting = spawn_churn_task(
+            &failure,
+            "deleting",
+            delete_admitted(self.env.workloads(), admitted_rx, in_flight, times.clone()),
+        );
+        let pacing = ChurnPacing {
+            api: self.env.workloads(),
+            namespace: self.env.ns.clone(),
+            prefix: format!("churn-{}", run.namespace_prefix()),
+            per_second: self.per_second,
+            in_flight,
+        };
+        let creating = spawn_churn_task(
+            &failure,
+            "creating",
+            create_paced(pacing, times.clone(), stopped),
+        );
+        let stream = ChurnStream {
+            per_second: self.per_second,
+            started,
+            times,
+            failure,
+            stop: Some(stop),
+            creating,
+            deleting,
+            watching,
+        };
+        while !lock(&stream.times).values().any(|t| t.admitted.is_some()) {
+            stream.alive()?;
+            ensure!(
+                started.elapsed() < timeout,
+                "no churn Workload admitted within {timeout:?} of the stream's start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(stream)
+    }
+
+    /// Deletes what is left of a run's stream and waits until it is gone; returns how long
+    /// that took.
+    async fn clear(&self, timeout: Duration) -> Result<Duration> {
+        let began = Instant::now();
+        let api = self.env.workloads();
+        api.delete_collection(&DeleteParams::background(), &ListParams::default())
+            .await
+            .context("deleting the churn Workloads left")?;
+        loop {
+            let left = api
+                .list_metadata(&ListParams::default().limit(1))
+                .await
+                .context("listing the churn Workloads left")?
+                .items;
+            let Some(one) = left.first() else {
+                return Ok(began.elapsed());
+            };
+            ensure!(
+                began.elapsed() < timeout,
+                "churn Workloads still there {timeout:?} after their deletion, {} among them",
+                one.name_any()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Deletes the stream's queue and namespace, at the end of the benchmark.
+    async fn delete(self) -> Result<()> {
+        let (client, dp) = (&self.env.client, DeleteParams::background());
+        Api::<LocalQueue>::namespaced(client.clone(), &self.env.ns)
+            .delete("lq", &dp)
+            .await
+            .context("deleting the churn LocalQueue")?;
+        Api::<ClusterQueue>::all(client.clone())
+            .delete(&self.cluster_queue, &dp)
+            .await
+            .context("deleting the churn ClusterQueue")?;
+        Api::<ResourceFlavor>::all(client.clone())
+            .delete(&self.flavor, &dp)
+            .await
+            .context("deleting the churn ResourceFlavor")?;
+        Api::<Namespace>::all(client.clone())
+            .delete(&self.env.ns, &dp)
+            .await
+            .with_context(|| format!("deleting the churn namespace {}", self.env.ns))?;
+        Ok(())
+    }
+}
+
+/// Spawns one of the stream's tasks; its error, if it fails, goes to `failure` (the first
+/// one is kept), where [`ChurnStream::alive`] finds it while the run goes on.
+fn spawn_churn_task(
+    failure: &ChurnFailure,
+    what: &'static str,
+    task: impl std::future::Future<Output = Result<()>> + Send + 'static,
+) -> JoinHandle<()> {
+    let failure = failure.clone();
+    tokio::spawn(async move {
+        if let Err(e) = task.await {
+            lock(&failure).get_or_insert(format!("{what}: {e:#}"));
+        }
+    })
+}
+
+/// How the stream creates its Workloads.
+struct ChurnPacing {
+    api: Api<Workload>,
+    namespace: String,
+    /// Names are `<prefix>-000000` ...
+    prefix: String,
+    per_second: u32,
+    /// Creates in flight at once.
+    in_flight: usize,
+}
+
+/// Creates one Workload (1 podset, 1 pod of 100m, as a run's) per tick of `1 / per_second` until
+/// `stop`, then waits for the creates in flight.
+async fn create_paced(
+    pacing: ChurnPacing,
+    times: ChurnTimesByName,
+    stop: oneshot::Receiver<()>,
+) -> Result<()> {
+    let ChurnPacing {
+        api,
+        namespace,
+        prefix,
+        per_second,
+        in_flight,
+    } = pacing;
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(per_second)));
+    // Skip, not Burst (tokio's default): after a stall (the server slow to answer, the creates
+    // in flight at their bound) Burst would send every missed create at once, adding load just
+    // when the run is slowest, so a slower run would carry more background. Skip drops the
+    // missed ticks and keeps the rest on the schedule's grid (Delay would shift it); the count
+    // created against the rate's shows what was dropped.
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let ticks = futures::stream::unfold(ticks, |mut ticks| async move {
+        ticks.tick().await;
+        Some(((), ticks))
+    });
+    ticks
+        .take_until(stop)
+        .enumerate()
+        .map(|(i, ())| {
+            let (api, times) = (api.clone(), times.clone());
+            let name = format!("{prefix}-{i:06}");
+            let workload = bench::workload(&namespace, &name, 1);
+            async move {
+                let sent = Instant::now();
+                // Before the create: the watch may see it admitted before the answer comes.
+                lock(&times).insert(
+                    name.clone(),
+                    ChurnTimes {
+                        sent,
+                        created: None,
+                        admitted: None,
+                        deleted: None,
+                    },
+                );
+                api.create(&PostParams::default(), &workload?)
+                    .await
+                    .with_context(|| format!("creating churn Workload {name}"))?;
+                let created = Instant::now();
+                if let Some(t) = lock(&times).get_mut(&name) {
+                    t.created = Some(created);
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(in_flight)
+        .try_collect::<()>()
+        .await
+}
+
+/// Marks each churn Workload of the run admitted when the watch first sees it so, and hands it
+/// to the deletes.
+async fn watch_churn(
+    api: Api<Workload>,
+    times: ChurnTimesByName,
+    admitted: mpsc::UnboundedSender<String>,
+) {
+    bench::watch(api, |wl: Workload, now| {
+        if !wl.condition_is_true(cond::ADMITTED) {
+            return;
+        }
+        let name = wl.name_any();
+        let first = match lock(&times).get_mut(&name) {
+            Some(t) if t.admitted.is_none() => {
+                t.admitted = Some(now);
+                true
+            }
+            // Seen before, or not the run's.
+            _ => false,
+        };
+        if first {
+            // Fails only once the deletes stopped, with the stream.
+            let _ = admitted.send(name);
+        }
+    })
+    .await;
+}
+
+/// Deletes each admitted churn Workload, `in_flight` at once, until the watch stops.
+async fn delete_admitted(
+    api: Api<Workload>,
+    admitted: mpsc::UnboundedReceiver<String>,
+    in_flight: usize,
+    times: ChurnTimesByName,
+) -> Result<()> {
+    let names = futures::stream::unfold(admitted, |mut admitted| async move {
+        admitted.recv().await.map(|name| (name, admitted))
+    });
+    names
+        .map(|name| {
+            let (api, times) = (api.clone(), times.clone());
+            async move {
+                match api.delete(&name, &DeleteParams::background()).await {
+                    // Gone already is what the delete wants.
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.is_not_found() => {}
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("deleting churn Workload {name}"));
+                    }
+                }
+                let deleted = Instant::now();
+                if let Some(t) = lock(&times).get_mut(&name) {
+                    t.deleted = Some(deleted);
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(in_flight)
+        .try_collect::<()>()
+        .await
+}
+
+/// One run's stream, flowing until stopped; its tasks end with it on every way out.
+struct ChurnStream {
+    per_second: u32,
+    started: Instant,
+    times: ChurnTimesByName,
+    failure: ChurnFailure,
+    stop: Option<oneshot::Sender<()>>,
+    creating: JoinHandle<()>,
+    deleting: JoinHandle<()>,
+    watching: JoinHandle<()>,
+}
+
+impl Drop for ChurnStream {
+    fn drop(&mut self) {
+        for task in [&self.creating, &self.deleting, &self.watching] {
+            task.abort();
+        }
+    }
+}
+
+impl ChurnStream {
+    /// Fails if one of its tasks failed.
+    fn alive(&self) -> Result<()> {
+        match lock(&self.failure).as_deref() {
+            Some(e) => bail!("the background churn failed: {e}"),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the stream and counts what it did until now; `burst_started` is the run's first
+    /// create. The creates in flight land first (one landing later would outlive the
+    /// clean-up); the deletes stop at once, [`ChurnQueue::clear`] deletes the rest.
+    async fn stop(mut self, burst_started: Instant) -> Result<Churned> {
+        let stopped = Instant::now();
+        if let Some(stop) = self.stop.take() {
+            // Fails only if the create task has ended already (with an error, kept by alive).
+            let _ = stop.send(());
+        }
+        (&mut self.creating)
+            .await
+            .context("the churn's create task panicked")?;
+        self.watching.abort();
+        self.deleting.abort();
+        self.alive()?;
+        let times = lock(&self.times);
+        let by_stop = |at: Option<Instant>| at.is_some_and(|at| at <= stopped);
+        let count = |at: fn(&ChurnTimes) -> Option<Instant>| {
+            times.values().filter(|t| by_stop(at(t))).count()
+        };
+        let mut created_to_admitted: Vec<Duration> = times
+            .values()
+            .filter(|t| by_stop(t.admitted))
+            .filter_map(|t| Some(t.admitted? - t.sent))
+            .collect();
+        created_to_admitted.sort();
+        Ok(Churned {
+            per_second: self.per_second,
+            flowed: stopped - self.started,
+            lead: burst_started.saturating_duration_since(self.started),
+            created: count(|t| t.created),
+            admitted: count(|t| t.admitted),
+            deleted: count(|t| t.deleted),
+            created_to_admitted,
+            left: times
+                .values()
+                .filter(|t| t.created.is_some() && t.deleted.is_none())
+                .count(),
+            gone_after: Duration::ZERO,
+        })
+    }
+}
+
+/// What the background stream did in one run, from its start to the run's last admission: the
+/// same in every run, as far as the cluster let it.
+#[derive(Debug)]
+struct Churned {
+    per_second: u32,
+    /// From its start to its stop.
+    flowed: Duration,
+    /// From its start to the run's first create.
+    lead: Duration,
+    /// Creates answered, admissions seen and deletes answered while it flowed.
+    created: usize,
+    admitted: usize,
+    deleted: usize,
+    /// Create sent → admitted, sorted, of those admitted while it flowed.
+    created_to_admitted: Vec<Duration>,
+    /// Its Workloads still there when it stopped, and how long they took to go once deleted
+    /// (filled in by [`ChurnQueue::clear`]).
+    left: usize,
+    gone_after: Duration,
 }
 
 /// How long Workload changes waited in our controller for the reconcile that read them.
@@ -499,13 +1172,19 @@ fn start_simulator(env: &TestEnv) -> Result<Process> {
 }
 
 /// The API requests each actor sent since `from`, by call (`verb resource`); our controller
-/// is `check_user`.
+/// is `check_user`. Requests in `churn_namespace` are the background stream's, not the run's,
+/// and left out; Kueue's status writes to the stream's ClusterQueue (cluster-scoped, the
+/// audit log's lines here carry no object name) stay in, the same in every run.
 fn requests_by_actor(
     from: &AuditMark,
     check_user: Option<&str>,
+    churn_namespace: Option<&str>,
 ) -> Result<BTreeMap<&'static str, BTreeMap<String, usize>>> {
     let mut requests: BTreeMap<&'static str, BTreeMap<String, usize>> = BTreeMap::new();
     for (user, r) in e2e::audited_since(from)? {
+        if churn_namespace.is_some() && r.namespace.as_deref() == churn_namespace {
+            continue;
+        }
         let actor = match user.as_str() {
             KUEUE_USER => "kueue",
             SIMULATOR_USER => "simulator",
@@ -784,6 +1463,26 @@ fn details(m: &Measured) -> String {
             q.reserved_to_request_at_most.1
         );
     }
+    if let Some(c) = &m.churn {
+        let _ = writeln!(
+            out,
+            "background churn: {} Workloads/s through a ClusterQueue of their own for {:.1} s \
+             (from {:.1} s before the first create to the last admission): {} created (the \
+             rate's {:.0}), {} admitted, {} deleted; created → admitted p50 {} s, p99 {} s; the \
+             {} left gone {:.1} s after their deletion (before the next run)",
+            c.per_second,
+            c.flowed.as_secs_f64(),
+            c.lead.as_secs_f64(),
+            c.created,
+            c.flowed.as_secs_f64() * f64::from(c.per_second),
+            c.admitted,
+            c.deleted,
+            secs(quantile(&c.created_to_admitted, 0.5)),
+            secs(quantile(&c.created_to_admitted, 0.99)),
+            c.left,
+            c.gone_after.as_secs_f64()
+        );
+    }
     if let Some((ready, rss)) = m.startup {
         let _ = writeln!(
             out,
@@ -827,8 +1526,9 @@ fn draw_plots(cli: &Cli, results: &[Measured]) -> Result<Vec<PathBuf>> {
     Ok(drawn)
 }
 
-/// The summary table over all runs, with the ratios of ours to the built-in's.
-fn report(cli: &Cli, results: &[Measured]) -> String {
+/// The summary table over all runs, with the ratios of ours to the built-in's; `settled` is
+/// how Kueue came to rest on the idle Workloads, if any.
+fn report(cli: &Cli, results: &[Measured], settled: Option<&Settled>) -> String {
     let mut out = String::new();
     let commit = Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
@@ -836,20 +1536,43 @@ fn report(cli: &Cli, results: &[Measured]) -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let settle = settled.map_or(String::new(), |s| {
+        format!(
+            " (the first run started once Kueue had settled on them, {:.0} s after their \
+             creation)",
+            s.took.as_secs_f64()
+        )
+    });
+    let churn = match cli.churn_per_second {
+        0 => "no background churn".to_string(),
+        r => format!(
+            "background churn of {r} Workloads/s through a ClusterQueue of their own during \
+             each run, each deleted once admitted"
+        ),
+    };
     let _ = writeln!(
         out,
         "\n## bench-compare, commit {commit}, {cores} cores; ours at --kube-api-qps {} \
          --kube-api-burst {} --concurrency {} --start-early={}; {} idle Workloads kept in the \
-         cluster\n",
+         cluster{settle}; {churn}\n",
         cli.kube_api_qps, cli.kube_api_burst, cli.concurrency, cli.start_early, cli.idle_workloads
     );
+    let churn_column = if cli.churn_per_second > 0 {
+        format!(
+            " churn at {} Workloads/s: created / admitted / deleted, created → admitted p50 (s) |",
+            cli.churn_per_second
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
         "| controller | Workloads × podsets | all admitted | reserved → Ready p50 / p90 / p99 (s) \
          | created → admitted p50 / p90 / p99 (s) | requests per Workload: check / Kueue / \
-         simulator | CPU s: check / Kueue / apiserver + etcd | check's peak RSS |"
+         simulator | CPU s: check / Kueue / apiserver + etcd | check's peak RSS |{churn_column}"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let columns = if churn_column.is_empty() { 8 } else { 9 };
+    let _ = writeln!(out, "|{}", "---|".repeat(columns));
     for m in results {
         out.push_str(&summary_row(m));
     }
@@ -893,9 +1616,18 @@ fn summary_row(m: &Measured) -> String {
     let rss = m.peak_rss_kib.map_or("–".to_string(), |k| {
         format!("{:.0} MiB", k as f64 / 1024.0)
     });
+    let churn = m.churn.as_ref().map_or(String::new(), |c| {
+        format!(
+            " {} / {} / {}, {} |",
+            c.created,
+            c.admitted,
+            c.deleted,
+            secs(quantile(&c.created_to_admitted, 0.5))
+        )
+    });
     format!(
         "| {} | {} × {} | {} s | {} | {} | {check_requests} / {:.2} / {:.2} | {check_cpu} / \
-         {:.1} / {:.1} | {rss} |\n",
+         {:.1} / {:.1} | {rss} |{churn}\n",
         m.run.controller.label(),
         m.run.workloads,
         m.run.podsets,
