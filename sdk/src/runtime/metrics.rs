@@ -55,21 +55,31 @@ struct QueueMetrics {
     reserved_seen: Histogram,
     queue_wait: Histogram,
     queue_depth: Gauge,
+    turn_wait: Family<ClassLabels, Histogram>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    class: String,
+}
+
+/// A change waits microseconds on an idle controller, minutes behind a flood of changes.
+fn wait_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0,
+    ])
 }
 
 impl Default for QueueMetrics {
     fn default() -> Self {
-        // A change waits microseconds on an idle controller, minutes behind a flood of changes.
-        let buckets = [
-            0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0,
-        ];
         Self {
             // Kueue's condition times are whole seconds.
             reserved_seen: Histogram::new([
                 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0,
             ]),
-            queue_wait: Histogram::new(buckets),
+            queue_wait: wait_histogram(),
             queue_depth: Gauge::default(),
+            turn_wait: Family::new_with_constructor(wait_histogram),
         }
     }
 }
@@ -80,6 +90,7 @@ impl QueueMetrics {
             reserved_seen,
             queue_wait,
             queue_depth,
+            turn_wait,
         } = self;
         registry.register(
             "quota_reserved_seen_seconds",
@@ -90,6 +101,11 @@ impl QueueMetrics {
             "reconcile_queue_wait_seconds",
             "Time a Workload change from the watch waited for a reconcile to read it (kube's queue, then a turn among --concurrency)",
             queue_wait.clone(),
+        );
+        registry.register(
+            "reconcile_turn_wait_seconds",
+            "Time a reconcile waited for one of the --concurrency turns, by class: answer (a Workload with an entry of ours that Kueue waits for, served first) or other",
+            turn_wait.clone(),
         );
         registry.register(
             "reconcile_queue_depth",
@@ -332,6 +348,14 @@ impl Metrics {
     /// A reconcile started that reads a change which waited `waited` for it.
     pub fn queue_waited(&self, waited: std::time::Duration) {
         self.queue.queue_wait.observe(waited.as_secs_f64());
+    }
+
+    /// A reconcile of `class` (`answer` or `other`) waited `waited` for its turn.
+    pub fn turn_waited(&self, class: &str, waited: std::time::Duration) {
+        let labels = ClassLabels {
+            class: class.into(),
+        };
+        (self.queue.turn_wait.get_or_create(&labels)).observe(waited.as_secs_f64());
     }
 
     /// `waiting` Workloads have a change no reconcile has read yet.

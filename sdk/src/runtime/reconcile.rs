@@ -38,7 +38,10 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
-    let _turn = ctx.turns.take(turn_class(&ctx, &wl)).await;
+    let class = turn_class(&ctx, &wl);
+    let asked = tokio::time::Instant::now();
+    let _turn = ctx.turns.take(class).await;
+    ctx.metrics.turn_waited(class.label(), asked.elapsed());
     // Whatever this reconcile finds, it reads the changes that waited for it.
     {
         let namespace = wl.namespace().unwrap_or_default();

@@ -1392,5 +1392,8 @@ async fn events_in_the_background_keep_each_workloads_order_and_a_flush_publishe
     }
     ctx.event(&workloads[0], EventType::Normal, "After", "after".into())
         .await;
-    assert_eq!(api.event_reasons().last().map(String::as_str), Some("After"));
+    assert_eq!(
+        api.event_reasons().last().map(String::as_str),
+        Some("After")
+    );
 }

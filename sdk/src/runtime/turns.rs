@@ -22,6 +22,16 @@ pub(crate) enum Class {
     Other,
 }
 
+impl Class {
+    /// Its label in the metrics.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Answer => "answer",
+            Self::Other => "other",
+        }
+    }
+}
+
 pub(crate) struct Turns {
     state: Mutex<State>,
 }
