@@ -38,9 +38,16 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
-    let class = turn_class(&ctx, &wl);
+    // As cached now: a change may have come since this reconcile was queued (one that comes
+    // while it waits promotes it, see `lead`).
+    let newest = ctx
+        .cache
+        .as_ref()
+        .and_then(|c| c.get(&ObjectRef::from_obj(wl.as_ref())));
+    let class = turn_class(&ctx, newest.as_deref().unwrap_or(&wl));
+    let key = format!("{}/{}", wl.namespace().unwrap_or_default(), wl.name_any());
     let asked = tokio::time::Instant::now();
-    let _turn = ctx.turns.take(class).await;
+    let _turn = ctx.turns.take(class, &key).await;
     ctx.metrics.turn_waited(class.label(), asked.elapsed());
     // Whatever this reconcile finds, it reads the changes that waited for it.
     {
@@ -89,14 +96,11 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     result
 }
 
-/// Whether `wl` (as cached now: a change may have come since it was queued) has an entry of
-/// ours that Kueue waits for, which goes first.
-fn turn_class<C: AdmissionCheckController>(ctx: &Context<C>, wl: &Arc<Workload>) -> turns::Class {
-    let newest = ctx
-        .cache
-        .as_ref()
-        .and_then(|c| c.get(&ObjectRef::from_obj(wl.as_ref())));
-    let wl = newest.as_ref().unwrap_or(wl);
+/// Whether `wl` has an entry of ours that Kueue waits for: its reconcile goes first.
+pub(super) fn turn_class<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+) -> turns::Class {
     let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
     let waited_for = wl
         .status
