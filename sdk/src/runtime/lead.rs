@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{info, warn};
 
-use super::{Shutdown, context, metrics, reconcile, tasks, turns};
+use super::{Shutdown, context, metrics, reconcile, tasks};
 use crate::api::Workload;
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
@@ -80,13 +80,6 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         let namespace = wl.namespace().unwrap_or_default();
         let waiting = queue.queued.taken(&namespace, &wl.name_any(), now);
         queue.metrics.queue_depth(waiting);
-        // Its entry came while an earlier reconcile of it waits for a turn (kube holds this
-        // change until that one ends): that one answers it, among the answers.
-        if reconcile::turn_class(&queue, &wl) == turns::Class::Answer {
-            queue
-                .turns
-                .promote(&format!("{namespace}/{}", wl.name_any()));
-        }
         Ok(wl)
     });
     let queue = l.ctx.clone();

@@ -38,16 +38,14 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
-    // As cached now: a change may have come since this reconcile was queued (one that comes
-    // while it waits promotes it, see `lead`).
+    // As cached now: a change may have come since this reconcile was queued.
     let newest = ctx
         .cache
         .as_ref()
         .and_then(|c| c.get(&ObjectRef::from_obj(wl.as_ref())));
     let class = turn_class(&ctx, newest.as_deref().unwrap_or(&wl));
-    let key = format!("{}/{}", wl.namespace().unwrap_or_default(), wl.name_any());
     let asked = tokio::time::Instant::now();
-    let _turn = ctx.turns.take(class, &key).await;
+    let _turn = ctx.turns.take(class).await;
     ctx.metrics.turn_waited(class.label(), asked.elapsed());
     // Whatever this reconcile finds, it reads the changes that waited for it.
     {
@@ -97,10 +95,7 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
 }
 
 /// Whether `wl` has an entry of ours that Kueue waits for: its reconcile goes first.
-pub(super) fn turn_class<C: AdmissionCheckController>(
-    ctx: &Context<C>,
-    wl: &Workload,
-) -> turns::Class {
+fn turn_class<C: AdmissionCheckController>(ctx: &Context<C>, wl: &Workload) -> turns::Class {
     let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
     let waited_for = wl
         .status

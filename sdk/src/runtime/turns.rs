@@ -3,11 +3,9 @@
 //! that needs nothing), so that under a burst the Workloads whose capacity is there are admitted
 //! first instead of queueing behind the next reservations. Within a class, first come, first
 //! served; when both wait, every [`STARTS_EVERY`]th free turn goes to the other class, so that
-//! neither waits forever. A Workload waiting as [`Class::Other`] whose entry comes meanwhile is
-//! moved among the answers ([`Turns::promote`]): kube holds the Workload's next reconcile until
-//! this one ends, so the answer would otherwise wait in the slower line.
+//! neither waits forever.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use tokio::sync::oneshot;
@@ -41,11 +39,7 @@ pub(crate) struct Turns {
 struct State {
     free: usize,
     answer: VecDeque<oneshot::Sender<()>>,
-    /// By the order they came in, with the Workload each waits for.
-    other: BTreeMap<u64, (String, oneshot::Sender<()>)>,
-    /// Which of `other` waits for which Workload (`namespace/name`).
-    other_by_workload: HashMap<String, u64>,
-    next_other: u64,
+    other: VecDeque<oneshot::Sender<()>>,
     /// Turns handed to [`Class::Answer`] while [`Class::Other`] waited, since the last one the
     /// other class got.
     answers_in_a_row: u32,
@@ -66,17 +60,15 @@ impl Turns {
             state: Mutex::new(State {
                 free: concurrency.max(1),
                 answer: VecDeque::new(),
-                other: BTreeMap::new(),
-                other_by_workload: HashMap::new(),
-                next_other: 0,
+                other: VecDeque::new(),
                 answers_in_a_row: 0,
             }),
         }
     }
 
-    /// Waits for a turn of `class` for `workload` (`namespace/name`). Cancel-safe: a waiter
-    /// dropped after it was handed a turn hands it on.
-    pub(crate) async fn take(&self, class: Class, workload: &str) -> Turn<'_> {
+    /// Waits for a turn of `class`. Cancel-safe: a waiter dropped after it was handed a turn
+    /// hands it on.
+    pub(crate) async fn take(&self, class: Class) -> Turn<'_> {
         let handed = {
             let mut state = self.lock();
             // A turn is free only while nobody waits (`give_back` hands it on first).
@@ -87,12 +79,7 @@ impl Turns {
             let (tx, rx) = oneshot::channel();
             match class {
                 Class::Answer => state.answer.push_back(tx),
-                Class::Other => {
-                    let id = state.next_other;
-                    state.next_other += 1;
-                    state.other.insert(id, (workload.to_string(), tx));
-                    state.other_by_workload.insert(workload.to_string(), id);
-                }
+                Class::Other => state.other.push_back(tx),
             }
             rx
         };
@@ -117,11 +104,11 @@ impl Turns {
                 (false, true) => state.answer.pop_front(),
                 (true, false) => {
                     state.answers_in_a_row = 0;
-                    state.pop_other()
+                    state.other.pop_front()
                 }
                 (false, false) if other_due => {
                     state.answers_in_a_row = 0;
-                    state.pop_other()
+                    state.other.pop_front()
                 }
                 (false, false) => {
                     state.answers_in_a_row += 1;
@@ -143,31 +130,8 @@ impl Turns {
         }
     }
 
-    /// `workload` (`namespace/name`) now has an entry of ours that Kueue waits for: if its
-    /// reconcile waits as [`Class::Other`], it waits among the answers from now on, behind
-    /// those already there.
-    pub(crate) fn promote(&self, workload: &str) {
-        let mut state = self.lock();
-        let Some(id) = state.other_by_workload.remove(workload) else {
-            return;
-        };
-        if let Some((_, waiter)) = state.other.remove(&id) {
-            state.answer.push_back(waiter);
-        }
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl State {
-    fn pop_other(&mut self) -> Option<oneshot::Sender<()>> {
-        let (id, (workload, waiter)) = self.other.pop_first()?;
-        if self.other_by_workload.get(&workload) == Some(&id) {
-            self.other_by_workload.remove(&workload);
-        }
-        Some(waiter)
     }
 }
 
@@ -218,7 +182,7 @@ mod tests {
             done.push(tx);
             let (turns, order) = (turns.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let _turn = turns.take(class, &format!("ns/w{i}")).await;
+                let _turn = turns.take(class).await;
                 order.lock().expect("not poisoned").push(i);
                 let _ = rx.await;
             }));
@@ -231,7 +195,7 @@ mod tests {
     async fn answers_go_first_but_the_others_get_every_fourth_turn() {
         use Class::*;
         let turns = Arc::new(Turns::new(1));
-        let held = turns.take(Other, "ns/held").await;
+        let held = turns.take(Other).await;
         let classes = [Other, Other, Answer, Answer, Answer, Answer, Answer, Other];
         let (order, mut done, _tasks) = waiters(&turns, &classes).await;
         drop(held);
@@ -255,9 +219,9 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn no_more_than_the_concurrency_at_once_and_free_turns_come_back() {
         let turns = Turns::new(2);
-        let a = turns.take(Class::Other, "ns/a").await;
-        let _b = turns.take(Class::Answer, "ns/b").await;
-        let third = turns.take(Class::Answer, "ns/c");
+        let a = turns.take(Class::Other).await;
+        let _b = turns.take(Class::Answer).await;
+        let third = turns.take(Class::Answer);
         let mut third = std::pin::pin!(third);
         assert!(futures::poll!(third.as_mut()).is_pending(), "two at once");
         drop(a);
@@ -267,10 +231,10 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_waiter_dropped_after_it_was_handed_a_turn_hands_it_on() {
         let turns = Turns::new(1);
-        let held = turns.take(Class::Other, "ns/a").await;
-        let mut first = Box::pin(turns.take(Class::Answer, "ns/first"));
+        let held = turns.take(Class::Other).await;
+        let mut first = Box::pin(turns.take(Class::Answer));
         assert!(futures::poll!(first.as_mut()).is_pending());
-        let mut second = Box::pin(turns.take(Class::Other, "ns/other"));
+        let mut second = Box::pin(turns.take(Class::Other));
         assert!(futures::poll!(second.as_mut()).is_pending());
         // The turn goes to `first`, which is dropped before it looks.
         drop(held);
@@ -279,34 +243,10 @@ mod tests {
             panic!("the turn was not passed on");
         };
         // And a waiter dropped before any turn came leaves the count as it was.
-        let mut gone = Box::pin(turns.take(Class::Other, "ns/other"));
+        let mut gone = Box::pin(turns.take(Class::Other));
         assert!(futures::poll!(gone.as_mut()).is_pending());
         drop(gone);
         drop(second_turn);
-        let _again = turns.take(Class::Other, "ns/again").await;
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_workload_whose_entry_came_while_it_waited_moves_among_the_answers() {
-        use Class::*;
-        let turns = Arc::new(Turns::new(1));
-        let held = turns.take(Other, "ns/held").await;
-        let classes = [Other, Other, Answer, Other];
-        let (order, mut done, _tasks) = waiters(&turns, &classes).await;
-        // w1's entry came: it goes behind the answer already waiting (w2), before w0.
-        turns.promote("ns/w1");
-        turns.promote("ns/not-waiting");
-        drop(held);
-        for _ in 0..classes.len() {
-            settle().await;
-            let last = *order
-                .lock()
-                .expect("not poisoned")
-                .last()
-                .expect("someone has the turn");
-            let _ = std::mem::replace(&mut done[last], oneshot::channel().0).send(());
-        }
-        settle().await;
-        assert_eq!(*order.lock().expect("not poisoned"), [2, 1, 0, 3]);
+        let _again = turns.take(Class::Other).await;
     }
 }
