@@ -94,8 +94,15 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     result
 }
 
-/// Whether `wl` has an entry of ours that Kueue waits for: its reconcile goes first.
+/// Whether `wl` has an entry of ours that Kueue waits for, and (for a check that starts early)
+/// its work was started already: its reconcile goes first, most often to write `Ready`. One
+/// whose work is yet to start waits among the rest, in order: were it to go first, it would
+/// start its work behind its entry, with one more write, `Pending`, before its answer, and the
+/// Workloads behind it would start theirs late too (a 1,000 burst went from 1.04 status writes
+/// per Workload to 2.05, its request p99 from 13 to 34 s).
 fn turn_class<C: AdmissionCheckController>(ctx: &Context<C>, wl: &Workload) -> turns::Class {
+    let uid = wl.uid().unwrap_or_default();
+    let starts_early = ctx.controller.starts_early();
     let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
     let waited_for = wl
         .status
@@ -104,7 +111,14 @@ fn turn_class<C: AdmissionCheckController>(ctx: &Context<C>, wl: &Workload) -> t
         .flat_map(|s| &s.admission_checks);
     let answerable = waited_for
         .filter(|entry| entry.state == CheckState::Pending)
-        .any(|entry| matches!(registry.get(&entry.name), Some(Ok(_))));
+        .filter(|entry| matches!(registry.get(&entry.name), Some(Ok(_))))
+        .any(|entry| {
+            let key: PairKey = (uid.clone(), entry.name.clone());
+            !starts_early
+                || ctx
+                    .memory
+                    .pair(&key, |p| p.early.is_some() || p.asked.is_some())
+        });
     match answerable {
         true => turns::Class::Answer,
         false => turns::Class::Other,
