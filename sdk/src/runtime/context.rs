@@ -41,12 +41,12 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     /// The ClusterQueues (watched only when the check starts early): which checks a Workload
     /// will get.
     pub(super) cluster_queues: crate::ClusterQueues,
-    /// Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once): an answer Kueue waits
-    /// for first, otherwise first come, first served. kube's own limit hands a free slot to a
-    /// waiting Workload picked in hash order, so under a steady stream of changes some waited
-    /// minutes for their turn (the soak found Workloads holding quota unanswered for over 90 s);
-    /// its limit is off and this one is fair.
-    pub(super) turns: super::turns::Turns,
+    /// Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), granted first come,
+    /// first served. kube's own limit hands a free slot to a waiting Workload picked in hash
+    /// order, so under a steady stream of changes some waited minutes for their turn (the soak
+    /// found Workloads holding quota unanswered for over 90 s); its limit is off and this one
+    /// is fair.
+    pub(super) turns: tokio::sync::Semaphore,
     /// The Workload cache: a reconcile that waited for its turn decides on the newest version.
     pub(super) cache: Option<reflector::Store<Workload>>,
     /// Every check this process has found in the registry: a check that left it (deleted,
@@ -90,7 +90,7 @@ impl<C: AdmissionCheckController> Context<C> {
             permanent_failure_hold: config.permanent_failure_hold,
             early_start_wait: config.early_start_wait,
             cluster_queues: Default::default(),
-            turns: super::turns::Turns::new(usize::from(config.concurrency)),
+            turns: tokio::sync::Semaphore::new(usize::from(config.concurrency.max(1))),
             cache: None,
             known_checks: Default::default(),
             shadow: config.shadow.clone(),

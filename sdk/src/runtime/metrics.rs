@@ -55,12 +55,6 @@ struct QueueMetrics {
     reserved_seen: Histogram,
     queue_wait: Histogram,
     queue_depth: Gauge,
-    turn_wait: Family<ClassLabels, Histogram>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClassLabels {
-    class: String,
 }
 
 /// A change waits microseconds on an idle controller, minutes behind a flood of changes.
@@ -79,7 +73,6 @@ impl Default for QueueMetrics {
             ]),
             queue_wait: wait_histogram(),
             queue_depth: Gauge::default(),
-            turn_wait: Family::new_with_constructor(wait_histogram),
         }
     }
 }
@@ -90,7 +83,6 @@ impl QueueMetrics {
             reserved_seen,
             queue_wait,
             queue_depth,
-            turn_wait,
         } = self;
         registry.register(
             "quota_reserved_seen_seconds",
@@ -101,11 +93,6 @@ impl QueueMetrics {
             "reconcile_queue_wait_seconds",
             "Time a Workload change from the watch waited for a reconcile to read it (kube's queue, then a turn among --concurrency)",
             queue_wait.clone(),
-        );
-        registry.register(
-            "reconcile_turn_wait_seconds",
-            "Time a reconcile waited for one of the --concurrency turns, by class: answer (a Workload with an entry of ours that Kueue waits for, served first) or other",
-            turn_wait.clone(),
         );
         registry.register(
             "reconcile_queue_depth",
@@ -348,14 +335,6 @@ impl Metrics {
     /// A reconcile started that reads a change which waited `waited` for it.
     pub fn queue_waited(&self, waited: std::time::Duration) {
         self.queue.queue_wait.observe(waited.as_secs_f64());
-    }
-
-    /// A reconcile of `class` (`answer` or `other`) waited `waited` for its turn.
-    pub fn turn_waited(&self, class: &str, waited: std::time::Duration) {
-        let labels = ClassLabels {
-            class: class.into(),
-        };
-        (self.queue.turn_wait.get_or_create(&labels)).observe(waited.as_secs_f64());
     }
 
     /// `waiting` Workloads have a change no reconcile has read yet.

@@ -36,7 +36,6 @@ mod reconcile;
 mod relist;
 mod shadow;
 mod tasks;
-mod turns;
 mod unanswerable;
 mod workloads;
 

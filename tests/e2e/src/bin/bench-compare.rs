@@ -1099,9 +1099,6 @@ struct QueueWait {
     /// Kueue's reservation → our ProvisioningRequest created (control-plane stamps): median
     /// and 99th percentile, each rounded up to a bucket.
     reserved_to_request_at_most: (f64, f64),
-    /// Waits for a reconcile turn, by class (`answer`, `other`): how many, their mean, and
-    /// their 99th percentile rounded up to a bucket.
-    turn_waits: Vec<(&'static str, f64, f64, f64)>,
 }
 
 impl QueueWait {
@@ -1119,21 +1116,7 @@ impl QueueWait {
             e2e::metric_sample(&metrics, &series).unwrap_or(f64::NAN)
         };
         let (reconciles, reconciling) = (ok("count"), ok("sum"));
-        let turn_waits = ["answer", "other"]
-            .into_iter()
-            .map(|class| {
-                let series = format!("kueue_ac_reconcile_turn_wait_seconds{{class=\"{class}\"}}");
-                let part = |p: &str| {
-                    let named = series.replacen('{', &format!("_{p}{{"), 1);
-                    e2e::metric_sample(&metrics, &named).unwrap_or(0.0)
-                };
-                let (count, sum) = (part("count"), part("sum"));
-                let p99 = e2e::histogram_bound(&metrics, &series, 0.99).unwrap_or(f64::NAN);
-                (class, count, sum / count.max(1.0), p99)
-            })
-            .collect();
         Ok(Self {
-            turn_waits,
             changes,
             mean: sum / changes.max(1.0),
             p99_at_most: e2e::histogram_bound(&metrics, WAIT, 0.99).unwrap_or(f64::NAN),
@@ -1479,12 +1462,6 @@ fn details(m: &Measured) -> String {
             q.reserved_to_request_at_most.0,
             q.reserved_to_request_at_most.1
         );
-        let turns: Vec<String> = (q.turn_waits.iter())
-            .map(|(class, n, mean, p99)| {
-                format!("{class} {n:.0} (mean {mean:.3} s, 99 % at most {p99} s)")
-            })
-            .collect();
-        let _ = writeln!(out, "waits for a reconcile turn: {}", turns.join("; "));
     }
     if let Some(c) = &m.churn {
         let _ = writeln!(
