@@ -379,11 +379,50 @@ impl From<&GuardedQueue> for RunQueue {
     }
 }
 
-/// Deletes what a run created, so that the next run starts from the same cluster state. A
-/// provisioning run's requests and templates are deleted explicitly rather than left to the
-/// garbage collector, so that none of its work runs under the next measurement; the namespace
-/// itself stays, empty (the namespace controller does not run here).
-pub async fn clean_up(env: &TestEnv, queue: &RunQueue) -> Result<()> {
+/// How long a clean-up waits for the run's objects to be gone.
+const CLEAN_UP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Deletes what a run created, and waits until its Workloads, requests and templates are gone,
+/// so that the next run starts from the same cluster state: Kueue takes its finalizer off each
+/// deleted Workload, and that work ran under the next run's measurement (whichever controller
+/// ran second paid for the first one's clean-up). A provisioning run's requests and templates
+/// are deleted explicitly rather than left to the garbage collector. Returns how long the wait
+/// took.
+pub async fn clean_up(env: &TestEnv, queue: &RunQueue) -> Result<Duration> {
+    let started = Instant::now();
+    delete_run_objects(env, queue).await?;
+    let one = ListParams::default().limit(1);
+    let client = &env.client;
+    let left = || async {
+        let workloads = env.workloads().list_metadata(&one).await?.items.len();
+        let requests = match queue.provisioning_config {
+            Some(_) => (Api::<ProvisioningRequest>::namespaced(client.clone(), &env.ns))
+                .list_metadata(&one)
+                .await?
+                .items
+                .len(),
+            None => 0,
+        };
+        let templates = (Api::<PodTemplate>::namespaced(client.clone(), &env.ns))
+            .list_metadata(&one)
+            .await?
+            .items
+            .len();
+        anyhow::Ok(workloads + requests + templates)
+    };
+    while left().await? > 0 {
+        ensure!(
+            started.elapsed() < CLEAN_UP_TIMEOUT,
+            "the Workloads, requests or templates of namespace {} were not gone within {:?}",
+            env.ns,
+            CLEAN_UP_TIMEOUT
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(started.elapsed())
+}
+
+async fn delete_run_objects(env: &TestEnv, queue: &RunQueue) -> Result<()> {
     let (dp, all) = (DeleteParams::background(), ListParams::default());
     let client = &env.client;
     env.workloads()

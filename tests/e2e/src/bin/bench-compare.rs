@@ -666,7 +666,12 @@ async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Meas
     if let (Some(q), Some(c)) = (churn, churned.as_mut()) {
         c.gone_after = q.clear(timeout).await?;
     }
-    bench::clean_up(&env, &queue).await?;
+    let cleaned = bench::clean_up(&env, &queue).await?;
+    println!(
+        "bench-compare: the run's Workloads, requests and templates gone {:.1} s after their \
+         deletion (the next run starts only then)",
+        cleaned.as_secs_f64()
+    );
     Ok(Measured {
         run,
         wall,
