@@ -47,6 +47,10 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     /// found Workloads holding quota unanswered for over 90 s); its limit is off and this one
     /// is fair.
     pub(super) turns: tokio::sync::Semaphore,
+    /// The Workloads (`namespace/name`) whose reconcile waits for a turn and has not read the
+    /// cache yet: a change or a wake of one of them needs no reconcile of its own (see
+    /// [`Self::waits_for_turn`]).
+    waiting_for_turn: Mutex<std::collections::HashSet<String>>,
     /// The Workload cache: a reconcile that waited for its turn decides on the newest version.
     pub(super) cache: Option<reflector::Store<Workload>>,
     /// Every check this process has found in the registry: a check that left it (deleted,
@@ -91,6 +95,7 @@ impl<C: AdmissionCheckController> Context<C> {
             early_start_wait: config.early_start_wait,
             cluster_queues: Default::default(),
             turns: tokio::sync::Semaphore::new(usize::from(config.concurrency.max(1))),
+            waiting_for_turn: Default::default(),
             cache: None,
             known_checks: Default::default(),
             shadow: config.shadow.clone(),
@@ -130,6 +135,46 @@ impl<C: AdmissionCheckController> Context<C> {
     pub fn with_cluster_queues(mut self, queues: crate::ClusterQueues) -> Self {
         self.cluster_queues = queues;
         self
+    }
+
+    /// Waits for a turn to reconcile the Workload `key` (`namespace/name`); while it waits,
+    /// [`Self::waits_for_turn`] says so. `None` once the runtime is going away.
+    pub(super) async fn take_turn(&self, key: String) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        struct Waiting<'a>(&'a Mutex<std::collections::HashSet<String>>, String);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&self.1);
+            }
+        }
+        let waiting = Waiting(&self.waiting_for_turn, key);
+        (self
+            .waiting_for_turn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
+        .insert(waiting.1.clone());
+        let turn = self.turns.acquire().await.ok();
+        // Out of the set before the cache is read: a change that comes from now on gets a
+        // reconcile of its own.
+        drop(waiting);
+        turn
+    }
+
+    /// Whether the reconcile of the Workload `namespace/name` waits for a turn and has yet to
+    /// read the cache: it will read a change already in the cache, and the caches a wake is
+    /// about, so neither needs a reconcile of its own. kube would hold one until the waiting
+    /// reconcile ends and then run it for nothing; worse, it keeps every such held trigger in a
+    /// set it searches on every poll, which made each reconcile's cost grow with the number of
+    /// Workloads waiting (at a 5,000 burst, 2.7 times the CPU per Workload of a 1,000 burst).
+    pub(super) fn waits_for_turn(&self, namespace: &str, name: &str) -> bool {
+        let key = format!("{namespace}/{name}");
+        (self
+            .waiting_for_turn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
+        .contains(&key)
     }
 
     /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).

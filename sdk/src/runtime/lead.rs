@@ -75,12 +75,19 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         }
     };
     let queue = l.ctx.clone();
-    let changes = ReceiverStream::new(l.changes).map(move |wl: Workload| {
+    let changes = ReceiverStream::new(l.changes).filter_map(move |wl: Workload| {
         let now = tokio::time::Instant::now();
         let namespace = wl.namespace().unwrap_or_default();
         let waiting = queue.queued.taken(&namespace, &wl.name_any(), now);
         queue.metrics.queue_depth(waiting);
-        Ok(wl)
+        // Its reconcile, waiting for a turn, will read this change from the cache.
+        let needed = !queue.waits_for_turn(&namespace, &wl.name_any());
+        futures::future::ready(needed.then_some(Ok(wl)))
+    });
+    let queue = l.ctx.clone();
+    let wakes = ReceiverStream::new(wake_rx).filter(move |wl| {
+        let namespace = wl.namespace.as_deref().unwrap_or_default();
+        futures::future::ready(!queue.waits_for_turn(namespace, &wl.name))
     });
     let queue = l.ctx.clone();
     let reconciler = Controller::for_stream(changes, cache.clone())
@@ -88,7 +95,7 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         // kube still never runs two reconciles of one Workload at once.
         .with_config(ControllerConfig::default().concurrency(0))
         .reconcile_all_on(when_complete(l.reconcile_all, cache, l.cache_ready))
-        .reconcile_on(ReceiverStream::new(wake_rx))
+        .reconcile_on(wakes)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, l.ctx)
         .for_each(|res| async {

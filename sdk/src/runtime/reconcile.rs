@@ -38,8 +38,9 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
+    let key = format!("{}/{}", wl.namespace().unwrap_or_default(), wl.name_any());
     // Never closed; a closed one would mean the runtime is going away.
-    let Ok(_turn) = ctx.turns.acquire().await else {
+    let Some(_turn) = ctx.take_turn(key).await else {
         return Ok(Action::await_change());
     };
     // Whatever this reconcile finds, it reads the changes that waited for it.

@@ -97,3 +97,53 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
     }
     Ok(())
 }
+
+/// The idle Workloads and the background stream, small: bench-compare waits until Kueue has
+/// settled on the idle Workloads before the first run, and both runs carry the same stream,
+/// which flows (created, admitted and deleted) during each.
+#[test]
+fn idle_workloads_settle_before_the_runs_and_both_runs_carry_the_same_churn() -> Result<()> {
+    let plots = std::env::temp_dir().join(format!("bench-compare-churn-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_bench-compare"))
+        .args(["--workloads", "20", "--podsets", "1"])
+        .args(["--idle-workloads", "30", "--churn-per-second", "2"])
+        .args(["--timeout-seconds", "240"])
+        .arg("--plots")
+        .arg(&plots)
+        .env("KUBECONFIG", e2e::kubeconfig_path())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let all = format!("{stdout}\n{stderr}");
+    ensure!(out.status.success(), "bench-compare failed:\n{all}");
+    let _ = std::fs::remove_dir_all(&plots);
+    ensure!(
+        all.contains("bench-compare: Kueue settled on 30 idle Workloads after ")
+            && all.contains("every one has QuotaReserved=False"),
+        "no settle line in:\n{all}"
+    );
+    let churn: Vec<&str> = all
+        .lines()
+        .filter(|l| l.starts_with("background churn: 2 Workloads/s"))
+        .collect();
+    ensure!(churn.len() == 2, "a churn line per run expected in:\n{all}");
+    for line in churn {
+        // "... admission): N created (the rate's M), A admitted, D deleted; ..."
+        let counts = line.split("admission): ").nth(1).unwrap_or_default();
+        let number_before = |word: &str| -> u32 {
+            let before = counts.split(word).next().unwrap_or_default();
+            let last = before
+                .trim_end()
+                .rsplit([' ', '(', ','])
+                .next()
+                .unwrap_or_default();
+            last.parse().unwrap_or(0)
+        };
+        let (created, admitted) = (number_before(" created"), number_before(" admitted"));
+        ensure!(
+            created > 0 && admitted > 0,
+            "the stream did not flow: {line:?}"
+        );
+    }
+    Ok(())
+}
