@@ -862,7 +862,10 @@ async fn the_controller_default_timeout_applies_without_the_annotation_and_0_tur
 async fn a_restart_mid_provisioning_creates_no_second_request() -> Result<()> {
     let mut t = World::new("prov-restart", retry_strategy(2, 1)).await?;
     let requests = t.env.request_history();
-    let wl = t.env.job_with_script("job", "provision:4").await?;
+    // Provisioned 10 s after it is accepted: the new controller must have listed the request
+    // before, or it counts no transition (a restart counts only what changes after it). 4 s
+    // were too few once, under the full suite.
+    let wl = t.env.job_with_script("job", "provision:10").await?;
     let name = t.request(&wl, 1);
     let before = t.env.wait_request(&name, pr::ACCEPTED).await?;
     ensure!(
