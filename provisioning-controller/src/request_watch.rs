@@ -9,9 +9,8 @@
 //! - the task below watches this instance's requests while the replica leads: on taking the
 //!   lead it sees every existing request, and deletes those whose Workload is gone or no longer
 //!   needs them (also after this controller was down while the Workload was deleted). The same
-//!   watch wakes a request's Workload when the request's conditions change and the Workload has
-//!   the check's entry, so the check answers at once, and keeps the cache ([`RequestCache`])
-//!   the decisions read the requests from.
+//!   watch wakes a request's Workload on every change, so the check answers at once, and keeps
+//!   the cache ([`RequestCache`]) the decisions read the requests from.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -22,7 +21,7 @@ use k8s_openapi::api::core::v1::PodTemplate;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kueue_admission_sdk::api::{
     ProvisioningRequest, Workload, find_condition, provisioning_condition as pr,
@@ -123,10 +122,6 @@ pub async fn watch_requests(
     // The requests of a list in progress, swept and woken once it is complete: the cache is
     // complete only then, and decisions wait for it rather than for the sweep.
     let mut initial: Vec<ProvisioningRequest> = Vec::new();
-    // The conditions each request had when last seen, by uid (a digest): a change that leaves
-    // them as they were (our own create, a label) gives a decision nothing new, and waking
-    // for it cost a reconcile per request at a burst.
-    let mut answered: HashMap<String, u64> = HashMap::new();
     while let Some(event) = events.next().await {
         match event {
             watcher::Event::Init => {
@@ -136,7 +131,6 @@ pub async fn watch_requests(
             }
             watcher::Event::InitApply(r) => {
                 counted.insert(r.uid().unwrap_or_default(), counted_conditions(&r));
-                answered.insert(r.uid().unwrap_or_default(), conditions_digest(&r));
                 listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
                 initial.push(r);
             }
@@ -164,17 +158,12 @@ pub async fn watch_requests(
                 }
                 let uid = r.uid().unwrap_or_default();
                 if !swept.contains(&uid) && sweep_one(&ctx, &instance, &cache, &r).await {
-                    swept.insert(uid.clone());
+                    swept.insert(uid);
                 }
-                let conditions = conditions_digest(&r);
-                let changed = answered.insert(uid, conditions) != Some(conditions);
-                if changed && entry_waits(&ctx.workloads, &r, &check) {
-                    wake(&ctx, &r).await;
-                }
+                wake(&ctx, &r).await;
             }
             watcher::Event::Delete(r) => {
                 counted.remove(&r.uid().unwrap_or_default());
-                answered.remove(&r.uid().unwrap_or_default());
                 swept.remove(&r.uid().unwrap_or_default());
                 if let Err(e) = delete_templates(&ctx.client, &instance, &r).await {
                     warn!(request = %r.name_any(), error = %e, "deleting the templates of a deleted request");
@@ -183,33 +172,6 @@ pub async fn watch_requests(
             }
         }
     }
-}
-
-/// A digest of `r`'s status conditions, all of them: the decision reads their states, reasons
-/// and messages.
-fn conditions_digest(r: &ProvisioningRequest) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let conditions = r.status.as_ref().map(|s| s.conditions.as_slice());
-    let bytes = serde_json::to_vec(&conditions).unwrap_or_default();
-    let mut hasher = std::hash::DefaultHasher::new();
-    bytes.hash(&mut hasher);
-    hasher.finish()
-}
-
-/// Whether `r`'s Workload has `check`'s entry, which a change of the request may answer; or is
-/// not in the cache (its reconcile finds out). Before the entry, the request's news waits for
-/// the entry's own reconcile, which reads the request then.
-fn entry_waits(workloads: &Store<Workload>, r: &ProvisioningRequest, check: &str) -> bool {
-    let (Some(ns), Some(name)) = (
-        r.namespace(),
-        r.annotations().get(identity::WORKLOAD_ANNOTATION),
-    ) else {
-        return false;
-    };
-    let key = ObjectRef::<Workload>::new(name).within(&ns);
-    workloads
-        .get(&key)
-        .is_none_or(|wl| wl.admission_check(check).is_some())
 }
 
 async fn wake(ctx: &LeaderContext, r: &ProvisioningRequest) {
@@ -431,60 +393,5 @@ mod tests {
             orphan_reason(&r, Some(&released), &queue(&[]))
                 .is_some_and(|m| m.contains("quota released"))
         );
-    }
-
-    #[test]
-    fn a_request_wakes_its_workload_only_with_the_entry_or_when_it_is_not_cached() {
-        let r = request("wl-prov-1", "u1", "prov");
-        let (store, mut writer) = kube::runtime::reflector::store::<Workload>();
-        assert!(
-            entry_waits(&store, &r, "prov"),
-            "not cached: its reconcile finds out"
-        );
-        let before_entry = WorkloadBuilder::new("team", "wl")
-            .uid("u1")
-            .quota_reserved("cq", "default");
-        writer.apply_watcher_event(&watcher::Event::Apply(before_entry.build()));
-        assert!(
-            !entry_waits(&store, &r, "prov"),
-            "the entry's reconcile reads it"
-        );
-        writer.apply_watcher_event(&watcher::Event::Apply(holding(None)));
-        assert!(entry_waits(&store, &r, "prov"));
-        assert!(!entry_waits(&store, &r, "other-check"));
-    }
-
-    #[test]
-    fn the_digest_changes_with_any_condition_not_with_the_rest() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-        use kueue_admission_sdk::api::ProvisioningRequestStatus;
-        let bare = request("wl-prov-1", "u1", "prov");
-        let mut labelled = bare.clone();
-        labelled.labels_mut().insert("x".into(), "y".into());
-        assert_eq!(conditions_digest(&bare), conditions_digest(&labelled));
-        let condition = |type_: &str, message: &str| Condition {
-            type_: type_.into(),
-            status: "False".into(),
-            reason: "Waiting".into(),
-            message: message.into(),
-            last_transition_time: Time(Timestamp::UNIX_EPOCH),
-            observed_generation: None,
-        };
-        let with = |conditions: Vec<Condition>| {
-            let mut r = bare.clone();
-            r.status = Some(ProvisioningRequestStatus {
-                conditions,
-                ..Default::default()
-            });
-            conditions_digest(&r)
-        };
-        let accepted = with(vec![condition("Accepted", "queued")]);
-        assert_ne!(accepted, conditions_digest(&bare));
-        assert_ne!(
-            accepted,
-            with(vec![condition("Accepted", "still queued")]),
-            "a message"
-        );
-        assert_eq!(accepted, with(vec![condition("Accepted", "queued")]));
     }
 }
