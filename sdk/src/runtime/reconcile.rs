@@ -38,7 +38,7 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
-    let key = format!("{}/{}", wl.namespace().unwrap_or_default(), wl.name_any());
+    let key = super::context::turn_key(&wl.namespace().unwrap_or_default(), &wl.name_any());
     // Never closed; a closed one would mean the runtime is going away.
     let Some(_turn) = ctx.take_turn(key).await else {
         return Ok(Action::await_change());

@@ -1406,15 +1406,18 @@ async fn a_workload_waits_for_a_turn_until_it_has_one() {
         c.concurrency = 1;
     });
     let ctx = h.ctx;
-    let held = ctx.take_turn("ns/a".into()).await.expect("a turn");
+    let held = ctx
+        .take_turn(super::super::context::turn_key("ns", "a"))
+        .await
+        .expect("a turn");
     assert!(!ctx.waits_for_turn("ns", "a"), "has its turn");
-    let mut b = Box::pin(ctx.take_turn("ns/b".into()));
+    let mut b = Box::pin(ctx.take_turn(super::super::context::turn_key("ns", "b")));
     assert!(futures::poll!(b.as_mut()).is_pending());
     assert!(ctx.waits_for_turn("ns", "b"));
     drop(held);
     let turn = b.await.expect("b's turn");
     assert!(!ctx.waits_for_turn("ns", "b"), "has its turn");
-    let mut c = Box::pin(ctx.take_turn("ns/c".into()));
+    let mut c = Box::pin(ctx.take_turn(super::super::context::turn_key("ns", "c")));
     assert!(futures::poll!(c.as_mut()).is_pending());
     assert!(ctx.waits_for_turn("ns", "c"));
     drop(c);
