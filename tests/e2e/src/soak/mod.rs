@@ -1553,11 +1553,17 @@ impl Results<'_> {
         }
         let mut shown = std::collections::BTreeSet::new();
         let _ = writeln!(out, "\n## Timelines\n");
-        for v in &self.violations {
-            if let Some(i) = v.workload
-                && shown.len() < 10
-                && shown.insert(i)
-            {
+        // The Workloads concerned, then those that explain them (the holders of a pool).
+        let concerned = self.violations.iter().flat_map(|v| v.workload);
+        let explaining = self
+            .violations
+            .iter()
+            .flat_map(|v| v.others.iter().copied());
+        for (i, limit) in concerned
+            .map(|i| (i, 10))
+            .chain(explaining.map(|i| (i, 18)))
+        {
+            if shown.len() < limit && shown.insert(i) {
                 let _ = writeln!(out, "```\n{}```", self.recorder.timeline(i));
             }
         }

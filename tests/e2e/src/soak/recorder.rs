@@ -111,6 +111,8 @@ pub struct Violation {
     pub invariant: Invariant,
     /// The Workload (plan index), if one.
     pub workload: Option<usize>,
+    /// Other Workloads whose timelines explain it (the holders of a double-booked pool).
+    pub others: Vec<usize>,
     /// What was seen.
     pub what: String,
 }
@@ -257,6 +259,8 @@ struct Version<'a> {
     quota: bool,
     admitted: bool,
     finished: bool,
+    /// Has a deletionTimestamp: Kueue has freed its quota and the checks release what they gave.
+    deleting: bool,
 }
 
 impl Version<'_> {
@@ -273,10 +277,11 @@ impl Version<'_> {
         .map(|(_, s)| *s)
         .collect();
         format!(
-            "rv {} {} [{}]{} {}",
+            "rv {} {} [{}]{}{} {}",
             self.rv,
             self.name,
             conditions.join(","),
+            if self.deleting { " deleting" } else { "" },
             if deactivated(self.wl) {
                 " inactive"
             } else {
@@ -357,6 +362,18 @@ impl Recorder {
         workload: Option<usize>,
         what: String,
     ) {
+        self.violate_among(state, invariant, workload, Vec::new(), what);
+    }
+
+    /// [`Self::violate`], naming `others` whose timelines the report shows beside.
+    fn violate_among(
+        &self,
+        state: &mut State,
+        invariant: Invariant,
+        workload: Option<usize>,
+        others: Vec<usize>,
+        what: String,
+    ) {
         if state.violations.len() < 20 {
             let who = workload
                 .map(|i| self.plan.workloads[i].name())
@@ -369,6 +386,7 @@ impl Recorder {
         state.violations.push(Violation {
             invariant,
             workload,
+            others,
             what,
         });
     }
@@ -466,6 +484,7 @@ impl Recorder {
             quota: holds_quota(wl),
             admitted: wl.condition_is_true(cond::ADMITTED),
             finished: wl.condition_is_true(cond::FINISHED),
+            deleting: wl.metadata.deletion_timestamp.is_some(),
         };
         let mut guard = lock(&self.state);
         let state = &mut *guard;
@@ -567,11 +586,15 @@ impl Recorder {
         (entries, rejected_by)
     }
 
-    /// Double booking, as Workloads see it: licenses of admitted, unfinished Workloads.
+    /// Double booking, as Workloads see it: licenses of admitted, unfinished Workloads not being
+    /// deleted. A deleted Job's Workload stays admitted until Kueue removes its finalizer (seconds
+    /// while Kueue restarts), but the license check releases it at once, as Kueue frees its quota.
     fn count_licenses(&self, state: &mut State, v: &Version) {
         let index = v.index;
-        let holds =
-            v.admitted && !v.finished && v.wl.admission_check(&self.licensed_check).is_some();
+        let holds = v.admitted
+            && !v.finished
+            && !v.deleting
+            && v.wl.admission_check(&self.licensed_check).is_some();
         if holds {
             state
                 .licensed_admitted
@@ -583,15 +606,16 @@ impl Recorder {
         let total: u32 = state.licensed_admitted.values().sum();
         state.counts.peak_licenses = state.counts.peak_licenses.max(total);
         if total > LICENSE_POOL {
-            let who: Vec<String> = state
-                .licensed_admitted
-                .keys()
+            let holders: Vec<usize> = state.licensed_admitted.keys().copied().collect();
+            let who: Vec<String> = holders
+                .iter()
                 .map(|i| self.plan.workloads[*i].name())
                 .collect();
-            self.violate(
+            self.violate_among(
                 state,
                 Invariant::NoDoubleBooking,
                 Some(index),
+                holders,
                 format!(
                     "{total} licenses held by admitted Workloads at rv {}, pool {LICENSE_POOL}: {who:?}",
                     v.rv
