@@ -1236,7 +1236,12 @@ async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<O
             .args(["--kube-api-burst", &cli.kube_api_burst.to_string()])
             .args(["--concurrency", &cli.concurrency.to_string()])
             .arg(format!("--start-early={}", cli.start_early))
-            .env("KUEUE_AC_LOG_LEVEL", "warn"),
+            // BENCH_CHECK_LOG_LEVEL, e.g. "warn,kueue_admission_sdk=debug", to see why it
+            // reconciled; it costs CPU, so the figures of such a run are not comparable.
+            .env(
+                "KUEUE_AC_LOG_LEVEL",
+                std::env::var("BENCH_CHECK_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
+            ),
         std::env::temp_dir().join(format!("{}-check.log", env.ns)),
     )?;
     process.wait_ready(http).await?;
