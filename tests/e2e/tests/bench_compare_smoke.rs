@@ -3,8 +3,14 @@
 //! here: it runs Kueue's built-in check and ours on 40 Workloads of one and of two podsets.
 
 use std::process::Command;
+use std::sync::Mutex;
 
 use anyhow::{Result, ensure};
+use e2e::TestEnv;
+use e2e::bench::{self, Creating};
+
+/// One bench-compare at a time: each deletes the Workloads of earlier runs' namespaces first.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// The most API requests per admitted Workload our controller may send in the smoke run. On
 /// the provisioning path it sends a PodTemplate create per podset and the request's create, the
@@ -16,6 +22,9 @@ const MAX_REQUESTS_PER_WORKLOAD: &str = "7.5";
 #[test]
 fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_budget()
 -> Result<()> {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let plots = std::env::temp_dir().join(format!("bench-compare-smoke-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_bench-compare"))
         .args([
@@ -103,6 +112,22 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
 /// which flows (created, admitted and deleted) during each.
 #[test]
 fn idle_workloads_settle_before_the_runs_and_both_runs_carry_the_same_churn() -> Result<()> {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // What an interrupted earlier run leaves: Workloads in a namespace of bench-compare's.
+    let runtime = tokio::runtime::Runtime::new()?;
+    let leftover = runtime.block_on(async {
+        let env = TestEnv::new("cmp-leftover").await?;
+        let creating = Creating {
+            prefix: "left",
+            count: 3,
+            podsets: 1,
+            concurrency: 3,
+        };
+        bench::create_workloads(&env, creating, None).await?;
+        anyhow::Ok(env)
+    })?;
     let plots = std::env::temp_dir().join(format!("bench-compare-churn-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_bench-compare"))
         .args(["--workloads", "20", "--podsets", "1"])
@@ -117,6 +142,19 @@ fn idle_workloads_settle_before_the_runs_and_both_runs_carry_the_same_churn() ->
     let all = format!("{stdout}\n{stderr}");
     ensure!(out.status.success(), "bench-compare failed:\n{all}");
     let _ = std::fs::remove_dir_all(&plots);
+    let left = runtime.block_on(async {
+        let listed = leftover.workloads().list(&Default::default()).await?;
+        anyhow::Ok(listed.items.len())
+    })?;
+    ensure!(
+        left == 0 && all.contains("Workloads left by earlier runs in "),
+        "{left} Workloads of an earlier run's namespace {} were not deleted first:\n{all}",
+        leftover.ns
+    );
+    ensure!(
+        all.contains("bench-compare: deleted the 30 idle Workloads in "),
+        "the idle Workloads were not deleted at the end:\n{all}"
+    );
     ensure!(
         all.contains("bench-compare: Kueue settled on 30 idle Workloads after ")
             && all.contains("every one has QuotaReserved=False"),

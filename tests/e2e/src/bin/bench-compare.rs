@@ -14,7 +14,10 @@
 //! It fails unless every Workload is admitted exactly once with exactly one live request, and,
 //! with `--max-requests-per-workload`, when our controller sends more than that per Workload.
 //!
-//! Two things keep the runs on equal terms. With `--idle-workloads`, Kueue writes each idle
+//! Three things keep the runs on equal terms. Workloads left by an earlier run (namespaces
+//! `e2e-cmp-*`: the control plane of the tests runs no namespace controller, so a deleted
+//! namespace keeps them) are deleted and gone before anything is measured, and the idle
+//! Workloads are deleted at the end. With `--idle-workloads`, Kueue writes each idle
 //! Workload's status once after its creation; the benchmark waits until it has done so for
 //! every one and gone quiet before the first run, or that run alone would pay for it. With
 //! `--churn-per-second`, every run carries the same background stream of other Workloads
@@ -172,6 +175,16 @@ async fn main() -> ExitCode {
 }
 
 async fn run_all(cli: &Cli) -> Result<()> {
+    // Every Workload in the cluster is in Kueue's cache and ours: an earlier run's must be gone.
+    let client = e2e::admin_client().await?;
+    let earlier = |ns: &str| ns.starts_with(BENCH_NAMESPACE_PREFIX);
+    if let Some((n, took)) = delete_workloads_where(&client, earlier).await? {
+        eprintln!(
+            "bench-compare: deleted {n} Workloads left by earlier runs in {:.0} s (this control \
+             plane runs no namespace controller: a deleted namespace keeps its Workloads)",
+            took.as_secs_f64()
+        );
+    }
     // Its queue first: setting it up is work for Kueue too, done before the idle Workloads'
     // settle, which is the last thing before the first run.
     let churn = match cli.churn_per_second {
@@ -213,8 +226,14 @@ async fn run_all(cli: &Cli) -> Result<()> {
         churn.delete().await?;
     }
     if let Some((env, _)) = idle {
-        // The namespace controller deletes the Workloads, server-side: one request instead of a
-        // collection delete, which at 10,000 Workloads outlasts the request's timeout.
+        // One by one: a collection delete of 10,000 Workloads outlasts the request's timeout,
+        // and the control plane of the tests runs no namespace controller to do it.
+        if let Some((n, took)) = delete_workloads_where(&client, |ns| ns == env.ns).await? {
+            eprintln!(
+                "bench-compare: deleted the {n} idle Workloads in {:.0} s",
+                took.as_secs_f64()
+            );
+        }
         Api::<Namespace>::all(env.client.clone())
             .delete(&env.ns, &DeleteParams::background())
             .await
@@ -237,6 +256,76 @@ async fn run_all(cli: &Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The namespaces of this tool's runs (`TestEnv` names them `e2e-<test>-<suffix>`; every test
+/// of this tool starts with `cmp-`).
+const BENCH_NAMESPACE_PREFIX: &str = "e2e-cmp-";
+
+/// How long the Workloads deleted by [`delete_workloads_where`] may take to be gone.
+const DELETE_WORKLOADS_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Deletes every Workload of the namespaces `namespaces` accepts, 32 at a time, and waits until
+/// a list shows none of them. `None` if there were none; else how many and how long it took.
+async fn delete_workloads_where(
+    client: &kube::Client,
+    namespaces: impl Fn(&str) -> bool,
+) -> Result<Option<(usize, Duration)>> {
+    let started = Instant::now();
+    let listed = list_workloads_where(client, &namespaces).await?;
+    if listed.is_empty() {
+        return Ok(None);
+    }
+    let count = listed.len();
+    futures::stream::iter(listed)
+        .map(|(ns, name)| async move {
+            let api = Api::<Workload>::namespaced(client.clone(), &ns);
+            match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Err(e) => {
+                    Err(anyhow::Error::new(e).context(format!("deleting Workload {ns}/{name}")))
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<()>()
+        .await?;
+    loop {
+        let left = list_workloads_where(client, &namespaces).await?.len();
+        if left == 0 {
+            return Ok(Some((count, started.elapsed())));
+        }
+        ensure!(
+            started.elapsed() < DELETE_WORKLOADS_TIMEOUT,
+            "{left} of {count} deleted Workloads were still there after {DELETE_WORKLOADS_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Namespace and name of every Workload in the namespaces `namespaces` accepts, listed in pages.
+async fn list_workloads_where(
+    client: &kube::Client,
+    namespaces: &impl Fn(&str) -> bool,
+) -> Result<Vec<(String, String)>> {
+    let api = Api::<Workload>::all(client.clone());
+    let mut found = Vec::new();
+    let mut page = ListParams::default().limit(500);
+    loop {
+        let list = api
+            .list_metadata(&page)
+            .await
+            .context("listing the Workloads of the cluster")?;
+        found.extend(list.items.iter().filter_map(|w| {
+            let ns = w.namespace()?;
+            namespaces(&ns).then(|| (ns, w.name_any()))
+        }));
+        match list.metadata.continue_ {
+            Some(token) if !token.is_empty() => page = page.continue_token(&token),
+            _ => return Ok(found),
+        }
+    }
 }
 
 /// Creates `n` Workloads that stay in the cluster through the runs, in no queue, and waits
