@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -94,7 +94,12 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         // Unlimited here: the reconcile takes a fair turn itself (see `reconcile::Context`).
         // kube still never runs two reconciles of one Workload at once.
         .with_config(ControllerConfig::default().concurrency(0))
-        .reconcile_all_on(when_complete(l.reconcile_all, cache, l.cache_ready))
+        .reconcile_on(when_complete(
+            l.reconcile_all,
+            cache.clone(),
+            l.cache_ready,
+            l.ctx.clone(),
+        ))
         .reconcile_on(wakes)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, l.ctx)
@@ -174,21 +179,50 @@ async fn stop_signal(
 /// of the cache when the ask arrives, not when the runner may start, so an ask that arrived
 /// before the cache was complete (this replica took the lead during its first list) would
 /// reconcile only part of it.
-fn when_complete(
+fn when_complete<C: AdmissionCheckController>(
     asks: mpsc::Receiver<()>,
     cache: Store<Workload>,
     cache_ready: watch::Receiver<bool>,
-) -> impl futures::Stream<Item = ()> {
-    ReceiverStream::new(asks).then(move |()| {
-        let (cache, mut cache_ready) = (cache.clone(), cache_ready.clone());
-        async move {
-            let _ = cache_ready.wait_for(|ready| *ready).await;
-            info!(
-                workloads = cache.state().len(),
-                "reconciling every cached Workload"
-            );
-        }
-    })
+    ctx: Arc<context::Context<C>>,
+) -> impl futures::Stream<Item = ObjectRef<Workload>> {
+    ReceiverStream::new(asks)
+        .then(move |()| {
+            let (cache, mut cache_ready, ctx) = (cache.clone(), cache_ready.clone(), ctx.clone());
+            async move {
+                let _ = cache_ready.wait_for(|ready| *ready).await;
+                let cached = cache.state();
+                let chosen: Vec<ObjectRef<Workload>> = cached
+                    .iter()
+                    .filter(|wl| {
+                        let known = wl.uid().is_some_and(|uid| ctx.memory.knows(&uid));
+                        may_need_this_controller(wl, known)
+                    })
+                    .map(|wl| ObjectRef::from_obj(wl.as_ref()))
+                    .collect();
+                info!(
+                    workloads = chosen.len(),
+                    cached = cached.len(),
+                    "reconciling every cached Workload that may need this controller"
+                );
+                futures::stream::iter(chosen)
+            }
+        })
+        .flatten()
+}
+
+/// Whether a reconcile of everything (on taking the lead, after a new list) must include `wl`:
+/// unless it is being deleted, holds quota, has an admission check entry, or the runtime
+/// remembers something about it (`known`), no check of this controller can have anything to
+/// decide or release for it. At 10,000 pending Workloads the rest cost kube's scheduler 5 MiB
+/// that it kept (its maps do not shrink), and a reconcile each.
+pub(super) fn may_need_this_controller(wl: &Workload, known: bool) -> bool {
+    known
+        || wl.metadata.deletion_timestamp.is_some()
+        || wl.condition_is_true(crate::api::workload_condition::QUOTA_RESERVED)
+        || wl
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.admission_checks.is_empty())
 }
 
 /// Logs leadership changes and keeps the leader gauge.
@@ -224,6 +258,30 @@ mod tests {
     use kube::runtime::reflector::ObjectRef;
 
     use super::*;
+
+    #[test]
+    fn a_reconcile_of_everything_skips_only_pending_workloads_nothing_is_known_of() {
+        use crate::api::CheckState;
+        use crate::testing::WorkloadBuilder;
+        let pending = WorkloadBuilder::new("ns", "pending").uid("u1").build();
+        assert!(!may_need_this_controller(&pending, false));
+        assert!(may_need_this_controller(&pending, true), "remembered");
+        let reserved = WorkloadBuilder::new("ns", "reserved")
+            .quota_reserved("cq", "default")
+            .build();
+        assert!(may_need_this_controller(&reserved, false));
+        // Evicted, quota gone, the entry kept: its release may be due.
+        let with_entry = WorkloadBuilder::new("ns", "entry")
+            .check("prov", CheckState::Pending)
+            .build();
+        assert!(may_need_this_controller(&with_entry, false));
+        let mut deleting = pending.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(may_need_this_controller(&deleting, false));
+    }
 
     #[test]
     fn a_workload_deleted_before_its_reconcile_is_not_a_warning() {

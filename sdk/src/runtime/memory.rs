@@ -137,6 +137,11 @@ impl Memory {
         lock(&self.0).get(uid).cloned().unwrap_or_default()
     }
 
+    /// Whether anything is kept about the Workload `uid`.
+    pub fn knows(&self, uid: &str) -> bool {
+        lock(&self.0).contains_key(uid)
+    }
+
     /// Forgets everything about the Workload `uid`.
     pub fn forget(&self, uid: &str) {
         lock(&self.0).remove(uid);
