@@ -141,17 +141,7 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
     std::fs::write(&results, &text)?;
     let violations = recorder.violations();
     let passed = violations.is_empty();
-    let broken = violations
-        .iter()
-        .take(10)
-        .map(|v| {
-            let who = v
-                .workload
-                .map(|i| plan.workloads[i].name())
-                .unwrap_or_default();
-            format!("{:?} {who}: {}", v.invariant, v.what)
-        })
-        .collect();
+    let broken = violations.iter().take(10).map(|v| v.line(&plan)).collect();
     Ok(Report {
         results,
         text,
@@ -1545,11 +1535,7 @@ impl Results<'_> {
         }
         let _ = writeln!(out, "\n## Violations\n");
         for v in self.violations.iter().take(50) {
-            let who = v
-                .workload
-                .map(|i| self.plan.workloads[i].name())
-                .unwrap_or_default();
-            let _ = writeln!(out, "- {:?} {who}: {}", v.invariant, v.what);
+            let _ = writeln!(out, "- {}", v.line(self.plan));
         }
         let mut shown = std::collections::BTreeSet::new();
         let _ = writeln!(out, "\n## Timelines\n");

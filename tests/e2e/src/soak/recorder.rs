@@ -117,6 +117,17 @@ pub struct Violation {
     pub what: String,
 }
 
+impl Violation {
+    /// Its line: the invariant, the Workload's name (if one) and what was seen.
+    pub fn line(&self, plan: &Plan) -> String {
+        let who = self
+            .workload
+            .map(|i| plan.workloads[i].name())
+            .unwrap_or_default();
+        format!("{:?} {who}: {}", self.invariant, self.what)
+    }
+}
+
 /// What the driver needs to know of a Workload, as observed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observed {
@@ -374,21 +385,24 @@ impl Recorder {
         others: Vec<usize>,
         what: String,
     ) {
-        if state.violations.len() < 20 {
-            let who = workload
-                .map(|i| self.plan.workloads[i].name())
-                .unwrap_or_default();
-            println!("soak: {} VIOLATION {invariant:?} {who}: {what}", self.at());
-        }
-        if let Some(i) = workload {
-            self.note(state, i, format!("VIOLATION {invariant:?}: {what}"));
-        }
-        state.violations.push(Violation {
+        let violation = Violation {
             invariant,
             workload,
             others,
             what,
-        });
+        };
+        if state.violations.len() < 20 {
+            println!(
+                "soak: {} VIOLATION {}",
+                self.at(),
+                violation.line(&self.plan)
+            );
+        }
+        if let Some(i) = workload {
+            let what = &violation.what;
+            self.note(state, i, format!("VIOLATION {invariant:?}: {what}"));
+        }
+        state.violations.push(violation);
     }
 
     /// The driver submitted Workload `index`.
