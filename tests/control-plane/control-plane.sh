@@ -85,7 +85,17 @@ spawn() { # name args...
   mkdir -p "$LOGS" "$PIDS"
   # 9>&-: the daemon must not inherit the start/stop lock, or it would hold it for its lifetime.
   setsid "$bin" "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
-  echo "$! $bin" >"$PIDS/$name.pid"
+  local pid=$! exe i
+  echo "$pid $bin" >"$PIDS/$name.pid"
+  # The child runs bash, then setsid, before it execs the component: until then live_pid would
+  # call a component that is starting dead (seen right after spawn about one time in five, and
+  # once in CI on a loaded machine, as "exited during start-up" with an empty log).
+  for ((i = 0; i < 200; i++)); do
+    exe="$(readlink "/proc/$pid/exe" 2>/dev/null)" || return 0 # gone: wait_for reports it
+    [[ ${exe% (deleted)} == "$bin" ]] && return 0
+    sleep 0.05
+  done
+  log "$name (pid $pid) still runs $exe after 10s; its start-up check will fail"
 }
 
 stop_component() {
