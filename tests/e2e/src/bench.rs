@@ -183,6 +183,22 @@ impl Stage {
     }
 }
 
+/// When `mark` came first and last over a run's Workloads, after the run's first create: how
+/// spread out, e.g., Kueue's reservations were, which bounds how soon a check can answer the
+/// last of them. `None` when no Workload was created or reached `mark`.
+pub fn window(marks: &[Marks], mark: Mark) -> Option<(Duration, Duration)> {
+    let start = marks.iter().filter_map(|m| m.at(Mark::Created)).min()?;
+    let seen = marks.iter().filter_map(|m| m.at(mark));
+    let (first, last) = seen.fold(None, |span: Option<(Instant, Instant)>, at| match span {
+        None => Some((at, at)),
+        Some((first, last)) => Some((first.min(at), last.max(at))),
+    })?;
+    Some((
+        first.saturating_duration_since(start),
+        last.saturating_duration_since(start),
+    ))
+}
+
 /// The `q` quantile of sorted durations (zero for none).
 pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
     if sorted.is_empty() {

@@ -177,6 +177,9 @@ pub struct Audited {
     pub namespace: Option<String>,
     /// The response code.
     pub code: u16,
+    /// From the API server's receipt of the request to its response (its audit stages'
+    /// timestamps): the server's time, without the client's or the network's.
+    pub server_time: Option<std::time::Duration>,
 }
 
 /// A request the API server refused with 403.
@@ -330,10 +333,23 @@ fn parse_audit_line(line: &str) -> Option<(String, String, Audited)> {
         resource,
         namespace: object["namespace"].as_str().map(String::from),
         code: u16::try_from(code).unwrap_or(u16::MAX),
+        server_time: server_time(&event),
     };
     let user = event["user"]["username"].as_str()?.to_string();
     let id = event["auditID"].as_str().unwrap_or_default().to_string();
     Some((user, id, audited))
+}
+
+/// An audit event's `stageTimestamp` (its response) less its `requestReceivedTimestamp`.
+fn server_time(event: &serde_json::Value) -> Option<std::time::Duration> {
+    let at = |field: &str| {
+        event[field]
+            .as_str()?
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .ok()
+    };
+    let took = at("stageTimestamp")?.duration_since(at("requestReceivedTimestamp")?);
+    std::time::Duration::try_from(took).ok()
 }
 
 /// The Kueue version under test, as `(minor, patch)` of `v0.<minor>.<patch>`: `KUEUE_VERSION`

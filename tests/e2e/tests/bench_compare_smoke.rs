@@ -83,6 +83,30 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "a measure missing from {line:?}"
         );
     }
+    // How busy our turns were, and when each mark came first and last, in every run of ours
+    // (the windows in every run).
+    ensure!(
+        stderr.matches("our 10 turns were busy for ").count() == 2,
+        "our turns' use missing from:\n{stderr}"
+    );
+    ensure!(
+        stderr
+            .matches("first and last, in s after the first create: quota reserved ")
+            .count()
+            == 4,
+        "the marks' windows missing from:\n{stderr}"
+    );
+    // The API server's time on each of our creates, from the audit log's stage timestamps: a
+    // mean of 0 ms would mean they were not read.
+    let creates: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("| check | create provisioningrequests | "))
+        .collect();
+    ensure!(creates.len() == 2, "our creates missing from:\n{stderr}");
+    for line in creates {
+        let mean: f64 = line.split('|').nth(4).unwrap_or_default().trim().parse()?;
+        ensure!(mean > 0.0, "no server time in {line:?}");
+    }
     // The entry mark is recorded: from the check's entry (with quota) to its request takes some
     // time in each run of the built-in check, where a mark never set would print 0.00 (no
     // durations). Ours makes its request at the reservation, mostly before the entry: 0 there

@@ -155,7 +155,7 @@ struct Measured {
     wall: Duration,
     marks: Vec<Marks>,
     /// Requests by actor, then by call (`verb resource`).
-    requests: BTreeMap<&'static str, BTreeMap<String, usize>>,
+    requests: BTreeMap<&'static str, BTreeMap<String, Calls>>,
     /// CPU seconds during the run, by process.
     cpu: BTreeMap<&'static str, f64>,
     /// Our controller's peak resident memory, KiB.
@@ -209,7 +209,7 @@ async fn run_all(cli: &Cli) -> Result<()> {
                     controller.label()
                 );
                 let measured = measure(cli, run, churn.as_ref()).await?;
-                eprint!("{}", details(&measured));
+                eprint!("{}", details(&measured, cli.concurrency));
                 results.push(measured);
             }
         }
@@ -251,7 +251,7 @@ async fn run_all(cli: &Cli) -> Result<()> {
                  {} podsets), more than {max}:\n{}",
                 m.run.workloads,
                 m.run.podsets,
-                details(m)
+                details(m, cli.concurrency)
             );
         }
     }
@@ -1265,6 +1265,21 @@ fn start_simulator(env: &TestEnv) -> Result<Process> {
     )
 }
 
+/// The requests of one kind an actor sent in a run.
+#[derive(Clone, Copy, Debug, Default)]
+struct Calls {
+    count: usize,
+    /// The API server's time on them, summed (see [`e2e::Audited::server_time`]).
+    server_time: Duration,
+}
+
+impl Calls {
+    /// The API server's mean time on one of them.
+    fn mean_server_time(&self) -> Duration {
+        self.server_time / u32::try_from(self.count.max(1)).unwrap_or(u32::MAX)
+    }
+}
+
 /// The API requests each actor sent since `from`, by call (`verb resource`); our controller
 /// is `check_user`. Requests in `churn_namespace` are the background stream's, not the run's,
 /// and left out; Kueue's status writes to the stream's ClusterQueue (cluster-scoped, the
@@ -1273,8 +1288,8 @@ fn requests_by_actor(
     from: &AuditMark,
     check_user: Option<&str>,
     churn_namespace: Option<&str>,
-) -> Result<BTreeMap<&'static str, BTreeMap<String, usize>>> {
-    let mut requests: BTreeMap<&'static str, BTreeMap<String, usize>> = BTreeMap::new();
+) -> Result<BTreeMap<&'static str, BTreeMap<String, Calls>>> {
+    let mut requests: BTreeMap<&'static str, BTreeMap<String, Calls>> = BTreeMap::new();
     for (user, r) in e2e::audited_since(from)? {
         if churn_namespace.is_some() && r.namespace.as_deref() == churn_namespace {
             continue;
@@ -1286,7 +1301,9 @@ fn requests_by_actor(
             _ => continue,
         };
         let call = format!("{} {}", r.verb, r.resource);
-        *requests.entry(actor).or_default().entry(call).or_default() += 1;
+        let calls = requests.entry(actor).or_default().entry(call).or_default();
+        calls.count += 1;
+        calls.server_time += r.server_time.unwrap_or_default();
     }
     Ok(requests)
 }
@@ -1499,12 +1516,12 @@ fn per_workload(m: &Measured, actor: &str) -> f64 {
     let total: usize = m
         .requests
         .get(actor)
-        .map_or(0, |calls| calls.values().sum());
+        .map_or(0, |calls| calls.values().map(|c| c.count).sum());
     total as f64 / f64::from(m.run.workloads)
 }
 
-/// One run's stages and requests in detail.
-fn details(m: &Measured) -> String {
+/// One run's stages and requests in detail; `concurrency`: our controller's turns.
+fn details(m: &Measured, concurrency: u32) -> String {
     let mut out = String::new();
     let Run {
         controller,
@@ -1534,12 +1551,43 @@ fn details(m: &Measured) -> String {
             secs(quantile(&d, 1.0)),
         );
     }
-    let _ = writeln!(out, "\n| actor | call | per Workload |");
-    let _ = writeln!(out, "|---|---|---|");
+    // How spread out each mark came bounds how soon the last Workload can get it.
+    let windows: Vec<String> = [
+        ("quota reserved", Mark::Reserved),
+        ("check's entry there too", Mark::Askable),
+        ("request seen", Mark::Request),
+        ("check Ready", Mark::Ready),
+    ]
+    .into_iter()
+    .filter_map(|(label, mark)| {
+        let (first, last) = bench::window(&m.marks, mark)?;
+        Some(format!(
+            "{label} {:.1} to {:.1}",
+            first.as_secs_f64(),
+            last.as_secs_f64()
+        ))
+    })
+    .collect();
+    let _ = writeln!(
+        out,
+        "\nfirst and last, in s after the first create: {}",
+        windows.join("; ")
+    );
+    let _ = writeln!(
+        out,
+        "\n| actor | call | per Workload | the API server's time on one, mean (ms) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|");
     for (actor, calls) in &m.requests {
-        for (call, n) in calls {
-            let per = *n as f64 / f64::from(workloads);
-            let _ = writeln!(out, "| {actor} | {call} | {per:.2} |");
+        for (call, c) in calls {
+            let per = c.count as f64 / f64::from(workloads);
+            // A watch's time is how long it stayed open.
+            let server = if call.starts_with("watch ") {
+                "–".to_string()
+            } else {
+                format!("{:.0}", c.mean_server_time().as_secs_f64() * 1000.0)
+            };
+            let _ = writeln!(out, "| {actor} | {call} | {per:.2} | {server} |");
         }
     }
     let cpu: Vec<String> = m.cpu.iter().map(|(p, s)| format!("{p} {s:.1} s")).collect();
@@ -1560,6 +1608,14 @@ fn details(m: &Measured) -> String {
             q.reconciles.1,
             q.reserved_to_request_at_most.0,
             q.reserved_to_request_at_most.1
+        );
+        // Reconciles hold a turn through their API calls: turns busy most of a run bound it.
+        let _ = writeln!(
+            out,
+            "our {concurrency} turns were busy for {:.1} s of the run's {:.1} s (reconciles × \
+             mean ÷ turns)",
+            q.reconciles.0 * q.reconciles.1 / f64::from(concurrency.max(1)),
+            m.wall.as_secs_f64()
         );
     }
     if let Some(c) = &m.churn {
