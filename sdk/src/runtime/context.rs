@@ -13,7 +13,7 @@ use sha2::Digest;
 use tracing::{info, warn};
 
 use super::checks::Registry;
-use super::memory::{Memory, lock};
+use super::memory::Memory;
 use super::own_writes::OwnWrites;
 use super::queued_changes::QueuedChanges;
 use crate::api::Workload;
@@ -41,16 +41,9 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     /// The ClusterQueues (watched only when the check starts early): which checks a Workload
     /// will get.
     pub(super) cluster_queues: crate::ClusterQueues,
-    /// Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), granted first come,
-    /// first served. kube's own limit hands a free slot to a waiting Workload picked in hash
-    /// order, so under a steady stream of changes some waited minutes for their turn (the soak
-    /// found Workloads holding quota unanswered for over 90 s); its limit is off and this one
-    /// is fair.
-    pub(super) turns: tokio::sync::Semaphore,
-    /// The Workloads (`namespace/name`) whose reconcile waits for a turn and has not read the
-    /// cache yet: a change or a wake of one of them needs no reconcile of its own (see
-    /// [`Self::waits_for_turn`]).
-    waiting_for_turn: Mutex<std::collections::HashSet<String>>,
+    /// Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), first come, first
+    /// served (see [`super::turns`]).
+    pub(super) turns: super::turns::Turns,
     /// The Workload cache: a reconcile that waited for its turn decides on the newest version.
     pub(super) cache: Option<reflector::Store<Workload>>,
     /// Every check this process has found in the registry: a check that left it (deleted,
@@ -94,8 +87,7 @@ impl<C: AdmissionCheckController> Context<C> {
             permanent_failure_hold: config.permanent_failure_hold,
             early_start_wait: config.early_start_wait,
             cluster_queues: Default::default(),
-            turns: tokio::sync::Semaphore::new(usize::from(config.concurrency.max(1))),
-            waiting_for_turn: Default::default(),
+            turns: super::turns::Turns::new(usize::from(config.concurrency)),
             cache: None,
             known_checks: Default::default(),
             shadow: config.shadow.clone(),
@@ -137,33 +129,15 @@ impl<C: AdmissionCheckController> Context<C> {
         self
     }
 
-    /// Waits for a turn to reconcile the Workload `key` ([`turn_key`]); while it waits,
-    /// [`Self::waits_for_turn`] says so. `None` once the runtime is going away. The key is
-    /// owned: borrowed names would keep the caller's temporaries in every waiting reconcile.
-    pub(super) async fn take_turn(&self, key: String) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        struct Waiting<'a>(&'a Mutex<std::collections::HashSet<String>>, String);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                lock(self.0).remove(&self.1);
-            }
-        }
-        let waiting = Waiting(&self.waiting_for_turn, key);
-        lock(&self.waiting_for_turn).insert(waiting.1.clone());
-        let turn = self.turns.acquire().await.ok();
-        // Out of the set before the cache is read: a change that comes from now on gets a
-        // reconcile of its own.
-        drop(waiting);
-        turn
-    }
-
-    /// Whether the reconcile of the Workload `namespace/name` waits for a turn and has yet to
-    /// read the cache: it will read a change already in the cache, and the caches a wake is
-    /// about, so neither needs a reconcile of its own. kube would hold one until the waiting
-    /// reconcile ends and then run it for nothing; worse, it keeps every such held trigger in a
-    /// set it searches on every poll, which made each reconcile's cost grow with the number of
-    /// Workloads waiting (at a 5,000 burst, 2.7 times the CPU per Workload of a 1,000 burst).
+    /// Whether the reconcile of the Workload `namespace/name` waits for a turn, or has been
+    /// granted one and has yet to read the cache: it will read a change already in the cache,
+    /// and the caches a wake is about, so neither needs a reconcile of its own. kube would hold
+    /// one until the coming reconcile ends and then run it for nothing; worse, it keeps every
+    /// such held trigger in a set it searches on every poll, which made each reconcile's cost
+    /// grow with the number of Workloads waiting (at a 5,000 burst, 2.7 times the CPU per
+    /// Workload of a 1,000 burst).
     pub(super) fn waits_for_turn(&self, namespace: &str, name: &str) -> bool {
-        lock(&self.waiting_for_turn).contains(&turn_key(namespace, name))
+        self.turns.waits(namespace, name)
     }
 
     /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).
@@ -207,11 +181,6 @@ impl<C: AdmissionCheckController> Context<C> {
             .publish(&self.recorder, &self.client, &self.field_manager)
             .await;
     }
-}
-
-/// How a Workload is named among those waiting for a turn.
-pub(super) fn turn_key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
 }
 
 /// An Event about a Workload, to publish.

@@ -9,7 +9,7 @@ use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tracing::{info, warn};
 
 use super::{Shutdown, context, metrics, reconcile, tasks};
@@ -89,6 +89,21 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         let namespace = wl.namespace.as_deref().unwrap_or_default();
         futures::future::ready(!queue.waits_for_turn(namespace, &wl.name))
     });
+    // Workloads whose turn came (see `turns`): not filtered, their reconcile takes the turn.
+    let (granted_tx, granted_rx) = mpsc::unbounded_channel();
+    l.ctx.turns.connect(granted_tx);
+    let granted = UnboundedReceiverStream::new(granted_rx);
+    // A turn granted and never taken (only a defect would leave one) goes to the next.
+    let sweep = {
+        let ctx = l.ctx.clone();
+        async move {
+            loop {
+                tokio::time::sleep(super::turns::GRANT_TIMEOUT / 2).await;
+                ctx.turns
+                    .take_back_stale_grants(tokio::time::Instant::now());
+            }
+        }
+    };
     let queue = l.ctx.clone();
     let reconciler = Controller::for_stream(changes, cache.clone())
         // Unlimited here: the reconcile takes a fair turn itself (see `reconcile::Context`).
@@ -101,6 +116,7 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
             l.ctx.clone(),
         ))
         .reconcile_on(wakes)
+        .reconcile_on(granted)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, l.ctx)
         .for_each(|res| async {
@@ -112,6 +128,8 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
                         let namespace = gone.namespace.as_deref().unwrap_or_default();
                         let waiting = queue.queued.gone(namespace, &gone.name);
                         queue.metrics.queue_depth(waiting);
+                        let now = tokio::time::Instant::now();
+                        queue.turns.gone(namespace, &gone.name, now);
                     }
                 }
                 Err(e) => warn!(error = %e, "workload reconcile failed"),
@@ -120,8 +138,10 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
     tokio::select! {
         () = reconciler => {}
         () = stop_unsynced => {}
+        () = sweep => {}
     }
     tasks.stop().await;
+    queue.turns.clear();
     queue.queued.clear();
     queue.metrics.queue_depth(0);
     if lost.load(Ordering::Acquire) {

@@ -12,12 +12,13 @@
 //! - `reconcile` asks the check whenever `decide::eligibility` says so and applies what
 //!   `decide::plan` allows (`shadow`: the same, writing nothing; `memory`: what is kept per
 //!   Workload between reconciles; `own_writes`: our writes the cache lacks yet;
-//!   `queued_changes`: changes waiting for a reconcile, for the queue metrics);
+//!   `queued_changes`: changes waiting for a reconcile, for the queue metrics; `turns`: how
+//!   many reconcile at once, first come, first served, the waiting kept out of kube);
 //! - `http` serves metrics and probes (`metrics`); `kueue_api` waits for a Kueue we can talk
 //!   to; `tasks` ties every task to the run.
 //!
 //! Everything is event driven; the only timers are the ones a check asks for (recheck after,
-//! revalidation) and error backoff.
+//! revalidation), error backoff, and a sweep that takes back a turn granted and never taken.
 
 mod admission_checks;
 mod checks;
@@ -36,6 +37,7 @@ mod reconcile;
 mod relist;
 mod shadow;
 mod tasks;
+mod turns;
 mod unanswerable;
 mod workloads;
 

@@ -38,15 +38,15 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
     wl: Arc<Workload>,
     ctx: Arc<Context<C>>,
 ) -> Result<Action, Error> {
-    let key = super::context::turn_key(&wl.namespace().unwrap_or_default(), &wl.name_any());
-    // Never closed; a closed one would mean the runtime is going away.
-    let Some(_turn) = ctx.take_turn(key).await else {
+    let namespace = wl.namespace().unwrap_or_default();
+    let now = tokio::time::Instant::now();
+    let Some(_turn) = ctx.turns.ask(&namespace, &wl.name_any(), now) else {
+        // Queued: when its turn comes, the Workload is sent to kube again and that reconcile
+        // takes the turn (see `turns`). Nothing waits in kube meanwhile.
         return Ok(Action::await_change());
     };
     // Whatever this reconcile finds, it reads the changes that waited for it.
     {
-        let namespace = wl.namespace().unwrap_or_default();
-        let now = tokio::time::Instant::now();
         let (waited, waiting) = ctx.queued.reconciling(&namespace, &wl.name_any(), now);
         if let Some(waited) = waited {
             ctx.metrics.queue_waited(waited);

@@ -1398,29 +1398,21 @@ async fn events_in_the_background_keep_each_workloads_order_and_a_flush_publishe
     );
 }
 
-/// A Workload is known to wait for a turn from the moment its reconcile asks until it has one
-/// (then it reads the cache), also when the wait is given up.
+/// A reconcile that finds every turn held ends at once, its Workload known to wait; once the
+/// turn ends, the Workload's next reconcile has it.
 #[tokio::test]
 async fn a_workload_waits_for_a_turn_until_it_has_one() {
     let h = Harness::configured(Decision::ready(""), false, |c| {
         c.concurrency = 1;
     });
     let ctx = h.ctx;
-    let held = ctx
-        .take_turn(super::super::context::turn_key("ns", "a"))
-        .await
-        .expect("a turn");
+    let now = tokio::time::Instant::now();
+    let held = ctx.turns.ask("ns", "a", now).expect("a turn");
     assert!(!ctx.waits_for_turn("ns", "a"), "has its turn");
-    let mut b = Box::pin(ctx.take_turn(super::super::context::turn_key("ns", "b")));
-    assert!(futures::poll!(b.as_mut()).is_pending());
+    assert!(ctx.turns.ask("ns", "b", now).is_none());
     assert!(ctx.waits_for_turn("ns", "b"));
     drop(held);
-    let turn = b.await.expect("b's turn");
+    let turn = ctx.turns.ask("ns", "b", now).expect("b's turn");
     assert!(!ctx.waits_for_turn("ns", "b"), "has its turn");
-    let mut c = Box::pin(ctx.take_turn(super::super::context::turn_key("ns", "c")));
-    assert!(futures::poll!(c.as_mut()).is_pending());
-    assert!(ctx.waits_for_turn("ns", "c"));
-    drop(c);
-    assert!(!ctx.waits_for_turn("ns", "c"), "gave up waiting");
     drop(turn);
 }

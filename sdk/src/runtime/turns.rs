@@ -1,0 +1,310 @@
+//! Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), granted first come,
+//! first served, with the Workloads that wait for one kept here rather than in kube.
+//!
+//! kube's own limit hands a free slot to a waiting Workload picked in hash order, so under a
+//! steady stream of changes some waited minutes (the soak found Workloads holding quota
+//! unanswered for over 90 s): its limit is off and these turns are fair. A reconcile that
+//! waited for its turn inside kube stayed in flight there meanwhile, and kube's runner polls
+//! every reconcile in flight each time it is woken: at a burst of 5,000 Workloads, a third of
+//! our CPU went to polling the thousands that waited. So a reconcile that finds no free turn
+//! ends at once, its Workload queued here; when a turn ends, the next queued Workload is granted
+//! it and sent to kube as a trigger, and its reconcile takes the granted turn.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::memory::lock;
+use crate::api::Workload;
+
+/// A turn granted to a queued Workload is taken back if its reconcile has not started by then
+/// (kube starts it within milliseconds; a Workload deleted meanwhile gives it back at once, see
+/// [`Turns::gone`]). Only a defect would leave one: without this, it would be lost for good.
+pub(super) const GRANT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A Workload, by namespace and name.
+type Key = (String, String);
+
+pub(super) struct Turns {
+    state: Mutex<State>,
+}
+
+struct State {
+    /// The configured number of turns.
+    all: usize,
+    /// Turns neither held nor granted.
+    free: usize,
+    /// Turns held by reconciles.
+    held: usize,
+    /// Workloads waiting for a turn, oldest first; one no longer in `waiting` is skipped.
+    queue: VecDeque<Key>,
+    waiting: HashSet<Key>,
+    /// Workloads granted a turn whose reconcile has yet to take it, since when.
+    granted: HashMap<Key, Instant>,
+    /// Where a Workload granted a turn is sent to be reconciled; while none (the runtime does
+    /// not lead), a turn that ends stays free and a reconcile takes any free turn.
+    triggers: Option<mpsc::UnboundedSender<ObjectRef<Workload>>>,
+}
+
+/// A turn held by a reconcile; handed on when dropped.
+pub(super) struct Turn<'a>(&'a Turns);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0.state);
+        s.held -= 1;
+        s.hand_on(Instant::now());
+    }
+}
+
+impl Turns {
+    pub(super) fn new(all: usize) -> Self {
+        let all = all.max(1);
+        Self {
+            state: Mutex::new(State {
+                all,
+                free: all,
+                held: 0,
+                queue: VecDeque::new(),
+                waiting: HashSet::new(),
+                granted: HashMap::new(),
+                triggers: None,
+            }),
+        }
+    }
+
+    /// From now on, a Workload granted a turn is sent to `triggers` to be reconciled.
+    pub(super) fn connect(&self, triggers: mpsc::UnboundedSender<ObjectRef<Workload>>) {
+        lock(&self.state).triggers = Some(triggers);
+    }
+
+    /// A turn for the reconcile of `namespace/name`: the one granted to it, or a free one
+    /// when nobody waits. `None` queues the Workload (once): its turn comes as a trigger.
+    pub(super) fn ask(&self, namespace: &str, name: &str, now: Instant) -> Option<Turn<'_>> {
+        let key = (namespace.to_string(), name.to_string());
+        let mut s = lock(&self.state);
+        s.take_back_stale_grants(now);
+        if s.granted.remove(&key).is_some() {
+            s.held += 1;
+            return Some(Turn(self));
+        }
+        // Without a trigger to come back by, nothing may be left queued.
+        if s.free > 0 && (s.queue.is_empty() || s.triggers.is_none()) {
+            s.free -= 1;
+            s.held += 1;
+            return Some(Turn(self));
+        }
+        if s.waiting.insert(key.clone()) {
+            s.queue.push_back(key);
+        }
+        None
+    }
+
+    /// Whether `namespace/name` waits for its turn or has been granted one that its reconcile
+    /// has yet to take: that reconcile reads the cache when it runs, so a change or a wake of
+    /// the Workload needs no reconcile of its own.
+    pub(super) fn waits(&self, namespace: &str, name: &str) -> bool {
+        let key = (namespace.to_string(), name.to_string());
+        let s = lock(&self.state);
+        s.waiting.contains(&key) || s.granted.contains_key(&key)
+    }
+
+    /// `namespace/name` is gone (kube found no such Workload to reconcile): it waits no more,
+    /// and a turn granted to it goes to the next.
+    pub(super) fn gone(&self, namespace: &str, name: &str, now: Instant) {
+        let key = (namespace.to_string(), name.to_string());
+        let mut s = lock(&self.state);
+        s.waiting.remove(&key);
+        if s.granted.remove(&key).is_some() {
+            s.hand_on(now);
+        }
+    }
+
+    /// Takes back turns granted too long ago (see [`GRANT_TIMEOUT`]).
+    pub(super) fn take_back_stale_grants(&self, now: Instant) {
+        lock(&self.state).take_back_stale_grants(now);
+    }
+
+    /// The runtime stops leading: nothing waits, every turn not held is free, no trigger is
+    /// sent.
+    pub(super) fn clear(&self) {
+        let mut s = lock(&self.state);
+        s.free = s.all - s.held;
+        s.queue.clear();
+        s.waiting.clear();
+        s.granted.clear();
+        s.triggers = None;
+    }
+
+    /// Workloads waiting for a turn, and turns granted and not yet taken (for tests).
+    #[cfg(test)]
+    pub(super) fn counts(&self) -> (usize, usize, usize) {
+        let s = lock(&self.state);
+        (s.waiting.len(), s.granted.len(), s.free)
+    }
+}
+
+impl State {
+    /// A turn ended: the oldest Workload still waiting is granted it (and sent to be
+    /// reconciled), or it is free.
+    fn hand_on(&mut self, now: Instant) {
+        while let Some(key) = self.queue.pop_front() {
+            if !self.waiting.remove(&key) {
+                continue;
+            }
+            let Some(triggers) = &self.triggers else {
+                // Not leading any more: nothing will come back for it.
+                break;
+            };
+            let trigger = ObjectRef::new(&key.1).within(&key.0);
+            if triggers.send(trigger).is_err() {
+                // kube's controller is gone: the runtime is stopping.
+                break;
+            }
+            self.granted.insert(key, now);
+            return;
+        }
+        self.free += 1;
+    }
+
+    fn take_back_stale_grants(&mut self, now: Instant) {
+        let stale: Vec<Key> = self
+            .granted
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= GRANT_TIMEOUT)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in stale {
+            warn!(namespace = %key.0, workload = %key.1, timeout = ?GRANT_TIMEOUT,
+                "the reconcile granted a turn never took it; the turn goes to the next");
+            self.granted.remove(&key);
+            self.hand_on(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connected(all: usize) -> (Turns, mpsc::UnboundedReceiver<ObjectRef<Workload>>) {
+        let turns = Turns::new(all);
+        let (tx, rx) = mpsc::unbounded_channel();
+        turns.connect(tx);
+        (turns, rx)
+    }
+
+    fn sent(rx: &mut mpsc::UnboundedReceiver<ObjectRef<Workload>>) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            names.push(format!("{}/{}", r.namespace.unwrap_or_default(), r.name));
+        }
+        names
+    }
+
+    #[test]
+    fn turns_go_first_come_first_served_through_triggers() {
+        let (turns, mut rx) = connected(1);
+        let now = Instant::now();
+        let a = turns.ask("ns", "a", now).expect("a free turn");
+        assert!(!turns.waits("ns", "a"), "has its turn");
+        assert!(turns.ask("ns", "b", now).is_none(), "queued");
+        assert!(turns.ask("ns", "c", now).is_none(), "queued");
+        // Asked again while queued (a timer of kube's): still queued once, in its place.
+        assert!(turns.ask("ns", "b", now).is_none());
+        assert!(turns.waits("ns", "b") && turns.waits("ns", "c"));
+        assert_eq!(turns.counts(), (2, 0, 0));
+        assert!(
+            sent(&mut rx).is_empty(),
+            "nothing granted while a holds the turn"
+        );
+
+        drop(a);
+        assert_eq!(
+            sent(&mut rx),
+            ["ns/b"],
+            "the oldest waiting is granted the turn"
+        );
+        assert!(
+            turns.waits("ns", "b"),
+            "granted, its reconcile yet to read the cache"
+        );
+        // A newcomer does not overtake the grant, nor c.
+        assert!(turns.ask("ns", "d", now).is_none());
+        let b = turns.ask("ns", "b", now).expect("b takes its granted turn");
+        assert!(!turns.waits("ns", "b"));
+        drop(b);
+        assert_eq!(sent(&mut rx), ["ns/c"]);
+        let c = turns.ask("ns", "c", now).expect("c's turn");
+        drop(c);
+        assert_eq!(sent(&mut rx), ["ns/d"]);
+        drop(turns.ask("ns", "d", now).expect("d's turn"));
+        assert!(sent(&mut rx).is_empty());
+        assert_eq!(turns.counts(), (0, 0, 1), "the turn is free again");
+    }
+
+    #[test]
+    fn a_workload_gone_before_its_turn_gives_the_grant_on() {
+        let (turns, mut rx) = connected(1);
+        let now = Instant::now();
+        let a = turns.ask("ns", "a", now).expect("a free turn");
+        assert!(turns.ask("ns", "b", now).is_none());
+        assert!(turns.ask("ns", "c", now).is_none());
+        assert!(turns.ask("ns", "d", now).is_none());
+        // d is deleted while it waits: skipped when the turn comes.
+        turns.gone("ns", "d", now);
+        assert!(!turns.waits("ns", "d"));
+        drop(a);
+        assert_eq!(sent(&mut rx), ["ns/b"]);
+        // b is deleted before its reconcile ran: kube finds nothing, the grant goes to c.
+        turns.gone("ns", "b", now);
+        assert_eq!(sent(&mut rx), ["ns/c"]);
+        turns.gone("ns", "c", now);
+        assert!(sent(&mut rx).is_empty(), "d no longer waits");
+        assert_eq!(turns.counts(), (0, 0, 1));
+    }
+
+    #[test]
+    fn a_grant_never_taken_is_taken_back() {
+        let (turns, mut rx) = connected(1);
+        let now = Instant::now();
+        let a = turns.ask("ns", "a", now).expect("a free turn");
+        assert!(turns.ask("ns", "b", now).is_none());
+        assert!(turns.ask("ns", "c", now).is_none());
+        drop(a);
+        assert_eq!(sent(&mut rx), ["ns/b"]);
+        turns.take_back_stale_grants(now + GRANT_TIMEOUT / 2);
+        assert!(sent(&mut rx).is_empty(), "not yet");
+        // Granted when `a` ended, a moment after `now`.
+        turns.take_back_stale_grants(now + GRANT_TIMEOUT + Duration::from_secs(1));
+        assert_eq!(sent(&mut rx), ["ns/c"], "b's turn goes to c");
+        assert!(!turns.waits("ns", "b"));
+    }
+
+    #[test]
+    fn without_triggers_nothing_is_left_waiting() {
+        let turns = Turns::new(2);
+        let now = Instant::now();
+        let a = turns.ask("ns", "a", now).expect("a turn");
+        let b = turns.ask("ns", "b", now).expect("a turn");
+        assert!(turns.ask("ns", "c", now).is_none(), "every turn is held");
+        // Not leading: a turn that ends is free, and c's reconcile (asked again) takes it.
+        drop(a);
+        assert!(turns.ask("ns", "c", now).is_some());
+        drop(b);
+        // Stopping to lead forgets the waiting and frees everything.
+        let (turns, mut rx) = connected(1);
+        let held = turns.ask("ns", "x", now).expect("a turn");
+        assert!(turns.ask("ns", "y", now).is_none());
+        turns.clear();
+        drop(held);
+        assert!(sent(&mut rx).is_empty());
+        assert!(!turns.waits("ns", "y"));
+        assert_eq!(turns.counts(), (0, 0, 1), "the one turn, free");
+    }
+}
