@@ -80,7 +80,9 @@ impl Turns {
 
     /// From now on, a Workload granted a turn is sent to `triggers` to be reconciled.
     pub(super) fn connect(&self, triggers: mpsc::UnboundedSender<ObjectRef<Workload>>) {
-        lock(&self.state).triggers = Some(triggers);
+        let mut s = lock(&self.state);
+        s.triggers = Some(triggers);
+        s.grant_free_turns(Instant::now());
     }
 
     /// A turn for the reconcile of `namespace/name`: the one granted to it, or a free one
@@ -89,14 +91,17 @@ impl Turns {
         let key = (namespace.to_string(), name.to_string());
         let mut s = lock(&self.state);
         s.take_back_stale_grants(now);
+        // A free turn never stays free while others wait (they may be this very Workload).
+        s.grant_free_turns(now);
         if s.granted.remove(&key).is_some() {
             s.held += 1;
             return Some(Turn(self));
         }
         // Without a trigger to come back by, nothing may be left queued.
-        if s.free > 0 && (s.queue.is_empty() || s.triggers.is_none()) {
+        if s.free > 0 && (s.waiting.is_empty() || s.triggers.is_none()) {
             s.free -= 1;
             s.held += 1;
+            s.waiting.remove(&key);
             return Some(Turn(self));
         }
         if s.waiting.insert(key.clone()) {
@@ -150,26 +155,40 @@ impl Turns {
 }
 
 impl State {
-    /// A turn ended: the oldest Workload still waiting is granted it (and sent to be
-    /// reconciled), or it is free.
+    /// A turn ended: the oldest Workload still waiting is granted it, or it is free.
     fn hand_on(&mut self, now: Instant) {
+        if !self.grant_to_oldest(now) {
+            self.free += 1;
+        }
+    }
+
+    /// Grants free turns to the oldest Workloads waiting, as long as both last.
+    fn grant_free_turns(&mut self, now: Instant) {
+        while self.free > 0 && self.grant_to_oldest(now) {
+            self.free -= 1;
+        }
+    }
+
+    /// Grants a turn to the oldest Workload still waiting and sends it to be reconciled;
+    /// `false` when none waits, or none can be sent (not leading, or kube's controller gone).
+    fn grant_to_oldest(&mut self, now: Instant) -> bool {
+        let Some(triggers) = self.triggers.clone() else {
+            return false;
+        };
         while let Some(key) = self.queue.pop_front() {
             if !self.waiting.remove(&key) {
                 continue;
             }
-            let Some(triggers) = &self.triggers else {
-                // Not leading any more: nothing will come back for it.
-                break;
-            };
-            let trigger = ObjectRef::new(&key.1).within(&key.0);
-            if triggers.send(trigger).is_err() {
-                // kube's controller is gone: the runtime is stopping.
-                break;
+            if triggers
+                .send(ObjectRef::new(&key.1).within(&key.0))
+                .is_err()
+            {
+                return false;
             }
             self.granted.insert(key, now);
-            return;
+            return true;
         }
-        self.free += 1;
+        false
     }
 
     fn take_back_stale_grants(&mut self, now: Instant) {
@@ -284,6 +303,28 @@ mod tests {
         turns.take_back_stale_grants(now + GRANT_TIMEOUT + Duration::from_secs(1));
         assert_eq!(sent(&mut rx), ["ns/c"], "b's turn goes to c");
         assert!(!turns.waits("ns", "b"));
+    }
+
+    #[test]
+    fn a_free_turn_never_stays_free_while_others_wait() {
+        let turns = Turns::new(1);
+        let now = Instant::now();
+        let a = turns.ask("ns", "a", now).expect("a turn");
+        assert!(
+            turns.ask("ns", "b", now).is_none(),
+            "queued before any trigger"
+        );
+        drop(a);
+        assert_eq!(turns.counts(), (1, 0, 1), "free, b still waiting");
+        // Connected (the runtime leads): b is granted the free turn at once.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        turns.connect(tx);
+        assert_eq!(sent(&mut rx), ["ns/b"]);
+        assert!(
+            turns.ask("ns", "c", now).is_none(),
+            "b's turn is granted, not free"
+        );
+        assert!(turns.ask("ns", "b", now).is_some());
     }
 
     #[test]
