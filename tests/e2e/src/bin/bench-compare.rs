@@ -175,6 +175,14 @@ async fn main() -> ExitCode {
 }
 
 async fn run_all(cli: &Cli) -> Result<()> {
+    // The tree the binaries were built from (make builds them just before): read now, not when
+    // the report is written minutes later, after other commits; "-dirty" for uncommitted
+    // changes.
+    let commit = Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=7"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     // Every Workload in the cluster is in Kueue's cache and ours: an earlier run's must be gone.
     let client = e2e::admin_client().await?;
     let earlier = |ns: &str| ns.starts_with(BENCH_NAMESPACE_PREFIX);
@@ -214,7 +222,12 @@ async fn run_all(cli: &Cli) -> Result<()> {
             }
         }
     }
-    let report = report(cli, &results, idle.as_ref().map(|(_, settled)| settled));
+    let report = report(
+        cli,
+        &commit,
+        &results,
+        idle.as_ref().map(|(_, settled)| settled),
+    );
     print!("{report}");
     for path in draw_plots(cli, &results)? {
         eprintln!("bench-compare: drew {}", path.display());
@@ -1681,15 +1694,10 @@ fn draw_plots(cli: &Cli, results: &[Measured]) -> Result<Vec<PathBuf>> {
     Ok(drawn)
 }
 
-/// The summary table over all runs, with the ratios of ours to the built-in's; `settled` is
-/// how Kueue came to rest on the idle Workloads, if any.
-fn report(cli: &Cli, results: &[Measured], settled: Option<&Settled>) -> String {
+/// The summary table over all runs, with the ratios of ours to the built-in's; `commit`: the
+/// tree measured; `settled` is how Kueue came to rest on the idle Workloads, if any.
+fn report(cli: &Cli, commit: &str, results: &[Measured], settled: Option<&Settled>) -> String {
     let mut out = String::new();
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let settle = settled.map_or(String::new(), |s| {
         format!(
