@@ -129,17 +129,6 @@ impl<C: AdmissionCheckController> Context<C> {
         self
     }
 
-    /// Whether the reconcile of the Workload `namespace/name` waits for a turn, or has been
-    /// granted one and has yet to read the cache: it will read a change already in the cache,
-    /// and the caches a wake is about, so neither needs a reconcile of its own. kube would hold
-    /// one until the coming reconcile ends and then run it for nothing; worse, it keeps every
-    /// such held trigger in a set it searches on every poll, which made each reconcile's cost
-    /// grow with the number of Workloads waiting (at a 5,000 burst, 2.7 times the CPU per
-    /// Workload of a 1,000 burst).
-    pub(super) fn waits_for_turn(&self, namespace: &str, name: &str) -> bool {
-        self.turns.waits(namespace, name)
-    }
-
     /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).
     pub(super) fn revalidates(&self) -> bool {
         self.controller.revalidate().asks_again()

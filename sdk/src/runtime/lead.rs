@@ -81,13 +81,13 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         let waiting = queue.queued.taken(&namespace, &wl.name_any(), now);
         queue.metrics.queue_depth(waiting);
         // Its reconcile, waiting for a turn, will read this change from the cache.
-        let needed = !queue.waits_for_turn(&namespace, &wl.name_any());
+        let needed = !queue.turns.waits(&namespace, &wl.name_any());
         futures::future::ready(needed.then_some(Ok(wl)))
     });
     let queue = l.ctx.clone();
     let wakes = ReceiverStream::new(wake_rx).filter(move |wl| {
         let namespace = wl.namespace.as_deref().unwrap_or_default();
-        futures::future::ready(!queue.waits_for_turn(namespace, &wl.name))
+        futures::future::ready(!queue.turns.waits(namespace, &wl.name))
     });
     // Workloads whose turn came (see `turns`): not filtered, their reconcile takes the turn.
     let (granted_tx, granted_rx) = mpsc::unbounded_channel();

@@ -1408,11 +1408,11 @@ async fn a_workload_waits_for_a_turn_until_it_has_one() {
     let ctx = h.ctx;
     let now = tokio::time::Instant::now();
     let held = ctx.turns.ask("ns", "a", now).expect("a turn");
-    assert!(!ctx.waits_for_turn("ns", "a"), "has its turn");
+    assert!(!ctx.turns.waits("ns", "a"), "has its turn");
     assert!(ctx.turns.ask("ns", "b", now).is_none());
-    assert!(ctx.waits_for_turn("ns", "b"));
+    assert!(ctx.turns.waits("ns", "b"));
     drop(held);
     let turn = ctx.turns.ask("ns", "b", now).expect("b's turn");
-    assert!(!ctx.waits_for_turn("ns", "b"), "has its turn");
+    assert!(!ctx.turns.waits("ns", "b"), "has its turn");
     drop(turn);
 }

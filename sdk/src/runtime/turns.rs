@@ -35,10 +35,8 @@ pub(super) struct Turns {
 }
 
 struct State {
-    /// The configured number of turns.
+    /// The configured number of turns; those neither held nor granted are free.
     all: usize,
-    /// Turns neither held nor granted.
-    free: usize,
     /// Turns held by reconciles.
     held: usize,
     /// Workloads waiting for a turn, oldest first; one no longer in `waiting` is skipped.
@@ -58,7 +56,7 @@ impl Drop for Turn<'_> {
     fn drop(&mut self) {
         let mut s = lock(&self.0.state);
         s.held -= 1;
-        s.hand_on(Instant::now());
+        s.grant_free_turns(Instant::now());
     }
 }
 
@@ -68,7 +66,6 @@ impl Turns {
         Self {
             state: Mutex::new(State {
                 all,
-                free: all,
                 held: 0,
                 queue: VecDeque::new(),
                 waiting: HashSet::new(),
@@ -90,16 +87,15 @@ impl Turns {
     pub(super) fn ask(&self, namespace: &str, name: &str, now: Instant) -> Option<Turn<'_>> {
         let key = (namespace.to_string(), name.to_string());
         let mut s = lock(&self.state);
+        // Also grants free turns: one never stays free while others wait (they may be this
+        // very Workload, queued before the triggers were connected).
         s.take_back_stale_grants(now);
-        // A free turn never stays free while others wait (they may be this very Workload).
-        s.grant_free_turns(now);
         if s.granted.remove(&key).is_some() {
             s.held += 1;
             return Some(Turn(self));
         }
         // Without a trigger to come back by, nothing may be left queued.
-        if s.free > 0 && (s.waiting.is_empty() || s.triggers.is_none()) {
-            s.free -= 1;
+        if s.free() > 0 && (s.waiting.is_empty() || s.triggers.is_none()) {
             s.held += 1;
             s.waiting.remove(&key);
             return Some(Turn(self));
@@ -112,7 +108,10 @@ impl Turns {
 
     /// Whether `namespace/name` waits for its turn or has been granted one that its reconcile
     /// has yet to take: that reconcile reads the cache when it runs, so a change or a wake of
-    /// the Workload needs no reconcile of its own.
+    /// the Workload needs no reconcile of its own. kube would hold one until the coming
+    /// reconcile ends and then run it for nothing; worse, it keeps every such held trigger in
+    /// a set it searches on every poll, which made each reconcile's cost grow with the number
+    /// of Workloads waiting (at a 5,000 burst, 2.7 times the CPU per Workload of a 1,000 burst).
     pub(super) fn waits(&self, namespace: &str, name: &str) -> bool {
         let key = (namespace.to_string(), name.to_string());
         let s = lock(&self.state);
@@ -126,7 +125,7 @@ impl Turns {
         let mut s = lock(&self.state);
         s.waiting.remove(&key);
         if s.granted.remove(&key).is_some() {
-            s.hand_on(now);
+            s.grant_free_turns(now);
         }
     }
 
@@ -139,7 +138,6 @@ impl Turns {
     /// sent.
     pub(super) fn clear(&self) {
         let mut s = lock(&self.state);
-        s.free = s.all - s.held;
         s.queue.clear();
         s.waiting.clear();
         s.granted.clear();
@@ -150,29 +148,26 @@ impl Turns {
     #[cfg(test)]
     pub(super) fn counts(&self) -> (usize, usize, usize) {
         let s = lock(&self.state);
-        (s.waiting.len(), s.granted.len(), s.free)
+        (s.waiting.len(), s.granted.len(), s.free())
     }
 }
 
 impl State {
-    /// A turn ended: the oldest Workload still waiting is granted it, or it is free.
-    fn hand_on(&mut self, now: Instant) {
-        if !self.grant_to_oldest(now) {
-            self.free += 1;
-        }
+    /// Turns neither held nor granted.
+    fn free(&self) -> usize {
+        self.all - self.held - self.granted.len()
     }
 
-    /// Grants free turns to the oldest Workloads waiting, as long as both last.
+    /// Grants free turns to the oldest Workloads waiting, as long as both last (a turn that
+    /// ended goes to the oldest waiting, or stays free).
     fn grant_free_turns(&mut self, now: Instant) {
-        while self.free > 0 && self.grant_to_oldest(now) {
-            self.free -= 1;
-        }
+        while self.free() > 0 && self.grant_to_oldest(now) {}
     }
 
     /// Grants a turn to the oldest Workload still waiting and sends it to be reconciled;
     /// `false` when none waits, or none can be sent (not leading, or kube's controller gone).
     fn grant_to_oldest(&mut self, now: Instant) -> bool {
-        let Some(triggers) = self.triggers.clone() else {
+        let Some(triggers) = self.triggers.as_ref() else {
             return false;
         };
         while let Some(key) = self.queue.pop_front() {
@@ -192,18 +187,15 @@ impl State {
     }
 
     fn take_back_stale_grants(&mut self, now: Instant) {
-        let stale: Vec<Key> = self
-            .granted
-            .iter()
-            .filter(|(_, since)| now.saturating_duration_since(**since) >= GRANT_TIMEOUT)
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in stale {
-            warn!(namespace = %key.0, workload = %key.1, timeout = ?GRANT_TIMEOUT,
-                "the reconcile granted a turn never took it; the turn goes to the next");
-            self.granted.remove(&key);
-            self.hand_on(now);
-        }
+        self.granted.retain(|key, since| {
+            let stale = now.saturating_duration_since(*since) >= GRANT_TIMEOUT;
+            if stale {
+                warn!(namespace = %key.0, workload = %key.1, timeout = ?GRANT_TIMEOUT,
+                    "the reconcile granted a turn never took it; the turn goes to the next");
+            }
+            !stale
+        });
+        self.grant_free_turns(now);
     }
 }
 
