@@ -37,6 +37,7 @@ pub(crate) mod decide;
 pub mod error;
 pub mod extensions;
 pub mod holding;
+pub mod lifecycle;
 pub mod options;
 pub mod release;
 pub mod retry;

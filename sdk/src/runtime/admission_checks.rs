@@ -13,7 +13,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
-use super::{checks, claim, metrics, relist};
+use super::{check_registry, claim, metrics, relist};
 use crate::api::AdmissionCheck;
 use crate::check::{AdmissionCheckController, CheckParameters};
 use crate::error::Error;
@@ -27,7 +27,7 @@ use crate::error::Error;
 pub(super) struct CheckSync<C: AdmissionCheckController> {
     pub(super) client: Client,
     pub(super) controller: Arc<C>,
-    pub(super) registry: checks::Registry<C::Parameters>,
+    pub(super) registry: check_registry::Registry<C::Parameters>,
     /// Asks for every Workload to be reconciled (a check appeared, changed or went away).
     pub(super) reconcile_all: mpsc::Sender<()>,
     pub(super) metrics: Arc<metrics::Metrics>,
@@ -256,9 +256,13 @@ impl<C: AdmissionCheckController> CheckSync<C> {
             .as_deref()
             .is_some_and(|ours| claim::judge(&ac, ours) != claim::Claim::Ours);
         let condition_off = unclaimed
-            || checks::summary(&self.registry, &name).is_none_or(|state| {
-                checks::desired_active_condition(&ac, &state, k8s_openapi::jiff::Timestamp::now())
-                    .is_some()
+            || check_registry::summary(&self.registry, &name).is_none_or(|state| {
+                check_registry::desired_active_condition(
+                    &ac,
+                    &state,
+                    k8s_openapi::jiff::Timestamp::now(),
+                )
+                .is_some()
             });
         if condition_off {
             Work::sync(vec![ac], SyncCause::Rewrite)
@@ -308,9 +312,9 @@ impl<C: AdmissionCheckController> CheckSync<C> {
         write: bool,
     ) -> bool {
         let name = ac.name_any();
-        let before = checks::summary(&self.registry, &name);
+        let before = check_registry::summary(&self.registry, &name);
         let Synced { recorded, result } = self.sync_check(ac, write).await;
-        let after = checks::summary(&self.registry, &name);
+        let after = check_registry::summary(&self.registry, &name);
         let earlier = known.retries.get(&name).copied();
         // A change of the check or its parameters not taken in yet (this one, or one whose
         // sync failed before it was recorded).
@@ -342,7 +346,7 @@ impl<C: AdmissionCheckController> CheckSync<C> {
     /// its `Active` condition.
     async fn sync_check(&self, ac: &AdmissionCheck, write: bool) -> Synced {
         let name = ac.name_any();
-        let resolved = checks::resolve(
+        let resolved = check_registry::resolve(
             &self.client,
             self.controller.as_ref(),
             ac,
@@ -350,14 +354,14 @@ impl<C: AdmissionCheckController> CheckSync<C> {
         )
         .await;
         let (state, failure) = match resolved {
-            Ok(checks::Resolved::Active(active)) => (Ok(Arc::new(active)), None),
-            Ok(checks::Resolved::Inactive(inactive)) => (Err(inactive), None),
+            Ok(check_registry::Resolved::Active(active)) => (Ok(Arc::new(active)), None),
+            Ok(check_registry::Resolved::Inactive(inactive)) => (Err(inactive), None),
             // Shown on the check, and tried again until fixed: an API the check needs that is
-            // not served, or our own RBAC (see `checks::inactive_for`).
-            Err(e) => match checks::inactive_for::<C::Parameters>(ac, &e) {
+            // not served, or our own RBAC (see `check_registry::inactive_for`).
+            Err(e) => match check_registry::inactive_for::<C::Parameters>(ac, &e) {
                 Some(inactive) => (Err(inactive), Some(e)),
                 None => {
-                    if checks::summary(&self.registry, &name).is_none() {
+                    if check_registry::summary(&self.registry, &name).is_none() {
                         // Never resolved here: not served, whatever the condition says.
                         self.metrics.check_active(&name, false);
                     }
@@ -380,7 +384,7 @@ impl<C: AdmissionCheckController> CheckSync<C> {
         // In shadow mode a check that could answer is shown inactive: no ClusterQueue may wait
         // on answers that are never written.
         let shown = match (summary, &self.settings.shadow) {
-            (Ok(message), Some(scope)) => Err(checks::shadow_mode(scope, &message)),
+            (Ok(message), Some(scope)) => Err(check_registry::shadow_mode(scope, &message)),
             (summary, _) => summary,
         };
         let written = if write {
@@ -514,7 +518,7 @@ async fn write_active_condition(
     client: &Client,
     field_manager: &str,
     ac: &AdmissionCheck,
-    state: &Result<String, checks::Inactive>,
+    state: &Result<String, check_registry::Inactive>,
     claim: Option<&str>,
 ) -> Result<(), Error> {
     // Compared with the check as it is now, not as cached: the watch may not have brought back
@@ -542,7 +546,7 @@ async fn write_active_condition(
         Some(claim::Claim::Unclaimed) => true,
         Some(claim::Claim::Ours) | None => false,
     };
-    let active = match checks::desired_active_condition(&current, state, now) {
+    let active = match check_registry::desired_active_condition(&current, state, now) {
         Some(condition) => condition,
         None if claim_missing => match current.active_condition() {
             Some(condition) => condition.clone(),
@@ -552,7 +556,7 @@ async fn write_active_condition(
     };
     let mut conditions = vec![active];
     conditions.extend(claim.map(|ours| claim::claim_condition(&current, ours, now)));
-    checks::apply_active_condition(client, field_manager, &current, conditions).await
+    check_registry::apply_active_condition(client, field_manager, &current, conditions).await
 }
 
 /// Withdraws this deployment's claim from every check that carries it, keeping the `Active`
@@ -575,7 +579,7 @@ pub(super) async fn withdraw_claims(
                 return Ok(());
             }
             let active: Vec<_> = current.active_condition().cloned().into_iter().collect();
-            checks::apply_active_condition(client, field_manager, &current, active).await
+            check_registry::apply_active_condition(client, field_manager, &current, active).await
         };
         match withdrawn.await {
             Ok(()) => {
@@ -589,8 +593,8 @@ pub(super) async fn withdraw_claims(
 }
 
 fn write_registry<P>(
-    registry: &checks::Registry<P>,
-) -> std::sync::RwLockWriteGuard<'_, checks::CheckMap<P>> {
+    registry: &check_registry::Registry<P>,
+) -> std::sync::RwLockWriteGuard<'_, check_registry::CheckMap<P>> {
     // A panic while holding the lock cannot leave the map half-updated: every write is one insert
     // or remove. So a poisoned lock is still safe to use.
     registry.write().unwrap_or_else(|p| p.into_inner())

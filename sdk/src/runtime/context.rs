@@ -12,7 +12,7 @@ use kube::{Client, Resource, ResourceExt};
 use sha2::Digest;
 use tracing::{info, warn};
 
-use super::checks::Registry;
+use super::check_registry::Registry;
 use super::memory::Memory;
 use super::own_writes::OwnWrites;
 use super::queued_changes::QueuedChanges;

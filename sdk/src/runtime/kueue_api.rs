@@ -10,7 +10,7 @@ use tracing::{error, info, warn};
 use crate::check::ApiKind;
 use crate::error::Error;
 
-use super::checks::why_not_served;
+use super::check_registry::why_not_served;
 use super::http::Health;
 
 /// The oldest Kueue that serves the API version below.
@@ -87,7 +87,7 @@ pub(crate) async fn wait_until_served(client: &Client, health: &Health) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::checks::discovery_fixtures;
+    use crate::runtime::check_registry::discovery_fixtures;
     use crate::testing::ScriptedApi;
 
     fn resources(names: &[&str]) -> serde_json::Value {

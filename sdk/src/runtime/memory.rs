@@ -1,17 +1,14 @@
 //! What this process keeps about each Workload between reconciles: per check, where the Workload
-//! stood when the check was asked, a late `Retry` to honour, a permanent failure being shown,
-//! the last would-be answer in shadow mode; per Workload, its error backoff. One map keyed by
+//! stood when the check was asked, a late `Retry` to honour, early work started, the last
+//! would-be answer in shadow mode; per Workload, its error backoff. One map keyed by
 //! the Workload's uid, so forgetting a deleted Workload is one removal, and empty entries are
 //! dropped as they empty (nothing grows with Workloads that no longer need anything).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use k8s_openapi::jiff::Timestamp;
-
-use crate::api::Workload;
-use crate::attempts;
 use crate::decide::LateRetry;
+use crate::lifecycle::{AskedAt, EarlyStart};
 use crate::shadow::ShadowRecord;
 
 /// Everything kept, by Workload uid.
@@ -32,7 +29,8 @@ pub(crate) struct WorkloadMemory {
     pub backing_off: Option<(Option<String>, tokio::time::Instant)>,
 }
 
-/// What is kept about one (Workload, check) pair.
+/// What is kept about one (Workload, check) pair. Holds on quota are not kept here: they are
+/// read from the cluster (see [`crate::lifecycle`]), so a restart does not start them again.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PairMemory {
     /// This process asked the check and has not released: where the Workload stood then. The
@@ -42,40 +40,17 @@ pub(crate) struct PairMemory {
     /// A `Retry` refused because Kueue evicted the Workload while the check decided; honoured
     /// on the next attempt.
     pub late: Option<LateRetry>,
-    /// A permanent failure being shown on the entry, with the time the hold started.
-    pub permanent: Option<PermanentFailure>,
-    /// The API server refuses this attempt's attempt record for good (RBAC, a policy, a size
-    /// limit): since when. Not cleared when the check answers again (it answers the same), only
-    /// by a new attempt.
-    pub record_refused: Option<Hold>,
-    /// The check cannot answer (inactive, or in shadow mode) while the Workload holds quota
-    /// with its entry `Pending`: since when, in which attempt.
-    pub unanswerable: Option<Hold>,
     /// In shadow mode, the last would-be answer, until released.
     pub shadowed: Option<ShadowRecord>,
-    /// The check's work was started before Kueue added its entry: for which attempt, since
-    /// when, and whether it was released for want of the entry. Cleared when the entry comes.
+    /// The check's work was started before Kueue added its entry: for which attempt, and
+    /// whether it was released for want of the entry. Cleared when the entry comes.
     pub early: Option<EarlyStart>,
-}
-
-/// Work started before the entry came ([`crate::AdmissionCheckController::start_early`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct EarlyStart {
-    /// Where the Workload stood: its attempt and eviction count.
-    pub at: AskedAt,
-    /// When the work started.
-    pub since: tokio::time::Instant,
-    /// Released because the entry did not come in time: not started again in this attempt.
-    pub abandoned: bool,
 }
 
 impl PairMemory {
     fn is_empty(&self) -> bool {
         self.asked.is_none()
             && self.late.is_none()
-            && self.permanent.is_none()
-            && self.record_refused.is_none()
-            && self.unanswerable.is_none()
             && self.shadowed.is_none()
             && self.early.is_none()
     }
@@ -162,86 +137,6 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Where a Workload stood when the check was asked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct AskedAt {
-    pub(super) attempt: u32,
-    pub(super) evictions: i32,
-}
-
-impl AskedAt {
-    #[cfg(test)]
-    pub(super) fn for_tests(attempt: u32, evictions: i32) -> Self {
-        Self { attempt, evictions }
-    }
-
-    pub(super) fn of(wl: &Workload, check: &str) -> Option<Self> {
-        let entry = wl.admission_check(check)?;
-        Some(Self::expected(wl, &entry.name))
-    }
-
-    /// Where the Workload stands for `check`, whether or not it has the entry yet (the attempt
-    /// the entry will have when it comes).
-    pub(super) fn expected(wl: &Workload, check: &str) -> Self {
-        Self {
-            attempt: attempts::attempt(wl, check),
-            evictions: wl.total_evictions(),
-        }
-    }
-}
-
-/// A permanent failure seen for a (Workload, check): since when, in which attempt (eviction
-/// count), with which message.
-#[derive(Clone, Debug)]
-pub(crate) struct PermanentFailure {
-    pub(super) since: Timestamp,
-    pub(super) evictions: i32,
-    pub(super) message: String,
-}
-
-/// A hold over one attempt of a (Workload, check): the quota is kept from `since` for
-/// [`super::RuntimeConfig::permanent_failure_hold`], then given back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Hold {
-    pub(super) since: Timestamp,
-    /// The eviction count of the attempt it belongs to.
-    pub(super) evictions: i32,
-}
-
-impl Hold {
-    #[cfg(test)]
-    pub(super) fn for_tests(since: Timestamp, evictions: i32) -> Self {
-        Self { since, evictions }
-    }
-
-    /// The hold of the attempt at `evictions`: `kept` if it is of that attempt, else one that
-    /// starts `now`.
-    pub(super) fn of_attempt(kept: &mut Option<Hold>, evictions: i32, now: Timestamp) -> Hold {
-        match kept {
-            Some(h) if h.evictions == evictions => *h,
-            _ => *kept.insert(Hold {
-                since: now,
-                evictions,
-            }),
-        }
-    }
-
-    /// How long is left of a hold of `hold` at `now` (`None`: over), and its end.
-    pub(super) fn left(
-        &self,
-        hold: std::time::Duration,
-        now: Timestamp,
-    ) -> (Option<std::time::Duration>, Timestamp) {
-        let held =
-            std::time::Duration::try_from(now.duration_since(self.since)).unwrap_or_default();
-        let until = k8s_openapi::jiff::SignedDuration::try_from(hold)
-            .ok()
-            .and_then(|h| self.since.checked_add(h).ok())
-            .unwrap_or(now);
-        (hold.checked_sub(held).filter(|l| !l.is_zero()), until)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,7 +151,10 @@ mod tests {
         // Reading what is not there keeps nothing.
         assert!(memory.pair(&key("u1", "a"), |p| p.asked.is_none()));
         assert_eq!(memory.len(), 0);
-        let at = AskedAt::for_tests(1, 0);
+        let at = AskedAt {
+            attempt: 1,
+            evictions: 0,
+        };
         memory.pair(&key("u1", "a"), |p| p.asked = Some(at));
         memory.pair(&key("u1", "b"), |p| p.asked = Some(at));
         memory.workload("u2", |w| w.failures = 3);

@@ -3,17 +3,22 @@
 //!
 //! [`run_until`] (this file) puts the parts together; each hop of the work has a file:
 //! - `admission_checks`: the AdmissionCheck loop keeps the checks whose `controllerName` is
-//!   ours in the registry (`checks`: resolving parameters, the `Active` condition; `claim`:
-//!   which deployment answers), and asks for every Workload to be reconciled when one changes;
+//!   ours in the registry (`check_registry`: resolving parameters, the `Active` condition;
+//!   `claim`: which deployment answers), and asks for every Workload to be reconciled when one
+//!   changes;
 //! - `workloads`: the Workload watch keeps the cache every replica holds and hands changes and
 //!   deletions on while this replica leads (`relist`: what a re-list means);
-//! - `leader` elects; `lead` runs the leader's part: kube-runtime's controller (one reconcile
-//!   at a time per Workload, backoff on errors) and the check's own tasks ([`Extensions`]);
-//! - `reconcile` asks the check whenever `decide::eligibility` says so and applies what
-//!   `decide::plan` allows (`shadow`: the same, writing nothing; `memory`: what is kept per
-//!   Workload between reconciles; `own_writes`: our writes the cache lacks yet;
-//!   `queued_changes`: changes waiting for a reconcile, for the queue metrics; `turns`: how
-//!   many reconcile at once, first come, first served, the waiting kept out of kube);
+//!   `cluster_queue_watch` keeps the ClusterQueues, for a check that starts early;
+//! - `lease` elects on a Lease; `leader_work` runs the leader's part: kube-runtime's controller
+//!   (one reconcile at a time per Workload, backoff on errors) and the check's own tasks
+//!   ([`Extensions`]);
+//! - `reconcile` executes, for each (Workload, check) pair, the step that
+//!   [`crate::lifecycle`] gives (`shadow`: the same, writing nothing; `unanswerable`: the hold
+//!   of a check that cannot answer; `status_write`: the entry and the attempt record written;
+//!   `memory`: what is kept per Workload between reconciles; `own_writes`: our writes the cache
+//!   lacks yet; `queued_changes`: changes waiting for a reconcile, for the queue metrics;
+//!   `turns`: how many reconcile at once, first come, first served, the waiting kept out of
+//!   kube);
 //! - `http` serves metrics and probes (`metrics`); `kueue_api` waits for a Kueue we can talk
 //!   to; `tasks` ties every task to the run.
 //!
@@ -21,21 +26,22 @@
 //! revalidation), error backoff, and a sweep that takes back a turn granted and never taken.
 
 mod admission_checks;
-mod checks;
+mod check_registry;
 mod claim;
+mod cluster_queue_watch;
 mod context;
 mod http;
 mod kueue_api;
-mod lead;
-mod leader;
+mod leader_work;
+mod lease;
 mod memory;
 mod metrics;
 mod own_writes;
-mod queue_watch;
 mod queued_changes;
 mod reconcile;
 mod relist;
 mod shadow;
+mod status_write;
 mod tasks;
 mod turns;
 mod unanswerable;
@@ -54,7 +60,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 pub use crate::extensions::{Extensions, LeaderContext, WorkloadWaker};
-pub use leader::{LEASE_OWNER_ANNOTATION, LeaderElection, lease_name_for};
+pub use lease::{LEASE_OWNER_ANNOTATION, LeaderElection, lease_name_for};
 
 use crate::api::Workload;
 use crate::check::AdmissionCheckController;
@@ -196,7 +202,7 @@ where
     let extensions = controller.while_leading();
     let shutdown: Shutdown = shutdown.boxed().shared();
     let controller = Arc::new(controller);
-    let registry: checks::Registry<C::Parameters> = Default::default();
+    let registry: check_registry::Registry<C::Parameters> = Default::default();
     let (cache, cache_writer) = reflector::store::<Workload>();
     let (metrics, health) = observability(controller.as_ref(), &registry, cache.clone(), &config);
     // Bound before anything else starts, so a taken port fails the start with its reason.
@@ -206,7 +212,7 @@ where
     };
     // Aborted when this function returns or its future is dropped: nothing it started outlives it.
     let mut background = tasks::TaskGroup::default();
-    background.push(tokio::spawn(lead::report_leadership(
+    background.push(tokio::spawn(leader_work::report_leadership(
         leadership.leading.clone(),
         metrics.clone(),
     )));
@@ -239,7 +245,7 @@ where
     // Wakes from the check's tasks and the ClusterQueue watch.
     let (wake, woken) = mpsc::channel(1024);
     let (cluster_queues, queues_synced) = if controller.starts_early() {
-        let (queues, synced) = queue_watch::start(
+        let (queues, synced) = cluster_queue_watch::start(
             &client,
             cache.clone(),
             wake.clone(),
@@ -272,10 +278,10 @@ where
     let events = ctx.clone();
     background.push(tokio::spawn(release_deleted(ctx.clone(), feed.deleted)));
 
-    let became_leader = lead::wait_to_lead(leading.clone(), &shutdown).await;
+    let became_leader = leader_work::wait_to_lead(leading.clone(), &shutdown).await;
     let outcome = if became_leader {
         let _ = reconcile_all.try_send(());
-        lead::lead(lead::Leading {
+        leader_work::lead(leader_work::Leading {
             ctx,
             client: client.clone(),
             cache,
@@ -301,7 +307,7 @@ where
     // A leader stopping cleanly (not one that lost its Lease) withdraws its claims while it
     // still holds the Lease, before a standby of its own could write them again.
     if let (true, Ok(()), Some(claim)) = (became_leader, &outcome, &claim) {
-        let checks = checks::names(&registry);
+        let checks = check_registry::names(&registry);
         admission_checks::withdraw_claims(&client, &config.field_manager, claim, &checks).await;
     }
     drop(leading);
@@ -331,13 +337,13 @@ fn refuse_shadow_mode<C: AdmissionCheckController>(
 /// The runtime's metrics and the check's own, and what the HTTP endpoints report.
 fn observability<C: AdmissionCheckController>(
     controller: &C,
-    registry: &checks::Registry<C::Parameters>,
+    registry: &check_registry::Registry<C::Parameters>,
     cache: reflector::Store<Workload>,
     config: &RuntimeConfig,
 ) -> (Arc<metrics::Metrics>, Arc<http::Health>) {
     let mut prometheus = prometheus_client::registry::Registry::default();
     let names = registry.clone();
-    let check_names = Arc::new(move || checks::names(&names));
+    let check_names = Arc::new(move || check_registry::names(&names));
     let metrics = metrics::Metrics::new(&mut prometheus, cache, check_names);
     let metrics = Arc::new(if config.shadow.is_some() {
         metrics.in_shadow_mode()
@@ -356,7 +362,7 @@ async fn join(
     config: &RuntimeConfig,
     controller: &impl AdmissionCheckController,
     shutdown: &Shutdown,
-) -> Result<Option<leader::Leadership>, Error> {
+) -> Result<Option<lease::Leadership>, Error> {
     // Against a Kueue without the API version we speak, watches would only fail with 404:
     // say which Kueue is needed and wait for it (an upgrade needs no restart of ours).
     tokio::select! {
@@ -367,11 +373,11 @@ async fn join(
         }
     }
     let Some(election) = &config.leader_election else {
-        return Ok(Some(leader::Leadership::always()));
+        return Ok(Some(lease::Leadership::always()));
     };
     // Joining waits out an unreachable API server; a stop meanwhile ends the run cleanly.
     tokio::select! {
-        joined = leader::Leadership::elect(client.clone(), election, controller.controller_name()) => joined.map(Some),
+        joined = lease::Leadership::elect(client.clone(), election, controller.controller_name()) => joined.map(Some),
         () = shutdown.clone() => {
             info!("stopped before joining the leader election");
             Ok(None)

@@ -1,32 +1,34 @@
-//! One Workload: ask each of our checks that may answer, and apply what the decision layer allows.
+//! One Workload: for each (Workload, check) pair, observe, take the step
+//! [`crate::lifecycle::next`] gives, and carry it out (ask the check and apply what the
+//! decision layer allows, start early, release, hold).
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use sha2::{Digest, Sha256};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::checks::ActiveCheck;
+use super::check_registry::ActiveCheck;
 use super::context::{Context, redact_workload_note, release};
-use super::memory::{AskedAt, EarlyStart, Hold, PairKey, PermanentFailure, lock};
+use super::memory::{PairKey, lock};
+use super::status_write::{
+    WriteFailure, apply, field_manager_for, permanent_refusal, refused_for_good, written,
+};
 use super::unanswerable;
-use crate::api::CheckState;
-use crate::api::Workload;
+use crate::api::{CheckState, Workload};
 use crate::attempts;
 use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass};
-use crate::decide::{
-    Eligibility, LateRetry, Plan, PlanInput, Refusal, eligibility, plan, standing,
-    status_apply_patch,
-};
+use crate::decide::{self, Eligibility, LateRetry, Plan, PlanInput, Refusal, eligibility, plan};
 use crate::error::Error;
+use crate::lifecycle::{
+    self, Answering, AskedAt, EarlyStart, Observed, PERMANENT_MARK, Step, sooner,
+};
 use crate::release::{ReleaseContext, ReleaseReason};
 use crate::retry::RetryPolicy;
 
@@ -111,199 +113,169 @@ async fn reconcile_workload<C: AdmissionCheckController>(
         }
         return Ok(requeue.map_or_else(Action::await_change, Action::requeue));
     }
-    let RegistryView {
-        ours,
-        early,
-        all_ours,
-        cannot_answer,
-    } = registry_view(ctx, wl);
-    // Releases cover the checks gone from the registry too: a check deleted or renamed while
-    // Workloads held something for it (Kueue then drops its entries: the check is idle).
-    let releasable: Vec<String> = {
-        let mut known = lock(&ctx.known_checks);
-        for check in &all_ours {
-            if !known.contains(check) {
-                known.insert(check.clone());
-            }
-        }
-        known.iter().cloned().collect()
+    let Some(uid) = wl.uid() else {
+        return Err(Error::MalformedWorkload("no uid".into()));
     };
-    // Where each check stands on this version of the Workload, worked out once.
-    let revalidate = ctx.revalidates();
-    let starts_early = ctx.controller.starts_early();
-    let seen: BTreeMap<String, Eligibility> = releasable
-        .into_iter()
-        .map(|check| {
-            // The queue is looked up only for a check without its entry.
-            let applies = starts_early
-                && wl.admission_check(&check).is_none()
-                && ctx.cluster_queues.check_applies(wl, &check);
-            let stands = standing(wl, &check, revalidate, applies);
-            (check, stands)
-        })
-        .collect();
-    debug!(
-        workload = %wl.name_any(),
-        resource_version = wl.resource_version().unwrap_or_default(),
-        deciding = ours.len(),
-        checks = ?seen,
-        "reconciling"
-    );
-    remember_earlier_answers(ctx, wl, &all_ours, &seen);
-    release_idle(ctx, wl, &seen).await?;
     let mut requeue: Option<Duration> = None;
-    for (check, why) in cannot_answer {
-        let next = unanswerable::hold_or_release(ctx, wl, &check, &why).await?;
-        requeue = sooner(requeue, next);
+    for (check, answering, active) in pairs(ctx) {
+        let after = reconcile_pair(ctx, wl, &uid, &check, answering, active.as_deref()).await?;
+        requeue = sooner(requeue, after);
     }
-    for (check, active) in ours {
-        // One span per check and reconcile: every log line inside names the Workload and check.
-        let span = info_span!(
-            "decide",
-            workload = %wl.name_any(),
-            namespace = %wl.namespace().unwrap_or_default(),
-            check = %check,
-        );
-        let stands = seen[&check];
-        let next = decide_one(ctx, wl, &check, &active, stands)
-            .instrument(span)
-            .await?;
-        requeue = sooner(requeue, next);
-    }
-    for (check, active) in early {
-        if seen.get(&check) != Some(&Eligibility::Early) {
-            continue;
-        }
-        let span = info_span!(
-            "start_early",
-            workload = %wl.name_any(),
-            namespace = %wl.namespace().unwrap_or_default(),
-            check = %check,
-        );
-        let next = start_early(ctx, wl, &check, &active)
-            .instrument(span)
-            .await?;
-        requeue = sooner(requeue, next);
-    }
-    if let Some(uid) = wl.uid() {
-        ctx.memory.workload(&uid, |w| w.failures = 0);
-    }
+    ctx.memory.workload(&uid, |w| w.failures = 0);
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// Our checks as they concern one Workload.
-struct RegistryView<P> {
-    /// Checks to decide: active, with an entry on the Workload.
-    ours: Vec<(String, Arc<ActiveCheck<P>>)>,
-    /// Active checks without an entry on the Workload, when the check starts early: whether
-    /// the entry is due is worked out with the ClusterQueue.
-    early: Vec<(String, Arc<ActiveCheck<P>>)>,
-    /// Every check of ours (an inactive or removed one may still have something to release).
-    all_ours: Vec<String>,
-    /// Inactive checks with an entry, and why they cannot answer (see `unanswerable`).
-    cannot_answer: Vec<(String, String)>,
-}
-
-fn registry_view<C: AdmissionCheckController>(
+/// One (Workload, check) pair: observes it, takes the step [`lifecycle::next`] gives, and
+/// carries it out; returns when to look again.
+pub(super) async fn reconcile_pair<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-) -> RegistryView<C::Parameters> {
-    let starts_early = ctx.controller.starts_early();
-    let mut view = RegistryView {
-        ours: Vec::new(),
-        early: Vec::new(),
-        all_ours: Vec::new(),
-        cannot_answer: Vec::new(),
-    };
+    uid: &str,
+    check: &str,
+    answering: Answering,
+    active: Option<&ActiveCheck<C::Parameters>>,
+) -> Result<Option<Duration>, Error> {
+    let observed = observe(ctx, wl, uid, check, answering);
+    let next = lifecycle::next(&observed);
+    debug!(
+        workload = %wl.name_any(),
+        resource_version = wl.resource_version().unwrap_or_default(),
+        check,
+        ?next,
+        "reconciling"
+    );
+    let key: PairKey = (uid.to_string(), check.to_string());
+    if let Some(reason) = next.release {
+        release_pair(ctx, wl, &key, reason).await?;
+    }
+    execute(ctx, wl, &key, active, next.step).await
+}
+
+/// A check's name, whether the controller can answer it, and its resolved parameters when it
+/// can.
+type PairOf<P> = (String, Answering, Option<Arc<ActiveCheck<P>>>);
+
+/// Every check of ours that may concern the Workload, whether the controller can answer it,
+/// and its resolved parameters when it can. Checks gone from the registry are included: a
+/// check deleted or renamed while Workloads held something for it still gets its releases.
+fn pairs<C: AdmissionCheckController>(ctx: &Context<C>) -> Vec<PairOf<C::Parameters>> {
     let registry = ctx.registry.read().unwrap_or_else(|p| p.into_inner());
-    for (name, state) in registry.iter() {
-        view.all_ours.push(name.clone());
-        match (state, wl.admission_check(name)) {
-            (Ok(active), Some(_)) => view.ours.push((name.clone(), active.clone())),
-            (Err(inactive), Some(_)) => {
+    let mut known = lock(&ctx.known_checks);
+    known.extend(registry.keys().cloned());
+    known
+        .iter()
+        .map(|name| match registry.get(name) {
+            Some(Ok(active)) => (name.clone(), Answering::Yes, Some(active.clone())),
+            Some(Err(inactive)) => {
                 let why = unanswerable::inactive(name, inactive);
-                view.cannot_answer.push((name.clone(), why));
+                (name.clone(), Answering::No(why), None)
             }
-            (Ok(active), None) if starts_early => view.early.push((name.clone(), active.clone())),
-            (_, None) => {}
+            None => (name.clone(), Answering::Gone, None),
+        })
+        .collect()
+}
+
+/// What the step function looks at for one pair, from the Workload, the registry, this
+/// process's memory and the clock. A pair answered by an earlier process (before a restart or
+/// a leader change) is remembered as asked first, so that its release is not missed.
+fn observe<'a, C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &'a Workload,
+    uid: &str,
+    check: &'a str,
+    answering: Answering,
+) -> Observed<'a> {
+    let key: PairKey = (uid.to_string(), check.to_string());
+    let revalidate = ctx.revalidates();
+    let answered_earlier = matches!(
+        decide::eligibility(wl, check, revalidate),
+        Eligibility::Wait(_) | Eligibility::Decide { revalidating: true }
+    );
+    let (asked, early) = ctx.memory.pair(&key, |p| {
+        if answered_earlier && let Some(at) = AskedAt::of(wl, check) {
+            p.asked.get_or_insert(at);
         }
+        (p.asked, p.early)
+    });
+    let starts_early = ctx.controller.starts_early();
+    // The queue is looked up only for a check without its entry.
+    let queue_applies = starts_early
+        && wl.admission_check(check).is_none()
+        && ctx.cluster_queues.check_applies(wl, check);
+    let own_write_pending = ctx.own_writes.wait_for(
+        uid,
+        check,
+        wl.resource_version().as_deref(),
+        tokio::time::Instant::now(),
+    );
+    Observed {
+        workload: wl,
+        check,
+        answering,
+        revalidate,
+        starts_early,
+        queue_applies,
+        asked,
+        early,
+        own_write_pending,
+        early_start_wait: ctx.early_start_wait,
+        now: Timestamp::now(),
     }
-    view
 }
 
-/// The sooner of two times to look again.
-pub(super) fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// A Workload that holds quota with our answer on it was asked by an earlier process (before a
-/// restart or a leader change): remember it, so that its release is not missed when it finishes,
-/// is evicted or deleted. (One that went idle while no replica ran is never seen holding; a
-/// check that holds resources reconciles them itself.)
-fn remember_earlier_answers<C: AdmissionCheckController>(
+/// Carries out one step; returns when to look again.
+async fn execute<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    checks: &[String],
-    seen: &BTreeMap<String, Eligibility>,
-) {
-    let Some(uid) = wl.uid() else { return };
-    for check in checks {
-        if let Some(Eligibility::Wait(_) | Eligibility::Decide { revalidating: true }) =
-            seen.get(check)
-            && let Some(at) = AskedAt::of(wl, check)
-        {
-            let key = (uid.clone(), check.clone());
-            ctx.memory.pair(&key, |p| {
-                p.asked.get_or_insert(at);
-            });
+    key: &PairKey,
+    active: Option<&ActiveCheck<C::Parameters>>,
+    step: Step,
+) -> Result<Option<Duration>, Error> {
+    let check = key.1.as_str();
+    // One span per pair and step: every log line inside names the Workload and check.
+    let span = info_span!(
+        "pair",
+        workload = %wl.name_any(),
+        namespace = %wl.namespace().unwrap_or_default(),
+        check = %check,
+    );
+    match (step, active) {
+        (Step::Idle | Step::KueueActs(_), _) => Ok(None),
+        (Step::AwaitOwnWrite(wait), _) => {
+            debug!(workload = %wl.name_any(), check, "own write not in the cache yet");
+            Ok(Some(wait))
         }
+        (Step::AwaitEntry(left), _) => Ok(Some(left)),
+        (Step::Ask { revalidating }, Some(active)) => {
+            decide_one(ctx, wl, check, active, revalidating)
+                .instrument(span)
+                .await
+        }
+        (Step::StartEarly, Some(active)) => {
+            start_early(ctx, wl, key, active).instrument(span).await
+        }
+        (Step::AbandonEarly, _) => abandon_early(ctx, wl, key).await.map(|()| None),
+        (Step::HoldUnanswered(why), _) => {
+            unanswerable::hold_or_release(ctx, wl, check, &why)
+                .instrument(span)
+                .await
+        }
+        // The registry changed while the pair was looked at: the next reconcile sees it.
+        (Step::Ask { .. } | Step::StartEarly, None) => Ok(Some(Duration::from_secs(1))),
     }
 }
 
 /// Starts `check`'s work for a Workload whose entry Kueue has yet to add (see
-/// [`AdmissionCheckController::start_early`]), once per attempt, and releases it if the entry
-/// does not come within [`super::RuntimeConfig::early_start_wait`]. Returns when to look again.
+/// [`AdmissionCheckController::start_early`]); returns when to look again (the end of the
+/// wait for the entry).
 async fn start_early<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    check: &str,
+    key: &PairKey,
     active: &ActiveCheck<C::Parameters>,
 ) -> Result<Option<Duration>, Error> {
-    let Some(uid) = wl.uid() else { return Ok(None) };
-    let key: PairKey = (uid, check.to_string());
+    let check = key.1.as_str();
     let at = AskedAt::expected(wl, check);
-    let now = tokio::time::Instant::now();
-    let wait = ctx.early_start_wait;
-    if let Some(early) = ctx.memory.pair(&key, |p| p.early.filter(|e| e.at == at)) {
-        if early.abandoned {
-            return Ok(None);
-        }
-        let waited = now.saturating_duration_since(early.since);
-        if waited < wait {
-            return Ok(Some(wait - waited));
-        }
-        release(ctx, wl, check, ReleaseReason::EntryNotAdded).await?;
-        ctx.metrics.early_start_abandoned(check);
-        let note = format!(
-            "check {check}: Kueue did not add the check's entry within {}s of the quota \
-             reservation; what the check started for the Workload was released, and starts \
-             again when the entry comes",
-            wait.as_secs()
-        );
-        ctx.event(wl, EventType::Warning, "EarlyStartAbandoned", note)
-            .await;
-        ctx.memory.pair(&key, |p| {
-            p.asked = None;
-            p.early = Some(EarlyStart {
-                abandoned: true,
-                ..early
-            });
-        });
-        return Ok(None);
-    }
     // A stand-in for the entry Kueue will add: the check reads its name and state.
     let entry = crate::api::AdmissionCheckState {
         name: check.to_string(),
@@ -320,12 +292,11 @@ async fn start_early<C: AdmissionCheckController>(
     };
     let started = ctx.controller.start_early(&asking).await;
     // Whatever part of the work exists is released as a decision's would be.
-    ctx.memory.pair(&key, |p| {
+    ctx.memory.pair(key, |p| {
         p.asked = Some(at);
         if started.is_ok() {
             p.early = Some(EarlyStart {
                 at,
-                since: now,
                 abandoned: false,
             });
         }
@@ -334,7 +305,9 @@ async fn start_early<C: AdmissionCheckController>(
         Ok(()) => {
             ctx.metrics.early_start(check);
             debug!(workload = %wl.name_any(), check, "started before Kueue added the entry");
-            Ok(Some(wait))
+            // The wait counts from the reservation.
+            let left = lifecycle::entry_wait_left(wl, ctx.early_start_wait, Timestamp::now());
+            Ok(Some(left.unwrap_or(Duration::ZERO)))
         }
         // Nothing to show it on before the entry exists: `decide` meets the same failure then,
         // and says it on the entry.
@@ -347,6 +320,35 @@ async fn start_early<C: AdmissionCheckController>(
             }
         },
     }
+}
+
+/// The entry did not come within the wait after the quota reservation: releases what was
+/// started for it (by this process or an earlier one) once, and says so.
+async fn abandon_early<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    key: &PairKey,
+) -> Result<(), Error> {
+    let check = key.1.as_str();
+    release(ctx, wl, check, ReleaseReason::EntryNotAdded).await?;
+    ctx.metrics.early_start_abandoned(check);
+    let note = format!(
+        "check {check}: Kueue did not add the check's entry within {}s of the quota \
+         reservation; what the check started for the Workload was released, and starts again \
+         when the entry comes",
+        ctx.early_start_wait.as_secs()
+    );
+    ctx.event(wl, EventType::Warning, "EarlyStartAbandoned", note)
+        .await;
+    let at = AskedAt::expected(wl, check);
+    ctx.memory.pair(key, |p| {
+        p.asked = None;
+        p.early = Some(EarlyStart {
+            at,
+            abandoned: true,
+        });
+    });
+    Ok(())
 }
 
 /// Releases what the checks hold for a Workload that was deleted (the reconciler never sees
@@ -397,54 +399,30 @@ pub(crate) async fn release_deleted<C: AdmissionCheckController>(ctx: &Context<C
     ctx.own_writes.forget(&uid);
 }
 
-/// Calls `release` for every check this process asked about the Workload that it no longer
-/// needs. Idempotent: a pair is forgotten only once its release succeeded.
-async fn release_idle<C: AdmissionCheckController>(
+/// Calls `release` for a pair the Workload no longer needs (or needs for another attempt), and
+/// forgets what was asked once it succeeded.
+async fn release_pair<C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &Workload,
-    seen: &BTreeMap<String, Eligibility>,
+    key: &PairKey,
+    reason: ReleaseReason,
 ) -> Result<(), Error> {
-    let Some(uid) = wl.uid() else { return Ok(()) };
-    for (check, stands) in seen {
-        let key = (uid.clone(), check.clone());
-        let Some(asked_at) = ctx.memory.pair(&key, |p| p.asked) else {
-            continue;
-        };
-        let reason = match *stands {
-            Eligibility::Idle(reason) => reason,
-            // Started early, then evicted and given quota again before the entry came.
-            Eligibility::Early if AskedAt::expected(wl, check) != asked_at => {
-                ReleaseReason::Evicted
-            }
-            // Evicted and given quota again between two reconciles: the eviction was not seen,
-            // but the attempt or Kueue's eviction count moved on.
-            _ if AskedAt::of(wl, check).is_some_and(|now| now != asked_at) => {
-                ReleaseReason::Evicted
-            }
-            _ => continue,
-        };
-        release(ctx, wl, check, reason).await?;
-        let over = matches!(
-            reason,
-            ReleaseReason::Deleted
-                | ReleaseReason::Finished
-                | ReleaseReason::Deactivated
-                | ReleaseReason::CheckRemoved
-        );
-        ctx.memory.pair(&key, |p| {
-            p.asked = None;
-            // A permanent failure, a refused record and a hold for a check that cannot answer
-            // belong to the attempt that saw them; a late Retry waits for the next attempt,
-            // unless there is none.
-            p.permanent = None;
-            p.record_refused = None;
-            p.unanswerable = None;
-            p.early = None;
-            if over {
-                p.late = None;
-            }
-        });
-    }
+    release(ctx, wl, &key.1, reason).await?;
+    let over = matches!(
+        reason,
+        ReleaseReason::Deleted
+            | ReleaseReason::Finished
+            | ReleaseReason::Deactivated
+            | ReleaseReason::CheckRemoved
+    );
+    ctx.memory.pair(key, |p| {
+        p.asked = None;
+        p.early = None;
+        // A late Retry waits for the next attempt, unless there is none.
+        if over {
+            p.late = None;
+        }
+    });
     Ok(())
 }
 
@@ -520,7 +498,7 @@ async fn decide_one<C: AdmissionCheckController>(
     cached: &Workload,
     check: &str,
     active: &ActiveCheck<C::Parameters>,
-    mut stands: Eligibility,
+    revalidating: bool,
 ) -> Result<Option<Duration>, Error> {
     let namespace = cached
         .namespace()
@@ -528,17 +506,7 @@ async fn decide_one<C: AdmissionCheckController>(
     let uid = cached
         .uid()
         .ok_or_else(|| Error::MalformedWorkload("no uid".into()))?;
-    // Our last write for this check is not in the cache yet: the Workload we have is older than
-    // it, and asking the check on it would answer the same attempt twice.
-    if let Some(wait) = ctx.own_writes.wait_for(
-        &uid,
-        check,
-        cached.resource_version().as_deref(),
-        tokio::time::Instant::now(),
-    ) {
-        debug!(workload = %cached.name_any(), check, "own write not in the cache yet");
-        return Ok(Some(wait));
-    }
+    let mut stands = Eligibility::Decide { revalidating };
     let pair = Pair {
         ctx,
         check,
@@ -656,10 +624,6 @@ async fn landed<C: AdmissionCheckController>(
     let (ctx, check) = (pair.ctx, pair.check);
     if decided.carried {
         ctx.memory.pair(&pair.key, |p| p.late = None);
-    }
-    if !decided.decision.message().starts_with(PERMANENT_MARK) {
-        // The check's own answer landed: a permanent failure shown before is over.
-        ctx.memory.pair(&pair.key, |p| p.permanent = None);
     }
     if let Some(rv) = written_rv {
         let now = tokio::time::Instant::now();
@@ -819,12 +783,6 @@ async fn after_refused_write<C: AdmissionCheckController>(
     }
 }
 
-/// Codes with which the API server refuses a write for good (the request itself, RBAC or a
-/// policy): 400, 403, 405, 413, 415, 422.
-fn refused_for_good(code: u16) -> bool {
-    matches!(code, 400 | 403 | 405 | 413 | 415 | 422)
-}
-
 /// The API server refuses the attempt record of `write` for good (a 403 for a missing `patch`
 /// on workloads, a policy's 400 or 403, a 422 for annotations over their limit). A `Retry`
 /// must not reach Kueue uncounted while the operator may still fix it, but neither may the
@@ -845,20 +803,21 @@ async fn record_refused<C: AdmissionCheckController>(
     let (ctx, check) = (pair.ctx, pair.check);
     let why = record_refusal(check, status);
     let now = Timestamp::now();
-    let evictions = wl.total_evictions();
-    let (hold, first) = ctx.memory.pair(&pair.key, |p| {
-        let first = p.record_refused.is_none_or(|h| h.evictions != evictions);
-        (
-            Hold::of_attempt(&mut p.record_refused, evictions, now),
-            first,
-        )
-    });
+    let hold_for = ctx.permanent_failure_hold;
+    // News unless the entry already shows this refusal.
+    let first = wl
+        .admission_check(check)
+        .is_none_or(|e| !e.message.contains(&why));
     if first {
         ctx.metrics.attempt_record_refused(check);
         warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %why, "attempt record refused");
     }
-    let (left, until) = hold.left(ctx.permanent_failure_hold, now);
-    let held = left.filter(|_| write.entry.state == CheckState::Retry);
+    let held = (write.entry.state == CheckState::Retry)
+        .then(|| {
+            lifecycle::record_refused(wl, check, decided.decision.message(), &why, hold_for, now)
+        })
+        .flatten();
+    let (_, until) = lifecycle::record_refused_until(wl, check, hold_for, now);
     let until = until.strftime("%Y-%m-%dT%H:%M:%SZ");
     let plan = match held {
         Some(_) => format!(
@@ -872,24 +831,7 @@ async fn record_refused<C: AdmissionCheckController>(
     let note = format!("check {check}: the attempt record cannot be written: {why}; {plan}");
     ctx.event(wl, EventType::Warning, "AttemptRecordRefused", note)
         .await;
-    let Some(left) = held else {
-        return Next::Again {
-            fresh: None,
-            kept: Some(Decided {
-                uncounted: true,
-                ..decided
-            }),
-        };
-    };
-    let decision = Decision::pending_recheck_after(
-        format!(
-            "{PERMANENT_MARK}check {check} answered Retry ({:?}), but it cannot be counted on \
-             the Workload: {why}. The workload keeps its quota until {until}; then the Retry is \
-             written without the count (Kueue's retryCount still counts it).",
-            crate::check::truncate_chars(decided.decision.message(), 200)
-        ),
-        left,
-    );
+    let decision = held.unwrap_or_else(|| decided.decision.clone());
     Next::Again {
         fresh: None,
         kept: Some(Decided {
@@ -967,10 +909,6 @@ async fn after_conflict<C: AdmissionCheckController>(
     })
 }
 
-/// Marks the messages of permanent failures, so a refused write of one is not turned into
-/// another.
-const PERMANENT_MARK: &str = "Permanent failure: ";
-
 /// Asks the check (or takes a carried-over late `Retry`); `None` when nothing is to be written.
 async fn ask<C: AdmissionCheckController>(
     wl: &Workload,
@@ -1043,85 +981,39 @@ async fn ask<C: AdmissionCheckController>(
     }))
 }
 
-/// What the API server said when it refused a write for good (a webhook denial, an invalid
-/// field), or `None` when the refusal may pass.
-fn permanent_refusal(status: &kube::core::Status) -> Option<String> {
-    match ErrorClass::of_status(status.code, &status.reason, &status.message) {
-        ErrorClass::Permanent { message } => Some(message),
-        ErrorClass::Transient => None,
-    }
-}
-
-/// What to write for a permanent failure: `Pending` with the reason while the Workload may keep
-/// its quota ([`super::RuntimeConfig::permanent_failure_hold`], from the first failure of this
-/// attempt), then `Retry` without delay, which gives the quota back (Kueue keeps quota for the
-/// whole delay of a delayed `Retry`, so a delay would only hold it longer); past the retry
-/// limit that `Retry` becomes `Rejected`. Any change of the Workload (the user's fix) asks the
-/// check again meanwhile.
+/// What to write for a permanent failure ([`lifecycle::permanent_failure`]: held, then
+/// `Retry`), counted and logged when it is news (not shown on the entry yet), and announced
+/// every time it is seen (repeats count into the first Event's series, so `kubectl describe`
+/// shows it is still failing).
 async fn permanent_decision<C: AdmissionCheckController>(
     wl: &Workload,
     pair: &Pair<'_, C>,
     message: String,
     now: Timestamp,
 ) -> Decision {
-    let ctx = pair.ctx;
-    let (check, key) = (pair.check, &pair.key);
-    let evictions = wl.total_evictions();
-    let (since, first) = ctx.memory.pair(key, |p| {
-        // Another attempt (eviction count) starts another hold.
-        let failure = match &mut p.permanent {
-            Some(failure) if failure.evictions == evictions => failure,
-            stale => stale.insert(PermanentFailure {
-                since: now,
-                evictions,
-                message: String::new(),
-            }),
-        };
-        let first = failure.message != message;
-        failure.message.clone_from(&message);
-        (failure.since, first)
+    let (ctx, check) = (pair.ctx, pair.check);
+    let decision =
+        lifecycle::permanent_failure(wl, check, &message, ctx.permanent_failure_hold, now);
+    let shown = wl.admission_check(check).is_some_and(|e| {
+        e.message.starts_with(PERMANENT_MARK)
+            && e.message
+                .contains(&*crate::check::truncate_chars(&message, 200))
     });
-    let message = crate::check::truncate_chars(&message, MAX_PERMANENT_MESSAGE);
-    if first {
+    if !shown {
         ctx.metrics.permanent_failure(check);
         warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %message, "permanent failure");
     }
-    // Every time it is seen again (the Workload changed, the check was asked again): repeats
-    // count into the first event's series, so `kubectl describe` shows it is still failing.
-    let note = format!("check {check}: {message}");
+    let note = format!(
+        "check {check}: {}",
+        crate::check::truncate_chars(&message, MAX_EVENT_REASON)
+    );
     ctx.event(wl, EventType::Warning, "CheckFailedPermanently", note)
         .await;
-    let hold = ctx.permanent_failure_hold;
-    let held = Duration::try_from(now.duration_since(since)).unwrap_or_default();
-    match hold.checked_sub(held).filter(|left| !left.is_zero()) {
-        Some(left) => {
-            let until = SignedDuration::try_from(hold)
-                .ok()
-                .and_then(|h| since.checked_add(h).ok())
-                .unwrap_or(now);
-            Decision::pending_recheck_after(
-                format!(
-                    "{PERMANENT_MARK}{message}. Retrying will not fix this; once it is fixed \
-                     the check answers again. The workload keeps its quota until {} and then \
-                     gives it back (Retry).",
-                    until.strftime("%Y-%m-%dT%H:%M:%SZ")
-                ),
-                left,
-            )
-        }
-        None => Decision::retry_after(
-            format!(
-                "{PERMANENT_MARK}{message}. Not fixed within {}: the quota is given back; the \
-                 next attempt asks the check again",
-                crate::retry::human(hold)
-            ),
-            Duration::ZERO,
-        ),
-    }
+    decision
 }
 
-/// How much of a permanent failure's reason goes on the entry (and into the Event).
-const MAX_PERMANENT_MESSAGE: usize = 600;
+/// How much of a permanent failure's reason goes into its Event.
+const MAX_EVENT_REASON: usize = 600;
 
 /// Keeps a refused delayed `Retry` for the next attempt and says so.
 async fn carry_over<C: AdmissionCheckController>(
@@ -1143,118 +1035,6 @@ async fn carry_over<C: AdmissionCheckController>(
             .await;
     }
     ctx.memory.pair(&pair.key, |p| p.late = Some(late));
-}
-
-/// Which of the two writes of [`apply`] failed.
-pub(super) enum WriteFailure {
-    /// The attempt record on the Workload's metadata.
-    Record(kube::Error),
-    /// The entry on the status subresource.
-    Status(kube::Error),
-}
-
-impl WriteFailure {
-    /// The Workload changed since it was read (409).
-    pub(super) fn is_conflict(&self) -> bool {
-        let (Self::Record(kube::Error::Api(status)) | Self::Status(kube::Error::Api(status))) =
-            self
-        else {
-            return false;
-        };
-        status.code == 409
-    }
-
-    /// The API server refused the attempt record for good (see [`refused_for_good`]).
-    pub(super) fn is_record_refused_for_good(&self) -> bool {
-        matches!(self, Self::Record(kube::Error::Api(status)) if refused_for_good(status.code))
-    }
-
-    /// The failure as the reconcile's error.
-    pub(super) fn into_error(self) -> Error {
-        let (Self::Record(e) | Self::Status(e)) = self;
-        e.into()
-    }
-}
-
-/// Writes the attempt record (when the plan has one) and then the entry, both conditioned on
-/// the `resourceVersion` the decision was made on; returns the `resourceVersion` of the
-/// Workload after the write.
-pub(super) async fn apply(
-    api: &Api<Workload>,
-    wl: &Workload,
-    check: &str,
-    write: &crate::decide::Write,
-    pp: &PatchParams,
-) -> Result<Option<String>, WriteFailure> {
-    let mut base = Cow::Borrowed(wl);
-    if let Some(record) = write.record {
-        // Counted before it can land: a Retry never reaches Kueue uncounted.
-        let body = attempts::annotation_patch(wl, check, record)
-            .ok_or_else(|| WriteFailure::Record(missing_resource_version(wl)))?;
-        // `force` belongs to server-side apply only.
-        let merge = PatchParams {
-            field_manager: pp.field_manager.clone(),
-            ..PatchParams::default()
-        };
-        let updated = api
-            .patch(&wl.name_any(), &merge, &Patch::Merge(&body))
-            .await
-            .map_err(WriteFailure::Record)?;
-        base = Cow::Owned(updated);
-    }
-    let body = status_apply_patch(&base, &write.entry)
-        .ok_or_else(|| WriteFailure::Status(missing_resource_version(wl)))?;
-    let updated = api
-        .patch_status(&wl.name_any(), pp, &Patch::Apply(&body))
-        .await
-        .map_err(WriteFailure::Status)?;
-    Ok(updated.resource_version())
-}
-
-fn missing_resource_version(wl: &Workload) -> kube::Error {
-    kube::Error::Service(format!("workload {} has no resourceVersion", wl.name_any()).into())
-}
-
-/// Logs, counts and announces a state that was written.
-pub(super) async fn written<C: AdmissionCheckController>(
-    ctx: &Context<C>,
-    wl: &Workload,
-    check: &str,
-    write: &crate::decide::Write,
-    now: Timestamp,
-    uncounted: bool,
-) {
-    info!(
-        workload = %wl.name_any(), namespace = ?wl.namespace(), check, state = %write.entry.state,
-        attempt = write.attempt, message = %write.entry.message, uncounted, "check state written"
-    );
-    let delay = write.retry_delay.map(|d| d.as_secs_f64());
-    ctx.metrics
-        .decision(wl, check, write.entry.state, write.attempt, delay, now);
-    if let (Some(asked), Some(written)) = (write.clamped_from, write.retry_delay) {
-        ctx.metrics.retry_delay_clamped(check);
-        let note = format!(
-            "check {check}: a retry delay of {} was asked for; written as {}, the ceiling \
-             (--max-retry-delay-seconds)",
-            crate::retry::human(asked),
-            crate::retry::human(written)
-        );
-        warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %note, "retry delay clamped");
-        ctx.event(wl, EventType::Warning, "RetryDelayClamped", note)
-            .await;
-    }
-    if write.state_changed {
-        let (type_, reason) = match write.entry.state {
-            CheckState::Ready => (EventType::Normal, "CheckReady"),
-            CheckState::Pending => (EventType::Normal, "CheckPending"),
-            CheckState::Retry => (EventType::Warning, "CheckRetry"),
-            CheckState::Rejected => (EventType::Warning, "CheckRejected"),
-        };
-        if type_ == EventType::Warning || ctx.normal_events {
-            let note = format!("check {check}: {}", write.entry.message);
-            ctx.event(wl, type_, reason, note).await;
-        }
-    }
 }
 
 /// Backoff for a Workload whose reconciles keep failing: 1 s, 2 s, 4 s ... up to 5 min, with
@@ -1287,24 +1067,6 @@ pub(crate) fn error_policy<C: AdmissionCheckController>(
     Action::requeue(delay)
 }
 
-/// The server-side apply field manager for one check: its own, so that entries of different
-/// checks served by one process never strip each other. At most 128 bytes, the API's limit;
-/// long names are shortened with a stable hash so the manager survives restarts and upgrades.
-pub(crate) fn field_manager_for(prefix: &str, check: &str) -> String {
-    const MAX: usize = 128;
-    let full = format!("{prefix}/{check}");
-    if full.len() <= MAX {
-        return full;
-    }
-    let digest = Sha256::digest(full.as_bytes());
-    let hash: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
-    let mut keep = MAX - hash.len() - 1;
-    while !full.is_char_boundary(keep) {
-        keep -= 1;
-    }
-    format!("{}-{hash}", &full[..keep])
-}
-
 #[cfg(test)]
 #[path = "reconcile_scripted_api.rs"]
 mod scripted_api;
@@ -1312,26 +1074,3 @@ mod scripted_api;
 #[cfg(test)]
 #[path = "reconcile_early_scripted_api.rs"]
 mod early_scripted_api;
-
-#[cfg(test)]
-mod tests {
-    use super::field_manager_for;
-
-    #[test]
-    fn field_managers_are_per_check_bounded_and_stable() {
-        assert_eq!(field_manager_for("sdk", "budget"), "sdk/budget");
-        assert_ne!(field_manager_for("sdk", "a"), field_manager_for("sdk", "b"));
-        let long_a = "a".repeat(253);
-        let long_b = format!("{}b", "a".repeat(252));
-        let (ma, mb) = (
-            field_manager_for("sdk", &long_a),
-            field_manager_for("sdk", &long_b),
-        );
-        assert_eq!(ma.len(), 128);
-        assert_ne!(
-            ma, mb,
-            "names sharing a long prefix still get distinct managers"
-        );
-        assert_eq!(ma, field_manager_for("sdk", &long_a), "stable");
-    }
-}

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 
@@ -14,7 +15,7 @@ use crate::api::{CheckState, ClusterQueue, Workload};
 use crate::check::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
 };
-use crate::runtime::checks::ActiveCheck;
+use crate::runtime::check_registry::ActiveCheck;
 use crate::runtime::own_writes::OwnWrites;
 use crate::runtime::{RuntimeConfig, metrics::Metrics};
 use crate::testing::{ScriptedApi, WorkloadBuilder};
@@ -169,10 +170,23 @@ impl World {
     }
 }
 
+/// The Workload at `rv`; conditions it is given date from now.
 fn wl(rv: &str) -> WorkloadBuilder {
+    wl_at(rv, Timestamp::now())
+}
+
+/// The Workload at `rv`; conditions it is given date from `at`.
+fn wl_at(rv: &str, at: Timestamp) -> WorkloadBuilder {
     WorkloadBuilder::new("ns", "wl")
+        .at(at)
         .resource_version(rv)
         .pod_set("main", 1, "1")
+}
+
+/// Quota reserved in `cq` `ago` ago, no entry yet.
+fn reserved_ago(rv: &str, ago: Duration) -> Workload {
+    let at = Timestamp::now() - SignedDuration::try_from(ago).expect("a short duration");
+    wl_at(rv, at).quota_reserved("cq", "on-demand").build()
 }
 
 /// Quota reserved in `cq` on `flavor`, no entry yet.
@@ -287,16 +301,19 @@ async fn evicted_and_reserved_again_before_the_entry_releases_then_starts_anew()
     assert_eq!(w.check().started(), 2);
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn an_entry_that_never_comes_releases_after_the_wait_once_and_the_entry_starts_over() {
     let mut w = World::new(&[]);
     w.sees(reserved("10", "on-demand")).await.expect("started");
-    tokio::time::advance(WAIT - Duration::from_secs(1)).await;
-    w.sees(reserved("11", "on-demand")).await.expect("waiting");
+    // The wait counts from the reservation (the QuotaReserved condition), not from the start.
+    w.sees(reserved_ago("11", WAIT - Duration::from_secs(5)))
+        .await
+        .expect("waiting");
     assert!(w.check().released().is_empty(), "released before the wait");
 
-    tokio::time::advance(Duration::from_secs(2)).await;
-    w.sees(reserved("12", "on-demand")).await.expect("released");
+    w.sees(reserved_ago("12", WAIT + Duration::from_secs(1)))
+        .await
+        .expect("released");
     assert_eq!(w.check().released(), [ReleaseReason::EntryNotAdded]);
     assert!(
         w.api
@@ -306,7 +323,9 @@ async fn an_entry_that_never_comes_releases_after_the_wait_once_and_the_entry_st
         w.api.event_reasons()
     );
     // Not started again in this attempt, nor released twice.
-    w.sees(reserved("13", "on-demand")).await.expect("no-op");
+    w.sees(reserved_ago("13", WAIT + Duration::from_secs(2)))
+        .await
+        .expect("no-op");
     assert_eq!(w.check().started(), 1);
     assert_eq!(w.check().released().len(), 1);
 
@@ -315,6 +334,33 @@ async fn an_entry_that_never_comes_releases_after_the_wait_once_and_the_entry_st
         .answer(200, serde_json::to_value(with_entry("15")).expect("json"));
     w.sees(with_entry("14")).await.expect("decided");
     assert_eq!(w.check().asked(), 1);
+}
+
+#[tokio::test]
+async fn a_restart_neither_starts_the_wait_again_nor_starts_work_after_it() {
+    // A process that first sees a Workload reserved longer ago than the wait (it restarted, or
+    // took the lead, after the wait was over): released once, never started.
+    let mut w = World::new(&[]);
+    w.sees(reserved_ago("10", WAIT + Duration::from_secs(30)))
+        .await
+        .expect("released");
+    assert_eq!(w.check().started(), 0);
+    assert_eq!(w.check().released(), [ReleaseReason::EntryNotAdded]);
+    // One that sees it within the wait starts it, and looks again when the wait ends (what is
+    // left of it, not the whole wait again).
+    let mut w = World::new(&[]);
+    let wl = reserved_ago("10", WAIT - Duration::from_secs(20));
+    w.workloads.apply_watcher_event(&Event::Apply(wl.clone()));
+    let action = reconcile(Arc::new(wl), w.ctx.clone())
+        .await
+        .expect("started");
+    assert_eq!(w.check().started(), 1);
+    let looks_again = format!("{action:?}");
+    assert!(
+        looks_again.contains("requeue_after: Some(19")
+            || looks_again.contains("requeue_after: Some(20"),
+        "{looks_again}"
+    );
 }
 
 #[tokio::test]

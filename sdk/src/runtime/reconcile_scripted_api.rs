@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::runtime::reflector;
 
-use crate::runtime::checks::ActiveCheck;
+use crate::runtime::check_registry::ActiveCheck;
 use crate::runtime::own_writes::OwnWrites;
 use crate::runtime::{RuntimeConfig, metrics::Metrics};
 use kube::runtime::controller::Action;
 
-use super::{Context, decide_one};
+use super::{Context, reconcile_pair};
 use crate::api::{AdmissionCheckState, CheckState, Workload};
 use crate::check::{
     AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
@@ -269,8 +270,9 @@ impl Harness {
     }
 
     async fn decide(&self, wl: &Workload) -> Result<Option<Duration>, crate::error::Error> {
-        let stands = crate::decide::eligibility(wl, CHECK, self.ctx.revalidates());
-        decide_one(&self.ctx, wl, CHECK, &self.active, stands).await
+        let uid = wl.uid().expect("a uid");
+        let answering = crate::lifecycle::Answering::Yes;
+        reconcile_pair(&self.ctx, wl, &uid, CHECK, answering, Some(&self.active)).await
     }
 }
 
@@ -821,21 +823,18 @@ async fn an_invalid_decision_is_held_on_the_entry_then_retried_then_rejected() {
     assert!(entry["podSetUpdates"].is_null(), "{entry}");
     assert!(h.sent_event("CheckFailedPermanently"), "{:?}", h.events());
     // Asked again (the watch delivers our Pending): the check answers the same, the hold goes
-    // on from where it started (the entry already says so: nothing to write). A hold that
-    // started again at every answer would never end.
-    let since = || {
-        h.ctx.memory.of("uid-ns-wl").checks[CHECK]
-            .permanent
-            .as_ref()
-            .map(|f| f.since)
-    };
-    let started = since();
+    // on from where it started, read from the entry (its lastTransitionTime): the same
+    // message, nothing to write. A hold that started again at every answer would never end.
     let shown = deciding().check_entry(serde_json::from_value(entry.clone()).expect("an entry"));
-    h.decide(&at("11", shown)).await.expect("no error");
+    assert!(crate::lifecycle::hold_started(&at("11", shown.clone()), CHECK).is_some());
+    h.decide(&at("11", shown.clone())).await.expect("no error");
     assert_eq!(h.asked(), 2);
-    assert!(started.is_some());
-    assert_eq!(since(), started, "the hold started again");
     assert_eq!(h.calls(), ["PATCH status"]);
+    // Nor after a restart: a new process, with nothing in memory, reads the same start.
+    let restarted = holding(answer.clone(), Duration::from_secs(120));
+    restarted.decide(&at("11", shown)).await.expect("no error");
+    assert_eq!(restarted.asked(), 1);
+    assert!(restarted.calls().is_empty(), "{:?}", restarted.calls());
     // After the hold: Retry without delay, counted...
     let h = holding(answer.clone(), Duration::ZERO);
     h.answer(200, json(&at("11", deciding())));
@@ -1164,7 +1163,7 @@ async fn a_failed_release_is_said_and_tried_again_until_it_succeeds_then_never_a
 /// A whole-reconcile setup whose check is in the registry as `state`, with the configuration
 /// `tune` gives, and `wl` in the cache.
 fn reconciling_as(
-    state: Result<ActiveCheck<NoParameters>, crate::runtime::checks::Inactive>,
+    state: Result<ActiveCheck<NoParameters>, crate::runtime::check_registry::Inactive>,
     tune: impl FnOnce(&mut RuntimeConfig),
     wl: &Workload,
 ) -> (Arc<Context<Probe>>, ScriptedApi) {
@@ -1180,9 +1179,9 @@ fn reconciling_as(
     (Arc::new(ctx.with_cache(cache)), api)
 }
 
-fn inactive() -> crate::runtime::checks::Inactive {
-    crate::runtime::checks::Inactive {
-        reason: crate::runtime::checks::Reason::BadParametersRef,
+fn inactive() -> crate::runtime::check_registry::Inactive {
+    crate::runtime::check_registry::Inactive {
+        reason: crate::runtime::check_registry::Reason::BadParametersRef,
         message: "ProvisioningRequestConfig prc not found.".into(),
     }
 }

@@ -14,14 +14,14 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use tracing::info;
 
-use super::checks::ActiveCheck;
+use super::check_registry::ActiveCheck;
 use super::context::{Context, release};
 use super::memory::{PairKey, lock};
-use super::reconcile::sooner;
 use super::unanswerable;
 use crate::api::{AdmissionCheckState, CheckState, Workload};
 use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass};
 use crate::error::Error;
+use crate::lifecycle::sooner;
 use crate::release::ReleaseReason;
 use crate::shadow::{
     ShadowEligibility, ShadowRecord, ShadowScope, ShadowStep, is_news, shadow_eligibility,

@@ -17,43 +17,18 @@ use kube::api::{Api, PatchParams};
 use kube::runtime::events::EventType;
 use tracing::{debug, warn};
 
-use super::checks::Inactive;
+use super::check_registry::Inactive;
 use super::context::Context;
-use super::memory::Hold;
-use super::reconcile::{WriteFailure, apply, field_manager_for, written};
+use super::status_write::{WriteFailure, apply, field_manager_for, written};
 use crate::api::{CheckState, Workload};
-use crate::check::{AdmissionCheckController, Decision};
-use crate::decide::{Eligibility, Plan, PlanInput, eligibility, plan};
+use crate::check::AdmissionCheckController;
+use crate::decide::{Plan, PlanInput, plan};
 use crate::error::Error;
+use crate::lifecycle;
 use crate::retry::{Backoff, RetryPolicy};
 
 /// The Event reason of a Workload held for a check that cannot answer.
 pub(crate) const CANNOT_ANSWER: &str = "CheckCannotAnswer";
-
-/// What to answer for a Workload whose check cannot answer because of `why`, held since
-/// `hold.since` (`hold_for` long): `Pending` with the reason until the hold ends, then `Retry`
-/// without delay.
-pub(crate) fn decision(why: &str, hold: Hold, hold_for: Duration, now: Timestamp) -> Decision {
-    let (left, until) = hold.left(hold_for, now);
-    match left {
-        Some(left) => Decision::pending_recheck_after(
-            format!(
-                "{why}. The workload keeps its quota until {}, then gives it back (Retry) and \
-                 waits in its queue until the check can answer",
-                until.strftime("%Y-%m-%dT%H:%M:%SZ")
-            ),
-            left,
-        ),
-        None => Decision::retry_after(
-            format!(
-                "{why}. Not resolved within {}: the quota is given back; the workload waits in \
-                 its queue until the check can answer",
-                crate::retry::human(hold_for)
-            ),
-            Duration::ZERO,
-        ),
-    }
-}
 
 /// Why `check` cannot answer while its AdmissionCheck is inactive for `inactive`.
 pub(super) fn inactive(check: &str, inactive: &Inactive) -> String {
@@ -91,28 +66,15 @@ pub(super) async fn hold_or_release<C: AdmissionCheckController>(
     check: &str,
     why: &str,
 ) -> Result<Option<Duration>, Error> {
-    let (Some(uid), Some(namespace)) = (wl.uid(), wl.namespace()) else {
-        return Err(Error::MalformedWorkload("no uid or namespace".into()));
+    let Some(namespace) = wl.namespace() else {
+        return Err(Error::MalformedWorkload("no namespace".into()));
     };
-    let key = (uid, check.to_string());
-    if eligibility(wl, check, false)
-        != (Eligibility::Decide {
-            revalidating: false,
-        })
-    {
-        ctx.memory.pair(&key, |p| p.unanswerable = None);
-        return Ok(None);
-    }
     let now = Timestamp::now();
-    let evictions = wl.total_evictions();
-    let hold = ctx.memory.pair(&key, |p| {
-        Hold::of_attempt(&mut p.unanswerable, evictions, now)
-    });
     let policy = never_rejects();
     let input = PlanInput {
         workload: wl,
         check,
-        decision: decision(why, hold, ctx.permanent_failure_hold, now),
+        decision: lifecycle::cannot_answer(wl, check, why, ctx.permanent_failure_hold, now),
         attempt: crate::attempts::attempt(wl, check),
         policy: &policy,
         max_retry_delay: ctx.max_retry_delay,
@@ -158,35 +120,8 @@ pub(super) async fn hold_or_release<C: AdmissionCheckController>(
 mod tests {
     use super::*;
 
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).expect("valid")
-    }
-
     #[test]
-    fn held_with_the_reason_then_given_back_never_rejected() {
-        let hold = Hold::for_tests(at(0), 0);
-        let two_minutes = Duration::from_secs(120);
-        match decision("check c cannot answer", hold, two_minutes, at(30)) {
-            Decision::Pending {
-                message,
-                recheck_after,
-            } => {
-                assert!(
-                    message.starts_with("check c cannot answer. The workload keeps its quota until 2027-01-15T08:02:00Z"),
-                    "{message}"
-                );
-                assert_eq!(recheck_after, Some(Duration::from_secs(90)));
-            }
-            other => panic!("held: {other:?}"),
-        }
-        assert_eq!(
-            decision("x", hold, two_minutes, at(120)),
-            Decision::retry_after(
-                "x. Not resolved within 2m: the quota is given back; the workload waits in its \
-                 queue until the check can answer",
-                Duration::ZERO
-            )
-        );
+    fn the_release_is_never_a_rejection() {
         assert!(!never_rejects().exhausted(u32::MAX));
     }
 }
