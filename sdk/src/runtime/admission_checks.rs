@@ -39,14 +39,14 @@ pub(super) struct CheckSync<C: AdmissionCheckController> {
 /// What syncing a check needs of the runtime's configuration.
 pub(super) struct CheckSettings {
     field_manager: String,
-    /// [`super::RuntimeConfig::max_retry_delay`].
+    /// [`super::config::RuntimeConfig::max_retry_delay`].
     max_retry_delay: Duration,
-    /// [`super::RuntimeConfig::shadow`].
+    /// [`super::config::RuntimeConfig::shadow`].
     shadow: Option<crate::shadow::ShadowScope>,
 }
 
-impl From<&super::RuntimeConfig> for CheckSettings {
-    fn from(config: &super::RuntimeConfig) -> Self {
+impl From<&super::config::RuntimeConfig> for CheckSettings {
+    fn from(config: &super::config::RuntimeConfig) -> Self {
         Self {
             field_manager: config.field_manager.clone(),
             max_retry_delay: config.max_retry_delay,

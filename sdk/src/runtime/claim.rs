@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{AdmissionCheck, find_condition};
 
-use super::LeaderElection;
+use super::lease::LeaderElection;
 
 /// The condition type of the claim (a prefixed type, so it never collides with Kueue's own).
 pub(crate) const CLAIM_CONDITION: &str = "kueue-admission-checks.dev/AnsweredBy";

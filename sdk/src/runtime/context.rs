@@ -13,9 +13,9 @@ use sha2::Digest;
 use tracing::{info, warn};
 
 use super::check_registry::Registry;
+use super::line::Line;
 use super::memory::Memory;
 use super::own_writes::OwnWrites;
-use super::queued_changes::QueuedChanges;
 use crate::api::Workload;
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
@@ -31,28 +31,26 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     pub(super) memory: Memory,
     /// Status writes the Workload cache does not show yet.
     pub own_writes: Arc<OwnWrites>,
-    /// Changes taken from the watch that no reconcile has read yet (for the queue metrics).
-    pub(super) queued: QueuedChanges,
     pub metrics: Arc<super::metrics::Metrics>,
     pub(super) max_retry_delay: Duration,
     pub(super) permanent_failure_hold: Duration,
-    /// [`super::RuntimeConfig::early_start_wait`].
+    /// [`super::config::RuntimeConfig::early_start_wait`].
     pub(super) early_start_wait: Duration,
     /// The ClusterQueues (watched only when the check starts early): which checks a Workload
     /// will get.
     pub(super) cluster_queues: crate::ClusterQueues,
-    /// Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), first come, first
-    /// served (see [`super::turns`]).
-    pub(super) turns: super::turns::Turns,
+    /// The Workloads waiting to be reconciled: their changes, and the turns to reconcile
+    /// ([`super::config::RuntimeConfig::concurrency`] at once), first come, first served.
+    pub(super) line: Line,
     /// The Workload cache: a reconcile that waited for its turn decides on the newest version.
     pub(super) cache: Option<reflector::Store<Workload>>,
     /// Every check this process has found in the registry: a check that left it (deleted,
     /// renamed, another controllerName, claimed by another deployment) may still have `asked`
     /// pairs, released once their Workloads no longer need them. A handful of names.
     pub(super) known_checks: Mutex<std::collections::BTreeSet<String>>,
-    /// [`super::RuntimeConfig::shadow`]: decide and publish, write nothing on Workloads.
+    /// [`super::config::RuntimeConfig::shadow`]: decide and publish, write nothing on Workloads.
     pub(super) shadow: Option<crate::shadow::ShadowScope>,
-    /// [`super::RuntimeConfig::normal_events`].
+    /// [`super::config::RuntimeConfig::normal_events`].
     pub(super) normal_events: bool,
     /// Where Events go once decided ([`Self::with_events_in_background`]); published in the
     /// reconcile itself without.
@@ -65,7 +63,7 @@ impl<C: AdmissionCheckController> Context<C> {
         client: Client,
         controller: Arc<C>,
         registry: Registry<C::Parameters>,
-        config: &super::RuntimeConfig,
+        config: &super::config::RuntimeConfig,
         metrics: Arc<super::metrics::Metrics>,
         own_writes: Arc<OwnWrites>,
     ) -> Self {
@@ -81,13 +79,12 @@ impl<C: AdmissionCheckController> Context<C> {
             recorder,
             memory: Default::default(),
             own_writes,
-            queued: QueuedChanges::default(),
             metrics,
             max_retry_delay: config.max_retry_delay,
             permanent_failure_hold: config.permanent_failure_hold,
             early_start_wait: config.early_start_wait,
             cluster_queues: Default::default(),
-            turns: super::turns::Turns::new(usize::from(config.concurrency)),
+            line: Line::new(usize::from(config.concurrency)),
             cache: None,
             known_checks: Default::default(),
             shadow: config.shadow.clone(),

@@ -12,7 +12,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tracing::{info, warn};
 
-use super::{Shutdown, context, metrics, reconcile, tasks};
+use super::config::Shutdown;
+use super::{context, metrics, reconcile, tasks};
 use crate::api::Workload;
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
@@ -78,29 +79,27 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
     let changes = ReceiverStream::new(l.changes).filter_map(move |wl: Workload| {
         let now = tokio::time::Instant::now();
         let namespace = wl.namespace().unwrap_or_default();
-        let waiting = queue.queued.taken(&namespace, &wl.name_any(), now);
+        let (needed, waiting) = queue.line.change(&namespace, &wl.name_any(), now);
         queue.metrics.queue_depth(waiting);
-        // Its reconcile, waiting for a turn, will read this change from the cache.
-        let needed = !queue.turns.waits(&namespace, &wl.name_any());
+        // Not needed while it waits in line: its reconcile will read this change from the cache.
         futures::future::ready(needed.then_some(Ok(wl)))
     });
     let queue = l.ctx.clone();
     let wakes = ReceiverStream::new(wake_rx).filter(move |wl| {
         let namespace = wl.namespace.as_deref().unwrap_or_default();
-        futures::future::ready(!queue.turns.waits(namespace, &wl.name))
+        futures::future::ready(queue.line.wake(namespace, &wl.name))
     });
     // Workloads whose turn came (see `turns`): not filtered, their reconcile takes the turn.
     let (granted_tx, granted_rx) = mpsc::unbounded_channel();
-    l.ctx.turns.connect(granted_tx);
+    l.ctx.line.connect(granted_tx);
     let granted = UnboundedReceiverStream::new(granted_rx);
     // A turn granted and never taken (only a defect would leave one) goes to the next.
     let sweep = {
         let ctx = l.ctx.clone();
         async move {
             loop {
-                tokio::time::sleep(super::turns::GRANT_TIMEOUT / 2).await;
-                ctx.turns
-                    .take_back_stale_grants(tokio::time::Instant::now());
+                tokio::time::sleep(super::line::GRANT_TIMEOUT / 2).await;
+                ctx.line.sweep(tokio::time::Instant::now());
             }
         }
     };
@@ -126,10 +125,9 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
                     tracing::debug!(error = %e, "workload gone before its reconcile");
                     if let kube::runtime::controller::Error::ObjectNotFound(gone) = &e {
                         let namespace = gone.namespace.as_deref().unwrap_or_default();
-                        let waiting = queue.queued.gone(namespace, &gone.name);
-                        queue.metrics.queue_depth(waiting);
                         let now = tokio::time::Instant::now();
-                        queue.turns.gone(namespace, &gone.name, now);
+                        let waiting = queue.line.gone(namespace, &gone.name, now);
+                        queue.metrics.queue_depth(waiting);
                     }
                 }
                 Err(e) => warn!(error = %e, "workload reconcile failed"),
@@ -141,8 +139,7 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         () = sweep => {}
     }
     tasks.stop().await;
-    queue.turns.clear();
-    queue.queued.clear();
+    queue.line.clear();
     queue.metrics.queue_depth(0);
     if lost.load(Ordering::Acquire) {
         Err(Error::LeadershipLost)

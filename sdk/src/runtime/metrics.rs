@@ -442,6 +442,14 @@ impl Metrics {
             .get()
     }
 
+    /// How many permanent failures of `check` were counted, for tests.
+    #[cfg(test)]
+    pub fn permanent_failures_of(&self, check: &str) -> u64 {
+        self.permanent_failures
+            .get_or_create(&check_labels(check))
+            .get()
+    }
+
     /// One more in `counter` for `check`, unless the check was forgotten meanwhile (its series
     /// must not come back).
     fn count(&self, counter: &Family<CheckLabels, Counter>, check: &str) {

@@ -29,21 +29,21 @@ mod admission_checks;
 mod check_registry;
 mod claim;
 mod cluster_queue_watch;
+mod config;
 mod context;
 mod http;
 mod kueue_api;
 mod leader_work;
 mod lease;
+mod line;
 mod memory;
 mod metrics;
 mod own_writes;
-mod queued_changes;
 mod reconcile;
 mod relist;
 mod shadow;
 mod status_write;
 mod tasks;
-mod turns;
 mod unanswerable;
 mod workloads;
 
@@ -60,81 +60,15 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 pub use crate::extensions::{Extensions, LeaderContext, WorkloadWaker};
+use config::Shutdown;
+pub use config::{
+    DEFAULT_EARLY_START_WAIT, DEFAULT_FIELD_MANAGER, DEFAULT_PERMANENT_FAILURE_HOLD, RuntimeConfig,
+};
 pub use lease::{LEASE_OWNER_ANNOTATION, LeaderElection, lease_name_for};
 
 use crate::api::Workload;
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
-
-/// How the runtime runs a check.
-#[derive(Clone, Debug)]
-pub struct RuntimeConfig {
-    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` serves nothing.
-    pub metrics_address: Option<std::net::SocketAddr>,
-    /// Prefix of the server-side apply field managers; each check gets its own manager, so one
-    /// process serving several checks never strips another check's entry.
-    pub field_manager: String,
-    /// How many Workloads are reconciled at once.
-    pub concurrency: u16,
-    /// Elect a leader among replicas; `None` writes from this process unconditionally.
-    pub leader_election: Option<LeaderElection>,
-    /// The longest retry delay written; a longer one (from a policy or an explicit delay) is
-    /// written as this, counted and announced. Kueue keeps the Workload's quota for the whole
-    /// delay, so an absurd configuration must not hold it for years.
-    pub max_retry_delay: std::time::Duration,
-    /// How long a Workload keeps its quota after its check failed permanently (see
-    /// [`crate::check::ErrorClass`]) before the runtime answers `Retry` for it: the time the
-    /// user has to fix what the entry's message says without losing the reservation. The same
-    /// hold applies to a decision Kueue would refuse, an attempt record the API server refuses,
-    /// and a Workload holding quota for a check that cannot answer (inactive, or in shadow
-    /// mode while a ClusterQueue lists it).
-    pub permanent_failure_hold: std::time::Duration,
-    /// How long work a check started before Kueue added its entry
-    /// ([`AdmissionCheckController::start_early`]) waits for the entry; then it is released
-    /// ([`crate::ReleaseReason::EntryNotAdded`]) and started again only once the entry comes.
-    pub early_start_wait: std::time::Duration,
-    /// Shadow mode: decide for the Workloads holding quota in this scope and publish what would
-    /// have been answered, writing no answers on Workloads (see [`crate::shadow`]). The one
-    /// write: a Workload that holds quota with the entry of a check of this controller (its
-    /// ClusterQueue lists the check, which is inactive meanwhile) gets the reason on the entry
-    /// and, after [`Self::permanent_failure_hold`], a `Retry` that gives the quota back, so
-    /// switching an enforcing check back to shadow mode strands nothing. `None`: the checks
-    /// answer for real.
-    pub shadow: Option<crate::shadow::ShadowScope>,
-    /// Publish Normal events about the check's answers (`CheckReady`, `CheckPending`,
-    /// `CheckRetryCarriedOver`); `false` keeps only Warning events (`CheckRetry`,
-    /// `CheckRejected`, `CheckFailed`, ...), one API request less per answer. Shadow mode's
-    /// `WouldAnswer` events are published either way: they are its output.
-    pub normal_events: bool,
-}
-
-/// The default of [`RuntimeConfig::permanent_failure_hold`]: two minutes, enough to read the
-/// message and fix an annotation, short enough not to starve a queue.
-pub const DEFAULT_PERMANENT_FAILURE_HOLD: std::time::Duration = std::time::Duration::from_secs(120);
-
-/// The default of [`RuntimeConfig::early_start_wait`]: five minutes, far beyond the seconds
-/// Kueue takes to add an entry even under a burst, short enough that capacity asked for a
-/// Workload that never gets the check is not kept for long.
-pub const DEFAULT_EARLY_START_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// The default of [`RuntimeConfig::field_manager`] (and of `--field-manager`).
-pub const DEFAULT_FIELD_MANAGER: &str = "kueue-admission-sdk";
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        Self {
-            metrics_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
-            field_manager: DEFAULT_FIELD_MANAGER.into(),
-            concurrency: 10,
-            leader_election: None,
-            max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
-            permanent_failure_hold: DEFAULT_PERMANENT_FAILURE_HOLD,
-            early_start_wait: DEFAULT_EARLY_START_WAIT,
-            shadow: None,
-            normal_events: true,
-        }
-    }
-}
 
 /// Runs `controller` until the process gets SIGTERM or Ctrl-C; see [`run_until`].
 pub async fn run<C: AdmissionCheckController>(
@@ -316,9 +250,6 @@ where
     info!("stopped");
     outcome
 }
-
-/// How a run is told to stop: cloneable, so each part that must stop can wait on it.
-type Shutdown = futures::future::Shared<futures::future::BoxFuture<'static, ()>>;
 
 /// Refuses shadow mode to a check that acts on the cluster when it decides.
 fn refuse_shadow_mode<C: AdmissionCheckController>(

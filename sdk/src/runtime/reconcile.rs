@@ -42,14 +42,14 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
 ) -> Result<Action, Error> {
     let namespace = wl.namespace().unwrap_or_default();
     let now = tokio::time::Instant::now();
-    let Some(_turn) = ctx.turns.ask(&namespace, &wl.name_any(), now) else {
-        // Queued: when its turn comes, the Workload is sent to kube again and that reconcile
-        // takes the turn (see `turns`). Nothing waits in kube meanwhile.
+    let begun = ctx.line.begin(&namespace, &wl.name_any(), now);
+    let Some(_turn) = begun.turn else {
+        // In line: when its turn comes, the Workload is sent to kube again and that reconcile
+        // takes the turn. Nothing waits in kube meanwhile.
         return Ok(Action::await_change());
     };
     // Whatever this reconcile finds, it reads the changes that waited for it.
-    {
-        let (waited, waiting) = ctx.queued.reconciling(&namespace, &wl.name_any(), now);
+    if let Some((waited, waiting)) = begun.waited {
         if let Some(waited) = waited {
             ctx.metrics.queue_waited(waited);
         }
@@ -525,29 +525,13 @@ async fn decide_one<C: AdmissionCheckController>(
         let Some(decided) = decision_for(&wl, &pair, asking).await? else {
             return Ok(None);
         };
-        let revalidate_after = ctx
-            .controller
-            .revalidate()
-            .period()
-            .filter(|_| decided.revalidating);
-        let mut write = match plan_write(&wl, &pair, &decided).await? {
-            Planned::Write(write) => write,
-            Planned::Skip(recheck_after) => return Ok(recheck_after.or(revalidate_after)),
-            Planned::Invalid(why) => {
-                kept = Some(held_for_invalid(&wl, &pair, decided, &why).await);
+        let (decided, write, failure) = match write_decided(&wl, &pair, decided).await? {
+            Attempted::Over(after) => return Ok(after),
+            Attempted::Invalid(held) => {
+                kept = Some(held);
                 continue;
             }
-        };
-        if decided.uncounted {
-            write.record = None;
-        }
-        let pp = PatchParams::apply(&field_manager_for(&ctx.field_manager, check)).force();
-        let failure = match apply(&pair.api, &wl, check, &write, &pp).await {
-            Ok(written_rv) => {
-                landed(&wl, &pair, &decided, &write, written_rv).await;
-                return Ok(write.recheck_after.or(revalidate_after));
-            }
-            Err(failure) => failure,
+            Attempted::Refused(refused) => *refused,
         };
         match after_refused_write(&wl, &pair, decided, &write, failure).await? {
             Next::Done => return Ok(None),
@@ -561,6 +545,53 @@ async fn decide_one<C: AdmissionCheckController>(
         }
     }
     Ok(Some(Duration::from_secs(1)))
+}
+
+/// How one write of a decision went.
+enum Attempted {
+    /// Written, or nothing to write: look again after this long, if set.
+    Over(Option<Duration>),
+    /// The decision cannot be written: this is held instead, to write next.
+    Invalid(Decided),
+    /// The API server refused the write of this decision (boxed: the rare path carries the
+    /// most).
+    Refused(Box<(Decided, crate::decide::Write, WriteFailure)>),
+}
+
+/// Plans the write of `decided` on `wl` and applies it.
+async fn write_decided<C: AdmissionCheckController>(
+    wl: &Workload,
+    pair: &Pair<'_, C>,
+    decided: Decided,
+) -> Result<Attempted, Error> {
+    let (ctx, check) = (pair.ctx, pair.check);
+    let revalidate_after = ctx
+        .controller
+        .revalidate()
+        .period()
+        .filter(|_| decided.revalidating);
+    let mut write = match plan_write(wl, pair, &decided).await? {
+        Planned::Write(write) => write,
+        Planned::Skip(recheck_after) => {
+            return Ok(Attempted::Over(recheck_after.or(revalidate_after)));
+        }
+        Planned::Invalid(why) => {
+            return Ok(Attempted::Invalid(
+                held_for_invalid(wl, pair, decided, &why).await,
+            ));
+        }
+    };
+    if decided.uncounted {
+        write.record = None;
+    }
+    let pp = PatchParams::apply(&field_manager_for(&ctx.field_manager, check)).force();
+    match apply(&pair.api, wl, check, &write, &pp).await {
+        Ok(written_rv) => {
+            landed(wl, pair, &decided, &write, written_rv).await;
+            Ok(Attempted::Over(write.recheck_after.or(revalidate_after)))
+        }
+        Err(failure) => Ok(Attempted::Refused(Box::new((decided, write, failure)))),
+    }
 }
 
 /// The Workload and check one [`decide_one`] is about, with the runtime deciding it: what its
@@ -730,14 +761,7 @@ async fn after_refused_write<C: AdmissionCheckController>(
         | WriteFailure::Status(kube::Error::Api(status))
             if status.code == 404 =>
         {
-            // Deleted between the read and the write: nothing is left to answer, and it is not
-            // an error to count or back off from. A read confirms it, so that a 404 for another
-            // reason (a missing status subresource) is still reported.
-            if pair.api.get_opt(&wl.name_any()).await?.is_none() {
-                debug!(workload = %wl.name_any(), check, "deleted before the answer was written");
-                return Ok(Next::Done);
-            }
-            Err(kube::Error::Api(status).into())
+            deleted_meanwhile(wl, pair, status).await
         }
         WriteFailure::Status(kube::Error::Api(status))
             if !decided.decision.message().starts_with(PERMANENT_MARK)
@@ -745,22 +769,7 @@ async fn after_refused_write<C: AdmissionCheckController>(
         {
             // (An `if let` guard would bind the message once, but the MSRV, 1.89, lacks it.)
             let refused = permanent_refusal(&status).unwrap_or_default();
-            // The API server will never take this answer (e.g. a podSetUpdate it or a webhook
-            // finds invalid): say so on the entry instead, and keep the quota only for a while.
-            let message = format!(
-                "the {} answer of check {check} cannot be written: {refused}",
-                write.entry.state,
-            );
-            warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "status write refused");
-            let decision = permanent_decision(wl, pair, message, decided.now).await;
-            let kept = Decided {
-                decision,
-                ..decided
-            };
-            Ok(Next::Again {
-                fresh: None,
-                kept: Some(kept),
-            })
+            Ok(answer_refused(wl, pair, decided, write, &refused).await)
         }
         WriteFailure::Record(kube::Error::Api(status)) if refused_for_good(status.code) => {
             Ok(record_refused(wl, pair, decided, write, &status).await)
@@ -770,16 +779,52 @@ async fn after_refused_write<C: AdmissionCheckController>(
             // Retry may be written (it would land uncounted), so it is tried again with backoff
             // and said where the operator looks.
             let note = format!("check {check}: counting the Retry on the Workload failed: {e}");
-            ctx.event(
-                wl,
-                EventType::Warning,
-                "CheckWriteFailed",
-                redact_workload_note(wl, &note),
-            )
-            .await;
+            let note = redact_workload_note(wl, &note);
+            ctx.event(wl, EventType::Warning, "CheckWriteFailed", note)
+                .await;
             Err(e.into())
         }
         WriteFailure::Status(e) => Err(e.into()),
+    }
+}
+
+/// A write answered 404: the Workload was deleted between the read and the write, and nothing
+/// is left to answer (not an error to count or back off from). A read confirms it, so that a
+/// 404 for another reason (a missing status subresource) is still reported.
+async fn deleted_meanwhile<C: AdmissionCheckController>(
+    wl: &Workload,
+    pair: &Pair<'_, C>,
+    status: Box<kube::core::Status>,
+) -> Result<Next, Error> {
+    if pair.api.get_opt(&wl.name_any()).await?.is_none() {
+        debug!(workload = %wl.name_any(), check = pair.check, "deleted before the answer was written");
+        return Ok(Next::Done);
+    }
+    Err(kube::Error::Api(status).into())
+}
+
+/// The API server will never take this answer (`refused`: e.g. a podSetUpdate it or a webhook
+/// finds invalid): say so on the entry instead, and keep the quota only for the hold.
+async fn answer_refused<C: AdmissionCheckController>(
+    wl: &Workload,
+    pair: &Pair<'_, C>,
+    decided: Decided,
+    write: &crate::decide::Write,
+    refused: &str,
+) -> Next {
+    let check = pair.check;
+    let message = format!(
+        "the {} answer of check {check} cannot be written: {refused}",
+        write.entry.state,
+    );
+    warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "status write refused");
+    let decision = permanent_decision(wl, pair, message, decided.now).await;
+    Next::Again {
+        fresh: None,
+        kept: Some(Decided {
+            decision,
+            ..decided
+        }),
     }
 }
 
@@ -787,7 +832,7 @@ async fn after_refused_write<C: AdmissionCheckController>(
 /// on workloads, a policy's 400 or 403, a 422 for annotations over their limit). A `Retry`
 /// must not reach Kueue uncounted while the operator may still fix it, but neither may the
 /// quota be held until someone does: the entry says so (`Pending`, the permanent-failure
-/// mark) for [`super::RuntimeConfig::permanent_failure_hold`], counted from the first refusal
+/// mark) for [`super::config::RuntimeConfig::permanent_failure_hold`], counted from the first refusal
 /// of the attempt, and then the `Retry` (or the `Rejected` it becomes past the limit) is
 /// written without the record: Kueue's `retryCount` still counts it. Any other state is
 /// written without the record at once (it was only a catch-up with `retryCount`). Each refusal
@@ -916,31 +961,51 @@ async fn ask<C: AdmissionCheckController>(
     revalidating: bool,
     at: Option<AskedAt>,
 ) -> Result<Option<Decided>, Error> {
-    let ctx = pair.ctx;
-    let (check, key) = (pair.check, &pair.key);
     let now = Timestamp::now();
-    // A Retry refused because Kueue evicted the Workload while the check decided is honoured
-    // now, for what is left of its delay, instead of asking the check again.
-    let late = ctx.memory.pair(key, |p| p.late.clone());
-    if let Some(late) = late {
-        match late.decision(now).filter(|_| !revalidating) {
-            Some(decision) => {
-                // Counted as this attempt's Retry: usually the refused one was never counted
-                // (its attempt record was refused too); if it was, counting it again costs a
-                // retry but keeps the stored attempt from ever going back.
-                return Ok(Some(Decided {
-                    decision,
-                    at,
-                    carried: true,
-                    inputs: Inputs::of(wl),
-                    revalidating,
-                    now,
-                    uncounted: false,
-                }));
-            }
-            None => ctx.memory.pair(key, |p| p.late = None),
-        }
+    let decided = |decision, carried| Decided {
+        decision,
+        at,
+        carried,
+        inputs: Inputs::of(wl),
+        revalidating,
+        now,
+        uncounted: false,
+    };
+    if let Some(decision) = carried_retry(pair, revalidating, now) {
+        // Counted as this attempt's Retry: usually the refused one was never counted (its
+        // attempt record was refused too); if it was, counting it again costs a retry but
+        // keeps the stored attempt from ever going back.
+        return Ok(Some(decided(decision, true)));
     }
+    let decision = check_answer(wl, pair, revalidating, now).await?;
+    Ok(Some(decided(decision, false)))
+}
+
+/// A `Retry` refused because Kueue evicted the Workload while the check decided, honoured now
+/// for what is left of its delay instead of asking the check again; forgotten once over.
+fn carried_retry<C: AdmissionCheckController>(
+    pair: &Pair<'_, C>,
+    revalidating: bool,
+    now: Timestamp,
+) -> Option<Decision> {
+    let late = pair.ctx.memory.pair(&pair.key, |p| p.late.clone())?;
+    let decision = late.decision(now).filter(|_| !revalidating);
+    if decision.is_none() {
+        pair.ctx.memory.pair(&pair.key, |p| p.late = None);
+    }
+    decision
+}
+
+/// The check's answer for `wl`; a permanent failure is turned into its hold
+/// ([`permanent_decision`]) unless the entry is `Ready` (an admitted answer is not taken back
+/// for an error: it is tried again).
+async fn check_answer<C: AdmissionCheckController>(
+    wl: &Workload,
+    pair: &Pair<'_, C>,
+    revalidating: bool,
+    now: Timestamp,
+) -> Result<Decision, Error> {
+    let (ctx, check) = (pair.ctx, pair.check);
     let entry = wl
         .admission_check(check)
         .ok_or_else(|| Error::MalformedWorkload("no entry".into()))?;
@@ -952,33 +1017,20 @@ async fn ask<C: AdmissionCheckController>(
         now,
         shadow: None,
     };
-    let decision = match ctx.controller.decide(&check_ctx).await {
-        // A permanent failure shown on the entry ends once a real answer is written (see
-        // `landed`), not here: an answer that cannot be written is one more failure.
-        Ok(d) => d,
-        Err(e) => match ctx.controller.classify_error(&e) {
-            ErrorClass::Transient => {
-                return Err(ctx.check_failed(wl, format!("check {check}: {e}"), e).await);
-            }
-            ErrorClass::Permanent { message } => {
-                if revalidating {
-                    // An admitted answer is not taken back for an error; it is tried again.
-                    let note = format!("check {check} (revalidating): {message}");
-                    return Err(ctx.check_failed(wl, note, e).await);
-                }
-                permanent_decision(wl, pair, message, now).await
-            }
-        },
+    // A permanent failure shown on the entry ends once a real answer is written, not here: an
+    // answer that cannot be written is one more failure.
+    let e = match ctx.controller.decide(&check_ctx).await {
+        Ok(decision) => return Ok(decision),
+        Err(e) => e,
     };
-    Ok(Some(Decided {
-        decision,
-        at,
-        carried: false,
-        inputs: Inputs::of(wl),
-        revalidating,
-        now,
-        uncounted: false,
-    }))
+    match ctx.controller.classify_error(&e) {
+        ErrorClass::Transient => Err(ctx.check_failed(wl, format!("check {check}: {e}"), e).await),
+        ErrorClass::Permanent { message } if revalidating => {
+            let note = format!("check {check} (revalidating): {message}");
+            Err(ctx.check_failed(wl, note, e).await)
+        }
+        ErrorClass::Permanent { message } => Ok(permanent_decision(wl, pair, message, now).await),
+    }
 }
 
 /// What to write for a permanent failure ([`lifecycle::permanent_failure`]: held, then
@@ -994,11 +1046,11 @@ async fn permanent_decision<C: AdmissionCheckController>(
     let (ctx, check) = (pair.ctx, pair.check);
     let decision =
         lifecycle::permanent_failure(wl, check, &message, ctx.permanent_failure_hold, now);
-    let shown = wl.admission_check(check).is_some_and(|e| {
-        e.message.starts_with(PERMANENT_MARK)
-            && e.message
-                .contains(&*crate::check::truncate_chars(&message, 200))
-    });
+    // News unless the entry shows this failure already (also one shown before a restart).
+    let head: String = message.chars().take(200).collect();
+    let shown = wl
+        .admission_check(check)
+        .is_some_and(|e| e.message.starts_with(&format!("{PERMANENT_MARK}{head}")));
     if !shown {
         ctx.metrics.permanent_failure(check);
         warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %message, "permanent failure");

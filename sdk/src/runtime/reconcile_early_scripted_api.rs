@@ -17,7 +17,7 @@ use crate::check::{
 };
 use crate::runtime::check_registry::ActiveCheck;
 use crate::runtime::own_writes::OwnWrites;
-use crate::runtime::{RuntimeConfig, metrics::Metrics};
+use crate::runtime::{config::RuntimeConfig, metrics::Metrics};
 use crate::testing::{ScriptedApi, WorkloadBuilder};
 
 const CHECK: &str = "capacity";

@@ -12,7 +12,7 @@ use kube::runtime::reflector;
 
 use crate::runtime::check_registry::ActiveCheck;
 use crate::runtime::own_writes::OwnWrites;
-use crate::runtime::{RuntimeConfig, metrics::Metrics};
+use crate::runtime::{config::RuntimeConfig, metrics::Metrics};
 use kube::runtime::controller::Action;
 
 use super::{Context, reconcile_pair};
@@ -830,11 +830,17 @@ async fn an_invalid_decision_is_held_on_the_entry_then_retried_then_rejected() {
     h.decide(&at("11", shown.clone())).await.expect("no error");
     assert_eq!(h.asked(), 2);
     assert_eq!(h.calls(), ["PATCH status"]);
+    assert_eq!(
+        h.ctx.metrics.permanent_failures_of(CHECK),
+        1,
+        "counted once, not at every look"
+    );
     // Nor after a restart: a new process, with nothing in memory, reads the same start.
     let restarted = holding(answer.clone(), Duration::from_secs(120));
     restarted.decide(&at("11", shown)).await.expect("no error");
     assert_eq!(restarted.asked(), 1);
     assert!(restarted.calls().is_empty(), "{:?}", restarted.calls());
+    assert_eq!(restarted.ctx.metrics.permanent_failures_of(CHECK), 0);
     // After the hold: Retry without delay, counted...
     let h = holding(answer.clone(), Duration::ZERO);
     h.answer(200, json(&at("11", deciding())));
@@ -1036,8 +1042,8 @@ async fn a_reconcile_reads_the_changes_that_waited_for_it() {
     writer.apply_watcher_event(&Event::Apply(at("10", deciding())));
     let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache);
     let taken = tokio::time::Instant::now();
-    assert_eq!(ctx.queued.taken("ns", "wl", taken), 1);
-    assert_eq!(ctx.queued.taken("ns", "gone", taken), 2);
+    assert_eq!(ctx.line.change("ns", "wl", taken), (true, 1));
+    assert_eq!(ctx.line.change("ns", "gone", taken), (true, 2));
     api.answer(200, json(&at("11", deciding())));
     super::reconcile(Arc::new(at("10", deciding())), ctx.clone())
         .await
@@ -1047,8 +1053,8 @@ async fn a_reconcile_reads_the_changes_that_waited_for_it() {
         .await
         .expect("no error");
     let later = tokio::time::Instant::now();
-    assert_eq!(ctx.queued.reconciling("ns", "wl", later), (None, 0));
-    assert_eq!(ctx.queued.reconciling("ns", "gone", later), (None, 0));
+    assert_eq!(ctx.line.begin("ns", "wl", later).waited, Some((None, 0)));
+    assert_eq!(ctx.line.begin("ns", "gone", later).waited, Some((None, 0)));
 }
 
 /// A reconcile waiting for its turn is small: with every cached Workload queued at once (a new
@@ -1406,12 +1412,13 @@ async fn a_workload_waits_for_a_turn_until_it_has_one() {
     });
     let ctx = h.ctx;
     let now = tokio::time::Instant::now();
-    let held = ctx.turns.ask("ns", "a", now).expect("a turn");
-    assert!(!ctx.turns.waits("ns", "a"), "has its turn");
-    assert!(ctx.turns.ask("ns", "b", now).is_none());
-    assert!(ctx.turns.waits("ns", "b"));
+    let held = ctx.line.begin("ns", "a", now).turn.expect("a turn");
+    assert!(!ctx.line.waits("ns", "a"), "has its turn");
+    assert!(ctx.line.begin("ns", "b", now).turn.is_none());
+    assert!(ctx.line.waits("ns", "b"));
+    assert!(!ctx.line.wake("ns", "b"), "a wake of it needs no reconcile");
     drop(held);
-    let turn = ctx.turns.ask("ns", "b", now).expect("b's turn");
-    assert!(!ctx.turns.waits("ns", "b"), "has its turn");
+    let turn = ctx.line.begin("ns", "b", now).turn.expect("b's turn");
+    assert!(!ctx.line.waits("ns", "b"), "has its turn");
     drop(turn);
 }

@@ -4,7 +4,7 @@
 //! holds quota with the check's entry `Pending` keeps the quota, waiting for an answer that
 //! does not come. The runtime writes the reason on the entry (as Kueue's built-in check writes
 //! "the check is not active"), keeps the quota for
-//! [`super::RuntimeConfig::permanent_failure_hold`] (the check may be fixed meanwhile: it then
+//! [`super::config::RuntimeConfig::permanent_failure_hold`] (the check may be fixed meanwhile: it then
 //! answers as usual), then answers `Retry` without delay: the quota goes back to the queue, the
 //! Workload waits there like every other, and is asked again once it holds quota again. Never
 //! `Rejected`: the Workload did nothing wrong.

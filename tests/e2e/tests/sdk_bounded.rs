@@ -1,6 +1,7 @@
-//! No path holds quota without an answer (issue 26), against the real Kueue: an answer Kueue
-//! would refuse, an answer a policy refuses, an attempt record a policy refuses, a check that
-//! turns inactive, and an enforcing check switched back to shadow mode. Each ends with the
+//! No path holds quota without an answer (issues 26 and 31), against the real Kueue: an answer
+//! Kueue would refuse, an answer a policy refuses (also while the controller is killed again
+//! and again), an attempt record a policy refuses, a check that turns inactive, and an
+//! enforcing check switched back to shadow mode. Each ends with the
 //! quota given back (or the Workload admitted), and the reason on the entry on the way.
 //!
 //! The policies are ValidatingAdmissionPolicies: the API server enforces them itself, worded
@@ -171,6 +172,26 @@ async fn until_refused(
     bail!("the policy was never enforced on Workload {wl}")
 }
 
+/// A policy (403, as a webhook's denial) refusing every status write of the Workload whose
+/// entries say "forbidden-word"; returns once the API server enforces it.
+async fn refuse_the_forbidden_word(env: &TestEnv, wl: &str, check: &str) -> Result<()> {
+    let expression = "!has(object.status.admissionChecks) || \
+                      object.status.admissionChecks.all(c, !c.message.contains('forbidden-word'))";
+    deny(
+        env,
+        "no-word",
+        "workloads/status",
+        (expression, "Forbidden"),
+    )
+    .await?;
+    let word = json!({"status": {"admissionChecks": [{
+        "name": check, "state": "Pending", "message": "forbidden-word",
+        "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now()),
+    }]}});
+    until_refused(env, wl, true, word).await
+}
+
 #[tokio::test]
 async fn a_policys_denial_of_the_answer_is_permanent_not_rbac() -> Result<()> {
     let env = TestEnv::new("bounded-policy").await?;
@@ -186,21 +207,7 @@ async fn a_policys_denial_of_the_answer_is_permanent_not_rbac() -> Result<()> {
     let _probe = run_probe(&env, &q, &script, one_retry(), |c| c)?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl, &q.check).await?;
-    let expression = "!has(object.status.admissionChecks) || \
-                      object.status.admissionChecks.all(c, !c.message.contains('forbidden-word'))";
-    deny(
-        &env,
-        "no-word",
-        "workloads/status",
-        (expression, "Forbidden"),
-    )
-    .await?;
-    let word = json!({"status": {"admissionChecks": [{
-        "name": q.check, "state": "Pending", "message": "forbidden-word",
-        "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now()),
-    }]}});
-    until_refused(&env, &wl, true, word).await?;
+    refuse_the_forbidden_word(&env, &wl, &q.check).await?;
     gate.add_permits(100);
     let start = format!(
         "Permanent failure: the Ready answer of check {} cannot be written: a \
@@ -292,6 +299,91 @@ async fn a_refused_attempt_record_holds_the_quota_then_the_retry_goes_uncounted(
     );
     assert_eq!(probe.metric(&series).await?, Some(2.0));
     Ok(())
+}
+
+/// Bounds survive restarts (issue 31): a policy refuses the `Ready` write while the controller
+/// is killed and started again more often than the hold lasts. Each new process reads the
+/// hold's start from the entry, so the hold starts once: every message of it announces the same
+/// deadline, and the `Retry` that gives the quota back comes after that deadline and within one
+/// restart of it. (Counted in memory, as before, each restart started the hold again and the
+/// quota was never given back.)
+#[tokio::test]
+async fn a_hold_survives_restarts_its_deadline_does_not_move_and_the_retry_lands() -> Result<()> {
+    const LONG_HOLD: Duration = Duration::from_secs(12);
+    const RESTART_EVERY: Duration = Duration::from_secs(4);
+    let env = TestEnv::new("bounded-restarts").await?;
+    let (q, script) = probed(&env).await?;
+    script.answer("job", Decision::ready("granted, forbidden-word"));
+    let gate = script.gate("job");
+    let run = || {
+        run_probe(&env, &q, &script, one_retry(), |c| RuntimeConfig {
+            permanent_failure_hold: LONG_HOLD,
+            ..c
+        })
+    };
+    let mut probe = run()?;
+    let mut recorder = env.record_workloads().await?;
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&wl, &q.check).await?;
+    refuse_the_forbidden_word(&env, &wl, &q.check).await?;
+    gate.add_permits(1_000);
+    let start = format!(
+        "Permanent failure: the Ready answer of check {} cannot be written",
+        q.check
+    );
+    held_with(&env, &wl, &q.check, &start).await?;
+    // Killed and started again until the check's Retry has evicted the Workload; a hold that
+    // starts again with each process would never end, so the restarts are bounded.
+    let most = (LONG_HOLD + Duration::from_secs(60)).as_secs() / RESTART_EVERY.as_secs();
+    let mut restarts = 0;
+    loop {
+        tokio::time::sleep(RESTART_EVERY).await;
+        let now = env.workloads().get(&wl).await?;
+        if now.evictions("AdmissionCheck") >= 1 {
+            break;
+        }
+        if restarts == most {
+            bail!(
+                "the quota was not given back after {restarts} restarts:\n{}",
+                e2e::dump(&now)
+            );
+        }
+        probe.kill().await;
+        probe = run()?;
+        restarts += 1;
+    }
+    let history = recorder
+        .until(&wl, "evicted by the check", |w| {
+            w.evictions("AdmissionCheck") >= 1
+        })
+        .await?;
+    let last = history.last().context("no version")?;
+    let deadlines: std::collections::BTreeSet<String> = history
+        .iter()
+        .filter_map(|w| w.admission_check(&q.check))
+        .filter(|e| e.state == CheckState::Pending && e.message.starts_with(&start))
+        .filter_map(|e| e.message.split("keeps its quota until ").nth(1))
+        .map(|rest| rest.chars().take(20).collect())
+        .collect();
+    assert_eq!(deadlines.len(), 1, "the deadline moved: {deadlines:?}");
+    assert!(restarts >= 2, "restarted {restarts} times within the hold");
+    let deadline: k8s_openapi::jiff::Timestamp =
+        deadlines.iter().next().context("a deadline")?.parse()?;
+    let retried = history
+        .iter()
+        .filter_map(|w| w.admission_check(&q.check))
+        .find(|e| e.state == CheckState::Retry)
+        .and_then(|e| e.last_transition_time.clone())
+        .with_context(|| format!("no Retry written:\n{}", e2e::dump(last)))?
+        .0;
+    // Within one restart (and a new process's start) of the deadline, never before it.
+    let late = retried.duration_since(deadline);
+    assert!(
+        late >= k8s_openapi::jiff::SignedDuration::ZERO
+            && late <= k8s_openapi::jiff::SignedDuration::from_secs(30),
+        "Retry at {retried}, deadline {deadline}"
+    );
+    probe.stop().await
 }
 
 /// Patches `check`'s AdmissionCheck `spec.parameters` (null removes them).

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::memory::lock;
+use crate::runtime::memory::lock;
 
 /// A Workload by namespace and name.
 type WorkloadKey = (String, String);

@@ -1,4 +1,4 @@
-//! Turns to reconcile ([`super::RuntimeConfig::concurrency`] at once), granted first come,
+//! Turns to reconcile ([`crate::runtime::config::RuntimeConfig::concurrency`] at once), granted first come,
 //! first served, with the Workloads that wait for one kept here rather than in kube.
 //!
 //! kube's own limit hands a free slot to a waiting Workload picked in hash order, so under a
@@ -19,18 +19,18 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::memory::lock;
 use crate::api::Workload;
+use crate::runtime::memory::lock;
 
 /// A turn granted to a queued Workload is taken back if its reconcile has not started by then
 /// (kube starts it within milliseconds; a Workload deleted meanwhile gives it back at once, see
 /// [`Turns::gone`]). Only a defect would leave one: without this, it would be lost for good.
-pub(super) const GRANT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const GRANT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A Workload, by namespace and name.
 type Key = (String, String);
 
-pub(super) struct Turns {
+pub(crate) struct Turns {
     state: Mutex<State>,
 }
 
@@ -50,7 +50,7 @@ struct State {
 }
 
 /// A turn held by a reconcile; handed on when dropped.
-pub(super) struct Turn<'a>(&'a Turns);
+pub(crate) struct Turn<'a>(&'a Turns);
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
@@ -61,7 +61,7 @@ impl Drop for Turn<'_> {
 }
 
 impl Turns {
-    pub(super) fn new(all: usize) -> Self {
+    pub(crate) fn new(all: usize) -> Self {
         let all = all.max(1);
         Self {
             state: Mutex::new(State {
@@ -76,7 +76,7 @@ impl Turns {
     }
 
     /// From now on, a Workload granted a turn is sent to `triggers` to be reconciled.
-    pub(super) fn connect(&self, triggers: mpsc::UnboundedSender<ObjectRef<Workload>>) {
+    pub(crate) fn connect(&self, triggers: mpsc::UnboundedSender<ObjectRef<Workload>>) {
         let mut s = lock(&self.state);
         s.triggers = Some(triggers);
         s.grant_free_turns(Instant::now());
@@ -84,7 +84,7 @@ impl Turns {
 
     /// A turn for the reconcile of `namespace/name`: the one granted to it, or a free one
     /// when nobody waits. `None` queues the Workload (once): its turn comes as a trigger.
-    pub(super) fn ask(&self, namespace: &str, name: &str, now: Instant) -> Option<Turn<'_>> {
+    pub(crate) fn ask(&self, namespace: &str, name: &str, now: Instant) -> Option<Turn<'_>> {
         let key = (namespace.to_string(), name.to_string());
         let mut s = lock(&self.state);
         // Also grants free turns: one never stays free while others wait (they may be this
@@ -112,7 +112,7 @@ impl Turns {
     /// reconcile ends and then run it for nothing; worse, it keeps every such held trigger in
     /// a set it searches on every poll, which made each reconcile's cost grow with the number
     /// of Workloads waiting (at a 5,000 burst, 2.7 times the CPU per Workload of a 1,000 burst).
-    pub(super) fn waits(&self, namespace: &str, name: &str) -> bool {
+    pub(crate) fn waits(&self, namespace: &str, name: &str) -> bool {
         let key = (namespace.to_string(), name.to_string());
         let s = lock(&self.state);
         s.waiting.contains(&key) || s.granted.contains_key(&key)
@@ -120,7 +120,7 @@ impl Turns {
 
     /// `namespace/name` is gone (kube found no such Workload to reconcile): it waits no more,
     /// and a turn granted to it goes to the next.
-    pub(super) fn gone(&self, namespace: &str, name: &str, now: Instant) {
+    pub(crate) fn gone(&self, namespace: &str, name: &str, now: Instant) {
         let key = (namespace.to_string(), name.to_string());
         let mut s = lock(&self.state);
         s.waiting.remove(&key);
@@ -130,13 +130,13 @@ impl Turns {
     }
 
     /// Takes back turns granted too long ago (see [`GRANT_TIMEOUT`]).
-    pub(super) fn take_back_stale_grants(&self, now: Instant) {
+    pub(crate) fn take_back_stale_grants(&self, now: Instant) {
         lock(&self.state).take_back_stale_grants(now);
     }
 
     /// The runtime stops leading: nothing waits, every turn not held is free, no trigger is
     /// sent.
-    pub(super) fn clear(&self) {
+    pub(crate) fn clear(&self) {
         let mut s = lock(&self.state);
         s.queue.clear();
         s.waiting.clear();
@@ -146,7 +146,7 @@ impl Turns {
 
     /// Workloads waiting for a turn, and turns granted and not yet taken (for tests).
     #[cfg(test)]
-    pub(super) fn counts(&self) -> (usize, usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize, usize) {
         let s = lock(&self.state);
         (s.waiting.len(), s.granted.len(), s.free())
     }
@@ -186,15 +186,23 @@ impl State {
         false
     }
 
+    /// Takes back the turns granted too long ago and puts their Workloads back in line (at its
+    /// end), so that a lost trigger delays a Workload but never drops it.
     fn take_back_stale_grants(&mut self, now: Instant) {
-        self.granted.retain(|key, since| {
-            let stale = now.saturating_duration_since(*since) >= GRANT_TIMEOUT;
-            if stale {
-                warn!(namespace = %key.0, workload = %key.1, timeout = ?GRANT_TIMEOUT,
-                    "the reconcile granted a turn never took it; the turn goes to the next");
+        let stale: Vec<Key> = self
+            .granted
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= GRANT_TIMEOUT)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in stale {
+            warn!(namespace = %key.0, workload = %key.1, timeout = ?GRANT_TIMEOUT,
+                "the reconcile granted a turn never took it; the Workload goes back in line");
+            self.granted.remove(&key);
+            if self.waiting.insert(key.clone()) {
+                self.queue.push_back(key);
             }
-            !stale
-        });
+        }
         self.grant_free_turns(now);
     }
 }
@@ -281,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_never_taken_is_taken_back() {
+    fn a_grant_never_taken_is_taken_back_and_its_workload_put_back_in_line() {
         let (turns, mut rx) = connected(1);
         let now = Instant::now();
         let a = turns.ask("ns", "a", now).expect("a free turn");
@@ -292,9 +300,15 @@ mod tests {
         turns.take_back_stale_grants(now + GRANT_TIMEOUT / 2);
         assert!(sent(&mut rx).is_empty(), "not yet");
         // Granted when `a` ended, a moment after `now`.
-        turns.take_back_stale_grants(now + GRANT_TIMEOUT + Duration::from_secs(1));
+        let later = now + GRANT_TIMEOUT + Duration::from_secs(1);
+        turns.take_back_stale_grants(later);
         assert_eq!(sent(&mut rx), ["ns/c"], "b's turn goes to c");
-        assert!(!turns.waits("ns", "b"));
+        // b is not dropped: back in line, and granted again when c's turn ends.
+        assert!(turns.waits("ns", "b"));
+        let c = turns.ask("ns", "c", later).expect("c's granted turn");
+        drop(c);
+        assert_eq!(sent(&mut rx), ["ns/b"]);
+        assert!(turns.ask("ns", "b", later).is_some(), "b takes it");
     }
 
     #[test]
