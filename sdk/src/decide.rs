@@ -242,8 +242,8 @@ pub fn plan(input: PlanInput<'_>) -> Plan {
     let state_changed = current.state != asked.state;
     // A hold starts where its first showing is written: the entry's lastTransitionTime is its
     // start, read back after a restart (see `crate::lifecycle`).
-    let starts_hold = asked.message.contains(crate::lifecycle::HOLD_MARK)
-        && crate::lifecycle::hold_started(wl, check).is_none();
+    let starts_hold = asked.message.contains(crate::hold::HOLD_MARK)
+        && crate::hold::hold_started(wl, check).is_none();
     let last_transition_time = if state_changed || starts_hold {
         Some(Time(now))
     } else {

@@ -36,6 +36,7 @@ pub mod configmap_store;
 pub(crate) mod decide;
 pub mod error;
 pub mod extensions;
+pub mod hold;
 pub mod holding;
 pub mod lifecycle;
 pub mod options;
