@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
@@ -61,52 +61,21 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
     let tasks = start_tasks(l.extensions, leader_context, &l.cache_ready);
     let lost = Arc::new(AtomicBool::new(false));
     let stop = stop_signal(l.shutdown.clone(), l.leading.clone(), lost.clone());
-    // kube's controller starts reconciling only once the Workload cache is complete, and
-    // until then does not end on a graceful stop either. A stop before that (the cache may
-    // never fill: RBAC, a missing CRD) has nothing in flight to finish, so it ends at once.
-    let stop_unsynced = {
-        let stopped = stop_signal(l.shutdown, l.leading, lost.clone());
-        let cache_ready = l.cache_ready.clone();
-        async move {
-            stopped.await;
-            if *cache_ready.borrow() {
-                std::future::pending::<()>().await;
-            }
-            warn!("stopping before the Workload cache was ever complete");
-        }
-    };
-    let queue = l.ctx.clone();
-    let changes = ReceiverStream::new(l.changes).filter_map(move |wl: Workload| {
-        let now = tokio::time::Instant::now();
-        let namespace = wl.namespace().unwrap_or_default();
-        let (needed, waiting) = queue.line.change(&namespace, &wl.name_any(), now);
-        queue.metrics.queue_depth(waiting);
-        // Not needed while it waits in line: its reconcile will read this change from the cache.
-        futures::future::ready(needed.then_some(Ok(wl)))
-    });
-    let queue = l.ctx.clone();
-    let wakes = ReceiverStream::new(wake_rx).filter(move |wl| {
-        let namespace = wl.namespace.as_deref().unwrap_or_default();
-        futures::future::ready(queue.line.wake(namespace, &wl.name))
-    });
-    // Workloads whose turn came (see `turns`): not filtered, their reconcile takes the turn.
+    let stop_unsynced = stop_before_sync(
+        stop_signal(l.shutdown, l.leading, lost.clone()),
+        l.cache_ready.clone(),
+    );
+    let changes = changes_kube_needs(l.ctx.clone(), l.changes);
+    let wakes = wakes_kube_needs(l.ctx.clone(), wake_rx);
+    // Workloads whose turn came (see `line`): not filtered, their reconcile takes the turn.
     let (granted_tx, granted_rx) = mpsc::unbounded_channel();
     l.ctx.line.connect(granted_tx);
     let granted = UnboundedReceiverStream::new(granted_rx);
-    // A turn granted and never taken (only a defect would leave one) goes to the next.
-    let sweep = {
-        let ctx = l.ctx.clone();
-        async move {
-            loop {
-                tokio::time::sleep(super::line::GRANT_TIMEOUT / 2).await;
-                ctx.line.sweep(tokio::time::Instant::now());
-            }
-        }
-    };
+    let sweep = sweep_the_line(l.ctx.clone());
     let queue = l.ctx.clone();
     let reconciler = Controller::for_stream(changes, cache.clone())
-        // Unlimited here: the reconcile takes a fair turn itself (see `reconcile::Context`).
-        // kube still never runs two reconciles of one Workload at once.
+        // Unlimited here: the reconcile takes a fair turn itself (see `line`). kube still never
+        // runs two reconciles of one Workload at once.
         .with_config(ControllerConfig::default().concurrency(0))
         .reconcile_on(when_complete(
             l.reconcile_all,
@@ -118,21 +87,7 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         .reconcile_on(granted)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, l.ctx)
-        .for_each(|res| async {
-            match res {
-                Ok(_) => {}
-                Err(e) if is_deleted_before_reconcile(&e) => {
-                    tracing::debug!(error = %e, "workload gone before its reconcile");
-                    if let kube::runtime::controller::Error::ObjectNotFound(gone) = &e {
-                        let namespace = gone.namespace.as_deref().unwrap_or_default();
-                        let now = tokio::time::Instant::now();
-                        let waiting = queue.line.gone(namespace, &gone.name, now);
-                        queue.metrics.queue_depth(waiting);
-                    }
-                }
-                Err(e) => warn!(error = %e, "workload reconcile failed"),
-            }
-        });
+        .for_each(|res| async { after_reconcile(&queue, res) });
     tokio::select! {
         () = reconciler => {}
         () = stop_unsynced => {}
@@ -145,6 +100,76 @@ pub(super) async fn lead<C: AdmissionCheckController>(l: Leading<C>) -> Result<(
         Err(Error::LeadershipLost)
     } else {
         Ok(())
+    }
+}
+
+/// kube's controller starts reconciling only once the Workload cache is complete, and until
+/// then does not end on a graceful stop either. A stop before that (the cache may never fill:
+/// RBAC, a missing CRD) has nothing in flight to finish, so it ends at once: this resolves on
+/// `stopped` only while the cache was never complete.
+async fn stop_before_sync(stopped: impl Future<Output = ()>, cache_ready: watch::Receiver<bool>) {
+    stopped.await;
+    if *cache_ready.borrow() {
+        std::future::pending::<()>().await;
+    }
+    warn!("stopping before the Workload cache was ever complete");
+}
+
+/// The Workload changes from the watch that kube needs: not those of a Workload waiting in
+/// line (its reconcile will read the change from the cache). Each is counted for the queue
+/// metrics.
+fn changes_kube_needs<C: AdmissionCheckController>(
+    ctx: Arc<context::Context<C>>,
+    changes: mpsc::Receiver<Workload>,
+) -> impl Stream<Item = Result<Workload, kube::runtime::watcher::Error>> {
+    ReceiverStream::new(changes).filter_map(move |wl: Workload| {
+        let now = tokio::time::Instant::now();
+        let namespace = wl.namespace().unwrap_or_default();
+        let (needed, waiting) = ctx.line.change(&namespace, &wl.name_any(), now);
+        ctx.metrics.queue_depth(waiting);
+        futures::future::ready(needed.then_some(Ok(wl)))
+    })
+}
+
+/// The wakes (from the check's tasks and the ClusterQueue watch) that kube needs: not those of
+/// a Workload waiting in line.
+fn wakes_kube_needs<C: AdmissionCheckController>(
+    ctx: Arc<context::Context<C>>,
+    wakes: mpsc::Receiver<ObjectRef<Workload>>,
+) -> impl Stream<Item = ObjectRef<Workload>> {
+    ReceiverStream::new(wakes).filter(move |wl| {
+        let namespace = wl.namespace.as_deref().unwrap_or_default();
+        futures::future::ready(ctx.line.wake(namespace, &wl.name))
+    })
+}
+
+/// Puts a Workload granted a turn and never reconciled (only a defect would leave one) back in
+/// line, for ever.
+async fn sweep_the_line<C: AdmissionCheckController>(ctx: Arc<context::Context<C>>) {
+    loop {
+        tokio::time::sleep(super::line::GRANT_TIMEOUT / 2).await;
+        ctx.line.sweep(tokio::time::Instant::now());
+    }
+}
+
+/// What a reconcile's end means beyond the reconcile: a Workload deleted before its reconcile
+/// leaves the line.
+fn after_reconcile<C: AdmissionCheckController, T>(
+    ctx: &context::Context<C>,
+    result: Result<T, kube::runtime::controller::Error<Error, kube::runtime::watcher::Error>>,
+) {
+    match result {
+        Ok(_) => {}
+        Err(e) if is_deleted_before_reconcile(&e) => {
+            tracing::debug!(error = %e, "workload gone before its reconcile");
+            if let kube::runtime::controller::Error::ObjectNotFound(gone) = &e {
+                let namespace = gone.namespace.as_deref().unwrap_or_default();
+                let now = tokio::time::Instant::now();
+                let waiting = ctx.line.gone(namespace, &gone.name, now);
+                ctx.metrics.queue_depth(waiting);
+            }
+        }
+        Err(e) => warn!(error = %e, "workload reconcile failed"),
     }
 }
 

@@ -206,6 +206,12 @@ impl Metrics {
 
     /// Registers every metric, with its help text, in `registry`.
     fn register(&self, registry: &mut Registry) {
+        self.register_answers(registry);
+        self.register_health(registry);
+    }
+
+    /// What the checks answered: decisions, delays, attempts, failures, early starts, shadow.
+    fn register_answers(&self, registry: &mut Registry) {
         registry.register(
             "decisions",
             "Check states written, by check and state",
@@ -256,6 +262,10 @@ impl Metrics {
             "Answers a check in shadow mode would have written (it writes none), by check and state; counted once per Workload reservation and state or message",
             self.shadow_decisions.clone(),
         );
+    }
+
+    /// How the runtime is doing: errors, conflicts, the checks' state, reconciles.
+    fn register_health(&self, registry: &mut Registry) {
         registry.register(
             "reconcile_errors",
             "Failed reconciles, by error kind",

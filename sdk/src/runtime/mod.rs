@@ -144,92 +144,79 @@ where
     let Some(leadership) = join(&client, &health, &config, &*controller, &shutdown).await? else {
         return Ok(());
     };
+    let joined = Joined {
+        client,
+        controller,
+        registry,
+        cache: (cache, cache_writer),
+        metrics,
+        health,
+        extensions,
+        shutdown,
+    };
+    let outcome = serve(joined, &config, leadership.leading.clone()).await;
+    leadership.release(RELEASE_TIMEOUT).await;
+    drop(server);
+    info!("stopped");
+    outcome
+}
+
+/// What a replica has once it joined the election.
+struct Joined<C: AdmissionCheckController> {
+    client: Client,
+    controller: Arc<C>,
+    registry: check_registry::Registry<C::Parameters>,
+    cache: (
+        reflector::Store<Workload>,
+        reflector::store::Writer<Workload>,
+    ),
+    metrics: Arc<metrics::Metrics>,
+    health: Arc<http::Health>,
+    extensions: Extensions,
+    shutdown: Shutdown,
+}
+
+/// Runs a replica that joined: watches, and leads while it is the leader, until the shutdown
+/// or a lost lead; then stops everything it started, so that the Lease can be released.
+async fn serve<C: AdmissionCheckController>(
+    j: Joined<C>,
+    config: &RuntimeConfig,
+    leading: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let Joined {
+        client,
+        controller,
+        registry,
+        cache: (cache, cache_writer),
+        metrics,
+        health,
+        extensions,
+        shutdown,
+    } = j;
     // Aborted when this function returns or its future is dropped: nothing it started outlives it.
     let mut background = tasks::TaskGroup::default();
     background.push(tokio::spawn(leader_work::report_leadership(
-        leadership.leading.clone(),
+        leading.clone(),
         metrics.clone(),
     )));
-    // One pending "reconcile everything" is enough: more would only repeat it.
-    let (reconcile_all, reconcile_all_asked) = mpsc::channel::<()>(1);
-    let checks_synced = Arc::new(tokio::sync::Notify::new());
     let claim = config.leader_election.as_ref().map(claim::claim_of);
-    let check_sync = admission_checks::CheckSync {
-        client: client.clone(),
-        controller: controller.clone(),
-        registry: registry.clone(),
-        reconcile_all: reconcile_all.clone(),
-        metrics: metrics.clone(),
-        claim: claim.clone(),
-        settings: (&config).into(),
-    };
-    let leading = leadership.leading.clone();
-    background.push(tokio::spawn(
-        check_sync.run(checks_synced.clone(), leading.clone()),
-    ));
-    let feed = workloads::start(
-        &client,
-        (cache.clone(), cache_writer),
-        controller.cached_pod_sets(),
-        &reconcile_all,
-        metrics.reserved_seen(),
-        &leading,
-        &mut background,
-    );
-    // Wakes from the check's tasks and the ClusterQueue watch.
-    let (wake, woken) = mpsc::channel(1024);
-    let (cluster_queues, queues_synced) = if controller.starts_early() {
-        let (queues, synced) = cluster_queue_watch::start(
-            &client,
-            cache.clone(),
-            wake.clone(),
-            leading.clone(),
-            &mut background,
-        );
-        (queues, Some(synced))
-    } else {
-        (crate::ClusterQueues::default(), None)
-    };
-    let synced = Synced {
-        workloads: feed.synced.clone(),
-        checks: checks_synced,
-        queues: queues_synced,
-    };
-    let cache_ready = readiness(synced, health, &mut background);
-    let ctx = context::Context::new(
-        client.clone(),
+    let parts = Parts {
+        client: &client,
         controller,
-        registry.clone(),
-        &config,
+        registry: &registry,
+        cache,
         metrics,
-        feed.own_writes.clone(),
-    );
-    let ctx = Arc::new(
-        ctx.with_cache(cache.clone())
-            .with_cluster_queues(cluster_queues.clone())
-            .with_events_in_background(),
-    );
-    let events = ctx.clone();
-    background.push(tokio::spawn(release_deleted(ctx.clone(), feed.deleted)));
-
+        health,
+        claim: &claim,
+        leading: &leading,
+        config,
+    };
+    let watching = watch_everything(parts, cache_writer, &mut background);
+    let events = watching.ctx.clone();
     let became_leader = leader_work::wait_to_lead(leading.clone(), &shutdown).await;
     let outcome = if became_leader {
-        let _ = reconcile_all.try_send(());
-        leader_work::lead(leader_work::Leading {
-            ctx,
-            client: client.clone(),
-            cache,
-            shadow: config.shadow.clone(),
-            cache_ready,
-            changes: feed.changes,
-            reconcile_all: reconcile_all_asked,
-            leading: leading.clone(),
-            extensions,
-            wake: (wake, woken),
-            cluster_queues,
-            shutdown,
-        })
-        .await
+        let leads = Leads::new(&client, config, &leading, extensions, shutdown);
+        lead(watching, leads).await
     } else {
         Ok(())
     };
@@ -240,15 +227,197 @@ where
     background.stop().await;
     // A leader stopping cleanly (not one that lost its Lease) withdraws its claims while it
     // still holds the Lease, before a standby of its own could write them again.
-    if let (true, Ok(()), Some(claim)) = (became_leader, &outcome, &claim) {
-        let checks = check_registry::names(&registry);
-        admission_checks::withdraw_claims(&client, &config.field_manager, claim, &checks).await;
+    if became_leader && outcome.is_ok() {
+        withdraw_claims(&client, config, claim.as_deref(), &registry).await;
     }
-    drop(leading);
-    leadership.release(RELEASE_TIMEOUT).await;
-    drop(server);
-    info!("stopped");
+    // The leadership channel's receivers go with this function, before the Lease is released.
     outcome
+}
+
+/// Withdraws this deployment's claim (if it elects a leader) from every check of ours.
+async fn withdraw_claims<P>(
+    client: &Client,
+    config: &RuntimeConfig,
+    claim: Option<&str>,
+    registry: &check_registry::Registry<P>,
+) {
+    if let Some(claim) = claim {
+        let checks = check_registry::names(registry);
+        admission_checks::withdraw_claims(client, &config.field_manager, claim, &checks).await;
+    }
+}
+
+/// What the leader's part gets beside the watches.
+struct Leads {
+    client: Client,
+    shadow: Option<crate::shadow::ShadowScope>,
+    leading: watch::Receiver<bool>,
+    extensions: Extensions,
+    shutdown: Shutdown,
+}
+
+impl Leads {
+    fn new(
+        client: &Client,
+        config: &RuntimeConfig,
+        leading: &watch::Receiver<bool>,
+        extensions: Extensions,
+        shutdown: Shutdown,
+    ) -> Self {
+        Self {
+            client: client.clone(),
+            shadow: config.shadow.clone(),
+            leading: leading.clone(),
+            extensions,
+            shutdown,
+        }
+    }
+}
+
+/// Leads (see [`leader_work::lead`]) once asked to reconcile everything.
+async fn lead<C: AdmissionCheckController>(w: Watching<C>, l: Leads) -> Result<(), Error> {
+    let _ = w.reconcile_all.try_send(());
+    leader_work::lead(leader_work::Leading {
+        ctx: w.ctx,
+        client: l.client,
+        cache: w.cache,
+        shadow: l.shadow,
+        cache_ready: w.cache_ready,
+        changes: w.changes,
+        reconcile_all: w.reconcile_all_asked,
+        leading: l.leading,
+        extensions: l.extensions,
+        wake: w.wake,
+        cluster_queues: w.cluster_queues,
+        shutdown: l.shutdown,
+    })
+    .await
+}
+
+/// What every replica has once it joined: what [`watch_everything`] starts from.
+struct Parts<'a, C: AdmissionCheckController> {
+    client: &'a Client,
+    controller: Arc<C>,
+    registry: &'a check_registry::Registry<C::Parameters>,
+    cache: reflector::Store<Workload>,
+    metrics: Arc<metrics::Metrics>,
+    health: Arc<http::Health>,
+    claim: &'a Option<String>,
+    leading: &'a watch::Receiver<bool>,
+    config: &'a RuntimeConfig,
+}
+
+/// What the watches give the leader's part.
+struct Watching<C: AdmissionCheckController> {
+    ctx: Arc<context::Context<C>>,
+    cache: reflector::Store<Workload>,
+    cache_ready: watch::Receiver<bool>,
+    changes: mpsc::Receiver<Workload>,
+    reconcile_all: mpsc::Sender<()>,
+    reconcile_all_asked: mpsc::Receiver<()>,
+    wake: (
+        mpsc::Sender<reflector::ObjectRef<Workload>>,
+        mpsc::Receiver<reflector::ObjectRef<Workload>>,
+    ),
+    cluster_queues: crate::ClusterQueues,
+}
+
+/// What every reconcile shares, on this replica's caches.
+fn reconcile_context<C: AdmissionCheckController>(
+    p: &Parts<'_, C>,
+    feed: &workloads::Feed,
+    cluster_queues: crate::ClusterQueues,
+) -> Arc<context::Context<C>> {
+    let ctx = context::Context::new(
+        p.client.clone(),
+        p.controller.clone(),
+        p.registry.clone(),
+        p.config,
+        p.metrics.clone(),
+        feed.own_writes.clone(),
+    );
+    Arc::new(
+        ctx.with_cache(p.cache.clone())
+            .with_cluster_queues(cluster_queues)
+            .with_events_in_background(),
+    )
+}
+
+/// Starts the AdmissionCheck loop in `background`; returns what it notifies once every check
+/// was synced.
+fn start_check_sync<C: AdmissionCheckController>(
+    p: &Parts<'_, C>,
+    reconcile_all: &mpsc::Sender<()>,
+    background: &mut tasks::TaskGroup,
+) -> Arc<tokio::sync::Notify> {
+    let checks_synced = Arc::new(tokio::sync::Notify::new());
+    let check_sync = admission_checks::CheckSync {
+        client: p.client.clone(),
+        controller: p.controller.clone(),
+        registry: p.registry.clone(),
+        reconcile_all: reconcile_all.clone(),
+        metrics: p.metrics.clone(),
+        claim: p.claim.clone(),
+        settings: p.config.into(),
+    };
+    background.push(tokio::spawn(
+        check_sync.run(checks_synced.clone(), p.leading.clone()),
+    ));
+    checks_synced
+}
+
+/// Starts what every replica runs, in `background`: the AdmissionCheck loop, the Workload watch
+/// (and the ClusterQueue watch for a check that starts early), readiness, and the releases of
+/// deleted Workloads; returns what the leader's part needs.
+fn watch_everything<C: AdmissionCheckController>(
+    p: Parts<'_, C>,
+    cache_writer: reflector::store::Writer<Workload>,
+    background: &mut tasks::TaskGroup,
+) -> Watching<C> {
+    // One pending "reconcile everything" is enough: more would only repeat it.
+    let (reconcile_all, reconcile_all_asked) = mpsc::channel::<()>(1);
+    let checks_synced = start_check_sync(&p, &reconcile_all, background);
+    let feed = workloads::start(
+        p.client,
+        (p.cache.clone(), cache_writer),
+        p.controller.cached_pod_sets(),
+        &reconcile_all,
+        p.metrics.reserved_seen(),
+        p.leading,
+        background,
+    );
+    // Wakes from the check's tasks and the ClusterQueue watch.
+    let (wake, woken) = mpsc::channel(1024);
+    let (cluster_queues, queues_synced) = if p.controller.starts_early() {
+        let (queues, synced) = cluster_queue_watch::start(
+            p.client,
+            p.cache.clone(),
+            wake.clone(),
+            p.leading.clone(),
+            background,
+        );
+        (queues, Some(synced))
+    } else {
+        (crate::ClusterQueues::default(), None)
+    };
+    let synced = Synced {
+        workloads: feed.synced.clone(),
+        checks: checks_synced,
+        queues: queues_synced,
+    };
+    let cache_ready = readiness(synced, p.health.clone(), background);
+    let ctx = reconcile_context(&p, &feed, cluster_queues.clone());
+    background.push(tokio::spawn(release_deleted(ctx.clone(), feed.deleted)));
+    Watching {
+        ctx,
+        cache: p.cache,
+        cache_ready,
+        changes: feed.changes,
+        reconcile_all,
+        reconcile_all_asked,
+        wake: (wake, woken),
+        cluster_queues,
+    }
 }
 
 /// Refuses shadow mode to a check that acts on the cluster when it decides.

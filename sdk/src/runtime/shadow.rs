@@ -138,10 +138,36 @@ async fn decide_in_shadow<C: AdmissionCheckController>(
         ShadowStep::Ask => {}
     }
     let last = ctx.memory.pair(key, |p| p.shadowed.clone());
+    let decision = would_answer(ctx, wl, scope, check, active).await?;
+    let recheck_after = match &decision {
+        Decision::Pending { recheck_after, .. } => *recheck_after,
+        _ => None,
+    };
+    let answer = ShadowRecord {
+        reservation: reservation.to_string(),
+        state: decision.state(),
+        message: decision.message().to_string(),
+    };
+    if is_news(last.as_ref(), &answer) {
+        publish(ctx, wl, check, &answer).await;
+    }
+    ctx.memory.pair(key, |p| p.shadowed = Some(answer));
+    Ok(recheck_after)
+}
+
+/// What `check` would answer for `wl`: asked with the entry it would see (`Pending`, as Kueue
+/// writes it when quota is reserved); a permanent failure is what enforcing would show on the
+/// entry (held, then retried).
+async fn would_answer<C: AdmissionCheckController>(
+    ctx: &Context<C>,
+    wl: &Workload,
+    scope: &ShadowScope,
+    check: &str,
+    active: &ActiveCheck<C::Parameters>,
+) -> Result<Decision, Error> {
     let now = Timestamp::now();
-    // The entry the check would see: Pending, as Kueue writes it when quota is reserved.
     let entry = AdmissionCheckState {
-        name: check.clone(),
+        name: check.to_string(),
         state: CheckState::Pending,
         last_transition_time: Some(Time(now)),
         message: String::new(),
@@ -157,33 +183,19 @@ async fn decide_in_shadow<C: AdmissionCheckController>(
         now,
         shadow: Some(scope),
     };
-    let decision = match ctx.controller.decide(&check_ctx).await {
-        Ok(decision) => decision,
+    match ctx.controller.decide(&check_ctx).await {
+        Ok(decision) => Ok(decision),
         Err(e) => match ctx.controller.classify_error(&e) {
             ErrorClass::Transient => {
                 let note = format!("check {check} (shadow mode): {e}");
-                return Err(ctx.check_failed(wl, note, e).await);
+                Err(ctx.check_failed(wl, note, e).await)
             }
-            // Enforcing would show it on the entry, keep the quota a while, then retry.
-            ErrorClass::Permanent { message } => {
-                Decision::pending(format!("Permanent failure: {message}"))
-            }
+            ErrorClass::Permanent { message } => Ok(Decision::pending(format!(
+                "{}{message}",
+                crate::lifecycle::PERMANENT_MARK
+            ))),
         },
-    };
-    let recheck_after = match &decision {
-        Decision::Pending { recheck_after, .. } => *recheck_after,
-        _ => None,
-    };
-    let answer = ShadowRecord {
-        reservation: reservation.to_string(),
-        state: decision.state(),
-        message: decision.message().to_string(),
-    };
-    if is_news(last.as_ref(), &answer) {
-        publish(ctx, wl, check, &answer).await;
     }
-    ctx.memory.pair(key, |p| p.shadowed = Some(answer));
-    Ok(recheck_after)
 }
 
 /// Publishes a would-be answer: counted, logged, and an Event on the Workload.
