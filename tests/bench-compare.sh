@@ -9,7 +9,7 @@ bash tests/control-plane/control-plane.sh start
 # A separate target directory: a release build never waits on the debug build's lock.
 target_dir="${BENCH_TARGET_DIR:-target/bench}"
 CARGO_TARGET_DIR="$target_dir" cargo build --quiet --release --locked \
-  -p e2e -p kueue-provisioning-controller -p autoscaler-simulator \
+  -p bench -p kueue-provisioning-controller -p autoscaler-simulator \
   --bin bench-compare --bin kueue-provisioning-controller --bin autoscaler-simulator
 # The benchmark renders the controller's RBAC from the Helm chart.
 E2E_HELM="${E2E_HELM:-$(bash tests/helm/install-helm.sh | tail -1)}"

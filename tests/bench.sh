@@ -7,5 +7,5 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash tests/control-plane/control-plane.sh start
 # A separate target directory: a release build never waits on the debug build's lock.
 target_dir="${BENCH_TARGET_DIR:-target/bench}"
-CARGO_TARGET_DIR="$target_dir" cargo build --quiet --release --locked -p e2e --bin always-ready --bin bench
+CARGO_TARGET_DIR="$target_dir" cargo build --quiet --release --locked -p e2e -p bench --bin always-ready --bin bench
 "$target_dir/release/bench" "$@"

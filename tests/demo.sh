@@ -17,8 +17,8 @@ METRICS="127.0.0.1:${DEMO_METRICS_PORT:-9464}"
 # The Rust build runs beside the control plane's (on first use: the Go build of etcd,
 # kube-apiserver and Kueue): each leaves a core idle at times (a long serial crate, a link).
 mkdir -p target
-# Only the three binaries the demo runs (`--bins` would also build every tool of the e2e crate).
-cargo build --quiet --locked --no-default-features -p kueue-provisioning-controller -p autoscaler-simulator -p e2e \
+# Only the three binaries the demo runs.
+cargo build --quiet --locked -p kueue-provisioning-controller -p autoscaler-simulator -p demo \
   --bin kueue-provisioning-controller --bin autoscaler-simulator --bin demo \
   >target/demo-build.log 2>&1 &
 cargo_pid=$!

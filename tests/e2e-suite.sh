@@ -5,7 +5,7 @@
 run_e2e_suite() { # label, log file, arguments for the test binaries...
   local label=$1 log=$2 start=$SECONDS verdict=ok passed failed
   shift 2
-  cargo test -p e2e --locked --no-fail-fast -- "$@" >"$log" 2>&1 || verdict=FAILED
+  cargo test -p e2e -p bench --locked --no-fail-fast -- "$@" >"$log" 2>&1 || verdict=FAILED
   passed=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s += $1} END {print s + 0}')
   failed=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s += $1} END {print s + 0}')
   echo "$label: $verdict, $passed passed, $failed failed, $((SECONDS - start)) s (log: $log)"

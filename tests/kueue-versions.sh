@@ -20,7 +20,7 @@ mkdir -p "$out"
 cp=tests/control-plane/control-plane.sh
 E2E_HELM="$(bash tests/helm/install-helm.sh)"
 export E2E_HELM
-cargo test -p e2e --locked --no-run --quiet
+cargo test -p e2e -p bench --locked --no-run --quiet
 
 failed_versions=0
 for version in "${versions[@]}"; do

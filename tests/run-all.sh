@@ -30,10 +30,10 @@ step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 step "unit tests"
-cargo test --workspace --exclude e2e --locked
+cargo test --workspace --exclude e2e --exclude bench --locked
 
 step "building the end-to-end tests and the binaries they start"
-cargo test -p e2e --locked --no-run
+cargo test -p e2e -p bench --locked --no-run
 bash tests/soak.sh build
 
 step "waiting for the background builds"
@@ -78,7 +78,8 @@ step "end-to-end tests against etcd, kube-apiserver and Kueue"
 E2E_HELM="$(bash tests/helm/install-helm.sh)"
 export E2E_HELM
 # Tests share the control plane; each uses its own namespace, so they may run in parallel.
-if ! cargo test -p e2e --locked -- --test-threads "${E2E_THREADS:-4}"; then
+# The benchmarks' smoke tests (tools/bench) drive the same cluster: they run with the suite.
+if ! cargo test -p e2e -p bench --locked -- --test-threads "${E2E_THREADS:-4}"; then
   echo "the controllers the tests ran in process logged to target/debug/e2e-logs/<test binary>.log;" \
     "the control plane to logs/ in its run directory (until its next start)" >&2
   exit 1

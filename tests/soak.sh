@@ -10,7 +10,7 @@
 # With the argument `build`, only builds.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-cargo build --locked -q -p kueue-provisioning-controller -p autoscaler-simulator -p license-check -p budget-check -p e2e --bins
+cargo build --locked -q -p kueue-provisioning-controller -p autoscaler-simulator -p license-check -p budget-check -p soak --bins
 [[ ${1:-} == build ]] && exit 0
 bash tests/control-plane/control-plane.sh start
 exec "${CARGO_TARGET_DIR:-target}/debug/soak" "$@"

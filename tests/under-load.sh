@@ -31,7 +31,7 @@ fi
 E2E_HELM="$(bash tests/helm/install-helm.sh)"
 export E2E_HELM
 # Built before the hogs start: the runs measure the suite, not the compiler.
-cargo test -p e2e --locked --no-run --quiet
+cargo test -p e2e -p bench --locked --no-run --quiet
 
 hog_pids=()
 stop() {

@@ -12,9 +12,6 @@
 //! Set `E2E_KUBECONFIG` to run against a control plane managed elsewhere. If the control plane
 //! cannot start, the tests fail with its reason: they never skip.
 
-pub mod bench;
-#[cfg(feature = "plots")]
-pub mod bench_plot;
 pub mod capacity;
 pub mod chart;
 pub mod entry_hold;
@@ -24,7 +21,6 @@ pub mod running;
 pub mod scripted;
 
 pub use running::Running;
-pub mod soak;
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
@@ -1744,5 +1740,54 @@ impl TestEnv {
             .filter(|e| is_event_on(e, workload, reason))
             .map(|e| e.series.as_ref().map_or(1, |s| s.count.max(1) as u32))
             .sum())
+    }
+}
+
+/// Gives back the quota Kueue still reserves for an evicted Workload `name` that nothing owns,
+/// as its owner would (no-op once it holds none).
+pub async fn release_quota(env: &TestEnv, name: &str) -> Result<()> {
+    use kueue_admission_sdk::api::workload_condition as cond;
+    let api = env.workloads();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let Some(mut wl) = api.get_opt(name).await.ok().flatten() else {
+            if std::time::Instant::now() > deadline {
+                bail!("cannot read it");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        if !(wl.condition_is_true(cond::EVICTED) && wl.condition_is_true(cond::QUOTA_RESERVED))
+            || wl.condition_is_true(cond::FINISHED)
+        {
+            return Ok(());
+        }
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let generation = wl.metadata.generation;
+        if let Some(status) = wl.status.as_mut() {
+            status.admission = None;
+            for c in &mut status.conditions {
+                let (reason, message) = match c.type_.as_str() {
+                    cond::QUOTA_RESERVED => ("Pending", "the owner stopped after the eviction"),
+                    cond::ADMITTED if c.status == "True" => {
+                        ("NoReservation", "the quota was released")
+                    }
+                    _ => continue,
+                };
+                c.status = "False".into();
+                c.reason = reason.into();
+                c.message = message.into();
+                c.last_transition_time = now.clone();
+                c.observed_generation = generation;
+            }
+        }
+        match api.replace_status(name, &PostParams::default(), &wl).await {
+            Ok(_) => return Ok(()),
+            Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 404) => return Ok(()),
+            Err(e) if std::time::Instant::now() > deadline => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
     }
 }

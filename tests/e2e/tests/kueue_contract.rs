@@ -354,12 +354,12 @@ async fn an_evicted_workload_without_an_owner_keeps_its_quota_until_its_owner_re
     assert!(
         first.condition_is_true(cond::QUOTA_RESERVED) && first.condition_is_true(cond::EVICTED),
         "Kueue released the quota of an evicted Workload without an owner; the soak's driver \
-         (e2e::soak::release_quota) and docs/kueue-behaviour.md are out of date:\n{}",
+         (e2e::release_quota) and docs/kueue-behaviour.md are out of date:\n{}",
         e2e::dump(&first)
     );
 
     // As the owner: the reservation goes, and Kueue reserves the quota again (for either).
-    e2e::soak::release_quota(&env, "first").await?;
+    e2e::release_quota(&env, "first").await?;
     let released: u64 = env
         .workloads()
         .get("first")

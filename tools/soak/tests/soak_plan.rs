@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use e2e::soak::plan::{CONTROLLERS, End, FaultKind, Plan, Queue, Shape};
+use soak::plan::{CONTROLLERS, End, FaultKind, Plan, Queue, Shape};
 
 #[test]
 fn the_same_seed_gives_the_same_plan_and_another_seed_another() {

@@ -289,7 +289,7 @@ fn spawn(
         .with_context(|| format!("opening {}", log.display()))?;
     writeln!(file, "===== {pod_name} (generation {generation})")?;
     let metrics = if spec.args.iter().any(|a| a.contains("{metrics}")) {
-        Some(crate::free_local_address()?)
+        Some(e2e::free_local_address()?)
     } else {
         None
     };

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use e2e::bench::{Mark, Marks, window};
+use bench::{Mark, Marks, window};
 use tokio::time::Instant;
 
 #[test]

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Result, anyhow};
 use plotters::prelude::*;
 
-use crate::bench::{Mark, Marks, Stage, quantile};
+use crate::{Mark, Marks, Stage, quantile};
 
 /// One controller's run of one size.
 #[derive(Debug)]

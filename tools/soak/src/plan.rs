@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::scripted::Rng;
+use e2e::scripted::Rng;
 
 /// The ClusterQueues of a run; each Workload goes to one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

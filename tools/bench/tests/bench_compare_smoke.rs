@@ -6,8 +6,8 @@ use std::process::Command;
 use std::sync::Mutex;
 
 use anyhow::{Result, ensure};
+use bench::Creating;
 use e2e::TestEnv;
-use e2e::bench::{self, Creating};
 
 /// One bench-compare at a time: each deletes the Workloads of earlier runs' namespaces first.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use bench::{Creating, Mark, Process, RunQueue, Seen, Stage, lock, quantile};
 use clap::Parser;
 use e2e::TestEnv;
-use e2e::bench::{self, Creating, Mark, Process, RunQueue, Seen, Stage, lock, quantile};
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -188,7 +188,7 @@ async fn sdk_pass(cli: &Cli) -> Result<(Pass, String, String)> {
     let http = e2e::free_local_address()?;
     let always_ready = bench::sibling(
         "always-ready",
-        "cargo build --release -p e2e --bins (or make bench)",
+        "cargo build --release -p e2e -p bench --bins (or make bench)",
     )?;
     let mut process = Process::spawn(
         "always-ready",

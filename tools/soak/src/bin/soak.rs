@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use e2e::soak::{SoakConfig, run};
+use soak::{SoakConfig, run};
 
 /// A seeded load of Workloads through the provisioning, license and budget checks (two
 /// replicas each, as processes), with leaders killed, the apiserver and Kueue restarted and

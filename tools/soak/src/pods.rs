@@ -253,7 +253,7 @@ pub async fn start(
         w.node(&n)
     }));
     for _ in 0..4 {
-        tokio::time::timeout(crate::DEFAULT_TIMEOUT, ready_rx.recv())
+        tokio::time::timeout(e2e::DEFAULT_TIMEOUT, ready_rx.recv())
             .await
             .map_err(|_| anyhow::anyhow!("a pod witness watch never completed its first list"))?;
     }

@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use bench::{Creating, Mark, Marks, Process, RunQueue, Seen, Stage, lock, quantile};
 use clap::{Parser, ValueEnum};
-use e2e::bench::{self, Creating, Mark, Marks, Process, RunQueue, Seen, Stage, lock, quantile};
 use e2e::{AuditMark, TestEnv, chart};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, PodTemplate};
@@ -1671,10 +1671,10 @@ fn draw_plots(cli: &Cli, results: &[Measured]) -> Result<Vec<PathBuf>> {
     let mut drawn = Vec::new();
     for &workloads in &cli.workloads {
         for &podsets in &cli.podsets {
-            let runs: Vec<e2e::bench_plot::Drawn<'_>> = results
+            let runs: Vec<bench::plot::Drawn<'_>> = results
                 .iter()
                 .filter(|m| m.run.workloads == workloads && m.run.podsets == podsets)
-                .map(|m| e2e::bench_plot::Drawn {
+                .map(|m| bench::plot::Drawn {
                     label: m.run.controller.label(),
                     marks: &m.marks,
                 })
@@ -1687,7 +1687,7 @@ fn draw_plots(cli: &Cli, results: &[Measured]) -> Result<Vec<PathBuf>> {
                 "{workloads} Workloads × {podsets} podset(s), ours --start-early={}",
                 cli.start_early
             );
-            e2e::bench_plot::draw(&path, &title, &runs)?;
+            bench::plot::draw(&path, &title, &runs)?;
             drawn.push(path);
         }
     }

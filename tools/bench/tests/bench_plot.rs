@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use e2e::bench::{Mark, Marks};
-use e2e::bench_plot::{Drawn, draw};
+use bench::plot::{Drawn, draw};
+use bench::{Mark, Marks};
 use tokio::time::Instant;
 
 /// `n` Workloads reserved at `t0`; mark `i` of each after the seconds `after(i)` gives.

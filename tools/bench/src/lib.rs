@@ -3,6 +3,8 @@
 //! when each Workload reached each stage, the wait for every admission, the quantiles they
 //! report and the clean-up after a run.
 
+pub mod plot;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -22,7 +24,7 @@ use kueue_admission_sdk::api::{
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::{GuardedQueue, TestEnv};
+use e2e::{GuardedQueue, TestEnv};
 
 /// The exit code of a benchmark binary, its error (if any) on stderr.
 pub fn exit_code(program: &str, outcome: Result<()>) -> ExitCode {
@@ -87,10 +89,10 @@ impl Process {
     }
 
     /// Waits until its `/readyz` at `http` answers 200 (its caches listed), failing if it
-    /// exits first or takes longer than [`crate::DEFAULT_TIMEOUT`].
+    /// exits first or takes longer than [`e2e::DEFAULT_TIMEOUT`].
     pub async fn wait_ready(&mut self, http: std::net::SocketAddr) -> Result<()> {
-        let deadline = Instant::now() + crate::DEFAULT_TIMEOUT;
-        while crate::http_get(http, "/readyz")
+        let deadline = Instant::now() + e2e::DEFAULT_TIMEOUT;
+        while e2e::http_get(http, "/readyz")
             .await
             .map_or(true, |(code, _)| code != 200)
         {
@@ -287,7 +289,7 @@ pub async fn watch_workloads(api: Api<Workload>, check: String, seen: Seen) {
 /// runs a pod.
 pub fn workload(namespace: &str, name: &str, podsets: u32) -> Result<Workload> {
     // Null: no annotations.
-    let template = crate::pod_template(serde_json::Value::Null, "100m");
+    let template = e2e::pod_template(serde_json::Value::Null, "100m");
     let pod_sets: Vec<_> = (0..podsets)
         .map(|i| json!({"name": format!("ps{i}"), "count": 1, "template": template}))
         .collect();

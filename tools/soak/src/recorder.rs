@@ -991,7 +991,7 @@ pub async fn start(
     let the_ledger = all().fields(&format!("metadata.name={ledger}"));
     watches.spawn(maps, the_ledger, "ledger", Recorder::ledger_event);
     for _ in 0..3 {
-        tokio::time::timeout(crate::DEFAULT_TIMEOUT, ready_rx.recv())
+        tokio::time::timeout(e2e::DEFAULT_TIMEOUT, ready_rx.recv())
             .await
             .map_err(|_| anyhow::anyhow!("a recorder watch never completed its first list"))?;
     }

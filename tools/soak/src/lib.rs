@@ -34,7 +34,7 @@ use kueue_provisioning_controller::identity::{INSTANCE_LABEL, instance_label};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use crate::TestEnv;
+use e2e::TestEnv;
 use plan::{End, Fault, FaultKind, Plan, Queue, Shape, WorkloadPlan};
 use recorder::{Invariant, Recorder};
 use replicas::{Spec, Supervisor};
@@ -572,7 +572,7 @@ async fn setup(env: &TestEnv) -> Result<Names> {
 /// Two replicas of each controller with leader election (a 6 s Lease, so that a killed
 /// leader's successor takes over within seconds), one simulator.
 fn specs(config: &SoakConfig, names: &Names) -> Vec<Spec> {
-    let kubeconfig = crate::kubeconfig_path().display().to_string();
+    let kubeconfig = e2e::kubeconfig_path().display().to_string();
     let common = |controller: &str| {
         vec![
             format!("--kubeconfig={kubeconfig}"),
@@ -674,7 +674,7 @@ async fn leader(env: &TestEnv, controller: &str) -> Result<Option<String>> {
 }
 
 async fn wait_for_leaders(env: &TestEnv, supervisor: &Supervisor) -> Result<()> {
-    let deadline = Instant::now() + crate::DEFAULT_TIMEOUT;
+    let deadline = Instant::now() + e2e::DEFAULT_TIMEOUT;
     for controller in plan::CONTROLLERS {
         loop {
             if let Some(pod) = leader(env, controller).await?
@@ -685,7 +685,7 @@ async fn wait_for_leaders(env: &TestEnv, supervisor: &Supervisor) -> Result<()> 
             if Instant::now() > deadline {
                 bail!(
                     "no {controller} replica took the lead within {:?}; logs in {}",
-                    crate::DEFAULT_TIMEOUT,
+                    e2e::DEFAULT_TIMEOUT,
                     supervisor.log_dir.display()
                 );
             }
@@ -753,7 +753,7 @@ fn pod_template(w: &WorkloadPlan, per_pod_licenses: bool) -> Value {
             format!("solver={}", w.licenses).into(),
         );
     }
-    crate::pod_template(annotations.into(), "1")
+    e2e::pod_template(annotations.into(), "1")
 }
 
 async fn submit(env: &TestEnv, w: &WorkloadPlan) -> Result<()> {
@@ -846,60 +846,11 @@ async fn play_the_owner(env: TestEnv, mut evicted: tokio::sync::mpsc::UnboundedR
     while let Some(name) = evicted.recv().await {
         let env = env.clone();
         under_way.spawn(async move {
-            if let Err(e) = release_quota(&env, &name).await {
+            if let Err(e) = e2e::release_quota(&env, &name).await {
                 eprintln!("soak: releasing the quota of evicted Workload {name}: {e:#}");
             }
         });
         while under_way.try_join_next().is_some() {}
-    }
-}
-
-/// Gives back the quota Kueue still reserves for an evicted Workload `name` that nothing owns,
-/// as its owner would (no-op once it holds none).
-pub async fn release_quota(env: &TestEnv, name: &str) -> Result<()> {
-    use kueue_admission_sdk::api::workload_condition as cond;
-    let api = env.workloads();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let Some(mut wl) = api.get_opt(name).await.ok().flatten() else {
-            if Instant::now() > deadline {
-                bail!("cannot read it");
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
-        };
-        if !(wl.condition_is_true(cond::EVICTED) && wl.condition_is_true(cond::QUOTA_RESERVED))
-            || wl.condition_is_true(cond::FINISHED)
-        {
-            return Ok(());
-        }
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now(),
-        );
-        let generation = wl.metadata.generation;
-        if let Some(status) = wl.status.as_mut() {
-            status.admission = None;
-            for c in &mut status.conditions {
-                let (reason, message) = match c.type_.as_str() {
-                    cond::QUOTA_RESERVED => ("Pending", "the owner stopped after the eviction"),
-                    cond::ADMITTED if c.status == "True" => {
-                        ("NoReservation", "the quota was released")
-                    }
-                    _ => continue,
-                };
-                c.status = "False".into();
-                c.reason = reason.into();
-                c.message = message.into();
-                c.last_transition_time = now.clone();
-                c.observed_generation = generation;
-            }
-        }
-        match api.replace_status(name, &PostParams::default(), &wl).await {
-            Ok(_) => return Ok(()),
-            Err(e) if code_is(&e, 404) => return Ok(()),
-            Err(e) if Instant::now() > deadline => return Err(e.into()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
     }
 }
 
@@ -1256,7 +1207,7 @@ async fn check_metrics(env: &TestEnv, supervisor: &Supervisor, recorder: &Record
             let (Some(addr), Some((_, pod))) = (slot.metrics(), slot.current()) else {
                 continue;
             };
-            let body = match crate::http_get(addr, "/metrics").await {
+            let body = match e2e::http_get(addr, "/metrics").await {
                 Ok((200, body)) => body,
                 other => {
                     recorder.record(
@@ -1267,7 +1218,7 @@ async fn check_metrics(env: &TestEnv, supervisor: &Supervisor, recorder: &Record
                     continue;
                 }
             };
-            if crate::metric_sample(&body, "kueue_ac_leader") == Some(1.0) {
+            if e2e::metric_sample(&body, "kueue_ac_leader") == Some(1.0) {
                 leading.push(pod.clone());
                 let active: f64 = body
                     .lines()
