@@ -13,12 +13,12 @@
 //!   (one reconcile at a time per Workload, backoff on errors) and the check's own tasks
 //!   ([`Extensions`]);
 //! - `reconcile` executes, for each (Workload, check) pair, the step that
-//!   [`crate::lifecycle`] gives (`shadow`: the same, writing nothing; `unanswerable`: the hold
-//!   of a check that cannot answer; `status_write`: the entry and the attempt record written;
-//!   `memory`: what is kept per Workload between reconciles; `own_writes`: our writes the cache
-//!   lacks yet; `queued_changes`: changes waiting for a reconcile, for the queue metrics;
-//!   `turns`: how many reconcile at once, first come, first served, the waiting kept out of
-//!   kube);
+//!   [`crate::lifecycle`] gives: `answer` asks the check and writes its answer (conflicts,
+//!   refusals, holds; `status_write`: the entry and the attempt record written); `shadow`: the
+//!   same, writing nothing; `unanswerable`: the hold of a check that cannot answer; `memory`:
+//!   what is kept per Workload between reconciles; `own_writes`: our writes the cache lacks
+//!   yet; `line`: the Workloads waiting to be reconciled, their changes and the turns
+//!   (`--concurrency` at once, first come, first served, the waiting kept out of kube);
 //! - `http` serves metrics and probes (`metrics`); `kueue_api` waits for a Kueue we can talk
 //!   to; `tasks` ties every task to the run.
 //!
@@ -26,6 +26,7 @@
 //! revalidation), error backoff, and a sweep that takes back a turn granted and never taken.
 
 mod admission_checks;
+mod answer;
 mod check_registry;
 mod claim;
 mod cluster_queue_watch;

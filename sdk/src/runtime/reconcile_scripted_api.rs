@@ -926,7 +926,7 @@ async fn a_retry_for_a_workload_deleted_since_the_read_creates_nothing() {
 #[tokio::test]
 async fn a_storm_of_conflicts_ends_after_a_bounded_number_of_tries() {
     let h = Harness::new(Decision::ready("fine"));
-    for _ in 0..super::CONFLICT_ATTEMPTS {
+    for _ in 0..crate::runtime::answer::CONFLICT_ATTEMPTS {
         h.conflict();
         // Each fresh read shows yet another change by someone else (a new resourceVersion).
         h.answer(200, json(&at("20", deciding())));
@@ -939,7 +939,7 @@ async fn a_storm_of_conflicts_ends_after_a_bounded_number_of_tries() {
     );
     assert_eq!(
         h.calls().len(),
-        2 * super::CONFLICT_ATTEMPTS,
+        2 * crate::runtime::answer::CONFLICT_ATTEMPTS,
         "{:?}",
         h.calls()
     );
