@@ -56,6 +56,10 @@ enum Event {
     KueueActs,
     /// Our check will answer this from now on.
     Answers(Answer),
+    /// Our check answers, but the other check's `Retry` evicts the Workload before the answer
+    /// is written: the write carries the old version and is refused; a delayed `Retry` is kept
+    /// for the next attempt (in memory), anything else is dropped.
+    AnswerArrivesLate,
     /// An admission webhook refuses our `Ready` writes (`true`) or stops refusing.
     Webhook(bool),
     /// The check turns inactive (`false`) or active again.
@@ -88,6 +92,7 @@ fn any_event() -> impl Strategy<Value = Event> {
         2 => Just(Event::OtherReady),
         2 => Just(Event::KueueActs),
         3 => any_answer().prop_map(Event::Answers),
+        2 => Just(Event::AnswerArrivesLate),
         1 => any::<bool>().prop_map(Event::Webhook),
         1 => any::<bool>().prop_map(Event::Active),
         2 => Just(Event::Restart),
@@ -107,6 +112,7 @@ struct World {
     /// This process's memory of the pair.
     asked: Option<AskedAt>,
     early: Option<EarlyStart>,
+    late: Option<crate::decide::LateRetry>,
     /// Work started early and not released.
     early_work: bool,
     /// The highest attempt the check was asked about.
@@ -132,6 +138,7 @@ impl World {
             active: true,
             asked: None,
             early: None,
+            late: None,
             early_work: false,
             highest_attempt: 0,
             announced: None,
@@ -295,7 +302,9 @@ impl World {
             Event::Restart => {
                 self.asked = None;
                 self.early = None;
+                self.late = None;
             }
+            Event::AnswerArrivesLate => self.answer_late(),
             Event::Finish => {
                 if self.wl.condition_is_true(cond::ADMITTED) {
                     self.set_condition(cond::FINISHED, true);
@@ -306,6 +315,59 @@ impl World {
                 self.wl.metadata.deletion_timestamp = Some(Time(now));
             }
             Event::Tick(secs) => self.clock += i64::from(secs),
+        }
+    }
+
+    /// The check's answer, planned on the Workload as it is, then overtaken by the other
+    /// check's eviction: what the runtime keeps of it after the refused write.
+    fn answer_late(&mut self) {
+        let eligible = crate::decide::eligibility(&self.wl, OURS, false)
+            == Eligibility::Decide {
+                revalidating: false,
+            };
+        let other_pending = self
+            .entry(OTHER)
+            .is_some_and(|e| e.state == CheckState::Pending);
+        if !eligible || !other_pending || self.late.is_some() {
+            return;
+        }
+        let decision = self.decision(self.now());
+        let message = decision.message().to_string();
+        let input = PlanInput {
+            workload: &self.wl,
+            check: OURS,
+            decision,
+            attempt: attempts::attempt(&self.wl, OURS),
+            policy: &policy(),
+            max_retry_delay: crate::retry::MAX_DELAY,
+            revalidate_ready: false,
+            now: self.now(),
+            jitter_sample: 0.0,
+        };
+        let late = match plan(input) {
+            Plan::Write(write) => {
+                crate::decide::LateRetry::from_refused(&write, &message, self.now())
+            }
+            _ => None,
+        };
+        self.apply(&Event::OtherRetries);
+        self.late = late;
+    }
+
+    /// What the check answers now, as the runtime turns it into a decision.
+    fn decision(&self, now: Timestamp) -> Decision {
+        let decision = match self.answer {
+            Answer::Ready => Decision::ready("capacity"),
+            Answer::Pending => Decision::pending("waiting"),
+            Answer::Retry(s) => Decision::retry_after("later", Duration::from_secs(s)),
+            Answer::Rejected => Decision::rejected("never"),
+            Answer::Fails => permanent_failure(&self.wl, OURS, "bad parameters", HOLD, now),
+        };
+        if self.webhook && decision.state() == CheckState::Ready {
+            let refused = "the Ready answer of check ours cannot be written: denied";
+            permanent_failure(&self.wl, OURS, refused, HOLD, now)
+        } else {
+            decision
         }
     }
 
@@ -400,24 +462,12 @@ impl World {
                 self.highest_attempt = at.attempt;
                 self.asked = Some(at);
                 self.early = None;
-                let now = self.now();
-                let decision = match self.answer {
-                    Answer::Ready => Decision::ready("capacity"),
-                    Answer::Pending => Decision::pending("waiting"),
-                    Answer::Retry(s) => Decision::retry_after("later", Duration::from_secs(s)),
-                    Answer::Rejected => Decision::rejected("never"),
-                    Answer::Fails => permanent_failure(&self.wl, OURS, "bad parameters", HOLD, now),
-                };
-                let decision = if self.webhook && decision.state() == CheckState::Ready {
-                    let refused = "the Ready answer of check ours cannot be written: denied";
-                    permanent_failure(&self.wl, OURS, refused, HOLD, now)
-                } else {
-                    decision
-                };
-                let policy = RetryPolicy {
-                    retry_limit: Some(3),
-                    ..RetryPolicy::default()
-                };
+                // A Retry kept from an attempt overtaken by an eviction is written for what
+                // is left of its delay, instead of asking the check again.
+                let carried = self.late.as_ref().and_then(|l| l.decision(self.now()));
+                self.late = None;
+                let decision = carried.unwrap_or_else(|| self.decision(self.now()));
+                let policy = policy();
                 self.write(decision, &policy)?;
             }
         }
@@ -504,6 +554,14 @@ impl World {
     }
 }
 
+/// Our check's retry policy: Kueue's default backoff, at most three retries.
+fn policy() -> RetryPolicy {
+    RetryPolicy {
+        retry_limit: Some(3),
+        ..RetryPolicy::default()
+    }
+}
+
 /// Fixed unless `PROPTEST_RNG_SEED` says otherwise, so that a failure replays.
 fn seeded(cases: u32) -> Config {
     let seed = std::env::var("PROPTEST_RNG_SEED")
@@ -536,4 +594,33 @@ proptest! {
         }
         let _ = world.gone;
     }
+}
+
+/// The late path of the property test is taken: a delayed `Retry` overtaken by the other
+/// check's eviction is written on the next attempt for what is left of it, at a later attempt.
+#[test]
+fn a_late_retry_is_carried_to_the_next_attempt() -> Result<(), TestCaseError> {
+    let mut world = World::new();
+    for event in [
+        Event::Answers(Answer::Retry(100)),
+        Event::Reserve { with_entries: true },
+    ] {
+        world.apply(&event);
+    }
+    world.apply(&Event::AnswerArrivesLate);
+    prop_assert!(world.late.is_some(), "the delayed Retry is kept");
+    prop_assert_eq!(world.wl.total_evictions(), 1);
+    world.apply(&Event::Tick(30));
+    world.apply(&Event::Reserve { with_entries: true });
+    world.reconcile()?;
+    let entry = world.entry(OURS).cloned().unwrap_or_default();
+    prop_assert_eq!(entry.state, CheckState::Retry);
+    prop_assert!(
+        entry.message.contains("decided for attempt 1 while Kueue evicted"),
+        "{}",
+        entry.message
+    );
+    prop_assert_eq!(entry.requeue_after_seconds, Some(70));
+    prop_assert_eq!(world.highest_attempt, 1);
+    Ok(())
 }
