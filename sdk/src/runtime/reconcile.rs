@@ -280,23 +280,34 @@ async fn start_early<C: AdmissionCheckController>(
         shadow: None,
     };
     let started = ctx.controller.start_early(&asking).await;
-    // Whatever part of the work exists is released as a decision's would be.
+    let failed_for_good = match &started {
+        Ok(()) => false,
+        Err(e) => matches!(
+            ctx.controller.classify_error(e),
+            ErrorClass::Permanent { .. }
+        ),
+    };
+    // Whatever part of the work exists is released as a decision's would be. Started (or
+    // refused for good) once per attempt: the wait for the entry then bounds what was left.
     ctx.memory.pair(key, |p| {
         p.asked = Some(at);
-        if started.is_ok() {
+        if started.is_ok() || failed_for_good {
             p.early = Some(EarlyStart {
                 at,
                 abandoned: false,
             });
         }
     });
+    // The wait counts from the reservation.
+    let wait_left = || {
+        let left = lifecycle::entry_wait_left(wl, ctx.early_start_wait, Timestamp::now());
+        Some(left.unwrap_or(Duration::ZERO))
+    };
     match started {
         Ok(()) => {
             ctx.metrics.early_start(check);
             debug!(workload = %wl.name_any(), check, "started before Kueue added the entry");
-            // The wait counts from the reservation.
-            let left = lifecycle::entry_wait_left(wl, ctx.early_start_wait, Timestamp::now());
-            Ok(Some(left.unwrap_or(Duration::ZERO)))
+            Ok(wait_left())
         }
         // Nothing to show it on before the entry exists: `decide` meets the same failure then,
         // and says it on the entry.
@@ -304,8 +315,8 @@ async fn start_early<C: AdmissionCheckController>(
             ErrorClass::Transient => Err(Error::Check(Box::new(e))),
             ErrorClass::Permanent { message } => {
                 ctx.metrics.error("check");
-                warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "starting before the entry failed; the check decides once the entry comes");
-                Ok(None)
+                warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "starting before the entry failed for good; not tried again in this attempt, the check decides once the entry comes");
+                Ok(wait_left())
             }
         },
     }

@@ -13,7 +13,8 @@ use kube::runtime::watcher::Event;
 use super::{Context, reconcile};
 use crate::api::{CheckState, ClusterQueue, Workload};
 use crate::check::{
-    AdmissionCheckController, CheckContext, Decision, NoParameters, ReleaseContext, ReleaseReason,
+    AdmissionCheckController, CheckContext, Decision, ErrorClass, NoParameters, ReleaseContext,
+    ReleaseReason,
 };
 use crate::runtime::check_registry::ActiveCheck;
 use crate::runtime::own_writes::OwnWrites;
@@ -33,6 +34,10 @@ struct Early {
     released: Mutex<Vec<ReleaseReason>>,
     /// How many of the next starts fail transiently.
     failing_starts: AtomicU32,
+    /// How many of the next starts fail for good (an invalid request).
+    refusing_starts: AtomicU32,
+    /// Every call of `start_early`, failed or not.
+    start_calls: AtomicU32,
 }
 
 impl AdmissionCheckController for Early {
@@ -50,6 +55,15 @@ impl AdmissionCheckController for Early {
     async fn start_early(&self, ctx: &CheckContext<'_, NoParameters>) -> std::io::Result<()> {
         assert_eq!(ctx.entry.name, CHECK);
         assert_eq!(ctx.entry.state, CheckState::Pending);
+        self.start_calls.fetch_add(1, Ordering::SeqCst);
+        let refusing = self.refusing_starts.load(Ordering::SeqCst);
+        if refusing > 0 {
+            self.refusing_starts.store(refusing - 1, Ordering::SeqCst);
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the API server refused the request as invalid",
+            ));
+        }
         let failing = self.failing_starts.load(Ordering::SeqCst);
         if failing > 0 {
             self.failing_starts.store(failing - 1, Ordering::SeqCst);
@@ -61,6 +75,15 @@ impl AdmissionCheckController for Early {
             .unwrap_or_else(|p| p.into_inner())
             .push(ctx.attempt());
         Ok(())
+    }
+
+    fn classify_error(&self, error: &std::io::Error) -> ErrorClass {
+        match error.kind() {
+            std::io::ErrorKind::InvalidInput => ErrorClass::Permanent {
+                message: error.to_string(),
+            },
+            _ => ErrorClass::Transient,
+        }
     }
 
     async fn decide(&self, _: &CheckContext<'_, NoParameters>) -> std::io::Result<Decision> {
@@ -375,4 +398,30 @@ async fn a_start_that_fails_transiently_is_an_error_and_is_tried_again() {
     // What a failed start may have left is released like the rest.
     w.sees(wl("12").build()).await.expect("released");
     assert_eq!(w.check().released(), [ReleaseReason::QuotaReleased]);
+}
+
+#[tokio::test]
+async fn a_start_refused_for_good_is_tried_once_per_attempt_and_released_after_the_wait() {
+    let mut w = World::new(&[]);
+    w.check().refusing_starts.store(100, Ordering::SeqCst);
+    let wl = reserved_ago("10", WAIT - Duration::from_secs(20));
+    w.workloads.apply_watcher_event(&Event::Apply(wl.clone()));
+    let action = reconcile(Arc::new(wl), w.ctx.clone()).await;
+    let action = format!("{:?}", action.expect("no error: nothing to retry"));
+    // Looked at again when the wait ends, so that what a refused start left is released.
+    assert!(
+        action.contains("requeue_after: Some(19") || action.contains("requeue_after: Some(20"),
+        "{action}"
+    );
+    // Later changes in the same attempt do not try again.
+    w.sees(reserved_ago("11", WAIT - Duration::from_secs(10)))
+        .await
+        .expect("no-op");
+    assert_eq!(w.check().start_calls.load(Ordering::SeqCst), 1);
+    // The wait over: released (what the refused request left behind goes), once.
+    w.sees(reserved_ago("12", WAIT + Duration::from_secs(1)))
+        .await
+        .expect("released");
+    assert_eq!(w.check().released(), [ReleaseReason::EntryNotAdded]);
+    assert_eq!(w.check().start_calls.load(Ordering::SeqCst), 1);
 }

@@ -616,7 +616,9 @@ fn a_late_retry_is_carried_to_the_next_attempt() -> Result<(), TestCaseError> {
     let entry = world.entry(OURS).cloned().unwrap_or_default();
     prop_assert_eq!(entry.state, CheckState::Retry);
     prop_assert!(
-        entry.message.contains("decided for attempt 1 while Kueue evicted"),
+        entry
+            .message
+            .contains("decided for attempt 1 while Kueue evicted"),
         "{}",
         entry.message
     );
