@@ -199,11 +199,15 @@ fn release_due(o: &Observed<'_>, stands: Eligibility) -> Option<ReleaseReason> {
 
 /// The step of a Workload that holds quota and waits for Kueue to add the entry. Only a check
 /// that can answer starts; the wait bounds what was started on every path (the check may have
-/// turned inactive since, or this process may have forgotten it started).
+/// turned inactive since, or this process may have forgotten it started). A check that is no
+/// longer ours (another deployment may answer it now) is released only for what this process
+/// started.
 fn early_step(o: &Observed<'_>) -> Step {
     let at = AskedAt::expected(o.workload, o.check);
     let this_attempt = o.early.filter(|e| e.at == at);
-    if this_attempt.is_some_and(|e| e.abandoned) {
+    if this_attempt.is_some_and(|e| e.abandoned)
+        || (o.answering == Answering::Gone && this_attempt.is_none())
+    {
         return Step::Idle;
     }
     match entry_wait_left(o.workload, o.early_start_wait, o.now) {

@@ -133,6 +133,12 @@ rows! {
         assert_eq!(next(&turned), step(Step::AbandonEarly));
         let within = Observed { answering: inactive, ..observed(&wl) };
         assert_eq!(next(&within), step(Step::AwaitEntry(Duration::from_secs(10))));
+        // A check no longer ours (another deployment may answer it now): only what this
+        // process started is released.
+        let gone = Observed { answering: Answering::Gone, now: t(20), ..observed(&wl) };
+        assert_eq!(next(&gone), step(Step::Idle));
+        let gone_started = Observed { early: Some(EarlyStart { at, abandoned: false }), ..gone };
+        assert_eq!(next(&gone_started), step(Step::AbandonEarly));
         // The entry came: decided as usual.
         let came = reserved().check(CHECK, CheckState::Pending).build();
         assert_eq!(next(&Observed { now: t(30), ..observed(&came) }).step, Step::Ask { revalidating: false });
