@@ -10,9 +10,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use e2e::probe::{Probe, ProbeScript};
 use e2e::{GuardedQueue, TestEnv};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kueue_admission_sdk::api::{
@@ -246,15 +247,7 @@ async fn a_refused_attempt_record_holds_the_quota_then_the_retry_goes_uncounted(
     let mut recorder = env.record_workloads().await?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl, &q.check).await?;
-    let expression = "!has(object.metadata.annotations) || \
-                      !object.metadata.annotations.exists(k, \
-                      k.startsWith('attempts.kueue-admission-checks.dev/'))";
-    // 422, as for annotations over their limit.
-    deny(&env, "no-record", "workloads", (expression, "Invalid")).await?;
-    let record = json!({"metadata": {"annotations": {
-        kueue_admission_sdk::attempts::annotation_key(&q.check): "retries=1,evictions=0",
-    }}});
-    until_refused(&env, &wl, false, record).await?;
+    refuse_attempt_records(&env, &wl, &q.check).await?;
     gate.add_permits(100);
     let start = format!(
         "Permanent failure: check {} answered Retry (\"busy\"), but it cannot be counted on the \
@@ -267,25 +260,7 @@ async fn a_refused_attempt_record_holds_the_quota_then_the_retry_goes_uncounted(
     let history = recorder
         .until(&wl, "admitted", |w| w.condition_is_true(cond::ADMITTED))
         .await?;
-    let last = history.last().context("no version")?;
-    assert!(
-        history.iter().all(|w| w
-            .annotations()
-            .keys()
-            .all(|k| !k.starts_with("attempts.kueue-admission-checks.dev/"))),
-        "a record landed:\n{}",
-        e2e::dump(last)
-    );
-    assert!(
-        history.iter().any(|w| w
-            .admission_check(&q.check)
-            .is_some_and(|e| e.state == CheckState::Retry)),
-        "no Retry written"
-    );
-    assert_eq!(
-        last.admission_check(&q.check).and_then(|e| e.retry_count),
-        Some(1)
-    );
+    retried_uncounted(&history, &q.check)?;
     let attempts: Vec<u32> = script.calls_for("job").iter().map(|(_, a)| *a).collect();
     assert_eq!(attempts.last(), Some(&2), "{attempts:?}");
     let note = env.event_note(&wl, "AttemptRecordRefused").await?;
@@ -301,6 +276,46 @@ async fn a_refused_attempt_record_holds_the_quota_then_the_retry_goes_uncounted(
     Ok(())
 }
 
+/// A policy (422, as for annotations over their limit) refusing every attempt record on the
+/// Workload; returns once the API server enforces it.
+async fn refuse_attempt_records(env: &TestEnv, wl: &str, check: &str) -> Result<()> {
+    let expression = "!has(object.metadata.annotations) || \
+                      !object.metadata.annotations.exists(k, \
+                      k.startsWith('attempts.kueue-admission-checks.dev/'))";
+    deny(env, "no-record", "workloads", (expression, "Invalid")).await?;
+    let record = json!({"metadata": {"annotations": {
+        kueue_admission_sdk::attempts::annotation_key(check): "retries=1,evictions=0",
+    }}});
+    until_refused(env, wl, false, record).await
+}
+
+/// `check` answered `Retry` in `history` without an attempt record ever landing, and Kueue
+/// counted it (`retryCount` 1 on the last version).
+fn retried_uncounted(history: &[Workload], check: &str) -> Result<()> {
+    let last = history.last().context("no version")?;
+    ensure!(
+        history.iter().all(|w| w
+            .annotations()
+            .keys()
+            .all(|k| !k.starts_with("attempts.kueue-admission-checks.dev/"))),
+        "a record landed:\n{}",
+        e2e::dump(last)
+    );
+    ensure!(
+        history.iter().any(|w| w
+            .admission_check(check)
+            .is_some_and(|e| e.state == CheckState::Retry)),
+        "no Retry written"
+    );
+    let counted = last.admission_check(check).and_then(|e| e.retry_count);
+    ensure!(
+        counted == Some(1),
+        "retryCount {counted:?}:\n{}",
+        e2e::dump(last)
+    );
+    Ok(())
+}
+
 /// Bounds survive restarts (issue 31): a policy refuses the `Ready` write while the controller
 /// is killed and started again more often than the hold lasts. Each new process reads the
 /// hold's start from the entry, so the hold starts once: every message of it announces the same
@@ -309,19 +324,11 @@ async fn a_refused_attempt_record_holds_the_quota_then_the_retry_goes_uncounted(
 /// quota was never given back.)
 #[tokio::test]
 async fn a_hold_survives_restarts_its_deadline_does_not_move_and_the_retry_lands() -> Result<()> {
-    const LONG_HOLD: Duration = Duration::from_secs(12);
-    const RESTART_EVERY: Duration = Duration::from_secs(4);
     let env = TestEnv::new("bounded-restarts").await?;
     let (q, script) = probed(&env).await?;
     script.answer("job", Decision::ready("granted, forbidden-word"));
     let gate = script.gate("job");
-    let run = || {
-        run_probe(&env, &q, &script, one_retry(), |c| RuntimeConfig {
-            permanent_failure_hold: LONG_HOLD,
-            ..c
-        })
-    };
-    let mut probe = run()?;
+    let mut probe = run_with_long_hold(&env, &q, &script)?;
     let mut recorder = env.record_workloads().await?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl, &q.check).await?;
@@ -332,58 +339,95 @@ async fn a_hold_survives_restarts_its_deadline_does_not_move_and_the_retry_lands
         q.check
     );
     held_with(&env, &wl, &q.check, &start).await?;
-    // Killed and started again until the check's Retry has evicted the Workload; a hold that
-    // starts again with each process would never end, so the restarts are bounded.
-    let most = (LONG_HOLD + Duration::from_secs(60)).as_secs() / RESTART_EVERY.as_secs();
-    let mut restarts = 0;
-    loop {
-        tokio::time::sleep(RESTART_EVERY).await;
-        let now = env.workloads().get(&wl).await?;
-        if now.evictions("AdmissionCheck") >= 1 {
-            break;
-        }
-        if restarts == most {
-            bail!(
-                "the quota was not given back after {restarts} restarts:\n{}",
-                e2e::dump(&now)
-            );
-        }
-        probe.kill().await;
-        probe = run()?;
-        restarts += 1;
-    }
+    let restarts = restart_until_evicted(&env, &wl, &mut probe, || {
+        run_with_long_hold(&env, &q, &script)
+    })
+    .await?;
+    assert!(restarts >= 2, "restarted {restarts} times within the hold");
     let history = recorder
         .until(&wl, "evicted by the check", |w| {
             w.evictions("AdmissionCheck") >= 1
         })
         .await?;
-    let last = history.last().context("no version")?;
-    let deadlines: std::collections::BTreeSet<String> = history
-        .iter()
-        .filter_map(|w| w.admission_check(&q.check))
-        .filter(|e| e.state == CheckState::Pending && e.message.starts_with(&start))
-        .filter_map(|e| e.message.split("keeps its quota until ").nth(1))
-        .map(|rest| rest.chars().take(20).collect())
-        .collect();
-    assert_eq!(deadlines.len(), 1, "the deadline moved: {deadlines:?}");
-    assert!(restarts >= 2, "restarted {restarts} times within the hold");
-    let deadline: k8s_openapi::jiff::Timestamp =
-        deadlines.iter().next().context("a deadline")?.parse()?;
-    let retried = history
-        .iter()
-        .filter_map(|w| w.admission_check(&q.check))
-        .find(|e| e.state == CheckState::Retry)
-        .and_then(|e| e.last_transition_time.clone())
-        .with_context(|| format!("no Retry written:\n{}", e2e::dump(last)))?
-        .0;
+    let deadline = the_one_announced_deadline(&history, &q.check, &start)?;
+    let retried = first_retry_at(&history, &q.check)?;
     // Within one restart (and a new process's start) of the deadline, never before it.
     let late = retried.duration_since(deadline);
     assert!(
-        late >= k8s_openapi::jiff::SignedDuration::ZERO
-            && late <= k8s_openapi::jiff::SignedDuration::from_secs(30),
+        late >= SignedDuration::ZERO && late <= SignedDuration::from_secs(30),
         "Retry at {retried}, deadline {deadline}"
     );
     probe.stop().await
+}
+
+/// The hold of the restart test: longer than a few restarts.
+const LONG_HOLD: Duration = Duration::from_secs(12);
+
+/// How often the restart test kills its controller and starts it again.
+const RESTART_EVERY: Duration = Duration::from_secs(4);
+
+/// The probe of `q` with [`LONG_HOLD`].
+fn run_with_long_hold(
+    env: &TestEnv,
+    q: &GuardedQueue,
+    script: &Arc<ProbeScript>,
+) -> Result<e2e::Running> {
+    run_probe(env, q, script, one_retry(), |c| RuntimeConfig {
+        permanent_failure_hold: LONG_HOLD,
+        ..c
+    })
+}
+
+/// Kills `probe` (as `kill -9` would) and starts another with `run` every [`RESTART_EVERY`],
+/// until a check's Retry has evicted the Workload; returns how many restarts that took. A hold
+/// that starts again with each process would never end, so the restarts are bounded.
+async fn restart_until_evicted(
+    env: &TestEnv,
+    wl: &str,
+    probe: &mut e2e::Running,
+    run: impl Fn() -> Result<e2e::Running>,
+) -> Result<u64> {
+    let most = (LONG_HOLD + Duration::from_secs(60)).as_secs() / RESTART_EVERY.as_secs();
+    for restarts in 0..=most {
+        tokio::time::sleep(RESTART_EVERY).await;
+        if env.workloads().get(wl).await?.evictions("AdmissionCheck") >= 1 {
+            return Ok(restarts);
+        }
+        let killed = std::mem::replace(probe, run()?);
+        killed.kill().await;
+    }
+    let now = env.workloads().get(wl).await?;
+    bail!(
+        "the quota was not given back after {most} restarts:\n{}",
+        e2e::dump(&now)
+    )
+}
+
+/// The one deadline every `Pending` message of `check` starting with `start` announced in
+/// `history` (an error if it moved).
+fn the_one_announced_deadline(history: &[Workload], check: &str, start: &str) -> Result<Timestamp> {
+    let deadlines: std::collections::BTreeSet<String> = history
+        .iter()
+        .filter_map(|w| w.admission_check(check))
+        .filter(|e| e.state == CheckState::Pending && e.message.starts_with(start))
+        .filter_map(|e| e.message.split("keeps its quota until ").nth(1))
+        .map(|rest| rest.chars().take(20).collect())
+        .collect();
+    ensure!(deadlines.len() == 1, "the deadline moved: {deadlines:?}");
+    Ok(deadlines.iter().next().context("a deadline")?.parse()?)
+}
+
+/// When `check`'s first `Retry` in `history` was written.
+fn first_retry_at(history: &[Workload], check: &str) -> Result<Timestamp> {
+    let retried = history
+        .iter()
+        .filter_map(|w| w.admission_check(check))
+        .find(|e| e.state == CheckState::Retry)
+        .and_then(|e| e.last_transition_time.clone());
+    let last = history.last().context("no version")?;
+    Ok(retried
+        .with_context(|| format!("no Retry written:\n{}", e2e::dump(last)))?
+        .0)
 }
 
 /// Patches `check`'s AdmissionCheck `spec.parameters` (null removes them).
