@@ -962,8 +962,13 @@ async fn wait(
 // ---------------------------------------------------------------------------------------------
 // Faults
 
+/// The local control plane's script, which restarts its components.
+fn control_plane_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/control-plane/control-plane.sh")
+}
+
 async fn control_plane(what: &str, component: &str) -> Result<String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../control-plane/control-plane.sh");
+    let script = control_plane_script();
     let began = Instant::now();
     let out = tokio::process::Command::new("bash")
         .arg(&script)
@@ -1542,6 +1547,14 @@ fn quantile_row(out: &mut String, label: &str, sorted: &[f64]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The apiserver and Kueue restarts run this script: moved away, they would only be
+    /// skipped (as they were for a while after the soak moved to tools/).
+    #[test]
+    fn the_control_plane_script_is_where_the_restarts_look_for_it() {
+        let script = control_plane_script();
+        assert!(script.is_file(), "{} is missing", script.display());
+    }
 
     #[test]
     fn an_exit_counts_as_caused_by_a_restart_from_its_beginning_to_a_minute_after_its_end() {
