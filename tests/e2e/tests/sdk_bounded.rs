@@ -378,9 +378,11 @@ fn run_with_long_hold(
     })
 }
 
-/// Kills `probe` (as `kill -9` would) and starts another with `run` every [`RESTART_EVERY`],
-/// until a check's Retry has evicted the Workload; returns how many restarts that took. A hold
-/// that starts again with each process would never end, so the restarts are bounded.
+/// Kills `probe` (as `kill -9` would) and starts another with `run`, each [`RESTART_EVERY`]
+/// after it is ready (so that a slow start on a loaded machine still leaves each process a
+/// moment to act), until a check's Retry has evicted the Workload; returns how many restarts
+/// that took. A hold that starts again with each process would never end, so the restarts are
+/// bounded.
 async fn restart_until_evicted(
     env: &TestEnv,
     wl: &str,
@@ -389,6 +391,7 @@ async fn restart_until_evicted(
 ) -> Result<u64> {
     let most = (LONG_HOLD + Duration::from_secs(60)).as_secs() / RESTART_EVERY.as_secs();
     for restarts in 0..=most {
+        probe.wait_ready().await?;
         tokio::time::sleep(RESTART_EVERY).await;
         if env.workloads().get(wl).await?.evictions("AdmissionCheck") >= 1 {
             return Ok(restarts);
