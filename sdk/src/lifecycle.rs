@@ -122,6 +122,10 @@ pub struct Observed<'a> {
 /// What the runtime does next for one pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Next {
+    /// Remember the pair as asked at this point first: it carries an answer of ours that this
+    /// process did not write (an earlier process did, before a restart or a leader change), so
+    /// that its release is not missed when the Workload goes idle or moves on.
+    pub remember: Option<AskedAt>,
     /// Call `release` with this reason first: the Workload went idle, or came back for another
     /// attempt than the one the check was asked about.
     pub release: Option<ReleaseReason>,
@@ -161,6 +165,11 @@ pub fn next(o: &Observed<'_>) -> Next {
     let wl = o.workload;
     let applies = o.starts_early && o.queue_applies;
     let stands = standing(wl, o.check, o.revalidate, applies);
+    let answered = matches!(
+        stands,
+        Eligibility::Wait(_) | Eligibility::Decide { revalidating: true }
+    );
+    let remember = AskedAt::of(wl, o.check).filter(|_| answered && o.asked.is_none());
     let release = release_due(o, stands);
     let step = match stands {
         Eligibility::Idle(_) => Step::Idle,
@@ -177,7 +186,11 @@ pub fn next(o: &Observed<'_>) -> Next {
             },
         },
     };
-    Next { release, step }
+    Next {
+        remember,
+        release,
+        step,
+    }
 }
 
 /// The release a pair needs before its step: once the Workload no longer needs the check, or
@@ -295,19 +308,11 @@ pub fn cannot_answer(
 }
 
 /// What a refused attempt record does to a `Retry` (`answered`: the check's message; `why`:
-/// the refusal): `Pending` with the reason while the hold lasts (the operator may still grant
+/// the refusal; `hold`: [`Hold::on`] the entry): `Pending` with the reason while the hold lasts (the operator may still grant
 /// the permission), then `None`: write the `Retry` without the record (Kueue's `retryCount`
 /// still counts it). The hold is the one the entry shows, so a permanent failure that led to
 /// this `Retry` and the refusal share one bound.
-pub fn record_refused(
-    wl: &Workload,
-    check: &str,
-    answered: &str,
-    why: &str,
-    hold_for: Duration,
-    now: Timestamp,
-) -> Option<Decision> {
-    let hold = Hold::on(wl, check, hold_for, now);
+pub fn record_refused(check: &str, answered: &str, why: &str, hold: &Hold) -> Option<Decision> {
     let left = hold.left?;
     Some(Decision::pending_recheck_after(
         format!(
@@ -319,18 +324,6 @@ pub fn record_refused(
         ),
         left,
     ))
-}
-
-/// The end of the hold a refused record leaves, for the Event: the entry's hold, or one that
-/// starts `now`.
-pub fn record_refused_until(
-    wl: &Workload,
-    check: &str,
-    hold_for: Duration,
-    now: Timestamp,
-) -> (bool, Timestamp) {
-    let hold = Hold::on(wl, check, hold_for, now);
-    (hold.left.is_some(), hold.until)
 }
 
 /// The sooner of two times to look again.

@@ -46,6 +46,7 @@ fn observed(wl: &Workload) -> Observed<'_> {
 
 fn step(step: Step) -> Next {
     Next {
+        remember: None,
         release: None,
         step,
     }
@@ -176,7 +177,8 @@ rows! {
         assert_eq!(next(&inactive), step(Step::HoldUnanswered("inactive".into())));
         // A Ready entry of such a check stands; a check no longer ours is only released.
         let ready = reserved().check(CHECK, CheckState::Ready).build();
-        let inactive_ready = Observed { answering: Answering::No("x".into()), revalidate: true, ..observed(&ready) };
+        let asked = Some(AskedAt { attempt: 1, evictions: 0 });
+        let inactive_ready = Observed { answering: Answering::No("x".into()), revalidate: true, asked, ..observed(&ready) };
         assert_eq!(next(&inactive_ready), step(Step::KueueActs(CheckState::Ready)));
         let gone = Observed { answering: Answering::Gone, ..observed(&wl) };
         assert_eq!(next(&gone), step(Step::Idle));
@@ -188,9 +190,14 @@ rows! {
         "calls `decide` again if the check's `revalidate()` is `OnChange`, or `Every(period)` (also when the period has passed); else nothing"
     ] => {
         let wl = reserved().check(CHECK, CheckState::Ready).build();
-        assert_eq!(next(&observed(&wl)), step(Step::KueueActs(CheckState::Ready)));
-        let revalidating = Observed { revalidate: true, ..observed(&wl) };
+        let asked = Some(AskedAt { attempt: 1, evictions: 0 });
+        let standing = Observed { asked, ..observed(&wl) };
+        assert_eq!(next(&standing), step(Step::KueueActs(CheckState::Ready)));
+        let revalidating = Observed { revalidate: true, asked, ..observed(&wl) };
         assert_eq!(next(&revalidating), step(Step::Ask { revalidating: true }));
+        // Asked by an earlier process: remembered as well.
+        let restarted = Observed { revalidate: true, ..observed(&wl) };
+        assert_eq!(next(&restarted).remember, asked);
     }
 
     row_retry_and_rejected_wait_for_kueue: [
@@ -200,8 +207,13 @@ rows! {
     ] => {
         for state in [CheckState::Retry, CheckState::Rejected] {
             let wl = reserved().check(CHECK, state).build();
-            let revalidating = Observed { revalidate: true, ..observed(&wl) };
+            let at = AskedAt { attempt: 1, evictions: 0 };
+            let revalidating = Observed { revalidate: true, asked: Some(at), ..observed(&wl) };
             assert_eq!(next(&revalidating), step(Step::KueueActs(state)));
+            // An answer of ours this process did not write (before a restart or a leader
+            // change) is remembered, so that the release comes when the Workload moves on.
+            let restarted = Observed { revalidate: true, ..observed(&wl) };
+            assert_eq!(next(&restarted).remember, Some(at));
         }
     }
 
@@ -223,7 +235,7 @@ rows! {
         ];
         for (wl, reason) in cases {
             let was_asked = Observed { asked: Some(asked), ..observed(&wl) };
-            assert_eq!(next(&was_asked), Next { release: Some(reason), step: Step::Idle }, "{reason:?}");
+            assert_eq!(next(&was_asked), Next { remember: None, release: Some(reason), step: Step::Idle }, "{reason:?}");
             // Never asked (or released already): nothing.
             assert_eq!(next(&observed(&wl)), step(Step::Idle), "{reason:?}");
         }
@@ -238,7 +250,7 @@ rows! {
         let before = Observed { asked: Some(AskedAt { attempt: 1, evictions: 0 }), ..observed(&wl) };
         assert_eq!(
             next(&before),
-            Next { release: Some(ReleaseReason::Evicted), step: Step::Ask { revalidating: false } }
+            Next { remember: None, release: Some(ReleaseReason::Evicted), step: Step::Ask { revalidating: false } }
         );
         // The same for work started early in another attempt.
         let early = reserved().eviction_count("Preempted", 1).build();
@@ -248,7 +260,7 @@ rows! {
             early: Some(EarlyStart { at: started, abandoned: false }),
             ..observed(&early)
         };
-        assert_eq!(next(&before), Next { release: Some(ReleaseReason::Evicted), step: Step::StartEarly });
+        assert_eq!(next(&before), Next { remember: None, release: Some(ReleaseReason::Evicted), step: Step::StartEarly });
     }
 }
 
@@ -346,10 +358,20 @@ fn a_hold_starts_at_its_first_showing_and_its_deadline_never_moves() {
     assert_eq!(over.state(), CheckState::Retry);
     assert!(message(&over).starts_with(PERMANENT_MARK), "{over:?}");
     // Another kind of hold on the same entry shares the bound.
-    let refused = record_refused(&shown, CHECK, "later", "no patch", HOLD, t(100));
+    let refused = record_refused(
+        CHECK,
+        "later",
+        "no patch",
+        &Hold::on(&shown, CHECK, HOLD, t(100)),
+    );
     assert!(refused.is_some_and(|d| d.message().contains("until 2027-01-15T08:02:10Z")));
     assert_eq!(
-        record_refused(&shown, CHECK, "later", "no patch", HOLD, t(131)),
+        record_refused(
+            CHECK,
+            "later",
+            "no patch",
+            &Hold::on(&shown, CHECK, HOLD, t(131))
+        ),
         None
     );
     let unanswered = cannot_answer(&shown, CHECK, "inactive", HOLD, t(20));

@@ -451,8 +451,6 @@ async fn record_refused<C: AdmissionCheckController>(
 ) -> Next {
     let (ctx, check) = (pair.ctx, pair.check);
     let why = record_refusal(check, status);
-    let now = Timestamp::now();
-    let hold_for = ctx.permanent_failure_hold;
     // News unless the entry already shows this refusal.
     let first = wl
         .admission_check(check)
@@ -461,13 +459,11 @@ async fn record_refused<C: AdmissionCheckController>(
         ctx.metrics.attempt_record_refused(check);
         warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %why, "attempt record refused");
     }
+    let hold = lifecycle::Hold::on(wl, check, ctx.permanent_failure_hold, Timestamp::now());
     let held = (write.entry.state == CheckState::Retry)
-        .then(|| {
-            lifecycle::record_refused(wl, check, decided.decision.message(), &why, hold_for, now)
-        })
+        .then(|| lifecycle::record_refused(check, decided.decision.message(), &why, &hold))
         .flatten();
-    let (_, until) = lifecycle::record_refused_until(wl, check, hold_for, now);
-    let until = until.strftime("%Y-%m-%dT%H:%M:%SZ");
+    let until = hold.until.strftime("%Y-%m-%dT%H:%M:%SZ");
     let plan = match held {
         Some(_) => format!(
             "the Retry is written without it at {until} (Kueue's retryCount still counts it)"

@@ -19,7 +19,6 @@ use super::memory::{PairKey, lock};
 use super::unanswerable;
 use crate::api::{CheckState, Workload};
 use crate::check::{AdmissionCheckController, CheckContext, ErrorClass};
-use crate::decide::{self, Eligibility};
 use crate::error::Error;
 use crate::lifecycle::{self, Answering, AskedAt, EarlyStart, Observed, Step, sooner};
 use crate::release::{ReleaseContext, ReleaseReason};
@@ -134,6 +133,9 @@ pub(super) async fn reconcile_pair<C: AdmissionCheckController>(
         "reconciling"
     );
     let key: PairKey = (uid.to_string(), check.to_string());
+    if let Some(at) = next.remember {
+        ctx.memory.pair(&key, |p| p.asked = Some(at));
+    }
     if let Some(reason) = next.release {
         release_pair(ctx, wl, &key, reason).await?;
     }
@@ -165,8 +167,7 @@ fn pairs<C: AdmissionCheckController>(ctx: &Context<C>) -> Vec<PairOf<C::Paramet
 }
 
 /// What the step function looks at for one pair, from the Workload, the registry, this
-/// process's memory and the clock. A pair answered by an earlier process (before a restart or
-/// a leader change) is remembered as asked first, so that its release is not missed.
+/// process's memory and the clock.
 fn observe<'a, C: AdmissionCheckController>(
     ctx: &Context<C>,
     wl: &'a Workload,
@@ -175,17 +176,7 @@ fn observe<'a, C: AdmissionCheckController>(
     answering: Answering,
 ) -> Observed<'a> {
     let key: PairKey = (uid.to_string(), check.to_string());
-    let revalidate = ctx.revalidates();
-    let answered_earlier = matches!(
-        decide::eligibility(wl, check, revalidate),
-        Eligibility::Wait(_) | Eligibility::Decide { revalidating: true }
-    );
-    let (asked, early) = ctx.memory.pair(&key, |p| {
-        if answered_earlier && let Some(at) = AskedAt::of(wl, check) {
-            p.asked.get_or_insert(at);
-        }
-        (p.asked, p.early)
-    });
+    let (asked, early) = ctx.memory.pair(&key, |p| (p.asked, p.early));
     let starts_early = ctx.controller.starts_early();
     // The queue is looked up only for a check without its entry.
     let queue_applies = starts_early
@@ -201,7 +192,7 @@ fn observe<'a, C: AdmissionCheckController>(
         workload: wl,
         check,
         answering,
-        revalidate,
+        revalidate: ctx.revalidates(),
         starts_early,
         queue_applies,
         asked,

@@ -391,13 +391,6 @@ impl World {
         } else {
             Answering::No("check ours cannot answer: its AdmissionCheck is not active".into())
         };
-        let asked_earlier = matches!(
-            crate::decide::eligibility(&self.wl, OURS, false),
-            Eligibility::Wait(_)
-        );
-        if asked_earlier && self.asked.is_none() {
-            self.asked = AskedAt::of(&self.wl, OURS);
-        }
         let observed = Observed {
             workload: &self.wl,
             check: OURS,
@@ -412,6 +405,9 @@ impl World {
             now: self.now(),
         };
         let step = next(&observed);
+        if let Some(at) = step.remember {
+            self.asked = Some(at);
+        }
         if self.finished_or_gone() {
             prop_assert!(
                 matches!(step.step, Step::Idle | Step::KueueActs(_)),
