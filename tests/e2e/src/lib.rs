@@ -996,6 +996,35 @@ impl TestEnv {
         Ok(())
     }
 
+    /// Waits until `check`'s entry on the Workload is in `state`; returns the Workload and the
+    /// entry. The story helper most tests need: "the check answered X".
+    pub async fn wait_entry(
+        &self,
+        workload: &str,
+        check: &str,
+        state: CheckState,
+    ) -> Result<(Workload, AdmissionCheckState)> {
+        let what = format!("check {check} {state}");
+        let wl = self
+            .wait_workload(workload, &what, |w| {
+                w.admission_check(check).is_some_and(|e| e.state == state)
+            })
+            .await?;
+        let entry = entry_of(&wl, check)?;
+        Ok((wl, entry))
+    }
+
+    /// Changes a label of the Workload and nothing else: a change that wakes every watcher of
+    /// it (a controller is asked again) without meaning anything to Kueue.
+    pub async fn touch_workload(&self, workload: &str, value: &str) -> Result<Workload> {
+        let body =
+            json!({"metadata": {"labels": {"e2e.kueue-admission-checks.dev/touched": value}}});
+        self.workloads()
+            .patch(workload, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .with_context(|| format!("touching Workload {workload}"))
+    }
+
     /// Waits until the Workload is `Admitted`.
     pub async fn wait_admitted(&self, workload: &str) -> Result<Workload> {
         self.wait_workload(workload, "Admitted=True", |wl| {
@@ -1214,6 +1243,13 @@ impl TestEnv {
                 )
             })
     }
+}
+
+/// The Workload's entry for `check`, or an error that shows the Workload.
+pub fn entry_of(wl: &Workload, check: &str) -> Result<AdmissionCheckState> {
+    wl.admission_check(check)
+        .cloned()
+        .with_context(|| format!("no entry for check {check}:\n{}", dump(wl)))
 }
 
 /// Whether an error is the apiserver's 409 Conflict (a failed `resourceVersion` precondition).
