@@ -27,7 +27,7 @@ use kueue_admission_sdk::api::{
     ProvisioningRequest, Workload, find_condition, provisioning_condition as pr,
 };
 use kueue_admission_sdk::holding::{self, Holding, Lasts};
-use kueue_admission_sdk::{ClusterQueues, LeaderContext};
+use kueue_admission_sdk::{ClusterQueues, LeaderContext, QueueRule};
 use tracing::{info, warn};
 
 use crate::identity;
@@ -60,7 +60,9 @@ pub fn orphan_reason(
         // A name without an attempt is never superseded.
         lasts: Lasts::ForTheAttempt(names::attempt_of(&request.name_any()).unwrap_or(u32::MAX)),
     };
-    let entry_expected = workload.is_some_and(|wl| queues.check_applies(wl, held.check));
+    // Queues not known (not listed yet, or refused) are no reason to delete it.
+    let entry_expected =
+        workload.is_some_and(|wl| queues.rule_for(wl, held.check) != QueueRule::DoesNotApply);
     holding::stale_reason_expecting_entry(&held, workload, None, entry_expected)
 }
 
@@ -387,6 +389,9 @@ mod tests {
         // The queue applies the check to other flavors only, or no queue is known.
         assert!(orphan_reason(&r, Some(&no_entry_yet), &queue(&["gpu"])).is_some());
         assert!(orphan_reason(&r, Some(&no_entry_yet), &ClusterQueues::default()).is_some());
+        // Queues not listed yet (or refused) are no reason to delete what was made early.
+        let unknown = ClusterQueues::unknown_for_tests();
+        assert_eq!(orphan_reason(&r, Some(&no_entry_yet), &unknown), None);
         // The entry never came and the quota went.
         let released = WorkloadBuilder::new("team", "wl").uid("u1").build();
         assert!(

@@ -54,7 +54,7 @@ pub use check::{
     ErrorClass, NoParameters, ParametersKind, ReleaseContext, ReleaseReason, RetryDelay,
     Revalidate,
 };
-pub use cluster_queues::ClusterQueues;
+pub use cluster_queues::{ClusterQueues, QueueRule};
 pub use error::Error;
 pub use options::Options;
 pub use retry::RetryPolicy;

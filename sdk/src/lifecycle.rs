@@ -27,6 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::{CheckState, Workload};
 use crate::attempts;
 use crate::check::{Decision, truncate_chars};
+use crate::cluster_queues::QueueRule;
 use crate::decide::{Eligibility, standing};
 use crate::hold::elapsed;
 pub use crate::hold::{HOLD_MARK, Hold, hold_started, reserved_at};
@@ -102,9 +103,9 @@ pub struct Observed<'a> {
     pub revalidate: bool,
     /// The check starts its work before the entry comes.
     pub starts_early: bool,
-    /// The Workload's ClusterQueue applies the check to the flavors assigned (looked at only
-    /// without the entry).
-    pub queue_applies: bool,
+    /// Whether the Workload's ClusterQueue applies the check to the flavors assigned (looked
+    /// at only without the entry, for a check that starts early).
+    pub queue_rule: QueueRule,
     /// This process asked the check about the Workload and has not released it: where the
     /// Workload stood then.
     pub asked: Option<AskedAt>,
@@ -163,7 +164,9 @@ pub enum Step {
 /// The next step for one (Workload, check) pair.
 pub fn next(o: &Observed<'_>) -> Next {
     let wl = o.workload;
-    let applies = o.starts_early && o.queue_applies;
+    // Unknown queues are no evidence either way: the early step starts nothing then, and
+    // releases nothing it did not start.
+    let applies = o.starts_early && o.queue_rule != QueueRule::DoesNotApply;
     let stands = standing(wl, o.check, o.revalidate, applies);
     let answered = matches!(
         stands,
@@ -211,15 +214,17 @@ fn release_due(o: &Observed<'_>, stands: Eligibility) -> Option<ReleaseReason> {
 }
 
 /// The step of a Workload that holds quota and waits for Kueue to add the entry. Only a check
-/// that can answer starts; the wait bounds what was started on every path (the check may have
-/// turned inactive since, or this process may have forgotten it started). A check that is no
-/// longer ours (another deployment may answer it now) is released only for what this process
+/// that can answer starts, and only while the queues are known to apply it; the wait bounds
+/// what was started on every path (the check may have turned inactive since, or this process
+/// may have forgotten it started). A check that is no longer ours (another deployment may
+/// answer it now), or whose queues are unknown, is released only for what this process
 /// started.
 fn early_step(o: &Observed<'_>) -> Step {
     let at = AskedAt::expected(o.workload, o.check);
     let this_attempt = o.early.filter(|e| e.at == at);
+    let unknown = o.queue_rule == QueueRule::Unknown;
     if this_attempt.is_some_and(|e| e.abandoned)
-        || (o.answering == Answering::Gone && this_attempt.is_none())
+        || ((o.answering == Answering::Gone || unknown) && this_attempt.is_none())
     {
         return Step::Idle;
     }

@@ -35,7 +35,7 @@ fn observed(wl: &Workload) -> Observed<'_> {
         answering: Answering::Yes,
         revalidate: false,
         starts_early: true,
-        queue_applies: true,
+        queue_rule: QueueRule::Applies,
         asked: None,
         early: None,
         own_write_pending: None,
@@ -71,7 +71,7 @@ rows! {
         // Not for a check that does not start early, nor one the ClusterQueue does not apply.
         let no_early = Observed { starts_early: false, ..observed(&wl) };
         assert_eq!(next(&no_early), step(Step::Idle));
-        let not_applied = Observed { queue_applies: false, ..observed(&wl) };
+        let not_applied = Observed { queue_rule: QueueRule::DoesNotApply, ..observed(&wl) };
         assert_eq!(next(&not_applied), step(Step::Idle));
         // Nor for an admitted Workload (the check came after the admission).
         let admitted = reserved().admitted().build();
@@ -80,6 +80,36 @@ rows! {
         let at = AskedAt::expected(&wl, CHECK);
         let started = Observed { early: Some(EarlyStart { at, abandoned: false }), ..observed(&wl) };
         assert_ne!(next(&started).step, Step::StartEarly);
+    }
+
+    row_unknown_queues_start_nothing: [
+        "same, but the ClusterQueues not known (their watch has not listed them yet, or is refused)",
+        "none yet",
+        "starts nothing and releases only what it started; the watch wakes the Workload once they are known"
+    ] => {
+        let wl = reserved().build();
+        fn unknown(o: Observed<'_>) -> Observed<'_> {
+            Observed { queue_rule: QueueRule::Unknown, ..o }
+        }
+        assert_eq!(next(&unknown(observed(&wl))), step(Step::Idle));
+        // Not after the wait either: nothing was started, nothing is abandoned.
+        let late = Observed { now: t(25), ..observed(&wl) };
+        assert_eq!(next(&unknown(late)), step(Step::Idle));
+        // Work this process started before the queues became unknown keeps its bound.
+        let at = AskedAt::expected(&wl, CHECK);
+        let started = Observed {
+            early: Some(EarlyStart { at, abandoned: false }),
+            asked: Some(at),
+            ..observed(&wl)
+        };
+        assert_eq!(
+            next(&unknown(started.clone())),
+            step(Step::AwaitEntry(Duration::from_secs(10)))
+        );
+        let over = Observed { now: t(20), ..started };
+        assert_eq!(next(&unknown(over)), step(Step::AbandonEarly));
+        // Once known again, the Workload starts.
+        assert_eq!(next(&observed(&wl)), step(Step::StartEarly));
     }
 
     row_started_early_waits_for_the_entry: [

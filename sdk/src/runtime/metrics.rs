@@ -143,6 +143,9 @@ pub(crate) struct Metrics {
     /// The runtime runs its checks in shadow mode: their would-be answers are counted.
     shadow: bool,
     leader: Gauge,
+    /// Whether this replica knows the ClusterQueues (only registered for a check that starts
+    /// early: only then are they watched).
+    cluster_queues_known: Gauge,
     /// Checks whose series exist: a reconcile that finishes after its check went away must not
     /// bring a few of them back.
     live: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -185,6 +188,7 @@ impl Metrics {
             shadow_decisions: Family::default(),
             shadow: false,
             leader: Gauge::default(),
+            cluster_queues_known: Gauge::default(),
             live: Default::default(),
             queue: QueueMetrics::default(),
         };
@@ -357,6 +361,21 @@ impl Metrics {
     /// This replica took or lost the lead.
     pub fn leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+    }
+
+    /// Registers the gauge of whether the ClusterQueues are known, for a runtime that watches
+    /// them (its check starts early).
+    pub fn register_cluster_queues(&self, registry: &mut Registry) {
+        registry.sub_registry_with_prefix("kueue_ac").register(
+            "cluster_queues_known",
+            "1 while this replica has listed the ClusterQueues and may watch them; 0 while not (not listed yet, or list/watch refused): no check starts its work before Kueue adds the entry then",
+            self.cluster_queues_known.clone(),
+        );
+    }
+
+    /// The ClusterQueues became known or unknown.
+    pub fn cluster_queues_known(&self, known: bool) {
+        self.cluster_queues_known.set(i64::from(known));
     }
 
     /// A state was written for a check.

@@ -389,22 +389,21 @@ fn watch_everything<C: AdmissionCheckController>(
     );
     // Wakes from the check's tasks and the ClusterQueue watch.
     let (wake, woken) = mpsc::channel(1024);
-    let (cluster_queues, queues_synced) = if p.controller.starts_early() {
-        let (queues, synced) = cluster_queue_watch::start(
+    // Nothing waits for the queues: while they are unknown only the early start waits.
+    let cluster_queues = match p.controller.starts_early() {
+        true => cluster_queue_watch::start(
             p.client,
+            p.metrics.clone(),
             p.cache.clone(),
             wake.clone(),
             p.leading.clone(),
             background,
-        );
-        (queues, Some(synced))
-    } else {
-        (crate::ClusterQueues::default(), None)
+        ),
+        false => crate::ClusterQueues::default(),
     };
     let synced = Synced {
         workloads: feed.synced.clone(),
         checks: checks_synced,
-        queues: queues_synced,
     };
     let cache_ready = readiness(synced, p.health.clone(), background);
     let ctx = reconcile_context(&p, &feed, cluster_queues.clone());
@@ -446,6 +445,9 @@ fn observability<C: AdmissionCheckController>(
     let names = registry.clone();
     let check_names = Arc::new(move || check_registry::names(&names));
     let metrics = metrics::Metrics::new(&mut prometheus, cache, check_names);
+    if controller.starts_early() {
+        metrics.register_cluster_queues(&mut prometheus);
+    }
     let metrics = Arc::new(if config.shadow.is_some() {
         metrics.in_shadow_mode()
     } else {
@@ -490,13 +492,12 @@ async fn join(
 struct Synced {
     workloads: Arc<tokio::sync::Notify>,
     checks: Arc<tokio::sync::Notify>,
-    /// Only when the check starts early.
-    queues: Option<Arc<tokio::sync::Notify>>,
 }
 
-/// Marks the runtime ready once every watch delivered its first complete list. Returns our own
-/// "Workload cache complete" flag (with the ClusterQueues, when watched: the first reconcile of
-/// everything must know which entries are due): kube's `Store::wait_until_ready` can miss its
+/// Marks the runtime ready once the Workload and AdmissionCheck watches delivered their first
+/// complete list (not the ClusterQueues': unknown queues cost only the early start, and a
+/// refused watch of them must not keep a replica unready). Returns our own "Workload cache
+/// complete" flag: kube's `Store::wait_until_ready` can miss its
 /// wake-up when several tasks wait on it at once (one waker is kept), so tasks wait on this.
 fn readiness(
     synced: Synced,
@@ -507,12 +508,8 @@ fn readiness(
     let Synced {
         workloads: workloads_synced,
         checks: checks_synced,
-        queues: queues_synced,
     } = synced;
     background.push(tokio::spawn(async move {
-        if let Some(queues) = queues_synced {
-            queues.notified().await;
-        }
         workloads_synced.notified().await;
         let _ = cache_ready_tx.send(true);
         // Kept until the runtime stops, so waiters never see the channel closed.

@@ -19,6 +19,7 @@ use super::memory::{PairKey, lock};
 use super::unanswerable;
 use crate::api::{CheckState, Workload};
 use crate::check::{AdmissionCheckController, CheckContext, ErrorClass};
+use crate::cluster_queues::QueueRule;
 use crate::error::Error;
 use crate::lifecycle::{self, Answering, AskedAt, EarlyStart, Observed, Step, sooner};
 use crate::release::{ReleaseContext, ReleaseReason};
@@ -179,9 +180,10 @@ fn observe<'a, C: AdmissionCheckController>(
     let (asked, early) = ctx.memory.pair(&key, |p| (p.asked, p.early));
     let starts_early = ctx.controller.starts_early();
     // The queue is looked up only for a check without its entry.
-    let queue_applies = starts_early
-        && wl.admission_check(check).is_none()
-        && ctx.cluster_queues.check_applies(wl, check);
+    let queue_rule = match starts_early && wl.admission_check(check).is_none() {
+        true => ctx.cluster_queues.rule_for(wl, check),
+        false => QueueRule::DoesNotApply,
+    };
     let own_write_pending = ctx.own_writes.wait_for(
         uid,
         check,
@@ -194,7 +196,7 @@ fn observe<'a, C: AdmissionCheckController>(
         answering,
         revalidate: ctx.revalidates(),
         starts_early,
-        queue_applies,
+        queue_rule,
         asked,
         early,
         own_write_pending,

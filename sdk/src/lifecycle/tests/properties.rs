@@ -66,6 +66,9 @@ enum Event {
     Active(bool),
     /// This process restarts or another replica takes the lead: its memory is gone.
     Restart,
+    /// The ClusterQueues become known (`true`) or unknown (their watch refused, or relisting
+    /// after a restart).
+    QueuesKnown(bool),
     /// The job finishes (if admitted).
     Finish,
     /// The Workload is deleted.
@@ -96,6 +99,7 @@ fn any_event() -> impl Strategy<Value = Event> {
         1 => any::<bool>().prop_map(Event::Webhook),
         1 => any::<bool>().prop_map(Event::Active),
         2 => Just(Event::Restart),
+        1 => any::<bool>().prop_map(Event::QueuesKnown),
         1 => Just(Event::Finish),
         1 => Just(Event::Delete),
         6 => (1u16..90).prop_map(Event::Tick),
@@ -109,6 +113,8 @@ struct World {
     answer: Answer,
     webhook: bool,
     active: bool,
+    /// Whether the ClusterQueues are known to this process.
+    queues_known: bool,
     /// This process's memory of the pair.
     asked: Option<AskedAt>,
     early: Option<EarlyStart>,
@@ -136,6 +142,7 @@ impl World {
             answer: Answer::Ready,
             webhook: false,
             active: true,
+            queues_known: true,
             asked: None,
             early: None,
             late: None,
@@ -299,6 +306,7 @@ impl World {
             Event::Answers(answer) => self.answer = answer,
             Event::Webhook(on) => self.webhook = on,
             Event::Active(on) => self.active = on,
+            Event::QueuesKnown(known) => self.queues_known = known,
             Event::Restart => {
                 self.asked = None;
                 self.early = None;
@@ -397,7 +405,10 @@ impl World {
             answering,
             revalidate: false,
             starts_early: true,
-            queue_applies: true,
+            queue_rule: match self.queues_known {
+                true => QueueRule::Applies,
+                false => QueueRule::Unknown,
+            },
             asked: self.asked,
             early: self.early,
             own_write_pending: None,
@@ -427,6 +438,10 @@ impl World {
             Step::StartEarly => {
                 let left = entry_wait_left(&self.wl, WAIT, self.now());
                 prop_assert!(left.is_some(), "started early after the wait");
+                prop_assert!(
+                    self.queues_known,
+                    "started early while the queues are unknown"
+                );
                 let at = AskedAt::expected(&self.wl, OURS);
                 self.asked = Some(at);
                 self.early = Some(EarlyStart {
@@ -540,7 +555,14 @@ impl World {
             None => self.announced = None,
         }
         let entry_missing = self.entry(OURS).is_none();
-        if self.early_work && entry_missing && self.reserved() && !self.finished_or_gone() {
+        // Work an earlier process started is found again only once the queues are known.
+        let forgotten = self.early.is_none() && !self.queues_known;
+        if self.early_work
+            && entry_missing
+            && self.reserved()
+            && !self.finished_or_gone()
+            && !forgotten
+        {
             prop_assert!(
                 entry_wait_left(&self.wl, WAIT, now).is_some(),
                 "early work kept past the wait for the entry"
