@@ -314,7 +314,7 @@ impl ProvisioningCheck {
         // Workloads is left to it, whoever comes first.
         let kueue_checks = match self.kueue_checks_sharing_names(me.check).await {
             Ok(checks) => checks,
-            Err(why) => return Ok(unavailable(why)),
+            Err(why) => return unavailable(why),
         };
         for (i, (name, holder)) in holders.iter().enumerate() {
             if i == 0 && !kueue_checks.is_empty() {
@@ -498,16 +498,18 @@ fn not_the_usual_name(why: &str) -> String {
     format!("not the usual name: {why}; this check never touches objects it did not make")
 }
 
-/// The answer while a cache a decision reads cannot be read: `Pending`, naming what is missing
-/// (a refused permission, or a first list not done yet), asked again a while later since no
-/// watch event follows a permission granted.
-fn unavailable(why: Unavailable) -> Decision {
+/// The answer while a cache a decision reads cannot be read: `Pending` while its first list is
+/// not done yet (asked again shortly); a refused permission is an error the SDK shows on the
+/// entry and bounds (the quota is given back after the hold: the operator must grant it).
+fn unavailable(why: Unavailable) -> Result<Decision, Error> {
     warn!(%why, "a decision waits for a cache");
-    let after = match why {
-        Unavailable::NotListed { .. } => Duration::from_secs(5),
-        Unavailable::Refused { .. } => BLOCKED_RECHECK,
-    };
-    Decision::pending_recheck_after(why.to_string(), after)
+    match why {
+        Unavailable::NotListed { .. } => Ok(Decision::pending_recheck_after(
+            why.to_string(),
+            Duration::from_secs(5),
+        )),
+        Unavailable::Refused { .. } => Err(Error::NotPermitted(why.to_string())),
+    }
 }
 
 /// Seconds from the Workload's quota reservation to the request's creation, both as the control
@@ -731,7 +733,7 @@ impl AdmissionCheckController for ProvisioningCheck {
         let attempt = ctx.attempt();
         let flavors = match self.flavors.assigned(wl).await {
             Ok(flavors) => flavors,
-            Err(why) => return Ok(unavailable(why)),
+            Err(why) => return unavailable(why),
         };
         let Some(plan) = self.plan_for(ctx, &namespace, &flavors).await? else {
             return Ok(Decision::ready(
@@ -751,7 +753,7 @@ impl AdmissionCheckController for ProvisioningCheck {
         };
         let located = match self.locate(&namespace, &me, attempt).await {
             Ok(located) => located,
-            Err(why) => return Ok(unavailable(why)),
+            Err(why) => return unavailable(why),
         };
         let request = match located {
             Located::Ours(r) if r.metadata.deletion_timestamp.is_some() => {

@@ -627,17 +627,25 @@ async fn a_request_released_before_the_watch_shows_the_deletion_is_made_again_no
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_decide_while_the_flavor_watch_is_refused_says_which_verb_and_reads_nothing() {
+async fn a_decide_while_the_flavor_watch_is_refused_is_not_permitted_names_the_verb_and_reads_nothing()
+ {
     let s = setup();
     let refused = crate::cache::forbidden("watch", "resourceflavors is forbidden");
     assert_eq!(s.check.flavors.shared().failed(&refused), Some("watch"));
-    let decision = s.decide().await;
-    assert_eq!(decision.state(), CheckState::Pending);
+    use kueue_admission_sdk::AdmissionCheckController;
+    let (parameters, client) = (Setup::parameters(), s.api.client());
+    let ctx = Setup::context(&s.wl, &parameters, &client);
+    let error = s.check.decide(&ctx).await.expect_err("not permitted");
+    // The SDK shows it on the entry and bounds the hold: the operator's to fix, never rejected.
+    let kueue_admission_sdk::ErrorClass::NotPermitted { message } = s.check.classify_error(&error)
+    else {
+        panic!("{error}");
+    };
     for part in [
         "may not watch resourceflavors.kueue.x-k8s.io",
         "grant its ServiceAccount list and watch",
     ] {
-        assert!(decision.message().contains(part), "{}", decision.message());
+        assert!(message.contains(part), "{message}");
     }
     assert!(s.api.requests().is_empty(), "{:?}", s.calls());
 }

@@ -45,6 +45,11 @@ pub enum Error {
         #[source]
         api: Option<kube::Error>,
     },
+    /// This controller may not read what a decision needs (a watch of its caches refused):
+    /// the operator must grant it. The SDK shows the message on the entry, keeps the quota for
+    /// the permanent-failure hold while asking again, then answers `Retry`, never `Rejected`.
+    #[error("{0}")]
+    NotPermitted(String),
 }
 
 /// A call to the API server, as an [`Error::Api`] names it: `get PodTemplate team-a/ppt-x-main`,
@@ -136,6 +141,7 @@ impl Error {
             Error::MalformedWorkload(..) => "malformed_workload",
             Error::NameTaken(_) => "name_taken",
             Error::Refused { .. } => "refused",
+            Error::NotPermitted(_) => "not_permitted",
         }
     }
 }
@@ -146,6 +152,9 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Refused { message, .. } => ErrorClass::permanent(message.clone()),
+            Error::NotPermitted(message) => ErrorClass::NotPermitted {
+                message: message.clone(),
+            },
             Error::Api { source, .. } => ErrorClass::of(source),
             Error::Plan(_) | Error::MalformedWorkload(..) | Error::NameTaken(_) => {
                 ErrorClass::Transient
@@ -225,12 +234,16 @@ mod tests {
         ));
         for transient in [
             failed_get(api(500, "InternalError")),
-            failed_get(api(403, "Forbidden")),
             failed_get(api(409, "Conflict")),
             Error::NameTaken("x".into()),
             Error::Plan(crate::plan::PlanError::NoQuotaReservation),
         ] {
             assert_eq!(transient.class(), ErrorClass::Transient, "{transient}");
         }
+        // RBAC's refusal is the operator's to fix: shown, never rejected.
+        assert!(matches!(
+            failed_get(api(403, "Forbidden")).class(),
+            ErrorClass::NotPermitted { .. }
+        ));
     }
 }

@@ -126,8 +126,10 @@ pub fn for_api(
     annotation_keys: &[String],
     s: &Subject<'_>,
 ) -> Option<String> {
-    if ErrorClass::of_status(status.code, &status.reason, &status.message) == ErrorClass::Transient
-    {
+    if !matches!(
+        ErrorClass::of_status(status.code, &status.reason, &status.message),
+        ErrorClass::Permanent { .. }
+    ) {
         return None;
     }
     let causes = named_causes(status);

@@ -71,7 +71,10 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
     /// [`RuntimeConfig::permanent_failure_hold`](crate::RuntimeConfig::permanent_failure_hold)
     /// while the user may fix it (any change of the Workload asks the check again), then the
     /// runtime answers `Retry` (quota given back; the next attempt asks again), and past the
-    /// retry limit `Rejected`.
+    /// retry limit `Rejected`. One the API server refused for want of a permission
+    /// ([`ErrorClass::NotPermitted`], RBAC's 403) is shown on the entry the same way and asked
+    /// again every [`NOT_PERMITTED_RECHECK`] meanwhile, but ends in `Retry` only, never
+    /// `Rejected`: the operator fixes it, not the user.
     fn classify_error(&self, error: &Self::Error) -> ErrorClass {
         ErrorClass::of(error)
     }
@@ -340,7 +343,19 @@ pub enum ErrorClass {
         /// Written on the Workload's entry and in an Event: no secrets, plain words.
         message: String,
     },
+    /// The API server refuses this controller something it needs (RBAC's 403): the operator
+    /// must grant it, the Workload did nothing wrong. Shown on the entry (`Pending`) while the
+    /// Workload keeps its quota for the permanent-failure hold, asked again meanwhile, then
+    /// `Retry` without delay, never `Rejected`: as for a check that cannot answer.
+    NotPermitted {
+        /// Written on the Workload's entry and in an Event.
+        message: String,
+    },
 }
+
+/// How often a decision refused for want of a permission ([`ErrorClass::NotPermitted`]) is
+/// tried again while its Workload keeps its quota: a grant is noticed within this long.
+pub const NOT_PERMITTED_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl ErrorClass {
     /// A permanent failure with this message.
@@ -353,8 +368,8 @@ impl ErrorClass {
     /// Classifies an error by the first Kubernetes API answer in its source chain: the API
     /// server refusing a request as malformed or invalid (400, 405, 413, 415, 422) is permanent,
     /// with the server's message; everything else (and an error without an API answer) is
-    /// transient. Forbidden (403) stays transient: the operator fixes RBAC, not the user, and
-    /// the Workload must not be rejected for it.
+    /// transient. Forbidden (403) by RBAC is [`ErrorClass::NotPermitted`] (shown, never
+    /// rejected); by an admission webhook or policy, permanent.
     pub fn of(error: &(dyn std::error::Error + 'static)) -> Self {
         let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
         while let Some(e) = next {
@@ -369,8 +384,9 @@ impl ErrorClass {
     /// Classifies an API server answer by its HTTP code; see [`ErrorClass::of`]. The server's
     /// message goes into a permanent failure with quoted values replaced by their length.
     ///
-    /// A 403 is the operator's RBAC (transient: fixed by a grant, not by the user) unless the
-    /// message says an admission webhook or a ValidatingAdmissionPolicy denied the request
+    /// A 403 is the operator's RBAC ([`ErrorClass::NotPermitted`]: fixed by a grant, not by the
+    /// user; the message is kept whole, it names the ServiceAccount, verb and resource) unless
+    /// the message says an admission webhook or a ValidatingAdmissionPolicy denied the request
     /// ([`admission_denial`]): a policy refusing what was sent, which no retry changes.
     pub fn of_status(code: u16, reason: &str, message: &str) -> Self {
         match code {
@@ -384,7 +400,13 @@ impl ErrorClass {
                     "{by} refused a request (403): {}",
                     redact_quoted(message, &[])
                 )),
-                None => ErrorClass::Transient,
+                None => ErrorClass::NotPermitted {
+                    message: format!(
+                        "the API server refuses this controller a request it needs (403): {}; \
+                         grant it to the controller's ServiceAccount",
+                        truncate_chars(message.trim_end_matches('.'), 400)
+                    ),
+                },
             },
             _ => ErrorClass::Transient,
         }
@@ -700,7 +722,7 @@ mod tests {
     }
 
     #[test]
-    fn a_webhook_or_policy_denial_is_permanent_and_rbac_is_not() {
+    fn a_webhook_or_policy_denial_is_permanent_and_rbac_is_not_permitted() {
         // As the API server words Kueue's webhook refusing a podSetUpdate (seen on v0.19.2).
         let webhook = r#"admission webhook "vworkload.kb.io" denied the request: status.admissionChecks[0].podSetUpdates[0].nodeSelector: Invalid value: "example.com/zzzz": name part must be no more than 63 bytes"#;
         let ErrorClass::Permanent { message } = ErrorClass::of_status(403, "Forbidden", webhook)
@@ -724,9 +746,14 @@ mod tests {
         );
         assert!(!message.contains("no-secret"), "{message}");
         let rbac = r#"workloads.kueue.x-k8s.io "w" is forbidden: User "system:serviceaccount:a:b" cannot patch resource "workloads" in API group "kueue.x-k8s.io" in the namespace "ns""#;
-        assert_eq!(
-            ErrorClass::of_status(403, "Forbidden", rbac),
-            ErrorClass::Transient
+        let ErrorClass::NotPermitted { message } = ErrorClass::of_status(403, "Forbidden", rbac)
+        else {
+            panic!("RBAC's refusal is the operator's to fix");
+        };
+        assert!(
+            message.contains(r#"cannot patch resource "workloads" in API group "kueue.x-k8s.io""#)
+                && message.ends_with("grant it to the controller's ServiceAccount"),
+            "{message}"
         );
         assert_eq!(admission_denial(rbac), None);
         // The words alone, without a webhook's name before them, are not a denial.
@@ -745,7 +772,7 @@ mod tests {
         };
         assert!(!message.contains("hunter2"), "{message}");
         assert!(message.contains("<7 characters>"), "{message}");
-        for code in [403, 404, 409, 429, 500, 503] {
+        for code in [404, 409, 429, 500, 503] {
             assert_eq!(
                 ErrorClass::of_status(code, "", ""),
                 ErrorClass::Transient,

@@ -19,12 +19,15 @@ use super::memory::PairKey;
 use super::status_write::{
     WriteFailure, apply, field_manager_for, permanent_refusal, refused_for_good, written,
 };
+use super::unanswerable::CANNOT_ANSWER;
 use crate::api::{CheckState, Workload};
 use crate::attempts;
-use crate::check::{AdmissionCheckController, CheckContext, Decision, ErrorClass};
+use crate::check::{
+    AdmissionCheckController, CheckContext, Decision, ErrorClass, NOT_PERMITTED_RECHECK,
+};
 use crate::decide::{Eligibility, LateRetry, Plan, PlanInput, Refusal, eligibility, plan};
 use crate::error::Error;
-use crate::lifecycle::{self, AskedAt, PERMANENT_MARK};
+use crate::lifecycle::{self, AskedAt, PERMANENT_MARK, sooner};
 
 /// How often one decision is recomputed after the API server refused it as stale (409) before
 /// the reconcile gives up and waits for the watch to deliver the newer Workload.
@@ -48,6 +51,9 @@ struct Decided {
     /// Written without the attempt record: the API server refuses the record for good, and
     /// the hold for that is over (or the record was only a catch-up with `retryCount`).
     uncounted: bool,
+    /// The runtime's answer for a check that cannot answer (its request refused for want of a
+    /// permission): written under a policy that never rejects.
+    never_rejects: bool,
 }
 
 impl Decided {
@@ -309,12 +315,16 @@ async fn plan_write<C: AdmissionCheckController>(
 ) -> Result<Planned, Error> {
     let ctx = pair.ctx;
     let check = pair.check;
+    let never_rejects = super::unanswerable::never_rejects();
     let input = PlanInput {
         workload: wl,
         check,
         decision: decided.decision.clone(),
         attempt: decided.at.map_or(1, |a| a.attempt),
-        policy: &pair.active.policy,
+        policy: match decided.never_rejects {
+            true => &never_rejects,
+            false => &pair.active.policy,
+        },
         max_retry_delay: ctx.max_retry_delay,
         revalidate_ready: ctx.revalidates(),
         now: decided.now,
@@ -562,7 +572,7 @@ async fn ask<C: AdmissionCheckController>(
     at: Option<AskedAt>,
 ) -> Result<Option<Decided>, Error> {
     let now = Timestamp::now();
-    let decided = |decision, carried| Decided {
+    let decided = |decision, carried, never_rejects| Decided {
         decision,
         at,
         carried,
@@ -570,15 +580,19 @@ async fn ask<C: AdmissionCheckController>(
         revalidating,
         now,
         uncounted: false,
+        never_rejects,
     };
     if let Some(decision) = carried_retry(pair, revalidating, now) {
         // Counted as this attempt's Retry: usually the refused one was never counted (its
         // attempt record was refused too); if it was, counting it again costs a retry but
         // keeps the stored attempt from ever going back.
-        return Ok(Some(decided(decision, true)));
+        return Ok(Some(decided(decision, true, false)));
     }
-    let decision = check_answer(wl, pair, revalidating, now).await?;
-    Ok(Some(decided(decision, false)))
+    let (decision, never_rejects) = match check_answer(wl, pair, revalidating, now).await? {
+        Answered::Check(decision) => (decision, false),
+        Answered::CannotAnswer(decision) => (decision, true),
+    };
+    Ok(Some(decided(decision, false, never_rejects)))
 }
 
 /// A `Retry` refused because Kueue evicted the Workload while the check decided, honoured now
@@ -596,15 +610,25 @@ fn carried_retry<C: AdmissionCheckController>(
     decision
 }
 
+/// What [`check_answer`] found.
+enum Answered {
+    /// The check's answer, or the runtime's for its permanent failure.
+    Check(Decision),
+    /// The runtime's answer for a check refused a permission: held, then `Retry`, never
+    /// `Rejected`.
+    CannotAnswer(Decision),
+}
+
 /// The check's answer for `wl`; a permanent failure is turned into its hold
-/// ([`permanent_decision`]) unless the entry is `Ready` (an admitted answer is not taken back
-/// for an error: it is tried again).
+/// ([`permanent_decision`]), a refused permission into the hold of a check that cannot answer
+/// ([`not_permitted_decision`]), unless the entry is `Ready` (an admitted answer is not taken
+/// back for an error: it is tried again).
 async fn check_answer<C: AdmissionCheckController>(
     wl: &Workload,
     pair: &Pair<'_, C>,
     revalidating: bool,
     now: Timestamp,
-) -> Result<Decision, Error> {
+) -> Result<Answered, Error> {
     let (ctx, check) = (pair.ctx, pair.check);
     let entry = wl
         .admission_check(check)
@@ -620,17 +644,57 @@ async fn check_answer<C: AdmissionCheckController>(
     // A permanent failure shown on the entry ends once a real answer is written, not here: an
     // answer that cannot be written is one more failure.
     let e = match ctx.controller.decide(&check_ctx).await {
-        Ok(decision) => return Ok(decision),
+        Ok(decision) => return Ok(Answered::Check(decision)),
         Err(e) => e,
     };
     match ctx.controller.classify_error(&e) {
         ErrorClass::Transient => Err(ctx.check_failed(wl, format!("check {check}: {e}"), e).await),
-        ErrorClass::Permanent { message } if revalidating => {
+        ErrorClass::Permanent { message } | ErrorClass::NotPermitted { message }
+            if revalidating =>
+        {
             let note = format!("check {check} (revalidating): {message}");
             Err(ctx.check_failed(wl, note, e).await)
         }
-        ErrorClass::Permanent { message } => Ok(permanent_decision(wl, pair, message, now).await),
+        ErrorClass::Permanent { message } => Ok(Answered::Check(
+            permanent_decision(wl, pair, message, now).await,
+        )),
+        ErrorClass::NotPermitted { message } => Ok(Answered::CannotAnswer(
+            not_permitted_decision(wl, pair, &message, now).await,
+        )),
     }
+}
+
+/// What to write when the API server refused the check a permission (`message`): the hold of
+/// a check that cannot answer ([`lifecycle::cannot_answer`]), asked again every
+/// [`NOT_PERMITTED_RECHECK`] so that a grant is noticed, announced like a permanent failure.
+async fn not_permitted_decision<C: AdmissionCheckController>(
+    wl: &Workload,
+    pair: &Pair<'_, C>,
+    message: &str,
+    now: Timestamp,
+) -> Decision {
+    let (ctx, check) = (pair.ctx, pair.check);
+    let why = format!("check {check} cannot answer: {message}");
+    let decision = match lifecycle::cannot_answer(wl, check, &why, ctx.permanent_failure_hold, now)
+    {
+        Decision::Pending {
+            message,
+            recheck_after,
+        } => Decision::Pending {
+            message,
+            recheck_after: sooner(recheck_after, Some(NOT_PERMITTED_RECHECK)),
+        },
+        other => other,
+    };
+    let shown = wl
+        .admission_check(check)
+        .is_some_and(|e| e.message.starts_with(&why));
+    if !shown {
+        warn!(workload = %wl.name_any(), namespace = ?wl.namespace(), check, %message, "refused a permission");
+    }
+    let note = crate::check::truncate_chars(&why, MAX_EVENT_REASON);
+    ctx.event(wl, EventType::Warning, CANNOT_ANSWER, note).await;
+    decision
 }
 
 /// What to write for a permanent failure ([`lifecycle::permanent_failure`]: held, then

@@ -277,7 +277,7 @@ async fn start_early<C: AdmissionCheckController>(
         Ok(()) => false,
         Err(e) => matches!(
             ctx.controller.classify_error(e),
-            ErrorClass::Permanent { .. }
+            ErrorClass::Permanent { .. } | ErrorClass::NotPermitted { .. }
         ),
     };
     // Whatever part of the work exists is released as a decision's would be. Started (or
@@ -306,7 +306,7 @@ async fn start_early<C: AdmissionCheckController>(
         // and says it on the entry.
         Err(e) => match ctx.controller.classify_error(&e) {
             ErrorClass::Transient => Err(Error::Check(Box::new(e))),
-            ErrorClass::Permanent { message } => {
+            ErrorClass::Permanent { message } | ErrorClass::NotPermitted { message } => {
                 ctx.metrics.error("check");
                 warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "starting before the entry failed for good; not tried again in this attempt, the check decides once the entry comes");
                 Ok(wait_left())

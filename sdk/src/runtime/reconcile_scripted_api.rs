@@ -46,6 +46,13 @@ const UNTIL_NEXT_MINUTE: &str = "until the next minute";
 /// error quotes the value it refused.
 const FAIL_QUOTING: &str = "fail quoting";
 
+/// The answer of [`Probe`] that stands for "the API server refused this controller a request
+/// it needs" (RBAC's 403).
+const NOT_PERMITTED: &str = "fail not permitted";
+
+/// What the API server says when RBAC refuses the request.
+const RBAC_SAYS: &str = r#"provisioningrequests.autoscaling.x-k8s.io is forbidden: User "system:serviceaccount:ns:sa" cannot create resource "provisioningrequests" in API group "autoscaling.x-k8s.io" in the namespace "ns""#;
+
 impl Probe {
     /// How often the check was asked.
     fn asked(&self) -> u32 {
@@ -82,6 +89,12 @@ impl AdmissionCheckController for Probe {
         ctx: &CheckContext<'_, NoParameters>,
     ) -> Result<Decision, std::io::Error> {
         self.asked.fetch_add(1, Ordering::SeqCst);
+        if self.answer.message() == NOT_PERMITTED {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                RBAC_SAYS,
+            ));
+        }
         if self.answer.message() == FAIL_QUOTING {
             return Err(std::io::Error::other(
                 "the ledger said \"hunter2\" and 'swordfish' for workload \"wl\"",
@@ -94,6 +107,15 @@ impl AdmissionCheckController for Probe {
             return Ok(Decision::retry_after(UNTIL_NEXT_MINUTE, left));
         }
         Ok(self.answer.clone())
+    }
+
+    fn classify_error(&self, error: &std::io::Error) -> crate::check::ErrorClass {
+        match error.kind() {
+            std::io::ErrorKind::PermissionDenied => {
+                crate::check::ErrorClass::of_status(403, "Forbidden", &error.to_string())
+            }
+            _ => crate::check::ErrorClass::of(error),
+        }
     }
 
     async fn release(&self, ctx: &ReleaseContext<'_>) -> Result<(), std::io::Error> {
@@ -745,6 +767,42 @@ async fn a_retry_whose_attempt_record_is_refused_for_good_holds_the_quota_then_g
             "{code}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_refused_permission_is_shown_asked_again_soon_then_retried_never_rejected() {
+    // During the hold: the reason on the entry, the quota kept, the check asked again soon
+    // (a grant sends no event), an Event.
+    let h = holding(Decision::pending(NOT_PERMITTED), Duration::from_secs(120));
+    h.answer(200, json(&at("11", deciding())));
+    let next = h.decide(&at("10", deciding())).await.expect("no error");
+    assert_eq!(next, Some(crate::check::NOT_PERMITTED_RECHECK));
+    assert_eq!(h.calls(), ["PATCH status"]);
+    let entry = written_entry(&h, 0);
+    let message = entry["message"].as_str().unwrap_or_default();
+    assert_eq!(entry["state"], "Pending", "{message}");
+    assert!(
+        message.starts_with(
+            "check probe cannot answer: the API server refuses this controller a request it \
+             needs (403)"
+        ) && message.contains(r#"cannot create resource "provisioningrequests""#)
+            && message.contains(crate::hold::HOLD_MARK),
+        "{message}"
+    );
+    assert!(h.sent_event("CheckCannotAnswer"), "{:?}", h.events());
+
+    // Once the hold is over: Retry without delay, even past the retry limit (never Rejected:
+    // the operator's to fix, not the Workload's).
+    let mut h = holding(Decision::pending(NOT_PERMITTED), Duration::ZERO);
+    h.active.policy.retry_limit = Some(0);
+    h.answer(200, json(&at("11", deciding())));
+    h.answer(200, json(&at("12", deciding())));
+    h.decide(&at("10", deciding())).await.expect("no error");
+    let states: Vec<serde_json::Value> = (0..h.api_requests().len())
+        .filter(|i| h.api_requests()[*i].path.ends_with("/status"))
+        .map(|i| written_entry(&h, i)["state"].clone())
+        .collect();
+    assert_eq!(states, ["Retry"], "{:?}", h.calls());
 }
 
 #[tokio::test]

@@ -190,10 +190,9 @@ async fn would_answer<C: AdmissionCheckController>(
                 let note = format!("check {check} (shadow mode): {e}");
                 Err(ctx.check_failed(wl, note, e).await)
             }
-            ErrorClass::Permanent { message } => Ok(Decision::pending(format!(
-                "{}{message}",
-                crate::lifecycle::PERMANENT_MARK
-            ))),
+            ErrorClass::Permanent { message } | ErrorClass::NotPermitted { message } => Ok(
+                Decision::pending(format!("{}{message}", crate::lifecycle::PERMANENT_MARK)),
+            ),
         },
     }
 }

@@ -31,7 +31,8 @@ pub(super) fn refused_for_good(code: u16) -> bool {
 pub(super) fn permanent_refusal(status: &kube::core::Status) -> Option<String> {
     match ErrorClass::of_status(status.code, &status.reason, &status.message) {
         ErrorClass::Permanent { message } => Some(message),
-        ErrorClass::Transient => None,
+        // A write RBAC refuses cannot be shown on the entry either: tried again.
+        ErrorClass::Transient | ErrorClass::NotPermitted { .. } => None,
     }
 }
 

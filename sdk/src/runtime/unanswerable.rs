@@ -49,7 +49,7 @@ pub(super) fn shadowed(check: &str) -> String {
 }
 
 /// A policy that never turns the release into `Rejected`.
-fn never_rejects() -> RetryPolicy {
+pub(super) fn never_rejects() -> RetryPolicy {
     RetryPolicy {
         backoff: Backoff::Immediate,
         retry_limit: None,
