@@ -15,6 +15,12 @@
 //! the verb taken away has not been refused (a slow machine is no evidence). The last step needs
 //! a restart after 60 s, so the whole test takes about 90 s.
 //!
+//! Each run also submits a Job when its controller starts, to a queue of its own guarded by a
+//! check that exists from the start: [`EXPECTED`] says, for every verb, which step fails first
+//! and what becomes of that Job (admitted; told why on its entry, with its quota bounded;
+//! queued without quota; or, only where the controller can neither see nor write Workloads,
+//! silent).
+//!
 //! The base run must pass every step without one request refused; each variant must fail one,
 //! and the API server's audit log must show a 403 for the verb taken away (a step that only
 //! timed out proves nothing), or be listed in [`JUSTIFIED`] with the reason no scenario can see
@@ -195,7 +201,98 @@ struct Report {
     failure: Option<Failure>,
     /// Every 403 the API server answered the run's ServiceAccount (its audit log).
     forbidden: Vec<Forbidden>,
+    /// What became of the Job submitted when the controller started.
+    meanwhile: Option<Fate>,
     total: Duration,
+}
+
+/// What became of a Workload submitted when the controller started, in a queue of its own
+/// guarded by a check of its own: what an operator's users see while the verb is missing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Fate {
+    /// Admitted through the check.
+    Admitted,
+    /// Holding quota (or given it back), the check's entry telling why: this message.
+    Told(String),
+    /// Never given quota: Kueue keeps it in its queue (the check is not active), holding
+    /// nothing.
+    Queued,
+    /// Holding quota with an entry that says nothing: stranded.
+    Silent,
+}
+
+impl Fate {
+    /// The Workload as read now.
+    fn of(wl: &Workload, check: &str) -> Self {
+        let entry = wl.admission_check(check);
+        if wl.condition_is_true(cond::ADMITTED) {
+            return Fate::Admitted;
+        }
+        match entry {
+            Some(e) if !e.message.is_empty() => Fate::Told(e.message.clone()),
+            _ if wl.condition_is_true(cond::QUOTA_RESERVED) => Fate::Silent,
+            _ => Fate::Queued,
+        }
+    }
+
+    /// The kind, as [`EXPECTED`] names it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Fate::Admitted => "admitted",
+            Fate::Told(_) => "told",
+            Fate::Queued => "queued",
+            Fate::Silent => "silent",
+        }
+    }
+}
+
+/// For each verb taken away: the first step that fails, and what becomes of a Workload
+/// submitted meanwhile (`admitted`; `told`: its entry says why, the quota bounded; `queued`:
+/// never given quota, since the check is not active; `silent`: quota held, nothing said),
+/// as (API group, resource, verb, step, fate). `silent` only where the controller can neither
+/// see Workloads nor write on them: its readiness, its log and its reconcile errors say so.
+#[rustfmt::skip]
+const EXPECTED: &[(&str, &str, &str, Step, &str)] = &[
+    ("kueue.x-k8s.io", "admissionchecks", "get", Step::CheckInactive, "queued"),
+    ("kueue.x-k8s.io", "admissionchecks", "list", Step::Leading, "queued"),
+    ("kueue.x-k8s.io", "admissionchecks", "watch", Step::CheckInactive, "told"),
+    ("kueue.x-k8s.io", "admissionchecks/status", "patch", Step::CheckInactive, "queued"),
+    ("kueue.x-k8s.io", "clusterqueues", "list", Step::TopologyWarned, "admitted"),
+    ("kueue.x-k8s.io", "clusterqueues", "watch", Step::TopologyWarned, "admitted"),
+    ("kueue.x-k8s.io", "provisioningrequestconfigs", "get", Step::CheckInactive, "queued"),
+    ("kueue.x-k8s.io", "provisioningrequestconfigs", "list", Step::CheckActive, "admitted"),
+    ("kueue.x-k8s.io", "provisioningrequestconfigs", "watch", Step::CheckActive, "admitted"),
+    ("kueue.x-k8s.io", "resourceflavors", "list", Step::TopologyWarned, "told"),
+    ("kueue.x-k8s.io", "resourceflavors", "watch", Step::TopologyWarned, "told"),
+    ("kueue.x-k8s.io", "workloads", "get", Step::OrphanRequestRemoved, "admitted"),
+    ("kueue.x-k8s.io", "workloads", "list", Step::Leading, "silent"),
+    ("kueue.x-k8s.io", "workloads", "watch", Step::Admitted, "silent"),
+    ("kueue.x-k8s.io", "workloads", "patch", Step::Admitted, "admitted"),
+    ("kueue.x-k8s.io", "workloads/status", "patch", Step::Admitted, "silent"),
+    ("autoscaling.x-k8s.io", "provisioningrequests", "list", Step::OrphanRequestRemoved, "told"),
+    ("autoscaling.x-k8s.io", "provisioningrequests", "watch", Step::Admitted, "told"),
+    ("autoscaling.x-k8s.io", "provisioningrequests", "create", Step::Admitted, "told"),
+    ("autoscaling.x-k8s.io", "provisioningrequests", "delete", Step::OrphanRequestRemoved, "admitted"),
+    ("", "podtemplates", "get", Step::OrphanRequestRemoved, "admitted"),
+    ("", "podtemplates", "list", Step::OrphanTemplateSwept, "admitted"),
+    ("", "podtemplates", "create", Step::Admitted, "told"),
+    ("", "podtemplates", "delete", Step::Admitted, "admitted"),
+    ("events.k8s.io", "events", "create", Step::EventsPublished, "admitted"),
+    ("events.k8s.io", "events", "patch", Step::RepeatedEventCounted, "admitted"),
+    ("coordination.k8s.io", "leases", "create", Step::Leading, "queued"),
+    ("coordination.k8s.io", "leases", "get", Step::Leading, "queued"),
+    ("coordination.k8s.io", "leases", "patch", Step::Leading, "queued"),
+];
+
+/// What [`EXPECTED`] says of the verb `grants` take away.
+fn expected(grants: &[Grant]) -> Option<(Step, &'static str)> {
+    let g = grants.first()?;
+    EXPECTED
+        .iter()
+        .find(|(group, resource, verb, ..)| {
+            *group == g.group && *resource == g.resource && *verb == g.verb
+        })
+        .map(|(.., step, fate)| (*step, *fate))
 }
 
 /// The outcome of a step: `Ok(Err(why))` when it did not happen, `Err` when the test itself
@@ -289,6 +386,8 @@ struct Run {
     audit_mark: e2e::AuditMark,
     /// The base run also admits a plain "provision" Job.
     base: bool,
+    /// The check of the queue the Job submitted meanwhile goes to (its config exists).
+    meanwhile_check: String,
 }
 
 impl Run {
@@ -355,7 +454,8 @@ impl Run {
         )
         .await?;
 
-        env.pool_queues("4", &[&check]).await?;
+        let (flavor, _) = env.pool_queues("4", &[&check]).await?;
+        let meanwhile_check = meanwhile_queue(&env, &controller_name, &flavor).await?;
         // A request of this instance whose Workload is gone, as one deleted while no replica ran
         // leaves it; its class is one no simulator serves.
         let orphan_request = "gone-prov-1".to_string();
@@ -397,6 +497,7 @@ impl Run {
             denied: removed.clone().unwrap_or_default(),
             audit_mark,
             base: removal.is_none(),
+            meanwhile_check,
         };
         Ok((run, removed))
     }
@@ -416,9 +517,13 @@ impl Run {
     }
 
     /// The steps, in order; `Ok(Some(..))` at the first that does not happen.
-    async fn scenario(&self, passed: &mut Vec<(Step, Duration)>) -> Result<Option<Failure>> {
+    async fn scenario(
+        &self,
+        passed: &mut Vec<(Step, Duration)>,
+        meanwhile: &mut Option<Fate>,
+    ) -> Result<Option<Failure>> {
         let simulator = self.env.start_simulator()?;
-        let outcome = self.both_controllers(passed).await;
+        let outcome = self.both_controllers(passed, meanwhile).await;
         simulator.stop().await?;
         outcome
     }
@@ -428,9 +533,12 @@ impl Run {
     async fn both_controllers(
         &self,
         passed: &mut Vec<(Step, Duration)>,
+        meanwhile: &mut Option<Fate>,
     ) -> Result<Option<Failure>> {
         let controller = self.start_controller()?;
+        let submitted = self.submit_meanwhile().await?;
         let outcome = self.steps(&controller, passed).await;
+        *meanwhile = Some(self.fate(&submitted).await?);
         if outcome.as_ref().map_or(true, Option::is_some) {
             controller.kill().await;
             return outcome;
@@ -463,6 +571,31 @@ impl Run {
                 controller.kill().await;
                 Err(e)
             }
+        }
+    }
+
+    /// Submits a Job to the queue of the check that exists from the start; returns its
+    /// Workload.
+    async fn submit_meanwhile(&self) -> Result<String> {
+        let script = [(autoscaler_simulator::SCRIPT_ANNOTATION, "provision")];
+        let job = self
+            .env
+            .job_with_pod_annotations("meanwhile", "lq-meanwhile", "1", 1, &script)
+            .await?;
+        Ok(self.env.workload_for_job(&job).await?.name_any())
+    }
+
+    /// What became of the Job submitted meanwhile, once the first controller's steps are over:
+    /// admitted, or its entry telling why, within [`STEP_TIMEOUT`]; else as it stands then.
+    async fn fate(&self, workload: &str) -> Result<Fate> {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let wl = self.env.workloads().get(workload).await?;
+            let fate = Fate::of(&wl, &self.meanwhile_check);
+            if matches!(fate, Fate::Admitted | Fate::Told(_)) || Instant::now() >= deadline {
+                return Ok(fate);
+            }
+            tokio::time::sleep(POLL).await;
         }
     }
 
@@ -771,6 +904,22 @@ impl Run {
     }
 }
 
+/// A config and an AdmissionCheck of the controller that exist before it starts, and
+/// ClusterQueue `cq-meanwhile` (2 cpu of `flavor`) guarded by that check with LocalQueue
+/// `lq-meanwhile`; returns the check's name.
+async fn meanwhile_queue(env: &TestEnv, controller_name: &str, flavor: &str) -> Result<String> {
+    let config = env.provisioning_config("prc-meanwhile", json!({})).await?;
+    let check = env
+        .provisioning_check("meanwhile", controller_name, &config)
+        .await?;
+    let cq = env
+        .cluster_queue("cq-meanwhile", flavor, "2", &[&check])
+        .await?
+        .name_any();
+    env.local_queue("lq-meanwhile", &cq).await?;
+    Ok(check)
+}
+
 /// Names of the objects `api` lists with `lp`.
 async fn listed_names<K>(api: Api<K>, lp: &ListParams) -> kube::Result<Vec<String>>
 where
@@ -993,8 +1142,9 @@ async fn run(label: String, removal: Option<Removal>) -> Result<Report> {
         .await
         .with_context(|| format!("setting up run {label}"))?;
     let mut passed = Vec::new();
+    let mut meanwhile = None;
     let failure = r
-        .scenario(&mut passed)
+        .scenario(&mut passed, &mut meanwhile)
         .await
         .with_context(|| format!("run {label} ({})", r.env.ns))?;
     // Read once the controllers have stopped, so the run's last requests are in the log.
@@ -1006,6 +1156,7 @@ async fn run(label: String, removal: Option<Removal>) -> Result<Report> {
         passed,
         failure,
         forbidden,
+        meanwhile,
         total: r.started.elapsed(),
     })
 }
@@ -1039,6 +1190,14 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
                 });
             }
         }
+    }
+    for (group, resource, verb, ..) in EXPECTED {
+        ensure!(
+            sample_grants
+                .iter()
+                .any(|g| g.group == *group && g.resource == *resource && g.verb == *verb),
+            "EXPECTED lists {resource} ({group}): {verb}, which the chart no longer grants"
+        );
     }
     for (kind, group, resource, verb, _) in JUSTIFIED {
         ensure!(
@@ -1082,6 +1241,14 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
                     ));
                     format!("REFUSED {}", refused.join("; "))
                 }
+                (None, None) if report.meanwhile != Some(Fate::Admitted) => {
+                    problems.push(format!(
+                        "the base run passed, but the Job submitted meanwhile was not admitted: \
+                         {:?}",
+                        report.meanwhile
+                    ));
+                    format!("MEANWHILE {:?}", report.meanwhile)
+                }
                 (None, None) => "sufficient: every step passed, no request refused".to_string(),
                 (None, Some(f)) => {
                     problems.push(format!(
@@ -1124,6 +1291,23 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
                         if refused.is_empty() { "nothing".to_string() } else { refused.join("; ") }
                     ));
                     }
+                    let fate = report.meanwhile.as_ref().map_or("none", Fate::kind);
+                    match expected(grants) {
+                        None => problems.push(format!(
+                            "without {name} step {:?} fails and the Job submitted meanwhile is \
+                             {fate}: add the verb to EXPECTED",
+                            f.step
+                        )),
+                        Some((step, want)) if step != f.step || want != fate => {
+                            problems.push(format!(
+                                "without {name} the first step to fail should be {step:?} and \
+                                 the Job submitted meanwhile {want}; it was {:?} ({}) and {fate}: \
+                                 {:?}",
+                                f.step, f.why, report.meanwhile
+                            ))
+                        }
+                        Some(_) => {}
+                    }
                     format!(
                         "needed: 403 for it seen; {:?} ({}) failed after {:.1?}: {}",
                         f.step,
@@ -1138,9 +1322,14 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
             .iter()
             .map(|(s, d)| format!("{s:?} {:.1}s", d.as_secs_f64()))
             .collect();
+        let meanwhile = match &report.meanwhile {
+            Some(Fate::Told(message)) => format!("told: {}", truncate(message, 200)),
+            Some(fate) => fate.kind().to_string(),
+            None => "not submitted".to_string(),
+        };
         let _ = writeln!(
             table,
-            "- {name}{} [{}, {:.0}s]\n    {verdict}\n    passed: {}",
+            "- {name}{} [{}, {:.0}s]\n    {verdict}\n    meanwhile: {meanwhile}\n    passed: {}",
             report
                 .removal
                 .as_ref()
