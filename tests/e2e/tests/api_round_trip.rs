@@ -16,34 +16,13 @@ use kueue_admission_sdk::api::{
     ProvisioningRequestSpec, ProvisioningRequestStatus, provisioning_condition,
 };
 
+/// A ProvisioningRequestConfig with every field reads back equal; one with only its class gets
+/// Kueue's default retry strategy and nothing else.
 #[tokio::test]
 async fn provisioning_request_config_round_trips_and_defaults_its_retry_strategy() -> Result<()> {
     let env = TestEnv::new("api-prc").await?;
-    let api: Api<ProvisioningRequestConfig> = Api::all(env.client.clone());
-    let full = ProvisioningRequestConfigSpec {
-        provisioning_class_name: "queued-provisioning.gke.io".into(),
-        parameters: BTreeMap::from([("ValidUntilSeconds".into(), "600".into())]),
-        managed_resources: vec!["nvidia.com/gpu".into()],
-        retry_strategy: Some(ProvisioningRequestRetryStrategy {
-            backoff_limit_count: Some(5),
-            backoff_base_seconds: Some(10),
-            backoff_max_seconds: Some(300),
-        }),
-        pod_set_updates: Some(ProvisioningRequestPodSetUpdates {
-            node_selector: vec![ProvisioningRequestPodSetUpdatesNodeSelector {
-                key: "cloud.google.com/gke-nodepool".into(),
-                value_from_provisioning_class_detail: "NodePoolName".into(),
-            }],
-        }),
-        pod_set_merge_policy: Some("IdenticalWorkloadSchedulingRequirements".into()),
-    };
-    let name = env.cluster_name("full");
-    api.create(
-        &PostParams::default(),
-        &ProvisioningRequestConfig::new(&name, full.clone()),
-    )
-    .await?;
-    let back = api.get(&name).await?;
+    let full = every_config_field();
+    let back = created_config(&env, "full", full.clone()).await?;
     ensure!(back.spec == full, "{:#?}\n!=\n{full:#?}", back.spec);
 
     // Absent fields: Kueue's CRD fills in the retry strategy, nothing else.
@@ -51,13 +30,7 @@ async fn provisioning_request_config_round_trips_and_defaults_its_retry_strategy
         provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
         ..Default::default()
     };
-    let name = env.cluster_name("sparse");
-    api.create(
-        &PostParams::default(),
-        &ProvisioningRequestConfig::new(&name, sparse),
-    )
-    .await?;
-    let back = api.get(&name).await?;
+    let back = created_config(&env, "sparse", sparse).await?;
     ensure!(
         back.spec.retry_strategy
             == Some(ProvisioningRequestRetryStrategy {
@@ -72,6 +45,7 @@ async fn provisioning_request_config_round_trips_and_defaults_its_retry_strategy
     Ok(())
 }
 
+/// A ProvisioningRequest and the status an autoscaler applies to it read back equal.
 #[tokio::test]
 async fn provisioning_request_round_trips_with_status() -> Result<()> {
     let env = TestEnv::new("api-pr").await?;
@@ -91,8 +65,57 @@ async fn provisioning_request_round_trips_with_status() -> Result<()> {
         &ProvisioningRequest::new("pr", spec.clone()),
     )
     .await?;
+    let status = provisioned_on_pool_a()?;
+    apply_status_as_the_autoscaler(&api, "pr", &status).await?;
+    let back = api.get("pr").await?;
+    ensure!(back.spec == spec, "{:#?}", back.spec);
+    ensure!(back.status == Some(status), "{:#?}", back.status);
+    Ok(())
+}
+
+/// A ProvisioningRequestConfig spec with every modelled field set.
+fn every_config_field() -> ProvisioningRequestConfigSpec {
+    ProvisioningRequestConfigSpec {
+        provisioning_class_name: "queued-provisioning.gke.io".into(),
+        parameters: BTreeMap::from([("ValidUntilSeconds".into(), "600".into())]),
+        managed_resources: vec!["nvidia.com/gpu".into()],
+        retry_strategy: Some(ProvisioningRequestRetryStrategy {
+            backoff_limit_count: Some(5),
+            backoff_base_seconds: Some(10),
+            backoff_max_seconds: Some(300),
+        }),
+        pod_set_updates: Some(ProvisioningRequestPodSetUpdates {
+            node_selector: vec![ProvisioningRequestPodSetUpdatesNodeSelector {
+                key: "cloud.google.com/gke-nodepool".into(),
+                value_from_provisioning_class_detail: "NodePoolName".into(),
+            }],
+        }),
+        pod_set_merge_policy: Some("IdenticalWorkloadSchedulingRequirements".into()),
+    }
+}
+
+/// Creates the ProvisioningRequestConfig `name` (made cluster-unique) with `spec` and reads it
+/// back as the apiserver stored it.
+async fn created_config(
+    env: &TestEnv,
+    name: &str,
+    spec: ProvisioningRequestConfigSpec,
+) -> Result<ProvisioningRequestConfig> {
+    let api: Api<ProvisioningRequestConfig> = Api::all(env.client.clone());
+    let name = env.cluster_name(name);
+    api.create(
+        &PostParams::default(),
+        &ProvisioningRequestConfig::new(&name, spec),
+    )
+    .await?;
+    Ok(api.get(&name).await?)
+}
+
+/// A status an autoscaler writes once capacity is ready: `Provisioned=True` (whole seconds, as
+/// the apiserver keeps them) and the node pool it made, `pool-a`.
+fn provisioned_on_pool_a() -> Result<ProvisioningRequestStatus> {
     let now = Timestamp::from_second(Timestamp::now().as_second())?;
-    let status = ProvisioningRequestStatus {
+    Ok(ProvisioningRequestStatus {
         conditions: vec![Condition {
             type_: provisioning_condition::PROVISIONED.into(),
             status: "True".into(),
@@ -102,9 +125,18 @@ async fn provisioning_request_round_trips_with_status() -> Result<()> {
             observed_generation: Some(1),
         }],
         provisioning_class_details: BTreeMap::from([("NodePoolName".into(), "pool-a".into())]),
-    };
+    })
+}
+
+/// Applies `status` to the ProvisioningRequest `name` as the autoscaler would (its own field
+/// manager, on the status subresource).
+async fn apply_status_as_the_autoscaler(
+    api: &Api<ProvisioningRequest>,
+    name: &str,
+    status: &ProvisioningRequestStatus,
+) -> Result<()> {
     api.patch_status(
-        "pr",
+        name,
         &PatchParams::apply("e2e-autoscaler").force(),
         &Patch::Apply(serde_json::json!({
             "apiVersion": "autoscaling.x-k8s.io/v1",
@@ -113,8 +145,5 @@ async fn provisioning_request_round_trips_with_status() -> Result<()> {
         })),
     )
     .await?;
-    let back = api.get("pr").await?;
-    ensure!(back.spec == spec, "{:#?}", back.spec);
-    ensure!(back.status == Some(status), "{:#?}", back.status);
     Ok(())
 }

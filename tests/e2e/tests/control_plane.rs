@@ -13,6 +13,8 @@ fn is_forbidden(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 403)
 }
 
+/// A ServiceAccount's client is refused what no binding allows, and allowed it once a
+/// RoleBinding grants it.
 #[tokio::test]
 async fn service_account_clients_are_subject_to_rbac() -> Result<()> {
     let env = TestEnv::new("rbac").await?;
@@ -25,33 +27,8 @@ async fn service_account_clients_are_subject_to_rbac() -> Result<()> {
         other => bail!("a ServiceAccount without any binding listed Workloads: {other:?}"),
     }
 
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "workload-reader"},
-        "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]}],
-    }))?;
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "workload-reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workload-reader"},
-        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": env.ns}],
-    }))?;
-    Api::<Role>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &role)
-        .await?;
-    Api::<RoleBinding>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &binding)
-        .await?;
-
-    // The authorizer learns of new bindings through its informers: allow it a moment.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match workloads.list(&ListParams::default()).await {
-            Ok(_) => return Ok(()),
-            Err(e) if is_forbidden(&e) && tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await
-            }
-            Err(e) => bail!("listing Workloads with a RoleBinding that allows it: {e}"),
-        }
-    }
+    allow_listing_workloads(&env, "reader").await?;
+    listed_once_the_authorizer_follows(&workloads).await
 }
 
 /// Kueue's conversion webhook is wired as in a real installation. The field `cohortName` of a
@@ -84,4 +61,40 @@ async fn kueue_conversion_webhook_serves_both_api_versions() -> Result<()> {
         old.data
     );
     Ok(())
+}
+
+/// Grants the ServiceAccount `service_account` `list` on Workloads of the test namespace, through
+/// a Role and RoleBinding `workload-reader`.
+async fn allow_listing_workloads(env: &TestEnv, service_account: &str) -> Result<()> {
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "workload-reader"},
+        "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]}],
+    }))?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "workload-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workload-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": env.ns}],
+    }))?;
+    Api::<Role>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &role)
+        .await?;
+    Api::<RoleBinding>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
+}
+
+/// Lists `workloads` until the authorizer has learned of the new binding (it follows through its
+/// informers, so it is allowed 10 s); any error but a 403 within that time fails.
+async fn listed_once_the_authorizer_follows(workloads: &Api<Workload>) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match workloads.list(&ListParams::default()).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_forbidden(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => bail!("listing Workloads with a RoleBinding that allows it: {e}"),
+        }
+    }
 }
