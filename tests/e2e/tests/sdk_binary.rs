@@ -1,7 +1,7 @@
 //! A check binary built on `Options::run`, started as a real process: flags and environment
 //! variables, JSON logs, leader election, and a clean exit on SIGTERM that releases the Lease.
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -11,6 +11,8 @@ use kube::api::Api;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_always-ready");
 
+/// The binary, set up by flags and environment variables as a Deployment would, takes the Lease
+/// and admits a Job; on SIGTERM it exits 0, leaves the Lease unheld, and has logged only JSON.
 #[tokio::test]
 async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
     let env = TestEnv::new("sdk-binary").await?;
@@ -19,76 +21,29 @@ async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
 
     let http = e2e::free_local_address()?;
     let log = std::env::temp_dir().join(format!("{}.log", env.ns));
-    let mut child = Command::new(BINARY)
-        .arg("--kubeconfig")
-        .arg(e2e::kubeconfig_path())
-        .args(["--controller-name", &controller])
-        .args(["--metrics-address", &http.to_string()])
-        .args(["--log-format", "json"])
-        // Settings from the environment, as a Deployment would pass them.
-        .env("KUEUE_AC_LEADER_ELECTION_NAMESPACE", &env.ns)
-        .env("KUEUE_AC_LEADER_ELECTION_ID", "always-ready")
-        .env("POD_NAME", "always-ready-0")
-        .env("KUEUE_AC_LOG_LEVEL", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("starting the always-ready binary")?;
-
+    let mut child = start_always_ready(&env, &controller, http, &log)?;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    let held = e2e::wait_for(leases.clone(), "always-ready", "a holder", |l: &Lease| {
-        l.spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref())
-            .is_some_and(|h| h.starts_with("always-ready-0_"))
-    })
-    .await;
-    if held.is_err() {
-        let _ = child.kill();
-    }
-    held?;
+    lease_taken_by_the_pod(&leases, &mut child).await?;
     env.admitted_job("job").await?;
     let (_, metrics) = e2e::http_get(http, "/metrics").await?;
     ensure!(e2e::metric_sample(&metrics, "kueue_ac_leader") == Some(1.0));
 
-    let pid = child.id().to_string();
-    ensure!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()?
-            .success()
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            anyhow::bail!("no exit within 30 s of SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let status = sigterm_and_wait_for_exit(&mut child).await?;
     let logs = std::fs::read_to_string(&log)?;
     ensure!(
         status.success(),
         "exit {status} after SIGTERM; logs:\n{logs}"
     );
-    let holder = leases
-        .get("always-ready")
-        .await?
-        .spec
-        .and_then(|s| s.holder_identity);
+    let holder = holder_of(&leases).await?;
     ensure!(holder.is_none(), "Lease still held by {holder:?}");
     // Every log line is a JSON object, and the shutdown is told.
-    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
-        serde_json::from_str::<serde_json::Value>(line)
-            .with_context(|| format!("not a JSON log line: {line}"))?;
-    }
+    every_line_is_json(&logs)?;
     ensure!(logs.contains("SIGTERM"), "{logs}");
     Ok(())
 }
 
+/// Flags the binary cannot work with end it at once: exit 2 naming a bad flag, exit 1 naming a
+/// kubeconfig that is not there.
 #[tokio::test]
 async fn bad_flags_fail_at_once_with_a_reason() -> Result<()> {
     let out = Command::new(BINARY)
@@ -110,5 +65,89 @@ async fn bad_flags_fail_at_once_with_a_reason() -> Result<()> {
     ensure!(out.status.code() == Some(1), "{:?}", out.status);
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(stderr.contains("/nonexistent/kubeconfig"), "{stderr}");
+    Ok(())
+}
+
+/// Starts the always-ready binary answering `controller`'s checks, serving its metrics at
+/// `http`, logging JSON to `log`, with its leader election set from the environment as a
+/// Deployment would pass it (Lease `always-ready` in the test namespace, pod `always-ready-0`).
+fn start_always_ready(
+    env: &TestEnv,
+    controller: &str,
+    http: std::net::SocketAddr,
+    log: &std::path::Path,
+) -> Result<Child> {
+    Command::new(BINARY)
+        .arg("--kubeconfig")
+        .arg(e2e::kubeconfig_path())
+        .args(["--controller-name", controller])
+        .args(["--metrics-address", &http.to_string()])
+        .args(["--log-format", "json"])
+        // Settings from the environment, as a Deployment would pass them.
+        .env("KUEUE_AC_LEADER_ELECTION_NAMESPACE", &env.ns)
+        .env("KUEUE_AC_LEADER_ELECTION_ID", "always-ready")
+        .env("POD_NAME", "always-ready-0")
+        .env("KUEUE_AC_LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
+        .context("starting the always-ready binary")
+}
+
+/// Waits until the Lease `always-ready` is held by the pod `always-ready-0`; kills the child if
+/// it never is.
+async fn lease_taken_by_the_pod(leases: &Api<Lease>, child: &mut Child) -> Result<()> {
+    let held = e2e::wait_for(leases.clone(), "always-ready", "a holder", |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .is_some_and(|h| h.starts_with("always-ready-0_"))
+    })
+    .await;
+    if held.is_err() {
+        let _ = child.kill();
+    }
+    held?;
+    Ok(())
+}
+
+/// Sends SIGTERM to the child and waits up to 30 s for it to exit (killing it if it does not);
+/// returns its exit status.
+async fn sigterm_and_wait_for_exit(child: &mut Child) -> Result<ExitStatus> {
+    let pid = child.id().to_string();
+    ensure!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()?
+            .success()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            anyhow::bail!("no exit within 30 s of SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Who holds the Lease `always-ready` now, if anyone.
+async fn holder_of(leases: &Api<Lease>) -> Result<Option<String>> {
+    Ok(leases
+        .get("always-ready")
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity))
+}
+
+/// Fails on the first non-empty log line that is not JSON.
+fn every_line_is_json(logs: &str) -> Result<()> {
+    for line in logs.lines().filter(|l| !l.trim().is_empty()) {
+        serde_json::from_str::<serde_json::Value>(line)
+            .with_context(|| format!("not a JSON log line: {line}"))?;
+    }
     Ok(())
 }
