@@ -50,38 +50,20 @@ async fn the_crd_enforces_the_limits_and_the_immutable_spec_on_both_versions() -
     let env = TestEnv::new("autoscaler-crd").await?;
     for version in ["v1", "v1beta1"] {
         let api = requests(&env, version);
-        let at = |what: &str| format!("{version}-{what}");
         // 32 podsets and 100 parameters are the most a request may have.
-        assert_eq!(
-            create_code(&api, &request(version, &at("max"), 32, 100)?).await,
-            201
-        );
-        assert_eq!(
-            create_code(&api, &request(version, &at("podsets"), 33, 1)?).await,
-            422
-        );
-        assert_eq!(
-            create_code(&api, &request(version, &at("none"), 0, 1)?).await,
-            422
-        );
-        assert_eq!(
-            create_code(&api, &request(version, &at("params"), 1, 101)?).await,
-            422
-        );
-        let mut long = request(version, &at("long"), 1, 1)?;
-        long.data["spec"]["parameters"]["p0"] = json!("x".repeat(256));
-        assert_eq!(create_code(&api, &long).await, 422);
+        let codes = create_codes_at_the_limits(&api, version).await?;
+        let expected = [
+            ("max", 201),
+            ("podsets", 422),
+            ("none", 422),
+            ("params", 422),
+            ("long", 422),
+        ];
+        assert_eq!(codes, expected, "{version}");
 
         // The spec cannot change once created: each part refused on its own.
-        let name = at("max");
-        for change in [
-            json!({"spec": {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io"}}),
-            json!({"spec": {"podSets": [{"podTemplateRef": {"name": "other"}, "count": 2}]}}),
-            json!({"spec": {"parameters": {"p0": "changed"}}}),
-        ] {
-            let refused = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&change))
-                .await;
+        for change in spec_changes() {
+            let refused = patch_request(&api, &format!("{version}-max"), &change).await;
             assert!(
                 matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
                 "{version}: {change} was {refused:?}"
@@ -89,4 +71,46 @@ async fn the_crd_enforces_the_limits_and_the_immutable_spec_on_both_versions() -
         }
     }
     Ok(())
+}
+
+/// Creates `<version>-max` (32 podsets, 100 parameters), then one request past each limit:
+/// 33 podsets, none, 101 parameters, a parameter value of 256 characters; returns each
+/// one's name suffix with the API server's code, in that order.
+async fn create_codes_at_the_limits(
+    api: &Api<DynamicObject>,
+    version: &str,
+) -> Result<Vec<(&'static str, u16)>> {
+    let mut codes = Vec::new();
+    for (what, pod_sets, parameters) in [
+        ("max", 32, 100),
+        ("podsets", 33, 1),
+        ("none", 0, 1),
+        ("params", 1, 101),
+    ] {
+        let object = request(version, &format!("{version}-{what}"), pod_sets, parameters)?;
+        codes.push((what, create_code(api, &object).await));
+    }
+    let mut long = request(version, &format!("{version}-long"), 1, 1)?;
+    long.data["spec"]["parameters"]["p0"] = json!("x".repeat(256));
+    codes.push(("long", create_code(api, &long).await));
+    Ok(codes)
+}
+
+/// One change of each immutable part of the spec: the class, the podsets, the parameters.
+fn spec_changes() -> [Value; 3] {
+    [
+        json!({"spec": {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io"}}),
+        json!({"spec": {"podSets": [{"podTemplateRef": {"name": "other"}, "count": 2}]}}),
+        json!({"spec": {"parameters": {"p0": "changed"}}}),
+    ]
+}
+
+/// Merge-patches request `name` with `change`; the API server's answer as it is.
+async fn patch_request(
+    api: &Api<DynamicObject>,
+    name: &str,
+    change: &Value,
+) -> kube::Result<DynamicObject> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(change))
+        .await
 }
