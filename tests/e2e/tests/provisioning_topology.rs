@@ -470,42 +470,81 @@ async fn apply_queue(
 async fn the_check_warns_while_a_cluster_queue_applies_it_to_a_topology_aware_flavor() -> Result<()>
 {
     let env = TestEnv::new("prov-topology-warning").await?;
-    let (tas, _) = topology_aware_flavor(&env).await?;
-    let plain = env.resource_flavor("plain").await?.name_any();
-    let config = env.provisioning_config("prc", json!({})).await?;
-    let controller_name = env.provisioning_controller_name();
-    let check = env
-        .provisioning_check("prov", &controller_name, &config)
-        .await?;
-    let mixed = apply_queue(&env, "cq-mixed", &[&plain, &tas], &check, &[&plain]).await?;
+    let s = WarningScene::new(&env).await?;
+    let mixed = s.mixed_queue(&[&s.plain]).await?;
     let controller = env.start_provisioning_controller(None)?;
-    env.wait_active::<AdmissionCheck>(&check, "True", None)
+    env.wait_active::<AdmissionCheck>(&s.check, "True", None)
         .await?;
 
     // The queue applying the check to the topology-aware flavor is named; the one whose
     // onFlavors leaves it out (in the leader's cache before it: one watch, in order) is not.
-    let only = apply_queue(&env, "cq-tas", &[&tas], &check, &[]).await?;
-    let warned = wait_warning(&env, &check, "True", &only).await?;
+    let only = apply_queue(&env, "cq-tas", &[&s.tas], &s.check, &[]).await?;
+    let warned = wait_warning(&env, &s.check, "True", &only).await?;
     let text = warned.to_string();
     assert!(!text.contains(&mixed), "{text}");
 
-    apply_queue(&env, "cq-mixed", &[&plain, &tas], &check, &[]).await?;
-    wait_warning(&env, &check, "True", &mixed).await?;
+    s.mixed_queue(&[]).await?;
+    wait_warning(&env, &s.check, "True", &mixed).await?;
 
-    apply_queue(&env, "cq-mixed", &[&plain, &tas], &check, &[&plain]).await?;
-    Api::<kueue_admission_sdk::api::ClusterQueue>::all(env.client.clone())
-        .delete(&only, &DeleteParams::default())
+    s.mixed_queue(&[&s.plain]).await?;
+    delete_queue(&env, &only).await?;
+    let warning = cleared_warning(&env, &s.check).await?;
+    assert_eq!(warning["reason"], topology::REASON_NONE, "{warning:#}");
+    // The runtime's Active condition is untouched by the warning's own apply, and back.
+    env.wait_active::<AdmissionCheck>(&s.check, "True", Some("Active"))
         .await?;
-    let cleared = wait_warning(&env, &check, "False", "").await?;
+    controller.stop().await
+}
+
+/// The objects of the warning's test: a topology-aware flavor, a plain one and our check.
+struct WarningScene<'a> {
+    env: &'a TestEnv,
+    tas: String,
+    plain: String,
+    check: String,
+}
+
+impl<'a> WarningScene<'a> {
+    /// The two flavors, a config and our check on it (the controller not yet started).
+    async fn new(env: &'a TestEnv) -> Result<Self> {
+        let (tas, _) = topology_aware_flavor(env).await?;
+        let plain = env.resource_flavor("plain").await?.name_any();
+        let config = env.provisioning_config("prc", json!({})).await?;
+        let controller_name = env.provisioning_controller_name();
+        let check = env
+            .provisioning_check("prov", &controller_name, &config)
+            .await?;
+        Ok(Self {
+            env,
+            tas,
+            plain,
+            check,
+        })
+    }
+
+    /// Applies ClusterQueue `cq-mixed`, on both flavors, with the check limited to
+    /// `on_flavors` (empty: all); returns its name.
+    async fn mixed_queue(&self, on_flavors: &[&str]) -> Result<String> {
+        let flavors = [self.plain.as_str(), self.tas.as_str()];
+        apply_queue(self.env, "cq-mixed", &flavors, &self.check, on_flavors).await
+    }
+}
+
+/// Deletes ClusterQueue `name`.
+async fn delete_queue(env: &TestEnv, name: &str) -> Result<()> {
+    Api::<kueue_admission_sdk::api::ClusterQueue>::all(env.client.clone())
+        .delete(name, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+/// Waits until our check's warning condition is `False`; returns that condition.
+async fn cleared_warning(env: &TestEnv, check: &str) -> Result<Value> {
+    let cleared = wait_warning(env, check, "False", "").await?;
     let conditions = cleared["status"]["conditions"].as_array().cloned();
-    let warning = conditions
+    Ok(conditions
         .unwrap_or_default()
         .into_iter()
         .find(|c| c["type"] == topology::CONDITION)
-        .unwrap_or_default();
-    assert_eq!(warning["reason"], topology::REASON_NONE, "{warning:#}");
-    // The runtime's Active condition is untouched by the warning's own apply, and back.
-    env.wait_active::<AdmissionCheck>(&check, "True", Some("Active"))
-        .await?;
-    controller.stop().await
+        .unwrap_or_default())
 }
