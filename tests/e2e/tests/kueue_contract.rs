@@ -3,10 +3,13 @@
 
 use anyhow::{Context, Result};
 use e2e::{GuardedQueue, TestEnv};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodTemplate};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::Api;
-use kueue_admission_sdk::api::{CheckState, ClusterQueue, Workload, workload_condition as cond};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kueue_admission_sdk::api::{
+    CheckState, ClusterQueue, ProvisioningRequest, Workload, workload_condition as cond,
+};
 
 const TEST_CONTROLLER: &str = "e2e.kueue-admission-checks.dev/test-controller";
 
@@ -56,8 +59,403 @@ async fn ready_admits(
     Ok(wl)
 }
 
+/// Waits until the Workload holds quota with the check's entry `Pending` (the check is asked),
+/// then answers `state`, as a check controller does.
+async fn answer_when_asked(
+    env: &TestEnv,
+    wl_name: &str,
+    check: &str,
+    state: CheckState,
+    message: &str,
+) -> Result<Workload> {
+    env.wait_check_pending_with_quota(wl_name, check).await?;
+    env.answer_check(wl_name, check, state, message).await
+}
+
 fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
     wl.admission_check(check).map(|e| e.state)
+}
+
+/// The `retryCount` of the check's entry (`None` without the entry or the count).
+fn retry_count(wl: &Workload, check: &str) -> Option<i32> {
+    wl.admission_check(check).and_then(|e| e.retry_count)
+}
+
+/// A condition of the Workload as `(status, reason)`.
+fn condition_of<'a>(wl: &'a Workload, type_: &str) -> Option<(&'a str, &'a str)> {
+    wl.condition(type_)
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+}
+
+/// Asserts the Workload's condition `type_` has this `(status, reason)`, showing it if not.
+#[track_caller]
+fn assert_condition(wl: &Workload, type_: &str, expected: (&str, &str)) {
+    assert_eq!(condition_of(wl, type_), Some(expected), "{}", e2e::dump(wl));
+}
+
+/// Asserts that the Workload's condition `type_` is not `True`, showing the Workload if it is.
+#[track_caller]
+fn assert_without(wl: &Workload, type_: &str, what: &str) {
+    assert!(!wl.condition_is_true(type_), "{what}:\n{}", e2e::dump(wl));
+}
+
+/// Asserts that Kueue reset the check's entry to `Pending` on an eviction, with the message
+/// that names what the entry said before.
+#[track_caller]
+fn assert_reset_after_eviction(wl: &Workload, check: &str, previously: &str) {
+    let entry = wl.admission_check(check).cloned().unwrap_or_default();
+    assert_eq!(entry.state, CheckState::Pending, "{}", e2e::dump(wl));
+    assert_eq!(
+        entry.message,
+        format!("Reset to Pending after eviction. Previously: {previously}"),
+        "{}",
+        e2e::dump(wl)
+    );
+}
+
+/// Waits until the check's entry on the Workload is `Pending`, which it is from the Workload's
+/// creation, before Kueue reserves any quota (contract section 3).
+async fn entry_pending_before_quota(env: &TestEnv, wl_name: &str, check: &str) -> Result<Workload> {
+    env.wait_workload(wl_name, "our check entry Pending, before quota", |wl| {
+        entry_state(wl, check) == Some(CheckState::Pending)
+    })
+    .await
+}
+
+/// The Job's `spec.suspend` now (`Some(false)` once Kueue started it).
+async fn job_suspend(env: &TestEnv, job: &str) -> Result<Option<bool>> {
+    Ok(env.jobs().get(job).await?.spec.and_then(|s| s.suspend))
+}
+
+/// Waits until a Retry without delay has evicted the Workload once and Kueue has reset the
+/// check's entry to `Pending`, counting the retry.
+async fn evicted_once_and_reset(env: &TestEnv, wl_name: &str, check: &str) -> Result<Workload> {
+    env.wait_workload(
+        wl_name,
+        "one AdmissionCheck eviction and the entry Pending with retryCount 1",
+        |wl| {
+            let entry = wl.admission_check(check);
+            wl.evictions("AdmissionCheck") == 1
+                && entry.is_some_and(|e| e.state == CheckState::Pending && e.retry_count == Some(1))
+        },
+    )
+    .await
+}
+
+/// Waits until the check's entry is `state` with retryCount 1 (`what` says which moment).
+async fn entry_with_one_retry(
+    env: &TestEnv,
+    wl_name: &str,
+    check: &str,
+    state: CheckState,
+    what: &str,
+) -> Result<Workload> {
+    env.wait_workload(wl_name, what, |wl| {
+        wl.admission_check(check)
+            .is_some_and(|e| e.state == state && e.retry_count == Some(1))
+    })
+    .await
+}
+
+/// Waits until Kueue has set `requeueState.requeueAt` (a delayed Retry landed).
+async fn requeue_at_set(env: &TestEnv, wl_name: &str) -> Result<Workload> {
+    env.wait_workload(wl_name, "requeueState.requeueAt set", |wl| {
+        wl.requeue_at().is_some()
+    })
+    .await
+}
+
+/// Every version of the Workload from now until Kueue evicts it: the versions before the
+/// eviction, and the evicted one.
+async fn versions_until_evicted(env: &TestEnv, wl_name: &str) -> Result<(Vec<Workload>, Workload)> {
+    let mut versions = env
+        .versions_until(wl_name, "evicted at requeueAt", |wl| {
+            wl.evictions("AdmissionCheck") >= 1 || wl.condition_is_true(cond::EVICTED)
+        })
+        .await?;
+    let evicted = versions.pop().context("no version")?;
+    Ok((versions, evicted))
+}
+
+/// Asserts that every version held the quota with the check's entry still `state`.
+#[track_caller]
+fn assert_quota_held_with_entry(versions: &[Workload], check: &str, state: CheckState) {
+    for wl in versions {
+        assert!(
+            wl.condition_is_true(cond::QUOTA_RESERVED) && entry_state(wl, check) == Some(state),
+            "quota released or entry changed during the delay:\n{}",
+            e2e::dump(wl)
+        );
+    }
+}
+
+/// Asserts that Kueue evicted the Workload (its `Evicted` condition's transition) no earlier
+/// than `requeue_at`, within the 1 s its whole-second times may be off.
+fn assert_evicted_no_earlier_than(evicted: &Workload, requeue_at: Timestamp) -> Result<()> {
+    let evicted_at = evicted
+        .condition(cond::EVICTED)
+        .map(|c| c.last_transition_time.0)
+        .context("the Evicted condition")?;
+    assert!(
+        evicted_at.duration_since(requeue_at).as_secs() >= -1,
+        "evicted at {evicted_at}, before requeueAt {requeue_at}:\n{}",
+        e2e::dump(evicted)
+    );
+    Ok(())
+}
+
+/// Waits until the delayed Retry ended: evicted once, the entry counting one retry, quota
+/// reserved again.
+async fn requeued_after_one_retry(env: &TestEnv, wl_name: &str, check: &str) -> Result<Workload> {
+    env.wait_workload(
+        wl_name,
+        "evicted at requeueAt and quota reserved again",
+        |wl| {
+            wl.evictions("AdmissionCheck") == 1
+                && wl.condition_is_true(cond::QUOTA_RESERVED)
+                && retry_count(wl, check) == Some(1)
+        },
+    )
+    .await
+}
+
+/// Waits until the Workload was evicted more often than `before` (`what` says by whom).
+async fn evicted_again(env: &TestEnv, wl_name: &str, before: i32, what: &str) -> Result<Workload> {
+    env.wait_workload(wl_name, what, |wl| wl.total_evictions() > before)
+        .await
+}
+
+/// Waits until a check evicted the Workload (an `AdmissionCheck` eviction counted).
+async fn evicted_by_a_check(env: &TestEnv, wl_name: &str, what: &str) -> Result<Workload> {
+    env.wait_workload(wl_name, what, |wl| wl.evictions("AdmissionCheck") >= 1)
+        .await
+}
+
+/// The check answers `Retry` once asked; waits until Kueue has evicted the Workload.
+async fn evicted_by_retry(env: &TestEnv, wl_name: &str, check: &str) -> Result<Workload> {
+    answer_when_asked(
+        env,
+        wl_name,
+        check,
+        CheckState::Retry,
+        "retry from the test",
+    )
+    .await?;
+    env.wait_workload(wl_name, "Evicted=True", |w| {
+        w.condition_is_true(cond::EVICTED)
+    })
+    .await
+}
+
+/// Waits until Kueue tells the Workload the quota is not free (`insufficient unused quota`).
+async fn told_quota_is_not_free(env: &TestEnv, wl_name: &str) -> Result<Workload> {
+    env.wait_workload(wl_name, "QuotaReserved=False for want of quota", |w| {
+        w.condition(cond::QUOTA_RESERVED)
+            .is_some_and(|c| c.status == "False" && c.message.contains("insufficient unused quota"))
+    })
+    .await
+}
+
+/// Releases the evicted Workload's reservation as its owner would, then waits until Kueue
+/// reserves the freed quota again (for any Workload, in a version written after the release).
+async fn release_and_reserve_again(env: &TestEnv, wl_name: &str) -> Result<Workload> {
+    e2e::release_quota(env, wl_name).await?;
+    let released: u64 = env
+        .workloads()
+        .get(wl_name)
+        .await?
+        .resource_version()
+        .unwrap_or_default()
+        .parse()?;
+    e2e::wait_for_any(
+        env.workloads(),
+        "a Workload reserving the released quota",
+        |w: &Workload| {
+            let later = w
+                .resource_version()
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_some_and(|v| v > released);
+            later && w.condition_is_true(cond::QUOTA_RESERVED)
+        },
+    )
+    .await
+}
+
+/// Waits until every one of these pods is gone.
+async fn pods_gone(env: &TestEnv, pods: &[Pod]) -> Result<()> {
+    for pod in pods {
+        e2e::wait_gone(
+            Api::<Pod>::namespaced(env.client.clone(), &env.ns),
+            &pod.name_any(),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The reason of the first `Finished` condition among these versions, if any had one.
+fn finished_reason(versions: &[Workload]) -> Option<String> {
+    versions
+        .iter()
+        .find_map(|wl| wl.condition(cond::FINISHED).map(|c| c.reason.clone()))
+}
+
+/// The PodTemplate `anchor` (one pod of 1 cpu) that a request can be owned by.
+async fn anchor_template(env: &TestEnv) -> Result<PodTemplate> {
+    let template: PodTemplate = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "anchor"},
+        "template": e2e::pod_template(serde_json::json!({}), "1"),
+    }))?;
+    Ok(Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &template)
+        .await?)
+}
+
+/// An ownerReference to the object `kind/name` of `api_version`.
+fn owner(api_version: &str, kind: &str, name: String, uid: Option<String>) -> serde_json::Value {
+    serde_json::json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid})
+}
+
+/// Creates a check-capacity ProvisioningRequest `name` for the pods of `anchor`, owned by
+/// `owner`, as any controller might.
+async fn create_request(
+    requests: &Api<ProvisioningRequest>,
+    name: &str,
+    owner: serde_json::Value,
+) -> Result<()> {
+    let request: ProvisioningRequest = serde_json::from_value(serde_json::json!({
+        "apiVersion": "autoscaling.x-k8s.io/v1",
+        "kind": "ProvisioningRequest",
+        "metadata": {"name": name, "ownerReferences": [owner]},
+        "spec": {
+            "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+            "podSets": [{"podTemplateRef": {"name": "anchor"}, "count": 1}],
+        },
+    }))?;
+    requests.create(&PostParams::default(), &request).await?;
+    Ok(())
+}
+
+/// Applies `Ready` with a podSetUpdate whose node selector has the key `key`, as a check
+/// controller would, and returns the API server's refusal. Kueue writes the Workload again
+/// right after reserving quota: a write at an older resourceVersion gets a 409 first, and is
+/// sent again from a fresh read.
+async fn ready_with_node_selector_refused(
+    env: &TestEnv,
+    wl_name: &str,
+    check: &str,
+    key: &str,
+) -> Result<Box<kube::core::Status>> {
+    let pp = PatchParams::apply(&format!("{}-{}", e2e::TEST_FIELD_MANAGER, check)).force();
+    let mut refused = None;
+    for _ in 0..10 {
+        let fresh = env.workloads().get(wl_name).await?;
+        let body = serde_json::json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": wl_name, "namespace": env.ns, "resourceVersion": fresh.resource_version()},
+        "status": {"admissionChecks": [{
+            "name": check,
+            "state": "Ready",
+            "message": "provisioned",
+            "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::now()),
+            "podSetUpdates": [{"name": "main", "nodeSelector": {key: "zone-a"}}],
+        }]},
+        });
+        let answer = env
+            .workloads()
+            .patch_status(wl_name, &pp, &Patch::Apply(&body))
+            .await
+            .expect_err("Kueue's webhook refuses the key");
+        if !matches!(&answer, kube::Error::Api(s) if s.code == 409) {
+            refused = Some(answer);
+            break;
+        }
+    }
+    let refused = refused.context("409 Conflict ten times in a row")?;
+    let kube::Error::Api(status) = refused else {
+        panic!("not an API answer: {refused}");
+    };
+    Ok(status)
+}
+
+/// Why the SDK's own validation refuses a podSetUpdate with this node selector key for the
+/// Workload's podsets (before anything is sent).
+fn sdk_refusal(wl: &Workload, key: &str) -> String {
+    let mut update = kueue_admission_sdk::api::PodSetUpdate {
+        name: "main".into(),
+        ..Default::default()
+    };
+    update.node_selector.insert(key.into(), "zone-a".into());
+    kueue_admission_sdk::api::validation::pod_set_updates(&wl.spec.pod_sets, &[update])
+        .expect_err("refused by the SDK too")
+}
+
+/// The check answers `Rejected`; waits until Kueue has deactivated the Workload, evicted it,
+/// released its quota and said so in `Requeued`.
+async fn rejected_and_released(env: &TestEnv, wl_name: &str, check: &str) -> Result<Workload> {
+    env.answer_check(wl_name, check, CheckState::Rejected, "rejected by the test")
+        .await?;
+    env.wait_workload(wl_name, "deactivated, evicted, quota released", |wl| {
+        !wl.is_active()
+            && wl.condition_is_true(cond::EVICTED)
+            && !wl.condition_is_true(cond::QUOTA_RESERVED)
+            && wl.condition(cond::REQUEUED).is_some()
+    })
+    .await
+}
+
+/// Sets `spec.active: true` on the Workload: the advice of old for a deactivated one.
+async fn set_spec_active(env: &TestEnv, wl_name: &str) -> Result<()> {
+    env.workloads()
+        .patch(
+            wl_name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"active": true}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Asserts that `now`'s `QuotaReserved` is the very one `then` had (status and transition
+/// time): the Workload was not reserved quota in between.
+#[track_caller]
+fn assert_never_reserved_since(now: &Workload, then: &Workload) {
+    let since = |wl: &Workload| {
+        wl.condition(cond::QUOTA_RESERVED)
+            .map(|c| (c.status.clone(), c.last_transition_time.clone()))
+    };
+    assert_eq!(since(now), since(then), "{}", e2e::dump(now));
+}
+
+/// Gives the Workload's `Requeued` condition the reason `Deactivated` (what `kueue-ac
+/// reactivate` does), written at the version `stuck` was read at.
+async fn requeued_reason_deactivated(env: &TestEnv, stuck: &Workload) -> Result<()> {
+    let conditions: Vec<_> = stuck
+        .status
+        .clone()
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .map(|mut c| {
+            if c.type_ == cond::REQUEUED {
+                c.reason = "Deactivated".into();
+            }
+            c
+        })
+        .collect();
+    env.workloads()
+        .patch_status(
+            &stuck.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"resourceVersion": stuck.resource_version()},
+                "status": {"conditions": conditions},
+            })),
+        )
+        .await?;
+    Ok(())
 }
 
 #[tokio::test]
@@ -73,26 +471,15 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
     let wl_name = env.submit_job("job", "lq", "1").await?;
     // The entry appears before any quota is reserved (contract section 3): a check must not
     // act on Pending alone.
-    let wl = env
-        .wait_workload(&wl_name, "our check entry Pending, before quota", |wl| {
-            entry_state(wl, &q.check) == Some(CheckState::Pending)
-        })
-        .await?;
-    assert!(
-        !wl.condition_is_true(cond::QUOTA_RESERVED),
-        "quota reserved through a ClusterQueue whose check is inactive:\n{}",
-        e2e::dump(&wl)
-    );
+    let wl = entry_pending_before_quota(&env, &wl_name, &q.check).await?;
+    let inactive = "quota reserved through a ClusterQueue whose check is inactive";
+    assert_without(&wl, cond::QUOTA_RESERVED, inactive);
 
     env.set_admission_check_active(&q.check, true).await?;
     let wl = env
         .wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
-    assert!(
-        !wl.condition_is_true(cond::ADMITTED),
-        "admitted before the check answered:\n{}",
-        e2e::dump(&wl)
-    );
+    assert_without(&wl, cond::ADMITTED, "admitted before the check answered");
 
     let wl = ready_admits(&env, &wl_name, &q.check, "ready from the test").await?;
     assert_eq!(entry_state(&wl, &q.check), Some(CheckState::Ready));
@@ -103,53 +490,24 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
 async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
     let env = TestEnv::new("retry-evicts").await?;
     let (q, wl_name, wl) = job_waiting_for_the_check(&env).await?;
-    assert_eq!(
-        wl.admission_check(&q.check).and_then(|e| e.retry_count),
-        None,
-        "retryCount before any Retry"
-    );
+    let before = retry_count(&wl, &q.check);
+    assert_eq!(before, None, "retryCount before any Retry");
 
     env.answer_check(&wl_name, &q.check, CheckState::Retry, "retry from the test")
         .await?;
 
     // Kueue evicts (reason AdmissionCheck), resets the entry to Pending and counts the retry.
-    let wl = env
-        .wait_workload(
-            &wl_name,
-            "one AdmissionCheck eviction and the entry Pending with retryCount 1",
-            |wl| {
-                let entry = wl.admission_check(&q.check);
-                wl.evictions("AdmissionCheck") == 1
-                    && entry
-                        .is_some_and(|e| e.state == CheckState::Pending && e.retry_count == Some(1))
-            },
-        )
-        .await?;
-    let entry = wl.admission_check(&q.check).cloned().unwrap_or_default();
-    assert_eq!(
-        entry.message,
-        "Reset to Pending after eviction. Previously: Retry",
-        "{}",
-        e2e::dump(&wl)
-    );
-    let job = env.jobs().get("job").await?;
-    assert_ne!(
-        job.spec.and_then(|s| s.suspend),
-        Some(false),
-        "the Job ran although its check said Retry"
-    );
+    let wl = evicted_once_and_reset(&env, &wl_name, &q.check).await?;
+    assert_reset_after_eviction(&wl, &q.check, "Retry");
+    let ran = "the Job ran although its check said Retry";
+    assert_ne!(job_suspend(&env, "job").await?, Some(false), "{ran}");
 
     // A Retry without delay requeues at once: quota is reserved again, the check asked again,
     // and Ready now admits. retryCount stays: Kueue does not reset it when the check passes.
     env.wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
     let wl = ready_admits(&env, &wl_name, &q.check, "ready on the second attempt").await?;
-    assert_eq!(
-        wl.admission_check(&q.check).and_then(|e| e.retry_count),
-        Some(1),
-        "{}",
-        e2e::dump(&wl)
-    );
+    assert_eq!(retry_count(&wl, &q.check), Some(1), "{}", e2e::dump(&wl));
     Ok(())
 }
 
@@ -165,63 +523,24 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
     let started = std::time::Instant::now();
     env.answer_check_with_delay(&wl_name, &q.check, CheckState::Retry, "later", Some(DELAY))
         .await?;
-    let wl = env
-        .wait_workload(&wl_name, "requeueState.requeueAt set", |wl| {
-            wl.requeue_at().is_some()
-        })
-        .await?;
-    assert_eq!(
-        wl.evictions("AdmissionCheck"),
-        0,
-        "evicted before requeueAt:\n{}",
-        e2e::dump(&wl)
-    );
+    let wl = requeue_at_set(&env, &wl_name).await?;
+    let early = wl.evictions("AdmissionCheck");
+    assert_eq!(early, 0, "evicted before requeueAt:\n{}", e2e::dump(&wl));
 
     // Every version until the eviction holds the quota with the entry still Retry, and the
     // eviction itself does not come before requeueAt (stored at whole seconds: 1 s of slack).
     let requeue_at = wl.requeue_at().context("requeueAt")?;
-    let versions = env
-        .versions_until(&wl_name, "evicted at requeueAt", |wl| {
-            wl.evictions("AdmissionCheck") >= 1 || wl.condition_is_true(cond::EVICTED)
-        })
-        .await?;
-    let (evicted, during) = versions.split_last().context("no version")?;
-    for wl in during {
-        assert!(
-            wl.condition_is_true(cond::QUOTA_RESERVED)
-                && entry_state(wl, &q.check) == Some(CheckState::Retry),
-            "quota released or entry changed during the delay:\n{}",
-            e2e::dump(wl)
-        );
-    }
-    let evicted_at = evicted
-        .condition(cond::EVICTED)
-        .map(|c| c.last_transition_time.0)
-        .context("the Evicted condition")?;
-    assert!(
-        evicted_at.duration_since(requeue_at).as_secs() >= -1,
-        "evicted at {evicted_at}, before requeueAt {requeue_at}:\n{}",
-        e2e::dump(evicted)
-    );
+    let (during, evicted) = versions_until_evicted(&env, &wl_name).await?;
+    assert_quota_held_with_entry(&during, &q.check, CheckState::Retry);
+    assert_evicted_no_earlier_than(&evicted, requeue_at)?;
 
     // At requeueAt: evicted once, entry reset with retryCount 1, quota reserved again.
-    let wl = env
-        .wait_workload(
-            &wl_name,
-            "evicted at requeueAt and quota reserved again",
-            |wl| {
-                wl.evictions("AdmissionCheck") == 1
-                    && wl.condition_is_true(cond::QUOTA_RESERVED)
-                    && wl
-                        .admission_check(&q.check)
-                        .is_some_and(|e| e.retry_count == Some(1))
-            },
-        )
-        .await?;
+    let wl = requeued_after_one_retry(&env, &wl_name, &q.check).await?;
     let waited = started.elapsed().as_secs_f64();
     // lastTransitionTime is stored at whole seconds, so requeueAt may come up to 1 s early.
+    let at_least = f64::from(DELAY) - 1.0;
     assert!(
-        waited >= f64::from(DELAY) - 1.0,
+        waited >= at_least,
         "requeued after {waited:.1}s:\n{}",
         e2e::dump(&wl)
     );
@@ -245,11 +564,7 @@ async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
     env.answer_check_with_delay(&wl_name, &short, CheckState::Retry, "short", Some(2))
         .await?;
 
-    let wl = env
-        .wait_workload(&wl_name, "evicted once both entries said Retry", |wl| {
-            wl.evictions("AdmissionCheck") >= 1
-        })
-        .await?;
+    let wl = evicted_by_a_check(&env, &wl_name, "evicted once both entries said Retry").await?;
     let waited = started.elapsed().as_secs_f64();
     // Whole-second lastTransitionTime: up to 1 s early; the short delay alone would be ~2 s.
     assert!(
@@ -258,8 +573,8 @@ async fn with_two_delayed_retries_the_larger_delay_wins() -> Result<()> {
         e2e::dump(&wl)
     );
     for check in [&short, &long] {
-        let entry = wl.admission_check(check).cloned().unwrap_or_default();
-        assert_eq!(entry.retry_count, Some(1), "{check}:\n{}", e2e::dump(&wl));
+        let count = retry_count(&wl, check);
+        assert_eq!(count, Some(1), "{check}:\n{}", e2e::dump(&wl));
     }
     Ok(())
 }
@@ -274,48 +589,21 @@ async fn another_checks_eviction_drops_the_retry_count_of_a_ready_entry() -> Res
     let ([a, b], wl_name) = job_under_two_checks(&env, ["a", "b"]).await?;
 
     // Check a retries once: its entry comes back Pending with retryCount 1.
-    env.wait_check_pending_with_quota(&wl_name, &a).await?;
-    env.answer_check(&wl_name, &a, CheckState::Retry, "a retries")
-        .await?;
-    env.wait_workload(&wl_name, "a's retry counted", |wl| {
-        wl.admission_check(&a)
-            .is_some_and(|e| e.state == CheckState::Pending && e.retry_count == Some(1))
-    })
-    .await?;
+    answer_when_asked(&env, &wl_name, &a, CheckState::Retry, "a retries").await?;
+    let counted = "a's retry counted";
+    entry_with_one_retry(&env, &wl_name, &a, CheckState::Pending, counted).await?;
     // Then a passes (its retryCount stays 1) while b retries: Kueue evicts again.
-    env.wait_check_pending_with_quota(&wl_name, &a).await?;
-    env.answer_check(&wl_name, &a, CheckState::Ready, "a passes")
-        .await?;
-    let wl = env
-        .wait_workload(&wl_name, "a Ready with retryCount 1", |wl| {
-            wl.admission_check(&a)
-                .is_some_and(|e| e.state == CheckState::Ready && e.retry_count == Some(1))
-        })
-        .await?;
-    let evictions = wl.total_evictions();
+    answer_when_asked(&env, &wl_name, &a, CheckState::Ready, "a passes").await?;
+    let kept = "a Ready with retryCount 1";
+    let wl = entry_with_one_retry(&env, &wl_name, &a, CheckState::Ready, kept).await?;
     env.answer_check(&wl_name, &b, CheckState::Retry, "b retries")
         .await?;
-    let wl = env
-        .wait_workload(&wl_name, "evicted by b's Retry", |wl| {
-            wl.total_evictions() > evictions
-        })
-        .await?;
-    let a_entry = wl.admission_check(&a).cloned().unwrap_or_default();
-    let b_entry = wl.admission_check(&b).cloned().unwrap_or_default();
-    assert_eq!(a_entry.state, CheckState::Pending, "{}", e2e::dump(&wl));
-    assert_eq!(
-        a_entry.message,
-        "Reset to Pending after eviction. Previously: Ready",
-        "{}",
-        e2e::dump(&wl)
-    );
-    assert_eq!(
-        a_entry.retry_count,
-        None,
-        "a's retryCount survived another check's eviction:\n{}",
-        e2e::dump(&wl)
-    );
-    assert_eq!(b_entry.retry_count, Some(1), "{}", e2e::dump(&wl));
+    let wl = evicted_again(&env, &wl_name, wl.total_evictions(), "evicted by b's Retry").await?;
+
+    assert_reset_after_eviction(&wl, &a, "Ready");
+    let wiped = "a's retryCount survived another check's eviction";
+    assert_eq!(retry_count(&wl, &a), None, "{wiped}:\n{}", e2e::dump(&wl));
+    assert_eq!(retry_count(&wl, &b), Some(1), "{}", e2e::dump(&wl));
     Ok(())
 }
 
@@ -331,25 +619,10 @@ async fn an_evicted_workload_without_an_owner_keeps_its_quota_until_its_owner_re
     let q = env.guarded_queue("check", TEST_CONTROLLER, "1").await?;
     env.set_admission_check_active(&q.check, true).await?;
     env.standalone_workload("first", "provision").await?;
-    env.wait_check_pending_with_quota("first", &q.check).await?;
-    env.answer_check("first", &q.check, CheckState::Retry, "retry from the test")
-        .await?;
-    env.wait_workload("first", "Evicted=True", |w| {
-        w.condition_is_true(cond::EVICTED)
-    })
-    .await?;
+    evicted_by_retry(&env, "first", &q.check).await?;
 
     env.standalone_workload("second", "provision").await?;
-    env.wait_workload("second", "QuotaReserved=False for want of quota", |w| {
-        let conditions = w
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default();
-        kueue_admission_sdk::api::find_condition(conditions, cond::QUOTA_RESERVED)
-            .is_some_and(|c| c.status == "False" && c.message.contains("insufficient unused quota"))
-    })
-    .await?;
+    told_quota_is_not_free(&env, "second").await?;
     let first = env.workloads().get("first").await?;
     assert!(
         first.condition_is_true(cond::QUOTA_RESERVED) && first.condition_is_true(cond::EVICTED),
@@ -359,26 +632,7 @@ async fn an_evicted_workload_without_an_owner_keeps_its_quota_until_its_owner_re
     );
 
     // As the owner: the reservation goes, and Kueue reserves the quota again (for either).
-    e2e::release_quota(&env, "first").await?;
-    let released: u64 = env
-        .workloads()
-        .get("first")
-        .await?
-        .resource_version()
-        .unwrap_or_default()
-        .parse()?;
-    let reserved = e2e::wait_for_any(
-        env.workloads(),
-        "a Workload reserving the released quota",
-        |w: &Workload| {
-            let later = w
-                .resource_version()
-                .and_then(|v| v.parse::<u64>().ok())
-                .is_some_and(|v| v > released);
-            later && w.condition_is_true(cond::QUOTA_RESERVED)
-        },
-    )
-    .await?;
+    let reserved = release_and_reserve_again(&env, "first").await?;
     println!("the released quota went to {}", reserved.name_any());
     Ok(())
 }
@@ -391,12 +645,9 @@ async fn an_evicted_workload_without_an_owner_keeps_its_quota_until_its_owner_re
 /// and leaves the rest to the collector. Either way the quota is released.
 #[tokio::test]
 async fn deleting_the_job_lets_the_garbage_collector_delete_its_workload_and_pods() -> Result<()> {
-    use kube::api::DeleteParams;
     let env = TestEnv::new("job-deleted").await?;
     let (q, wl_name, _) = job_waiting_for_the_check(&env).await?;
-    env.answer_check(&wl_name, &q.check, CheckState::Ready, "ready from the test")
-        .await?;
-    env.wait_admitted(&wl_name).await?;
+    ready_admits(&env, &wl_name, &q.check, "ready from the test").await?;
     let running = env.wait_job_pods_running("job", 1).await?;
     let mut recorder = env.record_workloads().await?;
 
@@ -404,23 +655,13 @@ async fn deleting_the_job_lets_the_garbage_collector_delete_its_workload_and_pod
         .delete("job", &DeleteParams::background())
         .await?;
     let versions = recorder.until_deleted(&wl_name).await?;
-    for pod in &running {
-        e2e::wait_gone(
-            Api::<Pod>::namespaced(env.client.clone(), &env.ns),
-            &pod.name_any(),
-        )
-        .await?;
-    }
-    let finished = versions
-        .iter()
-        .find_map(|wl| wl.condition(cond::FINISHED).map(|c| c.reason.clone()));
+    pods_gone(&env, &running).await?;
+    let finished = finished_reason(&versions);
     let (minor, _) = e2e::kueue_version();
     println!("Kueue v0.{minor}: Finished before its deletion: {finished:?}");
     if minor < 18 {
-        assert_eq!(
-            finished, None,
-            "Kueue v0.{minor} has no FinishOrphanedWorkloads"
-        );
+        let why = format!("Kueue v0.{minor} has no FinishOrphanedWorkloads");
+        assert_eq!(finished, None, "{why}");
     } else if let Some(reason) = finished {
         assert_eq!(reason, "OwnerNotFound");
     }
@@ -435,68 +676,28 @@ async fn deleting_the_job_lets_the_garbage_collector_delete_its_workload_and_pod
 /// it). A request owned by a PodTemplate, made at the same moment, stays.
 #[tokio::test]
 async fn kueues_check_deletes_any_request_owned_by_a_workload_holding_quota() -> Result<()> {
-    use k8s_openapi::api::core::v1::PodTemplate;
-    use kube::api::PostParams;
-    use kueue_admission_sdk::api::ProvisioningRequest;
     let env = TestEnv::new("owned-by-workload").await?;
     let (_, wl_name, wl) = job_waiting_for_the_check(&env).await?;
-    let template: PodTemplate = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "anchor"},
-        "template": e2e::pod_template(serde_json::json!({}), "1"),
-    }))?;
-    let template = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
-        .create(&PostParams::default(), &template)
-        .await?;
-    let owner = |api_version: &str, kind: &str, name: String, uid: Option<String>| serde_json::json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid});
-    let request = |name: &str, owner: serde_json::Value| -> Result<ProvisioningRequest> {
-        Ok(serde_json::from_value(serde_json::json!({
-            "apiVersion": "autoscaling.x-k8s.io/v1",
-            "kind": "ProvisioningRequest",
-            "metadata": {"name": name, "ownerReferences": [owner]},
-            "spec": {
-                "provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
-                "podSets": [{"podTemplateRef": {"name": "anchor"}, "count": 1}],
-            },
-        }))?)
-    };
+    let template = anchor_template(&env).await?;
     let requests = Api::<ProvisioningRequest>::namespaced(env.client.clone(), &env.ns);
     let by_template = owner("v1", "PodTemplate", template.name_any(), template.uid());
-    requests
-        .create(
-            &PostParams::default(),
-            &request("owned-by-template", by_template)?,
-        )
-        .await?;
+    create_request(&requests, "owned-by-template", by_template).await?;
     let by_workload = owner(
         "kueue.x-k8s.io/v1beta2",
         "Workload",
         wl_name.clone(),
         wl.uid(),
     );
-    requests
-        .create(
-            &PostParams::default(),
-            &request("owned-by-workload", by_workload)?,
-        )
-        .await?;
+    create_request(&requests, "owned-by-workload", by_workload).await?;
     // Kueue's check reconciles the Workload on any change of it (a check writing its entry,
     // say); the test makes one.
-    let touch = serde_json::json!({"metadata": {"annotations": {"e2e.kueue-admission-checks.dev/touched": "1"}}});
-    env.workloads()
-        .patch(
-            &wl_name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&touch),
-        )
-        .await?;
+    env.touch_workload(&wl_name, "1").await?;
+
     e2e::wait_gone(requests.clone(), "owned-by-workload").await?;
     assert!(requests.get_opt("owned-by-template").await?.is_some());
     let still: Workload = env.workloads().get(&wl_name).await?;
-    assert!(
-        still.condition_is_true(cond::QUOTA_RESERVED),
-        "{}",
-        e2e::dump(&still)
-    );
+    let reserved = still.condition_is_true(cond::QUOTA_RESERVED);
+    assert!(reserved, "{}", e2e::dump(&still));
     Ok(())
 }
 
@@ -507,68 +708,24 @@ async fn kueues_check_deletes_any_request_owned_by_a_workload_holding_quota() ->
 #[tokio::test]
 async fn kueues_webhook_refuses_an_invalid_pod_set_update_with_a_403_that_is_no_rbac() -> Result<()>
 {
-    use kube::api::{Patch, PatchParams};
     use kueue_admission_sdk::ErrorClass;
     let env = TestEnv::new("webhook-403").await?;
     let (q, wl_name, wl) = job_waiting_for_the_check(&env).await?;
     let key = format!("example.com/{}", "z".repeat(70));
-    let pp = PatchParams::apply(&format!("{}-{}", e2e::TEST_FIELD_MANAGER, q.check)).force();
-    // Kueue writes the Workload again right after reserving quota: a write at an older
-    // resourceVersion gets a 409 first, and is sent again from a fresh read.
-    let mut refused = None;
-    for _ in 0..10 {
-        let fresh = env.workloads().get(&wl_name).await?;
-        let body = serde_json::json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {"name": wl_name, "namespace": env.ns, "resourceVersion": fresh.resource_version()},
-        "status": {"admissionChecks": [{
-            "name": q.check,
-            "state": "Ready",
-            "message": "provisioned",
-            "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::now()),
-            "podSetUpdates": [{"name": "main", "nodeSelector": {key.clone(): "zone-a"}}],
-        }]},
-        });
-        let answer = env
-            .workloads()
-            .patch_status(&wl_name, &pp, &Patch::Apply(&body))
-            .await
-            .expect_err("Kueue's webhook refuses the key");
-        if !matches!(&answer, kube::Error::Api(s) if s.code == 409) {
-            refused = Some(answer);
-            break;
-        }
-    }
-    let refused = refused.context("409 Conflict ten times in a row")?;
-    let kube::Error::Api(status) = refused else {
-        panic!("not an API answer: {refused}");
-    };
+    let status = ready_with_node_selector_refused(&env, &wl_name, &q.check, &key).await?;
     println!("{} {}: {}", status.code, status.reason, status.message);
     assert_eq!(status.code, 403, "{status:?}");
+    let denial = "admission webhook \"vworkload.kb.io\" denied the request";
     assert!(
-        status
-            .message
-            .starts_with("admission webhook \"vworkload.kb.io\" denied the request")
+        status.message.starts_with(denial)
             && status.message.contains("name part must be no more than 63"),
         "{status:?}"
     );
-    assert!(
-        matches!(
-            ErrorClass::of_status(status.code, &status.reason, &status.message),
-            ErrorClass::Permanent { .. }
-        ),
-        "the SDK takes it for permanent"
-    );
+    let class = ErrorClass::of_status(status.code, &status.reason, &status.message);
+    let permanent = matches!(class, ErrorClass::Permanent { .. });
+    assert!(permanent, "the SDK takes it for permanent");
     // The SDK's own check says the same before anything is sent.
-    let mut update = kueue_admission_sdk::api::PodSetUpdate {
-        name: "main".into(),
-        ..Default::default()
-    };
-    update.node_selector.insert(key, "zone-a".into());
-    let why = kueue_admission_sdk::api::validation::pod_set_updates(&wl.spec.pod_sets, &[update])
-        .expect_err("refused by the SDK too");
+    let why = sdk_refusal(&wl, &key);
     assert!(why.contains("70 characters"), "{why}");
     // Nothing landed.
     let now = env.workloads().get(&wl_name).await?;
@@ -584,47 +741,15 @@ async fn kueues_webhook_refuses_an_invalid_pod_set_update_with_a_403_that_is_no_
 /// reason `Deactivated` (what `kueue-ac reactivate` does) is what requeues it.
 #[tokio::test]
 async fn a_workload_a_check_rejected_is_not_queued_again_by_spec_active_true() -> Result<()> {
-    use kube::api::{Patch, PatchParams};
+    const BY_CHECK: &str = "DeactivatedDueToAdmissionCheck";
     let env = TestEnv::new("reactivate-rejected").await?;
     let (q, wl_name, _) = job_waiting_for_the_check(&env).await?;
-    env.answer_check(
-        &wl_name,
-        &q.check,
-        CheckState::Rejected,
-        "rejected by the test",
-    )
-    .await?;
-    let deactivated = env
-        .wait_workload(&wl_name, "deactivated, evicted, quota released", |wl| {
-            !wl.is_active()
-                && wl.condition_is_true(cond::EVICTED)
-                && !wl.condition_is_true(cond::QUOTA_RESERVED)
-                && wl.condition(cond::REQUEUED).is_some()
-        })
-        .await?;
-    let requeued = deactivated.condition(cond::REQUEUED).cloned();
-    let evicted = deactivated.condition(cond::EVICTED).cloned();
-    assert_eq!(
-        requeued
-            .as_ref()
-            .map(|c| (c.status.as_str(), c.reason.as_str())),
-        Some(("False", "DeactivatedDueToAdmissionCheck")),
-        "{}",
-        e2e::dump(&deactivated)
-    );
-    assert_eq!(
-        evicted.as_ref().map(|c| c.reason.as_str()),
-        Some("DeactivatedDueToAdmissionCheck")
-    );
+    let deactivated = rejected_and_released(&env, &wl_name, &q.check).await?;
+    assert_condition(&deactivated, cond::REQUEUED, ("False", BY_CHECK));
+    assert_condition(&deactivated, cond::EVICTED, ("True", BY_CHECK));
 
     // The advice of old: spec.active: true.
-    env.workloads()
-        .patch(
-            &wl_name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"active": true}})),
-        )
-        .await?;
+    set_spec_active(&env, &wl_name).await?;
     // A Job submitted afterwards, with room for both: the scheduler runs and admits it, while
     // the reactivated Workload (older, same priority, first in line if it were queued) gets
     // nothing.
@@ -632,58 +757,19 @@ async fn a_workload_a_check_rejected_is_not_queued_again_by_spec_active_true() -
     env.wait_check_pending_with_quota(&later, &q.check).await?;
     let stuck = env.workloads().get(&wl_name).await?;
     // Never reserved since: its QuotaReserved=False is the one the deactivation left.
-    let released_at = |wl: &Workload| {
-        wl.condition(cond::QUOTA_RESERVED)
-            .map(|c| (c.status.clone(), c.last_transition_time.clone()))
-    };
-    assert_eq!(
-        released_at(&stuck),
-        released_at(&deactivated),
-        "{}",
-        e2e::dump(&stuck)
-    );
+    assert_never_reserved_since(&stuck, &deactivated);
+    let requeued = condition_of(&stuck, cond::REQUEUED).map(|(_, reason)| reason);
     assert!(
-        stuck.is_active()
-            && stuck.condition_is_true(cond::EVICTED)
-            && stuck.condition(cond::REQUEUED).map(|c| c.reason.as_str())
-                == Some("DeactivatedDueToAdmissionCheck"),
+        stuck.is_active() && stuck.condition_is_true(cond::EVICTED) && requeued == Some(BY_CHECK),
         "{}",
         e2e::dump(&stuck)
     );
 
     // The reason Kueue requeues on: it is queued again and reserves quota.
-    let conditions: Vec<_> = stuck
-        .status
-        .clone()
-        .unwrap_or_default()
-        .conditions
-        .into_iter()
-        .map(|mut c| {
-            if c.type_ == cond::REQUEUED {
-                c.reason = "Deactivated".into();
-            }
-            c
-        })
-        .collect();
-    env.workloads()
-        .patch_status(
-            &wl_name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({
-                "metadata": {"resourceVersion": stuck.resource_version()},
-                "status": {"conditions": conditions},
-            })),
-        )
-        .await?;
+    requeued_reason_deactivated(&env, &stuck).await?;
     let back = env
         .wait_check_pending_with_quota(&wl_name, &q.check)
         .await?;
-    assert_eq!(
-        back.condition(cond::REQUEUED)
-            .map(|c| (c.status.as_str(), c.reason.as_str())),
-        Some(("True", "Reactivated")),
-        "{}",
-        e2e::dump(&back)
-    );
+    assert_condition(&back, cond::REQUEUED, ("True", "Reactivated"));
     Ok(())
 }
