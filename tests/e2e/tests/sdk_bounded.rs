@@ -30,9 +30,14 @@ const HOLD: Duration = Duration::from_secs(3);
 
 /// No delay between attempts, one retry: the second failure rejects.
 fn one_retry() -> RetryPolicy {
+    immediate_retries(1)
+}
+
+/// No delay between attempts, at most `limit` retries.
+fn immediate_retries(limit: u32) -> RetryPolicy {
     RetryPolicy {
         backoff: Backoff::Immediate,
-        retry_limit: Some(1),
+        retry_limit: Some(limit),
     }
 }
 
@@ -84,24 +89,110 @@ async fn held_with(env: &TestEnv, wl: &str, check: &str, start: &str) -> Result<
     Ok(message_of(&seen, check))
 }
 
+/// Submits Job `job` (1 cpu) to `lq` and waits until its Workload holds quota with `q`'s check
+/// `Pending`; returns the Workload's name.
+async fn pending_with_quota(env: &TestEnv, q: &GuardedQueue) -> Result<String> {
+    let wl = env.submit_job("job", "lq", "1").await?;
+    env.wait_check_pending_with_quota(&wl, &q.check).await?;
+    Ok(wl)
+}
+
+/// Waits until `check`'s entry carries the probe's unscripted "no answer yet" (and, if
+/// `holding_quota`, while the Workload holds quota).
+async fn probe_has_no_answer_yet(
+    env: &TestEnv,
+    wl: &str,
+    check: &str,
+    holding_quota: bool,
+) -> Result<Workload> {
+    env.wait_workload(wl, "the probe's Pending", |w| {
+        (!holding_quota || w.condition_is_true(cond::QUOTA_RESERVED))
+            && message_of(w, check) == "no answer yet"
+    })
+    .await
+}
+
+/// Whether the Workload is `Admitted`.
+fn is_admitted(w: &Workload) -> bool {
+    w.condition_is_true(cond::ADMITTED)
+}
+
+/// How the hold's message starts when `check`'s `Ready` cannot be written.
+fn ready_unwritable(check: &str) -> String {
+    format!("Permanent failure: the Ready answer of check {check} cannot be written")
+}
+
+/// How the hold's message starts when `check`'s `Retry` saying `message` cannot be counted.
+fn retry_uncountable(check: &str, message: &str) -> String {
+    format!(
+        "Permanent failure: check {check} answered Retry ({message:?}), but it cannot be counted \
+         on the Workload"
+    )
+}
+
+/// How the hold's message starts when `check` cannot answer, and `why`.
+fn cannot_answer(check: &str, why: &str) -> String {
+    format!("check {check} cannot answer: {why}")
+}
+
+/// The attempt of every call the probe had for Job `job`, in order.
+fn attempts_asked(script: &ProbeScript) -> Vec<u32> {
+    script.calls_for("job").iter().map(|(_, a)| *a).collect()
+}
+
+/// Whether `check`'s entry was ever in `state` in `history`.
+fn ever_in_state(history: &[Workload], check: &str, state: CheckState) -> bool {
+    history
+        .iter()
+        .any(|w| w.admission_check(check).is_some_and(|e| e.state == state))
+}
+
+/// An update for the podset `name` that changes nothing else.
+fn podset_update(name: &str) -> PodSetUpdate {
+    PodSetUpdate {
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+/// The runtime's count of attempt records the API server refused for `check`.
+async fn records_refused(probe: &e2e::Running, check: &str) -> Result<Option<f64>> {
+    let series = format!("kueue_ac_attempt_records_refused_total{{check=\"{check}\"}}");
+    probe.metric(&series).await
+}
+
+/// The runtime settings in shadow mode for every ClusterQueue.
+fn in_shadow_mode(config: RuntimeConfig) -> RuntimeConfig {
+    RuntimeConfig {
+        shadow: Some(ShadowScope::AllClusterQueues),
+        ..config
+    }
+}
+
+/// Takes every admission check off the ClusterQueue `cq` (the rest of a rollback to shadow mode).
+async fn drop_the_queues_checks(env: &TestEnv, cq: &str) -> Result<()> {
+    Api::<ClusterQueue>::all(env.client.clone())
+        .patch(
+            cq,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"admissionChecksStrategy": null}})),
+        )
+        .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn an_answer_kueue_would_refuse_is_shown_on_the_entry_then_retried_then_rejected()
 -> Result<()> {
     let env = TestEnv::new("bounded-invalid").await?;
     let (q, script) = probed(&env).await?;
-    let nope = PodSetUpdate {
-        name: "nope".into(),
-        ..Default::default()
-    };
+    let nope = podset_update("nope");
     script.answer("job", Decision::ready_with_updates("granted", vec![nope]));
     let _probe = run_probe(&env, &q, &script, one_retry(), |c| c)?;
     let mut recorder = env.record_workloads().await?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    let start = format!(
-        "Permanent failure: the Ready answer of check {} cannot be written: a podSetUpdate for \
-         podset \"nope\", which the workload does not have",
-        q.check
-    );
+    let why = "a podSetUpdate for podset \"nope\", which the workload does not have";
+    let start = format!("{}: {why}", ready_unwritable(&q.check));
     let message = held_with(&env, &wl, &q.check, &start).await?;
     assert!(message.contains("granted"), "{message}");
     // Not retried for ever: held, given back (Retry), asked again, and past the limit Rejected,
@@ -109,21 +200,13 @@ async fn an_answer_kueue_would_refuse_is_shown_on_the_entry_then_retried_then_re
     let history = recorder
         .until(&wl, "deactivated", |w| !w.is_active())
         .await?;
-    let rejected = history.iter().any(|w| {
-        w.admission_check(&q.check)
-            .is_some_and(|e| e.state == CheckState::Rejected)
-    });
+    let rejected = ever_in_state(&history, &q.check, CheckState::Rejected);
     let last = history.last().context("no version")?;
-    assert!(
-        rejected && last.evictions("AdmissionCheck") >= 1,
-        "{}",
-        e2e::dump(last)
-    );
-    let attempts: Vec<u32> = script.calls_for("job").iter().map(|(_, a)| *a).collect();
-    assert!(
-        attempts.contains(&1) && attempts.contains(&2),
-        "{attempts:?}"
-    );
+    let evicted = last.evictions("AdmissionCheck") >= 1;
+    assert!(rejected && evicted, "{}", e2e::dump(last));
+    let attempts = attempts_asked(&script);
+    let both = attempts.contains(&1) && attempts.contains(&2);
+    assert!(both, "{attempts:?}");
     let note = env.event_note(&wl, "CheckFailedPermanently").await?;
     assert!(note.contains("\"nope\""), "{note}");
     Ok(())
@@ -197,35 +280,22 @@ async fn refuse_the_forbidden_word(env: &TestEnv, wl: &str, check: &str) -> Resu
 async fn a_policys_denial_of_the_answer_is_permanent_not_rbac() -> Result<()> {
     let env = TestEnv::new("bounded-policy").await?;
     let (q, script) = probed(&env).await?;
-    script.answers(
-        "job",
-        vec![
-            Decision::ready("granted, forbidden-word"),
-            Decision::ready("granted"),
-        ],
-    );
+    let answers = ["granted, forbidden-word", "granted"].map(Decision::ready);
+    script.answers("job", answers.to_vec());
     let gate = script.gate("job");
     let _probe = run_probe(&env, &q, &script, one_retry(), |c| c)?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_check_pending_with_quota(&wl, &q.check).await?;
+    let wl = pending_with_quota(&env, &q).await?;
     refuse_the_forbidden_word(&env, &wl, &q.check).await?;
     gate.add_permits(100);
-    let start = format!(
-        "Permanent failure: the Ready answer of check {} cannot be written: a \
-         ValidatingAdmissionPolicy refused a request (403)",
-        q.check
-    );
+    let why = "a ValidatingAdmissionPolicy refused a request (403)";
+    let start = format!("{}: {why}", ready_unwritable(&q.check));
     let message = held_with(&env, &wl, &q.check, &start).await?;
     assert!(!message.contains("forbidden-word"), "{message}");
     // After the hold the quota goes back; the next attempt's answer is admitted.
     let (admitted, _) = env.wait_admitted_ready(&wl, &q.check).await?;
-    assert_eq!(
-        admitted.evictions("AdmissionCheck"),
-        1,
-        "{}",
-        e2e::dump(&admitted)
-    );
-    let attempts: Vec<u32> = script.calls_for("job").iter().map(|(_, a)| *a).collect();
+    let evictions = admitted.evictions("AdmissionCheck");
+    assert_eq!(evictions, 1, "{}", e2e::dump(&admitted));
+    let attempts = attempts_asked(&script);
     assert_eq!(attempts.last(), Some(&2), "{attempts:?}");
     Ok(())
 }
@@ -234,45 +304,29 @@ async fn a_policys_denial_of_the_answer_is_permanent_not_rbac() -> Result<()> {
 async fn a_refused_attempt_record_holds_the_quota_then_the_retry_goes_uncounted() -> Result<()> {
     let env = TestEnv::new("bounded-record").await?;
     let (q, script) = probed(&env).await?;
-    script.answers(
-        "job",
-        vec![Decision::retry("busy"), Decision::ready("granted")],
-    );
+    let answers = vec![Decision::retry("busy"), Decision::ready("granted")];
+    script.answers("job", answers);
     let gate = script.gate("job");
-    let immediate = RetryPolicy {
-        backoff: Backoff::Immediate,
-        retry_limit: Some(3),
-    };
-    let probe = run_probe(&env, &q, &script, immediate, |c| c)?;
+    let probe = run_probe(&env, &q, &script, immediate_retries(3), |c| c)?;
     let mut recorder = env.record_workloads().await?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_check_pending_with_quota(&wl, &q.check).await?;
+    let wl = pending_with_quota(&env, &q).await?;
     refuse_attempt_records(&env, &wl, &q.check).await?;
     gate.add_permits(100);
-    let start = format!(
-        "Permanent failure: check {} answered Retry (\"busy\"), but it cannot be counted on the \
-         Workload: the API server refused the patch of annotation",
-        q.check
-    );
+    let why = "the API server refused the patch of annotation";
+    let start = format!("{}: {why}", retry_uncountable(&q.check, "busy"));
     held_with(&env, &wl, &q.check, &start).await?;
     // After the hold: the Retry without its record; Kueue counts it (retryCount 1), so the
     // next attempt is attempt 2, which is admitted.
-    let history = recorder
-        .until(&wl, "admitted", |w| w.condition_is_true(cond::ADMITTED))
-        .await?;
+    let history = recorder.until(&wl, "admitted", is_admitted).await?;
     retried_uncounted(&history, &q.check)?;
-    let attempts: Vec<u32> = script.calls_for("job").iter().map(|(_, a)| *a).collect();
+    let attempts = attempts_asked(&script);
     assert_eq!(attempts.last(), Some(&2), "{attempts:?}");
     let note = env.event_note(&wl, "AttemptRecordRefused").await?;
     assert!(note.contains("refused by the test"), "{note}");
     // Counted once per attempt: the first attempt's Retry, and the second attempt's Ready,
     // whose record would only have caught up with Kueue's retryCount (written without it at
     // once, no hold).
-    let series = format!(
-        "kueue_ac_attempt_records_refused_total{{check=\"{}\"}}",
-        q.check
-    );
-    assert_eq!(probe.metric(&series).await?, Some(2.0));
+    assert_eq!(records_refused(&probe, &q.check).await?, Some(2.0));
     Ok(())
 }
 
@@ -330,25 +384,16 @@ async fn a_hold_survives_restarts_its_deadline_does_not_move_and_the_retry_lands
     let gate = script.gate("job");
     let mut probe = run_with_long_hold(&env, &q, &script)?;
     let mut recorder = env.record_workloads().await?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_check_pending_with_quota(&wl, &q.check).await?;
+    let wl = pending_with_quota(&env, &q).await?;
     refuse_the_forbidden_word(&env, &wl, &q.check).await?;
     gate.add_permits(1_000);
-    let start = format!(
-        "Permanent failure: the Ready answer of check {} cannot be written",
-        q.check
-    );
+    let start = ready_unwritable(&q.check);
     held_with(&env, &wl, &q.check, &start).await?;
-    let restarts = restart_until_evicted(&env, &wl, &mut probe, || {
-        run_with_long_hold(&env, &q, &script)
-    })
-    .await?;
+    let run_again = || run_with_long_hold(&env, &q, &script);
+    let restarts = restart_until_evicted(&env, &wl, &mut probe, run_again).await?;
     assert!(restarts >= 2, "restarted {restarts} times within the hold");
-    let history = recorder
-        .until(&wl, "evicted by the check", |w| {
-            w.evictions("AdmissionCheck") >= 1
-        })
-        .await?;
+    let evicted = |w: &Workload| w.evictions("AdmissionCheck") >= 1;
+    let history = recorder.until(&wl, "evicted by the check", evicted).await?;
     let deadline = the_one_announced_deadline(&history, &q.check, &start)?;
     let retried = first_retry_at(&history, &q.check)?;
     // Within one restart (and a new process's start) of the deadline, never before it.
@@ -471,18 +516,11 @@ async fn a_check_turned_inactive_holds_its_workloads_with_the_reason_then_gives_
     env.wait_active::<ClusterQueue>(&q.cluster_queue, "True", None)
         .await?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_workload(&wl, "the probe's Pending", |w| {
-        message_of(w, &q.check) == "no answer yet"
-    })
-    .await?;
+    probe_has_no_answer_yet(&env, &wl, &q.check, false).await?;
     let bad = json!({"apiGroup": "example.com", "kind": "Budget", "name": "weekly"});
     set_parameters(&env, &q.check, bad).await?;
-    let start = format!(
-        "check {} cannot answer: its AdmissionCheck is not active (BadParametersRef: this check \
-         takes no parameters",
-        q.check
-    );
-    let message = held_with(&env, &wl, &q.check, &start).await?;
+    let why = "its AdmissionCheck is not active (BadParametersRef: this check takes no parameters";
+    let message = held_with(&env, &wl, &q.check, &cannot_answer(&q.check, why)).await?;
     assert!(message.contains("keeps its quota until"), "{message}");
     env.event_note(&wl, "CheckCannotAnswer").await?;
     given_back_and_waiting(&env, &wl, &q.cluster_queue).await?;
@@ -503,41 +541,21 @@ async fn switching_an_enforcing_check_back_to_shadow_mode_strands_no_quota() -> 
     let (q, script) = probed(&env).await?;
     let enforcing = run_probe(&env, &q, &script, RetryPolicy::default(), |c| c)?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_workload(&wl, "the probe's Pending", |w| {
-        w.condition_is_true(cond::QUOTA_RESERVED) && message_of(w, &q.check) == "no answer yet"
-    })
-    .await?;
+    probe_has_no_answer_yet(&env, &wl, &q.check, true).await?;
     enforcing.stop().await?;
 
-    let _shadow = run_probe(&env, &q, &script, RetryPolicy::default(), |c| {
-        RuntimeConfig {
-            shadow: Some(ShadowScope::AllClusterQueues),
-            ..c
-        }
-    })?;
+    let _shadow = run_probe(&env, &q, &script, RetryPolicy::default(), in_shadow_mode)?;
     env.wait_active::<AdmissionCheck>(&q.check, "False", Some("ShadowMode"))
         .await?;
-    let start = format!(
-        "check {} cannot answer: its controller runs in shadow mode (--shadow)",
-        q.check
-    );
-    held_with(&env, &wl, &q.check, &start).await?;
+    let why = "its controller runs in shadow mode (--shadow)";
+    held_with(&env, &wl, &q.check, &cannot_answer(&q.check, why)).await?;
     given_back_and_waiting(&env, &wl, &q.cluster_queue).await?;
     env.wait_job_suspend("job", true).await?;
 
     // The rest of the rollback: the ClusterQueue no longer waits for the check.
-    Api::<ClusterQueue>::all(env.client.clone())
-        .patch(
-            &q.cluster_queue,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"admissionChecksStrategy": null}})),
-        )
-        .await?;
+    drop_the_queues_checks(&env, &q.cluster_queue).await?;
     let admitted = env.wait_admitted(&wl).await?;
-    assert!(
-        admitted.admission_check(&q.check).is_none(),
-        "{}",
-        e2e::dump(&admitted)
-    );
+    let entry = admitted.admission_check(&q.check);
+    assert!(entry.is_none(), "{}", e2e::dump(&admitted));
     Ok(())
 }
