@@ -23,9 +23,11 @@ use autoscaler_simulator::SCRIPT_ANNOTATION;
 use e2e::provisioning::{History, World};
 use e2e::{SuspendedJob, TestEnv, dump, wait_for};
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::Status;
 use kueue_admission_sdk::api::{
     AdmissionCheck, AdmissionCheckState, CheckState, ProvisioningRequest, Workload,
     workload_condition as cond,
@@ -44,6 +46,10 @@ const CEILING: Duration = Duration::from_secs(20);
 const KEY: &str = "ValidUntilSeconds";
 /// Longer than the 255 characters a ProvisioningRequest takes.
 const TOO_LONG: usize = 300;
+/// The counter of permanent failures.
+const PERMANENT_FAILURES: &str = "kueue_ac_permanent_failures_total";
+/// The counter of retry delays clamped to the ceiling.
+const CLAMPED: &str = "kueue_ac_retry_delays_clamped_total";
 
 fn parameter_annotation() -> String {
     format!("{PARAMETER_ANNOTATION_PREFIX}{KEY}")
@@ -175,38 +181,67 @@ fn retry_strategy(limit: i32) -> Value {
     }})
 }
 
-/// A Job whose annotation is too long: within seconds the entry says which annotation, the
-/// limit and the fix, while the Workload keeps its quota; an Event says the same and the counter
-/// counts it. Changing the annotation on the Job (the wrong place) changes nothing. After the
-/// hold the check answers `Retry` and Kueue evicts the Workload (quota given back); the next
-/// attempt fails the same way and, past `backoffLimitCount` 1, is `Rejected`: the Workload is
-/// deactivated. No ProvisioningRequest is ever created.
-#[tokio::test]
-async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_past_the_limit()
--> Result<()> {
-    let t = setup("provfail-rejected", retry_strategy(1)).await?;
-    let (env, check) = (&t.env, &t.p.check);
-    let wls = env.workload_history();
-    let requests = env.request_history();
-    let submitted = Timestamp::now();
-    let started = Instant::now();
-    let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
-    let created = env.workloads().get(&wl).await?;
-    assert_eq!(
-        created.annotations().get(&parameter_annotation()),
-        Some(&too_long_value()),
-        "Kueue copies the Job's annotation to the Workload as it is, whatever its length"
-    );
+/// The retry strategy of the absurd test: a base of 68 years and no maximum.
+fn absurd_retry_strategy() -> Value {
+    json!({"retryStrategy": {
+        "backoffLimitCount": 3,
+        "backoffBaseSeconds": 2147483647,
+        "backoffMaxSeconds": 0,
+    }})
+}
 
-    // Within seconds: the reason on the entry, the quota still held.
-    let failed = wait_permanent_failure(&t, &wl).await?;
+/// The parameters a fixed annotation gives the request.
+fn fixed_parameters() -> BTreeMap<String, String> {
+    BTreeMap::from([(KEY.to_string(), "60".to_string())])
+}
+
+/// Why the Workload carries the too long annotation when Kueue creates it.
+const COPIED_AS_IS: &str =
+    "Kueue copies the Job's annotation to the Workload as it is, whatever its length";
+/// Why it still does once the Job's annotation was changed.
+const NOT_COPIED_AGAIN: &str = "Kueue did not copy the Job's changed annotation to the Workload";
+/// How soon a permanent failure reaches the entry.
+const SECONDS: Duration = Duration::from_secs(10);
+
+/// Asserts the Workload still carries the too long annotation as the Job gave it.
+fn assert_long_annotation_kept(wl: &Workload, why: &str) {
+    assert_eq!(
+        wl.annotations().get(&parameter_annotation()),
+        Some(&too_long_value()),
+        "{why}:\n{}",
+        dump(wl)
+    );
+}
+
+/// Waits for the permanent failure on the entry and asserts it came within `within` of
+/// `started`; returns the Workload and the entry.
+async fn permanent_failure_within(
+    t: &World,
+    workload: &str,
+    started: Instant,
+    within: Duration,
+) -> Result<(Workload, AdmissionCheckState)> {
+    let failed = wait_permanent_failure(t, workload).await?;
     let took = started.elapsed();
     ensure!(
-        took < Duration::from_secs(10),
+        took < within,
         "the permanent failure took {took:?} to reach the entry"
     );
-    let reason = too_long_reason(&t, &wl);
-    let entry = failed.admission_check(check).cloned().unwrap_or_default();
+    let entry = failed
+        .admission_check(&t.p.check)
+        .cloned()
+        .unwrap_or_default();
+    Ok((failed, entry))
+}
+
+/// The entry names the annotation, its length and the fix on the Workload (or a new Job),
+/// says the quota is kept for now, and does not repeat the value.
+fn ensure_explains_the_long_annotation(
+    t: &World,
+    workload: &str,
+    reason: &str,
+    entry: &AdmissionCheckState,
+) -> Result<()> {
     ensure!(
         entry.message.starts_with(&format!(
             "Permanent failure: {reason}. Retrying will not fix this; once it is fixed the check \
@@ -220,8 +255,8 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
             parameter_annotation()
         ),
         format!(
-            "kubectl annotate workload -n {} {wl} {}=<new value> --overwrite",
-            env.ns,
+            "kubectl annotate workload -n {} {workload} {}=<new value> --overwrite",
+            t.env.ns,
             parameter_annotation()
         ),
         "resubmit the Job".to_string(),
@@ -235,32 +270,67 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
         !entry.message.contains("9999999999"),
         "the value must not be repeated: {entry:#?}"
     );
+    Ok(())
+}
+
+/// The Workload holds its quota and is not evicted.
+fn ensure_holds_quota(wl: &Workload) -> Result<()> {
     ensure!(
-        failed.condition_is_true(cond::QUOTA_RESERVED) && !failed.condition_is_true(cond::EVICTED),
+        wl.condition_is_true(cond::QUOTA_RESERVED) && !wl.condition_is_true(cond::EVICTED),
         "the Workload keeps its quota during the hold:\n{}",
-        dump(&failed)
+        dump(wl)
     );
-    assert_eq!(
-        env.event_note(&wl, "CheckFailedPermanently").await?,
-        format!("check {check}: {reason}")
-    );
-    t.wait_counter("kueue_ac_permanent_failures_total", 1.0)
-        .await?;
+    Ok(())
+}
 
-    // The wrong place: Kueue does not copy a Job's annotations to its existing Workload.
-    let patch = json!({"metadata": {"annotations": {parameter_annotation(): "60"}}});
-    env.jobs()
-        .patch("job", &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+/// The permanent failure is announced by an Event giving the reason, and counted once.
+async fn assert_failure_announced(t: &World, workload: &str, reason: &str) -> Result<()> {
+    let note = t.env.event_note(workload, "CheckFailedPermanently").await?;
+    assert_eq!(note, format!("check {}: {reason}", t.p.check));
+    t.wait_counter(PERMANENT_FAILURES, 1.0).await?;
+    Ok(())
+}
 
-    // After the hold: Retry without delay, and Kueue evicts (the quota is given back).
-    let evicted = env
-        .wait_workload(&wl, "evicted by the check's Retry", |w| {
+/// Sets the parameter annotation on Job `job`: the wrong place, Kueue does not copy it to
+/// the Job's existing Workload.
+async fn annotate_job(t: &World, job: &str, value: &str) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": {parameter_annotation(): value}}});
+    t.env
+        .jobs()
+        .patch(job, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Waits until Kueue evicted the Workload for the check's `Retry` (it stays active).
+async fn evicted_by_retry(t: &World, workload: &str) -> Result<Workload> {
+    let evicted = t
+        .env
+        .wait_workload(workload, "evicted by the check's Retry", |w| {
             w.evictions("AdmissionCheck") >= 1
         })
         .await?;
     ensure!(evicted.is_active(), "{}", dump(&evicted));
-    let retry = the_one_entry(&wls, &wl, check, CheckState::Retry).await?;
+    Ok(evicted)
+}
+
+/// Waits until Kueue deactivated the Workload (`spec.active=false`).
+async fn deactivated(t: &World, workload: &str) -> Result<Workload> {
+    t.env
+        .wait_workload(workload, "deactivated (spec.active=false)", |w| {
+            !w.is_active()
+        })
+        .await
+}
+
+/// The `Retry` gives the quota back after the hold, attempt 1 of 2, without delay, and was
+/// not written before the hold, counted from the first failure (after `submitted`; the
+/// stored time is cut to whole seconds).
+fn ensure_retried_after_the_hold(
+    retry: &AdmissionCheckState,
+    reason: &str,
+    submitted: Timestamp,
+) -> Result<()> {
     ensure!(
         retry.message.starts_with(&format!(
             "Permanent failure: {reason}. Not fixed within 5s: the quota is given back"
@@ -270,26 +340,16 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
         "{retry:#?}"
     );
     assert_eq!(retry.requeue_after_seconds.unwrap_or(0), 0, "{retry:#?}");
-    // Not before the hold, counted from the first failure (after the submission; the stored
-    // time is cut to whole seconds).
-    let held = ltt(&retry)?.duration_since(submitted);
+    let held = ltt(retry)?.duration_since(submitted);
     ensure!(
         held >= SignedDuration::from_secs(4),
         "Retry written {held:?} after the submission, before the hold of {HOLD:?}"
     );
+    Ok(())
+}
 
-    // The next attempt fails the same way (the Workload still has the long value) and is past
-    // the limit: Rejected, deactivated.
-    let deactivated = env
-        .wait_workload(&wl, "deactivated (spec.active=false)", |w| !w.is_active())
-        .await?;
-    assert_eq!(
-        deactivated.annotations().get(&parameter_annotation()),
-        Some(&too_long_value()),
-        "Kueue did not copy the Job's changed annotation to the Workload:\n{}",
-        dump(&deactivated)
-    );
-    let rejected = the_one_entry(&wls, &wl, check, CheckState::Rejected).await?;
+/// The `Rejected` entry gives the same reason, past the limit of 1 retry.
+fn ensure_rejected_past_the_limit(rejected: &AdmissionCheckState, reason: &str) -> Result<()> {
     ensure!(
         rejected
             .message
@@ -299,14 +359,253 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
                 .ends_with("(attempt 2: no retries left after 1)"),
         "{rejected:#?}"
     );
+    Ok(())
+}
+
+/// No ProvisioningRequest or PodTemplate was ever made, and the Job is still suspended.
+async fn assert_nothing_made(t: &World, requests: &History<ProvisioningRequest>) -> Result<()> {
+    assert!(requests.objects().is_empty(), "{:?}", requests.objects());
+    assert!(t.env.our_pod_templates().await?.is_empty());
+    let job = t.env.jobs().get("job").await?;
+    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    Ok(())
+}
+
+/// Waits until the Workload is admitted and asserts its entry names attempt `attempt`'s
+/// request as provisioned; returns the Workload and the entry.
+async fn admitted_on_attempt(
+    t: &World,
+    workload: &str,
+    attempt: u32,
+) -> Result<(Workload, AdmissionCheckState)> {
+    let admitted = t.env.wait_admitted(workload).await?;
+    let entry = admitted
+        .admission_check(&t.p.check)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        entry.message,
+        format!(
+            "ProvisioningRequest {} provisioned",
+            t.qualified(workload, attempt)
+        ),
+        "{entry:#?}"
+    );
+    Ok((admitted, entry))
+}
+
+/// The parameters of attempt `attempt`'s request for the Workload.
+async fn request_parameters(
+    t: &World,
+    workload: &str,
+    attempt: u32,
+) -> Result<BTreeMap<String, String>> {
+    let request = t.request(workload, attempt);
+    let made: ProvisioningRequest = t.env.provisioning_requests().get(&request).await?;
+    Ok(made.spec.parameters)
+}
+
+/// Waits until the check is `Active=True` and returns that condition.
+async fn active_condition(t: &World) -> Result<Condition> {
+    let ac = wait_for(
+        Api::<AdmissionCheck>::all(t.env.client.clone()),
+        &t.p.check,
+        "Active=True",
+        |ac: &AdmissionCheck| ac.active_condition().is_some_and(|c| c.status == "True"),
+    )
+    .await?;
+    ac.active_condition()
+        .cloned()
+        .context("the Active condition")
+}
+
+/// Waits until the entry is `Retry` and Kueue has set `requeueAt`; returns the Workload and
+/// the entry.
+async fn retry_with_requeue_at(
+    t: &World,
+    workload: &str,
+) -> Result<(Workload, AdmissionCheckState)> {
+    let check = &t.p.check;
+    let retrying = t
+        .env
+        .wait_workload(workload, "Retry with Kueue's requeueAt set", |w| {
+            w.admission_check(check)
+                .is_some_and(|e| e.state == CheckState::Retry)
+                && w.requeue_at().is_some()
+        })
+        .await?;
+    let entry = retrying.admission_check(check).cloned().unwrap_or_default();
+    Ok((retrying, entry))
+}
+
+/// The clamp is announced by an Event naming the delay asked for and the ceiling, and
+/// counted.
+async fn assert_clamp_announced(t: &World, workload: &str) -> Result<()> {
+    assert_eq!(
+        t.env.event_note(workload, "RetryDelayClamped").await?,
+        format!(
+            "check {}: a retry delay of 68y was asked for; written as 20s, the ceiling \
+             (--max-retry-delay-seconds)",
+            t.p.check
+        )
+    );
+    t.wait_counter("kueue_ac_retry_delays_clamped_total", 1.0)
+        .await?;
+    Ok(())
+}
+
+/// Waits until the history saw the check's eviction of the Workload; returns when Kueue
+/// evicted it.
+async fn eviction_time(h: &History<Workload>, workload: &str) -> Result<Timestamp> {
+    h.wait_seen(workload, "the eviction", |w| {
+        w.evictions("AdmissionCheck") == 1 && w.condition_is_true(cond::EVICTED)
+    })
+    .await?;
+    h.applied()
+        .iter()
+        .filter(|w| w.name_any() == workload && w.condition_is_true(cond::EVICTED))
+        .find_map(|w| w.condition(cond::EVICTED).map(|c| c.last_transition_time.0))
+        .context("the eviction time")
+}
+
+/// Kueue evicted the Workload at its `requeueAt` (`due`) or at most `slack` after it.
+fn ensure_evicted_within(
+    evicted_at: Timestamp,
+    due: Timestamp,
+    slack: SignedDuration,
+) -> Result<()> {
+    let late = evicted_at.duration_since(due);
+    ensure!(
+        late >= SignedDuration::ZERO && late <= slack,
+        "evicted at {evicted_at}, {late:?} after requeueAt {due}"
+    );
+    Ok(())
+}
+
+/// Creates a ProvisioningRequest `name` whose parameter [`KEY`] is `value`, with the API
+/// server's answer as it is.
+async fn create_request(env: &TestEnv, name: &str, value: String) -> Result<ProvisioningRequest> {
+    let request: ProvisioningRequest = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.x-k8s.io/v1",
+        "kind": "ProvisioningRequest",
+        "metadata": {"name": name, "namespace": env.ns},
+        "spec": {
+            "provisioningClassName": env.provisioning_class(),
+            "parameters": {KEY: value},
+            "podSets": [{"podTemplateRef": {"name": "ppt-none"}, "count": 1}],
+        },
+    }))?;
+    Ok(env
+        .provisioning_requests()
+        .create(&PostParams::default(), &request)
+        .await?)
+}
+
+/// Creates request `name` with `value`, expecting the API server to refuse it; returns the
+/// refusal.
+async fn refused_request(env: &TestEnv, name: &str, value: String) -> Result<Box<Status>> {
+    let status = match create_request(env, name, value).await {
+        Err(e) => match e.downcast::<kube::Error>() {
+            Ok(kube::Error::Api(status)) => status,
+            other => anyhow::bail!("{name}: expected a refusal, got {other:?}"),
+        },
+        other => anyhow::bail!("{name}: expected a refusal, got {other:?}"),
+    };
+    eprintln!("{name}: {status:?}");
+    Ok(status)
+}
+
+/// What the controller would write for the refusal of request `name`, had its parameter
+/// come from an annotation of Workload `job-x` (config `prc`).
+fn controller_message(env: &TestEnv, name: &str, status: &Status) -> Result<String> {
+    let subject = Subject {
+        namespace: &env.ns,
+        workload: "job-x",
+        config: "prc",
+    };
+    let message = refusal::for_api(
+        refusal::Kind::ProvisioningRequest,
+        name,
+        status,
+        &[KEY.to_string()],
+        &subject,
+    )
+    .context("a permanent refusal")?;
+    eprintln!("{name}: the controller would write: {message}");
+    Ok(message)
+}
+
+/// The message names the request, the field, the annotation and the fix, without the
+/// value or the server's note on skipped rules.
+fn ensure_names_field_annotation_and_fix(env: &TestEnv, name: &str, message: &str) -> Result<()> {
+    ensure!(
+        message.starts_with(&format!(
+            "the API server refused to create ProvisioningRequest {}/{name} (Invalid, 422): spec.parameters",
+            env.ns
+        )),
+        "{message}"
+    );
+    ensure!(
+        !message.contains("<nil>"),
+        "the server's note on skipped rules: {message}"
+    );
+    for part in [
+        format!(
+            "comes from annotation {} on this Workload",
+            parameter_annotation()
+        ),
+        format!("kubectl annotate workload -n {} job-x", env.ns),
+    ] {
+        ensure!(message.contains(&part), "{part:?} missing: {message}");
+    }
+    ensure!(
+        !message.contains("xxxxxxxxxx") && !message.contains("éééééééééé"),
+        "{message}"
+    );
+    Ok(())
+}
+
+/// A Job whose annotation is too long: within seconds the entry says which annotation, the
+/// limit and the fix, while the Workload keeps its quota; an Event says the same and the counter
+/// counts it. Changing the annotation on the Job (the wrong place) changes nothing. After the
+/// hold the check answers `Retry` and Kueue evicts the Workload (quota given back); the next
+/// attempt fails the same way and, past `backoffLimitCount` 1, is `Rejected`: the Workload is
+/// deactivated. No ProvisioningRequest is ever created.
+#[tokio::test]
+async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_past_the_limit()
+-> Result<()> {
+    let t = setup("provfail-rejected", retry_strategy(1)).await?;
+    let (env, check) = (&t.env, &t.p.check);
+    let (wls, requests) = (env.workload_history(), env.request_history());
+    let (submitted, started) = (Timestamp::now(), Instant::now());
+    let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
+    let copied = env.workloads().get(&wl).await?;
+    assert_long_annotation_kept(&copied, COPIED_AS_IS);
+
+    // Within seconds: the reason on the entry, the quota still held.
+    let (failed, entry) = permanent_failure_within(&t, &wl, started, SECONDS).await?;
+    let reason = too_long_reason(&t, &wl);
+    ensure_explains_the_long_annotation(&t, &wl, &reason, &entry)?;
+    ensure_holds_quota(&failed)?;
+    assert_failure_announced(&t, &wl, &reason).await?;
+    // The wrong place: Kueue does not copy a Job's annotations to its existing Workload.
+    annotate_job(&t, "job", "60").await?;
+
+    // After the hold: Retry without delay, and Kueue evicts (the quota is given back).
+    evicted_by_retry(&t, &wl).await?;
+    let retry = the_one_entry(&wls, &wl, check, CheckState::Retry).await?;
+    ensure_retried_after_the_hold(&retry, &reason, submitted)?;
+
+    // The next attempt fails the same way (the Workload still has the long value) and is past
+    // the limit: Rejected, deactivated.
+    let deactivated = deactivated(&t, &wl).await?;
+    assert_long_annotation_kept(&deactivated, NOT_COPIED_AGAIN);
+    let rejected = the_one_entry(&wls, &wl, check, CheckState::Rejected).await?;
+    ensure_rejected_past_the_limit(&rejected, &reason)?;
     assert_eq!(deactivated.evictions("AdmissionCheck"), 1);
     // Each attempt's failure was counted; nothing was ever created.
-    t.wait_counter("kueue_ac_permanent_failures_total", 2.0)
-        .await?;
-    assert!(requests.objects().is_empty(), "{:?}", requests.objects());
-    assert!(env.our_pod_templates().await?.is_empty());
-    let job = env.jobs().get("job").await?;
-    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    t.wait_counter(PERMANENT_FAILURES, 2.0).await?;
+    assert_nothing_made(&t, &requests).await?;
     t.stop().await
 }
 
@@ -327,28 +626,15 @@ async fn a_fix_on_the_workload_during_the_hold_admits_it_without_an_eviction() -
         annotated.resource_version() != failed.resource_version(),
         "Kueue accepts the change of a Workload that holds quota"
     );
-    let admitted = env.wait_admitted(&wl).await?;
-    let request = format!("{wl}-{check}-1");
-    let entry = admitted.admission_check(check).cloned().unwrap_or_default();
+    let (admitted, entry) = admitted_on_attempt(&t, &wl, 1).await?;
     assert_eq!(entry.state, CheckState::Ready, "{entry:#?}");
-    assert_eq!(
-        entry.message,
-        format!("ProvisioningRequest {}/{request} provisioned", env.ns)
-    );
     assert_eq!(entry.retry_count, None, "{entry:#?}");
-    let made: ProvisioningRequest = env.provisioning_requests().get(&request).await?;
-    assert_eq!(
-        made.spec.parameters,
-        BTreeMap::from([(KEY.to_string(), "60".to_string())])
-    );
+    assert_eq!(request_parameters(&t, &wl, 1).await?, fixed_parameters());
     assert_eq!(admitted.total_evictions(), 0, "{}", dump(&admitted));
-    wls.wait_seen(&wl, "the admission", |w| {
-        w.condition_is_true(cond::ADMITTED)
-    })
-    .await?;
+    let admission = |w: &Workload| w.condition_is_true(cond::ADMITTED);
+    wls.wait_seen(&wl, "the admission", admission).await?;
     assert!(entries_in(&wls, &wl, check, CheckState::Retry).is_empty());
-    t.wait_counter("kueue_ac_permanent_failures_total", 1.0)
-        .await?;
+    t.wait_counter(PERMANENT_FAILURES, 1.0).await?;
     t.stop().await
 }
 
@@ -357,7 +643,7 @@ async fn a_fix_on_the_workload_during_the_hold_admits_it_without_an_eviction() -
 #[tokio::test]
 async fn a_fix_on_the_workload_after_a_retry_is_picked_up_by_the_next_attempt() -> Result<()> {
     let t = setup("provfail-fix-retry", retry_strategy(2)).await?;
-    let (env, check) = (&t.env, &t.p.check);
+    let env = &t.env;
     let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
     wait_permanent_failure(&t, &wl).await?;
     env.wait_workload(&wl, "evicted by the check's Retry", |w| {
@@ -366,22 +652,11 @@ async fn a_fix_on_the_workload_after_a_retry_is_picked_up_by_the_next_attempt() 
     .await?;
     annotate_workload(&t, &wl, "60").await?;
 
-    let admitted = env.wait_admitted(&wl).await?;
-    let request = format!("{wl}-{check}-2");
-    let entry = admitted.admission_check(check).cloned().unwrap_or_default();
-    assert_eq!(
-        entry.message,
-        format!("ProvisioningRequest {}/{request} provisioned", env.ns),
-        "{entry:#?}"
-    );
+    let (admitted, entry) = admitted_on_attempt(&t, &wl, 2).await?;
     assert_eq!(entry.retry_count, Some(1), "{entry:#?}");
     assert_eq!(admitted.evictions("AdmissionCheck"), 1);
-    let made: ProvisioningRequest = env.provisioning_requests().get(&request).await?;
-    assert_eq!(
-        made.spec.parameters,
-        BTreeMap::from([(KEY.to_string(), "60".to_string())])
-    );
-    assert_eq!(env.our_requests().await?, [request]);
+    assert_eq!(request_parameters(&t, &wl, 2).await?, fixed_parameters());
+    assert_eq!(env.our_requests().await?, [t.request(&wl, 2)]);
     t.stop().await
 }
 
@@ -391,97 +666,33 @@ async fn a_fix_on_the_workload_after_a_retry_is_picked_up_by_the_next_attempt() 
 /// 20 s and the next attempt admits.
 #[tokio::test]
 async fn an_absurd_retry_strategy_is_clamped_to_the_ceiling_and_reported() -> Result<()> {
-    let t = setup(
-        "provfail-absurd",
-        json!({"retryStrategy": {
-            "backoffLimitCount": 3,
-            "backoffBaseSeconds": 2147483647,
-            "backoffMaxSeconds": 0,
-        }}),
-    )
-    .await?;
-    let (env, check) = (&t.env, &t.p.check);
-    let ac = wait_for(
-        Api::<AdmissionCheck>::all(env.client.clone()),
-        check,
-        "Active=True",
-        |ac: &AdmissionCheck| ac.active_condition().is_some_and(|c| c.status == "True"),
-    )
-    .await?;
-    let active = ac
-        .active_condition()
-        .cloned()
-        .context("the Active condition")?;
-    ensure!(
-        active
-            .message
-            .contains("would wait up to 68y before an attempt, more than the ceiling of 20s")
-            && active.message.contains("such delays are written as 20s"),
-        "{active:#?}"
-    );
+    let t = setup("provfail-absurd", absurd_retry_strategy()).await?;
+    let env = &t.env;
+    let active = active_condition(&t).await?;
+    let says = |part: &str| active.message.contains(part);
+    let over = "would wait up to 68y before an attempt, more than the ceiling of 20s";
+    let written = "such delays are written as 20s";
+    ensure!(says(over) && says(written), "{active:#?}");
 
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "fail,provision").await?;
-    let retrying = env
-        .wait_workload(&wl, "Retry with Kueue's requeueAt set", |w| {
-            w.admission_check(check)
-                .is_some_and(|e| e.state == CheckState::Retry)
-                && w.requeue_at().is_some()
-        })
-        .await?;
-    let entry = retrying.admission_check(check).cloned().unwrap_or_default();
+    let (retrying, entry) = retry_with_requeue_at(&t, &wl).await?;
     assert_eq!(entry.requeue_after_seconds, Some(20), "{entry:#?}");
-    ensure!(
-        entry
-            .message
-            .contains("the delay asked for, 68y, is capped at 20s"),
-        "{entry:#?}"
-    );
+    let capped = "the delay asked for, 68y, is capped at 20s";
+    ensure!(entry.message.contains(capped), "{entry:#?}");
     // Kueue keeps the quota for the delay and takes requeueAfterSeconds as it is.
     ensure!(retrying.condition_is_true(cond::QUOTA_RESERVED));
     let due = ltt(&entry)?.checked_add(SignedDuration::from_secs(20))?;
-    let requeue_at = retrying.requeue_at();
-    assert_eq!(requeue_at, Some(due), "{}", dump(&retrying));
-    assert_eq!(
-        env.event_note(&wl, "RetryDelayClamped").await?,
-        format!(
-            "check {check}: a retry delay of 68y was asked for; written as 20s, the ceiling \
-             (--max-retry-delay-seconds)"
-        )
-    );
-    t.wait_counter("kueue_ac_retry_delays_clamped_total", 1.0)
-        .await?;
+    assert_eq!(retrying.requeue_at(), Some(due), "{}", dump(&retrying));
+    assert_clamp_announced(&t, &wl).await?;
 
     // After the 20 s, Kueue evicts and the second attempt is provisioned.
-    let admitted = env.wait_admitted(&wl).await?;
-    let entry = admitted.admission_check(check).cloned().unwrap_or_default();
-    assert_eq!(
-        entry.message,
-        format!("ProvisioningRequest {}/{wl}-{check}-2 provisioned", env.ns)
-    );
-    wls.wait_seen(&wl, "the eviction", |w| {
-        w.evictions("AdmissionCheck") == 1 && w.condition_is_true(cond::EVICTED)
-    })
-    .await?;
-    let evicted_at = wls
-        .applied()
-        .iter()
-        .filter(|w| w.name_any() == wl && w.condition_is_true(cond::EVICTED))
-        .find_map(|w| w.condition(cond::EVICTED).map(|c| c.last_transition_time.0))
-        .context("the eviction time")?;
-    let late = evicted_at.duration_since(due);
-    ensure!(
-        late >= SignedDuration::ZERO && late <= SignedDuration::from_secs(5),
-        "evicted at {evicted_at}, {late:?} after requeueAt {due}"
-    );
-    let m = t
-        .wait_counter("kueue_ac_retry_delays_clamped_total", 1.0)
-        .await?;
-    assert_eq!(
-        e2e::metric_sample(&m, &t.series("kueue_ac_retry_delays_clamped_total")),
-        Some(1.0),
-        "one clamped delay, one count"
-    );
+    admitted_on_attempt(&t, &wl, 2).await?;
+    let evicted_at = eviction_time(&wls, &wl).await?;
+    ensure_evicted_within(evicted_at, due, SignedDuration::from_secs(5))?;
+    let m = t.wait_counter(CLAMPED, 1.0).await?;
+    let count = e2e::metric_sample(&m, &t.series(CLAMPED));
+    assert_eq!(count, Some(1.0), "one clamped delay, one count");
     t.stop().await
 }
 
@@ -492,77 +703,17 @@ async fn an_absurd_retry_strategy_is_clamped_to_the_ceiling_and_reported() -> Re
 #[tokio::test]
 async fn the_api_server_refuses_parameters_over_255_characters_as_the_check_does() -> Result<()> {
     let env = TestEnv::new("provfail-crd-limit").await?;
-    let requests = env.provisioning_requests();
-    let request = |name: &str, value: String| -> Result<ProvisioningRequest> {
-        Ok(serde_json::from_value(json!({
-            "apiVersion": "autoscaling.x-k8s.io/v1",
-            "kind": "ProvisioningRequest",
-            "metadata": {"name": name, "namespace": env.ns},
-            "spec": {
-                "provisioningClassName": env.provisioning_class(),
-                "parameters": {KEY: value},
-                "podSets": [{"podTemplateRef": {"name": "ppt-none"}, "count": 1}],
-            },
-        }))?)
-    };
-    requests
-        .create(
-            &PostParams::default(),
-            &request("at-limit", "é".repeat(255))?,
-        )
+    create_request(&env, "at-limit", "é".repeat(255))
         .await
         .context("255 characters (510 bytes) are accepted")?;
     for (name, value) in [
         ("over-ascii", "x".repeat(256)),
         ("over-wide", "é".repeat(256)),
     ] {
-        let refused = requests
-            .create(&PostParams::default(), &request(name, value)?)
-            .await;
-        let status = match refused {
-            Err(kube::Error::Api(status)) => status,
-            other => anyhow::bail!("{name}: expected a refusal, got {other:?}"),
-        };
-        eprintln!("{name}: {status:?}");
+        let status = refused_request(&env, name, value).await?;
         assert_eq!(status.code, 422, "{status:?}");
-        let subject = Subject {
-            namespace: &env.ns,
-            workload: "job-x",
-            config: "prc",
-        };
-        let message = refusal::for_api(
-            refusal::Kind::ProvisioningRequest,
-            name,
-            &status,
-            &[KEY.to_string()],
-            &subject,
-        )
-        .context("a permanent refusal")?;
-        eprintln!("{name}: the controller would write: {message}");
-        ensure!(
-            message.starts_with(&format!(
-                "the API server refused to create ProvisioningRequest {}/{name} (Invalid, 422): spec.parameters",
-                env.ns
-            )),
-            "{message}"
-        );
-        ensure!(
-            !message.contains("<nil>"),
-            "the server's note on skipped rules: {message}"
-        );
-        for part in [
-            format!(
-                "comes from annotation {} on this Workload",
-                parameter_annotation()
-            ),
-            format!("kubectl annotate workload -n {} job-x", env.ns),
-        ] {
-            ensure!(message.contains(&part), "{part:?} missing: {message}");
-        }
-        ensure!(
-            !message.contains("xxxxxxxxxx") && !message.contains("éééééééééé"),
-            "{message}"
-        );
+        let message = controller_message(&env, name, &status)?;
+        ensure_names_field_annotation_and_fix(&env, name, &message)?;
     }
     Ok(())
 }
