@@ -11,8 +11,8 @@ use e2e::chart::Grant;
 use e2e::probe::{Probe, ProbeScript};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
-use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kube::api::Api;
+use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
 use kueue_admission_sdk::{
     Decision, Extensions, LeaderContext, LeaderElection, ReleaseReason, RuntimeConfig,
 };
@@ -94,6 +94,49 @@ impl Setup {
         Ok(())
     }
 
+    /// A replica that elects on the Lease `probe` as `identity`, with `lease` as its duration.
+    fn start_candidate(&self, env: &TestEnv, identity: &str, lease: Duration) -> Result<Replica> {
+        self.start(env, identity, Some(election(env, identity, lease)), None)
+    }
+
+    /// A replica of its own deployment: it elects on the Lease `lease_name` as `identity`.
+    fn start_deployment(
+        &self,
+        env: &TestEnv,
+        identity: &str,
+        lease_name: &str,
+        lease: Duration,
+    ) -> Result<Replica> {
+        let election = LeaderElection {
+            lease_name: lease_name.into(),
+            ..election(env, identity, lease)
+        };
+        self.start(env, identity, Some(election), None)
+    }
+
+    /// Waits until the probe has been asked about Job `job` (a gate may hold its answer).
+    async fn wait_deciding(&self, what: &str) -> Result<()> {
+        let script = self.script.clone();
+        e2e::eventually(what, || !script.calls_for("job").is_empty()).await
+    }
+
+    /// Waits until the probe's entry on the Workload says `message`.
+    async fn wait_message(&self, env: &TestEnv, wl: &str, message: &str) -> Result<Workload> {
+        env.wait_workload(wl, "the check's Pending message", |w| {
+            w.admission_check(&self.probe)
+                .is_some_and(|e| e.message == message)
+        })
+        .await
+    }
+
+    /// The metrics series `name` of the probe's check, with `extra` labels if any.
+    fn series(&self, name: &str, extra: &str) -> String {
+        match extra {
+            "" => format!("{name}{{check=\"{}\"}}", self.probe),
+            _ => format!("{name}{{check=\"{}\",{extra}}}", self.probe),
+        }
+    }
+
     fn start(
         &self,
         env: &TestEnv,
@@ -168,46 +211,175 @@ fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
     wl.admission_check(check).map(|e| e.state)
 }
 
+/// Who holds the Lease `probe` now, if anyone.
+async fn lease_holder(env: &TestEnv) -> Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    Ok(leases
+        .get("probe")
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity))
+}
+
+/// The replica's `kueue_ac_decisions_total` samples, one line each.
+async fn decision_series(replica: &Replica) -> Result<Vec<String>> {
+    let (_, metrics) = e2e::http_get(replica.addr()?, "/metrics").await?;
+    Ok(metrics
+        .lines()
+        .filter(|l| l.starts_with("kueue_ac_decisions_total{"))
+        .map(String::from)
+        .collect())
+}
+
+/// The `other` check answers an immediate `Retry` ("try again"); waits until Kueue has evicted
+/// the Workload and it holds quota again (not `Evicted`): the next attempt.
+async fn evicted_by_the_others_retry(env: &TestEnv, wl: &str, other: &str) -> Result<Workload> {
+    env.answer_check(wl, other, CheckState::Retry, "try again")
+        .await?;
+    env.wait_workload(wl, "evicted once and holding quota again", |w| {
+        w.total_evictions() >= 1
+            && w.condition_is_true(cond::QUOTA_RESERVED)
+            && !w.condition_is_true(cond::EVICTED)
+    })
+    .await
+}
+
+/// Ensures a `requeueAfterSeconds` is what is left of a 40 s delay decided at `decided_at` (the
+/// SDK adds back the sub-second part Kueue drops, so up to 41).
+fn ensure_what_is_left_of_40s(left: Option<i32>, decided_at: std::time::Instant) -> Result<()> {
+    let left = left.unwrap_or(0);
+    let elapsed = decided_at.elapsed().as_secs() as i32;
+    ensure!(
+        (40 - elapsed - 3..=41).contains(&left),
+        "requeueAfterSeconds {left}, expected what is left of 40 s ({elapsed} s elapsed; the SDK \
+         adds back the sub-second part Kueue drops, so up to 41)"
+    );
+    Ok(())
+}
+
+/// Waits until Kueue has scheduled the Workload's next attempt (`requeueAt` set).
+async fn next_attempt_scheduled(env: &TestEnv, wl: &str) -> Result<Workload> {
+    env.wait_workload(wl, "Kueue scheduling the next attempt (requeueAt)", |w| {
+        w.requeue_at().is_some()
+    })
+    .await
+}
+
+/// Extensions with a task that, each time the returned sender signals, finds a Workload of
+/// `namespace` in the runtime's cache, remembers its name (the returned slot) and wakes it.
+fn waker_on_signal(
+    namespace: &str,
+) -> (
+    Extensions,
+    tokio::sync::mpsc::Sender<()>,
+    Arc<Mutex<Option<String>>>,
+) {
+    let (go, mut gone) = tokio::sync::mpsc::channel::<()>(1);
+    let cached = Arc::new(Mutex::new(None::<String>));
+    let seen = cached.clone();
+    let namespace = namespace.to_string();
+    let extensions =
+        Extensions::new().while_leading("waker", move |ctx: LeaderContext| async move {
+            while gone.recv().await.is_some() {
+                // The task finds the Workload in the runtime's cache and wakes it.
+                let Some(wl) = ctx
+                    .workloads
+                    .state()
+                    .into_iter()
+                    .find(|w| w.namespace().as_deref() == Some(namespace.as_str()))
+                else {
+                    continue;
+                };
+                *lock(&seen) = Some(wl.name_any());
+                ctx.waker.wake(&namespace, &wl.name_any()).await;
+            }
+        });
+    (extensions, go, cached)
+}
+
+/// A client of the ServiceAccount `name` that may read AdmissionChecks and patch their status
+/// but not list Workloads; returns once the authorizer says so.
+async fn account_that_cannot_list_workloads(env: &TestEnv, name: &str) -> Result<kube::Client> {
+    env.grant_cluster_rules(
+        name,
+        json!([
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks/status"], "verbs": ["patch"]},
+        ]),
+    )
+    .await?;
+    let client = env.service_account(name).await?;
+    let kueue = |resource: &str, verb: &str| Grant::cluster("kueue.x-k8s.io", resource, verb);
+    e2e::chart::wait_for_authorizer(
+        &env.client,
+        &env.ns,
+        name,
+        &[kueue("admissionchecks", "list")],
+        &[kueue("workloads", "list")],
+    )
+    .await?;
+    Ok(client)
+}
+
+/// Creates the Lease `name` as another program would (its own field manager, held by
+/// `someone-else` for an hour).
+async fn lease_of_another_program(leases: &Api<Lease>, name: &str) -> Result<Lease> {
+    let foreign: Lease = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600},
+    }))?;
+    Ok(leases
+        .create(
+            &kube::api::PostParams {
+                field_manager: Some("another-program".into()),
+                ..Default::default()
+            },
+            &foreign,
+        )
+        .await?)
+}
+
+/// A Workload `name` of one 1-cpu pod in `lq` that no Job owns (so its name is its own).
+fn workload_without_a_job(env: &TestEnv, name: &str) -> Result<Workload> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": env.ns},
+        "spec": {"queueName": "lq", "podSets": [{
+            "name": "main", "count": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{
+                "name": "main", "image": "registry.invalid/none:1",
+                "resources": {"requests": {"cpu": "1"}},
+            }]}},
+        }]},
+    }))?)
+}
+
 #[tokio::test]
 async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Result<()> {
     let (env, s) = setup("sdk-two-replicas", false).await?;
     let lease = Duration::from_secs(6);
-    let a = s.start(&env, "a", Some(election(&env, "a", lease)), None)?;
+    let a = s.start_candidate(&env, "a", lease)?;
     wait_holder(&env, Some("a")).await?;
-    let b = s.start(&env, "b", Some(election(&env, "b", lease)), None)?;
+    let b = s.start_candidate(&env, "b", lease)?;
     // The standby keeps warm caches and reports ready, but does not lead.
     b.wait_ready().await?;
     ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
 
-    s.script.answer("first", Decision::ready("approved"));
-    env.admitted_job("first").await?;
-    assert_eq!(
-        s.script.replicas_asked("first"),
-        ["a"],
-        "only the leader decides"
-    );
+    s.admitted_by(&env, "first", "a", "only the leader decides")
+        .await?;
     ensure!(a.metric("kueue_ac_leader").await? == Some(1.0));
     ensure!(b.metric("kueue_ac_leader").await? == Some(0.0));
-    let (_, standby_metrics) = e2e::http_get(b.addr()?, "/metrics").await?;
     // Its decision series exist (at 0 from the check's first sync), and stay at 0.
-    let decided: Vec<&str> = standby_metrics
-        .lines()
-        .filter(|l| l.starts_with("kueue_ac_decisions_total{"))
-        .collect();
-    ensure!(
-        decided.len() == 4 && decided.iter().all(|l| l.ends_with(" 0")),
-        "the standby wrote nothing: {decided:?}"
-    );
+    let decided = decision_series(&b).await?;
+    let four_zeros = decided.len() == 4 && decided.iter().all(|l| l.ends_with(" 0"));
+    ensure!(four_zeros, "the standby wrote nothing: {decided:?}");
 
     // A clean stop releases the Lease (holder cleared) and the standby takes it over.
     a.stop().await?;
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    let after_stop = leases.get("probe").await?;
-    let holder = after_stop.spec.and_then(|s| s.holder_identity);
-    ensure!(
-        holder.as_deref() != Some("a"),
-        "a clean stop releases the Lease, still held by {holder:?}"
-    );
+    let holder = lease_holder(&env).await?;
+    let why = "a clean stop releases the Lease, still held by";
+    ensure!(holder.as_deref() != Some("a"), "{why} {holder:?}");
     wait_holder(&env, Some("b")).await?;
     s.admitted_by(&env, "second", "b", "the new leader decides")
         .await?;
@@ -221,40 +393,25 @@ async fn a_replica_killed_mid_decision_is_replaced_and_nothing_is_lost_or_double
     let lease = Duration::from_secs(4);
     let gate = s.script.gate("job");
     s.script.answer("job", Decision::ready("approved"));
-    let first = s.start(&env, "first", Some(election(&env, "first", lease)), None)?;
+    let first = s.start_candidate(&env, "first", lease)?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    let script = s.script.clone();
-    e2e::eventually("the first replica deciding", || {
-        !script.calls_for("job").is_empty()
-    })
-    .await?;
+    s.wait_deciding("the first replica deciding").await?;
     // Killed while the check is deciding: nothing written, the Lease left to expire.
     first.kill().await;
     let pending = env.wait_check_pending_with_quota(&wl, &s.probe).await?;
     ensure!(entry_state(&pending, &s.probe) == Some(CheckState::Pending));
 
     gate.add_permits(100);
-    let second = s.start(&env, "second", Some(election(&env, "second", lease)), None)?;
+    let second = s.start_candidate(&env, "second", lease)?;
     env.wait_admitted(&wl).await?;
     let calls = s.script.calls_for("job");
-    ensure!(
-        calls.iter().filter(|(r, _)| r == "second").count() == 1,
-        "the new replica decided once: {calls:?}"
-    );
+    let by_second = calls.iter().filter(|(r, _)| r == "second").count();
+    ensure!(by_second == 1, "the new replica decided once: {calls:?}");
     ensure!(calls.iter().all(|(_, attempt)| *attempt == 1), "{calls:?}");
-    ensure!(
-        env.wait_event_count(&wl, "CheckReady", 1).await? == 1,
-        "one Ready written, one event"
-    );
-    ensure!(
-        second
-            .metric(&format!(
-                "kueue_ac_decisions_total{{check=\"{}\",state=\"Ready\"}}",
-                s.probe
-            ))
-            .await?
-            == Some(1.0)
-    );
+    let events = env.wait_event_count(&wl, "CheckReady", 1).await?;
+    ensure!(events == 1, "one Ready written, one event");
+    let ready = s.series("kueue_ac_decisions_total", r#"state="Ready""#);
+    ensure!(second.metric(&ready).await? == Some(1.0));
     second.stop().await
 }
 
@@ -266,33 +423,19 @@ async fn a_decision_from_a_stale_workload_is_refused_and_recomputed() -> Result<
     let replica = s.start(&env, "only", None, None)?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl, &s.probe).await?;
-    let script = s.script.clone();
-    e2e::eventually("the check deciding", || !script.calls_for("job").is_empty()).await?;
+    s.wait_deciding("the check deciding").await?;
     let calls_before = s.script.calls_for("job").len();
     // The Workload changes while the check decides: its answer now carries an old
     // resourceVersion, which the API server must refuse.
-    env.workloads()
-        .patch(
-            &wl,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"touched": "by-the-test"}}})),
-        )
-        .await?;
+    env.touch_workload(&wl, "by-the-test").await?;
     gate.add_permits(100);
     env.wait_admitted(&wl).await?;
     let calls = s.script.calls_for("job");
     // At least once more; Kueue's own write right after QuotaReserved can add another 409.
-    ensure!(
-        calls.len() > calls_before,
-        "asked again after the conflict: {calls:?}"
-    );
-    let conflicts = replica
-        .metric(&format!(
-            "kueue_ac_write_conflicts_total{{check=\"{}\"}}",
-            s.probe
-        ))
-        .await?
-        .unwrap_or(0.0);
+    let asked_again = calls.len() > calls_before;
+    ensure!(asked_again, "asked again after the conflict: {calls:?}");
+    let series = s.series("kueue_ac_write_conflicts_total", "");
+    let conflicts = replica.metric(&series).await?.unwrap_or(0.0);
     ensure!(conflicts >= 1.0, "the refused write was counted");
     ensure!(env.wait_event_count(&wl, "CheckReady", 1).await? == 1);
     replica.stop().await
@@ -303,79 +446,42 @@ async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> 
     let (env, s) = setup("sdk-late-retry", true).await?;
     let other = s.other.clone().expect("other check");
     let gate = s.script.gate("job");
-    s.script.answer(
-        "job",
-        Decision::retry_after("licence server busy", Duration::from_secs(40)),
-    );
+    let busy = Decision::retry_after("licence server busy", Duration::from_secs(40));
+    s.script.answer("job", busy);
     let replica = s.start(&env, "only", None, None)?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl, &s.probe).await?;
-    let script = s.script.clone();
-    e2e::eventually("the probe deciding", || !script.calls_for("job").is_empty()).await?;
+    s.wait_deciding("the probe deciding").await?;
 
     // While the probe decides, the other check asks for an immediate retry: Kueue evicts the
     // Workload, resets every entry to Pending and reserves quota again at once.
-    env.answer_check(&wl, &other, CheckState::Retry, "try again")
-        .await?;
-    env.wait_workload(&wl, "evicted once and holding quota again", |w| {
-        w.total_evictions() >= 1
-            && w.condition_is_true(cond::QUOTA_RESERVED)
-            && !w.condition_is_true(cond::EVICTED)
-    })
-    .await?;
+    evicted_by_the_others_retry(&env, &wl, &other).await?;
     let decided_at = std::time::Instant::now();
     gate.add_permits(100);
 
     // The late Retry is not lost: written on the new attempt for what is left of its delay.
-    let retried = env
-        .wait_workload(&wl, "probe entry Retry", |w| {
-            entry_state(w, &s.probe) == Some(CheckState::Retry)
-        })
-        .await?;
-    let entry = retried.admission_check(&s.probe).expect("probe entry");
-    let left = entry.requeue_after_seconds.unwrap_or(0);
-    let elapsed = decided_at.elapsed().as_secs() as i32;
-    ensure!(
-        (40 - elapsed - 3..=41).contains(&left),
-        "requeueAfterSeconds {left}, expected what is left of 40 s ({elapsed} s elapsed; the SDK \
-         adds back the sub-second part Kueue drops, so up to 41)"
-    );
-    ensure!(
-        entry.message.contains("decided for attempt 1"),
-        "{}",
-        entry.message
-    );
-    ensure!(
-        s.script.calls_for("job").len() == 1,
-        "the check was not asked again: {:?}",
-        s.script.calls_for("job")
-    );
+    let (_, entry) = env.wait_entry(&wl, &s.probe, CheckState::Retry).await?;
+    ensure_what_is_left_of_40s(entry.requeue_after_seconds, decided_at)?;
+    let carried = entry.message.contains("decided for attempt 1");
+    ensure!(carried, "{}", entry.message);
+    let calls = s.script.calls_for("job");
+    ensure!(calls.len() == 1, "the check was not asked again: {calls:?}");
     let note = env.event_note(&wl, "CheckRetryCarriedOver").await?;
     ensure!(note.contains("arrived after Kueue evicted"), "{note}");
-    env.wait_workload(&wl, "Kueue scheduling the next attempt (requeueAt)", |w| {
-        w.requeue_at().is_some()
-    })
-    .await?;
+    next_attempt_scheduled(&env, &wl).await?;
     replica.stop().await
 }
 
 #[tokio::test]
 async fn revalidation_withdraws_a_ready_answer() -> Result<()> {
     let (env, s) = setup("sdk-revalidate", false).await?;
-    let (replica, wl) = s
-        .start_admitted(
-            &env,
-            Decision::ready("within budget"),
-            "only",
-            Some(Duration::from_secs(1)),
-        )
-        .await?;
+    let ready = Decision::ready("within budget");
+    let every_second = Some(Duration::from_secs(1));
+    let (replica, wl) = s.start_admitted(&env, ready, "only", every_second).await?;
     // The check changes its mind about an admitted Workload: Kueue must evict it.
     // An immediate Retry: a delayed one would keep the quota until the delay ends.
-    s.script.answer(
-        "job",
-        Decision::retry_after("budget withdrawn", Duration::ZERO),
-    );
+    let withdrawn = Decision::retry_after("budget withdrawn", Duration::ZERO);
+    s.script.answer("job", withdrawn);
     let evicted = env
         .wait_workload(&wl, "evicted after the Ready was withdrawn", |w| {
             w.total_evictions() >= 1
@@ -383,13 +489,10 @@ async fn revalidation_withdraws_a_ready_answer() -> Result<()> {
         .await?;
     let revalidations = s.script.calls_for("job").len();
     ensure!(revalidations >= 2, "asked again while Ready");
-    ensure!(
-        evicted.admission_check(&s.probe).is_some_and(
-            |e| e.retry_count.unwrap_or(0) >= 1 || e.message.contains("budget withdrawn")
-        ),
-        "{}",
-        e2e::dump(&evicted)
-    );
+    let entry = evicted.admission_check(&s.probe);
+    let retried = entry
+        .is_some_and(|e| e.retry_count.unwrap_or(0) >= 1 || e.message.contains("budget withdrawn"));
+    ensure!(retried, "{}", e2e::dump(&evicted));
     replica.stop().await
 }
 
@@ -455,48 +558,24 @@ async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
     // The check says Pending without asking to be asked again; only a wake can move it on.
     s.script
         .answer("job", Decision::pending("waiting for the outside world"));
-    let (go, mut gone) = tokio::sync::mpsc::channel::<()>(1);
-    let cached = Arc::new(Mutex::new(None::<String>));
-    let seen = cached.clone();
-    let namespace = env.ns.clone();
-    let extensions =
-        Extensions::new().while_leading("waker", move |ctx: LeaderContext| async move {
-            while gone.recv().await.is_some() {
-                // The task finds the Workload in the runtime's cache and wakes it.
-                let Some(wl) = ctx
-                    .workloads
-                    .state()
-                    .into_iter()
-                    .find(|w| w.namespace().as_deref() == Some(namespace.as_str()))
-                else {
-                    continue;
-                };
-                *lock(&seen) = Some(wl.name_any());
-                ctx.waker.wake(&namespace, &wl.name_any()).await;
-            }
-        });
+    let (extensions, go, woken) = waker_on_signal(&env.ns);
     let replica = s.start_with(&env, "only", None, None, extensions)?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    env.wait_workload(&wl, "the check's Pending message", |w| {
-        w.admission_check(&s.probe)
-            .is_some_and(|e| e.message == "waiting for the outside world")
-    })
-    .await?;
+    s.wait_message(&env, &wl, "waiting for the outside world")
+        .await?;
     // The runtime's own write is a change too and asks once more (same answer, nothing
     // written); after that, nothing changes on the Workload and nothing asks the check again...
     tokio::time::sleep(Duration::from_secs(1)).await;
     let asked = s.script.calls_for("job").len();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    ensure!(
-        s.script.calls_for("job").len() == asked,
-        "asked again without a wake"
-    );
+    let asked_later = s.script.calls_for("job").len();
+    ensure!(asked_later == asked, "asked again without a wake");
     // ...until the outside world changes and the task wakes it.
     s.script
         .answer("job", Decision::ready("the outside world agreed"));
     go.send(()).await?;
     env.wait_admitted(&wl).await?;
-    ensure!(lock(&cached).as_deref() == Some(wl.as_str()));
+    ensure!(lock(&woken).as_deref() == Some(wl.as_str()));
     replica.stop().await
 }
 
@@ -506,42 +585,11 @@ async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
 #[tokio::test]
 async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
     let (env, s) = setup("sdk-unsynced", false).await?;
-    env.grant_cluster_rules(
-        "probe",
-        json!([
-            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["kueue.x-k8s.io"], "resources": ["admissionchecks/status"], "verbs": ["patch"]},
-        ]),
-    )
-    .await?;
-    let client = env.service_account("probe").await?;
-    let kueue = |resource: &str, verb: &str| Grant::cluster("kueue.x-k8s.io", resource, verb);
-    e2e::chart::wait_for_authorizer(
-        &env.client,
-        &env.ns,
-        "probe",
-        &[kueue("admissionchecks", "list")],
-        &[kueue("workloads", "list")],
-    )
-    .await?;
-
+    let client = account_that_cannot_list_workloads(&env, "probe").await?;
     let replica = s.start_as(&env, client, "a", None, None, Extensions::new())?;
     // The check is resolved and kept active (that needs no Workload), but the replica is not ready.
-    let active = e2e::wait_for(
-        Api::<kueue_admission_sdk::api::AdmissionCheck>::all(env.client.clone()),
-        &s.probe,
-        "Active=True",
-        |ac| {
-            ac.status.as_ref().is_some_and(|st| {
-                kueue_admission_sdk::api::find_condition(
-                    &st.conditions,
-                    kueue_admission_sdk::api::ADMISSION_CHECK_ACTIVE,
-                )
-                .is_some_and(|c| c.status == "True")
-            })
-        },
-    );
-    active.await?;
+    env.wait_active::<AdmissionCheck>(&s.probe, "True", None)
+        .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (code, _) = e2e::http_get(replica.addr()?, "/readyz").await?;
     ensure!(code == 503, "not ready without a Workload cache: {code}");
@@ -562,19 +610,7 @@ async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
 async fn a_lease_made_by_another_program_is_left_alone() -> Result<()> {
     let (env, s) = setup("sdk-foreign-lease", false).await?;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    let foreign: Lease = serde_json::from_value(json!({
-        "metadata": {"name": "shared-name"},
-        "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600},
-    }))?;
-    let foreign = leases
-        .create(
-            &kube::api::PostParams {
-                field_manager: Some("another-program".into()),
-                ..Default::default()
-            },
-            &foreign,
-        )
-        .await?;
+    let foreign = lease_of_another_program(&leases, "shared-name").await?;
     let election = LeaderElection::new(&env.ns, "shared-name");
     let replica = s.start(&env, "only", Some(election), None)?;
     // It ends by itself, without a stop (a stop while it waits to join would end it cleanly).
@@ -604,20 +640,7 @@ async fn decisions_about_a_workload_with_a_253_character_name_have_their_events(
     s.script.answer("", Decision::ready("approved"));
     let replica = s.start(&env, "only", None, None)?;
     let name = format!("w{}", "x".repeat(252));
-    let wl: Workload = serde_json::from_value(json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {"name": name, "namespace": env.ns},
-        "spec": {"queueName": "lq", "podSets": [{
-            "name": "main", "count": 1,
-            "template": {"spec": {"restartPolicy": "Never", "containers": [{
-                "name": "main", "image": "registry.invalid/none:1",
-                "resources": {"requests": {"cpu": "1"}},
-            }]}},
-        }]},
-    }))?;
-    env.workloads()
-        .create(&kube::api::PostParams::default(), &wl)
+    env.create_workload(&workload_without_a_job(&env, &name)?)
         .await?;
     env.wait_admitted(&name).await?;
     let note = env.event_note(&name, "CheckReady").await?;
@@ -635,6 +658,48 @@ fn claim_on(ac: &kueue_admission_sdk::api::AdmissionCheck) -> Option<String> {
         .map(|c| c.message.clone())
 }
 
+/// The AdmissionChecks (cluster scoped).
+fn checks(env: &TestEnv) -> Api<AdmissionCheck> {
+    Api::all(env.client.clone())
+}
+
+/// How a claim names the deployment that elects on the Lease `lease_name`.
+fn claimed_by(env: &TestEnv, lease_name: &str) -> String {
+    format!("Lease {}/{lease_name}", env.ns)
+}
+
+/// Waits until `check` is claimed by the deployment electing on `lease_name`; returns the claim
+/// as read right after.
+async fn wait_claimed_by(env: &TestEnv, check: &str, lease_name: &str) -> Result<Option<String>> {
+    let by = claimed_by(env, lease_name);
+    let what = format!("claimed by {lease_name}");
+    e2e::wait_for(checks(env), check, &what, |ac| {
+        claim_on(ac).is_some_and(|m| m.ends_with(&by))
+    })
+    .await?;
+    Ok(claim_on(&checks(env).get(check).await?))
+}
+
+/// Waits until the replica's `gauge` of standing down and its leader gauge are both 1 (in
+/// either order).
+async fn standing_down_and_leading(replica: &Replica, gauge: &str) -> Result<()> {
+    e2e::wait_metric(replica.addr()?, gauge, 1.0).await?;
+    e2e::wait_metric(replica.addr()?, "kueue_ac_leader", 1.0).await?;
+    Ok(())
+}
+
+/// Waits for the Warning event `ClaimedElsewhere` on the AdmissionCheck `check`; returns its
+/// message.
+async fn claimed_elsewhere_warning(env: &TestEnv, check: &str) -> Result<String> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(env.client.clone());
+    let warning = e2e::wait_for_any(events, "a ClaimedElsewhere event on the check", |e| {
+        e.involved_object.name.as_deref() == Some(check)
+            && e.reason.as_deref() == Some("ClaimedElsewhere")
+    })
+    .await?;
+    Ok(warning.message.unwrap_or_default())
+}
+
 /// Catalogue: two *deployments* with the same controllerName (here two runtimes electing on
 /// different Leases, as two Helm releases in different namespaces would). The first leader
 /// claims the check (a condition naming its Lease); the second finds the claim, stands down for
@@ -645,55 +710,31 @@ fn claim_on(ac: &kueue_admission_sdk::api::AdmissionCheck) -> Option<String> {
 async fn two_deployments_with_one_controller_name_answer_through_one_and_hand_over() -> Result<()> {
     let (env, s) = setup("sdk-two-deployments", false).await?;
     let lease = Duration::from_secs(6);
-    let deployment = |lease_name: &str, identity: &str| LeaderElection {
-        lease_name: lease_name.into(),
-        ..election(&env, identity, lease)
-    };
-    let checks = Api::<kueue_admission_sdk::api::AdmissionCheck>::all(env.client.clone());
-    let a = s.start(&env, "a", Some(deployment("deployment-a", "a")), None)?;
-    let claimed_by = |lease_name: &str| format!("Lease {}/{lease_name}", env.ns);
-    let (by_a, by_b) = (claimed_by("deployment-a"), claimed_by("deployment-b"));
-    e2e::wait_for(checks.clone(), &s.probe, "claimed by deployment a", |ac| {
-        claim_on(ac).is_some_and(|m| m.ends_with(&by_a))
-    })
-    .await?;
-    let claimed = checks.get(&s.probe).await?;
+    let a = s.start_deployment(&env, "a", "deployment-a", lease)?;
+    let claimed = wait_claimed_by(&env, &s.probe, "deployment-a").await?;
 
-    let b = s.start(&env, "b", Some(deployment("deployment-b", "b")), None)?;
+    let b = s.start_deployment(&env, "b", "deployment-b", lease)?;
     b.wait_ready().await?;
-    let gauge = format!("kueue_ac_check_claimed_elsewhere{{check=\"{}\"}}", s.probe);
+    let gauge = s.series("kueue_ac_check_claimed_elsewhere", "");
     // A standby stands down too (the gauge comes from the check watch every replica runs), so
     // b may see the claim before it has won its own Lease: wait for both, in either order.
-    e2e::wait_metric(b.addr()?, &gauge, 1.0).await?;
-    e2e::wait_metric(b.addr()?, "kueue_ac_leader", 1.0).await?;
+    standing_down_and_leading(&b, &gauge).await?;
     ensure!(a.metric(&gauge).await?.is_none(), "a is not standing down");
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(env.client.clone());
-    let warning = e2e::wait_for_any(events, "a ClaimedElsewhere event on the check", |e| {
-        e.involved_object.name.as_deref() == Some(s.probe.as_str())
-            && e.reason.as_deref() == Some("ClaimedElsewhere")
-    })
-    .await?;
-    let note = warning.message.unwrap_or_default();
-    ensure!(
-        note.contains(&by_a) && note.contains("same controllerName"),
-        "{note}"
-    );
+    let note = claimed_elsewhere_warning(&env, &s.probe).await?;
+    let names_a = note.contains(&claimed_by(&env, "deployment-a"));
+    ensure!(names_a && note.contains("same controllerName"), "{note}");
 
     s.admitted_by(&env, "first", "a", "only the claiming deployment decides")
         .await?;
-    let after = checks.get(&s.probe).await?;
+    let after = claim_on(&checks(&env).get(&s.probe).await?);
     ensure!(
-        claim_on(&after) == claim_on(&claimed),
-        "the claim was never overwritten: {:?}",
-        claim_on(&after)
+        after == claimed,
+        "the claim was never overwritten: {after:?}"
     );
 
     // A clean stop withdraws the claim; the other deployment takes the check over.
     a.stop().await?;
-    e2e::wait_for(checks, &s.probe, "claimed by deployment b", |ac| {
-        claim_on(ac).is_some_and(|m| m.ends_with(&by_b))
-    })
-    .await?;
+    wait_claimed_by(&env, &s.probe, "deployment-b").await?;
     s.admitted_by(&env, "second", "b", "the remaining deployment decides")
         .await?;
     // Taken off in the same step that let b answer the check again.
