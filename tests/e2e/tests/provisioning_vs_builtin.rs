@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use autoscaler_simulator::SCRIPT_ANNOTATION;
 use e2e::TestEnv;
 use e2e::capacity::{CONSUME_ANNOTATION, node_of, pod_annotation};
-use e2e::provisioning::World;
+use e2e::provisioning::{History, World};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -107,77 +107,28 @@ async fn a_request_failed_after_our_ready_before_admission_is_retried_like_the_b
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "provision").await?;
-    let ready = env
-        .wait_workload(&wl, "our check Ready on attempt 1", |w| {
-            w.admission_check(check)
-                .is_some_and(|e| e.state == CheckState::Ready && e.retry_count.is_none())
-        })
-        .await?;
-    assert!(
-        !ready.condition_is_true(cond::ADMITTED),
-        "the gate holds it"
-    );
+    ready_held_by_the_gate(env, &wl, check, None).await?;
 
-    let first = t.request(&wl, 1);
-    add_request_condition(env, &first, pr::FAILED, "the node group went away").await?;
-    let again = env
-        .wait_workload(&wl, "our check Ready again on attempt 2", |w| {
-            w.condition_is_true(cond::QUOTA_RESERVED)
-                && !w.condition_is_true(cond::EVICTED)
-                && w.admission_check(check)
-                    .is_some_and(|e| e.state == CheckState::Ready && e.retry_count == Some(1))
-        })
-        .await?;
-    assert!(!again.condition_is_true(cond::ADMITTED));
-    assert_eq!(
-        again.evictions("AdmissionCheck"),
-        1,
-        "{}",
-        e2e::dump(&again)
-    );
-    wls.wait_seen(&wl, "the history saw attempt 2's Ready", |w| {
-        w.admission_check(check)
-            .is_some_and(|e| e.state == CheckState::Ready && e.retry_count == Some(1))
-    })
-    .await?;
-    let retries: Vec<String> = wls
-        .applied()
-        .iter()
-        .filter_map(|w| w.admission_check(check))
-        .filter(|e| e.state == CheckState::Retry)
-        .map(|e| e.message.clone())
-        .collect();
+    let failure = "the node group went away";
+    add_request_condition(env, &t.request(&wl, 1), pr::FAILED, failure).await?;
+    let again = ready_held_by_the_gate(env, &wl, check, Some(1)).await?;
+    let evictions = again.evictions("AdmissionCheck");
+    assert_eq!(evictions, 1, "{}", e2e::dump(&again));
+    let retries = retries_seen_before_ready_again(&wls, &wl, check).await?;
     let expected = format!(
         "ProvisioningRequest {} failed after it was provisioned, before the workload was \
          admitted: the node group went away (attempt 1 of 3; next attempt not before ",
         t.qualified(&wl, 1)
     );
-    assert!(
-        !retries.is_empty() && retries.iter().all(|m| m.starts_with(&expected)),
-        "{retries:#?}"
-    );
+    let all_expected = retries.iter().all(|m| m.starts_with(&expected));
+    assert!(!retries.is_empty() && all_expected, "{retries:#?}");
     assert_eq!(env.our_requests().await?, [t.request(&wl, 2)]);
 
     env.answer_check(&wl, &gate, CheckState::Ready, "the gate opens")
         .await?;
-    let admitted = env.wait_admitted(&wl).await?;
-    let entry = admitted.admission_check(check).cloned().unwrap_or_default();
-    assert_eq!(
-        entry.message,
-        format!("ProvisioningRequest {} provisioned", t.qualified(&wl, 2))
-    );
-    let m = t.controller()?.metrics().await?;
-    let series = |name: &str| e2e::metric_sample(&m, &t.series(name)).unwrap_or_default();
-    assert_eq!(
-        series("kueue_provisioning_requests_failed_total"),
-        1.0,
-        "{m}"
-    );
-    assert_eq!(
-        series("kueue_provisioning_requests_provisioned_total"),
-        2.0,
-        "{m}"
-    );
+    admitted_on_attempt(&t, &wl, 2).await?;
+    let (counts, m) = failed_and_provisioned_counts(&t).await?;
+    assert_eq!(counts, [1.0, 2.0], "failed, provisioned: {m}");
     t.stop().await
 }
 
@@ -322,57 +273,33 @@ async fn kueue_admits_then_fails_to_start_a_workload_whose_ready_entries_give_a_
 -> Result<()> {
     let env = TestEnv::new("ready-updates-conflict").await?;
     let flavor = env.resource_flavor("default").await?.name_any();
-    let mut checks = Vec::new();
-    for name in ["a", "b"] {
-        let controller = env.own_controller_name(name);
-        let check = env.admission_check(name, &controller).await?.name_any();
-        env.set_admission_check_active(&check, true).await?;
-        checks.push(check);
-    }
-    let (a, b) = (&checks[0], &checks[1]);
+    let (a, b) = (own_check(&env, "a").await?, own_check(&env, "b").await?);
     let quotas: [(&str, &[(&str, &str)]); 1] = [(&flavor, &[("cpu", "4")])];
-    queue(&env, &["cpu"], &quotas, &[(a, &[]), (b, &[])]).await?;
+    queue(&env, &["cpu"], &quotas, &[(&a, &[]), (&b, &[])]).await?;
 
     let wl = env.submit_job("two-values", "lq", "1").await?;
-    env.wait_check_pending_with_quota(&wl, b).await?;
+    env.wait_check_pending_with_quota(&wl, &b).await?;
     let mut versions = env.record_workloads().await?;
-    answer_with_updates(&env, &wl, a, &[consume("req-a")]).await?;
-    answer_with_updates(&env, &wl, b, &[consume("req-b")]).await?;
-    let seen = versions
-        .until(&wl, "Finished", |w| w.condition_is_true(cond::FINISHED))
-        .await?;
-    let finished = seen.last().cloned().context("a version")?;
-    let c = finished
-        .condition(cond::FINISHED)
-        .cloned()
-        .context("a Finished condition")?;
-    assert_eq!(c.reason, "FailedToStart", "{}", e2e::dump(&finished));
+    answer_ready_consuming(&env, &wl, &[(&a, "req-a"), (&b, "req-b")]).await?;
+    let failed = finished_failed_to_start(&mut versions, &wl).await?;
     assert_eq!(
-        c.message,
+        failed.condition.message,
         format!(
             "in admission check \"{b}\": invalid admission check PodSetUpdate: conflict for \
              annotations: conflict for key={CONSUME_ANNOTATION}, value1=req-a, value2=req-b"
         )
     );
     // Admitted first (v0.15.2 then drops Admitted with the Finished write; v0.19.2 keeps it).
-    assert!(
-        seen.iter().any(|w| w.condition_is_true(cond::ADMITTED)),
-        "admitted first"
-    );
-    let job = env.jobs().get("two-values").await?;
-    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    assert!(failed.seen.iter().any(admitted), "admitted first");
+    assert_job_suspended(&env, "two-values").await?;
 
     let same = env.submit_job("one-value", "lq", "1").await?;
-    env.wait_check_pending_with_quota(&same, b).await?;
-    answer_with_updates(&env, &same, a, &[consume("req-same")]).await?;
-    answer_with_updates(&env, &same, b, &[consume("req-same")]).await?;
+    env.wait_check_pending_with_quota(&same, &b).await?;
+    answer_ready_consuming(&env, &same, &[(&a, "req-same"), (&b, "req-same")]).await?;
     env.wait_job_unsuspended("one-value").await?;
     let now = env.workloads().get(&same).await?;
-    assert!(
-        !now.condition_is_true(cond::FINISHED),
-        "{}",
-        e2e::dump(&now)
-    );
+    let finished = now.condition_is_true(cond::FINISHED);
+    assert!(!finished, "{}", e2e::dump(&now));
     Ok(())
 }
 
@@ -387,20 +314,10 @@ async fn kueue_admits_then_fails_to_start_a_workload_whose_ready_entries_give_a_
 async fn two_checks_of_ours_on_one_podset_refuse_the_second_ready_instead_of_failing_the_job()
 -> Result<()> {
     let env = TestEnv::new("prov-two-checks-one-podset").await?;
-    let controller_name = env.provisioning_controller_name();
-    let mut checks = Vec::new();
-    for name in ["prov-a", "prov-b"] {
-        let config = env
-            .provisioning_config(&format!("{name}-prc"), retries(0))
-            .await?;
-        checks.push(
-            env.provisioning_check(name, &controller_name, &config)
-                .await?,
-        );
-    }
+    let specs = [("prov-a", retries(0)), ("prov-b", retries(0))];
+    let checks = our_checks(&env, &specs).await?;
     let flavor = env.provisioning_flavor("pool").await?;
-    let check_refs: Vec<&str> = checks.iter().map(String::as_str).collect();
-    env.queues_on(&flavor, "4", &check_refs).await?;
+    env.queues_on(&flavor, "4", &names(&checks)).await?;
     let controller = env.start_provisioning_controller_tuned(env.client.clone(), None, |c| {
         c.permanent_failure_hold = Duration::from_secs(3);
     })?;
@@ -408,54 +325,23 @@ async fn two_checks_of_ours_on_one_podset_refuse_the_second_ready_instead_of_fai
     let mut recorder = env.record_workloads().await?;
     let wl = env.job_with_script("job", "provision").await?;
 
-    let refused = |w: &Workload| {
-        checks.iter().find_map(|c| {
-            let e = w.admission_check(c)?;
-            (e.state == CheckState::Pending && e.message.starts_with("Permanent failure"))
-                .then(|| (c.clone(), e.message.clone()))
-        })
-    };
-    let held = env
-        .wait_workload(&wl, "one Ready, the other refused", |w| {
-            w.condition_is_true(cond::QUOTA_RESERVED) && refused(w).is_some()
-        })
-        .await?;
-    let (second, message) = refused(&held).context("the refused check")?;
-    let first = checks
-        .iter()
-        .find(|c| **c != second)
-        .cloned()
-        .unwrap_or_default();
-    let first_entry = held.admission_check(&first).cloned().unwrap_or_default();
-    assert_eq!(first_entry.state, CheckState::Ready, "{}", e2e::dump(&held));
-    assert!(
-        message.starts_with(&format!(
-            "Permanent failure: the Ready answer of check {second} cannot be written: the \
-             podSetUpdate for podset \"main\" gives annotation \"{CONSUME_ANNOTATION}\" another \
-             value than the Ready entry of check \"{first}\" does: Kueue would admit the \
-             workload and then fail to start it (reason FailedToStart)"
-        )),
-        "{message}"
-    );
-    assert_eq!(env.our_requests().await?.len(), 2, "one request per check");
+    let (first, second, message) = one_ready_the_other_refused(&env, &wl, &checks).await?;
+    let expected = refused_second_ready(&first, &second);
+    assert!(message.starts_with(&expected), "{message}");
+    let requests = env.our_requests().await?;
+    assert_eq!(requests.len(), 2, "one request per check");
 
     let history = recorder
         .until(&wl, "deactivated", |w| !w.is_active())
         .await?;
+    let never_started = |w: &Workload| !admitted(w) && !w.condition_is_true(cond::FINISHED);
     assert!(
-        history
-            .iter()
-            .all(|w| !w.condition_is_true(cond::ADMITTED) && !w.condition_is_true(cond::FINISHED)),
+        history.iter().all(never_started),
         "admitted or finished on the way"
     );
-    assert!(
-        history.iter().any(|w| w
-            .admission_check(&second)
-            .is_some_and(|e| e.state == CheckState::Rejected)),
-        "never Rejected"
-    );
-    let job = env.jobs().get("job").await?;
-    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    let rejected = |w: &Workload| entry_is(w, &second, CheckState::Rejected);
+    assert!(history.iter().any(rejected), "never Rejected");
+    assert_job_suspended(&env, "job").await?;
     env.wait_nothing_left().await?;
     e2e::Running::stop_all([controller, simulator]).await
 }
@@ -468,43 +354,22 @@ async fn two_checks_of_ours_on_one_podset_refuse_the_second_ready_instead_of_fai
 async fn two_built_in_checks_on_one_podset_are_admitted_then_fail_to_start() -> Result<()> {
     let env = TestEnv::new("kueue-two-checks-one-podset").await?;
     let config = env.provisioning_config("prc", retries(0)).await?;
-    let mut checks = Vec::new();
-    for name in ["kprov-a", "kprov-b"] {
-        checks.push(
-            env.provisioning_check(name, KUEUE_CONTROLLER_NAME, &config)
-                .await?,
-        );
-    }
+    let checks = kueues_checks(&env, &config, &["kprov-a", "kprov-b"]).await?;
     let flavor = env.provisioning_flavor("pool").await?;
-    let check_refs: Vec<&str> = checks.iter().map(String::as_str).collect();
-    env.queues_on(&flavor, "4", &check_refs).await?;
+    env.queues_on(&flavor, "4", &names(&checks)).await?;
     let simulator = env.start_simulator()?;
     let mut versions = env.record_workloads().await?;
     let wl = env.job_with_script("job", "provision").await?;
-    let seen = versions
-        .until(&wl, "Finished", |w| w.condition_is_true(cond::FINISHED))
-        .await?;
-    let finished = seen.last().cloned().context("a version")?;
-    let c = finished
-        .condition(cond::FINISHED)
-        .cloned()
-        .context("a Finished condition")?;
-    assert_eq!(c.reason, "FailedToStart", "{}", e2e::dump(&finished));
-    assert!(
-        c.message.contains(&format!(
-            "invalid admission check PodSetUpdate: conflict for annotations: conflict for \
-             key={CONSUME_ANNOTATION}"
-        )),
-        "{}",
-        c.message
+    let failed = finished_failed_to_start(&mut versions, &wl).await?;
+    let conflict = format!(
+        "invalid admission check PodSetUpdate: conflict for annotations: conflict for \
+         key={CONSUME_ANNOTATION}"
     );
-    for check in &checks {
-        let e = finished.admission_check(check).cloned().unwrap_or_default();
-        assert_eq!(e.state, CheckState::Ready, "{}", e2e::dump(&finished));
-    }
-    assert!(seen.iter().any(|w| w.condition_is_true(cond::ADMITTED)));
-    let job = env.jobs().get("job").await?;
-    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    let message = &failed.condition.message;
+    assert!(message.contains(&conflict), "{message}");
+    assert_all_ready(&failed.finished, &checks);
+    assert!(failed.seen.iter().any(admitted));
+    assert_job_suspended(&env, "job").await?;
     simulator.stop().await
 }
 
@@ -547,73 +412,26 @@ async fn two_podset_workload(env: &TestEnv, name: &str) -> Result<Workload> {
 #[tokio::test]
 async fn two_checks_of_ours_on_two_podsets_each_make_a_request_and_admit_together() -> Result<()> {
     let env = TestEnv::new("prov-two-checks-two-podsets").await?;
-    let controller_name = env.provisioning_controller_name();
-    let mut checks = Vec::new();
-    for (name, resource) in [("prov-cpu", "cpu"), ("prov-mem", "memory")] {
-        let spec = json!({"managedResources": [resource]});
-        let config = env
-            .provisioning_config(&format!("{name}-prc"), spec)
-            .await?;
-        checks.push(
-            env.provisioning_check(name, &controller_name, &config)
-                .await?,
-        );
-    }
-    let gate = env
-        .admission_check("gate", &env.own_controller_name("gate"))
-        .await?
-        .name_any();
-    env.set_admission_check_active(&gate, true).await?;
-    let flavor = env.provisioning_flavor("pool").await?;
-    let quotas: [(&str, &[(&str, &str)]); 1] = [(&flavor, &[("cpu", "4"), ("memory", "4Gi")])];
-    let rules = [
-        (checks[0].as_str(), &[][..]),
-        (&checks[1], &[]),
-        (&gate, &[]),
-    ];
-    queue(&env, &["cpu", "memory"], &quotas, &rules).await?;
+    let (checks, gate) = checks_per_resource_and_a_gate(&env).await?;
     let controller = env.start_provisioning_controller(None)?;
     let simulator = env.start_simulator()?;
 
     let wl = two_podset_workload(&env, "pair").await?.name_any();
-    let both = env
-        .wait_workload(&wl, "both provisioning checks Ready", |w| {
-            checks.iter().all(|c| {
-                w.admission_check(c)
-                    .is_some_and(|e| e.state == CheckState::Ready)
-            })
-        })
-        .await?;
-    assert!(!both.condition_is_true(cond::ADMITTED), "the gate holds it");
-    for (check, pod_set) in checks.iter().zip(["cpus", "mems"]) {
+    let both = all_ready(&env, &wl, &checks).await?;
+    assert!(!admitted(&both), "the gate holds it");
+    for (check, pod_set, count) in [(&checks[0], "cpus", 2), (&checks[1], "mems", 1)] {
         let request = format!("{wl}-{check}-1");
-        let entry = both.admission_check(check).cloned().unwrap_or_default();
-        let updates: Vec<(&str, Option<&String>)> = entry
-            .pod_set_updates
-            .iter()
-            .map(|u| (u.name.as_str(), u.annotations.get(CONSUME_ANNOTATION)))
-            .collect();
-        assert_eq!(updates, [(pod_set, Some(&request))], "{entry:#?}");
-        let r = env.provisioning_requests().get(&request).await?;
-        let named: Vec<(&str, i32)> = r
-            .spec
-            .pod_sets
-            .iter()
-            .map(|p| (p.pod_template_ref.name.as_str(), p.count))
-            .collect();
+        let entry = e2e::entry_of(&both, check)?;
+        let expected = [(pod_set.to_string(), Some(request.clone()))];
+        assert_eq!(consumed_per_podset(&entry), expected, "{entry:#?}");
         let template = format!("ppt-{request}-{pod_set}");
-        let count = if pod_set == "cpus" { 2 } else { 1 };
-        assert_eq!(named, [(template.as_str(), count)]);
+        assert_eq!(templates_of(&env, &request).await?, [(template, count)]);
     }
     assert_eq!(env.our_requests().await?.len(), 2);
 
     env.answer_check(&wl, &gate, CheckState::Ready, "the gate opens")
         .await?;
-    let admitted = env.wait_admitted(&wl).await?;
-    for check in &checks {
-        let e = admitted.admission_check(check).cloned().unwrap_or_default();
-        assert_eq!(e.state, CheckState::Ready, "{}", e2e::dump(&admitted));
-    }
+    assert_all_ready(&env.wait_admitted(&wl).await?, &checks);
     env.finish_standalone_workload(&wl).await?;
     env.wait_nothing_left().await?;
     e2e::Running::stop_all([controller, simulator]).await
@@ -628,10 +446,7 @@ async fn two_checks_of_ours_on_two_podsets_each_make_a_request_and_admit_togethe
 #[tokio::test]
 async fn a_check_on_one_flavor_makes_no_request_for_workloads_on_the_other() -> Result<()> {
     let env = TestEnv::new("prov-on-flavors").await?;
-    let config = env.provisioning_config("prc", json!({})).await?;
-    let check = env
-        .provisioning_check("prov", &env.provisioning_controller_name(), &config)
-        .await?;
+    let check = our_check(&env, "prov", "prc", json!({})).await?;
     let guarded = env.provisioning_flavor("pool").await?;
     let other = env.provisioning_flavor("pool-b").await?;
     let quotas: [(&str, &[(&str, &str)]); 2] =
@@ -644,21 +459,14 @@ async fn a_check_on_one_flavor_makes_no_request_for_workloads_on_the_other() -> 
     let (admitted, entry) = env.wait_admitted_ready(&first, &check).await?;
     assert_eq!(assigned_flavor(&admitted), Some(guarded.clone()));
     let request = format!("{first}-{check}-1");
-    assert_eq!(
-        entry.pod_set_updates[0].annotations.get(CONSUME_ANNOTATION),
-        Some(&request)
-    );
+    assert_eq!(first_consumed(&entry), Some(&request));
     env.wait_job_pods_running("first", 1).await?;
 
     let second = env.job_with_script("second", "provision").await?;
     let admitted = env.wait_admitted(&second).await?;
     assert_eq!(assigned_flavor(&admitted), Some(other.clone()));
-    assert_eq!(
-        admitted.admission_check(&check),
-        None,
-        "{}",
-        e2e::dump(&admitted)
-    );
+    let entry = admitted.admission_check(&check);
+    assert_eq!(entry, None, "{}", e2e::dump(&admitted));
     let pods = env.wait_job_pods_running("second", 1).await?;
     assert_eq!(node_of(&pods[0]), Some("kwok-standing-pool-b"));
     assert_eq!(pod_annotation(&pods[0], CONSUME_ANNOTATION), None);
@@ -675,4 +483,300 @@ fn assigned_flavor(wl: &Workload) -> Option<String> {
         .flavors
         .get("cpu")
         .cloned()
+}
+
+/// Whether Kueue admitted the Workload.
+fn admitted(wl: &Workload) -> bool {
+    wl.condition_is_true(cond::ADMITTED)
+}
+
+/// Whether `check`'s entry on the Workload is in `state`.
+fn entry_is(wl: &Workload, check: &str, state: CheckState) -> bool {
+    wl.admission_check(check).is_some_and(|e| e.state == state)
+}
+
+/// The checks' names as the queue helpers take them.
+fn names(checks: &[String]) -> Vec<&str> {
+    checks.iter().map(String::as_str).collect()
+}
+
+/// Waits until our entry is `Ready` after `retry_count` retries while the Workload holds
+/// quota (not being evicted), and asserts the gate still holds it back (not admitted).
+async fn ready_held_by_the_gate(
+    env: &TestEnv,
+    workload: &str,
+    check: &str,
+    retry_count: Option<i32>,
+) -> Result<Workload> {
+    let what = match retry_count {
+        None => "our check Ready on attempt 1".to_string(),
+        Some(n) => format!("our check Ready again on attempt {}", n + 1),
+    };
+    let ready = env
+        .wait_workload(workload, &what, |w| {
+            w.condition_is_true(cond::QUOTA_RESERVED)
+                && !w.condition_is_true(cond::EVICTED)
+                && w.admission_check(check)
+                    .is_some_and(|e| e.state == CheckState::Ready && e.retry_count == retry_count)
+        })
+        .await?;
+    assert!(!admitted(&ready), "the gate holds it");
+    Ok(ready)
+}
+
+/// Waits until the history saw our entry `Ready` on attempt 2; returns the messages of every
+/// `Retry` entry it saw before.
+async fn retries_seen_before_ready_again(
+    wls: &History<Workload>,
+    workload: &str,
+    check: &str,
+) -> Result<Vec<String>> {
+    wls.wait_seen(workload, "the history saw attempt 2's Ready", |w| {
+        w.admission_check(check)
+            .is_some_and(|e| e.state == CheckState::Ready && e.retry_count == Some(1))
+    })
+    .await?;
+    Ok(wls
+        .applied()
+        .iter()
+        .filter_map(|w| w.admission_check(check))
+        .filter(|e| e.state == CheckState::Retry)
+        .map(|e| e.message.clone())
+        .collect())
+}
+
+/// Waits until the Workload is admitted and asserts our entry names attempt `attempt`'s
+/// request as provisioned.
+async fn admitted_on_attempt(t: &World, workload: &str, attempt: u32) -> Result<Workload> {
+    let admitted = t.env.wait_admitted(workload).await?;
+    let entry = admitted
+        .admission_check(&t.p.check)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        entry.message,
+        format!(
+            "ProvisioningRequest {} provisioned",
+            t.qualified(workload, attempt)
+        )
+    );
+    Ok(admitted)
+}
+
+/// The controller's counts of failed and of provisioned requests for the check, with the
+/// metrics they were read from.
+async fn failed_and_provisioned_counts(t: &World) -> Result<([f64; 2], String)> {
+    let m = t.controller()?.metrics().await?;
+    let series = |name: &str| e2e::metric_sample(&m, &t.series(name)).unwrap_or_default();
+    let counts = [
+        series("kueue_provisioning_requests_failed_total"),
+        series("kueue_provisioning_requests_provisioned_total"),
+    ];
+    Ok((counts, m))
+}
+
+/// An AdmissionCheck `name` of a controller of the test's own (the test answers it), active;
+/// returns its name.
+async fn own_check(env: &TestEnv, name: &str) -> Result<String> {
+    let controller = env.own_controller_name(name);
+    let check = env.admission_check(name, &controller).await?.name_any();
+    env.set_admission_check_active(&check, true).await?;
+    Ok(check)
+}
+
+/// A ProvisioningRequestConfig `config` of `spec` and an AdmissionCheck `name` of our
+/// controller on it; returns the check's name.
+async fn our_check(env: &TestEnv, name: &str, config: &str, spec: Value) -> Result<String> {
+    let config = env.provisioning_config(config, spec).await?;
+    env.provisioning_check(name, &env.provisioning_controller_name(), &config)
+        .await
+}
+
+/// [`our_check`] `<name>` on config `<name>-prc` for each `(name, spec)`, in order; returns
+/// the checks' names.
+async fn our_checks(env: &TestEnv, specs: &[(&str, Value)]) -> Result<Vec<String>> {
+    let mut checks = Vec::new();
+    for (name, spec) in specs {
+        let config = format!("{name}-prc");
+        checks.push(our_check(env, name, &config, spec.clone()).await?);
+    }
+    Ok(checks)
+}
+
+/// AdmissionChecks `names` of Kueue's built-in controller, all on config `config`, in order;
+/// returns their names.
+async fn kueues_checks(env: &TestEnv, config: &str, names: &[&str]) -> Result<Vec<String>> {
+    let mut checks = Vec::new();
+    for name in names {
+        checks.push(
+            env.provisioning_check(name, KUEUE_CONTROLLER_NAME, config)
+                .await?,
+        );
+    }
+    Ok(checks)
+}
+
+/// Answers each `(check, request)` in order `Ready`, its podSetUpdate naming `request` for
+/// the pods of podset `main` to consume.
+async fn answer_ready_consuming(
+    env: &TestEnv,
+    workload: &str,
+    answers: &[(&str, &str)],
+) -> Result<()> {
+    for (check, request) in answers {
+        answer_with_updates(env, workload, check, &[consume(request)]).await?;
+    }
+    Ok(())
+}
+
+/// A Workload Kueue finished as `FailedToStart`: every version seen until then, the last,
+/// and its `Finished` condition.
+struct FailedToStart {
+    seen: Vec<Workload>,
+    finished: Workload,
+    condition: Condition,
+}
+
+/// Records the Workload until it is `Finished` and asserts the reason is `FailedToStart`.
+async fn finished_failed_to_start(
+    versions: &mut e2e::WorkloadRecorder,
+    workload: &str,
+) -> Result<FailedToStart> {
+    let seen = versions
+        .until(workload, "Finished", |w| {
+            w.condition_is_true(cond::FINISHED)
+        })
+        .await?;
+    let finished = seen.last().cloned().context("a version")?;
+    let condition = finished
+        .condition(cond::FINISHED)
+        .cloned()
+        .context("a Finished condition")?;
+    assert_eq!(
+        condition.reason,
+        "FailedToStart",
+        "{}",
+        e2e::dump(&finished)
+    );
+    Ok(FailedToStart {
+        seen,
+        finished,
+        condition,
+    })
+}
+
+/// Asserts Job `job` is still suspended.
+async fn assert_job_suspended(env: &TestEnv, job: &str) -> Result<()> {
+    let job = env.jobs().get(job).await?;
+    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    Ok(())
+}
+
+/// Asserts every one of `checks` has its entry `Ready` on the Workload.
+fn assert_all_ready(wl: &Workload, checks: &[String]) {
+    for check in checks {
+        let e = wl.admission_check(check).cloned().unwrap_or_default();
+        assert_eq!(e.state, CheckState::Ready, "{}", e2e::dump(wl));
+    }
+}
+
+/// Waits until the Workload holds quota with one of `checks` `Ready` and the other's
+/// `Ready` refused (its entry `Pending` with a permanent failure), and asserts the first is
+/// `Ready`; returns the first check, the refused one and the refusal's message.
+async fn one_ready_the_other_refused(
+    env: &TestEnv,
+    workload: &str,
+    checks: &[String],
+) -> Result<(String, String, String)> {
+    let refused = |w: &Workload| {
+        checks.iter().find_map(|c| {
+            let e = w.admission_check(c)?;
+            (e.state == CheckState::Pending && e.message.starts_with("Permanent failure"))
+                .then(|| (c.clone(), e.message.clone()))
+        })
+    };
+    let held = env
+        .wait_workload(workload, "one Ready, the other refused", |w| {
+            w.condition_is_true(cond::QUOTA_RESERVED) && refused(w).is_some()
+        })
+        .await?;
+    let (second, message) = refused(&held).context("the refused check")?;
+    let first = checks
+        .iter()
+        .find(|c| **c != second)
+        .cloned()
+        .unwrap_or_default();
+    let first_entry = held.admission_check(&first).cloned().unwrap_or_default();
+    assert_eq!(first_entry.state, CheckState::Ready, "{}", e2e::dump(&held));
+    Ok((first, second, message))
+}
+
+/// How the refusal of check `second`'s `Ready` begins, when `first`'s stands: the podset,
+/// the annotation, the other check and what Kueue would do.
+fn refused_second_ready(first: &str, second: &str) -> String {
+    format!(
+        "Permanent failure: the Ready answer of check {second} cannot be written: the \
+         podSetUpdate for podset \"main\" gives annotation \"{CONSUME_ANNOTATION}\" another \
+         value than the Ready entry of check \"{first}\" does: Kueue would admit the \
+         workload and then fail to start it (reason FailedToStart)"
+    )
+}
+
+/// Waits until every one of `checks` is `Ready` on the Workload.
+async fn all_ready(env: &TestEnv, workload: &str, checks: &[String]) -> Result<Workload> {
+    env.wait_workload(workload, "both provisioning checks Ready", |w| {
+        checks.iter().all(|c| entry_is(w, c, CheckState::Ready))
+    })
+    .await
+}
+
+/// Each podSetUpdate of the entry: its podset and the request its pods consume.
+fn consumed_per_podset(entry: &AdmissionCheckState) -> Vec<(String, Option<String>)> {
+    entry
+        .pod_set_updates
+        .iter()
+        .map(|u| {
+            (
+                u.name.clone(),
+                u.annotations.get(CONSUME_ANNOTATION).cloned(),
+            )
+        })
+        .collect()
+}
+
+/// The request the first podSetUpdate of the entry has its pods consume.
+fn first_consumed(entry: &AdmissionCheckState) -> Option<&String> {
+    entry.pod_set_updates[0].annotations.get(CONSUME_ANNOTATION)
+}
+
+/// Each podset of request `request`: the PodTemplate it names and its count.
+async fn templates_of(env: &TestEnv, request: &str) -> Result<Vec<(String, i32)>> {
+    let r = env.provisioning_requests().get(request).await?;
+    Ok(r.spec
+        .pod_sets
+        .iter()
+        .map(|p| (p.pod_template_ref.name.clone(), p.count))
+        .collect())
+}
+
+/// Our checks `prov-cpu` and `prov-mem`, whose configs manage cpu and memory only, and the
+/// test's `gate`, all on one ClusterQueue of flavor `pool` (4 cpu, 4Gi) fed by LocalQueue
+/// `lq`; returns our checks' names and the gate's.
+async fn checks_per_resource_and_a_gate(env: &TestEnv) -> Result<(Vec<String>, String)> {
+    let managing = |resource: &str| json!({"managedResources": [resource]});
+    let specs = [
+        ("prov-cpu", managing("cpu")),
+        ("prov-mem", managing("memory")),
+    ];
+    let checks = our_checks(env, &specs).await?;
+    let gate = own_check(env, "gate").await?;
+    let flavor = env.provisioning_flavor("pool").await?;
+    let quotas: [(&str, &[(&str, &str)]); 1] = [(&flavor, &[("cpu", "4"), ("memory", "4Gi")])];
+    let rules = [
+        (checks[0].as_str(), &[][..]),
+        (&checks[1], &[]),
+        (&gate, &[]),
+    ];
+    queue(env, &["cpu", "memory"], &quotas, &rules).await?;
+    Ok((checks, gate))
 }
