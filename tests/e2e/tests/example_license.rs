@@ -3,16 +3,17 @@
 
 mod example_common;
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use example_common::{ExampleTest, LedgerFormat, assert_starts_with};
+use example_common::{Crashable, ExampleTest, LedgerFormat, assert_starts_with};
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RetryPolicy;
-use kueue_admission_sdk::api::{CheckState, workload_condition as cond};
+use kueue_admission_sdk::api::{
+    AdmissionCheckState, CheckState, Workload, workload_condition as cond,
+};
 use license_check::backend::Saved;
 use license_check::ledger::Ledger;
 use license_check::request::LICENSES_ANNOTATION;
@@ -107,6 +108,77 @@ impl Licensed {
         Ok(())
     }
 
+    /// Starts an instance whose client pauses `pause` after each read of the ledger
+    /// ([`dawdling`]).
+    fn start_dawdling(&self, pause: Duration) -> e2e::Running {
+        let client = dawdling(self.env.client.clone(), &self.backend.namespace, pause);
+        self.start(client)
+    }
+
+    /// Saves an empty ledger, so that grants race on updates, not on who creates it first.
+    async fn save_empty_ledger(&self) -> Result<Saved> {
+        Ok(self
+            .backend
+            .save(&self.env.client, &Ledger::default(), None)
+            .await?)
+    }
+
+    /// Waits until the check answers the Workload `Retry` on its second attempt (the license
+    /// is taken); returns the Workload and the entry.
+    async fn retry_on_second_attempt(&self, wl: &str) -> Result<(Workload, AdmissionCheckState)> {
+        self.entry_when(wl, "Retry on its second attempt", |e| {
+            e.state == CheckState::Retry && e.message.contains("(attempt 2;")
+        })
+        .await
+    }
+
+    /// Waits until the check answers the Workload `Retry` (the license is taken).
+    async fn told_the_license_is_taken(&self, wl: &str) -> Result<()> {
+        self.entry_when(wl, "Retry: the license is taken", |e| {
+            e.state == CheckState::Retry
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Asserts that the ledger names `wl` as the only holder, of the one matlab license.
+    async fn assert_sole_holder(&self, wl: &str) -> Result<()> {
+        let ledger = self.ledger().await?;
+        assert_eq!(holders(&ledger), vec![wl.to_string()]);
+        assert_eq!(matlab_in_use(&ledger), 1);
+        Ok(())
+    }
+
+    /// Waits until the Workload has been asked again and told to retry (retryCount 2 or more).
+    async fn told_to_retry_again(&self, wl: &str) -> Result<()> {
+        self.entry_when(wl, "asked again and told to retry", |e| {
+            e.state == CheckState::Retry && e.retry_count >= Some(2)
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Waits until Kueue has replaced the deleted Workload `first_uid` of the Job (same name,
+    /// another uid) and admitted the successor.
+    async fn successor_admitted(&self, wl: &str, first_uid: &str) -> Result<Workload> {
+        self.env
+            .wait_workload(wl, "a successor admitted", |w| {
+                w.uid().is_some_and(|u| u != first_uid) && w.condition_is_true(cond::ADMITTED)
+            })
+            .await
+    }
+
+    /// Waits until the ledger no longer holds licenses for `reclaimed` and has exactly one
+    /// holder; returns that holder's name.
+    async fn only_holder_after_reclaiming(&self, reclaimed: &str) -> Result<String> {
+        let ledger = self
+            .wait_ledger("A's holding reclaimed, one new holder", |l| {
+                l.holding(reclaimed).is_none() && l.holdings().len() == 1
+            })
+            .await?;
+        Ok(holders(&ledger).remove(0))
+    }
+
     async fn admitted(&self) -> Result<Vec<String>> {
         let list = self.env.workloads().list(&ListParams::default()).await?;
         Ok(list
@@ -152,58 +224,35 @@ fn dawdling(client: Client, namespace: &str, pause: Duration) -> Client {
 async fn ready_holds_licenses_and_the_next_waits_with_backoff_until_they_are_released() -> Result<()>
 {
     let (t, _controller) = setup_running("license-hold", &[("matlab", "1")]).await?;
-
     let a = t.submit("job-a", "matlab=1").await?;
-    let admitted = t.env.wait_admitted(&a).await?;
-    let entry = t.entry(&admitted);
+    let entry = t.entry(&t.env.wait_admitted(&a).await?);
     assert_eq!(entry.state, CheckState::Ready);
-    assert_eq!(
-        entry.message,
-        "holds matlab=1 until the workload finishes or is evicted"
-    );
+    let holds = "holds matlab=1 until the workload finishes or is evicted";
+    assert_eq!(entry.message, holds);
     t.env.wait_job_unsuspended("job-a").await?;
-    let a_uid = t.uid(&a).await?;
     let ledger = t.ledger().await?;
     assert_eq!(holders(&ledger), vec![a.clone()]);
-    assert!(
-        ledger.holding(&a_uid).is_some(),
-        "keyed by uid: {ledger:#?}"
-    );
+    let keyed_by_uid = ledger.holding(&t.uid(&a).await?).is_some();
+    assert!(keyed_by_uid, "keyed by uid: {ledger:#?}");
 
     // The second Workload finds the license taken: Retry, and Kueue counts the attempts; the
     // policy's delay grows with them.
     let b = t.submit("job-b", "matlab=1").await?;
-    let waiting = t
-        .env
-        .wait_workload(&b, "Retry on its second attempt", |wl| {
-            let entry = t.entry(wl);
-            entry.state == CheckState::Retry && entry.message.contains("(attempt 2;")
-        })
-        .await?;
-    let entry = t.entry(&waiting);
-    assert_starts_with(
-        &entry.message,
-        &format!(
-            "waiting for licenses: matlab: needs 1, 0 of 1 free, held by {}/{a} (1)",
-            t.env.ns
-        ),
-    );
+    let (waiting, entry) = t.retry_on_second_attempt(&b).await?;
+    let ns = &t.env.ns;
+    let taken = format!("waiting for licenses: matlab: needs 1, 0 of 1 free, held by {ns}/{a} (1)");
+    assert_starts_with(&entry.message, &taken);
     assert_eq!(entry.retry_count, Some(1), "{}", e2e::dump(&waiting));
     // Attempt 2 waits 2 s (the SDK rounds the dropped sub-second part up).
-    assert!(
-        matches!(entry.requeue_after_seconds, Some(2 | 3)),
-        "{}",
-        e2e::dump(&waiting)
-    );
+    let delay = entry.requeue_after_seconds;
+    assert!(matches!(delay, Some(2 | 3)), "{}", e2e::dump(&waiting));
     assert!(!waiting.condition_is_true(cond::ADMITTED));
     assert_eq!(holders(&t.ledger().await?), vec![a.clone()]);
 
     // The first job ends: its license goes back, and the second gets it on its next attempt.
     t.finish("job-a", &a).await?;
     t.env.wait_admitted(&b).await?;
-    let ledger = t.ledger().await?;
-    assert_eq!(holders(&ledger), vec![b.clone()]);
-    assert_eq!(matlab_in_use(&ledger), 1);
+    t.assert_sole_holder(&b).await?;
     Ok(())
 }
 
@@ -214,8 +263,7 @@ async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
     let (t, _controller) = setup_running("license-release", &[("matlab", "2")]).await?;
     let a = t.submit("job-a", "matlab=1").await?;
     let b = t.submit("job-b", "matlab=1").await?;
-    t.env.wait_admitted(&a).await?;
-    t.env.wait_admitted(&b).await?;
+    t.wait_all_admitted(&[&a, &b]).await?;
     assert_eq!(holders(&t.ledger().await?), vec![a.clone(), b.clone()]);
 
     t.finish("job-a", &a).await?;
@@ -224,11 +272,7 @@ async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
     })
     .await?;
 
-    let deactivate = json!({"spec": {"active": false}});
-    t.env
-        .workloads()
-        .patch(&b, &PatchParams::default(), &Patch::Merge(&deactivate))
-        .await?;
+    t.deactivate(&b).await?;
     t.env
         .wait_workload(&b, "evicted", |wl| wl.condition_is_true(cond::EVICTED))
         .await?;
@@ -249,18 +293,10 @@ async fn a_deleted_workload_gives_its_licenses_back_and_its_successor_books_its_
     let first_uid = first.uid().unwrap_or_default();
     ensure!(t.ledger().await?.holding(&first_uid).is_some());
 
-    t.env
-        .workloads()
-        .delete(&wl, &DeleteParams::default())
-        .await?;
+    t.env.delete_workload(&wl).await?;
     // Kueue makes a new Workload for the Job (same name, another uid); with a pool of one it is
     // admitted only once the deleted one's licenses are back.
-    let second = t
-        .env
-        .wait_workload(&wl, "a successor admitted", |w| {
-            w.uid().is_some_and(|u| u != first_uid) && w.condition_is_true(cond::ADMITTED)
-        })
-        .await?;
+    let second = t.successor_admitted(&wl, &first_uid).await?;
     let second_uid = second.uid().unwrap_or_default();
     let ledger = t.ledger().await?;
     ensure!(
@@ -308,28 +344,18 @@ async fn a_missing_or_malformed_pool_keeps_workloads_pending_with_the_reason() -
     let t = setup("license-pool").await?;
     let _controller = t.start(t.env.client.clone());
     let wl = t.submit("job", "matlab=1").await?;
-    let missing = format!(
-        "the license pool ConfigMap {}/{POOL} does not exist",
-        t.env.ns
-    );
-    t.env
-        .wait_workload(&wl, "Pending: the pool does not exist", |wl| {
-            t.entry(wl).message == missing
-        })
-        .await?;
+    let pool = format!("the license pool ConfigMap {}/{POOL}", t.env.ns);
+    let missing = format!("{pool} does not exist");
+    let what = "Pending: the pool does not exist";
+    t.entry_when(&wl, what, |e| e.message == missing).await?;
 
     t.set_pool(&[("matlab", "-1"), ("ansys", "2")]).await?;
     let invalid = format!(
-        "the license pool ConfigMap {}/{POOL} is invalid: matlab: \"-1\" is not a number of licenses (a whole number from 0)",
-        t.env.ns
+        "{pool} is invalid: matlab: \"-1\" is not a number of licenses (a whole number from 0)"
     );
-    let pending = t
-        .env
-        .wait_workload(&wl, "Pending: the pool is invalid", |wl| {
-            t.entry(wl).message == invalid
-        })
-        .await?;
-    assert_eq!(t.entry(&pending).state, CheckState::Pending);
+    let what = "Pending: the pool is invalid";
+    let (pending, entry) = t.entry_when(&wl, what, |e| e.message == invalid).await?;
+    assert_eq!(entry.state, CheckState::Pending);
     assert!(pending.condition_is_true(cond::QUOTA_RESERVED));
 
     t.set_pool(&[("matlab", "1"), ("ansys", "2")]).await?;
@@ -345,58 +371,35 @@ async fn a_missing_or_malformed_pool_keeps_workloads_pending_with_the_reason() -
 async fn a_restart_neither_leaks_nor_double_books() -> Result<()> {
     let t = setup("license-restart").await?;
     t.set_pool(&[("matlab", "1")]).await?;
-    let (client, cut) = e2e::severable_client(t.env.client.clone());
-    let first = t.start(client);
+    let first = Crashable::start(t.env.client.clone(), |client| t.start(client));
 
     let a = t.submit("job-a", "matlab=1").await?;
     t.env.wait_admitted(&a).await?;
     let a_uid = t.uid(&a).await?;
     let b = t.submit("job-b", "matlab=1").await?;
-    t.env
-        .wait_workload(&b, "Retry: the license is taken", |wl| {
-            t.entry(wl).state == CheckState::Retry
-        })
-        .await?;
+    t.told_the_license_is_taken(&b).await?;
 
     // Crash: the task is aborted and its connection cut.
-    cut.store(true, Ordering::SeqCst);
-    first.kill().await;
+    first.crash().await;
 
     // While nothing runs: A's Job and Workload go away, and a third Workload asks too.
     t.finish("job-a", &a).await?;
-    t.env
-        .workloads()
-        .delete(&a, &DeleteParams::default())
-        .await?;
+    t.env.delete_workload(&a).await?;
     let c = t.submit("job-c", "matlab=1").await?;
     t.env.wait_check_pending_with_quota(&c, &t.q.check).await?;
     let ledger = t.ledger().await?;
-    ensure!(
-        ledger.holding(&a_uid).is_some(),
-        "nobody may have released A's license while no controller ran: {ledger:#?}"
-    );
+    let kept = "nobody may have released A's license while no controller ran";
+    ensure!(ledger.holding(&a_uid).is_some(), "{kept}: {ledger:#?}");
 
     let _second = t.start(t.env.client.clone());
-    let ledger = t
-        .wait_ledger("A's holding reclaimed, one new holder", |l| {
-            l.holding(&a_uid).is_none() && l.holdings().len() == 1
-        })
-        .await?;
-    let winner = holders(&ledger).remove(0);
+    let winner = t.only_holder_after_reclaiming(&a_uid).await?;
     ensure!(winner == b || winner == c, "holder {winner}");
     let loser = if winner == b { c } else { b };
     t.env.wait_admitted(&winner).await?;
     // The other keeps asking (it goes through more attempts) and never gets in.
-    t.env
-        .wait_workload(&loser, "asked again and told to retry", |wl| {
-            let entry = t.entry(wl);
-            entry.state == CheckState::Retry && entry.retry_count >= Some(2)
-        })
-        .await?;
+    t.told_to_retry_again(&loser).await?;
     assert_eq!(t.admitted().await?, vec![winner.clone()]);
-    let ledger = t.ledger().await?;
-    assert_eq!(holders(&ledger), vec![winner]);
-    assert_eq!(matlab_in_use(&ledger), 1);
+    t.assert_sole_holder(&winner).await?;
     Ok(())
 }
 
@@ -409,22 +412,9 @@ async fn two_instances_deciding_at_once_never_exceed_the_pool() -> Result<()> {
     let t = setup("license-race").await?;
     t.set_pool(&[("matlab", "3")]).await?;
     // An existing (empty) ledger: the grants race on updates, not on who creates it first.
-    let created = t
-        .backend
-        .save(&t.env.client, &Ledger::default(), None)
-        .await?;
-    assert_eq!(created, Saved::Written);
-    let ns = &t.backend.namespace;
-    let _one = t.start(dawdling(
-        t.env.client.clone(),
-        ns,
-        Duration::from_millis(400),
-    ));
-    let _two = t.start(dawdling(
-        t.env.client.clone(),
-        ns,
-        Duration::from_millis(30),
-    ));
+    assert_eq!(t.save_empty_ledger().await?, Saved::Written);
+    let _one = t.start_dawdling(Duration::from_millis(400));
+    let _two = t.start_dawdling(Duration::from_millis(30));
     // All at once, so that Kueue reserves quota for them in one burst.
     let jobs: Vec<String> = (0..9).map(|i| format!("job-{i}")).collect();
     let submit = futures::future::try_join_all(jobs.iter().map(|job| t.submit(job, "matlab=1")));

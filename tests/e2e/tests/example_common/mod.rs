@@ -5,15 +5,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::{DEFAULT_TIMEOUT, GuardedQueue, TestEnv, WorkloadRecorder};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{Config, Event, watcher};
+use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{
     AdmissionCheckState, CheckState, Workload, workload_condition as cond,
 };
@@ -67,6 +69,44 @@ impl<B, L: Debug> ExampleTest<B, L> {
         wl.admission_check(&self.q.check)
             .cloned()
             .unwrap_or_default()
+    }
+
+    /// Waits until the Workload's entry for the check satisfies `cond`; returns the Workload
+    /// and the entry.
+    pub async fn entry_when(
+        &self,
+        workload: &str,
+        what: &str,
+        cond: impl Fn(&AdmissionCheckState) -> bool,
+    ) -> Result<(Workload, AdmissionCheckState)> {
+        let wl = self
+            .env
+            .wait_workload(workload, what, |wl| cond(&self.entry(wl)))
+            .await?;
+        let entry = self.entry(&wl);
+        Ok((wl, entry))
+    }
+
+    /// Waits until each of these Workloads is admitted.
+    pub async fn wait_all_admitted(&self, workloads: &[&String]) -> Result<()> {
+        for wl in workloads {
+            self.env.wait_admitted(wl).await?;
+        }
+        Ok(())
+    }
+
+    /// Sets `spec.active: false` on the Workload, as a user stopping it would: Kueue evicts it.
+    pub async fn deactivate(&self, workload: &str) -> Result<()> {
+        let deactivate = serde_json::json!({"spec": {"active": false}});
+        self.env
+            .workloads()
+            .patch(
+                workload,
+                &PatchParams::default(),
+                &Patch::Merge(&deactivate),
+            )
+            .await?;
+        Ok(())
     }
 
     pub async fn uid(&self, workload: &str) -> Result<String> {
@@ -246,6 +286,30 @@ pub fn assert_starts_with(message: &str, expected: &str) {
         message.starts_with(expected),
         "the message\n{message}\ndoes not start with\n{expected}"
     );
+}
+
+/// A controller instance that can die as a crashed process does: its client can be cut
+/// ([`e2e::severable_client`]), so nothing left of it writes after its task is aborted.
+pub struct Crashable {
+    running: e2e::Running,
+    cut: Arc<AtomicBool>,
+}
+
+impl Crashable {
+    /// Starts an instance with `start`, on a severable client of `client`.
+    pub fn start(client: Client, start: impl FnOnce(Client) -> e2e::Running) -> Self {
+        let (client, cut) = e2e::severable_client(client);
+        Self {
+            running: start(client),
+            cut,
+        }
+    }
+
+    /// Crash: the task is aborted and its connection cut.
+    pub async fn crash(self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.running.kill().await;
+    }
 }
 
 /// What the race's recorders see.
