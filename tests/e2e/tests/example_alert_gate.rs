@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use alert_gate::{AlertGate, AlertGateCheck, AlertGateSpec, WhileFiring};
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{DEFAULT_TIMEOUT, TestEnv};
+use e2e::{DEFAULT_TIMEOUT, TestEnv, WorkloadRecorder};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
 use kueue_admission_sdk::api::{
-    AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, CheckState,
-    workload_condition as cond,
+    AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, AdmissionCheckState,
+    CheckState, Workload, workload_condition as cond,
 };
 use serde_json::json;
 
@@ -102,6 +102,16 @@ impl Alertmanager {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Posts the alert `name` of `team` at `severity`, firing for an hour.
+    async fn fire(&self, name: &str, severity: &str, team: &str) -> Result<()> {
+        self.alert(name, severity, team, true).await
+    }
+
+    /// Posts the alert `name` of `team` at `severity`, resolved now.
+    async fn resolve(&self, name: &str, severity: &str, team: &str) -> Result<()> {
+        self.alert(name, severity, team, false).await
     }
 
     /// Posts the alert `name` of `team` at `severity` (its only labels), firing for an hour, or
@@ -197,6 +207,103 @@ async fn gated(test: &str, spec: AlertGateSpec) -> Result<Gated> {
     })
 }
 
+impl Gated {
+    /// The Workload's entry for the gate (a default one if it has none).
+    fn entry(&self, wl: &Workload) -> AdmissionCheckState {
+        wl.admission_check(&self.check).cloned().unwrap_or_default()
+    }
+
+    /// The versions of the Workload `recorder` sees until the gate's entry satisfies `cond`
+    /// (`what` says how).
+    async fn until_entry(
+        &self,
+        recorder: &mut WorkloadRecorder,
+        wl: &str,
+        what: &str,
+        cond: impl Fn(&AdmissionCheckState) -> bool,
+    ) -> Result<Vec<Workload>> {
+        recorder
+            .until(wl, what, |wl| {
+                wl.admission_check(&self.check).is_some_and(&cond)
+            })
+            .await
+    }
+
+    /// Submits the Job `job` (one pod of 1 cpu) and waits until its Workload is admitted;
+    /// returns the gate's entry then.
+    async fn admitted_entry(&self, job: &str) -> Result<AdmissionCheckState> {
+        let wl = self.env.submit_job(job, "lq", "1").await?;
+        Ok(self.entry(&self.env.wait_admitted(&wl).await?))
+    }
+
+    /// Starts recording every Workload version, then submits the Job `job` (one pod of 1 cpu):
+    /// returns the recorder and the Workload's name.
+    async fn submit_recorded(&self, job: &str) -> Result<(WorkloadRecorder, String)> {
+        let recorder = self.env.record_workloads().await?;
+        let wl = self.env.submit_job(job, "lq", "1").await?;
+        Ok((recorder, wl))
+    }
+
+    /// Follows the Workload with `recorder` until the gate holds it back (`Pending`) naming the
+    /// alert; returns that version and its entry.
+    async fn held_back_by(
+        &self,
+        recorder: &mut WorkloadRecorder,
+        wl: &str,
+        alert: &str,
+    ) -> Result<(Workload, AdmissionCheckState)> {
+        let versions = self
+            .until_entry(recorder, wl, "held back by the alert", |e| {
+                e.state == CheckState::Pending && e.message.contains(alert)
+            })
+            .await?;
+        let last = versions.last().context("no version")?.clone();
+        let entry = e2e::entry_of(&last, &self.check)?;
+        Ok((last, entry))
+    }
+
+    /// Follows the Workload with `recorder` until it is admitted; returns when its entry first
+    /// said `Ready` (the entry's lastTransitionTime).
+    async fn ready_at_once_admitted(
+        &self,
+        recorder: &mut WorkloadRecorder,
+        wl: &str,
+    ) -> Result<Timestamp> {
+        let versions = recorder
+            .until(wl, "admitted once the alert resolved", |wl| {
+                wl.condition_is_true(cond::ADMITTED)
+            })
+            .await?;
+        versions
+            .iter()
+            .filter_map(|wl| wl.admission_check(&self.check))
+            .find(|e| e.state == CheckState::Ready)
+            .and_then(|e| e.last_transition_time.as_ref().map(|t| t.0))
+            .context("no Ready entry")
+    }
+
+    /// Whether no version had the gate's entry `Ready`.
+    fn never_ready(&self, versions: &[Workload]) -> bool {
+        versions.iter().all(|v| {
+            v.admission_check(&self.check)
+                .is_none_or(|e| e.state != CheckState::Ready)
+        })
+    }
+}
+
+/// An Alertmanager of the test's own (started from a namespace of its own) and a queue gated
+/// on its critical alerts of `team`; returns it, the gate's spec, and the gated queue.
+async fn gated_by_alertmanager(
+    test: &str,
+    team: &str,
+) -> Result<(Alertmanager, AlertGateSpec, Gated)> {
+    let probe = TestEnv::new(&format!("{test}-am")).await?;
+    let am = Alertmanager::start(&probe).await?;
+    let gate = spec(am.url(), team);
+    let t = gated(test, gate.clone()).await?;
+    Ok((am, gate, t))
+}
+
 fn spec(url: String, team: &str) -> AlertGateSpec {
     AlertGateSpec {
         alertmanager_url: url,
@@ -209,71 +316,34 @@ fn spec(url: String, team: &str) -> AlertGateSpec {
 
 #[tokio::test]
 async fn work_waits_while_a_matching_alert_fires_and_is_admitted_once_it_resolves() -> Result<()> {
-    let probe = TestEnv::new("alert-gate-am").await?;
-    let am = Alertmanager::start(&probe).await?;
-    let gate = spec(am.url(), "batch");
-    let t = gated("alert-gate", gate.clone()).await?;
-    let env = &t.env;
+    let (am, gate, t) = gated_by_alertmanager("alert-gate", "batch").await?;
 
     // A warning, and a critical alert of another team: neither matches every matcher.
-    am.alert("DiskFilling", "warning", "batch", true).await?;
-    am.alert("EtcdDown", "critical", "web", true).await?;
+    am.fire("DiskFilling", "warning", "batch").await?;
+    am.fire("EtcdDown", "critical", "web").await?;
     am.wait_listed(&gate, 0).await?;
-    let quiet = env.submit_job("quiet", "lq", "1").await?;
-    let admitted = env.wait_admitted(&quiet).await?;
-    let entry = admitted
-        .admission_check(&t.check)
-        .cloned()
-        .unwrap_or_default();
+    let entry = t.admitted_entry("quiet").await?;
     assert_eq!(entry.state, CheckState::Ready);
-    assert_eq!(
-        entry.message,
-        format!(
-            "no firing alert matches severity=\"critical\", team=\"batch\" at {}",
-            am.url()
-        )
-    );
+    let matchers = "severity=\"critical\", team=\"batch\"";
+    let no_match = format!("no firing alert matches {matchers} at {}", am.url());
+    assert_eq!(entry.message, no_match);
 
     // A matching alert holds the next Workload back, with its quota, naming the alert.
-    am.alert("NodePoolDegraded", "critical", "batch", true)
-        .await?;
+    let alert = "NodePoolDegraded";
+    am.fire(alert, "critical", "batch").await?;
     am.wait_listed(&gate, 1).await?;
-    let mut recorder = env.record_workloads().await?;
-    let held = env.submit_job("held", "lq", "1").await?;
-    let versions = recorder
-        .until(&held, "held back by the alert", |wl| {
-            wl.admission_check(&t.check).is_some_and(|e| {
-                e.state == CheckState::Pending && e.message.contains("NodePoolDegraded")
-            })
-        })
-        .await?;
-    let last = versions.last().context("no version")?;
+    let (mut recorder, held) = t.submit_recorded("held").await?;
+    let (last, entry) = t.held_back_by(&mut recorder, &held, alert).await?;
     assert!(last.condition_is_true(cond::QUOTA_RESERVED));
-    let message = &last.admission_check(&t.check).context("entry")?.message;
-    assert!(
-        message.starts_with(
-            "held back while 1 alert(s) matching severity=\"critical\", team=\"batch\" fire: \
-             NodePoolDegraded{severity=critical,team=batch}; looking again in "
-        ),
-        "{message}"
-    );
+    let fire = "NodePoolDegraded{severity=critical,team=batch}; looking again in ";
+    let holding = format!("held back while 1 alert(s) matching {matchers} fire: {fire}");
+    assert!(entry.message.starts_with(&holding), "{}", entry.message);
 
     // Resolved: the next look (within the recheck of 5 s) admits it, and it was never Ready
     // before the alert ended.
     let resolved_at = Timestamp::now();
-    am.alert("NodePoolDegraded", "critical", "batch", false)
-        .await?;
-    let versions = recorder
-        .until(&held, "admitted once the alert resolved", |wl| {
-            wl.condition_is_true(cond::ADMITTED)
-        })
-        .await?;
-    let ready_at = versions
-        .iter()
-        .filter_map(|wl| wl.admission_check(&t.check))
-        .find(|e| e.state == CheckState::Ready)
-        .and_then(|e| e.last_transition_time.as_ref().map(|t| t.0))
-        .context("no Ready entry")?;
+    am.resolve(alert, "critical", "batch").await?;
+    let ready_at = t.ready_at_once_admitted(&mut recorder, &held).await?;
     // Kueue's times are whole seconds.
     assert!(
         ready_at >= resolved_at - SignedDuration::from_secs(1),
@@ -287,36 +357,21 @@ async fn an_unreachable_alertmanager_is_a_clear_message_never_ready() -> Result<
     // A port nothing listens on.
     let closed = e2e::free_local_address()?;
     let t = gated("alert-gate-down", spec(format!("http://{closed}"), "batch")).await?;
-    let env = &t.env;
-    let mut recorder = env.record_workloads().await?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    let versions = recorder
-        .until(&wl, "the check says Alertmanager did not answer", |wl| {
-            wl.admission_check(&t.check)
-                .is_some_and(|e| e.message.contains("did not answer"))
+    let (mut recorder, wl) = t.submit_recorded("job").await?;
+    let what = "the check says Alertmanager did not answer";
+    let versions = t
+        .until_entry(&mut recorder, &wl, what, |e| {
+            e.message.contains("did not answer")
         })
         .await?;
-    let entry = versions
-        .last()
-        .and_then(|v| v.admission_check(&t.check))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(entry.state, CheckState::Pending);
-    assert!(
-        entry
-            .message
-            .starts_with(&format!("Alertmanager at http://{closed} did not answer (")),
-        "{}",
-        entry.message
-    );
-    // The only answer it gave was this one: never Ready, the Workload holds its quota waiting.
-    assert!(
-        versions.iter().all(|v| v
-            .admission_check(&t.check)
-            .is_none_or(|e| e.state != CheckState::Ready)),
-        "an unreachable Alertmanager admitted work"
-    );
     let last = versions.last().context("no version")?;
+    let entry = t.entry(last);
+    assert_eq!(entry.state, CheckState::Pending);
+    let unreachable = format!("Alertmanager at http://{closed} did not answer (");
+    assert!(entry.message.starts_with(&unreachable), "{}", entry.message);
+    // The only answer it gave was this one: never Ready, the Workload holds its quota waiting.
+    let admitted_work = "an unreachable Alertmanager admitted work";
+    assert!(t.never_ready(&versions), "{admitted_work}");
     assert!(
         last.condition_is_true(cond::QUOTA_RESERVED) && !last.condition_is_true(cond::ADMITTED)
     );
