@@ -14,13 +14,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use clap::Parser;
-use e2e::TestEnv;
-use e2e::chart::{self};
+use e2e::chart::{self, Grant};
+use e2e::{Audited, TestEnv};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use kueue_admission_sdk::Options;
-use kueue_admission_sdk::api::AdmissionCheck;
+use kueue_admission_sdk::api::{AdmissionCheck, CheckState};
+use kueue_admission_sdk::{Options, RuntimeConfig};
+use serde_json::Value;
 
 const CHART: &str = "charts/kueue-admission-check";
 const FIELD_MANAGER: &str = "e2e-chart-rbac-generic";
@@ -53,11 +54,56 @@ struct BudgetArgs {
 async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_needs() -> Result<()> {
     let env = TestEnv::new("chart-kac-budget").await?;
     let controller_name = env.own_controller_name("kac");
+    let (objects, service_account, granted) = chart_applied(&env, &controller_name).await?;
+    // The Deployment's arguments, with what Kubernetes would expand in the pod.
+    let parsed = deployment_args(&objects, &env.ns)?;
+    ensure!(parsed.controller_name == controller_name);
+    let (runtime, lease) = runtime_of(&parsed)?;
+
+    // What the operator provides: a budget for the namespace, a queue guarded by the check.
+    env.put_config_map(&parsed.budgets_configmap, &[(&env.ns, "10/day")])
+        .await?;
+    let queue = env.guarded_queue("budget", &controller_name, "4").await?;
+    let client = e2e::service_account_client(&env.ns, &service_account).await?;
+    let controller = e2e::Running::check(client, budget_check_of(&parsed)?, runtime);
+    let outcome = charge_refuse_and_settle(&env, &queue.check, &lease).await;
+    let stopped = controller.stop().await;
+    outcome?;
+    stopped.context("stopping the controller")?;
+
+    // Read after the stop, so the Lease's release is in the log too.
+    let (user, requests) = requests_of(&env, &service_account)?;
+    let refused = refused(&requests);
+    let not_enough = "the chart's rules are not enough; the API server refused";
+    ensure!(refused.is_empty(), "{not_enough}: {}", refused.join("; "));
+    let (used_by_grant, unused) = uses_per_grant(&granted, &requests);
+    let count = requests.len();
+    println!("{count} requests of {user}, none refused; uses per grant: {used_by_grant:#?}");
+    ensure!(unused.is_empty(), "{}", unused.join("\n"));
+    Ok(())
+}
+
+/// The chart rendered for the budget example ([`render_for_budget`]) with its ServiceAccount
+/// and RBAC applied and in force ([`chart::apply_rbac`]); returns the rendered objects, the
+/// ServiceAccount's name and what its roles grant.
+async fn chart_applied(
+    env: &TestEnv,
+    controller_name: &str,
+) -> Result<(Vec<Value>, String, Vec<Grant>)> {
+    let objects = render_for_budget(env, controller_name)?;
+    let (service_account, granted) =
+        chart::apply_rbac(&env.client, &env.ns, &objects, FIELD_MANAGER, &[]).await?;
+    Ok((objects, service_account, granted))
+}
+
+/// The generic chart rendered as a release in the test's namespace with the budget example's
+/// CI values and this `controller_name`.
+fn render_for_budget(env: &TestEnv, controller_name: &str) -> Result<Vec<Value>> {
     let values = chart::repo_root()
         .join(CHART)
         .join("ci/budget-check-values.yaml");
     let set = format!("controllerName={controller_name}");
-    let objects = chart::render(
+    chart::render(
         CHART,
         &env.ns,
         &env.ns,
@@ -67,23 +113,27 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
             "--set-string",
             &set,
         ],
-    )?;
-    let (service_account, granted) =
-        chart::apply_rbac(&env.client, &env.ns, &objects, FIELD_MANAGER, &[]).await?;
+    )
+}
 
-    // The Deployment's arguments, with what Kubernetes would expand in the pod.
-    let deployment = chart::the(&objects, "Deployment")?;
+/// The rendered Deployment's container arguments, with `$(POD_NAMESPACE)` expanded to
+/// `namespace` as in the pod, parsed as the budget example's binary parses them.
+fn deployment_args(objects: &[Value], namespace: &str) -> Result<BudgetArgs> {
+    let deployment = chart::the(objects, "Deployment")?;
     let args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
         .context("the container's args")?
         .iter()
         .filter_map(|a| a.as_str())
-        .map(|a| a.replace("$(POD_NAMESPACE)", &env.ns))
+        .map(|a| a.replace("$(POD_NAMESPACE)", namespace))
         .collect();
-    let parsed =
-        BudgetArgs::try_parse_from(std::iter::once("budget-check".to_string()).chain(args.clone()))
-            .map_err(|e| anyhow!("the Deployment's args {args:?} do not parse: {e}"))?;
-    ensure!(parsed.controller_name == controller_name);
+    BudgetArgs::try_parse_from(std::iter::once("budget-check".to_string()).chain(args.clone()))
+        .map_err(|e| anyhow!("the Deployment's args {args:?} do not parse: {e}"))
+}
+
+/// The runtime settings the arguments give (metrics on a free local port: the container's is
+/// a fixed one), and the Lease its leader election holds.
+fn runtime_of(parsed: &BudgetArgs) -> Result<(RuntimeConfig, String)> {
     let mut runtime = parsed
         .runtime
         .runtime_config(&parsed.controller_name, &parsed.namespace);
@@ -94,16 +144,15 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
         .as_ref()
         .map(|e| e.lease_name.clone())
         .context("the chart enables leader election")?;
+    Ok((runtime, lease))
+}
 
-    // What the operator provides: a budget for the namespace, a queue guarded by the check.
-    env.put_config_map(&parsed.budgets_configmap, &[(&env.ns, "10/day")])
-        .await?;
-    let budgets: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
-    let queue = env.guarded_queue("budget", &controller_name, "4").await?;
-
-    let check = budget_check::BudgetCheck::new(
+/// The budget check as the arguments configure it: their prices, the default hour, a budget
+/// recheck every second, no sweep during the test.
+fn budget_check_of(parsed: &BudgetArgs) -> Result<budget_check::BudgetCheck> {
+    Ok(budget_check::BudgetCheck::new(
         budget_check::Settings {
-            controller_name: controller_name.clone(),
+            controller_name: parsed.controller_name.clone(),
             prices: parsed.prices.parse().map_err(|e: String| anyhow!(e))?,
             default_runtime: Duration::from_secs(3600),
             budget_recheck: Duration::from_secs(1),
@@ -115,95 +164,107 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
             budgets: parsed.budgets_configmap.clone(),
             ledger_prefix: budget_check::DEFAULT_LEDGER_PREFIX.into(),
         },
-    );
-    let client = e2e::service_account_client(&env.ns, &service_account).await?;
-    let controller = e2e::Running::check(client, check, runtime);
+    ))
+}
 
-    let scenario = async {
-        let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-        e2e::wait_for(leases.clone(), &lease, "a holder", |l: &Lease| {
-            l.spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_ref())
-                .is_some()
+/// What the running check is made to do, so that it uses what the chart grants: it takes the
+/// Lease and goes `Active`, charges and admits a Job, makes an over-budget one retry, and
+/// settles the first one's charge once its Workload is gone.
+async fn charge_refuse_and_settle(env: &TestEnv, check: &str, lease: &str) -> Result<()> {
+    lease_held(env, lease).await?;
+    e2e::wait_for(
+        Api::<AdmissionCheck>::all(env.client.clone()),
+        check,
+        "Active=True",
+        |ac: &AdmissionCheck| ac.active_condition().is_some_and(|c| c.status == "True"),
+    )
+    .await?;
+    // 1 core for the default hour at 1 credit per core-hour: within 10/day.
+    let wl = env.admitted_job("job").await?;
+    ledger_with_charge(env, true, "a charge").await?;
+    // 1 core for 10 hours does not fit the 9 credits left: before making it wait the check
+    // reads the first Workload to settle what ended unnoticed (get), and its Retry is
+    // counted on the Workload first (patch).
+    over_budget_retries(env, check).await?;
+    // Gone without finishing (no pods run here): the charge is settled.
+    env.delete_workload(&wl).await?;
+    ledger_with_charge(env, false, "the charge settled").await?;
+    Ok(())
+}
+
+/// Waits until the Lease has a holder.
+async fn lease_held(env: &TestEnv, lease: &str) -> Result<()> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    e2e::wait_for(leases, lease, "a holder", |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_ref())
+            .is_some()
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until the namespace's ledger has an open charge (`charged`) or none (`what` says
+/// which moment).
+async fn ledger_with_charge(env: &TestEnv, charged: bool, what: &str) -> Result<ConfigMap> {
+    let budgets: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let ledger_name = format!("budget-ledger-{}", env.ns);
+    e2e::wait_for(budgets, &ledger_name, what, |cm: &ConfigMap| {
+        cm.data
+            .as_ref()
+            .is_some_and(|d| d.keys().any(|k| k.starts_with("charge.")) == charged)
+    })
+    .await
+}
+
+/// Submits the Job `big` (1 core for 10 hours) and waits until the check answers it `Retry`.
+async fn over_budget_retries(env: &TestEnv, check: &str) -> Result<()> {
+    let labels = [("kueue.x-k8s.io/max-exec-time-seconds", "36000")];
+    let big = env
+        .submit(&e2e::SuspendedJob {
+            labels: &labels,
+            ..e2e::SuspendedJob::new("big", "lq", "1")
         })
         .await?;
-        e2e::wait_for(
-            Api::<AdmissionCheck>::all(env.client.clone()),
-            &queue.check,
-            "Active=True",
-            |ac: &AdmissionCheck| ac.active_condition().is_some_and(|c| c.status == "True"),
-        )
-        .await?;
-        // 1 core for the default hour at 1 credit per core-hour: within 10/day.
-        let wl = env.admitted_job("job").await?;
-        let ledger_name = format!("budget-ledger-{}", env.ns);
-        let charged = e2e::wait_for(
-            budgets.clone(),
-            &ledger_name,
-            "a charge",
-            |cm: &ConfigMap| {
-                cm.data
-                    .as_ref()
-                    .is_some_and(|d| d.keys().any(|k| k.starts_with("charge.")))
-            },
-        )
-        .await?;
-        // 1 core for 10 hours does not fit the 9 credits left: before making it wait the check
-        // reads the first Workload to settle what ended unnoticed (get), and its Retry is
-        // counted on the Workload first (patch).
-        let labels = [("kueue.x-k8s.io/max-exec-time-seconds", "36000")];
-        let big = env
-            .submit(&e2e::SuspendedJob {
-                labels: &labels,
-                ..e2e::SuspendedJob::new("big", "lq", "1")
-            })
-            .await?;
-        env.wait_workload(&big, "over budget: Retry", |w| {
-            w.admission_check(&queue.check)
-                .is_some_and(|e| e.state == kueue_admission_sdk::api::CheckState::Retry)
-        })
-        .await?;
-        // Gone without finishing (no pods run here): the charge is settled.
-        env.delete_workload(&wl).await?;
-        e2e::wait_for(
-            budgets.clone(),
-            &ledger_name,
-            "the charge settled",
-            |cm: &ConfigMap| {
-                cm.data
-                    .as_ref()
-                    .is_some_and(|d| !d.keys().any(|k| k.starts_with("charge.")))
-            },
-        )
-        .await?;
-        anyhow::Ok(charged)
-    };
-    let outcome = scenario.await;
-    let stopped = controller.stop().await;
-    outcome?;
-    stopped.context("stopping the controller")?;
+    env.wait_workload(&big, "over budget: Retry", |w| {
+        w.admission_check(check)
+            .is_some_and(|e| e.state == CheckState::Retry)
+    })
+    .await?;
+    Ok(())
+}
 
-    // Read after the stop, so the Lease's release is in the log too.
+/// The ServiceAccount's user name and its requests as the audit log recorded them; fails if
+/// there are none.
+fn requests_of(env: &TestEnv, service_account: &str) -> Result<(String, Vec<Audited>)> {
     let user = format!("system:serviceaccount:{}:{service_account}", env.ns);
     let requests = e2e::audited_requests(&user)?;
     ensure!(
         !requests.is_empty(),
         "the audit log has no request of {user}"
     );
-    let refused: Vec<String> = requests
+    Ok((user, requests))
+}
+
+/// The requests the API server refused (403), described.
+fn refused(requests: &[Audited]) -> Vec<String> {
+    requests
         .iter()
         .filter(|r| r.code == 403)
         .map(ToString::to_string)
-        .collect();
-    ensure!(
-        refused.is_empty(),
-        "the chart's rules are not enough; the API server refused: {}",
-        refused.join("; ")
-    );
+        .collect()
+}
+
+/// How many successful requests used each grant, and what is wrong about the grants: one never
+/// used and not excused in [`UNUSED_HERE`], or one excused there but used.
+fn uses_per_grant(
+    granted: &[Grant],
+    requests: &[Audited],
+) -> (BTreeMap<String, usize>, Vec<String>) {
     let mut unused = Vec::new();
     let mut used_by_grant = BTreeMap::new();
-    for g in &granted {
+    for g in granted {
         let uses = requests
             .iter()
             .filter(|r| {
@@ -222,10 +283,5 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
             _ => {}
         }
     }
-    println!(
-        "{} requests of {user}, none refused; uses per grant: {used_by_grant:#?}",
-        requests.len()
-    );
-    ensure!(unused.is_empty(), "{}", unused.join("\n"));
-    Ok(())
+    (used_by_grant, unused)
 }
