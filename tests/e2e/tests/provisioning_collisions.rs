@@ -7,7 +7,7 @@
 use anyhow::{Context, Result, ensure};
 use autoscaler_simulator as simulator;
 use e2e::Running;
-use e2e::provisioning::Provisioning;
+use e2e::provisioning::{History, Provisioning};
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
 use kube::ResourceExt;
@@ -126,6 +126,95 @@ impl Collision {
         Ok((entry, request, template))
     }
 
+    /// A second check of ours (same controller and config) whose name ends with `-<first
+    /// check>`: it takes Kueue's check's name, `k-<our check>`, with ClusterQueue `cq2` and
+    /// LocalQueue `lq2`; returns its name.
+    async fn add_second_check_of_ours(&self) -> Result<String> {
+        let env = &self.env;
+        let spec = AdmissionCheckSpec {
+            controller_name: self.p.controller_name.clone(),
+            parameters: Some(AdmissionCheckParametersReference {
+                api_group: "kueue.x-k8s.io".into(),
+                kind: "ProvisioningRequestConfig".into(),
+                name: self.p.config.clone(),
+            }),
+        };
+        let second = Api::<AdmissionCheck>::all(env.client.clone())
+            .create(
+                &PostParams::default(),
+                &AdmissionCheck::new(&self.kueue_check, spec),
+            )
+            .await?
+            .name_any();
+        let cq = env
+            .cluster_queue("cq2", &self.p.flavor, "4", &[&second])
+            .await?
+            .name_any();
+        env.local_queue("lq2", &cq).await?;
+        Ok(second)
+    }
+
+    /// The request `name` and its PodTemplate (of podset `main`), as they are now.
+    async fn request_and_template(&self, name: &str) -> Result<(ProvisioningRequest, PodTemplate)> {
+        let request = self.env.provisioning_requests().get(name).await?;
+        let template = templates(&self.env)
+            .get(&names::pod_template_name(name, "main"))
+            .await?;
+        Ok((request, template))
+    }
+
+    /// (uid, resourceVersion) of the request `name` and of its PodTemplate, as they are now.
+    async fn versions(&self, name: &str) -> Result<(Version, Version)> {
+        let (request, template) = self.request_and_template(name).await?;
+        Ok((version(&request), version(&template)))
+    }
+
+    /// Waits until Kueue's entry on its Workload is `Pending`, reporting the shared name taken.
+    async fn kueues_entry_reporting_the_name_taken(&self) -> Result<Workload> {
+        self.env
+            .wait_workload(self.theirs, "Kueue's entry reporting the name taken", |w| {
+                w.admission_check(&self.kueue_check).is_some_and(|e| {
+                    e.state == CheckState::Pending
+                        && e.message.contains(&self.shared)
+                        && e.message.contains("already exists")
+                })
+            })
+            .await
+    }
+
+    /// Waits until our entry on `wl` is `Pending` with a message naming the user's request and
+    /// PodTemplate and what to do about them.
+    async fn pending_naming(&self, wl: &str, user: &UsersObjects) -> Result<Workload> {
+        let ns = &self.env.ns;
+        let request = format!("ProvisioningRequest {ns}/{}", user.request.name_any());
+        let template = format!("PodTemplate {ns}/{}", user.template.name_any());
+        self.env
+            .wait_workload(wl, "Pending, naming the user's objects", |w| {
+                w.admission_check(&self.p.check).is_some_and(|e| {
+                    e.state == CheckState::Pending
+                        && e.message.contains("cannot create a ProvisioningRequest")
+                        && e.message.contains(&request)
+                        && e.message.contains(&template)
+                        && e.message.contains("delete them if they are stale")
+                })
+            })
+            .await
+    }
+
+    /// Whether a message of our entry on our Workload, as `history` saw them, explained why
+    /// its request is `alt`: it names that request, the shared name and Kueue's built-in check.
+    fn explained_the_name(&self, history: &History<Workload>, alt: &str) -> bool {
+        let request = format!("ProvisioningRequest {}/{alt}", self.env.ns);
+        history.applied().iter().any(|w| {
+            w.name_any() == self.ours
+                && w.admission_check(&self.p.check).is_some_and(|e| {
+                    e.message.contains(&request)
+                        && e.message.contains(&self.shared)
+                        && e.message.contains("Kueue's built-in")
+                })
+        })
+    }
+
     /// Asserts the request `name` is ours, made for Workload `wl`.
     async fn assert_ours(&self, name: &str, wl: &Workload) -> Result<()> {
         let request = self.env.provisioning_requests().get(name).await?;
@@ -195,16 +284,90 @@ fn assert_consumes(entry: &AdmissionCheckState, request: &str) -> Result<()> {
     Ok(())
 }
 
+/// The PodTemplates of the test's namespace.
 fn templates(env: &TestEnv) -> Api<PodTemplate> {
     Api::namespaced(env.client.clone(), &env.ns)
 }
 
+/// (uid, resourceVersion) of an object: equal while it is neither replaced nor changed.
+type Version = (String, String);
+
 /// (uid, resourceVersion) of an object that must not change.
-fn version<K: ResourceExt>(k: &K) -> (String, String) {
+fn version<K: ResourceExt>(k: &K) -> Version {
     (
         k.uid().unwrap_or_default(),
         k.resource_version().unwrap_or_default(),
     )
+}
+
+/// (uid, resourceVersion) of the ProvisioningRequest `name` now.
+async fn request_version(env: &TestEnv, name: &str) -> Result<Version> {
+    Ok(version(&env.provisioning_requests().get(name).await?))
+}
+
+/// (uid, resourceVersion) of the PodTemplate `name` now.
+async fn template_version(env: &TestEnv, name: &str) -> Result<Version> {
+    Ok(version(&templates(env).get(name).await?))
+}
+
+/// The first name of attempt 1's request for Workload `wl` on `check` is taken: the other one,
+/// made from its uid.
+fn alternative(wl: &Workload, check: &str) -> String {
+    names::alternative_request_name(&wl.name_any(), &wl.uid().unwrap_or_default(), check, 1)
+}
+
+/// Sets the Workload's `spec.active`: `false` as a user stopping it would, `true` to let an
+/// inactive Workload in.
+async fn set_active(env: &TestEnv, wl: &str, active: bool) -> Result<()> {
+    let body = json!({"spec": {"active": active}});
+    env.workloads()
+        .patch(wl, &PatchParams::default(), &Patch::Merge(&body))
+        .await?;
+    Ok(())
+}
+
+/// A user's ProvisioningRequest and PodTemplate on the names a Workload of ours may use.
+struct UsersObjects {
+    request: ProvisioningRequest,
+    template: PodTemplate,
+}
+
+impl UsersObjects {
+    /// A user's request on the first name of `wl`'s attempt 1 on `check`, and a user's
+    /// PodTemplate on the template name of its second (alternative) name.
+    async fn on_the_names_of(env: &TestEnv, wl: &Workload, check: &str) -> Result<Self> {
+        let uid = wl.uid().unwrap_or_default();
+        let [first_name, second_name] = names::request_names(&wl.name_any(), &uid, check, 1);
+        let user_template = names::pod_template_name(&second_name, "main");
+        let pt: PodTemplate = serde_json::from_value(json!({
+            "metadata": {"name": user_template},
+            "template": {"spec": {"containers": [{"name": "c", "image": "registry.invalid/user:1"}]}},
+        }))?;
+        let template = templates(env).create(&PostParams::default(), &pt).await?;
+        let pr: ProvisioningRequest = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1",
+            "kind": "ProvisioningRequest",
+            "metadata": {"name": first_name},
+            "spec": {
+                "provisioningClassName": "user.example.com",
+                "podSets": [{"podTemplateRef": {"name": user_template}, "count": 1}],
+            },
+        }))?;
+        let request = env
+            .provisioning_requests()
+            .create(&PostParams::default(), &pr)
+            .await?;
+        Ok(Self { request, template })
+    }
+
+    /// The user deletes the request; returns its name.
+    async fn remove_request(&self, env: &TestEnv) -> Result<String> {
+        let name = self.request.name_any();
+        env.provisioning_requests()
+            .delete(&name, &Default::default())
+            .await?;
+        Ok(name)
+    }
 }
 
 /// Names of every ProvisioningRequest in the namespace, sorted.
@@ -273,44 +436,26 @@ async fn kueue_first_ours_takes_another_name_and_leaves_kueues_alone() -> Result
     let env = &c.env;
     let history = env.workload_history();
     let (theirs_entry, kr, kt) = c.admit_theirs().await?;
-    let (kr_v, kt_v) = (version(&kr), version(&kt));
-
+    let kueues = (version(&kr), version(&kt));
     let ours = c.submit_ours().await?;
-    let alt =
-        names::alternative_request_name(c.ours, &ours.uid().unwrap_or_default(), &c.p.check, 1);
+    let alt = alternative(&ours, &c.p.check);
     wait_ready_on(env, c.ours, &c.p.check, &alt).await?;
     c.assert_ours(&alt, &ours).await?;
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&alt));
-    assert_eq!(
-        env.our_pod_templates().await?,
-        [names::pod_template_name(&alt, "main")]
-    );
+    let our_template = names::pod_template_name(&alt, "main");
+    assert_eq!(env.our_pod_templates().await?, [our_template]);
     // Our entry said why the usual name was not used: when the request was created, or (made
     // at the reservation, before the entry existed) in each answer about it.
-    let said = history.applied().iter().any(|w| {
-        w.name_any() == c.ours
-            && w.admission_check(&c.p.check).is_some_and(|e| {
-                e.message
-                    .contains(&format!("ProvisioningRequest {}/{alt}", env.ns))
-                    && e.message.contains(&c.shared)
-                    && e.message.contains("Kueue's built-in")
-            })
-    });
+    let said = c.explained_the_name(&history, &alt);
     ensure!(said, "no message of our entry explained the name");
 
     // Both controllers reconcile both Workloads again (a label change wakes each).
-    for wl in [c.ours, c.theirs] {
-        let patch = json!({"metadata": {"labels": {"e2e.kueue-admission-checks.dev/poke": "1"}}});
-        env.workloads()
-            .patch(wl, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-    }
+    env.touch_workload(c.ours, "1").await?;
+    env.touch_workload(c.theirs, "1").await?;
     wait_ready(env, c.ours, &c.p.check).await?;
     let again = wait_ready(env, c.theirs, &c.kueue_check).await?;
     assert_eq!(again, theirs_entry);
-    let kr = env.provisioning_requests().get(&c.shared).await?;
-    let kt = templates(env).get(&kt.name_any()).await?;
-    assert_eq!((version(&kr), version(&kt)), (kr_v, kt_v));
+    assert_eq!(c.versions(&c.shared).await?, kueues);
     let mut want = vec![alt, c.shared.clone()];
     want.sort();
     assert_eq!(request_names(env).await?, want);
@@ -325,21 +470,14 @@ async fn ours_first_leaves_the_shared_name_to_kueues_check() -> Result<()> {
     let c = Collision::new("collide-ours-first", true).await?;
     let env = &c.env;
     let ours = c.submit_ours().await?;
-    let alt =
-        names::alternative_request_name(c.ours, &ours.uid().unwrap_or_default(), &c.p.check, 1);
+    let alt = alternative(&ours, &c.p.check);
     let ours_entry = wait_ready_on(env, c.ours, &c.p.check, &alt).await?;
     assert_eq!(request_names(env).await?, std::slice::from_ref(&alt));
-    let or = env.provisioning_requests().get(&alt).await?;
-    let ot = templates(env)
-        .get(&names::pod_template_name(&alt, "main"))
-        .await?;
-    let (or_v, ot_v) = (version(&or), version(&ot));
+    let ours_before = c.versions(&alt).await?;
 
     c.admit_theirs().await?;
     // Ours untouched, still admitted on its own request.
-    let or = env.provisioning_requests().get(&alt).await?;
-    let ot = templates(env).get(&ot.name_any()).await?;
-    assert_eq!((version(&or), version(&ot)), (or_v, ot_v));
+    assert_eq!(c.versions(&alt).await?, ours_before);
     assert_eq!(wait_ready(env, c.ours, &c.p.check).await?, ours_entry);
     c.stop().await
 }
@@ -354,48 +492,27 @@ async fn a_request_made_before_kueues_check_existed_blocks_it_until_released() -
     let env = &c.env;
     c.submit_ours().await?;
     let ours_entry = wait_ready_on(env, c.ours, &c.p.check, &c.shared).await?;
-    let or = env.provisioning_requests().get(&c.shared).await?;
-    let template = names::pod_template_name(&c.shared, "main");
-    let ot = templates(env).get(&template).await?;
-    let (or_v, ot_v) = (version(&or), version(&ot));
+    let ours_before = c.versions(&c.shared).await?;
 
     c.add_kueue_check().await?;
     c.submit_theirs().await?;
-    let blocked = env
-        .wait_workload(c.theirs, "Kueue's entry reporting the name taken", |w| {
-            w.admission_check(&c.kueue_check).is_some_and(|e| {
-                e.state == CheckState::Pending
-                    && e.message.contains(&c.shared)
-                    && e.message.contains("already exists")
-            })
-        })
-        .await?;
-    ensure!(
-        !blocked.condition_is_true(cond::ADMITTED),
-        "{}",
-        dump(&blocked)
-    );
+    let blocked = c.kueues_entry_reporting_the_name_taken().await?;
+    let admitted = blocked.condition_is_true(cond::ADMITTED);
+    ensure!(!admitted, "{}", dump(&blocked));
     // Kueue deleted, replaced and changed nothing of ours; ours stays admitted on it.
-    let or = env.provisioning_requests().get(&c.shared).await?;
-    let ot = templates(env).get(&template).await?;
-    assert_eq!((version(&or), version(&ot)), (or_v, ot_v), "{}", dump(&ot));
+    let (or, ot) = c.request_and_template(&c.shared).await?;
+    let ours_now = (version(&or), version(&ot));
+    assert_eq!(ours_now, ours_before, "{}", dump(&ot));
     assert_eq!(wait_ready(env, c.ours, &c.p.check).await?, ours_entry);
 
     // Our Workload is done (deactivated): our request and template go.
-    let off = json!({"spec": {"active": false}});
-    env.workloads()
-        .patch(c.ours, &PatchParams::default(), &Patch::Merge(&off))
-        .await?;
+    set_active(env, c.ours, false).await?;
     env.wait_nothing_left().await?;
     // Kueue retries with a growing backoff; a change of its Workload makes it retry now.
-    let poke = json!({"metadata": {"labels": {"e2e.kueue-admission-checks.dev/poke": "1"}}});
-    env.workloads()
-        .patch(c.theirs, &PatchParams::default(), &Patch::Merge(&poke))
-        .await?;
+    env.touch_workload(c.theirs, "1").await?;
     wait_ready_on(env, c.theirs, &c.kueue_check, &c.shared).await?;
     let theirs = env.workloads().get(c.theirs).await?;
-    let kr = env.provisioning_requests().get(&c.shared).await?;
-    let kt = templates(env).get(&template).await?;
+    let (kr, kt) = c.request_and_template(&c.shared).await?;
     assert_kueues(&kr, &kt, &theirs)?;
     ensure!(kt.uid() != ot.uid(), "Kueue reused our template");
     c.stop().await
@@ -410,108 +527,31 @@ async fn a_request_made_before_kueues_check_existed_blocks_it_until_released() -
 async fn names_held_by_another_workload_or_a_user_are_never_touched() -> Result<()> {
     let c = Collision::new("collide-ours-and-user", false).await?;
     let env = &c.env;
-    // A second check of ours whose name ends with `-<first check>`.
-    let second = Api::<AdmissionCheck>::all(env.client.clone())
-        .create(
-            &PostParams::default(),
-            &AdmissionCheck::new(
-                &c.kueue_check,
-                AdmissionCheckSpec {
-                    controller_name: c.p.controller_name.clone(),
-                    parameters: Some(AdmissionCheckParametersReference {
-                        api_group: "kueue.x-k8s.io".into(),
-                        kind: "ProvisioningRequestConfig".into(),
-                        name: c.p.config.clone(),
-                    }),
-                },
-            ),
-        )
-        .await?
-        .name_any();
-    let cq = env
-        .cluster_queue("cq2", &c.p.flavor, "4", &[&second])
-        .await?
-        .name_any();
-    env.local_queue("lq2", &cq).await?;
-
+    // A second check of ours whose name ends with `-<first check>`, on LocalQueue `lq2`.
+    let second = c.add_second_check_of_ours().await?;
     c.submit_ours().await?;
     let first = wait_ready_on(env, c.ours, &c.p.check, &c.shared).await?;
-    let fr = version(&env.provisioning_requests().get(&c.shared).await?);
-    let other = workload(env, c.theirs, "lq2").await?;
-    let alt =
-        names::alternative_request_name(c.theirs, &other.uid().unwrap_or_default(), &second, 1);
+    let first_request = request_version(env, &c.shared).await?;
+    let alt = alternative(&workload(env, c.theirs, "lq2").await?, &second);
     wait_ready_on(env, c.theirs, &second, &alt).await?;
-    assert_eq!(
-        version(&env.provisioning_requests().get(&c.shared).await?),
-        fr
-    );
+    assert_eq!(request_version(env, &c.shared).await?, first_request);
     assert_eq!(wait_ready(env, c.ours, &c.p.check).await?, first);
-
     // A user's request on the first name of Workload `u`, and a user's PodTemplate on the
     // template name of its second. `u` is created inactive (its uid gives the second name) and
     // activated once they exist.
     let u = workload_with(env, "u", "lq", false).await?;
-    let [first_name, second_name] =
-        names::request_names("u", &u.uid().unwrap_or_default(), &c.p.check, 1);
-    let user_template = names::pod_template_name(&second_name, "main");
-    let pt: PodTemplate = serde_json::from_value(json!({
-        "metadata": {"name": user_template},
-        "template": {"spec": {"containers": [{"name": "c", "image": "registry.invalid/user:1"}]}},
-    }))?;
-    let ut = templates(env).create(&PostParams::default(), &pt).await?;
-    let pr: ProvisioningRequest = serde_json::from_value(json!({
-        "apiVersion": "autoscaling.x-k8s.io/v1",
-        "kind": "ProvisioningRequest",
-        "metadata": {"name": first_name},
-        "spec": {
-            "provisioningClassName": "user.example.com",
-            "podSets": [{"podTemplateRef": {"name": user_template}, "count": 1}],
-        },
-    }))?;
-    let ur = env
-        .provisioning_requests()
-        .create(&PostParams::default(), &pr)
-        .await?;
-    let on = json!({"spec": {"active": true}});
-    env.workloads()
-        .patch("u", &PatchParams::default(), &Patch::Merge(&on))
-        .await?;
-    let stuck = env
-        .wait_workload("u", "Pending, naming the user's objects", |w| {
-            w.admission_check(&c.p.check).is_some_and(|e| {
-                e.state == CheckState::Pending
-                    && e.message.contains("cannot create a ProvisioningRequest")
-                    && e.message
-                        .contains(&format!("ProvisioningRequest {}/{first_name}", env.ns))
-                    && e.message
-                        .contains(&format!("PodTemplate {}/{user_template}", env.ns))
-                    && e.message.contains("delete them if they are stale")
-            })
-        })
-        .await?;
+    let user = UsersObjects::on_the_names_of(env, &u, &c.p.check).await?;
+    let (ur, ut) = (&user.request, &user.template);
+    set_active(env, "u", true).await?;
+    let stuck = c.pending_naming("u", &user).await?;
     ensure!(!stuck.condition_is_true(cond::ADMITTED), "{}", dump(&stuck));
-    assert_eq!(
-        version(&env.provisioning_requests().get(&first_name).await?),
-        version(&ur)
-    );
-    assert_eq!(
-        version(&templates(env).get(&user_template).await?),
-        version(&ut)
-    );
-
+    assert_eq!(request_version(env, &ur.name_any()).await?, version(ur));
+    assert_eq!(template_version(env, &ut.name_any()).await?, version(ut));
     // The user removes the request; the next pass takes the first name.
-    env.provisioning_requests()
-        .delete(&first_name, &Default::default())
-        .await?;
-    let poke = json!({"metadata": {"labels": {"e2e.kueue-admission-checks.dev/poke": "1"}}});
-    env.workloads()
-        .patch("u", &PatchParams::default(), &Patch::Merge(&poke))
-        .await?;
+    let first_name = user.remove_request(env).await?;
+    env.touch_workload("u", "1").await?;
     wait_ready_on(env, "u", &c.p.check, &first_name).await?;
     c.assert_ours(&first_name, &u).await?;
-    assert_eq!(
-        version(&templates(env).get(&user_template).await?),
-        version(&ut)
-    );
+    assert_eq!(template_version(env, &ut.name_any()).await?, version(ut));
     c.stop().await
 }
