@@ -140,6 +140,14 @@ async fn preempted(env: &TestEnv, wl: &str) -> Result<Workload> {
         .await
 }
 
+/// `a`'s next four answers: `Retry`, `Ready`, `Retry`, `Retry`.
+fn a_retries_passes_then_retries_twice(a_script: &ProbeScript) {
+    a_script.then(Decision::retry("a: not yet"));
+    a_script.then(Decision::ready("a: passes"));
+    a_script.then(Decision::retry("a: not yet again"));
+    a_script.then(Decision::retry("a: still not"));
+}
+
 /// Stops every check's runtime, in turn.
 async fn stop_all(checks: &mut [Check]) -> Result<()> {
     for check in checks {
@@ -299,10 +307,7 @@ async fn attempts_survive_other_checks_evictions_and_restarts_and_the_limit_reje
     let mut checks = checks_on_one_queue(&env, vec![a_spec, undecided("b")]).await?;
     let (a, b) = (checks[0].name.clone(), checks[1].name.clone());
     let (a_script, b_script) = (checks[0].script.clone(), checks[1].script.clone());
-    a_script.then(Decision::retry("a: not yet"));
-    a_script.then(Decision::ready("a: passes"));
-    a_script.then(Decision::retry("a: not yet again"));
-    a_script.then(Decision::retry("a: still not"));
+    a_retries_passes_then_retries_twice(&a_script);
 
     let wl = env.submit_job("job", "lq", "1").await?;
     let first_delay = retry_delay(&env.wait_entry(&wl, &a, CheckState::Retry).await?.1);
