@@ -579,8 +579,7 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
     let (wls, requests) = (env.workload_history(), env.request_history());
     let (submitted, started) = (Timestamp::now(), Instant::now());
     let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
-    let copied = env.workloads().get(&wl).await?;
-    assert_long_annotation_kept(&copied, COPIED_AS_IS);
+    assert_long_annotation_kept(&env.workloads().get(&wl).await?, COPIED_AS_IS);
 
     // Within seconds: the reason on the entry, the quota still held.
     let (failed, entry) = permanent_failure_within(&t, &wl, started, SECONDS).await?;
