@@ -4,23 +4,23 @@
 
 mod example_common;
 
-use std::sync::atomic::Ordering;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
-use budget_check::ledger::BudgetLedger;
+use anyhow::{Context, Result, ensure};
+use budget_check::ledger::{BudgetLedger, Charge};
 use budget_check::money::Credits;
 use budget_check::window::{Period, Window};
 use budget_check::{BudgetCheck, ConfigMapBackend, Settings};
 use e2e::{GuardedQueue, SuspendedJob, TestEnv};
-use example_common::{ExampleTest, LedgerFormat, assert_starts_with};
+use example_common::{Crashable, ExampleTest, LedgerFormat, assert_starts_with};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
-use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::api::{
+    AdmissionCheck, AdmissionCheckState, CheckState, Workload, workload_condition as cond,
+};
 use kueue_admission_sdk::shadow::ShadowScope;
-use serde_json::json;
 
 const BUDGETS: &str = budget_check::DEFAULT_BUDGETS_CONFIGMAP;
 
@@ -131,6 +131,216 @@ fn today() -> Window {
     Window::containing(Period::Day, Timestamp::now())
 }
 
+/// A test whose check is in shadow mode for its ClusterQueue, with `budget`: the queue does
+/// not list the check (in shadow mode nothing may wait on it), and its controller runs with
+/// `--shadow` for that queue and serves its metrics. Returns the test, the ClusterQueue, where
+/// the metrics are served and the running controller.
+async fn shadowed(
+    test: &str,
+    budget: &str,
+) -> Result<(Budgeted, String, SocketAddr, e2e::Running)> {
+    let env = TestEnv::new(test).await?;
+    let backend = backend(&env.ns);
+    let controller_name = env.own_controller_name("budget");
+    let flavor = env.resource_flavor("default").await?.name_any();
+    let check = env
+        .admission_check("budget", &controller_name)
+        .await?
+        .name_any();
+    // The queue does not list the check: in shadow mode nothing may wait on it.
+    let cq = env.queues_on(&flavor, "20", &[]).await?;
+    let q = GuardedQueue {
+        flavor,
+        check,
+        controller_name,
+        cluster_queue: cq.clone(),
+    };
+    let t = ExampleTest {
+        env,
+        q,
+        backend,
+        ledger_format: LEDGER_FORMAT,
+    };
+    t.set_budget(budget).await?;
+    let http = e2e::free_local_address()?;
+    let controller = t.start_with(
+        t.env.client.clone(),
+        RuntimeConfig {
+            metrics_address: Some(http),
+            shadow: Some(ShadowScope::of(vec![cq.clone()])),
+            ..Default::default()
+        },
+    );
+    Ok((t, cq, http, controller))
+}
+
+/// The series counting what a shadowed check would have answered `state`.
+fn shadow_series(check: &str, state: &str) -> String {
+    format!("kueue_ac_shadow_decisions_total{{check=\"{check}\",state=\"{state}\"}}")
+}
+
+/// A scrape of a shadowed check's metrics, once its counts have settled.
+struct ShadowMetrics {
+    check: String,
+    text: String,
+}
+
+impl ShadowMetrics {
+    /// Scrapes the metrics at `http` until the shadowed check has counted 2 would-be
+    /// `Rejected` and 1 would-be `Retry`; keeps that exposition.
+    async fn settled(http: SocketAddr, check: &str) -> Result<Self> {
+        let series = |state| shadow_series(check, state);
+        let mut text = e2e::wait_metric(http, &series("Rejected"), 2.0).await?;
+        if e2e::metric_sample(&text, &series("Retry")) != Some(1.0) {
+            text = e2e::wait_metric(http, &series("Retry"), 1.0).await?;
+        }
+        Ok(Self {
+            check: check.into(),
+            text,
+        })
+    }
+
+    /// How many times the check would have answered `state`.
+    fn shadow(&self, state: &str) -> Option<f64> {
+        e2e::metric_sample(&self.text, &shadow_series(&self.check, state))
+    }
+
+    /// How many times the check answered `state` on a Workload (enforcing).
+    fn enforced(&self, state: &str) -> Option<f64> {
+        let check = &self.check;
+        let series = format!("kueue_ac_decisions_total{{check=\"{check}\",state=\"{state}\"}}");
+        e2e::metric_sample(&self.text, &series)
+    }
+}
+
+impl std::fmt::Display for ShadowMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// When the check decided (its entry's lastTransitionTime), the day that holds that moment,
+/// the seconds from then to the day's end, and the `requeueAfterSeconds` it asked for.
+fn decided_in(entry: &AdmissionCheckState) -> Result<(Window, i64, i64)> {
+    let decided = entry
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+        .ok_or_else(|| anyhow::anyhow!("no lastTransitionTime"))?;
+    let window = Window::containing(Period::Day, decided);
+    let until_reset = window.end().as_second() - decided.as_second();
+    let delay = i64::from(entry.requeue_after_seconds.unwrap_or_default());
+    Ok((window, until_reset, delay))
+}
+
+/// Seconds from the charge to the Workload's `Finished` (now if it has none).
+fn ran_seconds(finished: &Workload, charge: &Charge) -> i64 {
+    let finished_at = finished
+        .condition(cond::FINISHED)
+        .map(|c| c.last_transition_time.0)
+        .unwrap_or_else(Timestamp::now);
+    finished_at.as_second() - charge.charged_at.0.as_second()
+}
+
+impl Budgeted {
+    /// The charge open for the Workload with this uid, or an error saying `why` there must be
+    /// one.
+    async fn open_charge(&self, uid: &str, why: &str) -> Result<Charge> {
+        let ledger = self.ledger().await?;
+        ledger
+            .open_charge(uid)
+            .cloned()
+            .with_context(|| format!("{why}: {ledger:#?}"))
+    }
+
+    /// Waits until the ledger's open charges are exactly those of `charged`; returns what it
+    /// says the namespace spent today then.
+    async fn spent_once_charged(&self, what: &str, charged: &[&String]) -> Result<Credits> {
+        let ledger = self
+            .wait_ledger(what, |l| {
+                l.charged_workloads().iter().eq(charged.iter().copied())
+            })
+            .await?;
+        Ok(ledger.spent(&today()))
+    }
+
+    /// Waits until the check answers the Workload `Retry` and Kueue has set its `requeueAt`;
+    /// returns the Workload and the entry.
+    async fn retried_with_requeue_at(
+        &self,
+        workload: &str,
+    ) -> Result<(Workload, AdmissionCheckState)> {
+        let waiting = self
+            .env
+            .wait_workload(workload, "Retry, and Kueue's requeueAt set", |wl| {
+                self.entry(wl).state == CheckState::Retry && wl.requeue_at().is_some()
+            })
+            .await?;
+        let entry = self.entry(&waiting);
+        Ok((waiting, entry))
+    }
+
+    /// What the spending today comes to besides the one open charge.
+    fn spent_besides_the_open_charge(ledger: &BudgetLedger) -> Result<Credits> {
+        let charge = ledger
+            .open_charges()
+            .values()
+            .next()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no open charge"))?;
+        Ok(ledger.spent(&today()).saturating_sub(charge.cost))
+    }
+
+    /// The message the check says in shadow mode (its `Active=False`, reason `ShadowMode`).
+    async fn shadow_mode_message(&self) -> Result<String> {
+        let active = self
+            .env
+            .wait_active::<AdmissionCheck>(&self.q.check, "False", Some("ShadowMode"))
+            .await?;
+        Ok(active.message)
+    }
+
+    /// Asserts that the shadowed check's `WouldAnswer` Event on the Workload says it "would
+    /// have answered" `answer`.
+    async fn assert_would_answer(&self, workload: &str, answer: &str) -> Result<()> {
+        let note = self.env.event_note(workload, "WouldAnswer").await?;
+        let words = format!("would have answered {answer}");
+        assert!(note.contains(&words), "{note}");
+        Ok(())
+    }
+
+    /// Asserts that nothing of the check is on the Workloads: no entry, no attempt record, no
+    /// field of its field manager (every write would have left it in managedFields).
+    async fn assert_nothing_written(&self, workloads: &[&String]) -> Result<()> {
+        let ours = format!("e2e-{}", self.env.ns);
+        for wl in workloads {
+            let wl = self.env.workloads().get(wl).await?;
+            assert!(
+                wl.admission_check(&self.q.check).is_none(),
+                "{}",
+                e2e::dump(&wl)
+            );
+            assert!(
+                !wl.annotations()
+                    .keys()
+                    .any(|k| k.contains("kueue-admission-checks.dev")),
+                "{}",
+                e2e::dump(&wl)
+            );
+            let managers: Vec<String> = wl
+                .managed_fields()
+                .iter()
+                .filter_map(|m| m.manager.clone())
+                .collect();
+            assert!(
+                !managers.iter().any(|m| m.starts_with(&ours)),
+                "written by {managers:?}"
+            );
+        }
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn a_fitting_workload_is_admitted_and_charged_its_estimate() -> Result<()> {
     let (t, _controller) = setup_running("budget-fits", "10/day").await?;
@@ -141,24 +351,21 @@ async fn a_fitting_workload_is_admitted_and_charged_its_estimate() -> Result<()>
     assert_eq!(admitted.spec.maximum_execution_time_seconds, Some(1800));
     let entry = t.entry(&admitted);
     assert_eq!(entry.state, CheckState::Ready);
-    let midnight = budget_check::window::format_time(today().end());
+    let (midnight, ns) = (budget_check::window::format_time(today().end()), &t.env.ns);
     assert_eq!(
         entry.message,
         format!(
-            "charged 1 credits (2 cpu for 30m); namespace {} has spent 1 of 10 credits this day, until {midnight}",
-            t.env.ns
+            "charged 1 credits (2 cpu for 30m); namespace {ns} has spent 1 of 10 credits this day, until {midnight}"
         )
     );
-    let ledger = t.ledger().await?;
-    let charge = ledger
-        .open_charge(&t.uid(&wl).await?)
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("no charge for the uid: {ledger:#?}"))?;
+    let charge = t
+        .open_charge(&t.uid(&wl).await?, "no charge for the uid")
+        .await?;
     assert_eq!(
         (charge.cost, charge.runtime_seconds, charge.check),
         (credits("1"), 1800, t.q.check.clone())
     );
-    assert_eq!(ledger.spent(&today()), credits("1"));
+    assert_eq!(t.ledger().await?.spent(&today()), credits("1"));
     Ok(())
 }
 
@@ -169,41 +376,24 @@ async fn over_budget_retries_with_the_delay_until_the_window_resets() -> Result<
     t.env.wait_admitted(&a).await?;
 
     let b = t.submit("job-b", "2", None).await?;
-    let waiting = t
-        .env
-        .wait_workload(&b, "Retry, and Kueue's requeueAt set", |wl| {
-            t.entry(wl).state == CheckState::Retry && wl.requeue_at().is_some()
-        })
-        .await?;
-    let entry = t.entry(&waiting);
-    let decided = entry
-        .last_transition_time
-        .map(|t| t.0)
-        .ok_or_else(|| anyhow::anyhow!("no lastTransitionTime"))?;
-    let window = Window::containing(Period::Day, decided);
-    let until_reset = window.end().as_second() - decided.as_second();
-    let delay = i64::from(entry.requeue_after_seconds.unwrap_or_default());
+    let (waiting, entry) = t.retried_with_requeue_at(&b).await?;
+    let (window, until_reset, delay) = decided_in(&entry)?;
     ensure!(
         (until_reset..=until_reset + 1).contains(&delay),
         "requeueAfterSeconds {delay}, {until_reset} s to the reset\n{}",
         e2e::dump(&waiting)
     );
-    let midnight = budget_check::window::format_time(window.end());
+    let (midnight, ns) = (budget_check::window::format_time(window.end()), &t.env.ns);
     assert_starts_with(
         &entry.message,
         &format!(
-            "the estimated cost of 2 credits (2 cpu for 1h) would take namespace {} over its budget: 2 of 3 credits spent this day; the budget starts again at {midnight} (attempt 1; next attempt not before {midnight})",
-            t.env.ns
+            "the estimated cost of 2 credits (2 cpu for 1h) would take namespace {ns} over its budget: 2 of 3 credits spent this day; the budget starts again at {midnight} (attempt 1; next attempt not before {midnight})"
         ),
     );
     // Kueue holds the quota through a delayed Retry (docs/kueue-behaviour.md), until the reset.
     let requeue_at = waiting.requeue_at().map(|t| t.as_second());
-    assert_eq!(
-        requeue_at,
-        Some(window.end().as_second()),
-        "{}",
-        e2e::dump(&waiting)
-    );
+    let reset = Some(window.end().as_second());
+    assert_eq!(requeue_at, reset, "{}", e2e::dump(&waiting));
     assert!(waiting.condition_is_true(cond::QUOTA_RESERVED));
     assert!(!waiting.condition_is_true(cond::ADMITTED));
     assert_eq!(t.ledger().await?.charged_workloads(), vec![a]);
@@ -236,35 +426,22 @@ async fn finishing_or_evicting_gives_back_what_was_not_used() -> Result<()> {
     let (t, _controller) = setup_running("budget-refund", "5/day").await?;
     let a = t.submit("job-a", "2", None).await?;
     let b = t.submit("job-b", "2", None).await?;
-    t.env.wait_admitted(&a).await?;
-    t.env.wait_admitted(&b).await?;
+    t.wait_all_admitted(&[&a, &b]).await?;
     assert_eq!(t.ledger().await?.spent(&today()), credits("4"));
 
     t.finish("job-a", &a).await?;
-    let ledger = t
-        .wait_ledger("A settled after it finished", |l| {
-            l.charged_workloads() == [b.clone()]
-        })
+    let spent = t
+        .spent_once_charged("A settled after it finished", &[&b])
         .await?;
     // A ran seconds of its hour (Kueue's whole-second Finished time may even make it none):
     // 2 cores for a minute would be 0.034.
-    let spent = ledger.spent(&today());
-    ensure!(
-        spent >= credits("2") && spent < credits("2.034"),
-        "spent {spent}"
-    );
+    let (at_least, below) = (credits("2"), credits("2.034"));
+    ensure!(spent >= at_least && spent < below, "spent {spent}");
 
-    let deactivate = json!({"spec": {"active": false}});
-    t.env
-        .workloads()
-        .patch(&b, &PatchParams::default(), &Patch::Merge(&deactivate))
+    t.deactivate(&b).await?;
+    let spent = t
+        .spent_once_charged("B settled after its eviction", &[])
         .await?;
-    let ledger = t
-        .wait_ledger("B settled after its eviction", |l| {
-            l.open_charges().is_empty()
-        })
-        .await?;
-    let spent = ledger.spent(&today());
     ensure!(spent < credits("0.067"), "spent {spent}");
 
     // 4 credits would not have fitted without the refunds.
@@ -296,13 +473,9 @@ async fn a_missing_or_malformed_budget_keeps_workloads_pending_with_the_reason()
         if let Some(data) = budgets {
             t.set_budgets(&data).await?;
         }
-        let pending = t
-            .env
-            .wait_workload(&wl, &format!("Pending: {expected}"), |wl| {
-                t.entry(wl).message == expected
-            })
-            .await?;
-        assert_eq!(t.entry(&pending).state, CheckState::Pending);
+        let what = format!("Pending: {expected}");
+        let (_, entry) = t.entry_when(&wl, &what, |e| e.message == expected).await?;
+        assert_eq!(entry.state, CheckState::Pending);
     }
     t.set_budgets(&[(ns.as_str(), "10/week")]).await?;
     t.env.wait_admitted(&wl).await?;
@@ -316,24 +489,18 @@ async fn a_missing_or_malformed_budget_keeps_workloads_pending_with_the_reason()
 async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()> {
     let t = setup("budget-restart").await?;
     t.set_budget("3/day").await?;
-    let (client, cut) = e2e::severable_client(t.env.client.clone());
-    let first = t.start(client);
+    let first = Crashable::start(t.env.client.clone(), |client| t.start(client));
     let a = t.submit("job-a", "2", None).await?;
     t.env.wait_admitted(&a).await?;
     let a_uid = t.uid(&a).await?;
 
-    cut.store(true, Ordering::SeqCst);
-    first.kill().await;
+    first.crash().await;
 
     let finished = t.finish("job-a", &a).await?;
     let b = t.submit("job-b", "2", None).await?;
     t.env.wait_check_pending_with_quota(&b, &t.q.check).await?;
-    let a_charge = t
-        .ledger()
-        .await?
-        .open_charge(&a_uid)
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("nobody may have settled A while no controller ran"))?;
+    let unsettled = "nobody may have settled A while no controller ran";
+    let a_charge = t.open_charge(&a_uid, unsettled).await?;
     // Finishing is what counts, not when the next controller notices.
     tokio::time::sleep(Duration::from_secs(5)).await;
 
@@ -341,18 +508,8 @@ async fn a_restart_settles_what_finished_while_no_controller_ran() -> Result<()>
     t.env.wait_admitted(&b).await?;
     let ledger = t.ledger().await?;
     assert_eq!(ledger.charged_workloads(), vec![b]);
-    let charge = ledger
-        .open_charges()
-        .values()
-        .next()
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("no open charge"))?;
-    let finished_at = finished
-        .condition(cond::FINISHED)
-        .map(|c| c.last_transition_time.0)
-        .unwrap_or_else(Timestamp::now);
-    let ran = finished_at.as_second() - a_charge.charged_at.0.as_second();
-    let a_used = ledger.spent(&today()).saturating_sub(charge.cost);
+    let a_used = Budgeted::spent_besides_the_open_charge(&ledger)?;
+    let ran = ran_seconds(&finished, &a_charge);
     // 2 cores for `ran` seconds at 1 credit per core-hour, rounded up to a thousandth: a
     // settlement as of the restart would be at least 5 s × 2 cores later (0.0027 more).
     let expected_max = Credits::from_milli(u64::try_from((ran + 1) * 2000 / 3600 + 1)?);
@@ -395,139 +552,37 @@ async fn many_workloads_at_once_never_overspend_at_any_version() -> Result<()> {
 /// is written on any Workload.
 #[tokio::test]
 async fn a_shadowed_budget_admits_everything_and_counts_what_it_would_have_refused() -> Result<()> {
-    let env = TestEnv::new("budget-shadow").await?;
-    let backend = backend(&env.ns);
-    let controller_name = env.own_controller_name("budget");
-    let flavor = env.resource_flavor("default").await?.name_any();
-    let check = env
-        .admission_check("budget", &controller_name)
-        .await?
-        .name_any();
-    // The queue does not list the check: in shadow mode nothing may wait on it.
-    let cq = env.queues_on(&flavor, "20", &[]).await?;
-    let q = GuardedQueue {
-        flavor,
-        check,
-        controller_name,
-        cluster_queue: cq.clone(),
-    };
-    let t = ExampleTest {
-        env,
-        q,
-        backend,
-        ledger_format: LEDGER_FORMAT,
-    };
-    t.set_budget("3/week").await?;
-    let http = e2e::free_local_address()?;
-    let _controller = t.start_with(
-        t.env.client.clone(),
-        RuntimeConfig {
-            metrics_address: Some(http),
-            shadow: Some(ShadowScope::of(vec![cq.clone()])),
-            ..Default::default()
-        },
-    );
+    let (t, cq, http, _controller) = shadowed("budget-shadow", "3/week").await?;
     // The check says it is in shadow mode, and that no queue may wait on it.
-    let message = t
-        .env
-        .wait_active::<AdmissionCheck>(&t.q.check, "False", Some("ShadowMode"))
-        .await?
-        .message;
-    assert!(
-        message.contains(&format!("ClusterQueues {cq}")) && message.contains("--shadow"),
-        "{message}"
-    );
+    let message = t.shadow_mode_message().await?;
+    let names_the_queue = message.contains(&format!("ClusterQueues {cq}"));
+    assert!(names_the_queue && message.contains("--shadow"), "{message}");
 
     // 2 credits fit the budget of 3; then 2 more do not (Retry until the week ends); 4 never do.
     let fits = t.submit("fits", "2", None).await?;
     t.env.wait_admitted(&fits).await?;
-    let note = t.env.event_note(&fits, "WouldAnswer").await?;
-    assert!(
-        note.contains("would have answered Ready: charged 2 credits"),
-        "{note}"
-    );
+    t.assert_would_answer(&fits, "Ready: charged 2 credits")
+        .await?;
     let over = t.submit("over", "2", None).await?;
-    let huge = [
-        t.submit("huge-1", "4", None).await?,
-        t.submit("huge-2", "4", None).await?,
-    ];
-    for wl in [&over, &huge[0], &huge[1]] {
-        t.env.wait_admitted(wl).await?;
-    }
-    let series = |state: &str| {
-        format!(
-            "kueue_ac_shadow_decisions_total{{check=\"{}\",state=\"{state}\"}}",
-            t.q.check
-        )
-    };
-    let metrics = e2e::wait_metric(http, &series("Rejected"), 2.0).await?;
-    let metrics = if e2e::metric_sample(&metrics, &series("Retry")) == Some(1.0) {
-        metrics
-    } else {
-        e2e::wait_metric(http, &series("Retry"), 1.0).await?
-    };
-    assert_eq!(
-        e2e::metric_sample(&metrics, &series("Ready")),
-        Some(1.0),
-        "{metrics}"
-    );
-    assert_eq!(
-        e2e::metric_sample(&metrics, &series("Pending")),
-        Some(0.0),
-        "{metrics}"
-    );
+    let huge_1 = t.submit("huge-1", "4", None).await?;
+    let huge_2 = t.submit("huge-2", "4", None).await?;
+    t.wait_all_admitted(&[&over, &huge_1, &huge_2]).await?;
+    let m = ShadowMetrics::settled(http, &t.q.check).await?;
+    assert_eq!(m.shadow("Ready"), Some(1.0), "{m}");
+    assert_eq!(m.shadow("Pending"), Some(0.0), "{m}");
     // Nothing was written: the enforcing metric never moved.
-    assert_eq!(
-        e2e::metric_sample(
-            &metrics,
-            &format!(
-                "kueue_ac_decisions_total{{check=\"{}\",state=\"Rejected\"}}",
-                t.q.check
-            )
-        ),
-        Some(0.0),
-        "{metrics}"
-    );
-    let note = t.env.event_note(&over, "WouldAnswer").await?;
-    assert!(note.contains("would have answered Retry"), "{note}");
-    for wl in &huge {
-        let note = t.env.event_note(wl, "WouldAnswer").await?;
-        assert!(note.contains("would have answered Rejected"), "{note}");
+    assert_eq!(m.enforced("Rejected"), Some(0.0), "{m}");
+    t.assert_would_answer(&over, "Retry").await?;
+    for wl in [&huge_1, &huge_2] {
+        t.assert_would_answer(wl, "Rejected").await?;
     }
     // Only the Workload it would have admitted is charged, as enforcing would have.
     assert_eq!(t.ledger().await?.charged_workloads(), vec![fits.clone()]);
-
-    // No entry, no attempt record, no field of ours on any Workload: every write would have
-    // left its field manager in managedFields.
-    let ours = format!("e2e-{}", t.env.ns);
-    for wl in [&fits, &over, &huge[0], &huge[1]] {
-        let wl = t.env.workloads().get(wl).await?;
-        assert!(
-            wl.admission_check(&t.q.check).is_none(),
-            "{}",
-            e2e::dump(&wl)
-        );
-        assert!(
-            !wl.annotations()
-                .keys()
-                .any(|k| k.contains("kueue-admission-checks.dev")),
-            "{}",
-            e2e::dump(&wl)
-        );
-        let managers: Vec<String> = wl
-            .managed_fields()
-            .iter()
-            .filter_map(|m| m.manager.clone())
-            .collect();
-        assert!(
-            !managers.iter().any(|m| m.starts_with(&ours)),
-            "written by {managers:?}"
-        );
-    }
-
+    // No entry, no attempt record, no field of ours on any Workload.
+    let all = [&fits, &over, &huge_1, &huge_2];
+    t.assert_nothing_written(&all).await?;
     // Finishing the charged Workload settles its charge through the release, as enforcing.
     t.finish("fits", &fits).await?;
-    t.wait_ledger("the charge settled", |l| l.open_charges().is_empty())
-        .await?;
+    t.spent_once_charged("the charge settled", &[]).await?;
     Ok(())
 }
