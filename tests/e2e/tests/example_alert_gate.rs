@@ -317,7 +317,6 @@ fn spec(url: String, team: &str) -> AlertGateSpec {
 #[tokio::test]
 async fn work_waits_while_a_matching_alert_fires_and_is_admitted_once_it_resolves() -> Result<()> {
     let (am, gate, t) = gated_by_alertmanager("alert-gate", "batch").await?;
-
     // A warning, and a critical alert of another team: neither matches every matcher.
     am.fire("DiskFilling", "warning", "batch").await?;
     am.fire("EtcdDown", "critical", "web").await?;
