@@ -15,9 +15,9 @@ use e2e::provisioning::World;
 use e2e::{SuspendedJob, TestEnv};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
 use kueue_admission_sdk::api::{
-    CheckState, ProvisioningRequest, Workload, find_condition, workload_condition as cond,
+    AdmissionCheckState, CheckState, ProvisioningRequest, Workload, find_condition,
+    workload_condition as cond,
 };
 use serde_json::json;
 
@@ -80,6 +80,219 @@ async fn wait_group_empty(env: &TestEnv) -> Result<()> {
     .await
 }
 
+/// The controller's counter of the requests it made.
+const CREATED: &str = "kueue_provisioning_requests_created_total";
+/// The controller's counter of the bookings it saw expire.
+const BOOKING_EXPIRED: &str = "kueue_provisioning_requests_booking_expired_total";
+
+/// The node group of the best-effort tests: Nodes of 4 cpu, at most 5.
+const GROUP: GroupShape = GroupShape { cpu: "4", max: 5 };
+
+/// A best-effort world's setup: [`config`] of [`BEST_EFFORT`] and the node group [`GROUP`].
+fn best_effort() -> CapacitySetup {
+    CapacitySetup {
+        config: config(BEST_EFFORT),
+        group: Some(GROUP),
+        ..CapacitySetup::default()
+    }
+}
+
+/// A check-capacity world's setup: [`config`] of [`CHECK_CAPACITY`], 16 cpu of quota, no node
+/// group (the simulator adds no Node).
+fn check_capacity() -> CapacitySetup {
+    CapacitySetup {
+        config: config(CHECK_CAPACITY),
+        quota: "16",
+        ..CapacitySetup::default()
+    }
+}
+
+/// A best-effort setup whose node group may have 1 Node of 4 cpu, with no retries and the
+/// controller's provisioning timeout at 6 s.
+fn one_node_and_a_6s_timeout() -> CapacitySetup {
+    CapacitySetup {
+        config: json!({
+            "provisioningClassName": BEST_EFFORT,
+            "retryStrategy": {"backoffLimitCount": 0},
+        }),
+        config_annotations: vec![(
+            "kueue-admission-checks.dev/provisioning-timeout-seconds",
+            "6".into(),
+        )],
+        group: Some(GroupShape { cpu: "4", max: 1 }),
+        ..CapacitySetup::default()
+    }
+}
+
+/// The best-effort setup with the AdmissionCheck `gate` beside ours, and 2 retries 3 s apart.
+fn gated_best_effort(gate: &str) -> CapacitySetup {
+    CapacitySetup {
+        config: json!({
+            "provisioningClassName": BEST_EFFORT,
+            "retryStrategy": {"backoffLimitCount": 2, "backoffBaseSeconds": 3, "backoffMaxSeconds": 3},
+        }),
+        extra_checks: vec![gate.to_string()],
+        ..best_effort()
+    }
+}
+
+/// The simulator's settings with bookings of 2 s (10 minutes in cluster-autoscaler).
+fn short_booking(s: &mut autoscaler_simulator::Settings) {
+    s.booking_duration = Duration::from_secs(2);
+}
+
+/// `(reason, message)` of the request's `Provisioned` condition, once it is `False`.
+async fn wait_not_provisioned(env: &TestEnv, request: &str) -> Result<(String, String)> {
+    let r = wait_request_where(env, request, "Provisioned=False", |r| {
+        request_condition(r, "Provisioned").is_some_and(|(s, _, _)| s == "False")
+    })
+    .await?;
+    let (_, reason, message) = request_condition(&r, "Provisioned").context("Provisioned")?;
+    Ok((reason, message))
+}
+
+/// `(status, reason)` of the request's `Provisioned` condition now.
+async fn provisioned(env: &TestEnv, request: &str) -> Result<(String, String)> {
+    let r = env.provisioning_requests().get(request).await?;
+    let (status, reason, _) = request_condition(&r, "Provisioned").context("Provisioned")?;
+    Ok((status, reason))
+}
+
+/// Waits until our entry is `Pending` with the autoscaler's `message` in it (`what`).
+async fn wait_pending_with(t: &World, wl: &str, message: &str, what: &str) -> Result<Workload> {
+    t.env
+        .wait_workload(wl, what, |w| {
+            w.admission_check(&t.p.check)
+                .is_some_and(|e| e.state == CheckState::Pending && e.message.contains(message))
+        })
+        .await
+}
+
+/// Waits until our entry is in `state` (`what`); returns the Workload and the entry.
+async fn wait_our_entry(
+    t: &World,
+    wl: &str,
+    state: CheckState,
+    what: &str,
+) -> Result<(Workload, AdmissionCheckState)> {
+    let found = t
+        .env
+        .wait_workload(wl, what, |w| {
+            w.admission_check(&t.p.check)
+                .is_some_and(|e| e.state == state)
+        })
+        .await?;
+    let entry = found
+        .admission_check(&t.p.check)
+        .cloned()
+        .context("entry")?;
+    Ok((found, entry))
+}
+
+/// The Workload now and our entry on it.
+async fn workload_and_entry(t: &World, wl: &str) -> Result<(Workload, AdmissionCheckState)> {
+    let now: Workload = t.env.workloads().get(wl).await?;
+    let entry = now.admission_check(&t.p.check).cloned().context("entry")?;
+    Ok((now, entry))
+}
+
+/// Submits a Job of one pod, waits until it is admitted with our check `Ready` and its pod
+/// runs; returns its Workload and the running pod.
+async fn admitted_and_running(t: &World, name: &str) -> Result<(String, Vec<Pod>)> {
+    let wl = job(&t.env, name, 1).await?;
+    t.env.wait_admitted_ready(&wl, &t.p.check).await?;
+    let running = t.env.wait_job_pods_running(name, 1).await?;
+    Ok((wl, running))
+}
+
+/// Waits until `pods` pods of the Job run; returns them and the names of the node group's
+/// Nodes then.
+async fn running_on_the_group(
+    env: &TestEnv,
+    job: &str,
+    pods: i32,
+) -> Result<(Vec<Pod>, BTreeSet<String>)> {
+    let running = env.wait_job_pods_running(job, pods).await?;
+    Ok((running, group_node_names(env).await?))
+}
+
+/// `(name, node)` of each pod.
+fn placements(pods: &[Pod]) -> Vec<(String, Option<String>)> {
+    pods.iter()
+        .map(|p| (p.name_any(), node_of(p).map(String::from)))
+        .collect()
+}
+
+/// How many reconciles the controller has finished, whatever their result.
+async fn reconciles(t: &World) -> Result<f64> {
+    let text = t.controller()?.metrics().await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("kueue_ac_reconcile_duration_seconds_count"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Changes the Workload (a label nobody reads) and waits until the controller has reconciled
+/// since: a decision after whatever happened before.
+async fn changed_and_reconciled(t: &World, wl: &str) -> Result<()> {
+    let before = reconciles(t).await?;
+    t.env.touch_workload(wl, "1").await?;
+    e2e::eventually_async("a reconcile after the change", || async {
+        Ok(reconciles(t).await? > before)
+    })
+    .await
+}
+
+/// A test's namespace with an AdmissionCheck `gate`, Active, answered by the test: made before
+/// the queue that names it, it holds admission until the test opens it. Returns the gate's
+/// name.
+async fn env_with_gate(test: &str) -> Result<(TestEnv, String)> {
+    let env = TestEnv::new(test).await?;
+    let gate_controller = env.own_controller_name("gate");
+    let gate = env
+        .admission_check("gate", &gate_controller)
+        .await?
+        .name_any();
+    env.set_admission_check_active(&gate, true).await?;
+    Ok((env, gate))
+}
+
+/// The world again with the simulator's bookings as long as cluster-autoscaler's: the old
+/// simulator stopped, a new one scaling [`GROUP`] started.
+async fn with_full_bookings(t: World) -> Result<World> {
+    let World {
+        env,
+        p,
+        controller,
+        simulator,
+    } = t;
+    simulator.stop().await?;
+    let group = env.node_group_of(GROUP)?;
+    let simulator = env.start_autoscaler(vec![group], |_| {});
+    Ok(World {
+        env,
+        p,
+        controller,
+        simulator,
+    })
+}
+
+/// Waits until our entry is `Ready` (attempt 2's, the gate still closed), then opens the gate
+/// and waits until the Workload is admitted.
+async fn ready_then_the_gate_opens(t: &World, wl: &str, gate: &str) -> Result<()> {
+    let env = &t.env;
+    env.wait_workload(wl, "our entry Ready on attempt 2", |w| {
+        w.admission_check(&t.p.check)
+            .is_some_and(|e| e.state == CheckState::Ready)
+    })
+    .await?;
+    env.answer_check(wl, gate, CheckState::Ready, "the gate opens")
+        .await?;
+    env.wait_admitted(wl).await?;
+    Ok(())
+}
+
 /// best-effort-atomic-scale-up: the request makes the autoscaler add Nodes of the group (all
 /// the pods need, at once) and write Provisioned; the Job's pods consume that request, carry the
 /// flavor's node selector and run on those Nodes. When the Job's pods succeed, the Workload
@@ -87,23 +300,14 @@ async fn wait_group_empty(env: &TestEnv) -> Result<()> {
 #[tokio::test]
 async fn best_effort_pods_run_on_the_nodes_added_for_their_request_and_all_goes_when_they_end()
 -> Result<()> {
-    let setup = CapacitySetup {
-        config: config(BEST_EFFORT),
-        group: Some(GroupShape { cpu: "4", max: 5 }),
-        ..CapacitySetup::default()
-    };
-    let t = World::on_capacity("cap-best-effort", setup, |_| {}).await?;
+    let t = World::on_capacity("cap-best-effort", best_effort(), |_| {}).await?;
     let env = &t.env;
-    assert!(
-        env.group_nodes().await?.is_empty(),
-        "no Node before the request"
-    );
+    let none = env.group_nodes().await?.is_empty();
+    assert!(none, "no Node before the request");
     let wl = job(env, "train", 4).await?;
     env.wait_admitted_ready(&wl, &t.p.check).await?;
-
     let request = t.request(&wl, 1);
-    let r = env.provisioning_requests().get(&request).await?;
-    let (status, reason, _) = request_condition(&r, "Provisioned").context("Provisioned")?;
+    let (status, reason) = provisioned(env, &request).await?;
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("True", "CapacityIsProvisioned")
@@ -116,10 +320,8 @@ async fn best_effort_pods_run_on_the_nodes_added_for_their_request_and_all_goes_
     assert_pods_on(&pods, &request, BEST_EFFORT, &env.node_group(), &nodes);
 
     let done = env.complete_job("train", &wl).await?;
-    assert_eq!(
-        done.condition(cond::FINISHED).map(|c| c.reason.as_str()),
-        Some("Succeeded")
-    );
+    let finished = done.condition(cond::FINISHED).map(|c| c.reason.as_str());
+    assert_eq!(finished, Some("Succeeded"));
     env.wait_nothing_left().await?;
     wait_group_empty(env).await?;
     t.stop().await
@@ -132,51 +334,27 @@ async fn best_effort_pods_run_on_the_nodes_added_for_their_request_and_all_goes_
 #[tokio::test]
 async fn check_capacity_pods_run_on_existing_room_and_a_job_that_does_not_fit_waits() -> Result<()>
 {
-    let setup = CapacitySetup {
-        config: config(CHECK_CAPACITY),
-        quota: "16",
-        ..CapacitySetup::default()
-    };
-    let t = World::on_capacity("cap-check-capacity", setup, |_| {}).await?;
+    let t = World::on_capacity("cap-check-capacity", check_capacity(), |_| {}).await?;
     let env = &t.env;
     let room = env.existing_capacity("room", "4").await?;
     let wl = job(env, "fits", 2).await?;
     env.wait_admitted_ready(&wl, &t.p.check).await?;
     let request = t.request(&wl, 1);
-    let r = env.provisioning_requests().get(&request).await?;
-    let (_, reason, _) = request_condition(&r, "Provisioned").context("Provisioned")?;
-    assert_eq!(reason, "CapacityIsFound");
+    assert_eq!(provisioned(env, &request).await?.1, "CapacityIsFound");
     let pods = env.wait_job_pods_running("fits", 2).await?;
     let only_room = BTreeSet::from([room.clone()]);
-    assert_pods_on(
-        &pods,
-        &request,
-        CHECK_CAPACITY,
-        &env.node_group(),
-        &only_room,
-    );
+    let group = env.node_group();
+    assert_pods_on(&pods, &request, CHECK_CAPACITY, &group, &only_room);
 
     // 4 cpu less 2 running and 2 booked (cluster-autoscaler 1.36.1 counts both): no room for 1.
     let waiting = job(env, "waits", 1).await?;
-    let second = t.request(&waiting, 1);
-    let r = wait_request_where(env, &second, "Provisioned=False", |r| {
-        request_condition(r, "Provisioned").is_some_and(|(s, _, _)| s == "False")
-    })
-    .await?;
-    let (_, reason, message) = request_condition(&r, "Provisioned").context("Provisioned")?;
+    let (reason, message) = wait_not_provisioned(env, &t.request(&waiting, 1)).await?;
     assert_eq!(reason, "CapacityIsNotFound");
-    let pending = env
-        .wait_workload(&waiting, "the autoscaler's message on the entry", |w| {
-            w.admission_check(&t.p.check)
-                .is_some_and(|e| e.state == CheckState::Pending && e.message.contains(&message))
-        })
-        .await?;
+    let what = "the autoscaler's message on the entry";
+    let pending = wait_pending_with(&t, &waiting, &message, what).await?;
     assert!(!pending.condition_is_true(cond::ADMITTED));
-    assert_eq!(
-        group_node_names(env).await?,
-        only_room,
-        "check-capacity adds no Node"
-    );
+    let nodes = group_node_names(env).await?;
+    assert_eq!(nodes, only_room, "check-capacity adds no Node");
     t.stop().await
 }
 
@@ -187,50 +365,20 @@ async fn check_capacity_pods_run_on_existing_room_and_a_job_that_does_not_fit_wa
 #[tokio::test]
 async fn capacity_not_found_keeps_the_check_pending_with_the_message_until_the_timeout()
 -> Result<()> {
-    let setup = CapacitySetup {
-        config: json!({
-            "provisioningClassName": BEST_EFFORT,
-            "retryStrategy": {"backoffLimitCount": 0},
-        }),
-        config_annotations: vec![(
-            "kueue-admission-checks.dev/provisioning-timeout-seconds",
-            "6".into(),
-        )],
-        group: Some(GroupShape { cpu: "4", max: 1 }),
-        ..CapacitySetup::default()
-    };
+    let setup = one_node_and_a_6s_timeout();
     let t = World::on_capacity("cap-not-found", setup, |_| {}).await?;
     let env = &t.env;
     let wl = job(env, "big", 4).await?;
-    let request = t.request(&wl, 1);
-    let r = wait_request_where(env, &request, "Provisioned=False", |r| {
-        request_condition(r, "Provisioned").is_some_and(|(s, _, _)| s == "False")
-    })
-    .await?;
-    let (_, reason, message) = request_condition(&r, "Provisioned").context("Provisioned")?;
+    let (reason, message) = wait_not_provisioned(env, &t.request(&wl, 1)).await?;
     assert_eq!(reason, "CapacityIsNotFound");
-    env.wait_workload(&wl, "Pending with the autoscaler's message", |w| {
-        w.admission_check(&t.p.check)
-            .is_some_and(|e| e.state == CheckState::Pending && e.message.contains(&message))
-    })
-    .await?;
-    assert!(
-        env.group_nodes().await?.is_empty(),
-        "never a partial scale-up"
-    );
+    wait_pending_with(&t, &wl, &message, "Pending with the autoscaler's message").await?;
+    let none = env.group_nodes().await?.is_empty();
+    assert!(none, "never a partial scale-up");
 
-    let rejected = env
-        .wait_workload(&wl, "Rejected after the timeout", |w| {
-            w.admission_check(&t.p.check)
-                .is_some_and(|e| e.state == CheckState::Rejected)
-        })
-        .await?;
-    let entry = rejected.admission_check(&t.p.check).context("entry")?;
-    assert!(
-        entry.message.contains("not provisioned within"),
-        "{}",
-        entry.message
-    );
+    let what = "Rejected after the timeout";
+    let (_, entry) = wait_our_entry(&t, &wl, CheckState::Rejected, what).await?;
+    let timed_out = entry.message.contains("not provisioned within");
+    assert!(timed_out, "{}", entry.message);
     t.wait_counter("kueue_provisioning_requests_timed_out_total", 1.0)
         .await?;
     assert!(env.group_nodes().await?.is_empty());
@@ -243,52 +391,25 @@ async fn capacity_not_found_keeps_the_check_pending_with_the_message_until_the_t
 #[tokio::test]
 async fn a_request_the_autoscaler_deletes_while_its_workload_runs_is_not_made_again() -> Result<()>
 {
-    let setup = CapacitySetup {
-        config: config(BEST_EFFORT),
-        group: Some(GroupShape { cpu: "4", max: 5 }),
-        ..CapacitySetup::default()
-    };
-    let t = World::on_capacity("cap-request-gc", setup, |s| {
+    let three_seconds = |s: &mut autoscaler_simulator::Settings| {
         s.request_ttl = Duration::from_secs(3);
-    })
-    .await?;
+    };
+    let t = World::on_capacity("cap-request-gc", best_effort(), three_seconds).await?;
     let env = &t.env;
-    let wl = job(env, "long", 1).await?;
-    env.wait_admitted_ready(&wl, &t.p.check).await?;
-    let running = env.wait_job_pods_running("long", 1).await?;
+    let (wl, running) = admitted_and_running(&t, "long").await?;
     let request = t.request(&wl, 1);
-
     e2e::wait_gone(env.provisioning_requests(), &request).await?;
     // Our watch saw the deletion: it deletes the request's templates.
     env.wait_nothing_left().await?;
     // And a decision after it makes nothing: the Workload is changed, and reconciled.
-    let before = reconciles(&t).await?;
-    let touch =
-        json!({"metadata": {"annotations": {"e2e.kueue-admission-checks.dev/touched": "1"}}});
-    env.workloads()
-        .patch(&wl, &PatchParams::default(), &Patch::Merge(&touch))
-        .await?;
-    e2e::eventually_async("a reconcile after the change", || async {
-        Ok(reconciles(&t).await? > before)
-    })
-    .await?;
+    changed_and_reconciled(&t, &wl).await?;
     assert!(env.our_requests().await?.is_empty());
-    t.wait_counter("kueue_provisioning_requests_created_total", 1.0)
-        .await?;
+    t.wait_counter(CREATED, 1.0).await?;
     let now: Workload = env.workloads().get(&wl).await?;
     assert!(now.condition_is_true(cond::ADMITTED), "{}", e2e::dump(&now));
     assert!(!now.condition_is_true(cond::EVICTED), "{}", e2e::dump(&now));
     let still = env.wait_job_pods_running("long", 1).await?;
-    assert_eq!(
-        still
-            .iter()
-            .map(|p| (p.name_any(), node_of(p).map(String::from)))
-            .collect::<Vec<_>>(),
-        running
-            .iter()
-            .map(|p| (p.name_any(), node_of(p).map(String::from)))
-            .collect::<Vec<_>>(),
-    );
+    assert_eq!(placements(&still), placements(&running));
     t.stop().await
 }
 
@@ -298,106 +419,37 @@ async fn a_request_the_autoscaler_deletes_while_its_workload_runs_is_not_made_ag
 /// keep running and no request is made again.
 #[tokio::test]
 async fn an_expired_booking_retries_before_admission_and_is_ignored_after() -> Result<()> {
-    let setup = CapacitySetup {
-        config: json!({
-            "provisioningClassName": BEST_EFFORT,
-            "retryStrategy": {"backoffLimitCount": 2, "backoffBaseSeconds": 3, "backoffMaxSeconds": 3},
-        }),
-        group: Some(GroupShape { cpu: "4", max: 5 }),
-        ..CapacitySetup::default()
-    };
-    let short_booking = |s: &mut autoscaler_simulator::Settings| {
-        s.booking_duration = Duration::from_secs(2);
-    };
-    // The gate, made before the queue that names it, holds admission until the test opens it.
-    let env = TestEnv::new("cap-booking").await?;
-    let gate_controller = env.own_controller_name("gate");
-    let gate = env
-        .admission_check("gate", &gate_controller)
-        .await?
-        .name_any();
-    env.set_admission_check_active(&gate, true).await?;
-    let setup = CapacitySetup {
-        extra_checks: vec![gate.clone()],
-        ..setup
-    };
-    let t = World::on_capacity_in(env, setup, short_booking).await?;
+    let (env, gate) = env_with_gate("cap-booking").await?;
+    let t = World::on_capacity_in(env, gated_best_effort(&gate), short_booking).await?;
     let wl = job(&t.env, "gated", 1).await?;
-
     // Attempt 1: provisioned, and its booking expires while the gate holds admission.
-    let first = t.request(&wl, 1);
-    wait_request_where(&t.env, &first, "BookingExpired=True", |r| {
-        request_condition(r, "BookingExpired").is_some_and(|(s, _, _)| s == "True")
-    })
-    .await?;
+    t.env
+        .wait_request(&t.request(&wl, 1), "BookingExpired")
+        .await?;
     // From now on bookings last as long as cluster-autoscaler's, so the next attempt's holds
     // while the test opens the gate (that request comes after the 3 s retry delay).
-    let World {
-        env,
-        p,
-        controller,
-        simulator,
-    } = t;
-    simulator.stop().await?;
-    let group = env.node_group_of(GroupShape { cpu: "4", max: 5 })?;
-    let simulator = env.start_autoscaler(vec![group], |_| {});
-    let t = World {
-        env: env.clone(),
-        p,
-        controller,
-        simulator,
-    };
-
-    let second = t.request(&wl, 2);
+    let t = with_full_bookings(t).await?;
+    let (env, second) = (&t.env, t.request(&wl, 2));
     env.wait_request(&second, "Provisioned").await?;
-    env.wait_workload(&wl, "our entry Ready on attempt 2", |w| {
-        w.admission_check(&t.p.check)
-            .is_some_and(|e| e.state == CheckState::Ready)
-    })
-    .await?;
-    env.answer_check(&wl, &gate, CheckState::Ready, "the gate opens")
-        .await?;
-    env.wait_admitted(&wl).await?;
-    let pods = env.wait_job_pods_running("gated", 1).await?;
-    let nodes = group_node_names(&env).await?;
+    ready_then_the_gate_opens(&t, &wl, &gate).await?;
+    let (pods, nodes) = running_on_the_group(env, "gated", 1).await?;
     assert_pods_on(&pods, &second, BEST_EFFORT, &env.node_group(), &nodes);
-    t.wait_counter("kueue_provisioning_requests_booking_expired_total", 1.0)
-        .await?;
+    t.wait_counter(BOOKING_EXPIRED, 1.0).await?;
     t.stop().await?;
 
     // After admission: a world of one check, bookings of 2 s.
-    let setup = CapacitySetup {
-        config: config(BEST_EFFORT),
-        group: Some(GroupShape { cpu: "4", max: 5 }),
-        ..CapacitySetup::default()
-    };
-    let t = World::on_capacity("cap-booking-after", setup, short_booking).await?;
-    let env = &t.env;
-    let wl = job(env, "runs", 1).await?;
-    env.wait_admitted_ready(&wl, &t.p.check).await?;
-    let running = env.wait_job_pods_running("runs", 1).await?;
-    let request = t.request(&wl, 1);
-    env.wait_request(&request, "BookingExpired").await?;
+    let t = World::on_capacity("cap-booking-after", best_effort(), short_booking).await?;
+    let (wl, running) = admitted_and_running(&t, "runs").await?;
+    t.env
+        .wait_request(&t.request(&wl, 1), "BookingExpired")
+        .await?;
     // The controller has seen it, and made nothing of it.
-    t.wait_counter("kueue_provisioning_requests_booking_expired_total", 1.0)
-        .await?;
-    t.wait_counter("kueue_provisioning_requests_created_total", 1.0)
-        .await?;
-    let now: Workload = env.workloads().get(&wl).await?;
+    t.wait_counter(BOOKING_EXPIRED, 1.0).await?;
+    t.wait_counter(CREATED, 1.0).await?;
+    let (now, entry) = workload_and_entry(&t, &wl).await?;
     assert!(now.condition_is_true(cond::ADMITTED), "{}", e2e::dump(&now));
-    let entry = now.admission_check(&t.p.check).context("entry")?;
     assert_eq!(entry.state, CheckState::Ready);
-    let still = env.wait_job_pods_running("runs", 1).await?;
+    let still = t.env.wait_job_pods_running("runs", 1).await?;
     assert_eq!(still[0].name_any(), running[0].name_any());
     t.stop().await
-}
-
-/// How many reconciles the controller has finished, whatever their result.
-async fn reconciles(t: &World) -> Result<f64> {
-    let text = t.controller()?.metrics().await?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("kueue_ac_reconcile_duration_seconds_count"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
 }
