@@ -72,6 +72,7 @@ async fn answer_when_asked(
     env.answer_check(wl_name, check, state, message).await
 }
 
+/// The state of the check's entry on the Workload, if it has one.
 fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
     wl.admission_check(check).map(|e| e.state)
 }
@@ -157,12 +158,16 @@ async fn entry_with_one_retry(
     .await
 }
 
-/// Waits until Kueue has set `requeueState.requeueAt` (a delayed Retry landed).
-async fn requeue_at_set(env: &TestEnv, wl_name: &str) -> Result<Workload> {
-    env.wait_workload(wl_name, "requeueState.requeueAt set", |wl| {
-        wl.requeue_at().is_some()
-    })
-    .await
+/// Waits until Kueue has set `requeueState.requeueAt` (a delayed Retry landed); returns the
+/// Workload and its requeueAt.
+async fn requeue_at_set(env: &TestEnv, wl_name: &str) -> Result<(Workload, Timestamp)> {
+    let wl = env
+        .wait_workload(wl_name, "requeueState.requeueAt set", |wl| {
+            wl.requeue_at().is_some()
+        })
+        .await?;
+    let requeue_at = wl.requeue_at().context("requeueAt")?;
+    Ok((wl, requeue_at))
 }
 
 /// Every version of the Workload from now until Kueue evicts it: the versions before the
@@ -430,8 +435,13 @@ fn assert_never_reserved_since(now: &Workload, then: &Workload) {
 }
 
 /// Gives the Workload's `Requeued` condition the reason `Deactivated` (what `kueue-ac
-/// reactivate` does), written at the version `stuck` was read at.
-async fn requeued_reason_deactivated(env: &TestEnv, stuck: &Workload) -> Result<()> {
+/// reactivate` does), written at the version `stuck` was read at; waits until it holds quota
+/// again with the check asked.
+async fn requeued_with_reason_deactivated(
+    env: &TestEnv,
+    stuck: &Workload,
+    check: &str,
+) -> Result<Workload> {
     let conditions: Vec<_> = stuck
         .status
         .clone()
@@ -455,7 +465,8 @@ async fn requeued_reason_deactivated(env: &TestEnv, stuck: &Workload) -> Result<
             })),
         )
         .await?;
-    Ok(())
+    env.wait_check_pending_with_quota(&stuck.name_any(), check)
+        .await
 }
 
 #[tokio::test]
@@ -523,13 +534,12 @@ async fn delayed_retry_keeps_the_quota_until_requeue_at() -> Result<()> {
     let started = std::time::Instant::now();
     env.answer_check_with_delay(&wl_name, &q.check, CheckState::Retry, "later", Some(DELAY))
         .await?;
-    let wl = requeue_at_set(&env, &wl_name).await?;
+    let (wl, requeue_at) = requeue_at_set(&env, &wl_name).await?;
     let early = wl.evictions("AdmissionCheck");
     assert_eq!(early, 0, "evicted before requeueAt:\n{}", e2e::dump(&wl));
 
     // Every version until the eviction holds the quota with the entry still Retry, and the
     // eviction itself does not come before requeueAt (stored at whole seconds: 1 s of slack).
-    let requeue_at = wl.requeue_at().context("requeueAt")?;
     let (during, evicted) = versions_until_evicted(&env, &wl_name).await?;
     assert_quota_held_with_entry(&during, &q.check, CheckState::Retry);
     assert_evicted_no_earlier_than(&evicted, requeue_at)?;
@@ -766,10 +776,7 @@ async fn a_workload_a_check_rejected_is_not_queued_again_by_spec_active_true() -
     );
 
     // The reason Kueue requeues on: it is queued again and reserves quota.
-    requeued_reason_deactivated(&env, &stuck).await?;
-    let back = env
-        .wait_check_pending_with_quota(&wl_name, &q.check)
-        .await?;
+    let back = requeued_with_reason_deactivated(&env, &stuck, &q.check).await?;
     assert_condition(&back, cond::REQUEUED, ("True", "Reactivated"));
     Ok(())
 }
