@@ -12,6 +12,8 @@ use kueue_ac::report::{Phase, Report, RequestReport, format_time};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use serde_json::json;
 
+/// What `kueue-ac explain` reports on `target` (`job/NAME`, `workload/NAME` or a name) in the
+/// test's namespace.
 async fn explain(env: &TestEnv, target: &str) -> Result<Report> {
     let target: Target = target.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     Ok(kueue_ac::explain(&env.client, &env.ns, &target).await?)
@@ -233,14 +235,10 @@ async fn admitted_and_rejected_workloads_say_so() -> Result<()> {
     // not spec.active: true (Kueue does not requeue a Workload a check deactivated), but a
     // resubmitted Job or `kueue-ac reactivate` (tests/e2e/tests/reactivate.rs runs it).
     let reactivate = format!("kueue-ac reactivate -n {} workload/{no}", env.ns);
-    let advice = &r.advice;
-    assert!(
-        advice.contains(&q.check)
-            && advice.contains("Setting spec.active: true is not enough")
-            && advice.contains(&reactivate),
-        "{}",
-        text(&r)
-    );
+    let says = |words: &str| r.advice.contains(words);
+    let not_enough = "Setting spec.active: true is not enough";
+    let names_the_ways_back = says(&q.check) && says(not_enough) && says(&reactivate);
+    assert!(names_the_ways_back, "{}", text(&r));
     // The JSON form carries the same report.
     let json = serde_json::to_value(&r)?;
     assert_eq!(json["phase"], json!("deactivated"));
