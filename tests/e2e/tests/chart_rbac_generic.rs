@@ -64,8 +64,7 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
     env.put_config_map(&parsed.budgets_configmap, &[(&env.ns, "10/day")])
         .await?;
     let queue = env.guarded_queue("budget", &controller_name, "4").await?;
-    let client = e2e::service_account_client(&env.ns, &service_account).await?;
-    let controller = e2e::Running::check(client, budget_check_of(&parsed)?, runtime);
+    let controller = start_as(&env, &service_account, &parsed, runtime).await?;
     let outcome = charge_refuse_and_settle(&env, &queue.check, &lease).await;
     let stopped = controller.stop().await;
     outcome?;
@@ -164,6 +163,22 @@ fn budget_check_of(parsed: &BudgetArgs) -> Result<budget_check::BudgetCheck> {
             budgets: parsed.budgets_configmap.clone(),
             ledger_prefix: budget_check::DEFAULT_LEDGER_PREFIX.into(),
         },
+    ))
+}
+
+/// Starts the budget check as the arguments configure it ([`budget_check_of`]), with the
+/// runtime settings they give, on a token of the chart's ServiceAccount.
+async fn start_as(
+    env: &TestEnv,
+    service_account: &str,
+    parsed: &BudgetArgs,
+    runtime: RuntimeConfig,
+) -> Result<e2e::Running> {
+    let client = e2e::service_account_client(&env.ns, service_account).await?;
+    Ok(e2e::Running::check(
+        client,
+        budget_check_of(parsed)?,
+        runtime,
     ))
 }
 
