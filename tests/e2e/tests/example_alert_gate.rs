@@ -25,6 +25,7 @@ struct Alertmanager {
     addr: SocketAddr,
 }
 
+/// The Alertmanager binary: `E2E_ALERTMANAGER`, or the first on the PATH.
 fn alertmanager_binary() -> Result<PathBuf> {
     if let Ok(path) = std::env::var("E2E_ALERTMANAGER") {
         return Ok(path.into());
@@ -45,6 +46,8 @@ fn alertmanager_binary() -> Result<PathBuf> {
 }
 
 impl Alertmanager {
+    /// Starts an Alertmanager of its own for the test (alerts go nowhere) on a free port and
+    /// waits until it is ready.
     async fn start(env: &TestEnv) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("e2e-alertmanager-{}", env.ns));
         std::fs::create_dir_all(&dir)?;
@@ -82,6 +85,7 @@ impl Alertmanager {
         Ok(am)
     }
 
+    /// Its base URL, as a gate names it.
     fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -146,6 +150,7 @@ struct Gated {
     _controller: e2e::Running,
 }
 
+/// Applies the AlertGate CRD and waits until it is `Established`.
 async fn install_crd(env: &TestEnv) -> Result<()> {
     let crd = serde_json::to_value(AlertGate::crd())?;
     e2e::chart::apply(&env.client, &crd, "e2e").await?;
@@ -167,6 +172,8 @@ async fn install_crd(env: &TestEnv) -> Result<()> {
     Ok(())
 }
 
+/// A namespace for `test` with queues (8 cpu, LocalQueue `lq`) guarded by an AdmissionCheck
+/// whose parameters are an AlertGate of `spec`, and the gate's controller running.
 async fn gated(test: &str, spec: AlertGateSpec) -> Result<Gated> {
     let env = TestEnv::new(test).await?;
     install_crd(&env).await?;
@@ -304,6 +311,8 @@ async fn gated_by_alertmanager(
     Ok((am, gate, t))
 }
 
+/// A gate holding work back (`Pending`, looking again every 5 s) while a critical alert of
+/// `team` fires at the Alertmanager at `url`.
 fn spec(url: String, team: &str) -> AlertGateSpec {
     AlertGateSpec {
         alertmanager_url: url,

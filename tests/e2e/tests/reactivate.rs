@@ -28,6 +28,7 @@ async fn deactivated(env: &TestEnv, wl: &str) -> Result<Workload> {
     .await
 }
 
+/// The CLI's target for the Workload `wl`.
 fn target(wl: &str) -> Result<Target> {
     format!("workload/{wl}")
         .parse()
