@@ -43,6 +43,7 @@ fn backend(ns: &str) -> ConfigMapBackend {
     }
 }
 
+/// A test's namespace and queue guarded by the budget check, with no budget and no controller.
 async fn setup(test: &str) -> Result<Budgeted> {
     ExampleTest::new(test, "budget", "budget", backend, LEDGER_FORMAT).await
 }
@@ -55,6 +56,7 @@ async fn setup_running(test: &str, budget: &str) -> Result<(Budgeted, e2e::Runni
     Ok((t, controller))
 }
 
+/// An amount of credits written as the budgets ConfigMap writes it.
 fn credits(s: &str) -> Credits {
     s.parse().unwrap_or_else(|e| panic!("{e}"))
 }
@@ -127,6 +129,7 @@ impl Budgeted {
     }
 }
 
+/// The day (the budget's window) that holds now.
 fn today() -> Window {
     Window::containing(Period::Day, Timestamp::now())
 }
@@ -214,6 +217,7 @@ impl ShadowMetrics {
 }
 
 impl std::fmt::Display for ShadowMetrics {
+    /// The whole exposition, for a failure message.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.text)
     }

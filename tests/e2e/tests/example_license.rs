@@ -33,6 +33,7 @@ const LEDGER_FORMAT: LedgerFormat<ConfigMapBackend, Ledger> = LedgerFormat {
     holders,
 };
 
+/// A test's namespace and queue guarded by the license check, with no pool and no controller.
 async fn setup(test: &str) -> Result<Licensed> {
     let backend = |ns: &str| ConfigMapBackend {
         namespace: ns.into(),
@@ -73,6 +74,7 @@ impl Licensed {
         )
     }
 
+    /// Sets (creates or replaces) the license pool ConfigMap.
     async fn set_pool(&self, data: &[(&str, &str)]) -> Result<()> {
         self.env.put_config_map(POOL, data).await?;
         Ok(())
@@ -179,6 +181,7 @@ impl Licensed {
         Ok(holders(&ledger).remove(0))
     }
 
+    /// The names of the test's Workloads that are admitted now.
     async fn admitted(&self) -> Result<Vec<String>> {
         let list = self.env.workloads().list(&ListParams::default()).await?;
         Ok(list
@@ -197,6 +200,7 @@ fn holders(ledger: &Ledger) -> Vec<String> {
     names
 }
 
+/// How many matlab licenses the ledger books.
 fn matlab_in_use(ledger: &Ledger) -> u32 {
     ledger.in_use().get("matlab").copied().unwrap_or(0)
 }

@@ -109,6 +109,7 @@ impl<B, L: Debug> ExampleTest<B, L> {
         Ok(())
     }
 
+    /// The Workload's uid.
     pub async fn uid(&self, workload: &str) -> Result<String> {
         let wl = self.env.workloads().get(workload).await?;
         wl.uid().context("no uid")
@@ -142,6 +143,7 @@ impl<B, L: Debug> ExampleTest<B, L> {
         self.parse(cm)
     }
 
+    /// The ledger in this ConfigMap (empty if there is none).
     fn parse(&self, cm: Option<ConfigMap>) -> Result<L> {
         let data = cm.and_then(|cm| cm.data).unwrap_or_default();
         Ok((self.ledger_format.parse)(&data)?)
