@@ -439,16 +439,16 @@ fn entry_messages(wls: &History<Workload>, check: &str) -> Vec<String> {
         .collect()
 }
 
-/// The end of the delay of Retry number `n` (from 0): when Kueue evicted the Workload (the
-/// eviction of the version whose entry has `retryCount` `n + 1`), how many seconds after the
-/// `requeueAt` it set while the Retry stood, and that `requeueAt`.
+/// The end of the delay of Retry number `n` (from 0): how many seconds after the `requeueAt`
+/// Kueue set while the Retry stood it evicted the Workload (the eviction of the version whose
+/// entry has `retryCount` `n + 1`), and both times in words.
 fn eviction_after_delay(
     wls: &History<Workload>,
     wl: &str,
     check: &str,
     (_, requeue_at): &(AdmissionCheckState, Option<Timestamp>),
     n: usize,
-) -> Result<(Timestamp, f64, Timestamp)> {
+) -> Result<(f64, String)> {
     let due = requeue_at.context("requeueAt")?;
     let evicted_at = wls
         .applied()
@@ -460,11 +460,9 @@ fn eviction_after_delay(
         })
         .and_then(|w| w.condition(cond::EVICTED).map(|c| c.last_transition_time.0))
         .context("the eviction that ended the delay")?;
-    Ok((
-        evicted_at,
-        evicted_at.duration_since(due).as_secs_f64(),
-        due,
-    ))
+    let late = evicted_at.duration_since(due).as_secs_f64();
+    let when = format!("evicted at {evicted_at}, {late} s after requeueAt {due}");
+    Ok((late, when))
 }
 
 /// The names of every request the history saw (each once, in order), once it has seen `name`
@@ -814,8 +812,7 @@ async fn two_failures_retry_with_growing_delays_then_the_third_attempt_admits() 
         assert_eq!(retry.0.retry_count, (n > 0).then_some(n as i32));
         // Kueue held the Workload until the delay was over, then evicted it: never before
         // requeueAt; late only by what a loaded machine adds.
-        let (evicted_at, late, due) = eviction_after_delay(&wls, &wl, check, retry, n)?;
-        let when = format!("evicted at {evicted_at}, {late} s after requeueAt {due}");
+        let (late, when) = eviction_after_delay(&wls, &wl, check, retry, n)?;
         assert!(within_late_slack(late), "{when}");
     }
     // The attempts' requests, each made once; only the last one is left.
