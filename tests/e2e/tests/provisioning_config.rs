@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, ensure};
 use autoscaler_simulator as simulator;
 use e2e::Running;
+use e2e::provisioning::Provisioning;
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
 use kube::ResourceExt;
@@ -22,6 +23,7 @@ use kueue_admission_sdk::api::{
     ProvisioningRequestConfig, ResourceGroup, ResourceQuota, Workload, find_condition,
     workload_condition as cond,
 };
+use kueue_provisioning_controller::config::TIMEOUT_ANNOTATION;
 use kueue_provisioning_controller::outcome::{CLASS_ANNOTATION, CONSUME_ANNOTATION};
 use kueue_provisioning_controller::{identity, names};
 use serde_json::{Value, json};
@@ -246,6 +248,76 @@ async fn assert_not_admitted(env: &TestEnv, workload: &str, cq: &str) -> Result<
     Ok(())
 }
 
+/// Starts this test's controller (no default timeout) and the simulator serving its class.
+fn controller_and_simulator(env: &TestEnv) -> Result<(Running, Running)> {
+    let controller = env.start_provisioning_controller(None)?;
+    let simulator = env.start_simulator()?;
+    Ok((controller, simulator))
+}
+
+/// Waits until the AdmissionCheck `check` is `Active=<status>` with `reason`; returns the
+/// condition.
+async fn check_active(
+    env: &TestEnv,
+    check: &str,
+    status: &str,
+    reason: &str,
+) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    env.wait_active::<AdmissionCheck>(check, status, Some(reason))
+        .await
+}
+
+/// Submits Job `name` of one pod of 1 cpu, without annotations, to `queue`; returns its
+/// Workload.
+async fn one_pod_job(env: &TestEnv, name: &str, queue: &str) -> Result<Workload> {
+    let job = env
+        .job_with_pod_annotations(name, queue, "1", 1, &[])
+        .await?;
+    env.workload_for_job(&job).await
+}
+
+/// (template name, count) of each podset of the named request, read now.
+async fn requested_pod_sets(env: &TestEnv, request: &str) -> Result<Vec<(String, i32)>> {
+    let r = env.provisioning_requests().get(request).await?;
+    Ok(request_pod_sets(&r))
+}
+
+/// A map of strings from these pairs (a request's parameters, say).
+fn string_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Waits until the Workload's Job is started; returns the request its pods consume (the
+/// autoscaler annotation of its pod template).
+async fn consumed_request(env: &TestEnv, job: &str) -> Result<Option<String>> {
+    let j = env.wait_job_unsuspended(job).await?;
+    let annotations = j
+        .spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    Ok(annotations.get(CONSUME_ANNOTATION).cloned())
+}
+
+/// Waits until ClusterQueue `cq` is inactive because of its check, submits Job `job` to
+/// `queue`, and checks that Kueue refuses it quota for that ([`assert_not_admitted`]); returns
+/// its Workload's name.
+async fn refused_while_queue_inactive(
+    env: &TestEnv,
+    job: &str,
+    queue: &str,
+    cq: &str,
+) -> Result<String> {
+    env.wait_active::<ClusterQueue>(cq, "False", Some("AdmissionCheckInactive"))
+        .await?;
+    let wl = env.submit_job(job, queue, "1").await?;
+    assert_not_admitted(env, &wl, cq).await?;
+    Ok(wl)
+}
+
 // --- 1. merge policies ---------------------------------------------------------------------
 
 /// Four podsets: `a`; `b` with other CPU requests (a scheduling requirement); `c` differing from
@@ -388,17 +460,15 @@ async fn each_merge_policy_groups_the_podsets_it_should() -> Result<()> {
 
 const GPU: &str = "example.com/gpu";
 
-/// With `managedResources: [example.com/gpu]`: a Job without GPUs needs no request and is
-/// admitted at once; a Workload with a GPU podset and a CPU podset gets a request for the GPU
-/// podset only.
-#[tokio::test]
-async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()> {
-    let env = TestEnv::new("prc-managed").await?;
+/// A config with `managedResources: [example.com/gpu]` and its world with 10 cpu on `lq`, plus
+/// ClusterQueue `cq-gpu` on the same flavor, guarded by the same check, with 10 cpu and 4 GPUs,
+/// and LocalQueue `lq-gpu` in it.
+async fn managed_gpus_and_their_queue(env: &TestEnv) -> Result<Provisioning> {
     let p = env
         .provisioning(json!({"managedResources": [GPU]}), "10")
         .await?;
     let gpu_cq = cluster_queue_with(
-        &env,
+        env,
         "cq-gpu",
         &p.flavor,
         &[("cpu", "10"), (GPU, "4")],
@@ -406,14 +476,42 @@ async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()>
     )
     .await?;
     env.local_queue("lq-gpu", &gpu_cq).await?;
-    let controller = env.start_provisioning_controller(None)?;
-    let simulator = env.start_simulator()?;
+    Ok(p)
+}
+
+/// Podset `cpu` (one pod of 1 cpu) and podset `gpu` (two pods of 1 cpu and 1 GPU each).
+fn cpu_and_gpu_pod_sets() -> Vec<Value> {
+    vec![
+        pod_set(
+            "cpu",
+            1,
+            container("registry.invalid/app:1", json!({"cpu": "1"}), json!({})),
+            json!({}),
+        ),
+        pod_set(
+            "gpu",
+            2,
+            container(
+                "registry.invalid/app:1",
+                json!({"cpu": "1", GPU: "1"}),
+                json!({"resources": {"requests": {"cpu": "1", GPU: "1"}, "limits": {GPU: "1"}}}),
+            ),
+            json!({}),
+        ),
+    ]
+}
+
+/// With `managedResources: [example.com/gpu]`: a Job without GPUs needs no request and is
+/// admitted at once; a Workload with a GPU podset and a CPU podset gets a request for the GPU
+/// podset only.
+#[tokio::test]
+async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()> {
+    let env = TestEnv::new("prc-managed").await?;
+    let p = managed_gpus_and_their_queue(&env).await?;
+    let (controller, simulator) = controller_and_simulator(&env)?;
 
     // No GPU: Ready without a request.
-    let job = env
-        .job_with_pod_annotations("cpu-only", "lq", "1", 1, &[])
-        .await?;
-    let cpu_wl = env.workload_for_job(&job).await?.name_any();
+    let cpu_wl = one_pod_job(&env, "cpu-only", "lq").await?.name_any();
     let (_, entry) = env.wait_admitted_ready(&cpu_wl, &p.check).await?;
     assert_eq!(
         entry.message,
@@ -425,65 +523,26 @@ async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()>
     assert_eq!(all_requests(&env).await?, []);
 
     // One GPU podset (listed second) and one CPU podset: only the GPU one is requested.
-    plain_workload(
-        &env,
-        "mixed",
-        "lq-gpu",
-        json!({}),
-        vec![
-            pod_set(
-                "cpu",
-                1,
-                container("registry.invalid/app:1", json!({"cpu": "1"}), json!({})),
-                json!({}),
-            ),
-            pod_set(
-                "gpu",
-                2,
-                container(
-                    "registry.invalid/app:1",
-                    json!({"cpu": "1", GPU: "1"}),
-                    json!({"resources": {"requests": {"cpu": "1", GPU: "1"}, "limits": {GPU: "1"}}}),
-                ),
-                json!({}),
-            ),
-        ],
-    )
-    .await?;
+    plain_workload(&env, "mixed", "lq-gpu", json!({}), cpu_and_gpu_pod_sets()).await?;
     let (_, entry) = env.wait_admitted_ready("mixed", &p.check).await?;
     let request = format!("mixed-{}-1", p.check);
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
-    let r = env.provisioning_requests().get(&request).await?;
+    let only_gpu = format!("ppt-{request}-gpu");
     assert_eq!(
-        request_pod_sets(&r),
-        [(format!("ppt-{request}-gpu"), 2)],
+        requested_pod_sets(&env, &request).await?,
+        [(only_gpu.clone(), 2)],
         "only the GPU podset needs capacity"
     );
-    assert_eq!(
-        env.our_pod_templates().await?,
-        [format!("ppt-{request}-gpu")]
-    );
+    assert_eq!(env.our_pod_templates().await?, [only_gpu]);
     assert_pod_set_updates(&entry, &["gpu"], &request, &p.class)?;
     e2e::Running::stop_all([controller, simulator]).await
 }
 
 // --- 3. parameter overrides ----------------------------------------------------------------
 
-/// Config parameters `{a, b}` and a Job annotated `provreq.kueue.x-k8s.io/b`: Kueue copies the
-/// annotation to the Workload, the request gets `{a: from-config, b: from-workload}`, and the
-/// request is never judged out of date and recreated (upstream's loop): one request, one uid,
-/// one creation, while it waits to be provisioned and after admission.
-#[tokio::test]
-async fn workload_annotations_override_parameters_without_a_recreate_loop() -> Result<()> {
-    let env = TestEnv::new("prc-overrides").await?;
-    let p = env
-        .provisioning(
-            json!({"parameters": {"a": "from-config", "b": "from-config"}}),
-            "4",
-        )
-        .await?;
-    let controller = env.start_provisioning_controller(None)?;
-    let simulator = env.start_simulator()?;
+/// Submits Job `job` annotated `provreq.kueue.x-k8s.io/b: from-workload`, provisioned 3 s after
+/// the simulator accepts its request; returns its Workload once Kueue made it.
+async fn job_overriding_parameter_b(env: &TestEnv) -> Result<Workload> {
     // The annotation goes on the Job: Kueue copies `provreq.kueue.x-k8s.io/` annotations of the
     // job to its Workload (jobframework.NewWorkload). The simulator provisions after 3 s, so
     // the controller looks at the pending request several times first.
@@ -494,8 +553,20 @@ async fn workload_annotations_override_parameters_without_a_recreate_loop() -> R
             ..e2e::SuspendedJob::new("job", "lq", "1")
         })
         .await?;
-    let wl = env.workload_for_job(&job).await?;
-    let wl_name = wl.name_any();
+    env.workload_for_job(&job).await
+}
+
+/// Config parameters `{a, b}` and a Job annotated `provreq.kueue.x-k8s.io/b`: Kueue copies the
+/// annotation to the Workload, the request gets `{a: from-config, b: from-workload}`, and the
+/// request is never judged out of date and recreated (upstream's loop): one request, one uid,
+/// one creation, while it waits to be provisioned and after admission.
+#[tokio::test]
+async fn workload_annotations_override_parameters_without_a_recreate_loop() -> Result<()> {
+    let env = TestEnv::new("prc-overrides").await?;
+    let parameters = json!({"parameters": {"a": "from-config", "b": "from-config"}});
+    let p = env.provisioning(parameters, "4").await?;
+    let (controller, simulator) = controller_and_simulator(&env)?;
+    let wl = job_overriding_parameter_b(&env).await?;
     assert_eq!(
         wl.annotations()
             .get("provreq.kueue.x-k8s.io/b")
@@ -505,33 +576,21 @@ async fn workload_annotations_override_parameters_without_a_recreate_loop() -> R
         dump(&wl)
     );
 
+    let wl_name = wl.name_any();
     let request = format!("{wl_name}-{}-1", p.check);
     let first = wait_request(&env, &request).await?;
-    let uid = first.uid().unwrap_or_default();
-    assert_eq!(
-        first.spec.parameters,
-        BTreeMap::from([
-            ("a".to_string(), "from-config".to_string()),
-            ("b".to_string(), "from-workload".to_string()),
-        ])
-    );
+    let want = [("a", "from-config"), ("b", "from-workload")];
+    assert_eq!(first.spec.parameters, string_map(&want));
     let (_, entry) = env.wait_admitted_ready(&wl_name, &p.check).await?;
     assert_pod_set_updates(&entry, &["main"], &request, &p.class)?;
     // And it stays: no deletion, no second request.
-    assert_requests_stay(
-        &env,
-        &[(request.clone(), uid.clone())],
-        Duration::from_secs(4),
-    )
-    .await?;
+    let only = [(request.clone(), first.uid().unwrap_or_default())];
+    assert_requests_stay(&env, &only, Duration::from_secs(4)).await?;
     assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
     assert_eq!(created_count(&controller, &p.check).await?, 1.0);
     let wl = env.workloads().get(&wl_name).await?;
-    ensure!(
-        wl.condition_is_true(cond::ADMITTED),
-        "no longer admitted:\n{}",
-        dump(&wl)
-    );
+    let admitted = wl.condition_is_true(cond::ADMITTED);
+    ensure!(admitted, "no longer admitted:\n{}", dump(&wl));
     e2e::Running::stop_all([controller, simulator]).await
 }
 
@@ -549,27 +608,19 @@ async fn a_missing_config_makes_the_check_inactive_until_it_is_created() -> Resu
         .provisioning_check("prov", &controller_name, &config)
         .await?;
     let (_, cq) = env.pool_queues("4", &[&check]).await?;
-    let controller = env.start_provisioning_controller(None)?;
-    let simulator = env.start_simulator()?;
+    let (controller, simulator) = controller_and_simulator(&env)?;
 
-    let c = env
-        .wait_active::<AdmissionCheck>(&check, "False", Some("BadParametersRef"))
-        .await?;
+    let c = check_active(&env, &check, "False", "BadParametersRef").await?;
     ensure!(
         c.message.contains(&format!("{config:?}")) && c.message.contains("does not exist"),
         "the message should name the missing ProvisioningRequestConfig: {c:?}"
     );
-    env.wait_active::<ClusterQueue>(&cq, "False", Some("AdmissionCheckInactive"))
-        .await?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    assert_not_admitted(&env, &wl, &cq).await?;
+    let wl = refused_while_queue_inactive(&env, "job", "lq", &cq).await?;
 
     // Creating the config fixes it.
     let created = env.provisioning_config("prc", json!({})).await?;
     assert_eq!(created, config);
-    let c = env
-        .wait_active::<AdmissionCheck>(&check, "True", Some("Active"))
-        .await?;
+    let c = check_active(&env, &check, "True", "Active").await?;
     ensure!(!c.message.is_empty(), "{c:?}");
     env.wait_admitted_ready(&wl, &check).await?;
     assert_eq!(env.our_requests().await?, [format!("{wl}-{check}-1")]);
@@ -594,8 +645,155 @@ fn limited_rules(may_get_configs: bool) -> Value {
     ])
 }
 
+/// The grant of `verb` on ProvisioningRequestConfigs, all namespaces.
 fn config_grant(verb: &str) -> e2e::chart::Grant {
     e2e::chart::Grant::cluster("kueue.x-k8s.io", "provisioningrequestconfigs", verb)
+}
+
+/// Creates ServiceAccount `controller` with [`limited_rules`] (no `get` on configs), waits
+/// until the authorizer allows it `list` and `watch` on configs but denies `get`, and returns
+/// a client acting as it.
+async fn controller_account_without_get(env: &TestEnv) -> Result<kube::Client> {
+    env.grant_cluster_rules("controller", limited_rules(false))
+        .await?;
+    let client = env.service_account("controller").await?;
+    let allowed = [config_grant("list"), config_grant("watch")];
+    get_denied_to_controller(env, &allowed).await?;
+    Ok(client)
+}
+
+/// Gives ServiceAccount `controller` [`limited_rules`] without `get` on configs again, and waits
+/// until the authorizer allows `list` but denies `get`.
+async fn take_config_get_away(env: &TestEnv) -> Result<()> {
+    env.grant_cluster_rules("controller", limited_rules(false))
+        .await?;
+    get_denied_to_controller(env, &[config_grant("list")]).await
+}
+
+/// Waits until the authorizer allows ServiceAccount `controller` the `allowed` grants and
+/// denies it `get` on configs.
+async fn get_denied_to_controller(env: &TestEnv, allowed: &[e2e::chart::Grant]) -> Result<()> {
+    e2e::chart::wait_for_authorizer(
+        &env.client,
+        &env.ns,
+        "controller",
+        allowed,
+        &[config_grant("get")],
+    )
+    .await
+}
+
+/// Config `prc` (no spec of its own) and check `prov` of this test's controller naming it;
+/// returns both cluster-scoped names.
+async fn config_and_its_check(env: &TestEnv) -> Result<(String, String)> {
+    let config = env.provisioning_config("prc", json!({})).await?;
+    let check = env
+        .provisioning_check("prov", &env.provisioning_controller_name(), &config)
+        .await?;
+    Ok((config, check))
+}
+
+/// Whether an `Active=False` message names the config the controller may not read and the
+/// grant its RBAC lacks.
+fn names_config_and_missing_grant(message: &str, config: &str) -> bool {
+    message.starts_with(&format!(
+        "the controller may not read ProvisioningRequestConfig {config:?} ("
+    )) && message.ends_with(
+        "); its RBAC must allow get, list and watch on provisioningrequestconfigs.kueue.x-k8s.io",
+    ) && message.contains("forbidden")
+}
+
+/// The controller's metrics of one check: its sync errors counter and its active gauge.
+struct CheckMetrics {
+    /// Where the controller serves `/metrics`.
+    http: std::net::SocketAddr,
+    /// `kueue_ac_check_sync_errors_total` of the check.
+    sync_errors: String,
+    /// `kueue_ac_check_active` of the check.
+    active: String,
+}
+
+impl CheckMetrics {
+    /// The series of `check` served by `controller`.
+    fn of(controller: &Running, check: &str) -> Result<Self> {
+        Ok(Self {
+            http: controller.http.context("no metrics address")?,
+            sync_errors: format!("kueue_ac_check_sync_errors_total{{check=\"{check}\"}}"),
+            active: format!("kueue_ac_check_active{{check=\"{check}\"}}"),
+        })
+    }
+
+    /// The metrics now.
+    async fn sample(&self) -> Result<MetricsSample> {
+        let text = e2e::http_get(self.http, "/metrics").await?.1;
+        Ok(MetricsSample {
+            active: e2e::metric_sample(&text, &self.active),
+            sync_errors: e2e::metric_sample(&text, &self.sync_errors),
+            text,
+        })
+    }
+
+    /// Waits until the sync errors satisfy `cond`; returns the metrics text then.
+    async fn wait_sync_errors(&self, what: &str, cond: impl Fn(f64) -> bool) -> Result<String> {
+        e2e::wait_metric_where(self.http, &self.sync_errors, what, cond).await
+    }
+}
+
+/// [`CheckMetrics`] read once.
+struct MetricsSample {
+    /// The whole `/metrics` text, for failure messages.
+    text: String,
+    /// The check's active gauge.
+    active: Option<f64>,
+    /// The check's sync errors.
+    sync_errors: Option<f64>,
+}
+
+/// Once the controller has tried again (sync errors at least 2), the check's `Active=False`
+/// (`ParametersForbidden`) condition and the metrics then.
+async fn retried_while_forbidden(
+    env: &TestEnv,
+    check: &str,
+    metrics: &CheckMetrics,
+) -> Result<(
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+    MetricsSample,
+)> {
+    metrics.wait_sync_errors("at least 2", |n| n >= 2.0).await?;
+    let still = check_active(env, check, "False", "ParametersForbidden").await?;
+    Ok((still, metrics.sample().await?))
+}
+
+/// Changes the config's `retryStrategy.backoffLimitCount` to 2 (a change the controller
+/// watches) and waits until one more sync error is counted; returns the metrics text then.
+async fn config_change_counted(
+    env: &TestEnv,
+    config: &str,
+    metrics: &CheckMetrics,
+) -> Result<String> {
+    let before = metrics.sample().await?.sync_errors.unwrap_or_default();
+    Api::<ProvisioningRequestConfig>::all(env.client.clone())
+        .patch(
+            config,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"retryStrategy": {"backoffLimitCount": 2}}})),
+        )
+        .await?;
+    metrics.wait_sync_errors("one more", |n| n > before).await
+}
+
+/// Creates config `name` and makes the AdmissionCheck's parameters name it; returns its
+/// cluster-scoped name.
+async fn point_check_at_new_config(env: &TestEnv, check: &str, name: &str) -> Result<String> {
+    let other = env.provisioning_config(name, json!({})).await?;
+    Api::<AdmissionCheck>::all(env.client.clone())
+        .patch(
+            check,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"parameters": {"name": other}}})),
+        )
+        .await?;
+    Ok(other)
 }
 
 /// A controller whose RBAC does not let it read its config says so on the check
@@ -605,105 +803,46 @@ fn config_grant(verb: &str) -> e2e::chart::Grant {
 #[tokio::test]
 async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowed() -> Result<()> {
     let env = TestEnv::new("prc-forbidden").await?;
-    env.grant_cluster_rules("controller", limited_rules(false))
-        .await?;
-    let client = env.service_account("controller").await?;
-    e2e::chart::wait_for_authorizer(
-        &env.client,
-        &env.ns,
-        "controller",
-        &[config_grant("list"), config_grant("watch")],
-        &[config_grant("get")],
-    )
-    .await?;
-
-    let config = env.provisioning_config("prc", json!({})).await?;
-    let check = env
-        .provisioning_check("prov", &env.provisioning_controller_name(), &config)
-        .await?;
+    let client = controller_account_without_get(&env).await?;
+    let (config, check) = config_and_its_check(&env).await?;
     let controller = env.start_provisioning_controller_as(client, None)?;
-    let c = env
-        .wait_active::<AdmissionCheck>(&check, "False", Some("ParametersForbidden"))
-        .await?;
+    let c = check_active(&env, &check, "False", "ParametersForbidden").await?;
     ensure!(
-        c.message.starts_with(&format!(
-            "the controller may not read ProvisioningRequestConfig {config:?} ("
-        )) && c.message.ends_with(
-            "); its RBAC must allow get, list and watch on provisioningrequestconfigs.kueue.x-k8s.io"
-        ) && c.message.contains("forbidden"),
+        names_config_and_missing_grant(&c.message, &config),
         "the message should name the config and the missing grant: {c:?}"
     );
-    let http = controller.http.context("no metrics address")?;
-    let sync_errors = format!("kueue_ac_check_sync_errors_total{{check=\"{check}\"}}");
-    let active_gauge = format!("kueue_ac_check_active{{check=\"{check}\"}}");
+    let metrics = CheckMetrics::of(&controller, &check)?;
 
     // It stays so (by then the controller's watch of configs has listed them: a change to the
     // config would wake it, an RBAC fix does not), each failed try counted: the controller has
     // tried again at least once (the cause) and the check still says why.
-    e2e::wait_metric_where(http, &sync_errors, "at least 2", |n| n >= 2.0).await?;
-    let still = env
-        .wait_active::<AdmissionCheck>(&check, "False", Some("ParametersForbidden"))
-        .await?;
+    let (still, now) = retried_while_forbidden(&env, &check, &metrics).await?;
     ensure!(still == c, "{still:?}");
-    let metrics = e2e::http_get(http, "/metrics").await?.1;
     ensure!(
-        e2e::metric_sample(&metrics, &active_gauge) == Some(0.0)
-            && e2e::metric_sample(&metrics, &sync_errors).is_some_and(|n| n >= 2.0),
-        "inactive, and the first try and at least one retry counted:\n{metrics}"
+        now.active == Some(0.0) && now.sync_errors.is_some_and(|n| n >= 2.0),
+        "inactive, and the first try and at least one retry counted:\n{}",
+        now.text
     );
 
     // The operator fixes the RBAC; nothing the controller watches changes.
     env.grant_cluster_rules("controller", limited_rules(true))
         .await?;
-    let c = env
-        .wait_active::<AdmissionCheck>(&check, "True", Some("Active"))
-        .await?;
+    let c = check_active(&env, &check, "True", "Active").await?;
     ensure!(c.message == "The admission check is active", "{c:?}");
 
     // Once active, a 403 (the grant taken away again, then the config changed) does not stop
     // the check: it keeps its last config, counts the failure and tries again.
-    env.grant_cluster_rules("controller", limited_rules(false))
-        .await?;
-    e2e::chart::wait_for_authorizer(
-        &env.client,
-        &env.ns,
-        "controller",
-        &[config_grant("list")],
-        &[config_grant("get")],
-    )
-    .await?;
-    let before = e2e::metric_sample(&e2e::http_get(http, "/metrics").await?.1, &sync_errors)
-        .unwrap_or_default();
-    Api::<ProvisioningRequestConfig>::all(env.client.clone())
-        .patch(
-            &config,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"retryStrategy": {"backoffLimitCount": 2}}})),
-        )
-        .await?;
-    let metrics = e2e::wait_metric_where(http, &sync_errors, "one more", |n| n > before).await?;
-    ensure!(
-        e2e::metric_sample(&metrics, &active_gauge) == Some(1.0),
-        "{metrics}"
-    );
-    let kept = env
-        .wait_active::<AdmissionCheck>(&check, "True", Some("Active"))
-        .await?;
+    take_config_get_away(&env).await?;
+    let text = config_change_counted(&env, &config, &metrics).await?;
+    let active = e2e::metric_sample(&text, &metrics.active);
+    ensure!(active == Some(1.0), "{text}");
+    let kept = check_active(&env, &check, "True", "Active").await?;
     ensure!(kept == c, "the condition is untouched: {kept:?}");
 
     // A new spec is another matter: the check names another config, which it may not read
     // either; it is not active for that spec, so it says so.
-    let other = env.provisioning_config("prc-other", json!({})).await?;
-    Api::<AdmissionCheck>::all(env.client.clone())
-        .patch(
-            &check,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"parameters": {"name": other}}})),
-        )
-        .await?;
-    let c = env
-        .wait_active::<AdmissionCheck>(&check, "False", Some("ParametersForbidden"))
-        .await?;
+    let other = point_check_at_new_config(&env, &check, "prc-other").await?;
+    let c = check_active(&env, &check, "False", "ParametersForbidden").await?;
     ensure!(c.message.contains(&format!("{other:?}")), "{c:?}");
     controller.stop().await
 }
@@ -724,30 +863,19 @@ async fn parameters_of_a_wrong_kind_make_the_check_inactive() -> Result<()> {
     let (_, cq) = env.pool_queues("4", &[&check]).await?;
     let controller = env.start_provisioning_controller(None)?;
 
-    let c = env
-        .wait_active::<AdmissionCheck>(&check, "False", Some("BadParametersRef"))
-        .await?;
+    let c = check_active(&env, &check, "False", "BadParametersRef").await?;
     ensure!(
         c.message.contains("ConfigMap") && c.message.contains("ProvisioningRequestConfig"),
         "the message should name the wrong kind and the expected one: {c:?}"
     );
-    env.wait_active::<ClusterQueue>(&cq, "False", Some("AdmissionCheckInactive"))
-        .await?;
-    let wl = env.submit_job("job", "lq", "1").await?;
-    assert_not_admitted(&env, &wl, &cq).await?;
+    refused_while_queue_inactive(&env, "job", "lq", &cq).await?;
     assert_eq!(all_requests(&env).await?, []);
     controller.stop().await
 }
 
-/// Configs the API server accepts but that cannot work (the CRD itself rejects an empty
-/// provisioningClassName and an unknown podSetMergePolicy): a timeout annotation that is not a
-/// number, and a negative backoffLimitCount. Each check is `Active=False`
-/// (`InvalidParameters`) naming the problem and its Job is not admitted; fixing the annotation
-/// makes that check active and its Job admitted.
-#[tokio::test]
-async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> {
-    let env = TestEnv::new("prc-invalid").await?;
-    // The CRD's own validation, which is why the cases below are what reaches the controller.
+/// Checks that the API server refuses the configs the CRD itself rejects: an empty
+/// provisioningClassName and an unknown podSetMergePolicy.
+async fn crd_refuses_empty_class_and_unknown_policy(env: &TestEnv) -> Result<()> {
     for (name, spec, what) in [
         (
             "empty-class",
@@ -763,17 +891,44 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
         let created = env.provisioning_config(name, spec).await;
         ensure!(created.is_err(), "the API server accepted {what}");
     }
+    Ok(())
+}
 
+/// One invalid config's check, with its own ClusterQueue `cq-<name>` and LocalQueue
+/// `lq-<name>` on the pool flavor.
+struct InvalidCase {
+    /// `soon` or `negative`.
+    name: &'static str,
+    /// The config (cluster-scoped name).
+    config: String,
+    /// The check naming it (cluster-scoped name).
+    check: String,
+    /// Its ClusterQueue (cluster-scoped name).
+    cq: String,
+}
+
+impl InvalidCase {
+    /// Submits Job `job-<name>` to the case's LocalQueue once its ClusterQueue is inactive,
+    /// and checks Kueue refuses it quota for that; returns its Workload's name.
+    async fn refused_job(&self, env: &TestEnv) -> Result<String> {
+        let (job, queue) = (format!("job-{}", self.name), format!("lq-{}", self.name));
+        refused_while_queue_inactive(env, &job, &queue, &self.cq).await
+    }
+}
+
+/// The two invalid configs the API server accepts, each with its check and queues: `soon`,
+/// whose timeout annotation is not a number, and `negative`, with a negative
+/// backoffLimitCount.
+async fn timeout_soon_and_negative_backoff_cases(
+    env: &TestEnv,
+) -> Result<(InvalidCase, InvalidCase)> {
     let controller_name = env.provisioning_controller_name();
     let flavor = env.provisioning_flavor("pool").await?;
     let soon = env
         .provisioning_config_with_annotations(
             "prc-soon",
             json!({}),
-            &[(
-                kueue_provisioning_controller::config::TIMEOUT_ANNOTATION,
-                "soon",
-            )],
+            &[(TIMEOUT_ANNOTATION, "soon")],
         )
         .await?;
     let negative = env
@@ -783,75 +938,79 @@ async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> 
         )
         .await?;
     let mut cases = Vec::new();
-    for (name, config) in [("soon", &soon), ("negative", &negative)] {
+    for (name, config) in [("soon", soon), ("negative", negative)] {
         let check = env
-            .provisioning_check(&format!("prov-{name}"), &controller_name, config)
+            .provisioning_check(&format!("prov-{name}"), &controller_name, &config)
             .await?;
         let cq = env
             .cluster_queue(&format!("cq-{name}"), &flavor, "4", &[&check])
             .await?
             .name_any();
         env.local_queue(&format!("lq-{name}"), &cq).await?;
-        cases.push((name, check, cq));
+        cases.push(InvalidCase {
+            name,
+            config,
+            check,
+            cq,
+        });
     }
-    let controller = env.start_provisioning_controller(None)?;
-    let simulator = env.start_simulator()?;
+    let negative = cases.pop().context("the negative case")?;
+    let soon = cases.pop().context("the soon case")?;
+    Ok((soon, negative))
+}
 
-    let c = env
-        .wait_active::<AdmissionCheck>(&cases[0].1, "False", Some("InvalidParameters"))
+/// Sets the config's timeout annotation to `value`.
+async fn set_timeout_annotation(env: &TestEnv, config: &str, value: &str) -> Result<()> {
+    let patch = json!({"metadata": {"annotations": {TIMEOUT_ANNOTATION: value}}});
+    Api::<ProvisioningRequestConfig>::all(env.client.clone())
+        .patch(config, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
+    Ok(())
+}
+
+/// Configs the API server accepts but that cannot work (the CRD itself rejects an empty
+/// provisioningClassName and an unknown podSetMergePolicy): a timeout annotation that is not a
+/// number, and a negative backoffLimitCount. Each check is `Active=False`
+/// (`InvalidParameters`) naming the problem and its Job is not admitted; fixing the annotation
+/// makes that check active and its Job admitted.
+#[tokio::test]
+async fn an_invalid_config_makes_the_check_inactive_until_fixed() -> Result<()> {
+    let env = TestEnv::new("prc-invalid").await?;
+    // The CRD's own validation, which is why the cases below are what reaches the controller.
+    crd_refuses_empty_class_and_unknown_policy(&env).await?;
+    let (soon, negative) = timeout_soon_and_negative_backoff_cases(&env).await?;
+    let (controller, simulator) = controller_and_simulator(&env)?;
+
+    let c = check_active(&env, &soon.check, "False", "InvalidParameters").await?;
     ensure!(
-        c.message
-            .contains(kueue_provisioning_controller::config::TIMEOUT_ANNOTATION)
-            && c.message.contains("\"soon\""),
+        c.message.contains(TIMEOUT_ANNOTATION) && c.message.contains("\"soon\""),
         "the message should name the annotation and its value: {c:?}"
     );
-    let c = env
-        .wait_active::<AdmissionCheck>(&cases[1].1, "False", Some("InvalidParameters"))
-        .await?;
+    let c = check_active(&env, &negative.check, "False", "InvalidParameters").await?;
     ensure!(
         c.message.contains("backoffLimitCount") && c.message.contains("-1"),
         "the message should name the field and its value: {c:?}"
     );
     let mut workloads = Vec::new();
-    for (name, _, cq) in &cases {
-        env.wait_active::<ClusterQueue>(cq, "False", Some("AdmissionCheckInactive"))
-            .await?;
-        workloads.push(
-            env.submit_job(&format!("job-{name}"), &format!("lq-{name}"), "1")
-                .await?,
-        );
-    }
-    for (wl, (_, _, cq)) in workloads.iter().zip(&cases) {
-        assert_not_admitted(&env, wl, cq).await?;
+    for case in [&soon, &negative] {
+        workloads.push(case.refused_job(&env).await?);
     }
     assert_eq!(all_requests(&env).await?, []);
 
     // Fixing the annotation makes that check active; the other stays inactive.
-    let patch = json!({"metadata": {"annotations": {
-        kueue_provisioning_controller::config::TIMEOUT_ANNOTATION: "30"
-    }}});
-    Api::<ProvisioningRequestConfig>::all(env.client.clone())
-        .patch(&soon, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    env.wait_active::<AdmissionCheck>(&cases[0].1, "True", Some("Active"))
-        .await?;
-    env.wait_admitted_ready(&workloads[0], &cases[0].1).await?;
-    assert_not_admitted(&env, &workloads[1], &cases[1].2).await?;
+    set_timeout_annotation(&env, &soon.config, "30").await?;
+    check_active(&env, &soon.check, "True", "Active").await?;
+    env.wait_admitted_ready(&workloads[0], &soon.check).await?;
+    assert_not_admitted(&env, &workloads[1], &negative.cq).await?;
     e2e::Running::stop_all([controller, simulator]).await
 }
 
 // --- 5. coexistence with Kueue's built-in check --------------------------------------------
 
-/// Our check and Kueue's built-in one on two ClusterQueues, one Job each, in one namespace:
-/// both admitted, each request only for its own Workload (ours labelled and without owner,
-/// Kueue's owned by its Workload), and neither controller deletes the other's request while
-/// both reconcile both Workloads. Deleting the Jobs leaves nothing of ours.
-#[tokio::test]
-async fn coexists_with_kueues_built_in_check() -> Result<()> {
-    let env = TestEnv::new("prc-coexist").await?;
-    let p = env.provisioning(json!({}), "4").await?;
-    // Kueue's check, with a config of the class our simulator serves.
+/// Kueue's built-in check beside ours: a config of the class our simulator serves, check
+/// `kueue-prov` of Kueue's controller naming it, ClusterQueue `kueue-cq` on our flavor guarded
+/// by it, and LocalQueue `kueue-lq`; returns the check's cluster-scoped name.
+async fn kueues_check_beside_ours(env: &TestEnv, p: &Provisioning) -> Result<String> {
     let kueue_config = env.provisioning_config("kueue-prc", json!({})).await?;
     let kueue_check = env
         .provisioning_check("kueue-prov", KUEUE_CONTROLLER_NAME, &kueue_config)
@@ -861,91 +1020,45 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
         .await?
         .name_any();
     env.local_queue("kueue-lq", &kueue_cq).await?;
-    let controller = env.start_provisioning_controller(None)?;
-    let simulator = env.start_simulator()?;
-    env.wait_active::<AdmissionCheck>(&kueue_check, "True", Some("Active"))
-        .await?;
+    Ok(kueue_check)
+}
 
-    let ours_job = env
-        .job_with_pod_annotations("ours", "lq", "1", 1, &[])
-        .await?;
-    let theirs_job = env
-        .job_with_pod_annotations("theirs", "kueue-lq", "1", 1, &[])
-        .await?;
-    let ours = env.workload_for_job(&ours_job).await?;
-    let theirs = env.workload_for_job(&theirs_job).await?;
-    let (ours_wl, theirs_wl) = (ours.name_any(), theirs.name_any());
-    let (_, ours_entry) = env.wait_admitted_ready(&ours_wl, &p.check).await?;
-    let (_, theirs_entry) = env.wait_admitted_ready(&theirs_wl, &kueue_check).await?;
+/// A one-pod Job admitted through one check: its Workload and that check's `Ready` entry.
+struct Admitted {
+    /// The Job's name.
+    job: &'static str,
+    /// Its Workload as first seen.
+    workload: Workload,
+    /// The Workload's name.
+    name: String,
+    /// The check.
+    check: String,
+    /// The check's entry once admitted.
+    entry: AdmissionCheckState,
+    /// The name of the check's first request for it.
+    request: String,
+}
 
-    let ours_req = format!("{ours_wl}-{}-1", p.check);
-    let theirs_req = format!("{theirs_wl}-{kueue_check}-1");
-    assert_pod_set_updates(&ours_entry, &["main"], &ours_req, &p.class)?;
-    assert_pod_set_updates(&theirs_entry, &["main"], &theirs_req, &p.class)?;
-    assert_eq!(env.our_requests().await?, std::slice::from_ref(&ours_req));
-
-    // Ours: our labels, the Workload's uid, no ownerReference (Kueue would delete it).
-    let r = env.provisioning_requests().get(&ours_req).await?;
-    let labels = r.labels();
-    assert_eq!(
-        labels.get(identity::INSTANCE_LABEL),
-        Some(&identity::instance_label(&p.controller_name))
-    );
-    assert_eq!(
-        labels.get(identity::WORKLOAD_UID_LABEL),
-        ours.uid().as_ref(),
-        "{}",
-        dump(&r)
-    );
-    assert_eq!(
-        labels.get(identity::MANAGED_BY_LABEL).map(String::as_str),
-        Some(identity::MANAGED_BY)
-    );
-    // Owned by its templates only: a Workload among its owners would make Kueue's check
-    // delete it.
-    assert!(
-        e2e::provisioning::owned_by_its_templates(&r),
-        "{}",
-        dump(&r)
-    );
-    assert_eq!(
-        r.annotations().get(identity::WORKLOAD_ANNOTATION),
-        Some(&ours_wl)
-    );
-
-    // Kueue's: owned by its Workload, labelled by Kueue, none of our labels.
-    let k = env.provisioning_requests().get(&theirs_req).await?;
-    assert!(
-        k.owner_references().iter().any(|o| o.kind == "Workload"
-            && o.name == theirs_wl
-            && Some(&o.uid) == theirs.uid().as_ref()),
-        "{}",
-        dump(&k)
-    );
-    assert_eq!(
-        k.labels().get("kueue.x-k8s.io/managed").map(String::as_str),
-        Some("true")
-    );
-    assert!(!k.labels().contains_key(identity::INSTANCE_LABEL));
-    assert!(!k.labels().contains_key(identity::WORKLOAD_UID_LABEL));
-
-    // Exactly these two requests; they survive while both controllers reconcile both
-    // Workloads (a label change wakes each controller for each Workload).
-    let both = all_requests(&env).await?;
-    let mut want = vec![
-        (ours_req.clone(), r.uid().unwrap_or_default()),
-        (theirs_req.clone(), k.uid().unwrap_or_default()),
-    ];
-    want.sort();
-    assert_eq!(both, want);
-    for wl in [&ours_wl, &theirs_wl] {
-        let patch = json!({"metadata": {"labels": {"e2e.kueue-admission-checks.dev/poke": "1"}}});
-        env.workloads()
-            .patch(wl, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+impl Admitted {
+    /// Submits Job `job` of one pod to `queue` and waits until it is admitted with `check`
+    /// `Ready`.
+    async fn through(env: &TestEnv, job: &'static str, queue: &str, check: &str) -> Result<Self> {
+        let workload = one_pod_job(env, job, queue).await?;
+        let name = workload.name_any();
+        let (_, entry) = env.wait_admitted_ready(&name, check).await?;
+        Ok(Self {
+            job,
+            request: format!("{name}-{check}-1"),
+            workload,
+            name,
+            check: check.to_string(),
+            entry,
+        })
     }
-    assert_requests_stay(&env, &want, Duration::from_secs(4)).await?;
-    for (wl, check) in [(&ours_wl, &p.check), (&theirs_wl, &kueue_check)] {
+
+    /// Reads the Workload again and checks it is still admitted with its check `Ready`.
+    async fn ensure_still_admitted_ready(&self, env: &TestEnv) -> Result<()> {
+        let (wl, check) = (&self.name, &self.check);
         let w = env.workloads().get(wl).await?;
         ensure!(
             w.condition_is_true(cond::ADMITTED)
@@ -954,42 +1067,150 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
             "{wl} no longer admitted with {check} Ready:\n{}",
             dump(&w)
         );
+        Ok(())
     }
-    // Each Job runs on its own request.
-    for (job, req) in [("ours", &ours_req), ("theirs", &theirs_req)] {
-        let j = env.wait_job_unsuspended(job).await?;
-        let annotations = j
-            .spec
-            .and_then(|s| s.template.metadata)
-            .and_then(|m| m.annotations)
-            .unwrap_or_default();
-        assert_eq!(annotations.get(CONSUME_ANNOTATION), Some(req), "job {job}");
+
+    /// Reads our request for this Workload and checks it is as we make it: our labels, the
+    /// Workload's uid and name, and owned by its templates only (a Workload among its owners
+    /// would make Kueue's check delete it).
+    async fn our_request(&self, env: &TestEnv, controller: &str) -> Result<ProvisioningRequest> {
+        let r = env.provisioning_requests().get(&self.request).await?;
+        assert_marked_and_owned_as_ours(&r, self, controller);
+        Ok(r)
+    }
+
+    /// Reads Kueue's request for this Workload and checks it is as Kueue makes it.
+    async fn kueues_request(&self, env: &TestEnv) -> Result<ProvisioningRequest> {
+        let k = env.provisioning_requests().get(&self.request).await?;
+        assert_marked_and_owned_as_kueues(&k, self);
+        Ok(k)
+    }
+}
+
+/// Changes a label of each Workload (which wakes each controller for each) and checks that the
+/// namespace's requests stay exactly `want` for 4 s.
+async fn stay_while_both_are_reconciled(
+    env: &TestEnv,
+    sides: [&Admitted; 2],
+    want: &[(String, String)],
+) -> Result<()> {
+    for side in sides {
+        env.touch_workload(&side.name, "1").await?;
+    }
+    assert_requests_stay(env, want, Duration::from_secs(4)).await
+}
+
+/// Our request as we make it: our labels, the Workload's uid and name, and owned by its
+/// templates only (a Workload among its owners would make Kueue's check delete it).
+fn assert_marked_and_owned_as_ours(r: &ProvisioningRequest, ours: &Admitted, controller: &str) {
+    let labels = r.labels();
+    assert_eq!(
+        labels.get(identity::INSTANCE_LABEL),
+        Some(&identity::instance_label(controller))
+    );
+    assert_eq!(
+        labels.get(identity::WORKLOAD_UID_LABEL),
+        ours.workload.uid().as_ref(),
+        "{}",
+        dump(r)
+    );
+    assert_eq!(
+        labels.get(identity::MANAGED_BY_LABEL).map(String::as_str),
+        Some(identity::MANAGED_BY)
+    );
+    assert!(e2e::provisioning::owned_by_its_templates(r), "{}", dump(r));
+    assert_eq!(
+        r.annotations().get(identity::WORKLOAD_ANNOTATION),
+        Some(&ours.name)
+    );
+}
+
+/// Kueue's request as Kueue makes it: owned by its Workload, labelled by Kueue, none of our
+/// labels.
+fn assert_marked_and_owned_as_kueues(k: &ProvisioningRequest, theirs: &Admitted) {
+    assert!(
+        k.owner_references().iter().any(|o| o.kind == "Workload"
+            && o.name == theirs.name
+            && Some(&o.uid) == theirs.workload.uid().as_ref()),
+        "{}",
+        dump(k)
+    );
+    assert_eq!(
+        k.labels().get("kueue.x-k8s.io/managed").map(String::as_str),
+        Some("true")
+    );
+    assert!(!k.labels().contains_key(identity::INSTANCE_LABEL));
+    assert!(!k.labels().contains_key(identity::WORKLOAD_UID_LABEL));
+}
+
+/// (name, uid) of the two requests, sorted as [`all_requests`] lists them.
+fn both_requests(a: &ProvisioningRequest, b: &ProvisioningRequest) -> Vec<(String, String)> {
+    let mut both: Vec<(String, String)> = [a, b]
+        .iter()
+        .map(|r| (r.name_any(), r.uid().unwrap_or_default()))
+        .collect();
+    both.sort();
+    both
+}
+
+/// Waits until the request and its PodTemplate `ppt-<request>-main` are gone.
+async fn request_and_template_gone(env: &TestEnv, request: &str) -> Result<()> {
+    e2e::wait_gone(env.provisioning_requests(), request).await?;
+    let templates = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns);
+    e2e::wait_gone(templates, &format!("ppt-{request}-main")).await
+}
+
+/// Our check and Kueue's built-in one on two ClusterQueues, one Job each, in one namespace:
+/// both admitted, each request only for its own Workload (ours labelled and without owner,
+/// Kueue's owned by its Workload), and neither controller deletes the other's request while
+/// both reconcile both Workloads. Deleting the Jobs leaves nothing of ours.
+#[tokio::test]
+async fn coexists_with_kueues_built_in_check() -> Result<()> {
+    let env = TestEnv::new("prc-coexist").await?;
+    let p = env.provisioning(json!({}), "4").await?;
+    let kueue_check = kueues_check_beside_ours(&env, &p).await?;
+    let (controller, simulator) = controller_and_simulator(&env)?;
+    check_active(&env, &kueue_check, "True", "Active").await?;
+
+    let ours = Admitted::through(&env, "ours", "lq", &p.check).await?;
+    let theirs = Admitted::through(&env, "theirs", "kueue-lq", &kueue_check).await?;
+    for side in [&ours, &theirs] {
+        assert_pod_set_updates(&side.entry, &["main"], &side.request, &p.class)?;
+    }
+    let only_ours = std::slice::from_ref(&ours.request);
+    assert_eq!(env.our_requests().await?, only_ours);
+    // Ours: our labels, the Workload's uid, no ownerReference (Kueue would delete it).
+    let r = ours.our_request(&env, &p.controller_name).await?;
+    // Kueue's: owned by its Workload, labelled by Kueue, none of our labels.
+    let k = theirs.kueues_request(&env).await?;
+
+    // Exactly these two requests; they survive while both controllers reconcile both
+    // Workloads (a label change wakes each controller for each Workload).
+    let want = both_requests(&r, &k);
+    assert_eq!(all_requests(&env).await?, want);
+    stay_while_both_are_reconciled(&env, [&ours, &theirs], &want).await?;
+    for side in [&ours, &theirs] {
+        side.ensure_still_admitted_ready(&env).await?;
+        // Each Job runs on its own request.
+        let consumed = consumed_request(&env, side.job).await?;
+        assert_eq!(consumed.as_ref(), Some(&side.request), "job {}", side.job);
     }
 
     // Both Jobs complete and their Workloads finish; nothing of ours remains. Kueue's check
     // deletes its request, and the garbage collector its template (the request owns it).
-    for (job, wl) in [("ours", &ours_wl), ("theirs", &theirs_wl)] {
-        env.complete_job(job, wl).await?;
+    for side in [&ours, &theirs] {
+        env.complete_job(side.job, &side.name).await?;
     }
     env.wait_nothing_left().await?;
-    e2e::wait_gone(env.provisioning_requests(), &theirs_req).await?;
-    let templates = kube::Api::<k8s_openapi::api::core::v1::PodTemplate>::namespaced(
-        env.client.clone(),
-        &env.ns,
-    );
-    e2e::wait_gone(templates, &format!("ppt-{theirs_req}-main")).await?;
+    request_and_template_gone(&env, &theirs.request).await?;
     e2e::Running::stop_all([controller, simulator]).await
 }
 
 // --- 6. long names -------------------------------------------------------------------------
 
-/// A 240-character Workload and a long check name: `<workload>-<check>-<attempt>` would exceed
-/// 253, so the request gets a shortened name that still ends with `-1`; the Workload is
-/// admitted, and controllers restarted while the request is pending and after admission find
-/// that request again instead of making another.
-#[tokio::test]
-async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()> {
-    let env = TestEnv::new("prc-long").await?;
+/// Config `prc` and a check of this test's controller with a long name naming it, guarding
+/// ClusterQueue `cq` (4 cpu of the pool flavor) and LocalQueue `lq`; returns the check's name.
+async fn long_named_check(env: &TestEnv) -> Result<String> {
     let controller_name = env.provisioning_controller_name();
     let config = env.provisioning_config("prc", json!({})).await?;
     let check = env
@@ -1000,7 +1221,54 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
         )
         .await?;
     env.pool_queues("4", &[&check]).await?;
+    Ok(check)
+}
 
+/// Creates plain Workload `name` in `lq`: one podset `main` of one pod of 1 cpu, whose request
+/// the simulator answers with `script`.
+async fn one_pod_workload(env: &TestEnv, name: &str, script: &str) -> Result<Workload> {
+    let main = pod_set(
+        "main",
+        1,
+        container("registry.invalid/app:1", json!({"cpu": "1"}), json!({})),
+        json!({simulator::SCRIPT_ANNOTATION: script}),
+    );
+    plain_workload(env, name, "lq", json!({}), vec![main]).await
+}
+
+/// Waits until the request exists, and checks it is our only one, naming `template` (our only
+/// PodTemplate) for one pod; returns its (name, uid).
+async fn request_made_with_its_template(
+    env: &TestEnv,
+    request: &str,
+    template: &str,
+) -> Result<(String, String)> {
+    let created = wait_request(env, request).await?;
+    assert_eq!(env.our_requests().await?, [request]);
+    assert_eq!(env.our_pod_templates().await?, [template]);
+    assert_eq!(
+        request_pod_sets(&created),
+        [(template.to_string(), 1)],
+        "{}",
+        dump(&created)
+    );
+    Ok((request.to_string(), created.uid().unwrap_or_default()))
+}
+
+/// Stops the controller and starts another in its place.
+async fn restarted(env: &TestEnv, controller: Running) -> Result<Running> {
+    controller.stop().await?;
+    env.start_provisioning_controller(None)
+}
+
+/// A 240-character Workload and a long check name: `<workload>-<check>-<attempt>` would exceed
+/// 253, so the request gets a shortened name that still ends with `-1`; the Workload is
+/// admitted, and controllers restarted while the request is pending and after admission find
+/// that request again instead of making another.
+#[tokio::test]
+async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()> {
+    let env = TestEnv::new("prc-long").await?;
+    let check = long_named_check(&env).await?;
     let workload = format!("long-{}", "w".repeat(235));
     assert_eq!(workload.len(), 240);
     let full = format!("{workload}-{check}-1");
@@ -1014,50 +1282,19 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
     let mut controller = env.start_provisioning_controller(None)?;
     let simulator = env.start_simulator()?;
     // Provisioned 4 s after acceptance: the first restart happens while the request is pending.
-    plain_workload(
-        &env,
-        &workload,
-        "lq",
-        json!({}),
-        vec![pod_set(
-            "main",
-            1,
-            container("registry.invalid/app:1", json!({"cpu": "1"}), json!({})),
-            json!({simulator::SCRIPT_ANNOTATION: "provision:4"}),
-        )],
-    )
-    .await?;
-    let created = wait_request(&env, &request).await?;
-    let uid = created.uid().unwrap_or_default();
-    assert_eq!(env.our_requests().await?, std::slice::from_ref(&request));
-    assert_eq!(
-        env.our_pod_templates().await?,
-        std::slice::from_ref(&template)
-    );
-    assert_eq!(
-        request_pod_sets(&created),
-        [(template.clone(), 1)],
-        "{}",
-        dump(&created)
-    );
+    one_pod_workload(&env, &workload, "provision:4").await?;
+    let only = [request_made_with_its_template(&env, &request, &template).await?];
 
     // Restart while pending.
-    controller.stop().await?;
-    controller = env.start_provisioning_controller(None)?;
+    controller = restarted(&env, controller).await?;
     let (_, entry) = env.wait_admitted_ready(&workload, &check).await?;
     assert_pod_set_updates(&entry, &["main"], &request, &env.provisioning_class())?;
     assert_eq!(created_count(&controller, &check).await?, 0.0);
-    assert_eq!(all_requests(&env).await?, [(request.clone(), uid.clone())]);
+    assert_eq!(all_requests(&env).await?, only);
 
     // Restart after admission: still the one request, still admitted with the same answer.
-    controller.stop().await?;
-    let controller = env.start_provisioning_controller(None)?;
-    assert_requests_stay(
-        &env,
-        &[(request.clone(), uid.clone())],
-        Duration::from_secs(3),
-    )
-    .await?;
+    let controller = restarted(&env, controller).await?;
+    assert_requests_stay(&env, &only, Duration::from_secs(3)).await?;
     assert_eq!(created_count(&controller, &check).await?, 0.0);
     assert_eq!(env.our_pod_templates().await?, [template]);
     let wl = env.workloads().get(&workload).await?;
