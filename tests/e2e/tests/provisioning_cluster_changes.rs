@@ -12,17 +12,19 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::TestEnv;
-use e2e::provisioning::World;
-use k8s_openapi::api::core::v1::PodTemplate;
+use e2e::provisioning::{History, World};
+use k8s_openapi::api::core::v1::{PodSpec, PodTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kueue_admission_sdk::api::{
-    ADMISSION_CHECK_ACTIVE, AdmissionCheck, CheckState, ClusterQueue, ProvisioningRequest,
-    ResourceFlavor, Workload, find_condition, provisioning_condition as pr,
+    ADMISSION_CHECK_ACTIVE, AdmissionCheck, AdmissionCheckState, CheckState, ClusterQueue,
+    ProvisioningRequest, ResourceFlavor, Workload, find_condition, provisioning_condition as pr,
     workload_condition as cond,
 };
+use kueue_provisioning_controller::check::ADMITTED_BEFORE_THE_CHECK;
+use kueue_provisioning_controller::plan::assigned_flavor_names;
 use serde_json::json;
 
 /// Kueue's finalizer on ResourceFlavors and AdmissionChecks that a ClusterQueue references.
@@ -124,6 +126,369 @@ async fn mark_provisioned(env: &TestEnv, name: &str) -> Result<ProvisioningReque
     bail!("request {name} changed under every one of 10 attempts to mark it Provisioned")
 }
 
+/// The controller's counter of reconcile errors of checks.
+const RECONCILE_ERRORS: &str = "kueue_ac_reconcile_errors_total{kind=\"check\"}";
+
+/// The controller's counter of requests created for `check`.
+fn created_total(check: &str) -> String {
+    format!("kueue_provisioning_requests_created_total{{check=\"{check}\"}}")
+}
+
+/// The message of an entry whose request `request` is provisioned.
+fn provisioned(t: &World, request: &str) -> String {
+    format!(
+        "ProvisioningRequest {} provisioned",
+        t.qualified_name(request)
+    )
+}
+
+/// Submits Job `job` whose request the simulator provisions and waits until it is admitted;
+/// returns its Workload's name, the Workload as admitted, and its request's name.
+async fn admitted_job(t: &World, job: &str) -> Result<(String, Workload, String)> {
+    let wl = t.env.job_with_script(job, "provision").await?;
+    let admitted = t.env.wait_admitted(&wl).await?;
+    let request = request(&wl, &t.p.check);
+    Ok((wl, admitted, request))
+}
+
+/// Waits until the ClusterQueue is `Active=True` (reason `Ready`); returns the condition.
+async fn queue_can_admit(t: &World) -> Result<Condition> {
+    t.env
+        .wait_active::<ClusterQueue>(&t.p.cluster_queue, "True", Some("Ready"))
+        .await
+}
+
+/// Changes a label of the Workload (any change wakes our controller for it) and waits until
+/// the controller has finished one more reconcile without error.
+async fn reconciled_after_a_change(t: &World, wl: &str) -> Result<()> {
+    let ok = "kueue_ac_reconcile_duration_seconds_count{result=\"ok\"}";
+    let reconciled = t.metric(ok).await?;
+    t.env
+        .touch_workload(wl, "after-the-flavor-was-deleted")
+        .await?;
+    let addr = t.controller()?.http.context("the controller's address")?;
+    e2e::wait_metric_where(addr, ok, &format!("> {reconciled}"), |v| v > reconciled).await?;
+    Ok(())
+}
+
+/// The pod spec of the request's PodTemplate of podset `main`, once checked that it was made
+/// after the flavor started terminating.
+async fn template_made_while_terminating(
+    env: &TestEnv,
+    request: &str,
+    terminating: &ResourceFlavor,
+) -> Result<PodSpec> {
+    let template = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
+        .get(&format!("ppt-{request}-main"))
+        .await?;
+    let deleted_at = terminating.metadata.deletion_timestamp.as_ref();
+    assert!(
+        template.creation_timestamp().map(|t| t.0) >= deleted_at.map(|t| t.0),
+        "{}",
+        e2e::dump(&template)
+    );
+    template
+        .template
+        .and_then(|t| t.spec)
+        .context("the PodTemplate has a pod spec")
+}
+
+/// The flavor read now, once checked it is the one that started terminating (same uid).
+async fn same_flavor(
+    flavors: &Api<ResourceFlavor>,
+    terminating: &ResourceFlavor,
+) -> Result<ResourceFlavor> {
+    let now = flavors.get(&terminating.name_any()).await?;
+    assert_eq!(now.uid(), terminating.uid());
+    Ok(now)
+}
+
+/// Checks that the admitted Workload is as it was (admitted since the same time, never
+/// evicted, the same entry), its request unchanged (same uid and resourceVersion) and its Job
+/// `first` running.
+async fn assert_left_as_it_was(
+    t: &World,
+    wl: &str,
+    (admitted, entry): (&Workload, &AdmissionCheckState),
+    request: &ProvisioningRequest,
+) -> Result<()> {
+    let env = &t.env;
+    let now = env.workloads().get(wl).await?;
+    assert!(now.condition_is_true(cond::ADMITTED), "{}", e2e::dump(&now));
+    assert_eq!(since(&now, cond::ADMITTED), since(admitted, cond::ADMITTED));
+    assert_eq!(now.total_evictions(), 0, "{}", e2e::dump(&now));
+    assert_eq!(now.admission_check(&t.p.check), Some(entry));
+    let after = env.provisioning_requests().get(&request.name_any()).await?;
+    assert_eq!(
+        (after.uid(), after.resource_version()),
+        (request.uid(), request.resource_version()),
+        "the first request was changed or replaced: {}",
+        e2e::dump(&after)
+    );
+    let job = env.jobs().get("first").await?;
+    assert_eq!(job.spec.and_then(|s| s.suspend), Some(false));
+    Ok(())
+}
+
+/// Checks that no `CheckFailed` event was published on any of the Workloads.
+async fn assert_no_check_failed(env: &TestEnv, workloads: &[&String]) -> Result<()> {
+    for wl in workloads {
+        assert_eq!(env.event_count(wl, "CheckFailed").await?, 0, "{wl}");
+    }
+    Ok(())
+}
+
+/// Waits until the request history has seen at least `deletions` deletions (`what` names them
+/// on a timeout); returns the (name, uid) of every request it saw, in order, and the names of
+/// those deleted.
+async fn deletions_seen(
+    requests: &History<ProvisioningRequest>,
+    deletions: usize,
+    what: &str,
+) -> Result<(Vec<(String, String)>, Vec<String>)> {
+    e2e::eventually(what, || requests.deleted().len() >= deletions).await?;
+    Ok((requests.objects(), requests.deleted()))
+}
+
+/// Deletes the ClusterQueue and waits until the flavor it held goes.
+async fn flavor_gone_with_its_queue(t: &World, flavors: Api<ResourceFlavor>) -> Result<()> {
+    Api::<ClusterQueue>::all(t.env.client.clone())
+        .delete(&t.p.cluster_queue, &DeleteParams::default())
+        .await?;
+    e2e::wait_gone(flavors, &t.p.flavor).await
+}
+
+/// Submits Job `job` whose request the simulator only accepts and waits until its Workload
+/// holds quota with our entry `Pending`, waiting for that request; returns its Workload's
+/// name, the Workload then, and its request's name.
+async fn pending_on_accepted_request(t: &World, job: &str) -> Result<(String, Workload, String)> {
+    let (env, check) = (&t.env, &t.p.check);
+    let wl = env.job_with_script(job, "accept").await?;
+    let request = request(&wl, check);
+    env.wait_request(&request, pr::ACCEPTED).await?;
+    let waiting = format!(
+        "waiting for ProvisioningRequest {}",
+        t.qualified_name(&request)
+    );
+    let pending = env
+        .wait_workload(&wl, &format!("holding quota, {waiting}"), |w| {
+            w.condition_is_true(cond::QUOTA_RESERVED)
+                && w.admission_check(check).is_some_and(|e| {
+                    e.state == CheckState::Pending && e.message.starts_with(&waiting)
+                })
+        })
+        .await?;
+    Ok((wl, pending, request))
+}
+
+/// Creates check `prov-renamed` with the same controllerName and parameters as ours and waits
+/// until our controller makes it `Active=True` (reason `Active`); returns its name.
+async fn renamed_check_active(t: &World, checks: &Api<AdmissionCheck>) -> Result<String> {
+    let renamed = t
+        .env
+        .provisioning_check("prov-renamed", &t.p.controller_name, &t.p.config)
+        .await?;
+    e2e::wait_for(
+        checks.clone(),
+        &renamed,
+        "Active=True with reason Active",
+        |ac: &AdmissionCheck| {
+            active(ac.status.as_ref().map(|s| &s.conditions))
+                .is_some_and(|c| c.status == "True" && c.reason == "Active")
+        },
+    )
+    .await?;
+    Ok(renamed)
+}
+
+/// Makes `check` the ClusterQueue's only check.
+async fn switch_queue_to(t: &World, check: &str) -> Result<()> {
+    let switch =
+        json!({"spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": check}]}}});
+    Api::<ClusterQueue>::all(t.env.client.clone())
+        .patch(
+            &t.p.cluster_queue,
+            &PatchParams::default(),
+            &Patch::Merge(&switch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until `check`'s entry, in `state`, is the Workload's only one (`what` says so on a
+/// timeout); returns the Workload then.
+async fn only_entry(
+    env: &TestEnv,
+    wl: &str,
+    (check, state): (&str, CheckState),
+    what: &str,
+) -> Result<Workload> {
+    env.wait_workload(wl, what, |w| only_entry_is(w, check, state))
+        .await
+}
+
+/// Waits until `check`'s request for the Workload is accepted, marks it `Provisioned`, and
+/// waits until the Workload is admitted with `check`'s entry `Ready`; returns the request's
+/// name, the Workload then and the entry.
+async fn provisioned_under(
+    t: &World,
+    wl: &str,
+    check: &str,
+) -> Result<(String, Workload, AdmissionCheckState)> {
+    let env = &t.env;
+    let request = request(wl, check);
+    env.wait_request(&request, pr::ACCEPTED).await?;
+    mark_provisioned(env, &request).await?;
+    let done = env
+        .wait_workload(wl, "Admitted with the new check Ready", |w| {
+            w.condition_is_true(cond::ADMITTED) && entry_is(w, check, CheckState::Ready)
+        })
+        .await?;
+    let entry = e2e::entry_of(&done, check)?;
+    Ok((request, done, entry))
+}
+
+/// Whether the Workload's entry of `check` is in `state`.
+fn entry_is(wl: &Workload, check: &str, state: CheckState) -> bool {
+    wl.admission_check(check).is_some_and(|e| e.state == state)
+}
+
+/// Every version of Workload `wl` the history saw, once it has seen one with `check`'s entry
+/// `Ready`.
+async fn versions_until_ready(
+    wls: &History<Workload>,
+    wl: &str,
+    check: &str,
+) -> Result<Vec<Workload>> {
+    e2e::eventually(
+        "the history saw the admitted Workload's new entry Ready",
+        || {
+            wls.applied()
+                .iter()
+                .any(|w| w.name_any() == wl && entry_is(w, check, CheckState::Ready))
+        },
+    )
+    .await?;
+    Ok(wls
+        .applied()
+        .into_iter()
+        .filter(|w| w.name_any() == wl)
+        .collect())
+}
+
+/// Checks that every version is admitted, since the same time as `before`.
+fn assert_admitted_throughout(versions: &[Workload], before: &Workload) -> Result<()> {
+    for w in versions {
+        ensure!(
+            w.condition_is_true(cond::ADMITTED)
+                && since(w, cond::ADMITTED) == since(before, cond::ADMITTED),
+            "the admitted Workload stopped being admitted:\n{}",
+            e2e::dump(w)
+        );
+    }
+    Ok(())
+}
+
+/// Job `job`'s `suspend`, and the request its pod template says its pods consume.
+async fn job_suspend_and_consumed(
+    env: &TestEnv,
+    job: &str,
+) -> Result<(Option<bool>, Option<String>)> {
+    let job = env.jobs().get(job).await?;
+    let spec = job.spec.context("the Job has a spec")?;
+    let consumed = spec
+        .template
+        .metadata
+        .and_then(|m| m.annotations)
+        .and_then(|a| a.get(CONSUME_ANNOTATION).cloned());
+    Ok((spec.suspend, consumed))
+}
+
+/// Waits until only `request` (and its templates) is left of ours; if something else stays,
+/// fails naming what is left.
+async fn old_requests_released(t: &World, request: &str) -> Result<()> {
+    let env = &t.env;
+    if let Err(e) = env.wait_only_left(&[request.to_string()]).await {
+        let left = (env.our_requests().await?, env.our_pod_templates().await?);
+        bail!(
+            "the old check's requests were not released: {e}\n(requests, templates) left: \
+             {left:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Submits Job `job` whose request the simulator only accepts and waits until the request is
+/// `Accepted` and the Workload holds quota with our entry `Pending`; returns its Workload's
+/// name and its request's name.
+async fn holding_quota_on_accepted_request(t: &World, job: &str) -> Result<(String, String)> {
+    let wl = t.env.job_with_script(job, "accept").await?;
+    let first = request(&wl, &t.p.check);
+    t.env.wait_request(&first, pr::ACCEPTED).await?;
+    t.env.wait_check_pending_with_quota(&wl, &t.p.check).await?;
+    Ok((wl, first))
+}
+
+/// Waits until the Workload, evicted at least once, holds no quota.
+async fn quota_given_back(env: &TestEnv, wl: &str) -> Result<()> {
+    env.wait_workload(wl, "quota given back after the hold", |w| {
+        !w.condition_is_true(cond::QUOTA_RESERVED) && w.total_evictions() >= 1
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until attempt `attempt`'s request for the Workload is accepted, marks it
+/// `Provisioned`, and waits until the Workload is admitted; returns the request's name and our
+/// entry then.
+async fn admitted_once_provisioned(
+    t: &World,
+    wl: &str,
+    attempt: u32,
+) -> Result<(String, AdmissionCheckState)> {
+    let env = &t.env;
+    let request = format!("{wl}-{}-{attempt}", t.p.check);
+    env.wait_request(&request, pr::ACCEPTED).await?;
+    mark_provisioned(env, &request).await?;
+    let admitted = env.wait_admitted(wl).await?;
+    let entry = admitted.admission_check(&t.p.check).context("our entry")?;
+    Ok((request, entry.clone()))
+}
+
+/// Removes the flavor's finalizer, deletes it and waits until it is gone (Kueue's finalizer
+/// would keep it).
+async fn force_out(flavors: &Api<ResourceFlavor>, name: &str) -> Result<()> {
+    let unfinalized = json!({"metadata": {"finalizers": null}});
+    flavors
+        .patch(name, &PatchParams::default(), &Patch::Merge(&unfinalized))
+        .await?;
+    flavors.delete(name, &DeleteParams::default()).await?;
+    e2e::wait_gone(flavors.clone(), name).await
+}
+
+/// Waits until our entry on the Workload names the missing flavor; returns the Workload then.
+async fn entry_names_missing_flavor(t: &World, wl: &str) -> Result<Workload> {
+    let p = &t.p;
+    t.env
+        .wait_workload(wl, "the entry names the missing flavor", |w| {
+            w.admission_check(&p.check).is_some_and(|e| {
+                e.message.contains(&format!(
+                    "ResourceFlavor {} (assigned to podset main) no longer exists",
+                    p.flavor
+                ))
+            })
+        })
+        .await
+}
+
+/// Creates the flavor again as `saved` was (spec and labels).
+async fn recreate(flavors: &Api<ResourceFlavor>, saved: &ResourceFlavor) -> Result<()> {
+    let mut again = ResourceFlavor::new(&saved.name_any(), saved.spec.clone());
+    again.metadata.labels = saved.metadata.labels.clone();
+    flavors.create(&Default::default(), &again).await?;
+    Ok(())
+}
+
 /// Catalogue row "ResourceFlavor deleted under an admitted Workload".
 ///
 /// A Job is admitted through our check (entry `Ready`, its request `Provisioned`), then the
@@ -147,155 +512,68 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
     let flavors = Api::<ResourceFlavor>::all(env.client.clone());
     let requests = env.request_history();
 
-    let first = env.job_with_script("first", "provision").await?;
-    let admitted = env.wait_admitted(&first).await?;
-    let first_request = request(&first, &p.check);
-    let entry = admitted
-        .admission_check(&p.check)
-        .cloned()
-        .context("our entry")?;
+    let (first, admitted, first_request) = admitted_job(&t, "first").await?;
+    let entry = e2e::entry_of(&admitted, &p.check)?;
     assert_eq!(entry.state, CheckState::Ready, "{entry:#?}");
-    assert_eq!(
-        entry.message,
-        format!(
-            "ProvisioningRequest {} provisioned",
-            t.qualified_name(&first_request)
-        )
-    );
+    assert_eq!(entry.message, provisioned(&t, &first_request));
     let before = env.wait_request(&first_request, pr::PROVISIONED).await?;
-    env.wait_active::<ClusterQueue>(&p.cluster_queue, "True", Some("Ready"))
-        .await?;
+    queue_can_admit(&t).await?;
 
     let terminating = delete_held_in_use(&flavors, &p.flavor).await?;
-
     // Our controller is asked about the admitted Workload again (any change of it wakes it);
     // the marker is its count of finished reconciles.
-    let ok = "kueue_ac_reconcile_duration_seconds_count{result=\"ok\"}";
-    let reconciled = t.metric(ok).await?;
-    let touch = json!({"metadata": {"labels": {"e2e-touched": "after-the-flavor-was-deleted"}}});
-    env.workloads()
-        .patch(&first, &PatchParams::default(), &Patch::Merge(&touch))
-        .await?;
-    let addr = t.controller()?.http.context("the controller's address")?;
-    e2e::wait_metric_where(addr, ok, &format!("> {reconciled}"), |v| v > reconciled).await?;
+    reconciled_after_a_change(&t, &first).await?;
 
     // A second Job gets quota on the terminating flavor, and our request for it the flavor's
     // node label and toleration.
-    let second = env.job_with_script("second", "provision").await?;
-    let second_admitted = env.wait_admitted(&second).await?;
-    let second_request = request(&second, &p.check);
-    assert_eq!(
-        kueue_provisioning_controller::plan::assigned_flavor_names(&second_admitted),
-        [p.flavor.as_str()],
-        "{}",
-        e2e::dump(&second_admitted)
-    );
-    assert_eq!(
-        second_admitted
-            .admission_check(&p.check)
-            .map(|e| e.message.clone()),
-        Some(format!(
-            "ProvisioningRequest {} provisioned",
-            t.qualified_name(&second_request)
-        ))
-    );
-    let template = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
-        .get(&format!("ppt-{second_request}-main"))
-        .await?;
+    let (second, second_admitted, second_request) = admitted_job(&t, "second").await?;
+    let assigned = assigned_flavor_names(&second_admitted);
+    let dump = e2e::dump(&second_admitted);
+    assert_eq!(assigned, [p.flavor.as_str()], "{dump}");
+    let second_entry = e2e::entry_of(&second_admitted, &p.check)?;
+    assert_eq!(second_entry.message, provisioned(&t, &second_request));
     // Made from the flavor as it was while terminating.
-    assert!(
-        template.creation_timestamp().map(|t| t.0)
-            >= terminating
-                .metadata
-                .deletion_timestamp
-                .as_ref()
-                .map(|t| t.0),
-        "{}",
-        e2e::dump(&template)
-    );
-    let spec = template
-        .template
-        .and_then(|t| t.spec)
-        .context("the PodTemplate has a pod spec")?;
-    assert_eq!(
-        spec.node_selector.unwrap_or_default().get("pool"),
-        Some(&"pool".to_string())
-    );
+    let spec = template_made_while_terminating(env, &second_request, &terminating).await?;
+    let pool = spec.node_selector.unwrap_or_default().get("pool").cloned();
+    assert_eq!(pool.as_deref(), Some("pool"));
     assert_eq!(spec.tolerations, Some(vec![TestEnv::pool_toleration()]));
 
     // Still terminating, the ClusterQueue still active: Kueue admitted the second Job on it.
-    let cq_active = env
-        .wait_active::<ClusterQueue>(&p.cluster_queue, "True", Some("Ready"))
-        .await?;
+    let cq_active = queue_can_admit(&t).await?;
     assert_eq!(cq_active.message, "Can admit new workloads");
-    let still = flavors.get(&p.flavor).await?;
-    assert_eq!(still.uid(), terminating.uid());
+    let still = same_flavor(&flavors, &terminating).await?;
     assert!(still.metadata.deletion_timestamp.is_some());
 
     // The first Workload is as it was, and so is its request.
-    let now = env.workloads().get(&first).await?;
-    assert!(now.condition_is_true(cond::ADMITTED), "{}", e2e::dump(&now));
-    assert_eq!(
-        since(&now, cond::ADMITTED),
-        since(&admitted, cond::ADMITTED)
-    );
-    assert_eq!(now.total_evictions(), 0, "{}", e2e::dump(&now));
-    assert_eq!(now.admission_check(&p.check), Some(&entry));
-    let after = env.provisioning_requests().get(&first_request).await?;
-    assert_eq!(
-        (after.uid(), after.resource_version()),
-        (before.uid(), before.resource_version()),
-        "the first request was changed or replaced: {}",
-        e2e::dump(&after)
-    );
-    let job = env.jobs().get("first").await?;
-    assert_eq!(job.spec.and_then(|s| s.suspend), Some(false));
-    for wl in [&first, &second] {
-        assert_eq!(env.event_count(wl, "CheckFailed").await?, 0, "{wl}");
-    }
-    let errors = "kueue_ac_reconcile_errors_total{kind=\"check\"}";
-    assert_eq!(t.metric(errors).await?, 0.0);
+    assert_left_as_it_was(&t, &first, (&admitted, &entry), &before).await?;
+    assert_no_check_failed(env, &[&first, &second]).await?;
+    assert_eq!(t.metric(RECONCILE_ERRORS).await?, 0.0);
 
     // The first Workload finishes: its request and PodTemplate go, the second's stay.
     env.complete_job("first", &first).await?;
     env.wait_only_left(std::slice::from_ref(&second_request))
         .await?;
-    e2e::eventually("the request history saw the first request deleted", || {
-        !requests.deleted().is_empty()
-    })
-    .await?;
-    let made = requests.objects();
+    let saw = "the request history saw the first request deleted";
+    let (made, gone) = deletions_seen(&requests, 1, saw).await?;
+    let names = made.iter().map(|(n, _)| n);
     ensure!(
-        made.iter()
-            .map(|(n, _)| n)
-            .eq([&first_request, &second_request]),
+        names.eq([&first_request, &second_request]),
         "requests ever seen: {made:?}"
     );
-    assert_eq!(
-        made[0].1,
-        before.uid().unwrap_or_default(),
-        "the first request was never replaced"
-    );
-    assert_eq!(requests.deleted(), std::slice::from_ref(&first_request));
+    let first_uid = before.uid().unwrap_or_default();
+    assert_eq!(made[0].1, first_uid, "the first request was never replaced");
+    assert_eq!(gone, [first_request]);
 
     env.complete_job("second", &second).await?;
     env.wait_nothing_left().await?;
-    let created = format!(
-        "kueue_provisioning_requests_created_total{{check=\"{}\"}}",
-        p.check
-    );
-    assert_eq!(t.metric(&created).await?, 2.0);
-    assert_eq!(t.metric(errors).await?, 0.0);
+    assert_eq!(t.metric(&created_total(&p.check)).await?, 2.0);
+    assert_eq!(t.metric(RECONCILE_ERRORS).await?, 0.0);
 
     // No Workload holds quota any more, yet the flavor is still held: "in use" means listed by
     // a ClusterQueue. Deleting the ClusterQueue lets it go.
-    let held = flavors.get(&p.flavor).await?;
-    assert_eq!(held.uid(), terminating.uid());
+    let held = same_flavor(&flavors, &terminating).await?;
     assert_eq!(held.finalizers(), [IN_USE_FINALIZER]);
-    Api::<ClusterQueue>::all(env.client.clone())
-        .delete(&p.cluster_queue, &DeleteParams::default())
-        .await?;
-    e2e::wait_gone(flavors, &p.flavor).await?;
+    flavor_gone_with_its_queue(&t, flavors).await?;
     t.stop().await
 }
 
@@ -328,178 +606,74 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
     let (env, p) = (&t.env, &t.p);
     let checks = Api::<AdmissionCheck>::all(env.client.clone());
 
-    let admitted = env.job_with_script("admitted", "provision").await?;
-    let admitted_before = env.wait_admitted(&admitted).await?;
-    let pending = env.job_with_script("pending", "accept").await?;
-    let pending_old = request(&pending, &p.check);
-    env.wait_request(&pending_old, pr::ACCEPTED).await?;
-    let waiting = format!(
-        "waiting for ProvisioningRequest {}",
-        t.qualified_name(&pending_old)
-    );
-    let pending_before = env
-        .wait_workload(&pending, &format!("holding quota, {waiting}"), |w| {
-            w.condition_is_true(cond::QUOTA_RESERVED)
-                && w.admission_check(&p.check).is_some_and(|e| {
-                    e.state == CheckState::Pending && e.message.starts_with(&waiting)
-                })
-        })
-        .await?;
-    let admitted_old = request(&admitted, &p.check);
-    assert_eq!(
-        env.our_requests().await?,
-        [admitted_old.clone(), pending_old.clone()]
-    );
+    let (admitted, admitted_before, admitted_old) = admitted_job(&t, "admitted").await?;
+    let (pending, pending_before, pending_old) = pending_on_accepted_request(&t, "pending").await?;
+    let both_old = [admitted_old.clone(), pending_old.clone()];
+    assert_eq!(env.our_requests().await?, both_old);
     let wls = env.workload_history();
     let requests = env.request_history();
 
     // The new check, with the same controllerName and parameters: our controller makes it
     // active before the queue names it, so the queue never stops admitting.
-    let renamed = env
-        .provisioning_check("prov-renamed", &p.controller_name, &p.config)
-        .await?;
-    e2e::wait_for(
-        checks.clone(),
-        &renamed,
-        "Active=True with reason Active",
-        |ac: &AdmissionCheck| {
-            active(ac.status.as_ref().map(|s| &s.conditions))
-                .is_some_and(|c| c.status == "True" && c.reason == "Active")
-        },
-    )
-    .await?;
-
+    let renamed = renamed_check_active(&t, &checks).await?;
     // The old check is deleted; Kueue holds it while the queue lists it.
     delete_held_in_use(&checks, &p.check).await?;
-    let switch =
-        json!({"spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": renamed}]}}});
-    Api::<ClusterQueue>::all(env.client.clone())
-        .patch(
-            &p.cluster_queue,
-            &PatchParams::default(),
-            &Patch::Merge(&switch),
-        )
-        .await?;
+    switch_queue_to(&t, &renamed).await?;
     e2e::wait_gone(checks.clone(), &p.check).await?;
 
     // The pending Workload: Kueue replaced its entry and kept its quota; our controller asked
     // the autoscaler again under the new name.
-    let pending_new = request(&pending, &renamed);
-    let replaced = env
-        .wait_workload(&pending, "only the new check's entry, Pending", |w| {
-            only_entry_is(w, &renamed, CheckState::Pending)
-        })
-        .await?;
-    assert!(
-        replaced.condition_is_true(cond::QUOTA_RESERVED),
-        "{}",
-        e2e::dump(&replaced)
-    );
-    env.wait_request(&pending_new, pr::ACCEPTED).await?;
-    mark_provisioned(env, &pending_new).await?;
-    let done = env
-        .wait_workload(&pending, "Admitted with the new check Ready", |w| {
-            w.condition_is_true(cond::ADMITTED)
-                && w.admission_check(&renamed)
-                    .is_some_and(|e| e.state == CheckState::Ready)
-        })
-        .await?;
+    let new_pending = (renamed.as_str(), CheckState::Pending);
+    let what = "only the new check's entry, Pending";
+    let replaced = only_entry(env, &pending, new_pending, what).await?;
+    let reserved = replaced.condition_is_true(cond::QUOTA_RESERVED);
+    assert!(reserved, "{}", e2e::dump(&replaced));
+    let (pending_new, done, entry) = provisioned_under(&t, &pending, &renamed).await?;
     assert_eq!(entry_names(&done), std::slice::from_ref(&renamed));
-    assert_eq!(
-        done.admission_check(&renamed).map(|e| e.message.clone()),
-        Some(format!(
-            "ProvisioningRequest {} provisioned",
-            t.qualified_name(&pending_new)
-        ))
-    );
+    assert_eq!(entry.message, provisioned(&t, &pending_new));
     // The same reservation from start to admission: never released, never evicted.
-    assert_eq!(
-        since(&done, cond::QUOTA_RESERVED),
-        since(&pending_before, cond::QUOTA_RESERVED)
-    );
+    let reserved_since = since(&pending_before, cond::QUOTA_RESERVED);
+    assert_eq!(since(&done, cond::QUOTA_RESERVED), reserved_since);
     assert_eq!(done.total_evictions(), 0, "{}", e2e::dump(&done));
     env.wait_job_unsuspended("pending").await?;
 
     // The admitted Workload: still admitted throughout; Kueue gave it a Pending entry of the
     // new check, which our controller answered Ready at once, provisioning nothing (its pods
     // are placed).
-    let again = env
-        .wait_workload(&admitted, "the new check's entry Ready", |w| {
-            only_entry_is(w, &renamed, CheckState::Ready)
-        })
-        .await?;
-    assert_eq!(
-        again.admission_check(&renamed).map(|e| e.message.clone()),
-        Some(kueue_provisioning_controller::check::ADMITTED_BEFORE_THE_CHECK.to_string())
-    );
-    e2e::eventually(
-        "the history saw the admitted Workload's new entry Ready",
-        || {
-            wls.applied().iter().any(|w| {
-                w.name_any() == admitted
-                    && w.admission_check(&renamed)
-                        .is_some_and(|e| e.state == CheckState::Ready)
-            })
-        },
-    )
-    .await?;
-    let versions: Vec<Workload> = wls
-        .applied()
-        .into_iter()
-        .filter(|w| w.name_any() == admitted)
-        .collect();
+    let new_ready = (renamed.as_str(), CheckState::Ready);
+    let again = only_entry(env, &admitted, new_ready, "the new check's entry Ready").await?;
+    let answer = e2e::entry_of(&again, &renamed)?.message;
+    assert_eq!(answer, ADMITTED_BEFORE_THE_CHECK);
+    let versions = versions_until_ready(&wls, &admitted, &renamed).await?;
+    let seen_pending = versions
+        .iter()
+        .any(|w| entry_is(w, &renamed, CheckState::Pending));
     ensure!(
-        versions.iter().any(|w| w
-            .admission_check(&renamed)
-            .is_some_and(|e| e.state == CheckState::Pending)),
+        seen_pending,
         "Kueue never showed the new entry Pending on the admitted Workload"
     );
-    for w in &versions {
-        ensure!(
-            w.condition_is_true(cond::ADMITTED)
-                && since(w, cond::ADMITTED) == since(&admitted_before, cond::ADMITTED),
-            "the admitted Workload stopped being admitted:\n{}",
-            e2e::dump(w)
-        );
-    }
-    let job = env.jobs().get("admitted").await?;
-    let spec = job.spec.context("the Job has a spec")?;
-    assert_eq!(spec.suspend, Some(false));
-    let consumed = spec
-        .template
-        .metadata
-        .and_then(|m| m.annotations)
-        .and_then(|a| a.get(CONSUME_ANNOTATION).cloned());
+    assert_admitted_throughout(&versions, &admitted_before)?;
+    let (suspend, consumed) = job_suspend_and_consumed(env, "admitted").await?;
+    assert_eq!(suspend, Some(false));
     assert_eq!(
         consumed,
-        Some(admitted_old.clone()),
+        Some(admitted_old),
         "Kueue does not update a running Job's pods"
     );
 
     // Nothing of the old check is left.
-    let result = env.wait_only_left(std::slice::from_ref(&pending_new)).await;
-    if let Err(e) = result {
-        let left = (env.our_requests().await?, env.our_pod_templates().await?);
+    if let Err(e) = old_requests_released(&t, &pending_new).await {
         t.stop().await?;
-        bail!(
-            "the old check's requests were not released: {e}\n(requests, templates) left: \
-             {left:?}"
-        );
+        return Err(e);
     }
-    e2e::eventually("the request history saw both old requests deleted", || {
-        requests.deleted().len() >= 2
-    })
-    .await?;
-    let mut gone = requests.deleted();
+    let saw = "the request history saw both old requests deleted";
+    let (_, mut gone) = deletions_seen(&requests, 2, saw).await?;
     gone.sort();
-    assert_eq!(gone, [admitted_old, pending_old]);
+    assert_eq!(gone, both_old);
     for (check, made) in [(&p.check, 2.0), (&renamed, 1.0)] {
-        let created = format!("kueue_provisioning_requests_created_total{{check=\"{check}\"}}");
-        assert_eq!(t.metric(&created).await?, made, "{check}");
+        assert_eq!(t.metric(&created_total(check)).await?, made, "{check}");
     }
-    for wl in [&admitted, &pending] {
-        assert_eq!(env.event_count(wl, "CheckFailed").await?, 0, "{wl}");
-    }
+    assert_no_check_failed(env, &[&admitted, &pending]).await?;
 
     for (job, wl) in [("admitted", &admitted), ("pending", &pending)] {
         env.complete_job(job, wl).await?;
@@ -526,66 +700,31 @@ async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_giv
     let flavors = Api::<ResourceFlavor>::all(env.client.clone());
     let saved = flavors.get(&p.flavor).await?;
 
-    let wl = env.job_with_script("job", "accept").await?;
-    let first = request(&wl, &p.check);
-    env.wait_request(&first, pr::ACCEPTED).await?;
-    env.wait_check_pending_with_quota(&wl, &p.check).await?;
+    let (wl, first) = holding_quota_on_accepted_request(&t, "job").await?;
 
     // Forced out: the finalizer removed, then deleted (Kueue's finalizer would keep it).
-    let unfinalized = json!({"metadata": {"finalizers": null}});
-    flavors
-        .patch(
-            &p.flavor,
-            &PatchParams::default(),
-            &Patch::Merge(&unfinalized),
-        )
-        .await?;
-    flavors.delete(&p.flavor, &DeleteParams::default()).await?;
-    e2e::wait_gone(flavors.clone(), &p.flavor).await?;
+    force_out(&flavors, &p.flavor).await?;
     env.wait_active::<ClusterQueue>(&p.cluster_queue, "False", Some("FlavorNotFound"))
         .await?;
 
     // The autoscaler provisions the request: the change asks the check again.
     mark_provisioned(env, &first).await?;
-    let named = env
-        .wait_workload(&wl, "the entry names the missing flavor", |w| {
-            w.admission_check(&p.check).is_some_and(|e| {
-                e.message.contains(&format!(
-                    "ResourceFlavor {} (assigned to podset main) no longer exists",
-                    p.flavor
-                ))
-            })
-        })
-        .await?;
-    ensure!(
-        named.condition_is_true(cond::QUOTA_RESERVED),
-        "the quota is kept for the hold: {}",
-        e2e::dump(&named)
-    );
-    ensure!(
-        env.wait_event_count(&wl, "CheckFailedPermanently", 1)
-            .await?
-            >= 1,
-        "an Event says so too"
-    );
+    let named = entry_names_missing_flavor(&t, &wl).await?;
+    let kept = named.condition_is_true(cond::QUOTA_RESERVED);
+    let dump = e2e::dump(&named);
+    ensure!(kept, "the quota is kept for the hold: {dump}");
+    let failed = "CheckFailedPermanently";
+    let events = env.wait_event_count(&wl, failed, 1).await?;
+    ensure!(events >= 1, "an Event says so too");
 
     // After the hold: Retry, the quota given back, the request released.
-    env.wait_workload(&wl, "quota given back after the hold", |w| {
-        !w.condition_is_true(cond::QUOTA_RESERVED) && w.total_evictions() >= 1
-    })
-    .await?;
+    quota_given_back(env, &wl).await?;
     e2e::wait_gone(env.provisioning_requests(), &first).await?;
 
     // The flavor back: the ClusterQueue is active again and the Workload admitted on its
     // second attempt.
-    let mut again = ResourceFlavor::new(&p.flavor, saved.spec.clone());
-    again.metadata.labels = saved.metadata.labels.clone();
-    flavors.create(&Default::default(), &again).await?;
-    let second = format!("{wl}-{}-2", p.check);
-    env.wait_request(&second, pr::ACCEPTED).await?;
-    mark_provisioned(env, &second).await?;
-    let admitted = env.wait_admitted(&wl).await?;
-    let entry = admitted.admission_check(&p.check).context("our entry")?;
+    recreate(&flavors, &saved).await?;
+    let (second, entry) = admitted_once_provisioned(&t, &wl, 2).await?;
     ensure!(
         entry.state == CheckState::Ready && entry.message.contains(&second),
         "{entry:?}"
