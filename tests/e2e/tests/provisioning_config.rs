@@ -460,6 +460,9 @@ async fn each_merge_policy_groups_the_podsets_it_should() -> Result<()> {
 
 const GPU: &str = "example.com/gpu";
 
+/// The entry's message when no podset of the Workload needs capacity.
+const NO_REQUEST_NEEDED: &str = "no podset needs capacity: the provisioning request is not needed";
+
 /// A config with `managedResources: [example.com/gpu]` and its world with 10 cpu on `lq`, plus
 /// ClusterQueue `cq-gpu` on the same flavor, guarded by the same check, with 10 cpu and 4 GPUs,
 /// and LocalQueue `lq-gpu` in it.
@@ -513,10 +516,7 @@ async fn managed_resources_select_the_podsets_that_need_capacity() -> Result<()>
     // No GPU: Ready without a request.
     let cpu_wl = one_pod_job(&env, "cpu-only", "lq").await?.name_any();
     let (_, entry) = env.wait_admitted_ready(&cpu_wl, &p.check).await?;
-    assert_eq!(
-        entry.message,
-        "no podset needs capacity: the provisioning request is not needed"
-    );
+    assert_eq!(entry.message, NO_REQUEST_NEEDED);
     assert!(entry.pod_set_updates.is_empty(), "{entry:?}");
     env.wait_job_unsuspended("cpu-only").await?;
     assert_eq!(env.our_requests().await?, Vec::<String>::new());
@@ -1153,6 +1153,14 @@ fn both_requests(a: &ProvisioningRequest, b: &ProvisioningRequest) -> Vec<(Strin
     both
 }
 
+/// Completes both Jobs and waits until their Workloads are `Finished`.
+async fn complete_both(env: &TestEnv, sides: [&Admitted; 2]) -> Result<()> {
+    for side in sides {
+        env.complete_job(side.job, &side.name).await?;
+    }
+    Ok(())
+}
+
 /// Waits until the request and its PodTemplate `ppt-<request>-main` are gone.
 async fn request_and_template_gone(env: &TestEnv, request: &str) -> Result<()> {
     e2e::wait_gone(env.provisioning_requests(), request).await?;
@@ -1198,9 +1206,7 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
 
     // Both Jobs complete and their Workloads finish; nothing of ours remains. Kueue's check
     // deletes its request, and the garbage collector its template (the request owns it).
-    for side in [&ours, &theirs] {
-        env.complete_job(side.job, &side.name).await?;
-    }
+    complete_both(&env, [&ours, &theirs]).await?;
     env.wait_nothing_left().await?;
     request_and_template_gone(&env, &theirs.request).await?;
     e2e::Running::stop_all([controller, simulator]).await
@@ -1255,6 +1261,22 @@ async fn request_made_with_its_template(
     Ok((request.to_string(), created.uid().unwrap_or_default()))
 }
 
+/// Reads the Workload again and checks it is still admitted with the same `entry` of `check`.
+async fn ensure_still_admitted_with(
+    env: &TestEnv,
+    workload: &str,
+    check: &str,
+    entry: &AdmissionCheckState,
+) -> Result<()> {
+    let wl = env.workloads().get(workload).await?;
+    ensure!(
+        wl.condition_is_true(cond::ADMITTED) && wl.admission_check(check) == Some(entry),
+        "the answer changed after the restart:\n{}",
+        dump(&wl)
+    );
+    Ok(())
+}
+
 /// Stops the controller and starts another in its place.
 async fn restarted(env: &TestEnv, controller: Running) -> Result<Running> {
     controller.stop().await?;
@@ -1279,8 +1301,7 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
     let template = names::pod_template_name(&request, "main");
     assert!(template.len() <= 253, "{template}");
 
-    let mut controller = env.start_provisioning_controller(None)?;
-    let simulator = env.start_simulator()?;
+    let (mut controller, simulator) = controller_and_simulator(&env)?;
     // Provisioned 4 s after acceptance: the first restart happens while the request is pending.
     one_pod_workload(&env, &workload, "provision:4").await?;
     let only = [request_made_with_its_template(&env, &request, &template).await?];
@@ -1297,11 +1318,6 @@ async fn long_names_are_shortened_and_found_again_after_a_restart() -> Result<()
     assert_requests_stay(&env, &only, Duration::from_secs(3)).await?;
     assert_eq!(created_count(&controller, &check).await?, 0.0);
     assert_eq!(env.our_pod_templates().await?, [template]);
-    let wl = env.workloads().get(&workload).await?;
-    ensure!(
-        wl.condition_is_true(cond::ADMITTED) && wl.admission_check(&check) == Some(&entry),
-        "the answer changed after the restart:\n{}",
-        dump(&wl)
-    );
+    ensure_still_admitted_with(&env, &workload, &check, &entry).await?;
     e2e::Running::stop_all([controller, simulator]).await
 }
