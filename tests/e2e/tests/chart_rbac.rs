@@ -1174,6 +1174,38 @@ fn justified(g: &Grant) -> Option<&'static str> {
 async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result<()> {
     let started = Instant::now();
     // The variants: every verb of every rule of a rendering with default values.
+    let (removals, sample_grants) = every_verb_of_the_chart()?;
+    tables_name_only_what_the_chart_grants(&sample_grants)?;
+
+    let runs = std::iter::once(run("base".into(), None)).chain(
+        removals
+            .iter()
+            .enumerate()
+            .map(|(i, r)| run(format!("v{i:02}"), Some(r.clone()))),
+    );
+    let reports: Vec<Report> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .collect::<Result<_>>()?;
+
+    let mut table = String::new();
+    let mut problems = Vec::new();
+    for report in &reports {
+        let verdict = report.verdict(&mut problems);
+        let _ = writeln!(table, "{}", report.row(&verdict));
+    }
+    let took = started.elapsed().as_secs_f64();
+    let _ = writeln!(table, "{} runs in {took:.0}s", reports.len());
+    println!("{table}");
+    if !problems.is_empty() {
+        bail!("{}\n\nall runs:\n{table}", problems.join("\n"));
+    }
+    Ok(())
+}
+
+/// One removal per verb of every rule of the chart's ClusterRole and Role (rendered with
+/// default values), and every grant of that rendering.
+fn every_verb_of_the_chart() -> Result<(Vec<Removal>, Vec<Grant>)> {
     let sample = chart::render(PROVISIONING_CHART, "sample", "sample", &[])?;
     let mut removals = Vec::new();
     let mut sample_grants = Vec::new();
@@ -1191,6 +1223,11 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
             }
         }
     }
+    Ok((removals, sample_grants))
+}
+
+/// [`EXPECTED`] and [`JUSTIFIED`] name only verbs the chart grants, so that they stay true.
+fn tables_name_only_what_the_chart_grants(sample_grants: &[Grant]) -> Result<()> {
     for (group, resource, verb, ..) in EXPECTED {
         ensure!(
             sample_grants
@@ -1208,149 +1245,152 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
             "JUSTIFIED lists {kind} {resource} ({group}): {verb}, which the chart no longer grants"
         );
     }
+    Ok(())
+}
 
-    let runs = std::iter::once(run("base".into(), None)).chain(
-        removals
-            .iter()
-            .enumerate()
-            .map(|(i, r)| run(format!("v{i:02}"), Some(r.clone()))),
-    );
-    let reports: Vec<Report> = futures::future::join_all(runs)
-        .await
-        .into_iter()
-        .collect::<Result<_>>()?;
-
-    let mut table = String::new();
-    let mut problems = Vec::new();
-    for report in &reports {
-        let name = match &report.removed {
+impl Report {
+    /// What the run removed, as people read it.
+    fn name(&self) -> String {
+        match &self.removed {
             None => "base (the chart's rules)".to_string(),
             Some(grants) => grants
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(", "),
-        };
-        let refused: Vec<String> = report.forbidden.iter().map(ToString::to_string).collect();
-        let verdict =
-            match (&report.removed, &report.failure) {
-                (None, None) if !refused.is_empty() => {
-                    problems.push(format!(
-                        "the base run passed, but the API server refused it: {}",
-                        refused.join("; ")
-                    ));
-                    format!("REFUSED {}", refused.join("; "))
+        }
+    }
+
+    /// The 403s the API server answered the run, as people read them.
+    fn refused(&self) -> Vec<String> {
+        self.forbidden.iter().map(ToString::to_string).collect()
+    }
+
+    /// What the run shows, for the table; what is wrong with it goes into `problems`.
+    fn verdict(&self, problems: &mut Vec<String>) -> String {
+        let refused = self.refused();
+        match (&self.removed, &self.failure) {
+            (None, None) if !refused.is_empty() => {
+                problems.push(format!(
+                    "the base run passed, but the API server refused it: {}",
+                    refused.join("; ")
+                ));
+                format!("REFUSED {}", refused.join("; "))
+            }
+            (None, None) if self.meanwhile != Some(Fate::Admitted) => {
+                problems.push(format!(
+                    "the base run passed, but the Job submitted meanwhile was not admitted: {:?}",
+                    self.meanwhile
+                ));
+                format!("MEANWHILE {:?}", self.meanwhile)
+            }
+            (None, None) => "sufficient: every step passed, no request refused".to_string(),
+            (None, Some(f)) => {
+                problems.push(format!(
+                    "the base run failed step {:?} ({}) after {:.1?}: {}",
+                    f.step,
+                    f.step.what(),
+                    f.after,
+                    f.why
+                ));
+                format!("FAILED {:?}: {}", f.step, f.why)
+            }
+            (Some(grants), None) => self.passed_without(grants, problems),
+            (Some(grants), Some(f)) => self.failed_without(grants, f, problems),
+        }
+    }
+
+    /// A variant whose every step passed: only a justified verb may.
+    fn passed_without(&self, grants: &[Grant], problems: &mut Vec<String>) -> String {
+        match grants.iter().find_map(justified) {
+            Some(why) => format!("not observable, justified: {why}"),
+            None => {
+                problems.push(format!(
+                    "without {} every step still passed: the chart grants more than the \
+                     controller needs, or no step covers the code that uses it (add one, or \
+                     justify it in JUSTIFIED)",
+                    self.name()
+                ));
+                "NOT NEEDED by any step".to_string()
+            }
+        }
+    }
+
+    /// A variant that failed step `f`: the 403 for its verb must be seen, and the step and
+    /// the fate of the Job submitted meanwhile must be [`EXPECTED`]'s.
+    fn failed_without(&self, grants: &[Grant], f: &Failure, problems: &mut Vec<String>) -> String {
+        let name = self.name();
+        if grants.iter().any(|g| justified(g).is_some()) {
+            problems.push(format!(
+                "{name} is in JUSTIFIED, but without it step {:?} fails: {}",
+                f.step, f.why
+            ));
+        }
+        // Only a 403 for the very verb shows it is needed: a step that timed out for another
+        // reason (a loaded machine) proves nothing.
+        if !refuses_any(&self.forbidden, grants) {
+            let refused = self.refused();
+            problems.push(format!(
+                "without {name} step {:?} failed ({}), but the API server never answered 403 \
+                 for that verb (it refused: {}): the failure has another cause and does not \
+                 show the verb is needed",
+                f.step,
+                f.why,
+                if refused.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    refused.join("; ")
                 }
-                (None, None) if report.meanwhile != Some(Fate::Admitted) => {
-                    problems.push(format!(
-                        "the base run passed, but the Job submitted meanwhile was not admitted: \
-                         {:?}",
-                        report.meanwhile
-                    ));
-                    format!("MEANWHILE {:?}", report.meanwhile)
-                }
-                (None, None) => "sufficient: every step passed, no request refused".to_string(),
-                (None, Some(f)) => {
-                    problems.push(format!(
-                        "the base run failed step {:?} ({}) after {:.1?}: {}",
-                        f.step,
-                        f.step.what(),
-                        f.after,
-                        f.why
-                    ));
-                    format!("FAILED {:?}: {}", f.step, f.why)
-                }
-                (Some(grants), None) => match grants.iter().find_map(justified) {
-                    Some(why) => format!("not observable, justified: {why}"),
-                    None => {
-                        problems.push(format!(
-                        "without {name} every step still passed: the chart grants more than the \
-                         controller needs, or no step covers the code that uses it (add one, or \
-                         justify it in JUSTIFIED)"
-                    ));
-                        "NOT NEEDED by any step".to_string()
-                    }
-                },
-                (Some(grants), Some(f)) => {
-                    if grants.iter().any(|g| justified(g).is_some()) {
-                        problems.push(format!(
-                            "{name} is in JUSTIFIED, but without it step {:?} fails: {}",
-                            f.step, f.why
-                        ));
-                    }
-                    // Only a 403 for the very verb shows it is needed: a step that timed out for
-                    // another reason (a loaded machine) proves nothing.
-                    let refused_it = refuses_any(&report.forbidden, grants);
-                    if !refused_it {
-                        problems.push(format!(
-                        "without {name} step {:?} failed ({}), but the API server never answered \
-                         403 for that verb (it refused: {}): the failure has another cause and \
-                         does not show the verb is needed",
-                        f.step,
-                        f.why,
-                        if refused.is_empty() { "nothing".to_string() } else { refused.join("; ") }
-                    ));
-                    }
-                    let fate = report.meanwhile.as_ref().map_or("none", Fate::kind);
-                    match expected(grants) {
-                        None => problems.push(format!(
-                            "without {name} step {:?} fails and the Job submitted meanwhile is \
-                             {fate}: add the verb to EXPECTED",
-                            f.step
-                        )),
-                        Some((step, want)) if step != f.step || want != fate => {
-                            problems.push(format!(
-                                "without {name} the first step to fail should be {step:?} and \
-                                 the Job submitted meanwhile {want}; it was {:?} ({}) and {fate}: \
-                                 {:?}",
-                                f.step, f.why, report.meanwhile
-                            ))
-                        }
-                        Some(_) => {}
-                    }
-                    format!(
-                        "needed: 403 for it seen; {:?} ({}) failed after {:.1?}: {}",
-                        f.step,
-                        f.step.what(),
-                        f.after,
-                        truncate(&f.why, 300)
-                    )
-                }
-            };
-        let steps: Vec<String> = report
+            ));
+        }
+        let fate = self.meanwhile.as_ref().map_or("none", Fate::kind);
+        match expected(grants) {
+            None => problems.push(format!(
+                "without {name} step {:?} fails and the Job submitted meanwhile is {fate}: add \
+                 the verb to EXPECTED",
+                f.step
+            )),
+            Some((step, want)) if step != f.step || want != fate => problems.push(format!(
+                "without {name} the first step to fail should be {step:?} and the Job submitted \
+                 meanwhile {want}; it was {:?} ({}) and {fate}: {:?}",
+                f.step, f.why, self.meanwhile
+            )),
+            Some(_) => {}
+        }
+        format!(
+            "needed: 403 for it seen; {:?} ({}) failed after {:.1?}: {}",
+            f.step,
+            f.step.what(),
+            f.after,
+            truncate(&f.why, 300)
+        )
+    }
+
+    /// The run's lines in the table.
+    fn row(&self, verdict: &str) -> String {
+        let steps: Vec<String> = self
             .passed
             .iter()
             .map(|(s, d)| format!("{s:?} {:.1}s", d.as_secs_f64()))
             .collect();
-        let meanwhile = match &report.meanwhile {
+        let meanwhile = match &self.meanwhile {
             Some(Fate::Told(message)) => format!("told: {}", truncate(message, 200)),
             Some(fate) => fate.kind().to_string(),
             None => "not submitted".to_string(),
         };
-        let _ = writeln!(
-            table,
-            "- {name}{} [{}, {:.0}s]\n    {verdict}\n    meanwhile: {meanwhile}\n    passed: {}",
-            report
-                .removal
-                .as_ref()
-                .map(|r| format!(" (rule {} of the {})", r.rule, r.role_kind))
-                .unwrap_or_default(),
-            report.namespace,
-            report.total.as_secs_f64(),
+        let rule = self
+            .removal
+            .as_ref()
+            .map(|r| format!(" (rule {} of the {})", r.rule, r.role_kind))
+            .unwrap_or_default();
+        format!(
+            "- {}{rule} [{}, {:.0}s]\n    {verdict}\n    meanwhile: {meanwhile}\n    passed: {}",
+            self.name(),
+            self.namespace,
+            self.total.as_secs_f64(),
             steps.join(", ")
-        );
+        )
     }
-    let _ = writeln!(
-        table,
-        "{} runs in {:.0}s",
-        reports.len(),
-        started.elapsed().as_secs_f64()
-    );
-    println!("{table}");
-    if !problems.is_empty() {
-        bail!("{}\n\nall runs:\n{table}", problems.join("\n"));
-    }
-    Ok(())
 }
 
 fn truncate(s: &str, max: usize) -> String {

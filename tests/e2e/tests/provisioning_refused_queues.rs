@@ -26,9 +26,7 @@ async fn a_refused_cluster_queue_watch_costs_only_the_early_start() -> Result<()
     let controller = env.start_provisioning_controller_as(rbac.client.clone(), None)?;
     let _simulator = env.start_simulator()?;
 
-    controller.wait_ready().await?;
-    wait_refused(&audit, &rbac.user).await?;
-    ensure!(gauge(&controller).await? == Some(0.0), "{KNOWN} is not 0");
+    ready_while_refused(&controller, &audit, &rbac.user).await?;
 
     let first = reserved_without_entry(&env, &p.check, "first").await?;
     looked_at(&env, &controller, &first.workload).await?;
@@ -128,6 +126,19 @@ impl ChartRbac {
         chart::apply_rbac(&env.client, &env.ns, &self.objects, FIELD_MANAGER, &[]).await?;
         Ok(())
     }
+}
+
+/// The controller is ready, the API server has refused it ClusterQueues, and its gauge says
+/// they are not known.
+async fn ready_while_refused(
+    controller: &Running,
+    audit: &e2e::AuditMark,
+    user: &str,
+) -> Result<()> {
+    controller.wait_ready().await?;
+    wait_refused(audit, user).await?;
+    ensure!(gauge(controller).await? == Some(0.0), "{KNOWN} is not 0");
+    Ok(())
 }
 
 /// Waits until the audit log shows the API server refusing `user` a list or watch of
