@@ -372,6 +372,7 @@ mod tests {
         let queue = |on_flavors: &[&str]| {
             ClusterQueues::for_tests([kueue_admission_sdk::testing::cluster_queue(
                 "cq",
+                &["default", "gpu"],
                 &[("prov", on_flavors)],
             )])
         };

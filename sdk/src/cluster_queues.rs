@@ -143,9 +143,9 @@ mod tests {
     #[test]
     fn a_check_applies_by_its_rule_in_the_queue_that_reserved() {
         let queues = ClusterQueues::for_tests([
-            queue("all", &[("c", &[])]),
-            queue("gpus", &[("c", &["gpu"]), ("other", &[])]),
-            queue("none", &[("other", &[])]),
+            queue("all", &["cpu"], &[("c", &[])]),
+            queue("gpus", &["cpu", "gpu"], &[("c", &["gpu"]), ("other", &[])]),
+            queue("none", &["cpu"], &[("other", &[])]),
         ]);
         assert!(queues.check_applies(&reserved("all", "cpu"), "c"));
         assert!(queues.check_applies(&reserved("gpus", "gpu"), "c"));
@@ -168,6 +168,7 @@ mod tests {
         let (store, mut writer) = reflector::store();
         writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(queue(
             "all",
+            &["cpu"],
             &[("c", &[])],
         )));
         let known = Arc::new(RwLock::new(Known::Listing));

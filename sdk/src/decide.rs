@@ -100,31 +100,105 @@ fn holds_quota_idle(wl: &Workload) -> Option<ReleaseReason> {
     None
 }
 
+/// How Kueue chooses which of a ClusterQueue's checks a Workload with a quota reservation gets
+/// (its `AdmissionChecksForWorkload`). In every version a rule's flavors are its `onFlavors`,
+/// or, when empty, every flavor of the queue's resource groups; the versions differ in what
+/// they do beyond matching those against the flavors assigned to the Workload's podsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlavorRule {
+    /// v0.15.0 to v0.16.5 and v0.17.0: when every rule covers exactly the queue's flavors,
+    /// every check applies, whatever was assigned; otherwise the rules whose flavors meet the
+    /// assigned ones.
+    EveryCheckWhenAllCoverAll,
+    /// v0.16.6 to v0.16.9 and v0.17.1 to v0.17.8: the rules whose flavors meet the assigned
+    /// ones; an admission without any assigned flavor gets every check.
+    EveryCheckWhenFlavorless,
+    /// v0.18.0 and later: the rules whose flavors meet the assigned ones, nothing else. A
+    /// Workload whose podsets request nothing the queue covers, or whose flavor has left the
+    /// queue, gets no check.
+    Intersection,
+}
+
+impl FlavorRule {
+    /// The rule of Kueue `v0.<minor>.<patch>`.
+    pub fn of_kueue(minor: u32, patch: u32) -> Self {
+        match (minor, patch) {
+            (..=15, _) | (16, ..=5) | (17, 0) => FlavorRule::EveryCheckWhenAllCoverAll,
+            (16, _) | (17, _) => FlavorRule::EveryCheckWhenFlavorless,
+            _ => FlavorRule::Intersection,
+        }
+    }
+
+    /// What the runtime assumes when it starts work before Kueue adds the entry:
+    /// [`FlavorRule::Intersection`], Kueue's rule since v0.18 and a subset of every earlier
+    /// one, so that nothing is started for an entry that will not come on any Kueue version
+    /// (on an older one, the rare Workload without assigned flavors only misses the early
+    /// start).
+    pub const EARLY_START: FlavorRule = FlavorRule::Intersection;
+
+    /// Whether the ClusterQueue `queue` (its spec; the queue that reserved `wl`'s quota,
+    /// `status.admission.clusterQueue`) gives `wl` the entry of `check` by this rule.
+    /// `false` without a reservation: the early start needs one.
+    pub fn applies(self, queue: &crate::api::ClusterQueueSpec, check: &str, wl: &Workload) -> bool {
+        let Some(admission) = wl.status.as_ref().and_then(|s| s.admission.as_ref()) else {
+            return false;
+        };
+        let queue_flavors: Vec<&str> = queue
+            .resource_groups
+            .iter()
+            .flat_map(|g| &g.flavors)
+            .map(|f| f.name.as_str())
+            .collect();
+        let rules: Vec<Vec<&str>> = queue
+            .admission_checks_strategy
+            .iter()
+            .flat_map(|s| &s.admission_checks)
+            .map(|r| match r.on_flavors.is_empty() {
+                true => queue_flavors.clone(),
+                false => r.on_flavors.iter().map(String::as_str).collect(),
+            })
+            .collect();
+        let Some(rule_flavors) = queue
+            .admission_checks_strategy
+            .iter()
+            .flat_map(|s| &s.admission_checks)
+            .zip(&rules)
+            .find(|(r, _)| r.name == check)
+            .map(|(_, flavors)| flavors)
+        else {
+            return false;
+        };
+        let assigned: Vec<&str> = admission
+            .pod_set_assignments
+            .iter()
+            .flat_map(|p| p.flavors.values())
+            .map(String::as_str)
+            .collect();
+        let meets = assigned.iter().any(|f| rule_flavors.contains(f));
+        match self {
+            FlavorRule::EveryCheckWhenAllCoverAll => {
+                let covers_all = |flavors: &Vec<&str>| same_set(flavors, &queue_flavors);
+                rules.iter().all(covers_all) || meets
+            }
+            FlavorRule::EveryCheckWhenFlavorless => assigned.is_empty() || meets,
+            FlavorRule::Intersection => meets,
+        }
+    }
+}
+
+/// Whether two lists of names hold the same names.
+fn same_set(a: &[&str], b: &[&str]) -> bool {
+    a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+}
+
 /// Whether the ClusterQueue `queue` (its spec) applies `check` to `wl` as Kueue assigned its
-/// flavors: the queue is the one that reserved the quota (`status.admission.clusterQueue`, the
-/// caller looks it up by that name), and its `admissionChecksStrategy` has a rule for the
-/// check whose `onFlavors` is empty or names a flavor assigned to some podset. Kueue adds the
-/// entry by the same rule.
+/// flavors, by the rule the early start assumes ([`FlavorRule::EARLY_START`]).
 pub fn queue_applies_check(
     queue: &crate::api::ClusterQueueSpec,
     check: &str,
     wl: &Workload,
 ) -> bool {
-    let Some(admission) = wl.status.as_ref().and_then(|s| s.admission.as_ref()) else {
-        return false;
-    };
-    let rules = queue
-        .admission_checks_strategy
-        .iter()
-        .flat_map(|s| &s.admission_checks);
-    rules.filter(|r| r.name == check).any(|rule| {
-        rule.on_flavors.is_empty()
-            || admission
-                .pod_set_assignments
-                .iter()
-                .flat_map(|p| p.flavors.values())
-                .any(|flavor| rule.on_flavors.contains(flavor))
-    })
+    FlavorRule::EARLY_START.applies(queue, check, wl)
 }
 
 /// Everything [`plan`] needs.

@@ -55,6 +55,7 @@ pub use check::{
     Revalidate,
 };
 pub use cluster_queues::{ClusterQueues, QueueRule};
+pub use decide::FlavorRule;
 pub use error::Error;
 pub use options::Options;
 pub use retry::RetryPolicy;

@@ -299,10 +299,30 @@ pub fn defaults_refusing<F: clap::Parser>(refused: &[&str]) -> F {
     F::try_parse_from(["binary"]).unwrap_or_else(|e| panic!("the defaults do not parse: {e}"))
 }
 
-/// A ClusterQueue `name` whose `admissionChecksStrategy` has one rule per `(check, onFlavors)`
-/// (an empty `onFlavors`: every flavor), and nothing else: what decides which checks a
-/// Workload gets, for tests of checks that start early.
-pub fn cluster_queue(name: &str, rules: &[(&str, &[&str])]) -> crate::api::ClusterQueue {
+/// A ClusterQueue `name` with one resource group of `flavors` (cpu, no quota to speak of)
+/// whose `admissionChecksStrategy` has one rule per `(check, onFlavors)` (an empty
+/// `onFlavors`: every flavor of the queue): what decides which checks a Workload gets, for
+/// tests of checks that start early.
+pub fn cluster_queue(
+    name: &str,
+    flavors: &[&str],
+    rules: &[(&str, &[&str])],
+) -> crate::api::ClusterQueue {
+    let resource_groups = vec![crate::api::ResourceGroup {
+        covered_resources: vec!["cpu".into()],
+        flavors: flavors
+            .iter()
+            .map(|f| crate::api::FlavorQuotas {
+                name: (*f).into(),
+                resources: vec![crate::api::ResourceQuota {
+                    name: "cpu".into(),
+                    nominal_quota: k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                        "100".into(),
+                    ),
+                }],
+            })
+            .collect(),
+    }];
     let rules = rules
         .iter()
         .map(|(check, flavors)| crate::api::AdmissionCheckStrategyRule {
@@ -316,6 +336,7 @@ pub fn cluster_queue(name: &str, rules: &[(&str, &[&str])]) -> crate::api::Clust
             admission_checks_strategy: Some(crate::api::AdmissionChecksStrategy {
                 admission_checks: rules,
             }),
+            resource_groups,
             ..Default::default()
         },
     )

@@ -551,3 +551,142 @@ fn only_delayed_retries_are_carried_over() {
     assert_eq!(w.entry.state, CheckState::Rejected);
     assert_eq!(LateRetry::from_refused(&w, "again", now()), None);
 }
+
+mod flavor_rule {
+    //! Which checks Kueue gives a Workload with a reservation, by version, as read from its
+    //! `AdmissionChecksForWorkload` (v0.15.0 to v0.19.2); pinned on the real Kueue by the
+    //! end-to-end contract test `kueue_flavor_rule`.
+
+    use super::super::FlavorRule::{self, *};
+    use crate::api::{ClusterQueueSpec, Workload};
+    use crate::testing::{WorkloadBuilder, cluster_queue};
+
+    fn queue(flavors: &[&str], rules: &[(&str, &[&str])]) -> ClusterQueueSpec {
+        cluster_queue("cq", flavors, rules).spec
+    }
+
+    /// A Workload reserved on `flavor`, or, with `None`, whose podsets request nothing the
+    /// queue covers (no flavor assigned).
+    fn reserved(flavor: Option<&str>) -> Workload {
+        let b = WorkloadBuilder::new("ns", "w")
+            .pod_set("main", 1, "1")
+            .quota_reserved("cq", flavor.unwrap_or("none"));
+        match flavor {
+            Some(_) => b.build(),
+            None => b
+                .with(|w| {
+                    for p in &mut w
+                        .status
+                        .as_mut()
+                        .expect("status")
+                        .admission
+                        .as_mut()
+                        .expect("admission")
+                        .pod_set_assignments
+                    {
+                        p.flavors.clear();
+                    }
+                })
+                .build(),
+        }
+    }
+
+    const RULES: [FlavorRule; 3] = [
+        EveryCheckWhenAllCoverAll,
+        EveryCheckWhenFlavorless,
+        Intersection,
+    ];
+
+    /// Whether `check` applies under each of [`RULES`].
+    fn by_rule(q: &ClusterQueueSpec, check: &str, wl: &Workload) -> [bool; 3] {
+        RULES.map(|r| r.applies(q, check, wl))
+    }
+
+    #[test]
+    fn the_rule_of_each_kueue_version() {
+        for (minor, patch, rule) in [
+            (15, 0, EveryCheckWhenAllCoverAll),
+            (15, 8, EveryCheckWhenAllCoverAll),
+            (16, 5, EveryCheckWhenAllCoverAll),
+            (16, 6, EveryCheckWhenFlavorless),
+            (16, 9, EveryCheckWhenFlavorless),
+            (17, 0, EveryCheckWhenAllCoverAll),
+            (17, 1, EveryCheckWhenFlavorless),
+            (17, 8, EveryCheckWhenFlavorless),
+            (18, 0, Intersection),
+            (19, 2, Intersection),
+            (20, 0, Intersection),
+        ] {
+            assert_eq!(
+                FlavorRule::of_kueue(minor, patch),
+                rule,
+                "v0.{minor}.{patch}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_assigned_flavor_a_rule_names_gets_the_check_in_every_version() {
+        let q = queue(&["cpu", "gpu"], &[("c", &[]), ("g", &["gpu"])]);
+        assert_eq!(by_rule(&q, "c", &reserved(Some("gpu"))), [true; 3]);
+        assert_eq!(by_rule(&q, "g", &reserved(Some("gpu"))), [true; 3]);
+        // Not one the rule leaves out, whichever version: not every rule covers every flavor.
+        assert_eq!(by_rule(&q, "g", &reserved(Some("cpu"))), [false; 3]);
+        // Nor a check the queue does not list, nor a Workload without a reservation.
+        assert_eq!(by_rule(&q, "x", &reserved(Some("cpu"))), [false; 3]);
+        let queued = WorkloadBuilder::new("ns", "w")
+            .pod_set("main", 1, "1")
+            .build();
+        assert_eq!(by_rule(&q, "c", &queued), [false; 3]);
+    }
+
+    #[test]
+    fn a_workload_without_an_assigned_flavor_gets_the_checks_only_before_v0_18() {
+        let all_cover_all = queue(&["cpu"], &[("c", &[])]);
+        assert_eq!(
+            by_rule(&all_cover_all, "c", &reserved(None)),
+            [true, true, false]
+        );
+        // With a flavor-specific rule, v0.15's shortcut is off: nothing meets.
+        let specific = queue(&["cpu", "gpu"], &[("c", &[]), ("g", &["gpu"])]);
+        assert_eq!(
+            by_rule(&specific, "c", &reserved(None)),
+            [false, true, false]
+        );
+    }
+
+    #[test]
+    fn a_flavor_that_left_the_queue_gets_the_checks_only_by_v0_15s_shortcut() {
+        let q = queue(&["new"], &[("c", &[])]);
+        assert_eq!(
+            by_rule(&q, "c", &reserved(Some("old"))),
+            [true, false, false]
+        );
+    }
+
+    #[test]
+    fn the_early_start_assumes_the_rule_every_version_agrees_on() {
+        // Intersection never applies where an older rule does not: nothing is started for an
+        // entry that will not come, whatever Kueue runs.
+        let queues = [
+            queue(&["cpu"], &[("c", &[])]),
+            queue(&["cpu", "gpu"], &[("c", &[]), ("g", &["gpu"])]),
+            queue(&["new"], &[("c", &[])]),
+        ];
+        let workloads = [
+            reserved(None),
+            reserved(Some("cpu")),
+            reserved(Some("gpu")),
+            reserved(Some("old")),
+        ];
+        for q in &queues {
+            for wl in &workloads {
+                for check in ["c", "g"] {
+                    if FlavorRule::EARLY_START.applies(q, check, wl) {
+                        assert!(RULES.iter().all(|r| r.applies(q, check, wl)));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -267,7 +267,7 @@ mod tests {
         let mut seen = seen();
         let known = RwLock::new(Known::Listing);
         assert_eq!(seen.event(&known, watcher::Event::Init), Woken::None);
-        let with_check = cluster_queue("cq", &[("c", &[])]);
+        let with_check = cluster_queue("cq", &["f"], &[("c", &[])]);
         assert_eq!(
             seen.event(&known, watcher::Event::InitApply(with_check.clone())),
             Woken::None
@@ -288,11 +288,11 @@ mod tests {
 
         // A relist of a known cache wakes the queues whose rules changed, once it ends.
         seen.event(&known, watcher::Event::Init);
-        let moved = cluster_queue("cq", &[("c", &["gpu"])]);
+        let moved = cluster_queue("cq", &["f"], &[("c", &["gpu"])]);
         seen.event(&known, watcher::Event::InitApply(moved));
         seen.event(
             &known,
-            watcher::Event::InitApply(cluster_queue("plain", &[])),
+            watcher::Event::InitApply(cluster_queue("plain", &["f"], &[])),
         );
         assert_eq!(
             seen.event(&known, watcher::Event::InitDone),
@@ -307,20 +307,20 @@ mod tests {
     fn only_a_change_of_the_check_rules_wakes() {
         use crate::testing::cluster_queue;
         let mut seen = RulesSeen::default();
-        let with_check = cluster_queue("cq", &[("c", &[])]);
+        let with_check = cluster_queue("cq", &["f"], &[("c", &[])]);
         assert!(seen.changed(&with_check, false), "first seen, with rules");
         let mut status_only = with_check.clone();
         status_only.metadata.resource_version = Some("2".into());
         status_only.status = Some(Default::default());
         assert!(!seen.changed(&status_only, false), "a status update");
-        let on_gpus = cluster_queue("cq", &[("c", &["gpu"])]);
+        let on_gpus = cluster_queue("cq", &["f"], &[("c", &["gpu"])]);
         assert!(seen.changed(&on_gpus, false), "onFlavors changed");
-        let without = cluster_queue("cq", &[]);
+        let without = cluster_queue("cq", &["f"], &[]);
         assert!(seen.changed(&without, false), "the check removed");
         assert!(!seen.changed(&without, true), "deleted without rules");
         assert!(seen.changed(&on_gpus, false), "recreated with rules");
         assert!(seen.changed(&on_gpus, true), "deleted with rules");
-        let bare = cluster_queue("plain", &[]);
+        let bare = cluster_queue("plain", &["f"], &[]);
         assert!(!seen.changed(&bare, false), "first seen, no rules");
     }
 }

@@ -177,7 +177,7 @@ impl World {
 
     /// `cq` now has these rules.
     fn queue(&mut self, rules: &[(&str, &[&str])]) {
-        let queue = crate::testing::cluster_queue("cq", rules);
+        let queue = crate::testing::cluster_queue("cq", &["on-demand", "spot", "gpu"], rules);
         self.queues.apply_watcher_event(&Event::Apply(queue));
     }
 
