@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
+use kueue_admission_sdk::FlavorRule;
 use kueue_admission_sdk::api::{
     AdmissionCheck, AdmissionCheckState, CheckState, ClusterQueue, ProvisioningRequest,
     ProvisioningRequestConfig, Workload, find_condition, workload_condition as cond,
@@ -410,6 +411,9 @@ fn advice(snapshot: &Snapshot, r: &Report, now: Timestamp) -> String {
         }
         _ => {}
     }
+    if r.quota.reserved && r.checks.is_empty() {
+        return entries_not_added_advice(snapshot, r, cq);
+    }
     if r.quota.reserved {
         return reserved_advice(r);
     }
@@ -508,6 +512,69 @@ pub fn stranded_by_deactivation(wl: &Workload) -> Option<String> {
         && requeued.status == "False"
         && requeued.reason.starts_with("DeactivatedDueTo"))
     .then(|| requeued.reason.clone())
+}
+
+/// The advice while the Workload holds quota and has no check entry: Kueue adds the entries
+/// from a loop of its own, seconds after the reservation under load (for ever where it never
+/// does), and the early start works in that window. What is true then: which of the
+/// ClusterQueue's rules apply to the flavors assigned, and what was started early.
+fn entries_not_added_advice(snapshot: &Snapshot, r: &Report, cq: &str) -> String {
+    let Some(queue) = &snapshot.cluster_queue else {
+        return format!(
+            "Holds quota in ClusterQueue {cq}, which no longer exists, with no check entry: \
+             Kueue admits or evicts it at its next pass."
+        );
+    };
+    let wl = &snapshot.workload;
+    let rules = queue
+        .spec
+        .admission_checks_strategy
+        .iter()
+        .flat_map(|s| &s.admission_checks);
+    let due: Vec<&str> = rules
+        .filter(|rule| FlavorRule::EARLY_START.applies(&queue.spec, &rule.name, wl))
+        .map(|rule| rule.name.as_str())
+        .collect();
+    let assigned: Vec<&str> = r
+        .quota
+        .flavors
+        .values()
+        .flat_map(|by_resource| by_resource.values())
+        .map(String::as_str)
+        .collect();
+    if due.is_empty() {
+        return format!(
+            "Holds quota; no check of ClusterQueue {cq} applies to the flavors assigned ({}): \
+             Kueue admits the Workload at its next pass (Kueue before v0.18 may still add a \
+             check whose onFlavors is empty to a Workload without flavors).",
+            if assigned.is_empty() {
+                "none".to_string()
+            } else {
+                assigned.join(", ")
+            }
+        );
+    }
+    let started: Vec<String> = r
+        .provisioning_requests
+        .iter()
+        .filter(|p| p.check.as_deref().is_some_and(|c| due.contains(&c)))
+        .map(|p| match &p.outcome {
+            Some(outcome) => format!("ProvisioningRequest {} ({outcome})", p.name),
+            None => format!("ProvisioningRequest {}", p.name),
+        })
+        .collect();
+    let started = match started.is_empty() {
+        true => "Nothing was started early for them.".to_string(),
+        false => format!("Started early: {}.", started.join(", ")),
+    };
+    format!(
+        "Holds quota, but Kueue has not added the entries of check {} yet (ClusterQueue {cq} \
+         applies {} to the flavors assigned: {}); it adds them at its next pass of the Workload, \
+         seconds later under load, and each check answers then. {started}",
+        due.join(", "),
+        if due.len() == 1 { "it" } else { "them" },
+        assigned.join(", ")
+    )
 }
 
 /// The advice while the Workload holds quota: the first check that holds it back.
@@ -881,6 +948,76 @@ mod tests {
             r.advice,
             "The autoscaler could not provision request w-prov-1: Failed=True (NoCapacity: no nodes of class gpu-a); check prov answers Retry (or Rejected past its limit)."
         );
+    }
+
+    /// A Workload holding quota on `default` before Kueue added any entry, in ClusterQueue `cq`
+    /// (flavor `default`) whose rules are `rules`.
+    fn before_the_entries(rules: &[(&str, &[&str])]) -> Snapshot {
+        let wl = WorkloadBuilder::new("ns", "w")
+            .pod_set("main", 1, "1")
+            .quota_reserved("cq", "default")
+            .build();
+        let mut s = snapshot(wl);
+        s.cluster_queue = Some(kueue_admission_sdk::testing::cluster_queue(
+            "cq",
+            &["default"],
+            rules,
+        ));
+        s
+    }
+
+    #[test]
+    fn before_the_entries_it_names_the_checks_due_and_what_started_early() {
+        let mut s = before_the_entries(&[("prov", &[]), ("gpu-only", &["gpu"])]);
+        let mut pr = ProvisioningRequest::new("w-prov-1", ProvisioningRequestSpec::default());
+        pr.metadata.annotations = Some(BTreeMap::from([(
+            CHECK_ANNOTATION.to_string(),
+            "prov".to_string(),
+        )]));
+        pr.status = Some(ProvisioningRequestStatus {
+            conditions: vec![condition(
+                "Provisioned",
+                "True",
+                "Provisioned",
+                "",
+                t("2026-01-01T00:00:05Z"),
+            )],
+            ..Default::default()
+        });
+        s.provisioning_requests.push(pr);
+        let r = report(&s, t("2026-01-01T00:00:10Z"));
+        assert_eq!(
+            r.advice,
+            "Holds quota, but Kueue has not added the entries of check prov yet (ClusterQueue cq \
+             applies it to the flavors assigned: default); it adds them at its next pass of the \
+             Workload, seconds later under load, and each check answers then. Started early: \
+             ProvisioningRequest w-prov-1 (Provisioned=True (Provisioned))."
+        );
+        // Nothing started: said so, never "every check is Ready".
+        let r = report(
+            &before_the_entries(&[("prov", &[])]),
+            t("2026-01-01T00:00:10Z"),
+        );
+        assert!(
+            r.advice.ends_with("Nothing was started early for them."),
+            "{}",
+            r.advice
+        );
+    }
+
+    #[test]
+    fn before_the_entries_without_a_check_due_kueue_admits() {
+        let s = before_the_entries(&[("gpu-only", &["gpu"])]);
+        let r = report(&s, t("2026-01-01T00:00:10Z"));
+        assert_advice_starts(
+            &r,
+            "Holds quota; no check of ClusterQueue cq applies to the flavors assigned (default): \
+             Kueue admits the Workload at its next pass",
+        );
+        let mut gone = s;
+        gone.cluster_queue = None;
+        let r = report(&gone, t("2026-01-01T00:00:10Z"));
+        assert_advice_starts(&r, "Holds quota in ClusterQueue cq, which no longer exists");
     }
 
     #[test]
