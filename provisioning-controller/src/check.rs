@@ -34,6 +34,10 @@ use crate::topology::{self, CheckView, QueueView};
 /// How often a Workload whose request names are all held by foreign objects looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);
 
+/// How long cluster-autoscaler keeps a provisioned request's capacity booked (10 minutes, not
+/// configurable in 1.36; see `BookingExpired`).
+pub const CAPACITY_BOOKING: Duration = Duration::from_secs(600);
+
 /// Settings that are not in Kueue's `ProvisioningRequestConfig`.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -786,6 +790,14 @@ impl AdmissionCheckController for ProvisioningCheck {
     // the request is made as soon as the quota is reserved, so the autoscaler starts sooner.
     fn starts_early(&self) -> bool {
         self.settings.start_early
+    }
+
+    // cluster-autoscaler books a request's capacity for 10 minutes after Provisioned
+    // (hard-coded in 1.36), then marks it BookingExpired. A request made at the reservation is
+    // Provisioned at or after it, so a wait of at most this long releases an early request
+    // before its booking can expire under a Workload still waiting for its entry.
+    fn early_work_lasts(&self) -> Option<Duration> {
+        Some(CAPACITY_BOOKING)
     }
 
     // The same path as a decision for the attempt the entry will have: the templates and the

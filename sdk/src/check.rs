@@ -133,14 +133,25 @@ pub trait AdmissionCheckController: Send + Sync + 'static {
     /// when the Workload loses its quota, is evicted, deactivated, finished or deleted, when
     /// the ClusterQueue no longer lists the check, or when the entry does not come within
     /// [`RuntimeConfig::early_start_wait`](crate::RuntimeConfig::early_start_wait)
-    /// ([`ReleaseReason::EntryNotAdded`]). An error is logged, counted and
-    /// tried again on the next change; it is never written on the Workload (there is no entry
-    /// yet): `decide` meets it again when the entry comes.
+    /// ([`ReleaseReason::EntryNotAdded`]). A transient error is logged, counted and tried again
+    /// with backoff; one [`classify_error`](Self::classify_error) calls permanent (or not
+    /// permitted) is tried once per attempt, the wait for the entry bounding what it left. No
+    /// error is written on the Workload (there is no entry yet): `decide` meets it again when
+    /// the entry comes.
     fn start_early(
         &self,
         _ctx: &CheckContext<'_, Self::Parameters>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         async { Ok(()) }
+    }
+
+    /// How long what [`start_early`](Self::start_early) makes stays useful while the entry has
+    /// not come, if that is bounded (capacity booked for a while, a lease that expires): the
+    /// runtime waits for the entry at most this long, cutting
+    /// [`RuntimeConfig::early_start_wait`](crate::RuntimeConfig::early_start_wait) to it with a
+    /// warning. `None` (the default): as long as configured.
+    fn early_work_lasts(&self) -> Option<std::time::Duration> {
+        None
     }
 
     /// Called when a Workload this check decided for (or started early for) no longer needs

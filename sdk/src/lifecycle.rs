@@ -130,6 +130,10 @@ pub struct Next {
     /// Call `release` with this reason first: the Workload went idle, or came back for another
     /// attempt than the one the check was asked about.
     pub release: Option<ReleaseReason>,
+    /// Forget the early start this process recorded for the pair: it is of another attempt
+    /// than the one the Workload stands at, or the Workload went idle, so it can never matter
+    /// again (an abandoned one would otherwise be kept until the Workload is deleted).
+    pub forget_early: bool,
     /// Then this.
     pub step: Step,
 }
@@ -174,6 +178,9 @@ pub fn next(o: &Observed<'_>) -> Next {
     );
     let remember = AskedAt::of(wl, o.check).filter(|_| answered && o.asked.is_none());
     let release = release_due(o, stands);
+    let forget_early = o.early.is_some_and(|e| {
+        matches!(stands, Eligibility::Idle(_)) || e.at != AskedAt::expected(wl, o.check)
+    });
     let step = match stands {
         Eligibility::Idle(_) => Step::Idle,
         Eligibility::Wait(state) => Step::KueueActs(state),
@@ -192,6 +199,7 @@ pub fn next(o: &Observed<'_>) -> Next {
     Next {
         remember,
         release,
+        forget_early,
         step,
     }
 }

@@ -48,6 +48,7 @@ fn step(step: Step) -> Next {
     Next {
         remember: None,
         release: None,
+        forget_early: false,
         step,
     }
 }
@@ -265,7 +266,7 @@ rows! {
         ];
         for (wl, reason) in cases {
             let was_asked = Observed { asked: Some(asked), ..observed(&wl) };
-            assert_eq!(next(&was_asked), Next { remember: None, release: Some(reason), step: Step::Idle }, "{reason:?}");
+            assert_eq!(next(&was_asked), Next { remember: None, release: Some(reason), forget_early: false, step: Step::Idle }, "{reason:?}");
             // Never asked (or released already): nothing.
             assert_eq!(next(&observed(&wl)), step(Step::Idle), "{reason:?}");
         }
@@ -280,7 +281,7 @@ rows! {
         let before = Observed { asked: Some(AskedAt { attempt: 1, evictions: 0 }), ..observed(&wl) };
         assert_eq!(
             next(&before),
-            Next { remember: None, release: Some(ReleaseReason::Evicted), step: Step::Ask { revalidating: false } }
+            Next { remember: None, release: Some(ReleaseReason::Evicted), forget_early: false, step: Step::Ask { revalidating: false } }
         );
         // The same for work started early in another attempt.
         let early = reserved().eviction_count("Preempted", 1).build();
@@ -290,7 +291,8 @@ rows! {
             early: Some(EarlyStart { at: started, abandoned: false }),
             ..observed(&early)
         };
-        assert_eq!(next(&before), Next { remember: None, release: Some(ReleaseReason::Evicted), step: Step::StartEarly });
+        // What this process remembers of that attempt's start is forgotten with it.
+        assert_eq!(next(&before), Next { remember: None, release: Some(ReleaseReason::Evicted), forget_early: true, step: Step::StartEarly });
     }
 }
 

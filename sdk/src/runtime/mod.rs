@@ -134,6 +134,10 @@ where
     S: Future<Output = ()> + Send + 'static,
 {
     refuse_shadow_mode(&controller, &config)?;
+    let config = RuntimeConfig {
+        early_start_wait: early_start_wait(&controller, &config),
+        ..config
+    };
     let extensions = controller.while_leading();
     let shutdown: Shutdown = shutdown.boxed().shared();
     let controller = Arc::new(controller);
@@ -434,6 +438,32 @@ fn refuse_shadow_mode<C: AdmissionCheckController>(
     }
 }
 
+/// The wait for the entry after an early start: the configured one, cut to how long what the
+/// check starts early lasts (a longer wait would keep it past its use), with a warning.
+fn early_start_wait<C: AdmissionCheckController>(
+    controller: &C,
+    config: &RuntimeConfig,
+) -> Duration {
+    let configured = config.early_start_wait;
+    match controller
+        .early_work_lasts()
+        .filter(|lasts| configured > *lasts)
+    {
+        Some(lasts) if controller.starts_early() => {
+            warn!(
+                configured_seconds = configured.as_secs(),
+                used_seconds = lasts.as_secs(),
+                "--early-start-wait-seconds is longer than what {} starts early lasts; waiting {}s \
+                 for the entry instead",
+                controller.controller_name(),
+                lasts.as_secs()
+            );
+            lasts
+        }
+        _ => configured,
+    }
+}
+
 /// The runtime's metrics and the check's own, and what the HTTP endpoints report.
 fn observability<C: AdmissionCheckController>(
     controller: &C,
@@ -534,6 +564,47 @@ async fn release_deleted<C: AdmissionCheckController>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wait_for_the_entry_is_cut_to_what_the_early_work_lasts() {
+        struct Books(bool);
+        impl AdmissionCheckController for Books {
+            type Parameters = crate::check::NoParameters;
+            type Error = std::convert::Infallible;
+            fn controller_name(&self) -> &str {
+                "example.com/books"
+            }
+            fn starts_early(&self) -> bool {
+                self.0
+            }
+            fn early_work_lasts(&self) -> Option<Duration> {
+                Some(Duration::from_secs(600))
+            }
+            async fn decide(
+                &self,
+                _: &crate::check::CheckContext<'_, crate::check::NoParameters>,
+            ) -> Result<crate::check::Decision, Self::Error> {
+                unreachable!("never asked")
+            }
+        }
+        let waiting = |secs| RuntimeConfig {
+            early_start_wait: Duration::from_secs(secs),
+            ..Default::default()
+        };
+        assert_eq!(
+            early_start_wait(&Books(true), &waiting(900)),
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            early_start_wait(&Books(true), &waiting(300)),
+            Duration::from_secs(300)
+        );
+        // A check that does not start early waits for nothing: the setting is left alone.
+        assert_eq!(
+            early_start_wait(&Books(false), &waiting(900)),
+            Duration::from_secs(900)
+        );
+    }
 
     #[tokio::test]
     async fn a_check_that_refuses_shadow_mode_stops_the_start_with_its_reason() {

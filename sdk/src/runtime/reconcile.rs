@@ -137,6 +137,9 @@ pub(super) async fn reconcile_pair<C: AdmissionCheckController>(
     if let Some(at) = next.remember {
         ctx.memory.pair(&key, |p| p.asked = Some(at));
     }
+    if next.forget_early {
+        ctx.memory.pair(&key, |p| p.early = None);
+    }
     if let Some(reason) = next.release {
         release_pair(ctx, wl, &key, reason).await?;
     }

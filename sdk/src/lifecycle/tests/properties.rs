@@ -419,6 +419,9 @@ impl World {
         if let Some(at) = step.remember {
             self.asked = Some(at);
         }
+        if step.forget_early {
+            self.early = None;
+        }
         if self.finished_or_gone() {
             prop_assert!(
                 matches!(step.step, Step::Idle | Step::KueueActs(_)),
@@ -481,6 +484,15 @@ impl World {
                 let policy = policy();
                 self.write(decision, &policy)?;
             }
+        }
+        // Nothing of an early start is remembered for a Workload that does not hold quota or
+        // stands at another attempt: memory is bounded by what can still matter.
+        let at = AskedAt::expected(&self.wl, OURS);
+        if let Some(early) = self.early {
+            prop_assert!(
+                self.reserved() && !self.finished_or_gone() && early.at == at,
+                "an early start remembered past its attempt: {early:?} at {at:?}"
+            );
         }
         self.check_bounds()
     }
