@@ -50,7 +50,7 @@ pids+=("$!")
 # cluster-autoscaler's defaults but for the pace: a loop every 2 s (not 10), a retry 5 s after
 # CapacityIsNotFound (not 1 min), idle Nodes removed after 5 s (not 10 min).
 target/debug/autoscaler-simulator --node-groups tests/demo-node-groups.yaml \
-  --scan-interval 2s --initial-backoff 5s --max-backoff 10s --scale-down-unneeded-time 5s \
+  --scan-interval 2s --initial-backoff 5s --max-backoff 10s --scale-down-unneeded-time 5s --scale-down-delay-after-add 5s \
   >"$logs/demo-autoscaler-simulator.log" 2>&1 &
 pids+=("$!")
 echo "[demo] kueue-provisioning-controller (log: $logs/demo-provisioning-controller.log)"

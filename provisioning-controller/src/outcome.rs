@@ -37,6 +37,11 @@ pub enum Outcome {
     },
 }
 
+/// The reason of `BookingExpired` that cluster-autoscaler 1.37 writes once every pod of the
+/// request is scheduled: the booking ended because it was used, not because it ran out. A
+/// non-event, admitted or not (unlike `CapacityReservationTimeExpired`).
+pub const BOOKING_CONSUMED: &str = "CapacityBookingConsumed";
+
 /// Reads `request` for a Workload that is `admitted` or not, at `now`.
 pub fn outcome(
     request: &ProvisioningRequest,
@@ -65,6 +70,7 @@ pub fn outcome(
     }
     if let Some(c) = is_true(pr::BOOKING_EXPIRED)
         && !admitted
+        && c.reason != BOOKING_CONSUMED
     {
         return Outcome::BookingExpired(text(c));
     }
@@ -321,6 +327,22 @@ mod tests {
         ] {
             let r = request(&conditions[..n]);
             assert_eq!(outcome(&r, admitted, None, at(10)), expected, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_booking_ended_because_its_pods_were_scheduled_is_no_failed_attempt() {
+        let mut consumed = request(&[(pr::PROVISIONED, 1, ""), (pr::BOOKING_EXPIRED, 2, "")]);
+        for c in &mut consumed.status.as_mut().expect("status").conditions {
+            if c.type_ == pr::BOOKING_EXPIRED {
+                c.reason = BOOKING_CONSUMED.into();
+            }
+        }
+        // Even if our read is older than the admission (the pods only run once admitted).
+        for admitted in [false, true] {
+            let o = outcome(&consumed, admitted, None, at(10));
+            assert_eq!(o, Outcome::Provisioned, "admitted: {admitted}");
+            assert_eq!(revalidation(&o, admitted, "ns/wl-check-1", 1), None);
         }
     }
 

@@ -84,6 +84,13 @@ fn counted_conditions(r: &ProvisioningRequest) -> BTreeSet<&'static str> {
     .collect()
 }
 
+/// Whether the request's booking ended because its pods were all scheduled.
+fn booking_consumed(r: &ProvisioningRequest) -> bool {
+    let conditions = r.status.as_ref().map(|s| s.conditions.as_slice());
+    find_condition(conditions.unwrap_or_default(), pr::BOOKING_EXPIRED)
+        .is_some_and(|c| c.reason == crate::outcome::BOOKING_CONSUMED)
+}
+
 fn transition(r: &ProvisioningRequest, condition: &str) -> Option<Transition> {
     Some(match condition {
         pr::PROVISIONED => {
@@ -96,6 +103,8 @@ fn transition(r: &ProvisioningRequest, condition: &str) -> Option<Transition> {
             Transition::Provisioned(secs)
         }
         pr::FAILED => Transition::Failed,
+        // A booking used up by its pods (cluster-autoscaler 1.37) did not expire.
+        pr::BOOKING_EXPIRED if booking_consumed(r) => return None,
         pr::BOOKING_EXPIRED => Transition::BookingExpired,
         pr::CAPACITY_REVOKED => Transition::CapacityRevoked,
         _ => return None,
@@ -365,6 +374,34 @@ mod tests {
             )
             .is_some()
         );
+    }
+
+    #[test]
+    fn a_booking_used_up_by_its_pods_is_not_counted_as_expired() {
+        let with_booking_ended = |reason: &str| {
+            let mut r = request("wl-prov-1", "u1", "prov");
+            r.status = Some(kueue_admission_sdk::api::ProvisioningRequestStatus {
+                conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                    type_: pr::BOOKING_EXPIRED.into(),
+                    status: "True".into(),
+                    reason: reason.into(),
+                    message: String::new(),
+                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        Timestamp::now(),
+                    ),
+                    observed_generation: None,
+                }],
+                ..Default::default()
+            });
+            r
+        };
+        let expired = with_booking_ended("CapacityReservationTimeExpired");
+        assert!(matches!(
+            transition(&expired, pr::BOOKING_EXPIRED),
+            Some(Transition::BookingExpired)
+        ));
+        let consumed = with_booking_ended(crate::outcome::BOOKING_CONSUMED);
+        assert!(transition(&consumed, pr::BOOKING_EXPIRED).is_none());
     }
 
     #[test]

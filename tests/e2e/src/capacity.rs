@@ -146,7 +146,7 @@ impl TestEnv {
 
     /// The simulator in cluster-autoscaler mode for this namespace, scaling `groups`, with
     /// timings for tests (a loop every 200 ms, retries after 1 then 2 s, idle Nodes removed
-    /// after 2 s) and then `tune` applied.
+    /// after 2 s, and no sooner than 2 s after a scale-up) and then `tune` applied.
     pub fn start_autoscaler(
         &self,
         groups: Vec<NodeGroup>,
@@ -159,6 +159,7 @@ impl TestEnv {
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(2),
             scale_down_unneeded_time: Duration::from_secs(2),
+            scale_down_delay_after_add: Duration::from_secs(2),
             ..simulator::Settings::default()
         };
         tune(&mut settings);

@@ -39,8 +39,11 @@
 //!   carrying a consume annotation (rule 17), instant non-atomic Node creation bounded by the
 //!   group's max count (rule 18).
 //! - Ordinary scale-up for unschedulable pods (loops alternate with requests when both wait),
-//!   scale-down of empty Nodes after `--scale-down-unneeded-time`, frequent loops (at once after
-//!   a productive loop or when a pod turns unschedulable, else every `--scan-interval`).
+//!   scale-down of empty Nodes after `--scale-down-unneeded-time`, none within
+//!   `--scale-down-delay-after-add` of a scale-up or of a check-capacity request found to fit
+//!   (rule 19: cluster-autoscaler records that as a successful scale-up), frequent loops (at
+//!   once after a productive loop or when a pod turns unschedulable, else every
+//!   `--scan-interval`).
 //! - Like 1.36.1 (and unlike 1.37), a booking is not released when the consumer pods run: they
 //!   count twice until it expires (kubernetes/autoscaler#9805).
 //!
@@ -53,11 +56,19 @@
 //!   instead of kube-scheduler's scoring; a deterministic expander (most pods helped, then
 //!   fewest Nodes, then file order) instead of `random`.
 //! - Scale-down only removes Nodes with no pod that matters (no utilization threshold, no
-//!   rescheduling of pods elsewhere, no `--scale-down-delay-after-add`, no bulk limits);
+//!   rescheduling of pods elsewhere, no `--scale-down-delay-after-delete` or `-after-failure`,
+//!   no bulk limits);
 //!   DaemonSets are not modelled on template Nodes (only the kube-proxy pod cluster-autoscaler
 //!   puts on a template built without a live Node).
 //! - `--max-nodes-total`, resource limits, quotas, balancing similar groups, the 10 s batch
 //!   timebox, the events cluster-autoscaler emits, and its status ConfigMap.
+//! - With check-capacity batching on, cluster-autoscaler tests the injector's pick for
+//!   availability twice in a loop (when injecting and when forming the batch), so that request's
+//!   backoff doubles twice (rule 20); the simulator tests it once. Batching is off by default
+//!   in both.
+//! - cluster-autoscaler 1.37's `BookingExpired`/`CapacityBookingConsumed` (the booking ended
+//!   once every pod of the request was scheduled) is not written; the provisioning check treats
+//!   it as the non-event it is, before or after admission.
 //! - Status writes are one update per request per loop (cluster-autoscaler writes Accepted
 //!   first, and best-effort's Provisioned by server-side apply).
 //! - Node readiness: a created Node counts as capacity at once (the kwok provider's instances

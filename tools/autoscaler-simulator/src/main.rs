@@ -89,6 +89,11 @@ struct Cli {
     #[arg(long, env = "SIMULATOR_SCALE_DOWN_UNNEEDED_TIME", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     scale_down_unneeded_time: Duration,
 
+    /// How long scale-down waits after a scale-up, or after a check-capacity request found
+    /// to fit (--scale-down-delay-after-add).
+    #[arg(long, env = "SIMULATOR_SCALE_DOWN_DELAY_AFTER_ADD", default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    scale_down_delay_after_add: Duration,
+
     /// Check up to this many check-capacity requests per loop (0 or 1: no batching).
     #[arg(
         long,
@@ -150,6 +155,7 @@ impl Cli {
             expire_after: self.expire_after,
             request_ttl: self.request_ttl,
             scale_down_unneeded_time: self.scale_down_unneeded_time,
+            scale_down_delay_after_add: self.scale_down_delay_after_add,
             check_capacity_batch_size: self.check_capacity_batch_size,
             max_nodes_per_scaleup: usize::try_from(self.max_nodes_per_scaleup)
                 .unwrap_or(usize::MAX),
@@ -242,6 +248,7 @@ mod tests {
             "--expire-after=1h",
             "--request-ttl=2d",
             "--scale-down-unneeded-time=30s",
+            "--scale-down-delay-after-add=1m",
             "--check-capacity-batch-size=10",
             "--max-nodes-per-scaleup=7",
         ])
@@ -277,6 +284,7 @@ mod tests {
             (secs(300), secs(3600), secs(172_800))
         );
         assert_eq!(settings.scale_down_unneeded_time, secs(30));
+        assert_eq!(settings.scale_down_delay_after_add, secs(60));
         assert_eq!(
             (
                 settings.check_capacity_batch_size,

@@ -48,6 +48,9 @@ pub struct Settings {
     /// How long a Node stays unneeded before it is deleted (`--scale-down-unneeded-time`, 10
     /// min).
     pub scale_down_unneeded_time: Duration,
+    /// How long scale-down waits after a scale-up (`--scale-down-delay-after-add`, 10 min); a
+    /// check-capacity request found to fit counts as one (rule 19).
+    pub scale_down_delay_after_add: Duration,
     /// Up to this many check-capacity requests per loop (`--check-capacity-batch-processing`
     /// with `--check-capacity-provisioning-request-max-batch-size`); 0 or 1: no batching, one
     /// request per loop (the default).
@@ -73,6 +76,7 @@ impl Default for Settings {
             expire_after: week,
             request_ttl: week,
             scale_down_unneeded_time: 10 * minute,
+            scale_down_delay_after_add: 10 * minute,
             check_capacity_batch_size: 0,
             max_nodes_per_scaleup: 1000,
         }
@@ -167,6 +171,7 @@ mod tests {
         assert_eq!(s.expire_after, Duration::from_secs(604_800));
         assert_eq!(s.request_ttl, Duration::from_secs(604_800));
         assert_eq!(s.scale_down_unneeded_time, Duration::from_secs(600));
+        assert_eq!(s.scale_down_delay_after_add, Duration::from_secs(600));
         assert_eq!(s.max_nodes_per_scaleup, 1000);
         assert_eq!(s.check_capacity_batch_size, 0);
         assert_eq!(s.node_group_label, "kwok-nodegroup");

@@ -23,7 +23,9 @@
 //!    unschedulable pods; when both wait, loops alternate between them.
 //! 6. **Scale-down** ([`scale::scale_down`]): Nodes of the groups with no pod that matters
 //!    (bound, booked or about to be scheduled) become unneeded; after
-//!    `scale_down_unneeded_time` unneeded they are deleted, down to the group's min count.
+//!    `scale_down_unneeded_time` unneeded they are deleted, down to the group's min count,
+//!    except within `scale_down_delay_after_add` of a scale-up or of a check-capacity request
+//!    found to fit (rule 19).
 //!
 //! The next loop runs at once after a loop that processed a request, created or deleted Nodes
 //! (cluster-autoscaler's frequent loops), else `scan_interval` later.
@@ -194,6 +196,9 @@ pub struct LoopState {
     /// Whether the next loop with both picked requests and ordinary unschedulable pods serves
     /// the requests.
     pub requests_turn: bool,
+    /// The last loop that scaled up, or found capacity for a check-capacity request (rule 19):
+    /// scale-down waits `scale_down_delay_after_add` after it.
+    pub last_scale_up: Option<Timestamp>,
 }
 
 /// A request during the loop: its conditions as the loop leaves them.
@@ -263,6 +268,9 @@ pub(crate) struct Work<'a> {
     pub settings: &'a Settings,
     pub now: Timestamp,
     pub requests: Vec<Req<'a>>,
+    /// A check-capacity request was found to fit in this loop: a successful scale-up to
+    /// scale-down (rule 19).
+    pub capacity_found: bool,
 }
 
 /// Whether `since + after` is before `now` (overflow: never).
@@ -297,6 +305,7 @@ pub fn run_loop(
                 deleted: false,
             })
             .collect(),
+        capacity_found: false,
     };
     requests::expire(&mut work);
     let request_deletions = requests::collect_garbage(&mut work);
@@ -319,14 +328,10 @@ pub fn run_loop(
     if !picked.requests.is_empty() || !regular.is_empty() {
         state.requests_turn = !requests_turn;
     }
-    let node_deletions = scale::scale_down(
-        settings,
-        view,
-        &snapshot,
-        state,
-        now,
-        !node_creations.is_empty(),
-    );
+    if !node_creations.is_empty() || work.capacity_found {
+        state.last_scale_up = Some(now);
+    }
+    let node_deletions = scale::scale_down(settings, view, &snapshot, state, now);
     let busy = picked.processed || !node_creations.is_empty() || !node_deletions.is_empty();
     let next_loop = if busy {
         now

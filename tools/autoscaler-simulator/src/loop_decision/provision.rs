@@ -40,6 +40,7 @@ fn check_capacity(work: &mut Work<'_>, i: usize, pods: &[PodShape], snapshot: &m
     if snapshot.place_all(pods) {
         let message = format!("All {count} pods fit the capacity the cluster has now.");
         req.set(PROVISIONED, true, reason::CAPACITY_IS_FOUND, message, now);
+        work.capacity_found = true;
     } else if req
         .object
         .spec

@@ -115,14 +115,15 @@ pub fn regular_scale_up(
 /// [`Snapshot::blockers`]: bound pods other than DaemonSet and mirror ones, booked pods,
 /// unschedulable pods about to land there) is unneeded from now on; unneeded for
 /// `scale_down_unneeded_time`, it is deleted, oldest first, as long as its group stays at or
-/// above its min count. Nothing is deleted in a loop that scales up.
+/// above its min count. Nothing is deleted within `scale_down_delay_after_add` of the last
+/// scale-up (`state.last_scale_up`, this loop's included), though Nodes still become unneeded
+/// meanwhile, as in cluster-autoscaler's cooldown.
 pub fn scale_down(
     settings: &Settings,
     view: &ClusterView,
     snapshot: &Snapshot,
     state: &mut LoopState,
     now: Timestamp,
-    scaled_up: bool,
 ) -> Vec<String> {
     let mut unneeded = BTreeMap::new();
     for group in &settings.node_groups {
@@ -150,7 +151,10 @@ pub fn scale_down(
         .iter()
         .map(|(n, (since, _))| (n.clone(), *since))
         .collect();
-    if scaled_up {
+    let cooling = state.last_scale_up.is_some_and(|at| {
+        at == now || !super::older_than(at, settings.scale_down_delay_after_add, now)
+    });
+    if cooling {
         return Vec::new();
     }
     let mut due: Vec<_> = unneeded

@@ -257,3 +257,66 @@ fn unneeded_clocks_restart_and_only_kwok_nodes_go() {
         ["g-a"]
     );
 }
+
+/// Rule 19: scale-down waits `--scale-down-delay-after-add` after a scale-up, and a
+/// check-capacity request found to fit counts as one (cluster-autoscaler records it as a
+/// successful scale-up). Nodes still become unneeded meanwhile.
+#[test]
+fn a_check_capacity_found_to_fit_delays_scale_down_like_a_scale_up() {
+    let settings = settings_with_group(0, 5);
+    let nodes = vec![node("g-a", Some("g"), "4"), node("big", None, "16")];
+    // Pods of 8 cpu fit only the Node of no group: g-a stays empty, unneeded from 0.
+    let found = request("c", CHECK_CAPACITY_CLASS, &[("t", 1)]);
+    let with_request = view(nodes.clone(), vec![], vec![found], vec![template("t", "8")]);
+    let mut state = LoopState::default();
+    let first = run_loop(&settings, &with_request, &mut state, at(0));
+    assert_eq!(
+        outcome(&first, "c", PROVISIONED),
+        Some(("True", reason::CAPACITY_IS_FOUND))
+    );
+    let after = apply(with_request, &first);
+    for second in [10 * MINUTE - 1, 10 * MINUTE] {
+        let actions = run_loop(&settings, &after, &mut state, at(second));
+        assert!(
+            actions.node_deletions.is_empty(),
+            "in the cooldown at {second}s"
+        );
+    }
+    let actions = run_loop(&settings, &after, &mut state, at(10 * MINUTE + 1));
+    assert_eq!(
+        actions.node_deletions,
+        ["g-a"],
+        "unneeded since 0, cooled down"
+    );
+
+    // Without the request, the same Node goes at the unneeded time itself.
+    let alone = view(nodes, vec![], vec![], vec![]);
+    let mut state = LoopState::default();
+    run_loop(&settings, &alone, &mut state, at(0));
+    assert_eq!(
+        run_loop(&settings, &alone, &mut state, at(10 * MINUTE)).node_deletions,
+        ["g-a"]
+    );
+
+    // A scale-up of Nodes starts the cooldown too: a shorter delay shows it ending.
+    let quick = Settings {
+        scale_down_delay_after_add: Duration::from_secs(30),
+        scale_down_unneeded_time: Duration::from_secs(10),
+        ..settings_with_group(0, 5)
+    };
+    let mut state = LoopState {
+        last_scale_up: Some(at(100)),
+        ..LoopState::default()
+    };
+    let empty = view(vec![node("g-a", Some("g"), "4")], vec![], vec![], vec![]);
+    run_loop(&quick, &empty, &mut state, at(100));
+    assert!(
+        run_loop(&quick, &empty, &mut state, at(130))
+            .node_deletions
+            .is_empty()
+    );
+    assert_eq!(
+        run_loop(&quick, &empty, &mut state, at(131)).node_deletions,
+        ["g-a"]
+    );
+}
