@@ -399,7 +399,8 @@ pub fn owner_template_uids(request: &ProvisioningRequest) -> Vec<&str> {
 }
 
 /// The PodTemplates of a plan, in the Workload's namespace, identified by labels and annotations
-/// (including [`REQUEST_ANNOTATION`]) and without ownerReferences.
+/// (including [`REQUEST_ANNOTATION`]) and owned by the Workload (its ownerReference, so that the
+/// garbage collector deletes them, and the request they own, with it).
 pub fn pod_template_objects(
     plan: &RequestPlan,
     workload: &Workload,
