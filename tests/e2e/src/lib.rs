@@ -1025,6 +1025,16 @@ impl TestEnv {
             .with_context(|| format!("touching Workload {workload}"))
     }
 
+    /// Sets the Workload's `spec.active`: `false` as a user stopping it would (Kueue evicts it),
+    /// `true` to let an inactive Workload in again.
+    pub async fn set_workload_active(&self, workload: &str, active: bool) -> Result<Workload> {
+        let body = json!({"spec": {"active": active}});
+        self.workloads()
+            .patch(workload, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .with_context(|| format!("setting spec.active={active} on Workload {workload}"))
+    }
+
     /// Waits until the Workload is `Admitted`.
     pub async fn wait_admitted(&self, workload: &str) -> Result<Workload> {
         self.wait_workload(workload, "Admitted=True", |wl| {

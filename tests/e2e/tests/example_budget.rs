@@ -442,7 +442,7 @@ async fn finishing_or_evicting_gives_back_what_was_not_used() -> Result<()> {
     let (at_least, below) = (credits("2"), credits("2.034"));
     ensure!(spent >= at_least && spent < below, "spent {spent}");
 
-    t.deactivate(&b).await?;
+    t.env.set_workload_active(&b, false).await?;
     let spent = t
         .spent_once_charged("B settled after its eviction", &[])
         .await?;

@@ -276,7 +276,7 @@ async fn finishing_or_evicting_gives_the_licenses_back() -> Result<()> {
     })
     .await?;
 
-    t.deactivate(&b).await?;
+    t.env.set_workload_active(&b, false).await?;
     t.env
         .wait_workload(&b, "evicted", |wl| wl.condition_is_true(cond::EVICTED))
         .await?;

@@ -411,18 +411,6 @@ async fn rejected_and_released(env: &TestEnv, wl_name: &str, check: &str) -> Res
     .await
 }
 
-/// Sets `spec.active: true` on the Workload: the advice of old for a deactivated one.
-async fn set_spec_active(env: &TestEnv, wl_name: &str) -> Result<()> {
-    env.workloads()
-        .patch(
-            wl_name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"active": true}})),
-        )
-        .await?;
-    Ok(())
-}
-
 /// Asserts that `now`'s `QuotaReserved` is the very one `then` had (status and transition
 /// time): the Workload was not reserved quota in between.
 #[track_caller]
@@ -759,7 +747,7 @@ async fn a_workload_a_check_rejected_is_not_queued_again_by_spec_active_true() -
     assert_condition(&deactivated, cond::EVICTED, ("True", BY_CHECK));
 
     // The advice of old: spec.active: true.
-    set_spec_active(&env, &wl_name).await?;
+    env.set_workload_active(&wl_name, true).await?;
     // A Job submitted afterwards, with room for both: the scheduler runs and admits it, while
     // the reactivated Workload (older, same priority, first in line if it were queued) gets
     // nothing.

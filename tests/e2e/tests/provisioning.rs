@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{PodSpec, PodTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kueue_admission_sdk::api::{
     AdmissionCheckState, CheckState, ProvisioningRequest, Workload, find_condition,
     provisioning_condition as pr, workload_condition as cond,
@@ -581,15 +581,6 @@ fn owners<K: ResourceExt>(k: &K) -> Vec<(&str, &str)> {
     refs.map(|o| (o.kind.as_str(), o.uid.as_str())).collect()
 }
 
-/// Sets `spec.active: false` on the Workload, as a user stopping it would.
-async fn deactivate(env: &TestEnv, wl: &str) -> Result<()> {
-    let off = json!({"spec": {"active": false}});
-    env.workloads()
-        .patch(wl, &PatchParams::default(), &Patch::Merge(&off))
-        .await?;
-    Ok(())
-}
-
 /// Waits until Kueue has made the Workload `wl` again (a uid other than `old_uid`) and the new
 /// one satisfies `cond` (`what`).
 async fn wait_successor(
@@ -1129,8 +1120,8 @@ async fn finishing_evicting_or_deleting_the_workload_leaves_nothing() -> Result<
     let reason = done.condition(cond::FINISHED).map(|c| c.reason.as_str());
     assert_eq!(reason, Some("Succeeded"));
     // Evicted: deactivated, admitted or still waiting for capacity.
-    deactivate(env, &deactivated).await?;
-    deactivate(env, &waiting).await?;
+    env.set_workload_active(&deactivated, false).await?;
+    env.set_workload_active(&waiting, false).await?;
     // Deleted.
     env.delete_workload(&deleted).await?;
     env.wait_nothing_left().await?;

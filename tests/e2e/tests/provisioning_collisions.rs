@@ -11,7 +11,7 @@ use e2e::provisioning::{History, Provisioning};
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kueue_admission_sdk::api::{
     AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, AdmissionCheckState,
     CheckState, ProvisioningRequest, Workload, find_condition, workload_condition as cond,
@@ -316,16 +316,6 @@ fn alternative(wl: &Workload, check: &str) -> String {
     names::alternative_request_name(&wl.name_any(), &wl.uid().unwrap_or_default(), check, 1)
 }
 
-/// Sets the Workload's `spec.active`: `false` as a user stopping it would, `true` to let an
-/// inactive Workload in.
-async fn set_active(env: &TestEnv, wl: &str, active: bool) -> Result<()> {
-    let body = json!({"spec": {"active": active}});
-    env.workloads()
-        .patch(wl, &PatchParams::default(), &Patch::Merge(&body))
-        .await?;
-    Ok(())
-}
-
 /// A user's ProvisioningRequest and PodTemplate on the names a Workload of ours may use.
 struct UsersObjects {
     request: ProvisioningRequest,
@@ -506,7 +496,7 @@ async fn a_request_made_before_kueues_check_existed_blocks_it_until_released() -
     assert_eq!(wait_ready(env, c.ours, &c.p.check).await?, ours_entry);
 
     // Our Workload is done (deactivated): our request and template go.
-    set_active(env, c.ours, false).await?;
+    env.set_workload_active(c.ours, false).await?;
     env.wait_nothing_left().await?;
     // Kueue retries with a growing backoff; a change of its Workload makes it retry now.
     env.touch_workload(c.theirs, "1").await?;
@@ -542,7 +532,7 @@ async fn names_held_by_another_workload_or_a_user_are_never_touched() -> Result<
     let u = workload_with(env, "u", "lq", false).await?;
     let user = UsersObjects::on_the_names_of(env, &u, &c.p.check).await?;
     let (ur, ut) = (&user.request, &user.template);
-    set_active(env, "u", true).await?;
+    env.set_workload_active("u", true).await?;
     let stuck = c.pending_naming("u", &user).await?;
     ensure!(!stuck.condition_is_true(cond::ADMITTED), "{}", dump(&stuck));
     assert_eq!(request_version(env, &ur.name_any()).await?, version(ur));

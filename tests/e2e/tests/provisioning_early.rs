@@ -60,15 +60,6 @@ async fn lift(hold: EntryHold, env: &TestEnv, workload: &str) -> Result<()> {
     Ok(())
 }
 
-/// `spec.active: false`: Kueue evicts the Workload and releases its quota.
-async fn deactivate(env: &TestEnv, workload: &str) -> Result<()> {
-    let patch = json!({"spec": {"active": false}});
-    env.workloads()
-        .patch(workload, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
-
 /// Submits Job `name` of `pods` pods whose requests the simulator provisions; returns its
 /// Workload's name.
 async fn provisioned_job(env: &TestEnv, name: &str, pods: i32) -> Result<String> {
@@ -254,7 +245,7 @@ async fn a_workload_that_loses_its_quota_before_the_entry_leaves_nothing() -> Re
     // Deactivated: Kueue evicts the Workload and the Job integration gives its quota back, all
     // before the entry. (A stopped ClusterQueue would not do: Kueue evicts for it only after
     // adding the entry, which the hold refuses.) What was made for the entry goes with it.
-    deactivate(env, &wl).await?;
+    env.set_workload_active(&wl, false).await?;
     wait_released(env, &wl).await?;
     env.wait_nothing_left().await?;
     holds_no_entry(env, &wl, &p.check).await?;
@@ -340,7 +331,7 @@ async fn a_restart_between_reservation_and_entry_neither_duplicates_nor_leaks() 
     // waits for the hold: its write adds our entry too): the next process removes the request
     // on taking the lead.
     stop_controller(&mut t).await?;
-    deactivate(&t.env, &wl).await?;
+    t.env.set_workload_active(&wl, false).await?;
     lift(hold, &t.env, &wl).await?;
     wait_evicted(&t.env, &wl).await?;
     t.env.wait_only_left(std::slice::from_ref(&request)).await?;

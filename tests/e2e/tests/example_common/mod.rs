@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 use e2e::{DEFAULT_TIMEOUT, GuardedQueue, TestEnv, WorkloadRecorder};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::watcher::{Config, Event, watcher};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{
@@ -92,20 +92,6 @@ impl<B, L: Debug> ExampleTest<B, L> {
         for wl in workloads {
             self.env.wait_admitted(wl).await?;
         }
-        Ok(())
-    }
-
-    /// Sets `spec.active: false` on the Workload, as a user stopping it would: Kueue evicts it.
-    pub async fn deactivate(&self, workload: &str) -> Result<()> {
-        let deactivate = serde_json::json!({"spec": {"active": false}});
-        self.env
-            .workloads()
-            .patch(
-                workload,
-                &PatchParams::default(),
-                &Patch::Merge(&deactivate),
-            )
-            .await?;
         Ok(())
     }
 
