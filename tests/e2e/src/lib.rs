@@ -1014,6 +1014,33 @@ impl TestEnv {
         Ok((wl, entry))
     }
 
+    /// Waits until `check`'s entry on the Workload says `message`; returns the Workload.
+    pub async fn wait_entry_message(
+        &self,
+        workload: &str,
+        check: &str,
+        message: &str,
+    ) -> Result<Workload> {
+        let what = format!("check {check}'s entry saying {message:?}");
+        self.wait_workload(workload, &what, |w| {
+            w.admission_check(check)
+                .is_some_and(|e| e.message == message)
+        })
+        .await
+    }
+
+    /// Waits until the Workload, evicted at least once, holds quota again and is not `Evicted`:
+    /// its next attempt has begun.
+    pub async fn wait_next_attempt(&self, workload: &str) -> Result<Workload> {
+        let what = "evicted and holding quota again (the next attempt)";
+        self.wait_workload(workload, what, |w| {
+            w.total_evictions() >= 1
+                && w.condition_is_true(workload_condition::QUOTA_RESERVED)
+                && !w.condition_is_true(workload_condition::EVICTED)
+        })
+        .await
+    }
+
     /// Changes a label of the Workload and nothing else: a change that wakes every watcher of
     /// it (a controller is asked again) without meaning anything to Kueue.
     pub async fn touch_workload(&self, workload: &str, value: &str) -> Result<Workload> {

@@ -192,12 +192,7 @@ async fn evicted_by_b_while_a_is_down(
 /// `b` retries once: waits until Kueue has evicted the Workload and reserved quota again.
 async fn evicted_by_b(env: &TestEnv, wl: &str, b_script: &ProbeScript) -> Result<Workload> {
     b_retries_once(env, wl, b_script).await?;
-    env.wait_workload(wl, "evicted by b and holding quota again", |w| {
-        w.total_evictions() >= 1
-            && w.condition_is_true(cond::QUOTA_RESERVED)
-            && !w.condition_is_true(cond::EVICTED)
-    })
-    .await
+    env.wait_next_attempt(wl).await
 }
 
 /// Ensures Kueue dropped `a`'s `retryCount` with the reset (the scenario needs it) while the

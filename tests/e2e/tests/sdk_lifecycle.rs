@@ -12,7 +12,7 @@ use e2e::probe::{Probe, ProbeScript};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::Api;
-use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload, workload_condition as cond};
+use kueue_admission_sdk::api::{AdmissionCheck, CheckState, Workload};
 use kueue_admission_sdk::{
     Decision, Extensions, LeaderContext, LeaderElection, ReleaseReason, RuntimeConfig,
 };
@@ -118,15 +118,6 @@ impl Setup {
     async fn wait_deciding(&self, what: &str) -> Result<()> {
         let script = self.script.clone();
         e2e::eventually(what, || !script.calls_for("job").is_empty()).await
-    }
-
-    /// Waits until the probe's entry on the Workload says `message`.
-    async fn wait_message(&self, env: &TestEnv, wl: &str, message: &str) -> Result<Workload> {
-        env.wait_workload(wl, "the check's Pending message", |w| {
-            w.admission_check(&self.probe)
-                .is_some_and(|e| e.message == message)
-        })
-        .await
     }
 
     /// The metrics series `name` of the probe's check, with `extra` labels if any.
@@ -236,12 +227,7 @@ async fn decision_series(replica: &Replica) -> Result<Vec<String>> {
 async fn evicted_by_the_others_retry(env: &TestEnv, wl: &str, other: &str) -> Result<Workload> {
     env.answer_check(wl, other, CheckState::Retry, "try again")
         .await?;
-    env.wait_workload(wl, "evicted once and holding quota again", |w| {
-        w.total_evictions() >= 1
-            && w.condition_is_true(cond::QUOTA_RESERVED)
-            && !w.condition_is_true(cond::EVICTED)
-    })
-    .await
+    env.wait_next_attempt(wl).await
 }
 
 /// Ensures a `requeueAfterSeconds` is what is left of a 40 s delay decided at `decided_at` (the
@@ -561,7 +547,7 @@ async fn a_task_beside_the_runtime_wakes_a_workload() -> Result<()> {
     let (extensions, go, woken) = waker_on_signal(&env.ns);
     let replica = s.start_with(&env, "only", None, None, extensions)?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    s.wait_message(&env, &wl, "waiting for the outside world")
+    env.wait_entry_message(&wl, &s.probe, "waiting for the outside world")
         .await?;
     // The runtime's own write is a change too and asks once more (same answer, nothing
     // written); after that, nothing changes on the Workload and nothing asks the check again...

@@ -61,17 +61,6 @@ async fn serve(
     })
 }
 
-/// Waits until `check`'s entry on the Workload says `message`.
-async fn wait_message(env: &TestEnv, wl: &str, check: &str, message: &str) -> Result<()> {
-    let what = format!("Pending with the check's message {message:?}");
-    env.wait_workload(wl, &what, |w| {
-        w.admission_check(check)
-            .is_some_and(|e| e.message == message)
-    })
-    .await?;
-    Ok(())
-}
-
 /// Waits until the runtime has counted a Pending decision of `check`, then asserts its samples:
 /// one Ready and one Pending decision, one Workload waiting, the check active, one Ready timed.
 /// Returns the exposition.
@@ -254,7 +243,8 @@ async fn ready_admits_the_workload_and_the_runtime_keeps_the_check_active() -> R
 
     // A second Workload holds quota and waits: the waiting gauge counts it.
     let waits = env.submit_job("waits", "lq", "1").await?;
-    wait_message(&env, &waits, check, "waiting for approval").await?;
+    env.wait_entry_message(&waits, check, "waiting for approval")
+        .await?;
     assert_eq!(e2e::http_get(http, "/readyz").await?.0, 200);
     assert_eq!(e2e::http_get(http, "/healthz").await?.0, 200);
     let metrics = counted_one_ready_and_one_waiting(http, check).await?;
