@@ -751,6 +751,30 @@ impl TestEnv {
         .await
     }
 
+    /// Merge-patches the AdmissionCheck's `spec.parameters` (`null` removes them).
+    pub async fn set_check_parameters(
+        &self,
+        check: &str,
+        parameters: serde_json::Value,
+    ) -> Result<()> {
+        let body = json!({"spec": {"parameters": parameters}});
+        Api::<AdmissionCheck>::all(self.client.clone())
+            .patch(check, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .with_context(|| format!("setting the parameters of AdmissionCheck {check}"))?;
+        Ok(())
+    }
+
+    /// Takes every admission check off the ClusterQueue (removes its `admissionChecksStrategy`).
+    pub async fn remove_queue_checks(&self, cluster_queue: &str) -> Result<()> {
+        let body = json!({"spec": {"admissionChecksStrategy": null}});
+        Api::<ClusterQueue>::all(self.client.clone())
+            .patch(cluster_queue, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .with_context(|| format!("removing the checks of ClusterQueue {cluster_queue}"))?;
+        Ok(())
+    }
+
     /// A controllerName no other test uses (so parallel tests' controllers never answer each
     /// other's checks): `e2e.kueue-admission-checks.dev/<prefix>-<namespace>`.
     pub fn own_controller_name(&self, prefix: &str) -> String {

@@ -95,19 +95,6 @@ async fn wait_evicted(env: &TestEnv, workload: &str) -> Result<Workload> {
     .await
 }
 
-/// Leaves the ClusterQueue with no admission check at all.
-async fn remove_checks(env: &TestEnv, cluster_queue: &str) -> Result<()> {
-    let patch = json!({"spec": {"admissionChecksStrategy": null}});
-    Api::<ClusterQueue>::all(env.client.clone())
-        .patch(
-            cluster_queue,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
-    Ok(())
-}
-
 /// Stops the controller under test (if it runs) as SIGTERM would.
 async fn stop_controller(t: &mut World) -> Result<()> {
     if let Some(controller) = t.controller.take() {
@@ -266,7 +253,7 @@ async fn the_check_removed_from_the_cluster_queue_before_the_entry_leaves_nothin
 
     // The ClusterQueue keeps no check: Kueue admits the Workload without ours, and what was
     // made for the entry that will never come goes.
-    remove_checks(env, &p.cluster_queue).await?;
+    env.remove_queue_checks(&p.cluster_queue).await?;
     env.wait_nothing_left().await?;
     env.wait_admitted(&wl).await?;
     hold.lift().await?;

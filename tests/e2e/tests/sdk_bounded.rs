@@ -15,7 +15,7 @@ use e2e::probe::{Probe, ProbeScript};
 use e2e::{GuardedQueue, TestEnv};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kueue_admission_sdk::api::{
     AdmissionCheck, CheckState, ClusterQueue, PodSetUpdate, Workload, workload_condition as cond,
 };
@@ -167,18 +167,6 @@ fn in_shadow_mode(config: RuntimeConfig) -> RuntimeConfig {
         shadow: Some(ShadowScope::AllClusterQueues),
         ..config
     }
-}
-
-/// Takes every admission check off the ClusterQueue `cq` (the rest of a rollback to shadow mode).
-async fn drop_the_queues_checks(env: &TestEnv, cq: &str) -> Result<()> {
-    Api::<ClusterQueue>::all(env.client.clone())
-        .patch(
-            cq,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"admissionChecksStrategy": null}})),
-        )
-        .await?;
-    Ok(())
 }
 
 #[tokio::test]
@@ -478,18 +466,6 @@ fn first_retry_at(history: &[Workload], check: &str) -> Result<Timestamp> {
         .0)
 }
 
-/// Patches `check`'s AdmissionCheck `spec.parameters` (null removes them).
-async fn set_parameters(env: &TestEnv, check: &str, parameters: serde_json::Value) -> Result<()> {
-    Api::<AdmissionCheck>::all(env.client.clone())
-        .patch(
-            check,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"parameters": parameters}})),
-        )
-        .await?;
-    Ok(())
-}
-
 /// Waits until the Workload was evicted by `reason` once, gave its quota back and Kueue keeps it
 /// from quota because its ClusterQueue is inactive.
 async fn given_back_and_waiting(env: &TestEnv, wl: &str, cq: &str) -> Result<Workload> {
@@ -518,7 +494,7 @@ async fn a_check_turned_inactive_holds_its_workloads_with_the_reason_then_gives_
     let wl = env.submit_job("job", "lq", "1").await?;
     probe_has_no_answer_yet(&env, &wl, &q.check, false).await?;
     let bad = json!({"apiGroup": "example.com", "kind": "Budget", "name": "weekly"});
-    set_parameters(&env, &q.check, bad).await?;
+    env.set_check_parameters(&q.check, bad).await?;
     let why = "its AdmissionCheck is not active (BadParametersRef: this check takes no parameters";
     let message = held_with(&env, &wl, &q.check, &cannot_answer(&q.check, why)).await?;
     assert!(message.contains("keeps its quota until"), "{message}");
@@ -526,7 +502,8 @@ async fn a_check_turned_inactive_holds_its_workloads_with_the_reason_then_gives_
     given_back_and_waiting(&env, &wl, &q.cluster_queue).await?;
     // Fixed: active again, the Workload gets quota again and is answered.
     script.answer("job", Decision::ready("granted"));
-    set_parameters(&env, &q.check, serde_json::Value::Null).await?;
+    env.set_check_parameters(&q.check, serde_json::Value::Null)
+        .await?;
     let (admitted, entry) = env.wait_admitted_ready(&wl, &q.check).await?;
     assert_eq!(entry.message, "granted", "{}", e2e::dump(&admitted));
     Ok(())
@@ -553,7 +530,7 @@ async fn switching_an_enforcing_check_back_to_shadow_mode_strands_no_quota() -> 
     env.wait_job_suspend("job", true).await?;
 
     // The rest of the rollback: the ClusterQueue no longer waits for the check.
-    drop_the_queues_checks(&env, &q.cluster_queue).await?;
+    env.remove_queue_checks(&q.cluster_queue).await?;
     let admitted = env.wait_admitted(&wl).await?;
     let entry = admitted.admission_check(&q.check);
     assert!(entry.is_none(), "{}", e2e::dump(&admitted));

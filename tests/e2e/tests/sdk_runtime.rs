@@ -9,7 +9,7 @@ use anyhow::{Context, Result, ensure};
 use e2e::TestEnv;
 use e2e::probe::{Probe, ProbeScript};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kueue_admission_sdk::api::{
     AdmissionCheck, AdmissionCheckState, CheckState, ClusterQueue, Workload,
     workload_condition as cond,
@@ -184,18 +184,6 @@ async fn counted_a_retry_then_a_rejection(http: SocketAddr, check: &str) -> Resu
     Ok(())
 }
 
-/// Patches `check`'s AdmissionCheck `spec.parameters` (null removes them).
-async fn set_parameters(env: &TestEnv, check: &str, parameters: serde_json::Value) -> Result<()> {
-    Api::<AdmissionCheck>::all(env.client.clone())
-        .patch(
-            check,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"parameters": parameters}})),
-        )
-        .await?;
-    Ok(())
-}
-
 /// The model of a short SDK test (see `e2e::probe`): a Ready answer admits the Job, on the first
 /// attempt, and deleting the Workload releases it.
 #[tokio::test]
@@ -301,7 +289,7 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
         .await?;
 
     let bad = json!({"apiGroup": "example.com", "kind": "Budget", "name": "weekly"});
-    set_parameters(&env, check, bad).await?;
+    env.set_check_parameters(check, bad).await?;
     let inactive = env
         .wait_active::<AdmissionCheck>(check, "False", Some("BadParametersRef"))
         .await?;
@@ -313,7 +301,8 @@ async fn bad_parameters_make_the_check_inactive_until_fixed() -> Result<()> {
     let gauge = format!("kueue_ac_check_active{{check=\"{check}\"}}");
     assert_eq!(e2e::metric_sample(&metrics, &gauge), Some(0.0), "{metrics}");
 
-    set_parameters(&env, check, serde_json::Value::Null).await?;
+    env.set_check_parameters(check, serde_json::Value::Null)
+        .await?;
     env.wait_active::<AdmissionCheck>(check, "True", None)
         .await?;
     Ok(())
