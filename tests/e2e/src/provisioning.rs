@@ -8,16 +8,18 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use autoscaler_simulator::{self as simulator, Script};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PodTemplate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kueue_admission_sdk::RuntimeConfig;
 use kueue_admission_sdk::api::{
-    AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, ProvisioningRequest,
-    ProvisioningRequestConfig, Workload,
+    AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, AdmissionCheckState,
+    ProvisioningRequest, ProvisioningRequestConfig, Workload,
 };
 use kueue_provisioning_controller::{ProvisioningCheck, Settings, identity};
 use serde_json::{Value, json};
@@ -570,6 +572,51 @@ impl TestEnv {
         .await
     }
 
+    /// Adds the `True` condition `type_` (`reason`, `message`) to request `name`, as the
+    /// autoscaler would: its other conditions kept, the write conditioned on the version read.
+    pub async fn add_request_condition(
+        &self,
+        name: &str,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) -> Result<ProvisioningRequest> {
+        let api = self.provisioning_requests();
+        for _ in 0..10 {
+            let r = api.get(name).await?;
+            let mut conditions = r.status.clone().unwrap_or_default().conditions;
+            conditions.retain(|c| c.type_ != type_);
+            conditions.push(Condition {
+                type_: type_.into(),
+                status: "True".into(),
+                reason: reason.into(),
+                message: message.into(),
+                last_transition_time: Time(Timestamp::now()),
+                observed_generation: r.metadata.generation,
+            });
+            let patch = json!({
+                "metadata": {"resourceVersion": r.resource_version()},
+                "status": {"conditions": conditions},
+            });
+            match api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(r) => return Ok(r),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(e).with_context(|| format!("setting {type_} on {name}")),
+            }
+        }
+        bail!("request {name} kept changing")
+    }
+
+    /// Marks request `name` `Provisioned`, as cluster-autoscaler does once the capacity is there.
+    pub async fn mark_request_provisioned(&self, name: &str) -> Result<ProvisioningRequest> {
+        let message = "provisioned by the end-to-end test";
+        self.add_request_condition(name, "Provisioned", "Provisioned", message)
+            .await
+    }
+
     /// Creates a Workload of one podset `main` of one pod requesting 1 cpu, owned by no job,
     /// submitted to LocalQueue `lq`, whose request the simulator answers with `script`. Unlike
     /// a Job's, it can be deleted without Kueue creating it again.
@@ -664,6 +711,34 @@ impl World {
     /// `<namespace>/<request>` of attempt `attempt` for `workload`.
     pub fn qualified(&self, workload: &str, attempt: u32) -> String {
         self.qualified_name(&self.request(workload, attempt))
+    }
+
+    /// Our entry's message once attempt `attempt`'s request for `workload` was provisioned.
+    pub fn provisioned(&self, workload: &str, attempt: u32) -> String {
+        format!(
+            "ProvisioningRequest {} provisioned",
+            self.qualified(workload, attempt)
+        )
+    }
+
+    /// Waits until the Workload is admitted and asserts our entry names attempt `attempt`'s
+    /// request as provisioned; returns the Workload and the entry.
+    pub async fn admitted_on_attempt(
+        &self,
+        workload: &str,
+        attempt: u32,
+    ) -> Result<(Workload, AdmissionCheckState)> {
+        let admitted = self.env.wait_admitted(workload).await?;
+        let entry = admitted
+            .admission_check(&self.p.check)
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            entry.message,
+            self.provisioned(workload, attempt),
+            "{entry:#?}"
+        );
+        Ok((admitted, entry))
     }
 
     /// The controller, if it runs.

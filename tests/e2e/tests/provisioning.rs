@@ -333,14 +333,6 @@ fn within_late_slack(secs: f64) -> bool {
     (0.0..=e2e::LATE_SLACK.as_secs_f64()).contains(&secs)
 }
 
-/// Our entry's message once attempt `attempt`'s request was provisioned.
-fn provisioned(t: &World, wl: &str, attempt: u32) -> String {
-    format!(
-        "ProvisioningRequest {} provisioned",
-        t.qualified(wl, attempt)
-    )
-}
-
 /// Our entry's message when the script failed attempt `attempt`, `rest` after the attempt's
 /// number: `... failed: simulated: no capacity (attempt <n><rest>`.
 fn failed(t: &World, wl: &str, attempt: u32, rest: &str) -> String {
@@ -756,7 +748,7 @@ async fn provisioned_admits_and_the_job_gets_the_pod_set_updates() -> Result<()>
     let (_, entry) = admitted(env, &wl, &p.check).await?;
     let request = t.request(&wl, 1);
     assert_eq!(entry.state, CheckState::Ready, "{entry:?}");
-    assert_eq!(entry.message, provisioned(&t, &wl, 1));
+    assert_eq!(entry.message, t.provisioned(&wl, 1));
     let annotations = consume_annotations(&request, &p.class);
     let zone = strings(&[("zone", "zone-b")]);
     let updates = pod_set_updates(&entry);
@@ -793,7 +785,7 @@ async fn two_failures_retry_with_growing_delays_then_the_third_attempt_admits() 
     let (admitted, entry) = admitted_and_recorded(&t, &wls, &wl).await?;
     assert_eq!(entry.state, CheckState::Ready, "{entry:#?}");
     assert_eq!(entry.retry_count, Some(2), "{entry:#?}");
-    assert_eq!(entry.message, provisioned(&t, &wl, 3));
+    assert_eq!(entry.message, t.provisioned(&wl, 3));
     assert_eq!(admitted.evictions("AdmissionCheck"), 2);
     let retries = retry_entries(&wls, &wl, check);
     assert_eq!(retries.len(), 2, "{retries:#?}");
@@ -903,7 +895,7 @@ async fn an_expired_booking_before_admission_retries_and_the_next_attempt_admits
         .await?;
     let (_, entry) = admitted(env, &wl, check).await?;
     assert_eq!(entry.state, CheckState::Ready);
-    assert_eq!(entry.message, provisioned(&t, &wl, 2));
+    assert_eq!(entry.message, t.provisioned(&wl, 2));
     let (annotations, _) = started_template(env, "job").await?;
     let consumed = annotations.get(CONSUME_ANNOTATION);
     assert_eq!(consumed, Some(&t.request(&wl, 2)));
@@ -932,7 +924,7 @@ async fn another_checks_eviction_keeps_our_attempt_and_its_request_name() -> Res
     env.answer_check(&wl, &gate, CheckState::Ready, "the gate opens")
         .await?;
     let (admitted, entry) = admitted(env, &wl, check).await?;
-    let want = provisioned(&t, &wl, 2);
+    let want = t.provisioned(&wl, 2);
     assert_eq!(entry.message, want, "{}", e2e::dump(&admitted));
     // Attempt 1's request, attempt 2's, and attempt 2's again after the eviction released it.
     let second = t.request(&wl, 2);
@@ -1011,7 +1003,7 @@ async fn a_request_never_provisioned_times_out_per_the_config_annotation_and_is_
     let wl = env.job_with_script("job", "accept,provision").await?;
     let (_, entry) = admitted_and_recorded(&t, &wls, &wl).await?;
     assert_eq!(entry.retry_count, Some(1), "{entry:#?}");
-    assert_eq!(entry.message, provisioned(&t, &wl, 2));
+    assert_eq!(entry.message, t.provisioned(&wl, 2));
     // While it waited, the entry said what for.
     let messages = entry_messages(&wls, check);
     assert!(messages.contains(&waiting(&t, &wl, 1)), "{messages:#?}");
@@ -1084,7 +1076,7 @@ async fn a_restart_mid_provisioning_creates_no_second_request() -> Result<()> {
     start_next_controller(&mut t)?;
 
     let (_, entry) = admitted(&t.env, &wl, &t.p.check).await?;
-    assert_eq!(entry.message, provisioned(&t, &wl, 1));
+    assert_eq!(entry.message, t.provisioned(&wl, 1));
     assert_eq!(entry.retry_count, None);
     let after = t.env.provisioning_requests().get(&name).await?;
     assert_eq!(after.uid(), before.uid(), "the request was made again");
@@ -1210,7 +1202,7 @@ async fn metrics_and_events_account_for_every_request() -> Result<()> {
     );
     assert!(retry[0].starts_with(&retried), "{retry:?}");
     let ready = env.event_notes(&wl, "CheckReady").await?;
-    assert_eq!(ready, [note(check, &provisioned(&t, &wl, 2))]);
+    assert_eq!(ready, [note(check, &t.provisioned(&wl, 2))]);
     assert_eq!(env.event_count(&wl, "CheckRejected").await?, 0);
     t.stop().await
 }

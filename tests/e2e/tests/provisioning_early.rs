@@ -203,7 +203,7 @@ async fn the_request_is_made_at_the_reservation_and_the_entry_is_answered_at_onc
     // is made, and the Job's pods run.
     hold.lift().await?;
     let (_, entry) = env.wait_admitted_ready(&wl, &p.check).await?;
-    let expected = format!("ProvisioningRequest {} provisioned", t.qualified(&wl, 1));
+    let expected = t.provisioned(&wl, 1);
     assert_eq!(entry.message, expected);
     let made = (request.clone(), provisioned.uid().unwrap_or_default());
     assert_eq!(

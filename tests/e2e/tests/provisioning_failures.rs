@@ -371,29 +371,6 @@ async fn assert_nothing_made(t: &World, requests: &History<ProvisioningRequest>)
     Ok(())
 }
 
-/// Waits until the Workload is admitted and asserts its entry names attempt `attempt`'s
-/// request as provisioned; returns the Workload and the entry.
-async fn admitted_on_attempt(
-    t: &World,
-    workload: &str,
-    attempt: u32,
-) -> Result<(Workload, AdmissionCheckState)> {
-    let admitted = t.env.wait_admitted(workload).await?;
-    let entry = admitted
-        .admission_check(&t.p.check)
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(
-        entry.message,
-        format!(
-            "ProvisioningRequest {} provisioned",
-            t.qualified(workload, attempt)
-        ),
-        "{entry:#?}"
-    );
-    Ok((admitted, entry))
-}
-
 /// The parameters of attempt `attempt`'s request for the Workload.
 async fn request_parameters(
     t: &World,
@@ -625,7 +602,7 @@ async fn a_fix_on_the_workload_during_the_hold_admits_it_without_an_eviction() -
         annotated.resource_version() != failed.resource_version(),
         "Kueue accepts the change of a Workload that holds quota"
     );
-    let (admitted, entry) = admitted_on_attempt(&t, &wl, 1).await?;
+    let (admitted, entry) = t.admitted_on_attempt(&wl, 1).await?;
     assert_eq!(entry.state, CheckState::Ready, "{entry:#?}");
     assert_eq!(entry.retry_count, None, "{entry:#?}");
     assert_eq!(request_parameters(&t, &wl, 1).await?, fixed_parameters());
@@ -651,7 +628,7 @@ async fn a_fix_on_the_workload_after_a_retry_is_picked_up_by_the_next_attempt() 
     .await?;
     annotate_workload(&t, &wl, "60").await?;
 
-    let (admitted, entry) = admitted_on_attempt(&t, &wl, 2).await?;
+    let (admitted, entry) = t.admitted_on_attempt(&wl, 2).await?;
     assert_eq!(entry.retry_count, Some(1), "{entry:#?}");
     assert_eq!(admitted.evictions("AdmissionCheck"), 1);
     assert_eq!(request_parameters(&t, &wl, 2).await?, fixed_parameters());
@@ -686,7 +663,7 @@ async fn an_absurd_retry_strategy_is_clamped_to_the_ceiling_and_reported() -> Re
     assert_clamp_announced(&t, &wl).await?;
 
     // After the 20 s, Kueue evicts and the second attempt is provisioned.
-    admitted_on_attempt(&t, &wl, 2).await?;
+    t.admitted_on_attempt(&wl, 2).await?;
     let evicted_at = eviction_time(&wls, &wl).await?;
     ensure_evicted_within(evicted_at, due, SignedDuration::from_secs(5))?;
     let m = t.wait_counter(CLAMPED, 1.0).await?;

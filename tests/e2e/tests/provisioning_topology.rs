@@ -17,9 +17,8 @@ use anyhow::{Context, Result, bail, ensure};
 use e2e::TestEnv;
 use e2e::capacity::node_of;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
 use kueue_admission_sdk::api::{
     AdmissionCheck, CheckState, ProvisioningRequest, Workload, find_condition,
     workload_condition as cond,
@@ -151,40 +150,6 @@ async fn wait_json(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// Marks request `name` `Provisioned`, as cluster-autoscaler does once the capacity is there
-/// (its other conditions kept; the write conditioned on the version read).
-async fn provision(env: &TestEnv, name: &str) -> Result<()> {
-    let api = env.provisioning_requests();
-    for _ in 0..10 {
-        let r = api.get(name).await?;
-        let mut conditions = r.status.clone().unwrap_or_default().conditions;
-        conditions.retain(|c| c.type_ != "Provisioned");
-        conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: "Provisioned".into(),
-            status: "True".into(),
-            reason: "Provisioned".into(),
-            message: "provisioned by the end-to-end test".into(),
-            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                Timestamp::now(),
-            ),
-            observed_generation: r.metadata.generation,
-        });
-        let patch = json!({
-            "metadata": {"resourceVersion": r.resource_version()},
-            "status": {"conditions": conditions},
-        });
-        match api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(e).with_context(|| format!("provisioning {name}")),
-        }
-    }
-    bail!("request {name} kept changing")
 }
 
 /// The requests of the namespace whose name starts with `<workload>-<check>-`.
@@ -381,7 +346,8 @@ impl<'a> Scene<'a> {
     async fn provisioned(&self, a: &str, b: &str, old: &str) -> Result<()> {
         let env = self.env;
         let new = node(env, "new", "b2").await?;
-        provision(env, &our_request(env).await?).await?;
+        env.mark_request_provisioned(&our_request(env).await?)
+            .await?;
         env.wait_admitted(a).await?;
         let pods = env.wait_job_pods_running("a", 2).await?;
         let placed: Vec<&str> = pods.iter().filter_map(node_of).collect();
@@ -389,7 +355,7 @@ impl<'a> Scene<'a> {
 
         let requests = requests_of(env, b, &self.kueues).await?;
         let request = requests.first().context("Kueue's request")?.name_any();
-        provision(env, &request).await?;
+        env.mark_request_provisioned(&request).await?;
         let assigned = wait_json(env, b, "the topology assigned after provisioning", |w| {
             assignment(w)["delayedTopologyRequest"] == "Ready"
                 && !assignment(w)["topologyAssignment"].is_null()

@@ -44,43 +44,6 @@ fn retries(limit: i32) -> Value {
     }})
 }
 
-/// Adds the `True` condition `type_` to request `name`, as the autoscaler would (its other
-/// conditions kept, the write conditioned on the version read).
-async fn add_request_condition(
-    env: &TestEnv,
-    name: &str,
-    type_: &str,
-    message: &str,
-) -> Result<()> {
-    let api = env.provisioning_requests();
-    for _ in 0..10 {
-        let r = api.get(name).await?;
-        let mut conditions = r.status.clone().unwrap_or_default().conditions;
-        conditions.retain(|c| c.type_ != type_);
-        conditions.push(Condition {
-            type_: type_.into(),
-            status: "True".into(),
-            reason: "SetByTheTest".into(),
-            message: message.into(),
-            last_transition_time: Time(Timestamp::now()),
-            observed_generation: r.metadata.generation,
-        });
-        let patch = json!({
-            "metadata": {"resourceVersion": r.resource_version()},
-            "status": {"conditions": conditions},
-        });
-        match api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(e) => return Err(e).with_context(|| format!("setting {type_} on {name}")),
-        }
-    }
-    bail!("request {name} kept changing")
-}
-
 /// The usual world (config `spec`, 4 cpu) with a second AdmissionCheck on the ClusterQueue,
 /// `gate`, active and answered by the test; returns its name too.
 async fn with_gate(test: &str, spec: Value) -> Result<(World, String)> {
@@ -110,7 +73,8 @@ async fn a_request_failed_after_our_ready_before_admission_is_retried_like_the_b
     ready_held_by_the_gate(env, &wl, check, None).await?;
 
     let failure = "the node group went away";
-    add_request_condition(env, &t.request(&wl, 1), pr::FAILED, failure).await?;
+    env.add_request_condition(&t.request(&wl, 1), pr::FAILED, "SetByTheTest", failure)
+        .await?;
     let again = ready_held_by_the_gate(env, &wl, check, Some(1)).await?;
     let evictions = again.evictions("AdmissionCheck");
     assert_eq!(evictions, 1, "{}", e2e::dump(&again));
@@ -126,7 +90,7 @@ async fn a_request_failed_after_our_ready_before_admission_is_retried_like_the_b
 
     env.answer_check(&wl, &gate, CheckState::Ready, "the gate opens")
         .await?;
-    admitted_on_attempt(&t, &wl, 2).await?;
+    t.admitted_on_attempt(&wl, 2).await?;
     let (counts, m) = failed_and_provisioned_counts(&t).await?;
     assert_eq!(counts, [1.0, 2.0], "failed, provisioned: {m}");
     t.stop().await
@@ -153,7 +117,9 @@ async fn kueues_built_in_check_evicts_a_running_workload_whose_request_fails() -
     env.wait_job_pods_running("job", 1).await?;
 
     let request = format!("{wl}-{check}-1");
-    add_request_condition(&env, &request, pr::FAILED, "the node group went away").await?;
+    let failure = "the node group went away";
+    env.add_request_condition(&request, pr::FAILED, "SetByTheTest", failure)
+        .await?;
     let evicted = env
         .wait_workload(&wl, "evicted by its check", |w| {
             w.evictions("AdmissionCheck") == 1
@@ -543,24 +509,6 @@ async fn retries_seen_before_ready_again(
         .filter(|e| e.state == CheckState::Retry)
         .map(|e| e.message.clone())
         .collect())
-}
-
-/// Waits until the Workload is admitted and asserts our entry names attempt `attempt`'s
-/// request as provisioned.
-async fn admitted_on_attempt(t: &World, workload: &str, attempt: u32) -> Result<Workload> {
-    let admitted = t.env.wait_admitted(workload).await?;
-    let entry = admitted
-        .admission_check(&t.p.check)
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(
-        entry.message,
-        format!(
-            "ProvisioningRequest {} provisioned",
-            t.qualified(workload, attempt)
-        )
-    );
-    Ok(admitted)
 }
 
 /// The controller's counts of failed and of provisioned requests for the check, with the
