@@ -203,21 +203,22 @@ async fn same_flavor(
     Ok(now)
 }
 
-/// Checks that the admitted Workload is as it was (admitted since the same time, never
-/// evicted, the same entry), its request unchanged (same uid and resourceVersion) and its Job
-/// `first` running.
-async fn assert_left_as_it_was(
+/// Checks, after the flavor's deletion and the second Job's admission, that the first Workload
+/// is as it was (admitted since the same time, never evicted, the same entry), its request
+/// unchanged (same uid and resourceVersion) and its Job `first` running, that no `CheckFailed`
+/// event was published on either Workload, and that the controller counted no reconcile error.
+async fn our_request_and_entry_unchanged_after(
     t: &World,
-    wl: &str,
-    (admitted, entry): (&Workload, &AdmissionCheckState),
-    request: &ProvisioningRequest,
+    first: &FirstAdmitted,
+    second: &String,
 ) -> Result<()> {
     let env = &t.env;
+    let (wl, admitted, request) = (&first.wl, &first.admitted, &first.request);
     let now = env.workloads().get(wl).await?;
     assert!(now.condition_is_true(cond::ADMITTED), "{}", e2e::dump(&now));
     assert_eq!(since(&now, cond::ADMITTED), since(admitted, cond::ADMITTED));
     assert_eq!(now.total_evictions(), 0, "{}", e2e::dump(&now));
-    assert_eq!(now.admission_check(&t.p.check), Some(entry));
+    assert_eq!(now.admission_check(&t.p.check), Some(&first.entry));
     let after = env.provisioning_requests().get(&request.name_any()).await?;
     assert_eq!(
         (after.uid(), after.resource_version()),
@@ -227,6 +228,8 @@ async fn assert_left_as_it_was(
     );
     let job = env.jobs().get("first").await?;
     assert_eq!(job.spec.and_then(|s| s.suspend), Some(false));
+    assert_no_check_failed(env, &[wl, second]).await?;
+    assert_eq!(t.metric(RECONCILE_ERRORS).await?, 0.0);
     Ok(())
 }
 
@@ -489,6 +492,119 @@ async fn recreate(flavors: &Api<ResourceFlavor>, saved: &ResourceFlavor) -> Resu
     Ok(())
 }
 
+/// Job `first` admitted through our check: its Workload's name, the Workload and our entry as
+/// admitted, and its request once `Provisioned`.
+struct FirstAdmitted {
+    /// The Workload's name.
+    wl: String,
+    /// The Workload as admitted.
+    admitted: Workload,
+    /// Our entry as admitted.
+    entry: AdmissionCheckState,
+    /// Its request, once `Provisioned`.
+    request: ProvisioningRequest,
+}
+
+/// Submits Job `first` and checks it is admitted with our entry `Ready`, naming its request
+/// provisioned, and its request `Provisioned`; returns what the later phases compare with.
+async fn first_admitted_ready_on_its_provisioned_request(t: &World) -> Result<FirstAdmitted> {
+    let (wl, admitted, first_request) = admitted_job(t, "first").await?;
+    let entry = e2e::entry_of(&admitted, &t.p.check)?;
+    assert_eq!(entry.state, CheckState::Ready, "{entry:#?}");
+    assert_eq!(entry.message, provisioned(t, &first_request));
+    let request = t.env.wait_request(&first_request, pr::PROVISIONED).await?;
+    Ok(FirstAdmitted {
+        wl,
+        admitted,
+        entry,
+        request,
+    })
+}
+
+/// Submits Job `second` and checks it gets quota on the terminating flavor and is admitted on
+/// a request whose PodTemplate, made from the flavor as it was while terminating, carries the
+/// flavor's node label and toleration; returns its Workload's name and its request's name.
+async fn second_job_admitted_on_the_terminating_flavor(
+    t: &World,
+    terminating: &ResourceFlavor,
+) -> Result<(String, String)> {
+    let (second, second_admitted, second_request) = admitted_job(t, "second").await?;
+    let assigned = assigned_flavor_names(&second_admitted);
+    let dump = e2e::dump(&second_admitted);
+    assert_eq!(assigned, [t.p.flavor.as_str()], "{dump}");
+    let second_entry = e2e::entry_of(&second_admitted, &t.p.check)?;
+    assert_eq!(second_entry.message, provisioned(t, &second_request));
+    // Made from the flavor as it was while terminating.
+    let spec = template_made_while_terminating(&t.env, &second_request, terminating).await?;
+    let pool = spec.node_selector.unwrap_or_default().get("pool").cloned();
+    assert_eq!(pool.as_deref(), Some("pool"));
+    assert_eq!(spec.tolerations, Some(vec![TestEnv::pool_toleration()]));
+    Ok((second, second_request))
+}
+
+/// Checks that the ClusterQueue is still `Active` ("Can admit new workloads") and the flavor
+/// still the same one, terminating.
+async fn queue_still_admitting_on_the_terminating_flavor(
+    t: &World,
+    flavors: &Api<ResourceFlavor>,
+    terminating: &ResourceFlavor,
+) -> Result<()> {
+    let cq_active = queue_can_admit(t).await?;
+    assert_eq!(cq_active.message, "Can admit new workloads");
+    let still = same_flavor(flavors, terminating).await?;
+    assert!(still.metadata.deletion_timestamp.is_some());
+    Ok(())
+}
+
+/// Completes Job `first` and checks that its request and PodTemplate go while the second's
+/// stay: the history saw exactly the two requests, the first never replaced, and only the
+/// first deleted.
+async fn only_the_first_request_goes_when_it_finishes(
+    t: &World,
+    requests: &History<ProvisioningRequest>,
+    first: &FirstAdmitted,
+    second_request: &String,
+) -> Result<()> {
+    let env = &t.env;
+    let first_request = first.request.name_any();
+    env.complete_job("first", &first.wl).await?;
+    env.wait_only_left(std::slice::from_ref(second_request))
+        .await?;
+    let saw = "the request history saw the first request deleted";
+    let (made, gone) = deletions_seen(requests, 1, saw).await?;
+    let names = made.iter().map(|(n, _)| n);
+    ensure!(
+        names.eq([&first_request, second_request]),
+        "requests ever seen: {made:?}"
+    );
+    let first_uid = first.request.uid().unwrap_or_default();
+    assert_eq!(made[0].1, first_uid, "the first request was never replaced");
+    assert_eq!(gone, [first_request]);
+    Ok(())
+}
+
+/// Completes Job `second` and waits until nothing of ours is left; checks that the controller
+/// made two requests in all and counted no reconcile error.
+async fn nothing_left_once_the_second_finishes(t: &World, second: &str) -> Result<()> {
+    t.env.complete_job("second", second).await?;
+    t.env.wait_nothing_left().await?;
+    assert_eq!(t.metric(&created_total(&t.p.check)).await?, 2.0);
+    assert_eq!(t.metric(RECONCILE_ERRORS).await?, 0.0);
+    Ok(())
+}
+
+/// Checks that the flavor, though no Workload holds quota on it any more, is still held by
+/// Kueue's in-use finalizer, then deletes the ClusterQueue and waits until the flavor goes.
+async fn flavor_held_until_its_queue_goes(
+    t: &World,
+    flavors: Api<ResourceFlavor>,
+    terminating: &ResourceFlavor,
+) -> Result<()> {
+    let held = same_flavor(&flavors, terminating).await?;
+    assert_eq!(held.finalizers(), [IN_USE_FINALIZER]);
+    flavor_gone_with_its_queue(t, flavors).await
+}
+
 /// Catalogue row "ResourceFlavor deleted under an admitted Workload".
 ///
 /// A Job is admitted through our check (entry `Ready`, its request `Provisioned`), then the
@@ -508,73 +624,160 @@ async fn recreate(flavors: &Api<ResourceFlavor>, saved: &ResourceFlavor) -> Resu
 async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminating_and_nothing_of_ours_changes()
 -> Result<()> {
     let t = setup("cc-flavor-deleted", None).await?;
-    let (env, p) = (&t.env, &t.p);
-    let flavors = Api::<ResourceFlavor>::all(env.client.clone());
-    let requests = env.request_history();
-
-    let (first, admitted, first_request) = admitted_job(&t, "first").await?;
-    let entry = e2e::entry_of(&admitted, &p.check)?;
-    assert_eq!(entry.state, CheckState::Ready, "{entry:#?}");
-    assert_eq!(entry.message, provisioned(&t, &first_request));
-    let before = env.wait_request(&first_request, pr::PROVISIONED).await?;
+    let flavors = Api::<ResourceFlavor>::all(t.env.client.clone());
+    let requests = t.env.request_history();
+    let first = first_admitted_ready_on_its_provisioned_request(&t).await?;
     queue_can_admit(&t).await?;
 
-    let terminating = delete_held_in_use(&flavors, &p.flavor).await?;
+    let terminating = delete_held_in_use(&flavors, &t.p.flavor).await?;
     // Our controller is asked about the admitted Workload again (any change of it wakes it);
     // the marker is its count of finished reconciles.
-    reconciled_after_a_change(&t, &first).await?;
-
+    reconciled_after_a_change(&t, &first.wl).await?;
     // A second Job gets quota on the terminating flavor, and our request for it the flavor's
     // node label and toleration.
-    let (second, second_admitted, second_request) = admitted_job(&t, "second").await?;
-    let assigned = assigned_flavor_names(&second_admitted);
-    let dump = e2e::dump(&second_admitted);
-    assert_eq!(assigned, [p.flavor.as_str()], "{dump}");
-    let second_entry = e2e::entry_of(&second_admitted, &p.check)?;
-    assert_eq!(second_entry.message, provisioned(&t, &second_request));
-    // Made from the flavor as it was while terminating.
-    let spec = template_made_while_terminating(env, &second_request, &terminating).await?;
-    let pool = spec.node_selector.unwrap_or_default().get("pool").cloned();
-    assert_eq!(pool.as_deref(), Some("pool"));
-    assert_eq!(spec.tolerations, Some(vec![TestEnv::pool_toleration()]));
-
+    let (second, second_request) =
+        second_job_admitted_on_the_terminating_flavor(&t, &terminating).await?;
     // Still terminating, the ClusterQueue still active: Kueue admitted the second Job on it.
-    let cq_active = queue_can_admit(&t).await?;
-    assert_eq!(cq_active.message, "Can admit new workloads");
-    let still = same_flavor(&flavors, &terminating).await?;
-    assert!(still.metadata.deletion_timestamp.is_some());
-
+    queue_still_admitting_on_the_terminating_flavor(&t, &flavors, &terminating).await?;
     // The first Workload is as it was, and so is its request.
-    assert_left_as_it_was(&t, &first, (&admitted, &entry), &before).await?;
-    assert_no_check_failed(env, &[&first, &second]).await?;
-    assert_eq!(t.metric(RECONCILE_ERRORS).await?, 0.0);
+    our_request_and_entry_unchanged_after(&t, &first, &second).await?;
 
     // The first Workload finishes: its request and PodTemplate go, the second's stay.
-    env.complete_job("first", &first).await?;
-    env.wait_only_left(std::slice::from_ref(&second_request))
-        .await?;
-    let saw = "the request history saw the first request deleted";
-    let (made, gone) = deletions_seen(&requests, 1, saw).await?;
-    let names = made.iter().map(|(n, _)| n);
-    ensure!(
-        names.eq([&first_request, &second_request]),
-        "requests ever seen: {made:?}"
-    );
-    let first_uid = before.uid().unwrap_or_default();
-    assert_eq!(made[0].1, first_uid, "the first request was never replaced");
-    assert_eq!(gone, [first_request]);
-
-    env.complete_job("second", &second).await?;
-    env.wait_nothing_left().await?;
-    assert_eq!(t.metric(&created_total(&p.check)).await?, 2.0);
-    assert_eq!(t.metric(RECONCILE_ERRORS).await?, 0.0);
-
+    only_the_first_request_goes_when_it_finishes(&t, &requests, &first, &second_request).await?;
+    nothing_left_once_the_second_finishes(&t, &second).await?;
     // No Workload holds quota any more, yet the flavor is still held: "in use" means listed by
     // a ClusterQueue. Deleting the ClusterQueue lets it go.
-    let held = same_flavor(&flavors, &terminating).await?;
-    assert_eq!(held.finalizers(), [IN_USE_FINALIZER]);
-    flavor_gone_with_its_queue(&t, flavors).await?;
+    flavor_held_until_its_queue_goes(&t, flavors, &terminating).await?;
     t.stop().await
+}
+
+/// A Job holding quota through our check before the rename: its Workload's name, the Workload
+/// then, and the name of its request under the old check.
+struct Holding {
+    /// The Workload's name.
+    wl: String,
+    /// The Workload before the rename.
+    before: Workload,
+    /// Its request under the old check.
+    old_request: String,
+}
+
+/// Job `admitted` admitted through our check (entry `Ready`) and Job `pending` holding quota on
+/// a request the autoscaler has only accepted (entry `Pending`); checks that those two requests
+/// are all of ours.
+async fn admitted_and_pending_under_the_old_check(t: &World) -> Result<(Holding, Holding)> {
+    let (wl, before, old_request) = admitted_job(t, "admitted").await?;
+    let admitted = Holding {
+        wl,
+        before,
+        old_request,
+    };
+    let (wl, before, old_request) = pending_on_accepted_request(t, "pending").await?;
+    let pending = Holding {
+        wl,
+        before,
+        old_request,
+    };
+    let both_old = [admitted.old_request.clone(), pending.old_request.clone()];
+    assert_eq!(t.env.our_requests().await?, both_old);
+    Ok((admitted, pending))
+}
+
+/// Renames our check: creates `prov-renamed` (same controllerName and parameters) and waits
+/// until it is active, deletes the old check (checking that Kueue holds it while the queue
+/// lists it), switches the ClusterQueue to the new name, and waits until the old check is
+/// gone; returns the new check's name.
+async fn renamed_with_the_old_check_held_until_the_queue_switches(t: &World) -> Result<String> {
+    let checks = Api::<AdmissionCheck>::all(t.env.client.clone());
+    // The new check, with the same controllerName and parameters: our controller makes it
+    // active before the queue names it, so the queue never stops admitting.
+    let renamed = renamed_check_active(t, &checks).await?;
+    // The old check is deleted; Kueue holds it while the queue lists it.
+    delete_held_in_use(&checks, &t.p.check).await?;
+    switch_queue_to(t, &renamed).await?;
+    e2e::wait_gone(checks.clone(), &t.p.check).await?;
+    Ok(renamed)
+}
+
+/// Checks that Kueue replaced the pending Workload's entry with the new check's, `Pending`,
+/// keeping its quota, and that it is admitted on its new request (marked `Provisioned` here)
+/// on the same reservation, never evicted, its Job unsuspended; returns the new request's name.
+async fn pending_admitted_on_the_same_reservation(
+    t: &World,
+    pending: &Holding,
+    renamed: &str,
+) -> Result<String> {
+    let env = &t.env;
+    let new_pending = (renamed, CheckState::Pending);
+    let what = "only the new check's entry, Pending";
+    let replaced = only_entry(env, &pending.wl, new_pending, what).await?;
+    let reserved = replaced.condition_is_true(cond::QUOTA_RESERVED);
+    assert!(reserved, "{}", e2e::dump(&replaced));
+    let (pending_new, done, entry) = provisioned_under(t, &pending.wl, renamed).await?;
+    assert_eq!(entry_names(&done), [renamed]);
+    assert_eq!(entry.message, provisioned(t, &pending_new));
+    // The same reservation from start to admission: never released, never evicted.
+    let reserved_since = since(&pending.before, cond::QUOTA_RESERVED);
+    assert_eq!(since(&done, cond::QUOTA_RESERVED), reserved_since);
+    assert_eq!(done.total_evictions(), 0, "{}", e2e::dump(&done));
+    env.wait_job_unsuspended("pending").await?;
+    Ok(pending_new)
+}
+
+/// Checks that the admitted Workload's only entry becomes the new check's, `Ready` with
+/// [`ADMITTED_BEFORE_THE_CHECK`], after Kueue showed it `Pending`; that every version of it
+/// the history saw was admitted since the same time; and that its Job runs on, its pods still
+/// consuming the old request.
+async fn admitted_answered_ready_at_once_and_left_running(
+    t: &World,
+    wls: &History<Workload>,
+    admitted: &Holding,
+    renamed: &str,
+) -> Result<()> {
+    let env = &t.env;
+    let new_ready = (renamed, CheckState::Ready);
+    let again = only_entry(env, &admitted.wl, new_ready, "the new check's entry Ready").await?;
+    let answer = e2e::entry_of(&again, renamed)?.message;
+    assert_eq!(answer, ADMITTED_BEFORE_THE_CHECK);
+    let versions = versions_until_ready(wls, &admitted.wl, renamed).await?;
+    let seen_pending = versions
+        .iter()
+        .any(|w| entry_is(w, renamed, CheckState::Pending));
+    ensure!(
+        seen_pending,
+        "Kueue never showed the new entry Pending on the admitted Workload"
+    );
+    assert_admitted_throughout(&versions, &admitted.before)?;
+    let (suspend, consumed) = job_suspend_and_consumed(env, "admitted").await?;
+    assert_eq!(suspend, Some(false));
+    assert_eq!(
+        consumed,
+        Some(admitted.old_request.clone()),
+        "Kueue does not update a running Job's pods"
+    );
+    Ok(())
+}
+
+/// Checks that the request history saw both old requests deleted, that the controller made
+/// two requests under the old check and one under the new, and that no `CheckFailed` event was
+/// published on either Workload.
+async fn both_old_requests_deleted_and_one_new_made(
+    t: &World,
+    requests: &History<ProvisioningRequest>,
+    [admitted, pending]: [&Holding; 2],
+    renamed: &String,
+) -> Result<()> {
+    let saw = "the request history saw both old requests deleted";
+    let (_, mut gone) = deletions_seen(requests, 2, saw).await?;
+    gone.sort();
+    assert_eq!(
+        gone,
+        [admitted.old_request.clone(), pending.old_request.clone()]
+    );
+    for (check, made) in [(&t.p.check, 2.0), (renamed, 1.0)] {
+        assert_eq!(t.metric(&created_total(check)).await?, made, "{check}");
+    }
+    assert_no_check_failed(&t.env, &[&admitted.wl, &pending.wl]).await
 }
 
 /// Catalogue row "a check renamed".
@@ -603,83 +806,65 @@ async fn a_resource_flavor_deleted_under_an_admitted_workload_is_kept_terminatin
 async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing_quota()
 -> Result<()> {
     let t = setup("cc-check-renamed", None).await?;
-    let (env, p) = (&t.env, &t.p);
-    let checks = Api::<AdmissionCheck>::all(env.client.clone());
+    let (admitted, pending) = admitted_and_pending_under_the_old_check(&t).await?;
+    let wls = t.env.workload_history();
+    let requests = t.env.request_history();
 
-    let (admitted, admitted_before, admitted_old) = admitted_job(&t, "admitted").await?;
-    let (pending, pending_before, pending_old) = pending_on_accepted_request(&t, "pending").await?;
-    let both_old = [admitted_old.clone(), pending_old.clone()];
-    assert_eq!(env.our_requests().await?, both_old);
-    let wls = env.workload_history();
-    let requests = env.request_history();
-
-    // The new check, with the same controllerName and parameters: our controller makes it
-    // active before the queue names it, so the queue never stops admitting.
-    let renamed = renamed_check_active(&t, &checks).await?;
-    // The old check is deleted; Kueue holds it while the queue lists it.
-    delete_held_in_use(&checks, &p.check).await?;
-    switch_queue_to(&t, &renamed).await?;
-    e2e::wait_gone(checks.clone(), &p.check).await?;
-
+    let renamed = renamed_with_the_old_check_held_until_the_queue_switches(&t).await?;
     // The pending Workload: Kueue replaced its entry and kept its quota; our controller asked
     // the autoscaler again under the new name.
-    let new_pending = (renamed.as_str(), CheckState::Pending);
-    let what = "only the new check's entry, Pending";
-    let replaced = only_entry(env, &pending, new_pending, what).await?;
-    let reserved = replaced.condition_is_true(cond::QUOTA_RESERVED);
-    assert!(reserved, "{}", e2e::dump(&replaced));
-    let (pending_new, done, entry) = provisioned_under(&t, &pending, &renamed).await?;
-    assert_eq!(entry_names(&done), std::slice::from_ref(&renamed));
-    assert_eq!(entry.message, provisioned(&t, &pending_new));
-    // The same reservation from start to admission: never released, never evicted.
-    let reserved_since = since(&pending_before, cond::QUOTA_RESERVED);
-    assert_eq!(since(&done, cond::QUOTA_RESERVED), reserved_since);
-    assert_eq!(done.total_evictions(), 0, "{}", e2e::dump(&done));
-    env.wait_job_unsuspended("pending").await?;
-
+    let pending_new = pending_admitted_on_the_same_reservation(&t, &pending, &renamed).await?;
     // The admitted Workload: still admitted throughout; Kueue gave it a Pending entry of the
     // new check, which our controller answered Ready at once, provisioning nothing (its pods
     // are placed).
-    let new_ready = (renamed.as_str(), CheckState::Ready);
-    let again = only_entry(env, &admitted, new_ready, "the new check's entry Ready").await?;
-    let answer = e2e::entry_of(&again, &renamed)?.message;
-    assert_eq!(answer, ADMITTED_BEFORE_THE_CHECK);
-    let versions = versions_until_ready(&wls, &admitted, &renamed).await?;
-    let seen_pending = versions
-        .iter()
-        .any(|w| entry_is(w, &renamed, CheckState::Pending));
-    ensure!(
-        seen_pending,
-        "Kueue never showed the new entry Pending on the admitted Workload"
-    );
-    assert_admitted_throughout(&versions, &admitted_before)?;
-    let (suspend, consumed) = job_suspend_and_consumed(env, "admitted").await?;
-    assert_eq!(suspend, Some(false));
-    assert_eq!(
-        consumed,
-        Some(admitted_old),
-        "Kueue does not update a running Job's pods"
-    );
+    admitted_answered_ready_at_once_and_left_running(&t, &wls, &admitted, &renamed).await?;
 
     // Nothing of the old check is left.
     if let Err(e) = old_requests_released(&t, &pending_new).await {
         t.stop().await?;
         return Err(e);
     }
-    let saw = "the request history saw both old requests deleted";
-    let (_, mut gone) = deletions_seen(&requests, 2, saw).await?;
-    gone.sort();
-    assert_eq!(gone, both_old);
-    for (check, made) in [(&p.check, 2.0), (&renamed, 1.0)] {
-        assert_eq!(t.metric(&created_total(check)).await?, made, "{check}");
-    }
-    assert_no_check_failed(env, &[&admitted, &pending]).await?;
+    let both = [&admitted, &pending];
+    both_old_requests_deleted_and_one_new_made(&t, &requests, both, &renamed).await?;
 
-    for (job, wl) in [("admitted", &admitted), ("pending", &pending)] {
-        env.complete_job(job, wl).await?;
+    for (job, wl) in [("admitted", &admitted.wl), ("pending", &pending.wl)] {
+        t.env.complete_job(job, wl).await?;
     }
-    env.wait_nothing_left().await?;
+    t.env.wait_nothing_left().await?;
     t.stop().await
+}
+
+/// Forces the flavor out (its finalizer removed, then deleted: Kueue's finalizer would keep it)
+/// and waits until Kueue makes the ClusterQueue inactive (`FlavorNotFound`).
+async fn queue_inactive_once_the_flavor_is_forced_out(
+    t: &World,
+    flavors: &Api<ResourceFlavor>,
+) -> Result<()> {
+    force_out(flavors, &t.p.flavor).await?;
+    t.env
+        .wait_active::<ClusterQueue>(&t.p.cluster_queue, "False", Some("FlavorNotFound"))
+        .await?;
+    Ok(())
+}
+
+/// Checks that our entry names the missing flavor while the Workload keeps its quota for the
+/// hold, and that a `CheckFailedPermanently` Event says so too.
+async fn missing_flavor_named_with_the_quota_kept_for_the_hold(t: &World, wl: &str) -> Result<()> {
+    let named = entry_names_missing_flavor(t, wl).await?;
+    let kept = named.condition_is_true(cond::QUOTA_RESERVED);
+    let dump = e2e::dump(&named);
+    ensure!(kept, "the quota is kept for the hold: {dump}");
+    let failed = "CheckFailedPermanently";
+    let events = t.env.wait_event_count(wl, failed, 1).await?;
+    ensure!(events >= 1, "an Event says so too");
+    Ok(())
+}
+
+/// Waits until the Workload, evicted at least once, holds no quota, and its request `first`
+/// is gone.
+async fn quota_given_back_and_request_released(env: &TestEnv, wl: &str, first: &str) -> Result<()> {
+    quota_given_back(env, wl).await?;
+    e2e::wait_gone(env.provisioning_requests(), first).await
 }
 
 /// Catalogue row "a flavor that no longer exists" (end to end): a Workload holds quota on a
@@ -696,30 +881,17 @@ async fn a_renamed_check_replaces_the_entries_and_its_requests_without_releasing
 async fn a_flavor_forced_out_under_a_pending_workload_is_named_and_the_quota_given_back()
 -> Result<()> {
     let t = setup("cc-flavor-forced-out", Some(Duration::from_secs(3))).await?;
-    let (env, p) = (&t.env, &t.p);
-    let flavors = Api::<ResourceFlavor>::all(env.client.clone());
-    let saved = flavors.get(&p.flavor).await?;
-
+    let flavors = Api::<ResourceFlavor>::all(t.env.client.clone());
+    let saved = flavors.get(&t.p.flavor).await?;
     let (wl, first) = holding_quota_on_accepted_request(&t, "job").await?;
 
     // Forced out: the finalizer removed, then deleted (Kueue's finalizer would keep it).
-    force_out(&flavors, &p.flavor).await?;
-    env.wait_active::<ClusterQueue>(&p.cluster_queue, "False", Some("FlavorNotFound"))
-        .await?;
-
+    queue_inactive_once_the_flavor_is_forced_out(&t, &flavors).await?;
     // The autoscaler provisions the request: the change asks the check again.
-    mark_provisioned(env, &first).await?;
-    let named = entry_names_missing_flavor(&t, &wl).await?;
-    let kept = named.condition_is_true(cond::QUOTA_RESERVED);
-    let dump = e2e::dump(&named);
-    ensure!(kept, "the quota is kept for the hold: {dump}");
-    let failed = "CheckFailedPermanently";
-    let events = env.wait_event_count(&wl, failed, 1).await?;
-    ensure!(events >= 1, "an Event says so too");
-
+    mark_provisioned(&t.env, &first).await?;
+    missing_flavor_named_with_the_quota_kept_for_the_hold(&t, &wl).await?;
     // After the hold: Retry, the quota given back, the request released.
-    quota_given_back(env, &wl).await?;
-    e2e::wait_gone(env.provisioning_requests(), &first).await?;
+    quota_given_back_and_request_released(&t.env, &wl, &first).await?;
 
     // The flavor back: the ClusterQueue is active again and the Workload admitted on its
     // second attempt.
