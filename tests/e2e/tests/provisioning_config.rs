@@ -15,6 +15,7 @@ use e2e::Running;
 use e2e::provisioning::Provisioning;
 use e2e::{TestEnv, dump, wait_for};
 use k8s_openapi::api::core::v1::PodTemplate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kueue_admission_sdk::api::{
@@ -257,12 +258,7 @@ fn controller_and_simulator(env: &TestEnv) -> Result<(Running, Running)> {
 
 /// Waits until the AdmissionCheck `check` is `Active=<status>` with `reason`; returns the
 /// condition.
-async fn check_active(
-    env: &TestEnv,
-    check: &str,
-    status: &str,
-    reason: &str,
-) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+async fn check_active(env: &TestEnv, check: &str, status: &str, reason: &str) -> Result<Condition> {
     env.wait_active::<AdmissionCheck>(check, status, Some(reason))
         .await
 }
@@ -755,10 +751,7 @@ async fn retried_while_forbidden(
     env: &TestEnv,
     check: &str,
     metrics: &CheckMetrics,
-) -> Result<(
-    k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
-    MetricsSample,
-)> {
+) -> Result<(Condition, MetricsSample)> {
     metrics.wait_sync_errors("at least 2", |n| n >= 2.0).await?;
     let still = check_active(env, check, "False", "ParametersForbidden").await?;
     Ok((still, metrics.sample().await?))
@@ -796,6 +789,93 @@ async fn point_check_at_new_config(env: &TestEnv, check: &str, name: &str) -> Re
     Ok(other)
 }
 
+/// The controller started as ServiceAccount `controller`, which may not `get` configs, beside
+/// config `prc` and check `prov`; the check's `Active=False` condition it showed, and its
+/// metrics.
+struct Forbidden {
+    /// The config's cluster-scoped name.
+    config: String,
+    /// The check's cluster-scoped name.
+    check: String,
+    /// The controller under test.
+    controller: Running,
+    /// The check's `Active=False` (`ParametersForbidden`) condition.
+    shown: Condition,
+    /// The controller's metrics of the check.
+    metrics: CheckMetrics,
+}
+
+/// Starts the controller as ServiceAccount `controller` without `get` on configs and checks
+/// that the check says `Active=False` (`ParametersForbidden`), naming the config and the
+/// missing grant.
+async fn check_shows_the_config_forbidden(env: &TestEnv) -> Result<Forbidden> {
+    let client = controller_account_without_get(env).await?;
+    let (config, check) = config_and_its_check(env).await?;
+    let controller = env.start_provisioning_controller_as(client, None)?;
+    let c = check_active(env, &check, "False", "ParametersForbidden").await?;
+    ensure!(
+        names_config_and_missing_grant(&c.message, &config),
+        "the message should name the config and the missing grant: {c:?}"
+    );
+    let metrics = CheckMetrics::of(&controller, &check)?;
+    Ok(Forbidden {
+        config,
+        check,
+        controller,
+        shown: c,
+        metrics,
+    })
+}
+
+/// Checks that, once the controller has tried again, the check's condition is the one it
+/// first showed, and the metrics say inactive with the first try and at least one retry
+/// counted.
+async fn still_forbidden_after_a_retry(env: &TestEnv, f: &Forbidden) -> Result<()> {
+    let (still, now) = retried_while_forbidden(env, &f.check, &f.metrics).await?;
+    ensure!(still == f.shown, "{still:?}");
+    ensure!(
+        now.active == Some(0.0) && now.sync_errors.is_some_and(|n| n >= 2.0),
+        "inactive, and the first try and at least one retry counted:\n{}",
+        now.text
+    );
+    Ok(())
+}
+
+/// Gives ServiceAccount `controller` `get` on configs and checks that the check becomes
+/// `Active=True` ("The admission check is active"); returns that condition.
+async fn active_once_get_is_granted(env: &TestEnv, check: &str) -> Result<Condition> {
+    env.grant_cluster_rules("controller", limited_rules(true))
+        .await?;
+    let c = check_active(env, check, "True", "Active").await?;
+    ensure!(c.message == "The admission check is active", "{c:?}");
+    Ok(c)
+}
+
+/// Takes `get` on configs away again and changes the config; checks that the failure is
+/// counted while the check stays active (gauge 1) with its condition `active` untouched.
+async fn still_active_through_a_forbidden_config_change(
+    env: &TestEnv,
+    f: &Forbidden,
+    active: &Condition,
+) -> Result<()> {
+    take_config_get_away(env).await?;
+    let text = config_change_counted(env, &f.config, &f.metrics).await?;
+    let gauge = e2e::metric_sample(&text, &f.metrics.active);
+    ensure!(gauge == Some(1.0), "{text}");
+    let kept = check_active(env, &f.check, "True", "Active").await?;
+    ensure!(kept == *active, "the condition is untouched: {kept:?}");
+    Ok(())
+}
+
+/// Points the check at new config `prc-other`, which the controller may not read either, and
+/// checks that the check says `Active=False` (`ParametersForbidden`) naming it.
+async fn forbidden_again_for_a_new_config(env: &TestEnv, check: &str) -> Result<()> {
+    let other = point_check_at_new_config(env, check, "prc-other").await?;
+    let c = check_active(env, check, "False", "ParametersForbidden").await?;
+    ensure!(c.message.contains(&format!("{other:?}")), "{c:?}");
+    Ok(())
+}
+
 /// A controller whose RBAC does not let it read its config says so on the check
 /// (`ParametersForbidden`, naming the config and the grant it lacks), and becomes active once
 /// the grant is added, with no change to the check or the config to wake it: it tries again by
@@ -803,48 +883,24 @@ async fn point_check_at_new_config(env: &TestEnv, check: &str, name: &str) -> Re
 #[tokio::test]
 async fn a_config_the_controller_may_not_read_is_shown_on_the_check_until_allowed() -> Result<()> {
     let env = TestEnv::new("prc-forbidden").await?;
-    let client = controller_account_without_get(&env).await?;
-    let (config, check) = config_and_its_check(&env).await?;
-    let controller = env.start_provisioning_controller_as(client, None)?;
-    let c = check_active(&env, &check, "False", "ParametersForbidden").await?;
-    ensure!(
-        names_config_and_missing_grant(&c.message, &config),
-        "the message should name the config and the missing grant: {c:?}"
-    );
-    let metrics = CheckMetrics::of(&controller, &check)?;
+    let f = check_shows_the_config_forbidden(&env).await?;
 
     // It stays so (by then the controller's watch of configs has listed them: a change to the
     // config would wake it, an RBAC fix does not), each failed try counted: the controller has
     // tried again at least once (the cause) and the check still says why.
-    let (still, now) = retried_while_forbidden(&env, &check, &metrics).await?;
-    ensure!(still == c, "{still:?}");
-    ensure!(
-        now.active == Some(0.0) && now.sync_errors.is_some_and(|n| n >= 2.0),
-        "inactive, and the first try and at least one retry counted:\n{}",
-        now.text
-    );
+    still_forbidden_after_a_retry(&env, &f).await?;
 
     // The operator fixes the RBAC; nothing the controller watches changes.
-    env.grant_cluster_rules("controller", limited_rules(true))
-        .await?;
-    let c = check_active(&env, &check, "True", "Active").await?;
-    ensure!(c.message == "The admission check is active", "{c:?}");
+    let active = active_once_get_is_granted(&env, &f.check).await?;
 
     // Once active, a 403 (the grant taken away again, then the config changed) does not stop
     // the check: it keeps its last config, counts the failure and tries again.
-    take_config_get_away(&env).await?;
-    let text = config_change_counted(&env, &config, &metrics).await?;
-    let active = e2e::metric_sample(&text, &metrics.active);
-    ensure!(active == Some(1.0), "{text}");
-    let kept = check_active(&env, &check, "True", "Active").await?;
-    ensure!(kept == c, "the condition is untouched: {kept:?}");
+    still_active_through_a_forbidden_config_change(&env, &f, &active).await?;
 
     // A new spec is another matter: the check names another config, which it may not read
     // either; it is not active for that spec, so it says so.
-    let other = point_check_at_new_config(&env, &check, "prc-other").await?;
-    let c = check_active(&env, &check, "False", "ParametersForbidden").await?;
-    ensure!(c.message.contains(&format!("{other:?}")), "{c:?}");
-    controller.stop().await
+    forbidden_again_for_a_new_config(&env, &f.check).await?;
+    f.controller.stop().await
 }
 
 /// Parameters of another kind: `Active=False` (`BadParametersRef`) naming both kinds, and the
@@ -1168,6 +1224,44 @@ async fn request_and_template_gone(env: &TestEnv, request: &str) -> Result<()> {
     e2e::wait_gone(templates, &format!("ppt-{request}-main")).await
 }
 
+/// Checks that each entry's podSetUpdates point at its own request, that only ours is listed
+/// as ours, and that each request is marked and owned as its maker makes it; returns the two
+/// requests' (name, uid), checked to be all the namespace's requests.
+async fn each_request_as_its_maker_makes_it(
+    env: &TestEnv,
+    p: &Provisioning,
+    ours: &Admitted,
+    theirs: &Admitted,
+) -> Result<Vec<(String, String)>> {
+    for side in [ours, theirs] {
+        assert_pod_set_updates(&side.entry, &["main"], &side.request, &p.class)?;
+    }
+    let only_ours = std::slice::from_ref(&ours.request);
+    assert_eq!(env.our_requests().await?, only_ours);
+    // Ours: our labels, the Workload's uid, no ownerReference (Kueue would delete it).
+    let r = ours.our_request(env, &p.controller_name).await?;
+    // Kueue's: owned by its Workload, labelled by Kueue, none of our labels.
+    let k = theirs.kueues_request(env).await?;
+    let want = both_requests(&r, &k);
+    assert_eq!(all_requests(env).await?, want);
+    Ok(want)
+}
+
+/// Checks that each Workload is still admitted with its check `Ready` and each Job runs on
+/// its own request.
+async fn each_still_admitted_and_running_on_its_own_request(
+    env: &TestEnv,
+    sides: [&Admitted; 2],
+) -> Result<()> {
+    for side in sides {
+        side.ensure_still_admitted_ready(env).await?;
+        // Each Job runs on its own request.
+        let consumed = consumed_request(env, side.job).await?;
+        assert_eq!(consumed.as_ref(), Some(&side.request), "job {}", side.job);
+    }
+    Ok(())
+}
+
 /// Our check and Kueue's built-in one on two ClusterQueues, one Job each, in one namespace:
 /// both admitted, each request only for its own Workload (ours labelled and without owner,
 /// Kueue's owned by its Workload), and neither controller deletes the other's request while
@@ -1182,27 +1276,14 @@ async fn coexists_with_kueues_built_in_check() -> Result<()> {
 
     let ours = Admitted::through(&env, "ours", "lq", &p.check).await?;
     let theirs = Admitted::through(&env, "theirs", "kueue-lq", &kueue_check).await?;
-    for side in [&ours, &theirs] {
-        assert_pod_set_updates(&side.entry, &["main"], &side.request, &p.class)?;
-    }
-    let only_ours = std::slice::from_ref(&ours.request);
-    assert_eq!(env.our_requests().await?, only_ours);
-    // Ours: our labels, the Workload's uid, no ownerReference (Kueue would delete it).
-    let r = ours.our_request(&env, &p.controller_name).await?;
-    // Kueue's: owned by its Workload, labelled by Kueue, none of our labels.
-    let k = theirs.kueues_request(&env).await?;
+    // Exactly two requests, each only for its own Workload: ours labelled and without owner,
+    // Kueue's owned by its Workload.
+    let want = each_request_as_its_maker_makes_it(&env, &p, &ours, &theirs).await?;
 
-    // Exactly these two requests; they survive while both controllers reconcile both
-    // Workloads (a label change wakes each controller for each Workload).
-    let want = both_requests(&r, &k);
-    assert_eq!(all_requests(&env).await?, want);
+    // They survive while both controllers reconcile both Workloads (a label change wakes each
+    // controller for each Workload).
     stay_while_both_are_reconciled(&env, [&ours, &theirs], &want).await?;
-    for side in [&ours, &theirs] {
-        side.ensure_still_admitted_ready(&env).await?;
-        // Each Job runs on its own request.
-        let consumed = consumed_request(&env, side.job).await?;
-        assert_eq!(consumed.as_ref(), Some(&side.request), "job {}", side.job);
-    }
+    each_still_admitted_and_running_on_its_own_request(&env, [&ours, &theirs]).await?;
 
     // Both Jobs complete and their Workloads finish; nothing of ours remains. Kueue's check
     // deletes its request, and the garbage collector its template (the request owns it).
