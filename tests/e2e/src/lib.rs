@@ -33,6 +33,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -657,6 +658,28 @@ impl TestEnv {
     /// Jobs of this test's namespace.
     pub fn jobs(&self) -> Api<Job> {
         Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Leases of this test's namespace.
+    pub fn leases(&self) -> Api<Lease> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Who holds the Lease `name` of this test's namespace now, if anyone.
+    pub async fn lease_holder(&self, name: &str) -> Result<Option<String>> {
+        let lease = self.leases().get(name).await?;
+        Ok(lease_holder(&lease).map(String::from))
+    }
+
+    /// Waits until the holder of the Lease `name` (`None` if unheld) satisfies `cond` (`what`
+    /// says which holder).
+    pub async fn wait_lease_holder(
+        &self,
+        name: &str,
+        what: &str,
+        cond: impl Fn(Option<&str>) -> bool,
+    ) -> Result<Lease> {
+        wait_for(self.leases(), name, what, |l: &Lease| cond(lease_holder(l))).await
     }
 
     /// Creates a ResourceFlavor with no node labels.
@@ -1304,6 +1327,14 @@ impl TestEnv {
                 )
             })
     }
+}
+
+/// Who holds the Lease, if anyone.
+pub fn lease_holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
 }
 
 /// The Workload's entry for `check`, or an error that shows the Workload.

@@ -128,6 +128,12 @@ impl ProbeScript {
             .collect()
     }
 
+    /// Waits (bounded) until the probe has been asked about `job`, whether or not a gate holds
+    /// its answer.
+    pub async fn wait_asked(&self, job: &str, what: &str) -> anyhow::Result<()> {
+        crate::eventually(what, || !self.calls_for(job).is_empty()).await
+    }
+
     /// The replicas asked about `job`, each once, in the order of their first call.
     pub fn replicas_asked(&self, job: &str) -> Vec<String> {
         let mut replicas: Vec<String> = Vec::new();

@@ -16,7 +16,6 @@ use anyhow::{Context, Result, anyhow, ensure};
 use clap::Parser;
 use e2e::chart::{self, Grant};
 use e2e::{Audited, TestEnv};
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kueue_admission_sdk::api::{AdmissionCheck, CheckState};
@@ -209,14 +208,8 @@ async fn charge_refuse_and_settle(env: &TestEnv, check: &str, lease: &str) -> Re
 
 /// Waits until the Lease has a holder.
 async fn lease_held(env: &TestEnv, lease: &str) -> Result<()> {
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    e2e::wait_for(leases, lease, "a holder", |l: &Lease| {
-        l.spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_ref())
-            .is_some()
-    })
-    .await?;
+    env.wait_lease_holder(lease, "a holder", |h| h.is_some())
+        .await?;
     Ok(())
 }
 

@@ -113,11 +113,6 @@ fn passing(short: &'static str, revalidate: Option<Duration>) -> Spec {
     (short, RetryPolicy::immediate(), revalidate, otherwise)
 }
 
-/// Waits until the check of `script` has been asked (a gate may hold its answer).
-async fn deciding(script: &Arc<ProbeScript>, what: &str) -> Result<()> {
-    e2e::eventually(what, || !script.attempts().is_empty()).await
-}
-
 /// Ensures each check's last call was on attempt 2.
 fn ensure_last_asked_at_2(checks: &[(&String, &Arc<ProbeScript>)]) -> Result<()> {
     for (check, script) in checks {
@@ -350,7 +345,7 @@ async fn three_checks_a_late_retry_and_a_withdrawn_ready_keep_every_attempt() ->
     let c_gate = scripts[2].then_gated(busy);
 
     let wl = env.submit_job("job", "lq", "1").await?;
-    deciding(&scripts[2], "c deciding").await?;
+    scripts[2].wait_asked("job", "c deciding").await?;
     env.wait_entry(&wl, a, CheckState::Ready).await?;
 
     // While c decides, b retries: Kueue evicts and reserves quota again.

@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use e2e::TestEnv;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_always-ready");
 
@@ -22,8 +20,7 @@ async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
     let http = e2e::free_local_address()?;
     let log = std::env::temp_dir().join(format!("{}.log", env.ns));
     let mut child = start_always_ready(&env, &controller, http, &log)?;
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    lease_taken_by_the_pod(&leases, &mut child).await?;
+    lease_taken_by_the_pod(&env, &mut child).await?;
     env.admitted_job("job").await?;
     let (_, metrics) = e2e::http_get(http, "/metrics").await?;
     ensure!(e2e::metric_sample(&metrics, "kueue_ac_leader") == Some(1.0));
@@ -34,7 +31,7 @@ async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
         status.success(),
         "exit {status} after SIGTERM; logs:\n{logs}"
     );
-    let holder = holder_of(&leases).await?;
+    let holder = env.lease_holder("always-ready").await?;
     ensure!(holder.is_none(), "Lease still held by {holder:?}");
     // Every log line is a JSON object, and the shutdown is told.
     every_line_is_json(&logs)?;
@@ -96,14 +93,12 @@ fn start_always_ready(
 
 /// Waits until the Lease `always-ready` is held by the pod `always-ready-0`; kills the child if
 /// it never is.
-async fn lease_taken_by_the_pod(leases: &Api<Lease>, child: &mut Child) -> Result<()> {
-    let held = e2e::wait_for(leases.clone(), "always-ready", "a holder", |l: &Lease| {
-        l.spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref())
-            .is_some_and(|h| h.starts_with("always-ready-0_"))
-    })
-    .await;
+async fn lease_taken_by_the_pod(env: &TestEnv, child: &mut Child) -> Result<()> {
+    let held = env
+        .wait_lease_holder("always-ready", "a holder", |h| {
+            h.is_some_and(|h| h.starts_with("always-ready-0_"))
+        })
+        .await;
     if held.is_err() {
         let _ = child.kill();
     }
@@ -132,15 +127,6 @@ async fn sigterm_and_wait_for_exit(child: &mut Child) -> Result<ExitStatus> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Who holds the Lease `always-ready` now, if anyone.
-async fn holder_of(leases: &Api<Lease>) -> Result<Option<String>> {
-    Ok(leases
-        .get("always-ready")
-        .await?
-        .spec
-        .and_then(|s| s.holder_identity))
 }
 
 /// Fails on the first non-empty log line that is not JSON.

@@ -114,12 +114,6 @@ impl Setup {
         self.start(env, identity, Some(election), None)
     }
 
-    /// Waits until the probe has been asked about Job `job` (a gate may hold its answer).
-    async fn wait_deciding(&self, what: &str) -> Result<()> {
-        let script = self.script.clone();
-        e2e::eventually(what, || !script.calls_for("job").is_empty()).await
-    }
-
     /// The metrics series `name` of the probe's check, with `extra` labels if any.
     fn series(&self, name: &str, extra: &str) -> String {
         match extra {
@@ -189,27 +183,14 @@ fn election(env: &TestEnv, identity: &str, lease_duration: Duration) -> LeaderEl
     }
 }
 
+/// Waits until the Lease `probe` is held by `holder` (`None`: by no one).
 async fn wait_holder(env: &TestEnv, holder: Option<&str>) -> Result<Lease> {
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     let what = format!("Lease held by {holder:?}");
-    e2e::wait_for(leases, "probe", &what, |l: &Lease| {
-        l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == holder
-    })
-    .await
+    env.wait_lease_holder("probe", &what, |h| h == holder).await
 }
 
 fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
     wl.admission_check(check).map(|e| e.state)
-}
-
-/// Who holds the Lease `probe` now, if anyone.
-async fn lease_holder(env: &TestEnv) -> Result<Option<String>> {
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
-    Ok(leases
-        .get("probe")
-        .await?
-        .spec
-        .and_then(|s| s.holder_identity))
 }
 
 /// The replica's `kueue_ac_decisions_total` samples, one line each.
@@ -363,7 +344,7 @@ async fn two_replicas_only_the_leader_writes_and_a_clean_stop_hands_over() -> Re
 
     // A clean stop releases the Lease (holder cleared) and the standby takes it over.
     a.stop().await?;
-    let holder = lease_holder(&env).await?;
+    let holder = env.lease_holder("probe").await?;
     let why = "a clean stop releases the Lease, still held by";
     ensure!(holder.as_deref() != Some("a"), "{why} {holder:?}");
     wait_holder(&env, Some("b")).await?;
@@ -381,7 +362,9 @@ async fn a_replica_killed_mid_decision_is_replaced_and_nothing_is_lost_or_double
     s.script.answer("job", Decision::ready("approved"));
     let first = s.start_candidate(&env, "first", lease)?;
     let wl = env.submit_job("job", "lq", "1").await?;
-    s.wait_deciding("the first replica deciding").await?;
+    s.script
+        .wait_asked("job", "the first replica deciding")
+        .await?;
     // Killed while the check is deciding: nothing written, the Lease left to expire.
     first.kill().await;
     let pending = env.wait_check_pending_with_quota(&wl, &s.probe).await?;
@@ -409,7 +392,7 @@ async fn a_decision_from_a_stale_workload_is_refused_and_recomputed() -> Result<
     let replica = s.start(&env, "only", None, None)?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl, &s.probe).await?;
-    s.wait_deciding("the check deciding").await?;
+    s.script.wait_asked("job", "the check deciding").await?;
     let calls_before = s.script.calls_for("job").len();
     // The Workload changes while the check decides: its answer now carries an old
     // resourceVersion, which the API server must refuse.
@@ -437,7 +420,7 @@ async fn a_retry_that_arrives_after_an_eviction_holds_for_the_next_attempt() -> 
     let replica = s.start(&env, "only", None, None)?;
     let wl = env.submit_job("job", "lq", "1").await?;
     env.wait_check_pending_with_quota(&wl, &s.probe).await?;
-    s.wait_deciding("the probe deciding").await?;
+    s.script.wait_asked("job", "the probe deciding").await?;
 
     // While the probe decides, the other check asks for an immediate retry: Kueue evicts the
     // Workload, resets every entry to Pending and reserves quota again at once.
@@ -595,7 +578,7 @@ async fn a_replica_whose_cache_never_syncs_still_stops_cleanly() -> Result<()> {
 #[tokio::test]
 async fn a_lease_made_by_another_program_is_left_alone() -> Result<()> {
     let (env, s) = setup("sdk-foreign-lease", false).await?;
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let leases = env.leases();
     let foreign = lease_of_another_program(&leases, "shared-name").await?;
     let election = LeaderElection::new(&env.ns, "shared-name");
     let replica = s.start(&env, "only", Some(election), None)?;
