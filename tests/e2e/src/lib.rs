@@ -830,11 +830,24 @@ impl TestEnv {
     /// ClusterQueue `cq` with `cpu` of `flavor` guarded by `checks`, and LocalQueue `lq` feeding
     /// it: the queues of most tests. Returns the ClusterQueue's cluster-scoped name.
     pub async fn queues_on(&self, flavor: &str, cpu: &str, checks: &[&str]) -> Result<String> {
+        self.named_queues("cq", "lq", flavor, cpu, checks).await
+    }
+
+    /// ClusterQueue `cluster_queue` with `cpu` of `flavor` guarded by `checks`, and LocalQueue
+    /// `local_queue` feeding it; returns the ClusterQueue's cluster-scoped name.
+    pub async fn named_queues(
+        &self,
+        cluster_queue: &str,
+        local_queue: &str,
+        flavor: &str,
+        cpu: &str,
+        checks: &[&str],
+    ) -> Result<String> {
         let cq = self
-            .cluster_queue("cq", flavor, cpu, checks)
+            .cluster_queue(cluster_queue, flavor, cpu, checks)
             .await?
             .name_any();
-        self.local_queue("lq", &cq).await?;
+        self.local_queue(local_queue, &cq).await?;
         Ok(cq)
     }
 

@@ -625,11 +625,14 @@ async fn check_without_timeout(t: &World) -> Result<String> {
     let patient = env
         .provisioning_check("prov-no-timeout", &controller, &config)
         .await?;
-    let cq = env
-        .cluster_queue("cq-no-timeout", &t.p.flavor, "4", &[&patient])
-        .await?
-        .name_any();
-    env.local_queue("lq-no-timeout", &cq).await?;
+    env.named_queues(
+        "cq-no-timeout",
+        "lq-no-timeout",
+        &t.p.flavor,
+        "4",
+        &[&patient],
+    )
+    .await?;
     Ok(patient)
 }
 

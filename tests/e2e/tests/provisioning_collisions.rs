@@ -86,11 +86,9 @@ impl Collision {
             )
             .await
             .context("creating Kueue's AdmissionCheck")?;
-        let cq = env
-            .cluster_queue("kueue-cq", &self.p.flavor, "4", &[&self.kueue_check])
-            .await?
-            .name_any();
-        env.local_queue("kueue-lq", &cq).await?;
+        let flavor = &self.p.flavor;
+        env.named_queues("kueue-cq", "kueue-lq", flavor, "4", &[&self.kueue_check])
+            .await?;
         wait_for(checks, &self.kueue_check, "Active=True", |ac| {
             ac.status
                 .as_ref()
@@ -146,11 +144,8 @@ impl Collision {
             )
             .await?
             .name_any();
-        let cq = env
-            .cluster_queue("cq2", &self.p.flavor, "4", &[&second])
-            .await?
-            .name_any();
-        env.local_queue("lq2", &cq).await?;
+        env.named_queues("cq2", "lq2", &self.p.flavor, "4", &[&second])
+            .await?;
         Ok(second)
     }
 

@@ -241,18 +241,17 @@ impl<'a> Scene<'a> {
         let kueues = env
             .provisioning_check("kueue", KUEUE_CONTROLLER_NAME, &config)
             .await?;
-        let cq_ours = env.cluster_queue("cq-ours", &flavor, "8", &[&ours]).await?;
-        let cq_kueue = env
-            .cluster_queue("cq-kueue", &flavor, "8", &[&kueues])
+        let cq_ours = env
+            .named_queues("cq-ours", "lq-ours", &flavor, "8", &[&ours])
             .await?;
-        env.local_queue("lq-ours", &cq_ours.name_any()).await?;
-        env.local_queue("lq-kueue", &cq_kueue.name_any()).await?;
+        env.named_queues("cq-kueue", "lq-kueue", &flavor, "8", &[&kueues])
+            .await?;
         Ok(Self {
             env,
             flavor,
             topology,
             ours,
-            cq_ours: cq_ours.name_any(),
+            cq_ours,
             kueues,
         })
     }
