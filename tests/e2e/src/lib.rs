@@ -781,20 +781,28 @@ impl TestEnv {
         parameters: serde_json::Value,
     ) -> Result<()> {
         let body = json!({"spec": {"parameters": parameters}});
-        Api::<AdmissionCheck>::all(self.client.clone())
-            .patch(check, &PatchParams::default(), &Patch::Merge(&body))
+        self.merge_patch_cluster::<AdmissionCheck>(check, &body)
             .await
-            .with_context(|| format!("setting the parameters of AdmissionCheck {check}"))?;
-        Ok(())
+            .with_context(|| format!("setting the parameters of AdmissionCheck {check}"))
     }
 
     /// Takes every admission check off the ClusterQueue (removes its `admissionChecksStrategy`).
     pub async fn remove_queue_checks(&self, cluster_queue: &str) -> Result<()> {
         let body = json!({"spec": {"admissionChecksStrategy": null}});
-        Api::<ClusterQueue>::all(self.client.clone())
-            .patch(cluster_queue, &PatchParams::default(), &Patch::Merge(&body))
+        self.merge_patch_cluster::<ClusterQueue>(cluster_queue, &body)
             .await
-            .with_context(|| format!("removing the checks of ClusterQueue {cluster_queue}"))?;
+            .with_context(|| format!("removing the checks of ClusterQueue {cluster_queue}"))
+    }
+
+    /// Merge-patches the cluster-scoped object `name` of kind `K` with `body`.
+    async fn merge_patch_cluster<K>(&self, name: &str, body: &serde_json::Value) -> Result<()>
+    where
+        K: Resource + Clone + Debug + DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        Api::<K>::all(self.client.clone())
+            .patch(name, &PatchParams::default(), &Patch::Merge(body))
+            .await?;
         Ok(())
     }
 
