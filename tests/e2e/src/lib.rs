@@ -660,6 +660,11 @@ impl TestEnv {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// ConfigMaps of this test's namespace.
+    pub fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
     /// Leases of this test's namespace.
     pub fn leases(&self) -> Api<Lease> {
         Api::namespaced(self.client.clone(), &self.ns)
@@ -861,7 +866,7 @@ impl TestEnv {
 
     /// Creates or replaces the ConfigMap `name` in the test namespace with exactly `data`.
     pub async fn put_config_map(&self, name: &str, data: &[(&str, &str)]) -> Result<ConfigMap> {
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns);
+        let api = self.config_maps();
         let mut cm = ConfigMap {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.into()),

@@ -339,6 +339,11 @@ impl TestEnv {
         Ok(names)
     }
 
+    /// PodTemplates of this test's namespace.
+    pub fn pod_templates(&self) -> Api<PodTemplate> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
     /// Names of this test namespace's PodTemplates made by the controller under test.
     pub async fn our_pod_templates(&self) -> Result<Vec<String>> {
         let selector = format!(
@@ -346,7 +351,8 @@ impl TestEnv {
             identity::INSTANCE_LABEL,
             identity::instance_label(&self.provisioning_controller_name())
         );
-        let list = Api::<PodTemplate>::namespaced(self.client.clone(), &self.ns)
+        let list = self
+            .pod_templates()
             .list(&ListParams::default().labels(&selector))
             .await?;
         let mut names: Vec<String> = list.items.iter().map(|r| r.name_any()).collect();

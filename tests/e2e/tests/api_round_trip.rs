@@ -49,7 +49,7 @@ async fn provisioning_request_config_round_trips_and_defaults_its_retry_strategy
 #[tokio::test]
 async fn provisioning_request_round_trips_with_status() -> Result<()> {
     let env = TestEnv::new("api-pr").await?;
-    let api: Api<ProvisioningRequest> = Api::namespaced(env.client.clone(), &env.ns);
+    let api = env.provisioning_requests();
     let spec = ProvisioningRequestSpec {
         pod_sets: vec![ProvisioningRequestPodSet {
             pod_template_ref: PodTemplateReference {

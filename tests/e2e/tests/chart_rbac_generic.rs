@@ -216,7 +216,7 @@ async fn lease_held(env: &TestEnv, lease: &str) -> Result<()> {
 /// Waits until the namespace's ledger has an open charge (`charged`) or none (`what` says
 /// which moment).
 async fn ledger_with_charge(env: &TestEnv, charged: bool, what: &str) -> Result<ConfigMap> {
-    let budgets: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns);
+    let budgets = env.config_maps();
     let ledger_name = format!("budget-ledger-{}", env.ns);
     e2e::wait_for(budgets, &ledger_name, what, |cm: &ConfigMap| {
         cm.data

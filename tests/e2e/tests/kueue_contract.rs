@@ -311,7 +311,8 @@ async fn anchor_template(env: &TestEnv) -> Result<PodTemplate> {
         "metadata": {"name": "anchor"},
         "template": e2e::pod_template(serde_json::json!({}), "1"),
     }))?;
-    Ok(Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
+    Ok(env
+        .pod_templates()
         .create(&PostParams::default(), &template)
         .await?)
 }
@@ -677,7 +678,7 @@ async fn kueues_check_deletes_any_request_owned_by_a_workload_holding_quota() ->
     let env = TestEnv::new("owned-by-workload").await?;
     let (_, wl_name, wl) = job_waiting_for_the_check(&env).await?;
     let template = anchor_template(&env).await?;
-    let requests = Api::<ProvisioningRequest>::namespaced(env.client.clone(), &env.ns);
+    let requests = env.provisioning_requests();
     let by_template = owner("v1", "PodTemplate", template.name_any(), template.uid());
     create_request(&requests, "owned-by-template", by_template).await?;
     let by_workload = owner(

@@ -18,7 +18,6 @@ use k8s_openapi::api::core::v1::{PodSpec, PodTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::Api;
 use kueue_admission_sdk::api::{
     AdmissionCheckState, CheckState, ProvisioningRequest, Workload, find_condition,
     provisioning_condition as pr, workload_condition as cond,
@@ -535,16 +534,14 @@ fn pod_sets(r: &ProvisioningRequest) -> Vec<(i32, &str)> {
 
 /// The PodTemplate `name`, or an error saying it is gone.
 async fn pod_template(env: &TestEnv, name: &str) -> Result<PodTemplate> {
-    let templates = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns);
+    let templates = env.pod_templates();
     let pt = templates.get_opt(name).await?;
     pt.with_context(|| format!("PodTemplate {name} of the new request is gone"))
 }
 
 /// The pod spec of the PodTemplate `name`.
 async fn template_pod_spec(env: &TestEnv, name: &str) -> Result<PodSpec> {
-    let pt = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
-        .get(name)
-        .await?;
+    let pt = env.pod_templates().get(name).await?;
     pt.template
         .and_then(|t| t.spec)
         .context("the PodTemplate has a pod spec")
@@ -713,7 +710,7 @@ async fn successor_fault(t: &World, wl: &str, old_uid: &str) -> Result<Option<St
         .cloned();
     let r = env.provisioning_requests().get_opt(&name).await?;
     let r_owner = r.as_ref().and_then(|r| r.labels().get(UID_LABEL).cloned());
-    let templates = Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns);
+    let templates = env.pod_templates();
     let pt = templates.get_opt(&format!("ppt-{name}-main")).await?;
     let pt_owner = pt.as_ref().and_then(|p| p.labels().get(UID_LABEL).cloned());
     let good = w.condition_is_true(cond::ADMITTED)

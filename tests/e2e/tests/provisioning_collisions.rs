@@ -117,7 +117,9 @@ impl Collision {
         let theirs = self.submit_theirs().await?;
         let entry = wait_ready_on(&self.env, self.theirs, &self.kueue_check, &self.shared).await?;
         let request = self.env.provisioning_requests().get(&self.shared).await?;
-        let template = templates(&self.env)
+        let template = self
+            .env
+            .pod_templates()
             .get(&names::pod_template_name(&self.shared, "main"))
             .await?;
         assert_kueues(&request, &template, &theirs)?;
@@ -152,7 +154,9 @@ impl Collision {
     /// The request `name` and its PodTemplate (of podset `main`), as they are now.
     async fn request_and_template(&self, name: &str) -> Result<(ProvisioningRequest, PodTemplate)> {
         let request = self.env.provisioning_requests().get(name).await?;
-        let template = templates(&self.env)
+        let template = self
+            .env
+            .pod_templates()
             .get(&names::pod_template_name(name, "main"))
             .await?;
         Ok((request, template))
@@ -279,11 +283,6 @@ fn assert_consumes(entry: &AdmissionCheckState, request: &str) -> Result<()> {
     Ok(())
 }
 
-/// The PodTemplates of the test's namespace.
-fn templates(env: &TestEnv) -> Api<PodTemplate> {
-    Api::namespaced(env.client.clone(), &env.ns)
-}
-
 /// (uid, resourceVersion) of an object: equal while it is neither replaced nor changed.
 type Version = (String, String);
 
@@ -302,7 +301,7 @@ async fn request_version(env: &TestEnv, name: &str) -> Result<Version> {
 
 /// (uid, resourceVersion) of the PodTemplate `name` now.
 async fn template_version(env: &TestEnv, name: &str) -> Result<Version> {
-    Ok(version(&templates(env).get(name).await?))
+    Ok(version(&env.pod_templates().get(name).await?))
 }
 
 /// The first name of attempt 1's request for Workload `wl` on `check` is taken: the other one,
@@ -328,7 +327,10 @@ impl UsersObjects {
             "metadata": {"name": user_template},
             "template": {"spec": {"containers": [{"name": "c", "image": "registry.invalid/user:1"}]}},
         }))?;
-        let template = templates(env).create(&PostParams::default(), &pt).await?;
+        let template = env
+            .pod_templates()
+            .create(&PostParams::default(), &pt)
+            .await?;
         let pr: ProvisioningRequest = serde_json::from_value(json!({
             "apiVersion": "autoscaling.x-k8s.io/v1",
             "kind": "ProvisioningRequest",

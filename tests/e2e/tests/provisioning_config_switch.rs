@@ -11,7 +11,6 @@ use anyhow::Result;
 use autoscaler_simulator::{self as simulator, Script};
 use e2e::TestEnv;
 use e2e::provisioning::World;
-use k8s_openapi::api::core::v1::PodTemplate;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kueue_admission_sdk::api::{ProvisioningRequest, ProvisioningRequestConfig};
@@ -28,14 +27,14 @@ async fn requests_with_their_templates(env: &TestEnv) -> Result<BTreeMap<String,
         .list(&ListParams::default())
         .await?
         .items;
-    let templates: BTreeMap<String, String> =
-        Api::<PodTemplate>::namespaced(env.client.clone(), &env.ns)
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .map(|t| (t.name_any(), t.uid().unwrap_or_default()))
-            .collect();
+    let templates: BTreeMap<String, String> = env
+        .pod_templates()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|t| (t.name_any(), t.uid().unwrap_or_default()))
+        .collect();
     Ok(requests
         .iter()
         .map(|r: &ProvisioningRequest| {

@@ -13,7 +13,6 @@ use anyhow::{Context, Result, bail, ensure};
 use e2e::{DEFAULT_TIMEOUT, GuardedQueue, TestEnv, WorkloadRecorder};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
 use kube::runtime::watcher::{Config, Event, watcher};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{
@@ -123,9 +122,7 @@ impl<B, L: Debug> ExampleTest<B, L> {
     /// The ledger as stored now (empty if there is none yet).
     pub async fn ledger(&self) -> Result<L> {
         let name = (self.ledger_format.configmap)(&self.backend, &self.env.ns);
-        let cm = Api::<ConfigMap>::namespaced(self.env.client.clone(), &self.env.ns)
-            .get_opt(&name)
-            .await?;
+        let cm = self.env.config_maps().get_opt(&name).await?;
         self.parse(cm)
     }
 
@@ -169,7 +166,7 @@ impl<B, L: Debug> ExampleTest<B, L> {
         submit: impl Future<Output = Result<Vec<String>>>,
         within_limit: impl Fn(&L) -> Result<()>,
     ) -> Result<()> {
-        let ledgers: Api<ConfigMap> = Api::namespaced(self.env.client.clone(), &self.env.ns);
+        let ledgers = self.env.config_maps();
         let ledger_name = (self.ledger_format.configmap)(&self.backend, &self.env.ns);
         let mut events = futures::stream::select(
             watcher(self.env.workloads(), Config::default()).map(|e| e.map(Seen::Workload)),
