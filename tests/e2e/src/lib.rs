@@ -1135,6 +1135,14 @@ impl TestEnv {
             .with_context(|| format!("setting spec.active={active} on Workload {workload}"))
     }
 
+    /// Waits until the Workload is inactive (`spec.active: false`: deactivated by Kueue or a user).
+    pub async fn wait_deactivated(&self, workload: &str) -> Result<Workload> {
+        self.wait_workload(workload, "deactivated (spec.active=false)", |w| {
+            !w.is_active()
+        })
+        .await
+    }
+
     /// Waits until the Workload is `Admitted`.
     pub async fn wait_admitted(&self, workload: &str) -> Result<Workload> {
         self.wait_workload(workload, "Admitted=True", |wl| {
@@ -1233,6 +1241,11 @@ impl TestEnv {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The Job's `spec.suspend` now.
+    pub async fn job_suspend(&self, job: &str) -> Result<Option<bool>> {
+        Ok(self.jobs().get(job).await?.spec.and_then(|s| s.suspend))
     }
 
     /// Waits until Kueue has unsuspended the Job.
@@ -1361,6 +1374,11 @@ pub fn lease_holder(lease: &Lease) -> Option<&str> {
         .spec
         .as_ref()
         .and_then(|s| s.holder_identity.as_deref())
+}
+
+/// The state of `check`'s entry on the Workload, if it has one.
+pub fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
+    wl.admission_check(check).map(|e| e.state)
 }
 
 /// The Workload's entry for `check`, or an error that shows the Workload.

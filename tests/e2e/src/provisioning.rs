@@ -30,6 +30,15 @@ use crate::{Running, TestEnv};
 /// The kind an AdmissionCheck's parameters name for the provisioning check.
 const PARAMETERS_KIND: &str = "ProvisioningRequestConfig";
 
+/// A config spec whose requests are retried `limit` times, `base` s apart at first (at most 10 s).
+pub fn retry_strategy(limit: i32, base: i32) -> Value {
+    json!({"retryStrategy": {
+        "backoffLimitCount": limit,
+        "backoffBaseSeconds": base,
+        "backoffMaxSeconds": 10,
+    }})
+}
+
 /// What [`TestEnv::provisioning`] set up.
 #[derive(Debug)]
 pub struct Provisioning {

@@ -72,8 +72,7 @@ async fn explained_after(
 ) -> Result<Report> {
     env.answer_check(wl, check, state, message).await?;
     if state == CheckState::Rejected {
-        env.wait_workload(wl, "deactivated", |wl| !wl.is_active())
-            .await?;
+        env.wait_deactivated(wl).await?;
     } else {
         env.wait_admitted(wl).await?;
     }

@@ -72,11 +72,6 @@ async fn answer_when_asked(
     env.answer_check(wl_name, check, state, message).await
 }
 
-/// The state of the check's entry on the Workload, if it has one.
-fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
-    wl.admission_check(check).map(|e| e.state)
-}
-
 /// The `retryCount` of the check's entry (`None` without the entry or the count).
 fn retry_count(wl: &Workload, check: &str) -> Option<i32> {
     wl.admission_check(check).and_then(|e| e.retry_count)
@@ -118,14 +113,9 @@ fn assert_reset_after_eviction(wl: &Workload, check: &str, previously: &str) {
 /// creation, before Kueue reserves any quota (contract section 3).
 async fn entry_pending_before_quota(env: &TestEnv, wl_name: &str, check: &str) -> Result<Workload> {
     env.wait_workload(wl_name, "our check entry Pending, before quota", |wl| {
-        entry_state(wl, check) == Some(CheckState::Pending)
+        e2e::entry_state(wl, check) == Some(CheckState::Pending)
     })
     .await
-}
-
-/// The Job's `spec.suspend` now (`Some(false)` once Kueue started it).
-async fn job_suspend(env: &TestEnv, job: &str) -> Result<Option<bool>> {
-    Ok(env.jobs().get(job).await?.spec.and_then(|s| s.suspend))
 }
 
 /// Waits until a Retry without delay has evicted the Workload once and Kueue has reset the
@@ -187,7 +177,8 @@ async fn versions_until_evicted(env: &TestEnv, wl_name: &str) -> Result<(Vec<Wor
 fn assert_quota_held_with_entry(versions: &[Workload], check: &str, state: CheckState) {
     for wl in versions {
         assert!(
-            wl.condition_is_true(cond::QUOTA_RESERVED) && entry_state(wl, check) == Some(state),
+            wl.condition_is_true(cond::QUOTA_RESERVED)
+                && e2e::entry_state(wl, check) == Some(state),
             "quota released or entry changed during the delay:\n{}",
             e2e::dump(wl)
         );
@@ -482,7 +473,7 @@ async fn ready_admits_the_workload_and_unsuspends_the_job() -> Result<()> {
     assert_without(&wl, cond::ADMITTED, "admitted before the check answered");
 
     let wl = ready_admits(&env, &wl_name, &q.check, "ready from the test").await?;
-    assert_eq!(entry_state(&wl, &q.check), Some(CheckState::Ready));
+    assert_eq!(e2e::entry_state(&wl, &q.check), Some(CheckState::Ready));
     Ok(())
 }
 
@@ -500,7 +491,7 @@ async fn retry_evicts_and_resets_the_entry_with_a_retry_count() -> Result<()> {
     let wl = evicted_once_and_reset(&env, &wl_name, &q.check).await?;
     assert_reset_after_eviction(&wl, &q.check, "Retry");
     let ran = "the Job ran although its check said Retry";
-    assert_ne!(job_suspend(&env, "job").await?, Some(false), "{ran}");
+    assert_ne!(env.job_suspend("job").await?, Some(false), "{ran}");
 
     // A Retry without delay requeues at once: quota is reserved again, the check asked again,
     // and Ready now admits. retryCount stays: Kueue does not reset it when the check passes.
@@ -728,7 +719,7 @@ async fn kueues_webhook_refuses_an_invalid_pod_set_update_with_a_403_that_is_no_
     assert!(why.contains("70 characters"), "{why}");
     // Nothing landed.
     let now = env.workloads().get(&wl_name).await?;
-    assert_eq!(entry_state(&now, &q.check), Some(CheckState::Pending));
+    assert_eq!(e2e::entry_state(&now, &q.check), Some(CheckState::Pending));
     Ok(())
 }
 

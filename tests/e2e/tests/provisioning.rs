@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use autoscaler_simulator::{CLASS_DETAILS_ANNOTATION, SCRIPT_ANNOTATION};
 use e2e::TestEnv;
-use e2e::provisioning::{History, World, request_condition_is_true};
+use e2e::provisioning::{History, World, request_condition_is_true, retry_strategy};
 use k8s_openapi::api::core::v1::{PodSpec, PodTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
@@ -24,15 +24,6 @@ use kueue_admission_sdk::api::{
 };
 use kueue_provisioning_controller::config::TIMEOUT_ANNOTATION;
 use serde_json::{Value, json};
-
-/// A config spec with this retry strategy (`backoffMaxSeconds` 10).
-fn retry_strategy(limit: i32, base: i32) -> Value {
-    json!({"retryStrategy": {
-        "backoffLimitCount": limit,
-        "backoffBaseSeconds": base,
-        "backoffMaxSeconds": 10,
-    }})
-}
 
 /// One test's setup: config `spec`, 4 cpu of quota, `annotations` on the config and
 /// `extra_checks` beside ours on the ClusterQueue, the controller with `default_timeout`.
@@ -520,11 +511,6 @@ async fn started_template(env: &TestEnv, job: &str) -> Result<(BTreeMap<String, 
     ))
 }
 
-/// The Job's `spec.suspend` now.
-async fn job_suspend(env: &TestEnv, job: &str) -> Result<Option<bool>> {
-    Ok(env.jobs().get(job).await?.spec.and_then(|s| s.suspend))
-}
-
 /// `(count, PodTemplate name)` of each podset of the request.
 fn pod_sets(r: &ProvisioningRequest) -> Vec<(i32, &str)> {
     let sets = r.spec.pod_sets.iter();
@@ -853,9 +839,7 @@ async fn failing_past_the_backoff_limit_rejects_deactivates_and_leaves_nothing()
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "fail").await?;
-    let deactivated = env
-        .wait_workload(&wl, "deactivated (spec.active=false)", |w| !w.is_active())
-        .await?;
+    let deactivated = env.wait_deactivated(&wl).await?;
     assert!(!deactivated.condition_is_true(cond::ADMITTED));
     let rejected = failed(&t, &wl, 2, ": no retries left after 1)");
     let entry = seen_entry(&wls, &wl, check, CheckState::Rejected).await?;
@@ -868,7 +852,7 @@ async fn failing_past_the_backoff_limit_rejects_deactivates_and_leaves_nothing()
     assert_eq!(notes, [note(check, &rejected)]);
     let evicted = wait_evicted_or_released(env, &wl).await?;
     assert!(!evicted.condition_is_true(cond::ADMITTED));
-    assert_eq!(job_suspend(env, "job").await?, Some(true));
+    assert_eq!(env.job_suspend("job").await?, Some(true));
     env.wait_nothing_left().await?;
     let m = metrics(&t).await?;
     m.assert_counters(&[("requests_created", 2.0), ("requests_failed", 2.0)]);
@@ -954,7 +938,7 @@ async fn an_expired_booking_after_admission_is_ignored() -> Result<()> {
     let now_entry = now.admission_check(check);
     assert_eq!(now_entry, Some(&entry), "{}", e2e::dump(&now));
     assert_eq!(env.event_count(&wl, "CheckRetry").await?, 0);
-    assert_eq!(job_suspend(env, "job").await?, Some(false));
+    assert_eq!(env.job_suspend("job").await?, Some(false));
     // The pods may still consume the request: it stays.
     assert_eq!(env.our_requests().await?, [request]);
     let m = metrics(&t).await?;
@@ -1039,9 +1023,7 @@ async fn the_controller_default_timeout_applies_without_the_annotation_and_0_tur
     let patient = check_without_timeout(&t).await?;
     let stuck = env.job_with_script("stuck", "accept").await?;
     let slow = scripted_job(env, "slow", "lq-no-timeout", "provision:4").await?;
-    let rejected = env
-        .wait_workload(&stuck, "deactivated", |w| !w.is_active())
-        .await?;
+    let rejected = env.wait_deactivated(&stuck).await?;
     assert!(!rejected.condition_is_true(cond::ADMITTED));
     let why = timed_out(&t, &stuck, 2, 1, ": no retries left after 0)");
     let notes = env.event_notes(&stuck, "CheckRejected").await?;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use autoscaler_simulator::SCRIPT_ANNOTATION;
-use e2e::provisioning::{History, World};
+use e2e::provisioning::{History, World, retry_strategy};
 use e2e::{SuspendedJob, TestEnv, dump, wait_for};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -172,15 +172,6 @@ fn ltt(e: &AdmissionCheckState) -> Result<Timestamp> {
         .ok_or_else(|| anyhow!("no lastTransitionTime: {e:?}"))
 }
 
-/// The retry strategy of the tests: `backoffLimitCount` `limit`, delays of 1 s.
-fn retry_strategy(limit: i32) -> Value {
-    json!({"retryStrategy": {
-        "backoffLimitCount": limit,
-        "backoffBaseSeconds": 1,
-        "backoffMaxSeconds": 10,
-    }})
-}
-
 /// The retry strategy of the absurd test: a base of 68 years and no maximum.
 fn absurd_retry_strategy() -> Value {
     json!({"retryStrategy": {
@@ -314,15 +305,6 @@ async fn evicted_by_retry(t: &World, workload: &str) -> Result<Workload> {
     Ok(evicted)
 }
 
-/// Waits until Kueue deactivated the Workload (`spec.active=false`).
-async fn deactivated(t: &World, workload: &str) -> Result<Workload> {
-    t.env
-        .wait_workload(workload, "deactivated (spec.active=false)", |w| {
-            !w.is_active()
-        })
-        .await
-}
-
 /// The `Retry` gives the quota back after the hold, attempt 1 of 2, without delay, and was
 /// not written before the hold, counted from the first failure (after `submitted`; the
 /// stored time is cut to whole seconds).
@@ -366,8 +348,7 @@ fn ensure_rejected_past_the_limit(rejected: &AdmissionCheckState, reason: &str) 
 async fn assert_nothing_made(t: &World, requests: &History<ProvisioningRequest>) -> Result<()> {
     assert!(requests.objects().is_empty(), "{:?}", requests.objects());
     assert!(t.env.our_pod_templates().await?.is_empty());
-    let job = t.env.jobs().get("job").await?;
-    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    assert_eq!(t.env.job_suspend("job").await?, Some(true));
     Ok(())
 }
 
@@ -551,7 +532,7 @@ fn ensure_names_field_annotation_and_fix(env: &TestEnv, name: &str, message: &st
 #[tokio::test]
 async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_past_the_limit()
 -> Result<()> {
-    let t = setup("provfail-rejected", retry_strategy(1)).await?;
+    let t = setup("provfail-rejected", retry_strategy(1, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let (wls, requests) = (env.workload_history(), env.request_history());
     let (submitted, started) = (Timestamp::now(), Instant::now());
@@ -574,7 +555,7 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
 
     // The next attempt fails the same way (the Workload still has the long value) and is past
     // the limit: Rejected, deactivated.
-    let deactivated = deactivated(&t, &wl).await?;
+    let deactivated = t.env.wait_deactivated(&wl).await?;
     assert_long_annotation_kept(&deactivated, NOT_COPIED_AGAIN);
     let rejected = the_one_entry(&wls, &wl, check, CheckState::Rejected).await?;
     ensure_rejected_past_the_limit(&rejected, &reason)?;
@@ -590,7 +571,7 @@ async fn a_too_long_annotation_is_shown_on_the_entry_then_retried_and_rejected_p
 /// its first attempt, never evicted.
 #[tokio::test]
 async fn a_fix_on_the_workload_during_the_hold_admits_it_without_an_eviction() -> Result<()> {
-    let t = setup("provfail-fix-hold", retry_strategy(1)).await?;
+    let t = setup("provfail-fix-hold", retry_strategy(1, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
@@ -618,7 +599,7 @@ async fn a_fix_on_the_workload_during_the_hold_admits_it_without_an_eviction() -
 /// the next attempt uses the fixed value and the Workload is admitted on it.
 #[tokio::test]
 async fn a_fix_on_the_workload_after_a_retry_is_picked_up_by_the_next_attempt() -> Result<()> {
-    let t = setup("provfail-fix-retry", retry_strategy(2)).await?;
+    let t = setup("provfail-fix-retry", retry_strategy(2, 1)).await?;
     let env = &t.env;
     let (_, wl) = job_with_parameter(&t, "job", &too_long_value(), "provision").await?;
     wait_permanent_failure(&t, &wl).await?;

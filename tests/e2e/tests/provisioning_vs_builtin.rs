@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use autoscaler_simulator::SCRIPT_ANNOTATION;
 use e2e::TestEnv;
 use e2e::capacity::{CONSUME_ANNOTATION, node_of, pod_annotation};
-use e2e::provisioning::{History, World};
+use e2e::provisioning::{History, World, retry_strategy};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -34,15 +34,6 @@ use serde_json::{Value, json};
 
 /// Field manager of the objects this file applies.
 const FIELD_MANAGER: &str = "e2e-provisioning-vs-builtin";
-
-/// A config spec retrying `limit` times, 1 s then 2 s apart.
-fn retries(limit: i32) -> Value {
-    json!({"retryStrategy": {
-        "backoffLimitCount": limit,
-        "backoffBaseSeconds": 1,
-        "backoffMaxSeconds": 10,
-    }})
-}
 
 /// The usual world (config `spec`, 4 cpu) with a second AdmissionCheck on the ClusterQueue,
 /// `gate`, active and answered by the test; returns its name too.
@@ -66,7 +57,7 @@ async fn with_gate(test: &str, spec: Value) -> Result<(World, String)> {
 #[tokio::test]
 async fn a_request_failed_after_our_ready_before_admission_is_retried_like_the_built_in()
 -> Result<()> {
-    let (t, gate) = with_gate("prov-failed-after-ready", retries(2)).await?;
+    let (t, gate) = with_gate("prov-failed-after-ready", retry_strategy(2, 1)).await?;
     let (env, check) = (&t.env, &t.p.check);
     let wls = env.workload_history();
     let wl = env.job_with_script("job", "provision").await?;
@@ -104,7 +95,7 @@ async fn a_request_failed_after_our_ready_before_admission_is_retried_like_the_b
 #[tokio::test]
 async fn kueues_built_in_check_evicts_a_running_workload_whose_request_fails() -> Result<()> {
     let env = TestEnv::new("kueue-failed-after-admission").await?;
-    let config = env.provisioning_config("prc", retries(2)).await?;
+    let config = env.provisioning_config("prc", retry_strategy(2, 1)).await?;
     let check = env
         .provisioning_check("kprov", KUEUE_CONTROLLER_NAME, &config)
         .await?;
@@ -280,7 +271,10 @@ async fn kueue_admits_then_fails_to_start_a_workload_whose_ready_entries_give_a_
 async fn two_checks_of_ours_on_one_podset_refuse_the_second_ready_instead_of_failing_the_job()
 -> Result<()> {
     let env = TestEnv::new("prov-two-checks-one-podset").await?;
-    let specs = [("prov-a", retries(0)), ("prov-b", retries(0))];
+    let specs = [
+        ("prov-a", retry_strategy(0, 1)),
+        ("prov-b", retry_strategy(0, 1)),
+    ];
     let checks = our_checks(&env, &specs).await?;
     let flavor = env.provisioning_flavor("pool").await?;
     env.queues_on(&flavor, "4", &names(&checks)).await?;
@@ -319,7 +313,7 @@ async fn two_checks_of_ours_on_one_podset_refuse_the_second_ready_instead_of_fai
 #[tokio::test]
 async fn two_built_in_checks_on_one_podset_are_admitted_then_fail_to_start() -> Result<()> {
     let env = TestEnv::new("kueue-two-checks-one-podset").await?;
-    let config = env.provisioning_config("prc", retries(0)).await?;
+    let config = env.provisioning_config("prc", retry_strategy(0, 1)).await?;
     let checks = kueues_checks(&env, &config, &["kprov-a", "kprov-b"]).await?;
     let flavor = env.provisioning_flavor("pool").await?;
     env.queues_on(&flavor, "4", &names(&checks)).await?;
@@ -615,8 +609,7 @@ async fn finished_failed_to_start(
 
 /// Asserts Job `job` is still suspended.
 async fn assert_job_suspended(env: &TestEnv, job: &str) -> Result<()> {
-    let job = env.jobs().get(job).await?;
-    assert_eq!(job.spec.and_then(|s| s.suspend), Some(true));
+    assert_eq!(env.job_suspend(job).await?, Some(true));
     Ok(())
 }
 

@@ -221,11 +221,6 @@ fn ensure_backoff_grew(first_delay: i32, second_delay: i32) -> Result<()> {
     Ok(())
 }
 
-/// Waits until Kueue has deactivated the Workload.
-async fn deactivated(env: &TestEnv, wl: &str, what: &str) -> Result<Workload> {
-    env.wait_workload(wl, what, |w| !w.is_active()).await
-}
-
 /// Ensures `c`'s carried-over `Retry` was counted once (attempt 2 on the Workload) and `c` was
 /// asked once per attempt, not again for the carried Retry.
 fn ensure_carried_retry_counted_once(
@@ -317,7 +312,7 @@ async fn attempts_survive_other_checks_evictions_and_restarts_and_the_limit_reje
     ensure_backoff_grew(first_delay, retry_delay(&second))?;
 
     // Attempt 3: a Retry past the limit becomes Rejected, and Kueue deactivates the Workload.
-    let rejected = deactivated(&env, &wl, "deactivated after a's Rejected").await?;
+    let rejected = env.wait_deactivated(&wl).await?;
     let note = env.event_note(&wl, "CheckRejected").await?;
     let told = note.contains("attempt 3: no retries left after 2");
     ensure!(told, "{note}");

@@ -189,10 +189,6 @@ async fn wait_holder(env: &TestEnv, holder: Option<&str>) -> Result<Lease> {
     env.wait_lease_holder("probe", &what, |h| h == holder).await
 }
 
-fn entry_state(wl: &Workload, check: &str) -> Option<CheckState> {
-    wl.admission_check(check).map(|e| e.state)
-}
-
 /// The replica's `kueue_ac_decisions_total` samples, one line each.
 async fn decision_series(replica: &Replica) -> Result<Vec<String>> {
     let (_, metrics) = e2e::http_get(replica.addr()?, "/metrics").await?;
@@ -368,7 +364,7 @@ async fn a_replica_killed_mid_decision_is_replaced_and_nothing_is_lost_or_double
     // Killed while the check is deciding: nothing written, the Lease left to expire.
     first.kill().await;
     let pending = env.wait_check_pending_with_quota(&wl, &s.probe).await?;
-    ensure!(entry_state(&pending, &s.probe) == Some(CheckState::Pending));
+    ensure!(e2e::entry_state(&pending, &s.probe) == Some(CheckState::Pending));
 
     gate.add_permits(100);
     let second = s.start_candidate(&env, "second", lease)?;
