@@ -676,8 +676,7 @@ impl TestEnv {
         Ok(lease_holder(&lease).map(String::from))
     }
 
-    /// Waits until the holder of the Lease `name` (`None` if unheld) satisfies `cond` (`what`
-    /// says which holder).
+    /// Waits until the holder of the Lease `name` (`None`: unheld) satisfies `cond` (`what`).
     pub async fn wait_lease_holder(
         &self,
         name: &str,
@@ -846,8 +845,7 @@ impl TestEnv {
         self.named_queues("cq", "lq", flavor, cpu, checks).await
     }
 
-    /// ClusterQueue `cluster_queue` with `cpu` of `flavor` guarded by `checks`, and LocalQueue
-    /// `local_queue` feeding it; returns the ClusterQueue's cluster-scoped name.
+    /// [`queues_on`](Self::queues_on) with these queue names; returns the ClusterQueue's name.
     pub async fn named_queues(
         &self,
         cluster_queue: &str,
@@ -1102,8 +1100,7 @@ impl TestEnv {
         .await
     }
 
-    /// Waits until the Workload, evicted at least once, holds quota again and is not `Evicted`:
-    /// its next attempt has begun.
+    /// Waits until the Workload, once evicted, holds quota again, not `Evicted`: its next attempt.
     pub async fn wait_next_attempt(&self, workload: &str) -> Result<Workload> {
         let what = "evicted and holding quota again (the next attempt)";
         self.wait_workload(workload, what, |w| {
@@ -1125,8 +1122,7 @@ impl TestEnv {
             .with_context(|| format!("touching Workload {workload}"))
     }
 
-    /// Sets the Workload's `spec.active`: `false` as a user stopping it would (Kueue evicts it),
-    /// `true` to let an inactive Workload in again.
+    /// Sets the Workload's `spec.active`, as a user stopping (`false`) or letting it in would.
     pub async fn set_workload_active(&self, workload: &str, active: bool) -> Result<Workload> {
         let body = json!({"spec": {"active": active}});
         self.workloads()
@@ -1135,7 +1131,7 @@ impl TestEnv {
             .with_context(|| format!("setting spec.active={active} on Workload {workload}"))
     }
 
-    /// Waits until the Workload is inactive (`spec.active: false`: deactivated by Kueue or a user).
+    /// Waits until the Workload is inactive (`spec.active: false`, by Kueue or a user).
     pub async fn wait_deactivated(&self, workload: &str) -> Result<Workload> {
         self.wait_workload(workload, "deactivated (spec.active=false)", |w| {
             !w.is_active()

@@ -128,8 +128,7 @@ impl ProbeScript {
             .collect()
     }
 
-    /// Waits (bounded) until the probe has been asked about `job`, whether or not a gate holds
-    /// its answer.
+    /// Waits (bounded) until the probe has been asked about `job` (a gate may hold its answer).
     pub async fn wait_asked(&self, job: &str, what: &str) -> anyhow::Result<()> {
         crate::eventually(what, || !self.calls_for(job).is_empty()).await
     }

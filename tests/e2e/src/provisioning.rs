@@ -30,7 +30,7 @@ use crate::{Running, TestEnv};
 /// The kind an AdmissionCheck's parameters name for the provisioning check.
 const PARAMETERS_KIND: &str = "ProvisioningRequestConfig";
 
-/// A config spec whose requests are retried `limit` times, `base` s apart at first (at most 10 s).
+/// A config spec retrying `limit` times, `base` s apart at first, at most 10 s.
 pub fn retry_strategy(limit: i32, base: i32) -> Value {
     json!({"retryStrategy": {
         "backoffLimitCount": limit,
@@ -587,8 +587,7 @@ impl TestEnv {
         .await
     }
 
-    /// Adds the `True` condition `type_` (`reason`, `message`) to request `name`, as the
-    /// autoscaler would: its other conditions kept, the write conditioned on the version read.
+    /// Adds the `True` condition `type_` to request `name` as the autoscaler would (others kept).
     pub async fn add_request_condition(
         &self,
         name: &str,
@@ -736,8 +735,7 @@ impl World {
         )
     }
 
-    /// Waits until the Workload is admitted and asserts our entry names attempt `attempt`'s
-    /// request as provisioned; returns the Workload and the entry.
+    /// Waits until the Workload is admitted; asserts our entry names attempt `attempt`'s request.
     pub async fn admitted_on_attempt(
         &self,
         workload: &str,
