@@ -334,18 +334,7 @@ impl TestEnv {
 
     /// Names of this test's ProvisioningRequests made by the controller under test.
     pub async fn our_requests(&self) -> Result<Vec<String>> {
-        let selector = format!(
-            "{}={}",
-            identity::INSTANCE_LABEL,
-            identity::instance_label(&self.provisioning_controller_name())
-        );
-        let list = self
-            .provisioning_requests()
-            .list(&ListParams::default().labels(&selector))
-            .await?;
-        let mut names: Vec<String> = list.items.iter().map(|r| r.name_any()).collect();
-        names.sort();
-        Ok(names)
+        self.names_made_by_ours(self.provisioning_requests()).await
     }
 
     /// PodTemplates of this test's namespace.
@@ -355,15 +344,20 @@ impl TestEnv {
 
     /// Names of this test namespace's PodTemplates made by the controller under test.
     pub async fn our_pod_templates(&self) -> Result<Vec<String>> {
+        self.names_made_by_ours(self.pod_templates()).await
+    }
+
+    /// Names, sorted, of the objects of `api` labelled as made by the controller under test.
+    async fn names_made_by_ours<K>(&self, api: Api<K>) -> Result<Vec<String>>
+    where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    {
         let selector = format!(
             "{}={}",
             identity::INSTANCE_LABEL,
             identity::instance_label(&self.provisioning_controller_name())
         );
-        let list = self
-            .pod_templates()
-            .list(&ListParams::default().labels(&selector))
-            .await?;
+        let list = api.list(&ListParams::default().labels(&selector)).await?;
         let mut names: Vec<String> = list.items.iter().map(|r| r.name_any()).collect();
         names.sort();
         Ok(names)
