@@ -86,7 +86,7 @@ impl ClusterQueues {
 
     /// Whether the ClusterQueue that reserved `wl`'s quota lists `check` for the flavors it
     /// was assigned, by the rule by which Kueue adds the entry
-    /// ([`queue_applies_check`]). [`QueueRule::Unknown`] while the watch has not listed the
+    /// ([`crate::FlavorRule::EARLY_START`]). [`QueueRule::Unknown`] while the watch has not listed the
     /// queues or is refused; [`QueueRule::DoesNotApply`] when the queues are not watched.
     pub fn rule_for(&self, wl: &Workload, check: &str) -> QueueRule {
         let Some(watched) = &self.0 else {
