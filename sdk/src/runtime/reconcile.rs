@@ -275,47 +275,40 @@ async fn start_early<C: AdmissionCheckController>(
         now: Timestamp::now(),
         shadow: None,
     };
-    let started = ctx.controller.start_early(&asking).await;
-    let failed_for_good = match &started {
-        Ok(()) => false,
-        Err(e) => matches!(
-            ctx.controller.classify_error(e),
-            ErrorClass::Permanent { .. } | ErrorClass::NotPermitted { .. }
-        ),
-    };
-    // Whatever part of the work exists is released as a decision's would be. Started (or
-    // refused for good) once per attempt: the wait for the entry then bounds what was left.
-    ctx.memory.pair(key, |p| {
-        p.asked = Some(at);
-        if started.is_ok() || failed_for_good {
-            p.early = Some(EarlyStart {
-                at,
-                abandoned: false,
-            });
-        }
-    });
-    // The wait counts from the reservation.
-    let wait_left = || {
-        let left = lifecycle::entry_wait_left(wl, ctx.early_start_wait, Timestamp::now());
-        Some(left.unwrap_or(Duration::ZERO))
-    };
-    match started {
+    // Nothing to show a failure on before the entry exists: `decide` meets it again then, and
+    // says it on the entry. A transient one is tried again; one for good is not.
+    let for_good = match ctx.controller.start_early(&asking).await {
         Ok(()) => {
             ctx.metrics.early_start(check);
             debug!(workload = %wl.name_any(), check, "started before Kueue added the entry");
-            Ok(wait_left())
+            None
         }
-        // Nothing to show it on before the entry exists: `decide` meets the same failure then,
-        // and says it on the entry.
         Err(e) => match ctx.controller.classify_error(&e) {
-            ErrorClass::Transient => Err(Error::Check(Box::new(e))),
+            ErrorClass::Transient => {
+                ctx.memory.pair(key, |p| p.asked = Some(at));
+                return Err(Error::Check(Box::new(e)));
+            }
             ErrorClass::Permanent { message } | ErrorClass::NotPermitted { message } => {
-                ctx.metrics.error("check");
-                warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "starting before the entry failed for good; not tried again in this attempt, the check decides once the entry comes");
-                Ok(wait_left())
+                Some(message)
             }
         },
+    };
+    if let Some(message) = for_good {
+        ctx.metrics.error("check");
+        warn!(workload = %wl.name_any(), namespace = %wl.namespace().unwrap_or_default(), check, %message, "starting before the entry failed for good; not tried again in this attempt, the check decides once the entry comes");
     }
+    // Whatever part of the work exists is released as a decision's would be. Started (or
+    // refused for good) once per attempt: the wait for the entry then bounds what was left,
+    // counted from the reservation.
+    ctx.memory.pair(key, |p| {
+        p.asked = Some(at);
+        p.early = Some(EarlyStart {
+            at,
+            abandoned: false,
+        });
+    });
+    let left = lifecycle::entry_wait_left(wl, ctx.early_start_wait, Timestamp::now());
+    Ok(Some(left.unwrap_or(Duration::ZERO)))
 }
 
 /// The entry did not come within the wait after the quota reservation: releases what was
