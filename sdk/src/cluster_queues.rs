@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 
 use crate::api::{ClusterQueue, Workload};
-use crate::decide::queue_applies_check;
+use crate::decide::FlavorRule;
 
 /// The ClusterQueues, as the runtime's cache holds them. Empty (nothing applies) unless the
 /// check [starts early](crate::AdmissionCheckController::starts_early), since only then are
@@ -99,7 +99,7 @@ impl ClusterQueues {
             return QueueRule::DoesNotApply;
         };
         let queue = watched.store.get(&ObjectRef::new(&admission.cluster_queue));
-        match queue.is_some_and(|queue| queue_applies_check(&queue.spec, check, wl)) {
+        match queue.is_some_and(|queue| FlavorRule::EARLY_START.applies(&queue.spec, check, wl)) {
             true => QueueRule::Applies,
             false => QueueRule::DoesNotApply,
         }

@@ -52,7 +52,7 @@ pub fn eligibility(wl: &Workload, check: &str, revalidate_ready: bool) -> Eligib
 }
 
 /// As [`eligibility`], knowing whether the Workload's ClusterQueue applies `check` to it
-/// (`applies`, from [`queue_applies_check`]): a Workload that holds quota, is active and not
+/// (`applies`, from [`FlavorRule::applies`]): a Workload that holds quota, is active and not
 /// evicted, without the entry yet, is then [`Eligibility::Early`]. Without the entry, the
 /// reason a Workload is idle is the first of: deleted, finished, deactivated, evicted, quota
 /// released, check removed.
@@ -149,56 +149,43 @@ impl FlavorRule {
             .flat_map(|g| &g.flavors)
             .map(|f| f.name.as_str())
             .collect();
-        let rules: Vec<Vec<&str>> = queue
+        let mut rules = queue
             .admission_checks_strategy
             .iter()
-            .flat_map(|s| &s.admission_checks)
-            .map(|r| match r.on_flavors.is_empty() {
-                true => queue_flavors.clone(),
-                false => r.on_flavors.iter().map(String::as_str).collect(),
-            })
-            .collect();
-        let Some(rule_flavors) = queue
-            .admission_checks_strategy
-            .iter()
-            .flat_map(|s| &s.admission_checks)
-            .zip(&rules)
-            .find(|(r, _)| r.name == check)
-            .map(|(_, flavors)| flavors)
-        else {
+            .flat_map(|s| &s.admission_checks);
+        let Some(rule) = rules.clone().find(|r| r.name == check) else {
             return false;
         };
-        let assigned: Vec<&str> = admission
+        let mut assigned = admission
             .pod_set_assignments
             .iter()
-            .flat_map(|p| p.flavors.values())
-            .map(String::as_str)
-            .collect();
-        let meets = assigned.iter().any(|f| rule_flavors.contains(f));
+            .flat_map(|p| p.flavors.values());
+        let rule_flavors = flavors_of(rule, &queue_flavors);
+        let meets = assigned.clone().any(|f| rule_flavors.contains(&f.as_str()));
         match self {
             FlavorRule::EveryCheckWhenAllCoverAll => {
-                let covers_all = |flavors: &Vec<&str>| same_set(flavors, &queue_flavors);
-                rules.iter().all(covers_all) || meets
+                meets || rules.all(|r| same_set(&flavors_of(r, &queue_flavors), &queue_flavors))
             }
-            FlavorRule::EveryCheckWhenFlavorless => assigned.is_empty() || meets,
+            FlavorRule::EveryCheckWhenFlavorless => meets || assigned.next().is_none(),
             FlavorRule::Intersection => meets,
         }
+    }
+}
+
+/// A rule's flavors: its `onFlavors`, or every flavor of the queue when empty.
+fn flavors_of<'a>(
+    rule: &'a crate::api::AdmissionCheckStrategyRule,
+    queue_flavors: &[&'a str],
+) -> Vec<&'a str> {
+    match rule.on_flavors.is_empty() {
+        true => queue_flavors.to_vec(),
+        false => rule.on_flavors.iter().map(String::as_str).collect(),
     }
 }
 
 /// Whether two lists of names hold the same names.
 fn same_set(a: &[&str], b: &[&str]) -> bool {
     a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
-}
-
-/// Whether the ClusterQueue `queue` (its spec) applies `check` to `wl` as Kueue assigned its
-/// flavors, by the rule the early start assumes ([`FlavorRule::EARLY_START`]).
-pub fn queue_applies_check(
-    queue: &crate::api::ClusterQueueSpec,
-    check: &str,
-    wl: &Workload,
-) -> bool {
-    FlavorRule::EARLY_START.applies(queue, check, wl)
 }
 
 /// Everything [`plan`] needs.
