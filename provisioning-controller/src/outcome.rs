@@ -42,6 +42,15 @@ pub enum Outcome {
 /// non-event, admitted or not (unlike `CapacityReservationTimeExpired`).
 pub const BOOKING_CONSUMED: &str = "CapacityBookingConsumed";
 
+/// The request's `BookingExpired=True` when its booking ran out, not when it was used up by
+/// its pods ([`BOOKING_CONSUMED`]).
+pub fn booking_ran_out(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    find_condition(conditions, pr::BOOKING_EXPIRED)
+        .filter(|c| c.status == "True" && c.reason != BOOKING_CONSUMED)
+}
+
 /// Reads `request` for a Workload that is `admitted` or not, at `now`.
 pub fn outcome(
     request: &ProvisioningRequest,
@@ -68,9 +77,8 @@ pub fn outcome(
     if let Some(c) = is_true(pr::CAPACITY_REVOKED) {
         return Outcome::Revoked(text(c));
     }
-    if let Some(c) = is_true(pr::BOOKING_EXPIRED)
+    if let Some(c) = booking_ran_out(conditions)
         && !admitted
-        && c.reason != BOOKING_CONSUMED
     {
         return Outcome::BookingExpired(text(c));
     }

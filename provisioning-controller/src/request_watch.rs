@@ -66,7 +66,8 @@ pub fn orphan_reason(
     holding::stale_reason_expecting_entry(&held, workload, None, entry_expected)
 }
 
-/// The conditions counted in metrics that are true on a request.
+/// The conditions counted in metrics that are true on a request (a booking used up by its pods
+/// did not expire: not counted).
 fn counted_conditions(r: &ProvisioningRequest) -> BTreeSet<&'static str> {
     let conditions = r
         .status
@@ -80,15 +81,11 @@ fn counted_conditions(r: &ProvisioningRequest) -> BTreeSet<&'static str> {
         pr::CAPACITY_REVOKED,
     ]
     .into_iter()
-    .filter(|t| find_condition(conditions, t).is_some_and(|c| c.status == "True"))
+    .filter(|t| match *t {
+        pr::BOOKING_EXPIRED => crate::outcome::booking_ran_out(conditions).is_some(),
+        _ => find_condition(conditions, t).is_some_and(|c| c.status == "True"),
+    })
     .collect()
-}
-
-/// Whether the request's booking ended because its pods were all scheduled.
-fn booking_consumed(r: &ProvisioningRequest) -> bool {
-    let conditions = r.status.as_ref().map(|s| s.conditions.as_slice());
-    find_condition(conditions.unwrap_or_default(), pr::BOOKING_EXPIRED)
-        .is_some_and(|c| c.reason == crate::outcome::BOOKING_CONSUMED)
 }
 
 fn transition(r: &ProvisioningRequest, condition: &str) -> Option<Transition> {
@@ -103,8 +100,6 @@ fn transition(r: &ProvisioningRequest, condition: &str) -> Option<Transition> {
             Transition::Provisioned(secs)
         }
         pr::FAILED => Transition::Failed,
-        // A booking used up by its pods (cluster-autoscaler 1.37) did not expire.
-        pr::BOOKING_EXPIRED if booking_consumed(r) => return None,
         pr::BOOKING_EXPIRED => Transition::BookingExpired,
         pr::CAPACITY_REVOKED => Transition::CapacityRevoked,
         _ => return None,
@@ -396,12 +391,13 @@ mod tests {
             r
         };
         let expired = with_booking_ended("CapacityReservationTimeExpired");
+        assert!(counted_conditions(&expired).contains(pr::BOOKING_EXPIRED));
         assert!(matches!(
             transition(&expired, pr::BOOKING_EXPIRED),
             Some(Transition::BookingExpired)
         ));
         let consumed = with_booking_ended(crate::outcome::BOOKING_CONSUMED);
-        assert!(transition(&consumed, pr::BOOKING_EXPIRED).is_none());
+        assert!(counted_conditions(&consumed).is_empty());
     }
 
     #[test]
