@@ -913,18 +913,28 @@ mod tests {
         );
     }
 
+    /// Request `w-prov-1`, made for `check`, with these conditions.
+    fn request_of(check: &str, conditions: Vec<Condition>) -> ProvisioningRequest {
+        let mut pr = ProvisioningRequest::new("w-prov-1", ProvisioningRequestSpec::default());
+        pr.metadata.annotations = Some(BTreeMap::from([(
+            CHECK_ANNOTATION.to_string(),
+            check.to_string(),
+        )]));
+        pr.status = Some(ProvisioningRequestStatus {
+            conditions,
+            ..Default::default()
+        });
+        pr
+    }
+
     #[test]
     fn a_failed_request_is_the_autoscalers_word() {
         let mut s = snapshot(pending_on("prov"));
         s.admission_checks
             .insert("prov".into(), check("prov", true, "ok"));
-        let mut pr = ProvisioningRequest::new("w-prov-1", ProvisioningRequestSpec::default());
-        pr.metadata.annotations = Some(BTreeMap::from([
-            (CHECK_ANNOTATION.to_string(), "prov".to_string()),
-            (ATTEMPT_ANNOTATION.to_string(), "1".to_string()),
-        ]));
-        pr.status = Some(ProvisioningRequestStatus {
-            conditions: vec![
+        let mut pr = request_of(
+            "prov",
+            vec![
                 condition(
                     "Accepted",
                     "True",
@@ -940,8 +950,9 @@ mod tests {
                     t("2026-01-01T00:00:05Z"),
                 ),
             ],
-            ..Default::default()
-        });
+        );
+        pr.annotations_mut()
+            .insert(ATTEMPT_ANNOTATION.to_string(), "1".to_string());
         s.provisioning_requests.push(pr);
         let r = report(&s, t("2026-01-01T00:00:10Z"));
         assert_eq!(
@@ -969,22 +980,15 @@ mod tests {
     #[test]
     fn before_the_entries_it_names_the_checks_due_and_what_started_early() {
         let mut s = before_the_entries(&[("prov", &[]), ("gpu-only", &["gpu"])]);
-        let mut pr = ProvisioningRequest::new("w-prov-1", ProvisioningRequestSpec::default());
-        pr.metadata.annotations = Some(BTreeMap::from([(
-            CHECK_ANNOTATION.to_string(),
-            "prov".to_string(),
-        )]));
-        pr.status = Some(ProvisioningRequestStatus {
-            conditions: vec![condition(
-                "Provisioned",
-                "True",
-                "Provisioned",
-                "",
-                t("2026-01-01T00:00:05Z"),
-            )],
-            ..Default::default()
-        });
-        s.provisioning_requests.push(pr);
+        let provisioned = condition(
+            "Provisioned",
+            "True",
+            "Provisioned",
+            "",
+            t("2026-01-01T00:00:05Z"),
+        );
+        s.provisioning_requests
+            .push(request_of("prov", vec![provisioned]));
         let r = report(&s, t("2026-01-01T00:00:10Z"));
         assert_eq!(
             r.advice,
