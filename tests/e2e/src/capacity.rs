@@ -235,6 +235,20 @@ impl World {
     }
 }
 
+/// A test's namespace with an AdmissionCheck `gate`, Active, answered by the test: made before
+/// the queue that names it, it holds admission until the test opens it. Returns the gate's
+/// name.
+pub async fn env_with_gate(test: &str) -> Result<(TestEnv, String)> {
+    let env = TestEnv::new(test).await?;
+    let gate_controller = env.own_controller_name("gate");
+    let gate = env
+        .admission_check("gate", &gate_controller)
+        .await?
+        .name_any();
+    env.set_admission_check_active(&gate, true).await?;
+    Ok((env, gate))
+}
+
 /// The node a pod is bound to, if any.
 pub fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.node_name.as_deref()

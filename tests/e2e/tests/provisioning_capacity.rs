@@ -244,20 +244,6 @@ async fn changed_and_reconciled(t: &World, wl: &str) -> Result<()> {
     .await
 }
 
-/// A test's namespace with an AdmissionCheck `gate`, Active, answered by the test: made before
-/// the queue that names it, it holds admission until the test opens it. Returns the gate's
-/// name.
-async fn env_with_gate(test: &str) -> Result<(TestEnv, String)> {
-    let env = TestEnv::new(test).await?;
-    let gate_controller = env.own_controller_name("gate");
-    let gate = env
-        .admission_check("gate", &gate_controller)
-        .await?
-        .name_any();
-    env.set_admission_check_active(&gate, true).await?;
-    Ok((env, gate))
-}
-
 /// The world again with the simulator's bookings as long as cluster-autoscaler's: the old
 /// simulator stopped, a new one scaling [`GROUP`] started.
 async fn with_full_bookings(t: World) -> Result<World> {
@@ -419,7 +405,7 @@ async fn a_request_the_autoscaler_deletes_while_its_workload_runs_is_not_made_ag
 /// keep running and no request is made again.
 #[tokio::test]
 async fn an_expired_booking_retries_before_admission_and_is_ignored_after() -> Result<()> {
-    let (env, gate) = env_with_gate("cap-booking").await?;
+    let (env, gate) = e2e::capacity::env_with_gate("cap-booking").await?;
     let t = World::on_capacity_in(env, gated_best_effort(&gate), short_booking).await?;
     let wl = job(&t.env, "gated", 1).await?;
     // Attempt 1: provisioned, and its booking expires while the gate holds admission.
