@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PodTemplate;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{Pod, PodTemplate};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{
     CheckState, ProvisioningRequest, ResourceFlavorSpec, Workload, workload_condition as cond,
@@ -58,8 +58,9 @@ pub struct ProvisioningCheck {
     /// Value of the label that ties requests and templates to this controller instance.
     instance: String,
     metrics: Arc<Metrics>,
-    /// Requests whose timeout was already counted (a decision may be computed twice).
-    timed_out: Arc<Mutex<HashSet<String>>>,
+    /// `(what, request uid)` of what was already counted of a request (a timeout, pods left
+    /// unplaced): a decision may be computed twice.
+    counted: Arc<Mutex<HashSet<(&'static str, String)>>>,
     /// The ResourceFlavors, kept by a watch while this replica leads.
     flavors: FlavorCache,
     /// This instance's requests, kept by the leader's watch of them.
@@ -78,7 +79,7 @@ impl ProvisioningCheck {
             settings,
             instance,
             metrics: Arc::new(Metrics::new()),
-            timed_out: Default::default(),
+            counted: Default::default(),
             flavors: FlavorCache::default(),
             requests: requests::request_cache(),
             admission_checks: Arc::new(WatchedCache::new("admissionchecks.kueue.x-k8s.io")),
@@ -433,8 +434,9 @@ impl ProvisioningCheck {
     }
 
     /// For a `Ready` entry: withdraw it only as [`outcome::revalidation`] says (the capacity
-    /// revoked; before admission, the booking expired or the request failed). Anything else
-    /// keeps the answer exactly as written (no write).
+    /// revoked; before admission, the booking expired or the request failed), or, once the
+    /// booking of an admitted Workload's request ran out, as [`outcome::stranded`] says of its
+    /// pods. Anything else keeps the answer exactly as written (no write).
     async fn revalidate(
         &self,
         ctx: &CheckContext<'_, ProvisioningParameters>,
@@ -463,7 +465,60 @@ impl ProvisioningCheck {
         let admitted = ctx.workload.condition_is_true(cond::ADMITTED);
         let o = outcome::outcome(&request, admitted, None, ctx.now);
         let qualified = format!("{namespace}/{name}");
-        Ok(outcome::revalidation(&o, admitted, &qualified, ctx.attempt()).unwrap_or(keep))
+        if let Some(withdrawn) = outcome::revalidation(&o, admitted, &qualified, ctx.attempt()) {
+            return Ok(withdrawn);
+        }
+        let booking_over = request
+            .status
+            .as_ref()
+            .is_some_and(|s| outcome::booking_ran_out(&s.conditions).is_some());
+        if admitted && o == Outcome::Provisioned && booking_over {
+            let unplaced = self.unplaced_consumers(ctx.client, namespace, &name).await;
+            if let Some(retry) = outcome::stranded(&qualified, &unplaced) {
+                if self.first_time("stranded", &request) {
+                    self.metrics.stranded(&ctx.entry.name);
+                }
+                info!(request = %qualified, pods = unplaced.len(), "pods that consume the request were not scheduled when its booking ran out: retrying");
+                return Ok(retry);
+            }
+        }
+        Ok(keep)
+    }
+
+    /// The pods of `namespace` that consume `request` and that the scheduler found no room for
+    /// (one list of the namespace's unbound `Pending` pods, served from the API server's
+    /// cache). A refused or failed list finds none: the `Ready` answer stands, with a warning.
+    async fn unplaced_consumers(
+        &self,
+        client: &Client,
+        namespace: &str,
+        request: &str,
+    ) -> Vec<outcome::Unplaced> {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let unbound = ListParams::default()
+            .fields("status.phase=Pending,spec.nodeName=")
+            .match_any();
+        match pods.list(&unbound).await {
+            Ok(list) => outcome::unplaced_consumers(&list.items, request),
+            Err(e) => {
+                warn!(
+                    namespace,
+                    request,
+                    error = %e,
+                    "cannot list pods (needs list on pods): pods of an admitted workload left \
+                     without room when the booking ran out are not detected"
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// Whether `what` is counted for `request` for the first time.
+    fn first_time(&self, what: &'static str, request: &ProvisioningRequest) -> bool {
+        self.counted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((what, request.uid().unwrap_or_default()))
     }
 }
 
@@ -901,15 +956,8 @@ impl ProvisioningCheck {
         let timeout = ctx.parameters.timeout(self.settings.default_timeout);
         let admitted = wl.condition_is_true(cond::ADMITTED);
         let o = outcome::outcome(request, admitted, timeout, ctx.now);
-        if matches!(o, Outcome::TimedOut(_)) {
-            let first = self
-                .timed_out
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(request.uid().unwrap_or_default());
-            if first {
-                self.metrics.timed_out(check);
-            }
+        if matches!(o, Outcome::TimedOut(_)) && self.first_time("timed out", request) {
+            self.metrics.timed_out(check);
         }
         let members: Vec<String> = plan
             .pod_sets

@@ -21,6 +21,7 @@ pub struct Metrics {
     booking_expired: Family<CheckLabels, Counter>,
     capacity_revoked: Family<CheckLabels, Counter>,
     timed_out: Family<CheckLabels, Counter>,
+    stranded: Family<CheckLabels, Counter>,
     attempt: Family<CheckLabels, Histogram, fn() -> Histogram>,
     time_to_provisioned: Family<CheckLabels, Histogram, fn() -> Histogram>,
     time_to_request: Family<CheckLabels, Histogram, fn() -> Histogram>,
@@ -66,6 +67,7 @@ impl Metrics {
             booking_expired: Family::default(),
             capacity_revoked: Family::default(),
             timed_out: Family::default(),
+            stranded: Family::default(),
             attempt: Family::new_with_constructor(attempts),
             time_to_provisioned: Family::new_with_constructor(seconds),
             time_to_request: Family::new_with_constructor(seconds),
@@ -104,6 +106,11 @@ impl Metrics {
             "requests_timed_out",
             "ProvisioningRequests not Provisioned within the configured timeout (a failed attempt)",
             self.timed_out.clone(),
+        );
+        r.register(
+            "requests_stranded",
+            "Admitted Workloads retried: pods consuming the request unscheduled when its booking ran out",
+            self.stranded.clone(),
         );
         r.register(
             "request_attempt",
@@ -162,5 +169,10 @@ impl Metrics {
     /// A request timed out.
     pub fn timed_out(&self, check: &str) {
         self.timed_out.get_or_create(&Self::labels(check)).inc();
+    }
+
+    /// An admitted Workload's pods were unplaced when its request's booking ran out.
+    pub fn stranded(&self, check: &str) {
+        self.stranded.get_or_create(&Self::labels(check)).inc();
     }
 }

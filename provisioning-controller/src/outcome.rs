@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kueue_admission_sdk::Decision;
 use kueue_admission_sdk::api::{
     PodSetUpdate, ProvisioningRequest, ProvisioningRequestPodSetUpdatesNodeSelector,
@@ -24,7 +26,7 @@ pub enum Outcome {
     Revoked(String),
     /// `BookingExpired` before the Workload was admitted: the booking is gone.
     BookingExpired(String),
-    /// `Provisioned` (a `BookingExpired` after admission changes nothing).
+    /// `Provisioned` (a `BookingExpired` after admission changes nothing here: see [`stranded`]).
     Provisioned,
     /// Not provisioned within the timeout, counted from the request's creation.
     TimedOut(Duration),
@@ -208,7 +210,7 @@ pub fn decision(
 /// built-in check: `Retry`, counted against the retry limit. After admission a `Failed` or an
 /// expired booking changes nothing: the pods are placed, and only a revocation takes the
 /// capacity away (Kueue's built-in check answers `Retry` to a `Failed` then, evicting the
-/// running Workload).
+/// running Workload). Pods left without room when the booking runs out are [`stranded`]'s.
 pub fn revalidation(
     outcome: &Outcome,
     admitted: bool,
@@ -225,6 +227,72 @@ pub fn revalidation(
         ))),
         _ => None,
     }
+}
+
+/// A pod that consumes a request and that the scheduler tried and found no room for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unplaced {
+    /// The pod's name.
+    pub pod: String,
+    /// The scheduler's message (`0/30 nodes are available: ...`).
+    pub why: String,
+}
+
+/// The pods of `pods` that consume `request` and that the scheduler has tried and could not
+/// place: `Pending`, bound to no Node, not being deleted, `PodScheduled=False` with reason
+/// `Unschedulable`. A pod not tried yet is not one of them.
+pub fn unplaced_consumers(pods: &[Pod], request: &str) -> Vec<Unplaced> {
+    pods.iter()
+        .filter(|p| {
+            p.annotations().get(CONSUME_ANNOTATION).map(String::as_str) == Some(request)
+                && p.metadata.deletion_timestamp.is_none()
+                && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none()
+        })
+        .filter_map(|p| {
+            let status = p.status.as_ref()?;
+            if status.phase.as_deref() != Some("Pending") {
+                return None;
+            }
+            let scheduled = status
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "PodScheduled")?;
+            (scheduled.status == "False" && scheduled.reason.as_deref() == Some("Unschedulable"))
+                .then(|| Unplaced {
+                    pod: p.name_any(),
+                    why: scheduled.message.clone().unwrap_or_default(),
+                })
+        })
+        .collect()
+}
+
+/// The longest part of the scheduler's message quoted on the entry.
+const QUOTED_REASON: usize = 300;
+
+/// What an admitted Workload's `Ready` answer becomes once its request's booking ran out while
+/// some of its pods are `unplaced` (others took the room made for them: the scheduler knows
+/// nothing of requests). cluster-autoscaler never scales up for a pod that consumes a request,
+/// so those pods would stay `Pending` for good with the quota held: `Retry` at once (no delay:
+/// the delay would keep the quota until it ends), which evicts the Workload and makes a new
+/// attempt ask for capacity again. It counts against the retry limit. `None`: nothing unplaced.
+pub fn stranded(request: &str, unplaced: &[Unplaced]) -> Option<Decision> {
+    let first = unplaced.first()?;
+    let mut why: String = first.why.chars().take(QUOTED_REASON).collect();
+    if why.len() < first.why.len() {
+        why.push_str("...");
+    }
+    Some(Decision::retry_after(
+        format!(
+            "ProvisioningRequest {request}: its booking ran out with {} pod(s) that consume it \
+             not scheduled ({}: {why}); other pods took the capacity made for them, and \
+             cluster-autoscaler never scales up for pods that consume a request, so a new \
+             attempt asks for capacity again",
+            unplaced.len(),
+            first.pod,
+        ),
+        Duration::ZERO,
+    ))
 }
 
 /// The first node selector of `updates` whose value (from the request's
@@ -528,5 +596,114 @@ mod tests {
                 BTreeMap::from([("topology.kubernetes.io/zone".into(), "zone-a".into())])
             );
         }
+    }
+
+    /// A pod consuming `request` (if any), on `node` (if any), in `phase`, with the scheduler's
+    /// `PodScheduled` condition `(status, reason)` if it has one.
+    fn pod(
+        name: &str,
+        request: Option<&str>,
+        node: Option<&str>,
+        phase: &str,
+        scheduled: Option<(&str, &str)>,
+    ) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "annotations": request.map(|r| BTreeMap::from([(CONSUME_ANNOTATION, r)])),
+            },
+            "spec": {"containers": [], "nodeName": node},
+            "status": {
+                "phase": phase,
+                "conditions": scheduled.map(|(status, reason)| vec![serde_json::json!({
+                    "type": "PodScheduled", "status": status, "reason": reason,
+                    "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                })]),
+            },
+        }))
+        .expect("a pod")
+    }
+
+    #[test]
+    fn only_pods_of_the_request_the_scheduler_found_no_room_for_are_unplaced() {
+        let unschedulable = Some(("False", "Unschedulable"));
+        let pods = [
+            pod("stuck", Some("r-1"), None, "Pending", unschedulable),
+            pod(
+                "running",
+                Some("r-1"),
+                Some("n1"),
+                "Running",
+                Some(("True", "")),
+            ),
+            pod(
+                "bound-not-started",
+                Some("r-1"),
+                Some("n1"),
+                "Pending",
+                Some(("True", "")),
+            ),
+            pod("not-tried-yet", Some("r-1"), None, "Pending", None),
+            pod(
+                "gated",
+                Some("r-1"),
+                None,
+                "Pending",
+                Some(("False", "SchedulingGated")),
+            ),
+            pod("other-request", Some("r-2"), None, "Pending", unschedulable),
+            pod("no-request", None, None, "Pending", unschedulable),
+        ];
+        let unplaced = unplaced_consumers(&pods, "r-1");
+        let names: Vec<&str> = unplaced.iter().map(|u| u.pod.as_str()).collect();
+        assert_eq!(names, ["stuck"]);
+        assert_eq!(
+            unplaced[0].why,
+            "0/3 nodes are available: 3 Insufficient cpu."
+        );
+
+        let mut deleting = pod("deleting", Some("r-1"), None, "Pending", unschedulable);
+        deleting.metadata.deletion_timestamp = Some(Time(at(1)));
+        assert!(unplaced_consumers(&[deleting], "r-1").is_empty());
+    }
+
+    #[test]
+    fn unplaced_pods_after_the_booking_retry_at_once_naming_the_first() {
+        assert_eq!(stranded("ns/r-1", &[]), None);
+        let unplaced = [
+            Unplaced {
+                pod: "a".into(),
+                why: "Insufficient cpu".into(),
+            },
+            Unplaced {
+                pod: "b".into(),
+                why: "Insufficient cpu".into(),
+            },
+        ];
+        let Some(Decision::Retry { message, delay }) = stranded("ns/r-1", &unplaced) else {
+            panic!("a Retry");
+        };
+        assert_eq!(
+            delay,
+            kueue_admission_sdk::RetryDelay::After(Duration::ZERO)
+        );
+        assert!(
+            message.contains("ns/r-1") && message.contains("2 pod(s)"),
+            "{message}"
+        );
+        assert!(message.contains("a: Insufficient cpu"), "{message}");
+        // A long scheduler message is cut, so the entry stays readable.
+        let long = [Unplaced {
+            pod: "a".into(),
+            why: "x".repeat(5000),
+        }];
+        let Some(Decision::Retry { message, .. }) = stranded("ns/r-1", &long) else {
+            panic!("a Retry");
+        };
+        assert!(
+            message.len() < 1000 && message.contains("x..."),
+            "{}",
+            message.len()
+        );
     }
 }

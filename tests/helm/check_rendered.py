@@ -35,6 +35,7 @@ PROVISIONING_RULES = {**SDK_RULES, **{
     ("kueue.x-k8s.io", "clusterqueues"): {"list", "watch"},
     ("autoscaling.x-k8s.io", "provisioningrequests"): {"get", "list", "watch", "create", "delete"},
     ("", "podtemplates"): {"get", "list", "create", "delete"},
+    ("", "pods"): {"list"},
 }}
 # Integer flags of sdk::Options the Deployments always pass, with the ranges its parser accepts
 # (sdk/src/options.rs): a value outside them would make the pod exit with status 2 at start.
