@@ -60,6 +60,6 @@ pub use error::Error;
 pub use options::Options;
 pub use retry::RetryPolicy;
 pub use runtime::{
-    Extensions, LeaderContext, LeaderElection, RuntimeConfig, WorkloadWaker, run, run_until,
-    termination_signal,
+    Extensions, LeaderContext, LeaderElection, MetricsSecurity, RuntimeConfig, TlsSource,
+    WorkloadWaker, run, run_until, termination_signal,
 };

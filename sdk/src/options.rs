@@ -43,11 +43,11 @@ use tracing_subscriber::EnvFilter;
 use crate::check::AdmissionCheckController;
 use crate::error::Error;
 use crate::runtime::{
-    DEFAULT_FIELD_MANAGER, LeaderElection, RuntimeConfig, lease_name_for, run_until,
-    termination_signal,
+    DEFAULT_FIELD_MANAGER, LeaderElection, MetricsSecurity, RuntimeConfig, TlsSource,
+    lease_name_for, run_until, termination_signal,
 };
 
-/// Where the metrics and health endpoints listen, or `off`.
+/// Where an endpoint listens (host:port), or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetricsAddress(pub Option<SocketAddr>);
 
@@ -143,9 +143,31 @@ pub struct Options {
     #[arg(long, env = "KUEUE_AC_CONTEXT")]
     pub context: Option<String>,
 
-    /// Address of /metrics, /healthz and /readyz (host:port), or "off".
-    #[arg(long, env = "KUEUE_AC_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    /// Address of /metrics (host:port), or "off". HTTPS with authentication unless
+    /// --metrics-secure=false.
+    #[arg(long, env = "KUEUE_AC_METRICS_ADDRESS", default_value = "0.0.0.0:8443")]
     pub metrics_address: MetricsAddress,
+
+    /// Serve /metrics over HTTPS and let only requests through whose bearer token the API
+    /// server authenticates (TokenReview) and allows to get the non-resource URL /metrics
+    /// (SubjectAccessReview): 401 without a valid token, 403 without the permission. Decisions
+    /// are kept 30 s per token (at most 1024 tokens). false serves plain HTTP to anyone.
+    #[arg(long, env = "KUEUE_AC_METRICS_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_secure: bool,
+
+    /// PEM certificate chain served on /metrics (with --metrics-tls-key); without both, a
+    /// self-signed certificate is generated at start.
+    #[arg(long, env = "KUEUE_AC_METRICS_TLS_CERT", value_name = "PATH")]
+    pub metrics_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --metrics-tls-cert.
+    #[arg(long, env = "KUEUE_AC_METRICS_TLS_KEY", value_name = "PATH")]
+    pub metrics_tls_key: Option<PathBuf>,
+
+    /// Address of the probes /healthz and /readyz (host:port, plain HTTP, no authentication),
+    /// or "off". It may equal --metrics-address only with --metrics-secure=false.
+    #[arg(long, env = "KUEUE_AC_HEALTH_ADDRESS", default_value = "0.0.0.0:8081")]
+    pub health_address: MetricsAddress,
 
     /// Workloads reconciled at once (Kueue reconciles 10 Workloads at once as shipped).
     #[arg(long, env = "KUEUE_AC_CONCURRENCY", default_value_t = 10,
@@ -283,6 +305,7 @@ impl Options {
 
     /// Refuses flags that make sense only together when one is missing.
     pub fn validate(&self) -> Result<(), Error> {
+        self.metrics_tls()?;
         if !self.shadow && !self.shadow_cluster_queues.is_empty() {
             return Err(Error::Config(
                 "--shadow-cluster-queues names ClusterQueues for shadow mode, but --shadow is \
@@ -291,6 +314,47 @@ impl Options {
             ));
         }
         Ok(())
+    }
+
+    /// The certificate the metrics flags ask for: files when both are given, self-signed when
+    /// neither is, an error when one is missing or metrics are plain.
+    fn metrics_tls(&self) -> Result<Option<TlsSource>, Error> {
+        match (&self.metrics_tls_cert, &self.metrics_tls_key) {
+            (Some(_), _) | (_, Some(_)) if !self.metrics_secure => Err(Error::Config(
+                "--metrics-tls-cert/--metrics-tls-key give a certificate, but \
+                 --metrics-secure=false serves plain HTTP: drop the files, or serve HTTPS"
+                    .into(),
+            )),
+            _ if !self.metrics_secure => Ok(None),
+            (Some(cert), Some(key)) => Ok(Some(TlsSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            (None, None) => Ok(Some(TlsSource::SelfSigned)),
+            (Some(_), None) => Err(Error::Config(
+                "--metrics-tls-cert is given without --metrics-tls-key: give both, or neither \
+                 for a self-signed certificate"
+                    .into(),
+            )),
+            (None, Some(_)) => Err(Error::Config(
+                "--metrics-tls-key is given without --metrics-tls-cert: give both, or neither \
+                 for a self-signed certificate"
+                    .into(),
+            )),
+        }
+    }
+
+    /// How /metrics is served, as the flags say (a half-given certificate falls back to a
+    /// self-signed one here; [`Options::validate`] refuses it).
+    pub fn metrics_security(&self) -> MetricsSecurity {
+        match self.metrics_tls() {
+            Ok(None) => MetricsSecurity::Plain,
+            Ok(Some(tls)) => MetricsSecurity::Authenticated { tls },
+            Err(_) if !self.metrics_secure => MetricsSecurity::Plain,
+            Err(_) => MetricsSecurity::Authenticated {
+                tls: TlsSource::SelfSigned,
+            },
+        }
     }
 
     /// The client the flags describe, with the client-side rate limit applied to every request.
@@ -346,6 +410,8 @@ impl Options {
         });
         RuntimeConfig {
             metrics_address: self.metrics_address.0,
+            metrics_security: self.metrics_security(),
+            health_address: self.health_address.0,
             field_manager: self.field_manager.clone(),
             concurrency: self.concurrency,
             leader_election,
@@ -440,8 +506,79 @@ mod tests {
         assert_eq!(config.permanent_failure_hold, Duration::from_secs(120));
         assert_eq!(
             config.metrics_address,
-            Some(SocketAddr::from(([0, 0, 0, 0], 8080)))
+            Some(SocketAddr::from(([0, 0, 0, 0], 8443)))
         );
+        assert_eq!(
+            config.metrics_security,
+            MetricsSecurity::Authenticated {
+                tls: TlsSource::SelfSigned
+            }
+        );
+        assert_eq!(
+            config.health_address,
+            Some(SocketAddr::from(([0, 0, 0, 0], 8081)))
+        );
+        cli.runtime.validate().expect("the defaults are consistent");
+    }
+
+    #[test]
+    fn metrics_are_plain_only_when_asked_and_certificates_come_in_pairs() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("check").chain(args.iter().copied()))
+                .expect("parses")
+                .runtime
+        };
+        let plain = parse(&[
+            "--metrics-secure=false",
+            "--metrics-address=127.0.0.1:9090",
+            "--health-address=127.0.0.1:9090",
+        ]);
+        plain.validate().expect("consistent");
+        let config = plain.runtime_config("x", "d");
+        assert_eq!(config.metrics_security, MetricsSecurity::Plain);
+        assert_eq!(config.health_address, config.metrics_address);
+
+        let files = parse(&[
+            "--metrics-tls-cert=/tls/tls.crt",
+            "--metrics-tls-key=/tls/tls.key",
+        ]);
+        files.validate().expect("consistent");
+        assert_eq!(
+            files.metrics_security(),
+            MetricsSecurity::Authenticated {
+                tls: TlsSource::Files {
+                    cert: "/tls/tls.crt".into(),
+                    key: "/tls/tls.key".into(),
+                }
+            }
+        );
+        assert!(parse(&["--health-address=off"]).health_address.0.is_none());
+
+        for (args, why) in [
+            (
+                &["--metrics-tls-cert=/tls/tls.crt"][..],
+                "--metrics-tls-cert is given without --metrics-tls-key",
+            ),
+            (
+                &["--metrics-tls-key=/tls/tls.key"][..],
+                "--metrics-tls-key is given without --metrics-tls-cert",
+            ),
+            (
+                &[
+                    "--metrics-secure=false",
+                    "--metrics-tls-cert=/a",
+                    "--metrics-tls-key=/b",
+                ][..],
+                "--metrics-secure=false serves plain HTTP",
+            ),
+        ] {
+            let err = parse(args).validate().expect_err(why);
+            assert_eq!(err.label(), "config");
+            assert!(err.to_string().contains(why), "{args:?}: {err}");
+        }
+        for bad in ["--metrics-secure=maybe", "--health-address=nowhere"] {
+            assert!(Cli::try_parse_from(["check", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -7,8 +7,16 @@ use super::lease::LeaderElection;
 /// How the runtime runs a check.
 #[derive(Clone, Debug)]
 pub struct RuntimeConfig {
-    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` serves nothing.
+    /// Where `/metrics` is served, as [`Self::metrics_security`] says; `None` serves no metrics.
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// How `/metrics` is served: HTTPS with every request's bearer token reviewed by the API
+    /// server (the default), or plain HTTP to anyone who can reach the address.
+    pub metrics_security: MetricsSecurity,
+    /// Where the probes `/healthz` and `/readyz` are served: plain HTTP, no authentication (the
+    /// kubelet probes without credentials); `None` serves no probes. It may equal
+    /// [`Self::metrics_address`] only with [`MetricsSecurity::Plain`]: one listener then serves
+    /// all three paths.
+    pub health_address: Option<std::net::SocketAddr>,
     /// Prefix of the server-side apply field managers; each check gets its own manager, so one
     /// process serving several checks never strips another check's entry.
     pub field_manager: String,
@@ -46,6 +54,51 @@ pub struct RuntimeConfig {
     pub normal_events: bool,
 }
 
+/// How `/metrics` is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetricsSecurity {
+    /// HTTPS; each request needs a bearer token that the API server authenticates (a
+    /// TokenReview) and authorises for `get` on the non-resource URL `/metrics` (a
+    /// SubjectAccessReview), as Kubernetes components serve their metrics. No token or an invalid
+    /// one gets 401, a token without the permission 403. Decisions are kept for
+    /// [`crate::runtime::METRICS_AUTH_CACHE_TTL`] per token, for at most
+    /// [`crate::runtime::METRICS_AUTH_CACHE_SIZE`] tokens. The controller's own account needs
+    /// `create` on `tokenreviews` (authentication.k8s.io) and `subjectaccessreviews`
+    /// (authorization.k8s.io).
+    Authenticated {
+        /// The certificate served.
+        tls: TlsSource,
+    },
+    /// Plain HTTP with no authentication: whoever reaches the address reads the metrics.
+    Plain,
+}
+
+/// Where the metrics server's certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsSource {
+    /// A self-signed certificate (ECDSA P-256, for `localhost`) generated at start: encrypted,
+    /// but a scraper cannot verify it and must skip verification.
+    SelfSigned,
+    /// A certificate chain and its private key, PEM files read at start (e.g. a cert-manager
+    /// Secret mounted as `tls.crt` and `tls.key`). A renewed certificate is served after a
+    /// restart.
+    Files {
+        /// The certificate chain, leaf first.
+        cert: std::path::PathBuf,
+        /// The private key (PKCS#8, PKCS#1 or SEC1).
+        key: std::path::PathBuf,
+    },
+}
+
+/// The default of [`RuntimeConfig::metrics_address`] (and of `--metrics-address`): HTTPS on
+/// 8443, as Kubernetes controllers serve authenticated metrics.
+pub const DEFAULT_METRICS_ADDRESS: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8443);
+
+/// The default of [`RuntimeConfig::health_address`] (and of `--health-address`).
+pub const DEFAULT_HEALTH_ADDRESS: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 8081);
+
 /// The default of [`RuntimeConfig::permanent_failure_hold`]: two minutes, enough to read the
 /// message and fix an annotation, short enough not to starve a queue.
 pub const DEFAULT_PERMANENT_FAILURE_HOLD: std::time::Duration = std::time::Duration::from_secs(120);
@@ -61,7 +114,11 @@ pub const DEFAULT_FIELD_MANAGER: &str = "kueue-admission-sdk";
 impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
-            metrics_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
+            metrics_address: Some(DEFAULT_METRICS_ADDRESS),
+            metrics_security: MetricsSecurity::Authenticated {
+                tls: TlsSource::SelfSigned,
+            },
+            health_address: Some(DEFAULT_HEALTH_ADDRESS),
             field_manager: DEFAULT_FIELD_MANAGER.into(),
             concurrency: 10,
             leader_election: None,

@@ -39,12 +39,14 @@ mod lease;
 mod line;
 mod memory;
 mod metrics;
+mod metrics_auth;
 mod own_writes;
 mod reconcile;
 mod relist;
 mod shadow;
 mod status_write;
 mod tasks;
+mod tls;
 mod unanswerable;
 mod workloads;
 
@@ -63,9 +65,12 @@ use tracing::{info, warn};
 pub use crate::extensions::{Extensions, LeaderContext, WorkloadWaker};
 use config::Shutdown;
 pub use config::{
-    DEFAULT_EARLY_START_WAIT, DEFAULT_FIELD_MANAGER, DEFAULT_PERMANENT_FAILURE_HOLD, RuntimeConfig,
+    DEFAULT_EARLY_START_WAIT, DEFAULT_FIELD_MANAGER, DEFAULT_HEALTH_ADDRESS,
+    DEFAULT_METRICS_ADDRESS, DEFAULT_PERMANENT_FAILURE_HOLD, MetricsSecurity, RuntimeConfig,
+    TlsSource,
 };
 pub use lease::{LEASE_OWNER_ANNOTATION, LeaderElection, lease_name_for};
+pub use metrics_auth::{METRICS_AUTH_CACHE_SIZE, METRICS_AUTH_CACHE_TTL};
 
 use crate::api::Workload;
 use crate::check::AdmissionCheckController;
@@ -145,7 +150,7 @@ where
     let (cache, cache_writer) = reflector::store::<Workload>();
     let (metrics, health) = observability(controller.as_ref(), &registry, cache.clone(), &config);
     // Bound before anything else starts, so a taken port fails the start with its reason.
-    let server = http::start(config.metrics_address, &health).await?;
+    let server = http::start(&config, &health, &client).await?;
     let Some(leadership) = join(&client, &health, &config, &*controller, &shutdown).await? else {
         return Ok(());
     };
@@ -629,6 +634,7 @@ mod tests {
         let api = crate::testing::ScriptedApi::new();
         let config = RuntimeConfig {
             metrics_address: None,
+            health_address: None,
             shadow: Some(crate::shadow::ShadowScope::AllClusterQueues),
             ..Default::default()
         };
