@@ -37,13 +37,13 @@ trap 'rm -rf "$out"' EXIT
 # container-args (comma-separated, each exactly so; or "-")
 DEFAULT_ARGS=--max-retry-delay-seconds=86400,--permanent-failure-hold-seconds=120
 VARIANTS=(
-  "kpc default - 2 true ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount provisioning $DEFAULT_ARGS"
-  "kpc single-replica $KPC/ci/single-replica-values.yaml 1 false ClusterRole,ClusterRoleBinding,Deployment,Service,ServiceAccount provisioning --max-retry-delay-seconds=3600,--permanent-failure-hold-seconds=0,--provisioning-timeout-seconds=900"
-  "kpc monitoring $KPC/ci/monitoring-values.yaml 2 true ClusterRole,ClusterRoleBinding,ConfigMap,Deployment,PodDisruptionBudget,PrometheusRule,Role,RoleBinding,Service,ServiceAccount,ServiceMonitor provisioning $DEFAULT_ARGS"
-  "kpc admission-checks $KPC/ci/admission-checks-values.yaml 2 true AdmissionCheck,AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,ProvisioningRequestConfig,Role,RoleBinding,Service,ServiceAccount provisioning $DEFAULT_ARGS"
-  "kac budget-check $KAC/ci/budget-check-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
-  "kac alert-gate $KAC/ci/alert-gate-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS,--withdraw-ready-seconds=60"
-  "kac parameters $KAC/ci/parameters-values.yaml 1 false AdmissionCheck,ClusterRole,ClusterRoleBinding,Deployment,PrometheusRule,Service,ServiceAccount,ServiceMonitor - --max-retry-delay-seconds=2147483647,--permanent-failure-hold-seconds=86400,--shadow=true,--shadow-cluster-queues=team-a"
+  "kpc default - 2 true ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount provisioning $DEFAULT_ARGS"
+  "kpc single-replica $KPC/ci/single-replica-values.yaml 1 false ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,Service,ServiceAccount provisioning --max-retry-delay-seconds=3600,--permanent-failure-hold-seconds=0,--provisioning-timeout-seconds=900"
+  "kpc monitoring $KPC/ci/monitoring-values.yaml 2 true ClusterRole,ClusterRole,ClusterRoleBinding,ConfigMap,Deployment,PodDisruptionBudget,PrometheusRule,Role,RoleBinding,Service,ServiceAccount,ServiceMonitor provisioning $DEFAULT_ARGS"
+  "kpc admission-checks $KPC/ci/admission-checks-values.yaml 2 true AdmissionCheck,AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,ProvisioningRequestConfig,Role,RoleBinding,Service,ServiceAccount provisioning $DEFAULT_ARGS"
+  "kac budget-check $KAC/ci/budget-check-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
+  "kac alert-gate $KAC/ci/alert-gate-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS,--withdraw-ready-seconds=60"
+  "kac parameters $KAC/ci/parameters-values.yaml 1 false AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PrometheusRule,Service,ServiceAccount,ServiceMonitor - --max-retry-delay-seconds=2147483647,--permanent-failure-hold-seconds=86400,--shadow=true,--shadow-cluster-queues=team-a"
 )
 chart_dir() { case $1 in kpc) echo "$KPC" ;; kac) echo "$KAC" ;; esac; }
 
@@ -101,6 +101,8 @@ refuse "additional properties 'replicas' not allowed" "$KPC" --set replicas=3
 refuse "leaseDurationSeconds" "$KPC" --set leaderElection.leaseDurationSeconds=1
 refuse "provisioningClassName" "$KPC" --set 'admissionChecks[0].name=x' --set 'admissionChecks[0].provisioningRequestConfig.spec.managedResources[0]=cpu'
 refuse "needs metrics.service.enabled" "$KPC" --set metrics.serviceMonitor.enabled=true --set metrics.service.enabled=false
+refuse "health.port must differ from metrics.port" "$KPC" --set health.port=8443
+refuse "metrics.secure is false" "$KPC" --set metrics.secure=false --set metrics.tls.secretName=metrics-tls
 # The SDK's own ranges (sdk/src/options.rs): a value the binary refuses never reaches a pod.
 for c in "$KPC" "$KAC"; do
   sdk=()

@@ -28,6 +28,9 @@ SDK_RULES = {
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "watch", "patch"},
     ("kueue.x-k8s.io", "workloads/status"): {"patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    # Authenticated /metrics (sdk/src/runtime/metrics_auth.rs): each scraper's token reviewed.
+    ("authentication.k8s.io", "tokenreviews"): {"create"},
+    ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
 }
 PROVISIONING_RULES = {**SDK_RULES, **{
     ("kueue.x-k8s.io", "provisioningrequestconfigs"): {"get", "list", "watch"},
@@ -63,10 +66,22 @@ def flatten(rules):
     return out
 
 
+def is_metrics_reader(d):
+    """The ClusterRole for scrapers of the authenticated /metrics: exactly get on /metrics."""
+    return d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-metrics-reader")
+
+
 def check_rbac(docs, args):
     roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("ClusterRole", "Role")}
     for d in roles.values():
         name = f"{d['kind']} {d['metadata']['name']}"
+        if is_metrics_reader(d):
+            check(d.get("rules") == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+                  f"{name}: expected only get on /metrics, got {d.get('rules')}")
+            check(not any(b["roleRef"]["name"] == d["metadata"]["name"] for b in docs
+                          if b["kind"] in ("ClusterRoleBinding", "RoleBinding")),
+                  f"{name} is bound by the chart: the operator binds it to Prometheus")
+            continue
         for r in d.get("rules", []):
             for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                 check("*" not in r.get(field, []), f"{name}: wildcard in {field}: {r}")
@@ -80,7 +95,7 @@ def check_rbac(docs, args):
             check(ref["name"] not in BUILTIN_ROLES, f"{d['kind']} {d['metadata']['name']} binds {ref['name']}")
             check((ref["kind"], ref["name"]) in roles,
                   f"{d['kind']} {d['metadata']['name']} binds {ref['kind']} {ref['name']}, which the chart does not render")
-    cluster_roles = [d for d in roles.values() if d["kind"] == "ClusterRole"]
+    cluster_roles = [d for d in roles.values() if d["kind"] == "ClusterRole" and not is_metrics_reader(d)]
     if args.rbac and check(len(cluster_roles) == 1, f"expected one ClusterRole, got {len(cluster_roles)}"):
         want = PROVISIONING_RULES if args.rbac == "provisioning" else SDK_RULES
         got = flatten(r for r in cluster_roles[0]["rules"] if "resourceNames" not in r)
@@ -134,10 +149,26 @@ def check_deployment(docs, args):
     check("metrics" in ports, "no container port named metrics")
     check(a.get("--metrics-address") == f"0.0.0.0:{ports.get('metrics')}",
           f"--metrics-address {a.get('--metrics-address')} does not serve the metrics port {ports.get('metrics')}")
+    check("health" in ports and ports.get("health") != ports.get("metrics"),
+          f"no container port named health apart from metrics: {ports}")
+    check(a.get("--health-address") == f"0.0.0.0:{ports.get('health')}",
+          f"--health-address {a.get('--health-address')} does not serve the health port {ports.get('health')}")
+    check(a.get("--metrics-secure") in ("true", "false"), f"--metrics-secure {a.get('--metrics-secure')!r}")
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = (c.get(probe) or {}).get("httpGet") or {}
-        check(get.get("path") == path and get.get("port") in ("metrics", ports.get("metrics")),
-              f"{probe} is not an HTTP GET of {path} on the metrics port: {c.get(probe)}")
+        check(get.get("path") == path and get.get("port") in ("health", ports.get("health"))
+              and get.get("scheme", "HTTP") == "HTTP",
+              f"{probe} is not a plain HTTP GET of {path} on the health port: {c.get(probe)}")
+    secure = a.get("--metrics-secure") == "true"
+    readers = [x for x in docs if is_metrics_reader(x)]
+    check(secure or not readers, "a metrics-reader ClusterRole for plain metrics")
+    for sm in (x for x in docs if x["kind"] == "ServiceMonitor"):
+        for e in sm["spec"]["endpoints"]:
+            check(e.get("scheme") == ("https" if secure else "http"),
+                  f"the ServiceMonitor scrapes {e.get('scheme')}, the metrics are {'HTTPS' if secure else 'plain'}")
+            if secure:
+                check("bearerTokenFile" in e or "authorization" in e, "the ServiceMonitor sends no token")
+                check("tlsConfig" in e, "the ServiceMonitor has no tlsConfig for HTTPS")
     env = {e["name"]: e for e in c.get("env", [])}
     for name, field in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
         check(((env.get(name) or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") == field,

@@ -104,6 +104,12 @@ Usage: include "kac.increase" (list "<metric>{<matchers>}" "<window>")
 
 {{/* Refuses values that would run a broken controller. */}}
 {{- define "kac.validate" -}}
+{{- if eq (int .Values.health.port) (int .Values.metrics.port) }}
+{{- fail "health.port must differ from metrics.port: the probes are plain HTTP for the kubelet, the metrics HTTPS with authentication" }}
+{{- end }}
+{{- if and .Values.metrics.tls.secretName (not .Values.metrics.secure) }}
+{{- fail "metrics.tls.secretName gives a certificate, but metrics.secure is false (plain HTTP): drop one" }}
+{{- end }}
 {{- if not .Values.image.repository }}
 {{- fail "image.repository is required: the image of your check (see the repository's Dockerfile)" }}
 {{- end }}

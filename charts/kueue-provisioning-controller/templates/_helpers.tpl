@@ -104,6 +104,12 @@ Usage: include "kpc.increase" (list "<metric>{<matchers>}" "<window>")
 
 {{/* Refuses values that would run a broken controller. */}}
 {{- define "kpc.validate" -}}
+{{- if eq (int .Values.health.port) (int .Values.metrics.port) }}
+{{- fail "health.port must differ from metrics.port: the probes are plain HTTP for the kubelet, the metrics HTTPS with authentication" }}
+{{- end }}
+{{- if and .Values.metrics.tls.secretName (not .Values.metrics.secure) }}
+{{- fail "metrics.tls.secretName gives a certificate, but metrics.secure is false (plain HTTP): drop one" }}
+{{- end }}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled: replicas without an election would all write" }}
 {{- end }}
