@@ -44,6 +44,7 @@ trap stop EXIT
 target/debug/kueue-provisioning-controller \
   --controller-name "$CONTROLLER_NAME" \
   --metrics-address "$METRICS" \
+  --metrics-secure=false --health-address "$METRICS" \
   --leader-election-namespace default \
   >"$logs/demo-provisioning-controller.log" 2>&1 &
 pids+=("$!")

@@ -116,7 +116,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=s
 chmod 0644 "${root:-$work}/tmp/refused.kubeconfig"
 unreachable="$work/unreachable.log"
 "${run_as[@]}" "$exe" --kubeconfig "$(inside "${root:-$work}/tmp/refused.kubeconfig")" --metrics-address off \
-  --leader-election-namespace default --log-format json >"$unreachable" 2>&1 &
+  --health-address off --leader-election-namespace default --log-format json >"$unreachable" 2>&1 &
 pid=$!
 # Its first call, before any watch or the election, asks discovery whether Kueue's API is served.
 waiting='cannot read the API discovery yet'
@@ -147,8 +147,11 @@ else
   kc="${root:-$work}/tmp/admin.kubeconfig"
   install -m 0600 "$KUBECONFIG" "$kc"
   [[ -n $root ]] && chown 65532:65532 "$kc"
-  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+  free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+  port="$(free_port)"
+  # The probes and plain metrics on one port; the default (HTTPS, authenticated) below.
   "${run_as[@]}" "$exe" --kubeconfig "$(inside "$kc")" --leader-elect=false --metrics-address "127.0.0.1:$port" \
+    --metrics-secure=false --health-address "127.0.0.1:$port" \
     --controller-name chart-static-binary.kueue-admission-checks.dev/none --log-format json \
     >"$work/run.log" 2>&1 &
   pid=$!
@@ -166,5 +169,21 @@ else
   pid=""
   [[ $status == 0 ]] || { cat "$work/run.log" >&2; die "exit status $status after SIGTERM, expected 0"; }
   log "ok: clean stop on SIGTERM (exit 0)"
+  # The default metrics: HTTPS with a self-signed certificate, a request without a token refused.
+  sport="$(free_port)"
+  "${run_as[@]}" "$exe" --kubeconfig "$(inside "$kc")" --leader-elect=false --metrics-address "127.0.0.1:$sport" \
+    --health-address off --controller-name chart-static-binary.kueue-admission-checks.dev/none --log-format json \
+    >"$work/https.log" 2>&1 &
+  pid=$!
+  code=000
+  for ((i = 0; i < 150; i++)); do
+    code="$(curl -sk -o /dev/null -w '%{http_code}' "https://127.0.0.1:$sport/metrics" || true)"
+    [[ $code != 000 ]] && break
+    kill -0 "$pid" 2>/dev/null || { cat "$work/https.log" >&2; die "the static binary exited serving HTTPS metrics"; }
+    sleep 0.2
+  done
+  kill -TERM "$pid"; wait "$pid" || true; pid=""
+  [[ $code == 401 ]] || { cat "$work/https.log" >&2; die "HTTPS /metrics without a token answered $code, expected 401"; }
+  log "ok: /metrics over HTTPS (self-signed), 401 without a token"
 fi
 log "static binary OK: $mib MiB"

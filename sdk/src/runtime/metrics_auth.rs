@@ -148,7 +148,8 @@ impl VerdictCache {
         self.entries.insert(key, (verdict, now + self.ttl));
     }
 
-    pub(crate) fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.entries.len()
     }
 }

@@ -612,6 +612,56 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn unusable_metrics_settings_stop_the_start_with_their_reason() {
+        struct Quiet;
+        impl AdmissionCheckController for Quiet {
+            type Parameters = crate::check::NoParameters;
+            type Error = std::convert::Infallible;
+            fn controller_name(&self) -> &str {
+                "example.com/quiet"
+            }
+            async fn decide(
+                &self,
+                _: &crate::check::CheckContext<'_, crate::check::NoParameters>,
+            ) -> Result<crate::check::Decision, Self::Error> {
+                unreachable!("never started")
+            }
+        }
+        let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let missing = std::env::temp_dir().join("sdk-no-such-dir/tls.crt");
+        let files = RuntimeConfig {
+            metrics_address: Some(local),
+            health_address: None,
+            metrics_security: MetricsSecurity::Authenticated {
+                tls: TlsSource::Files {
+                    cert: missing.clone(),
+                    key: missing.with_file_name("tls.key"),
+                },
+            },
+            ..Default::default()
+        };
+        let shared = std::net::SocketAddr::from(([127, 0, 0, 1], 9));
+        let one_address = RuntimeConfig {
+            metrics_address: Some(shared),
+            health_address: Some(shared),
+            ..Default::default()
+        };
+        for (config, why) in [
+            (files, missing.display().to_string()),
+            (one_address, "--health-address".to_string()),
+        ] {
+            // The scripted API answers nothing: any request would fail the test.
+            let api = crate::testing::ScriptedApi::new();
+            let err = run_until(api.client(), Quiet, config, std::future::pending())
+                .await
+                .expect_err("refused");
+            assert_eq!(err.label(), "config");
+            assert!(err.to_string().contains(&why), "{err}");
+            assert!(api.requests().is_empty(), "nothing was asked of the API");
+        }
+    }
+
+    #[tokio::test]
     async fn a_check_that_refuses_shadow_mode_stops_the_start_with_its_reason() {
         struct Provisions;
         impl AdmissionCheckController for Provisions {

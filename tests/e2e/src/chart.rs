@@ -129,6 +129,37 @@ pub fn the<'a>(objects: &'a [Value], kind: &str) -> Result<&'a Value> {
     }
 }
 
+/// Where the one role of this kind (`ClusterRole` or `Role`) that the chart binds to its own
+/// ServiceAccount is among the rendered objects: not the metrics reader ClusterRole the chart
+/// renders for scrapers, which only an operator binds.
+pub fn controller_role_index(objects: &[Value], kind: &str) -> Result<usize> {
+    let binding = format!("{kind}Binding");
+    let bound: Vec<&str> = of_kind(objects, &binding)
+        .into_iter()
+        .filter_map(|b| b["roleRef"]["name"].as_str())
+        .collect();
+    let found: Vec<usize> = objects
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o["kind"] == kind)
+        .filter(|(_, o)| {
+            o["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| bound.contains(&n))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(*one),
+        many => bail!("the chart binds {} objects of kind {kind}", many.len()),
+    }
+}
+
+/// The one role of this kind the chart binds to its ServiceAccount ([`controller_role_index`]).
+pub fn controller_role<'a>(objects: &'a [Value], kind: &str) -> Result<&'a Value> {
+    Ok(&objects[controller_role_index(objects, kind)?])
+}
+
 /// `metadata.name` of a rendered object.
 pub fn name_of(object: &Value) -> Result<&str> {
     object["metadata"]["name"]
@@ -335,7 +366,7 @@ pub async fn wait_for_authorizer(
     }
 }
 
-/// Applies the chart's ServiceAccount and RBAC objects (ServiceAccount, ClusterRole and Role
+/// Applies the chart's ServiceAccount and RBAC objects (ServiceAccount, ClusterRoles and Role
 /// with their bindings) and waits until the authorizer allows the ServiceAccount everything
 /// its roles grant and nothing in `denied`; returns the ServiceAccount's name and what its
 /// roles grant.
@@ -348,16 +379,19 @@ pub async fn apply_rbac(
 ) -> Result<(String, Vec<Grant>)> {
     for kind in [
         "ServiceAccount",
-        "ClusterRole",
         "ClusterRoleBinding",
         "Role",
         "RoleBinding",
     ] {
         apply(admin, the(objects, kind)?, field_manager).await?;
     }
+    // The controller's, and the metrics reader role for scrapers (bound by no one here).
+    for role in of_kind(objects, "ClusterRole") {
+        apply(admin, role, field_manager).await?;
+    }
     let service_account = name_of(the(objects, "ServiceAccount")?)?.to_string();
-    let mut allowed = grants(the(objects, "ClusterRole")?);
-    allowed.extend(grants(the(objects, "Role")?));
+    let mut allowed = grants(controller_role(objects, "ClusterRole")?);
+    allowed.extend(grants(controller_role(objects, "Role")?));
     wait_for_authorizer(admin, namespace, &service_account, &allowed, denied).await?;
     Ok((service_account, allowed))
 }
@@ -397,8 +431,9 @@ struct ProvisioningArgs {
 
 /// The provisioning controller's settings and runtime configuration, from the arguments of the
 /// rendered Deployment's container, as the binary would derive them in a pod of
-/// `release_namespace` (`$POD_NAMESPACE`, where the Lease goes). Metrics and probes are served
-/// on `metrics_address` instead of the container's port.
+/// `release_namespace` (`$POD_NAMESPACE`, where the Lease goes). Metrics are served on
+/// `metrics_address` instead of the container's port, as the args say (HTTPS with authentication
+/// by default: [`Running::metrics`] reads them with a token), the probes on a free local port.
 pub fn provisioning_config_from_deployment(
     objects: &[Value],
     release_namespace: &str,
@@ -418,6 +453,7 @@ pub fn provisioning_config_from_deployment(
         election.namespace = release_namespace.to_string();
     }
     runtime.metrics_address = Some(metrics_address);
+    runtime.health_address = Some(crate::free_local_address()?);
     let settings = Settings {
         controller_name: parsed.controller_name,
         default_timeout: parsed.provisioning_timeout_seconds.map(Duration::from_secs),
@@ -427,7 +463,7 @@ pub fn provisioning_config_from_deployment(
 }
 
 /// Starts the provisioning check in this process (the SDK's `run_until`) with `client` (e.g. a
-/// ServiceAccount's); `runtime` must serve metrics.
+/// ServiceAccount's); `runtime` must serve metrics and probes.
 pub fn start_controller(
     client: Client,
     settings: Settings,
@@ -436,6 +472,9 @@ pub fn start_controller(
     runtime
         .metrics_address
         .context("the runtime config serves no metrics")?;
+    runtime
+        .health_address
+        .context("the runtime config serves no probes")?;
     Ok(Running::check(
         client,
         ProvisioningCheck::new(settings),

@@ -436,15 +436,7 @@ pub async fn service_account_kubeconfig(
     service_account: &str,
 ) -> Result<Kubeconfig> {
     let admin = admin_client().await?;
-    let request: TokenRequest =
-        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
-    let token = Api::<ServiceAccount>::namespaced(admin, namespace)
-        .create_token_request(service_account, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("TokenRequest for ServiceAccount {namespace}/{service_account}"))?
-        .status
-        .ok_or_else(|| anyhow!("TokenRequest answered without a token"))?
-        .token;
+    let token = service_account_token(&admin, namespace, service_account).await?;
     // Same cluster and CA as the admin kubeconfig, token instead of the client certificate.
     let mut kubeconfig = Kubeconfig::read_from(control_plane_kubeconfig())?;
     for named in &mut kubeconfig.auth_infos {
@@ -568,11 +560,15 @@ fn log_to_file() {
 
 impl TestEnv {
     /// The runtime settings of a controller this test runs in process: its own field manager,
-    /// four Workloads at once, no leader election, no HTTP endpoints (set `metrics_address` to
-    /// serve them).
+    /// four Workloads at once, no leader election, no HTTP endpoints (set `metrics_address` and
+    /// `health_address` to serve them). Metrics are plain HTTP, so that a test reads them with
+    /// [`http_get`]; one address for both serves metrics and probes on one listener. The
+    /// authenticated default is tested by the metrics_auth suite.
     pub fn runtime_config(&self) -> kueue_admission_sdk::RuntimeConfig {
         kueue_admission_sdk::RuntimeConfig {
             metrics_address: None,
+            metrics_security: kueue_admission_sdk::MetricsSecurity::Plain,
+            health_address: None,
             field_manager: format!("e2e-{}", self.ns),
             concurrency: 4,
             leader_election: None,
@@ -1497,13 +1493,186 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, St
     http_exchange(addr, &request).await
 }
 
+/// GETs a path from a local HTTPS endpoint (the runtime's authenticated `/metrics`), with
+/// `token` as its bearer token if given; the certificate is not verified (the runtime's is
+/// self-signed). Returns the status code and body.
+pub async fn https_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, String)> {
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
+    );
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost")?;
+    let tls = tokio_rustls::TlsConnector::from(unverified_tls()?)
+        .connect(name, tcp)
+        .await
+        .with_context(|| format!("TLS handshake with {addr}"))?;
+    exchange(tls, &request).await
+}
+
+/// A TLS client configuration that accepts any server certificate (it still checks the
+/// handshake's signatures): for the runtime's self-signed certificate, in tests only.
+fn unverified_tls() -> Result<std::sync::Arc<rustls::ClientConfig>> {
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    #[derive(Debug)]
+    struct AnyCertificate(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+    impl ServerCertVerifier for AnyCertificate {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            let algorithms = &self.0.signature_verification_algorithms;
+            rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            let algorithms = &self.0.signature_verification_algorithms;
+            rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
+}
+
+/// A token allowed to read the in-process controllers' authenticated `/metrics`: of
+/// ServiceAccount `default/e2e-metrics-scraper`, bound to a ClusterRole that grants `get` on
+/// `/metrics` and nothing else. Made once per test process (valid an hour).
+pub async fn scraper_token() -> Result<String> {
+    static TOKEN: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    TOKEN
+        .get_or_try_init(|| async {
+            const NAME: &str = "e2e-metrics-scraper";
+            const NAMESPACE: &str = "default";
+            let admin = admin_client().await?;
+            let objects = [
+                json!({
+                    "apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"name": NAME, "namespace": NAMESPACE},
+                }),
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                    "metadata": {"name": NAME},
+                    "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+                }),
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": NAME},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+                    "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
+                }),
+            ];
+            for object in &objects {
+                chart::apply(&admin, object, "e2e-metrics-scraper").await?;
+            }
+            wait_until_may_read_metrics(&admin, NAMESPACE, NAME).await?;
+            service_account_token(&admin, NAMESPACE, NAME).await
+        })
+        .await
+        .cloned()
+}
+
+/// Waits (at most 30 s: the authorizer learns of bindings through its informers) until
+/// ServiceAccount `namespace/name` may `get` `/metrics`.
+pub async fn wait_until_may_read_metrics(
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<()> {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "spec": {
+            "user": format!("system:serviceaccount:{namespace}:{name}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+            "nonResourceAttributes": {"path": "/metrics", "verb": "get"},
+        },
+    }))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = Api::<SubjectAccessReview>::all(admin.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .context("SubjectAccessReview of get /metrics")?;
+        if answer.status.is_some_and(|s| s.allowed) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("ServiceAccount {namespace}/{name} may not get /metrics 30 s after its binding");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A token of ServiceAccount `namespace/name` from the TokenRequest API, valid an hour.
+pub async fn service_account_token(admin: &Client, namespace: &str, name: &str) -> Result<String> {
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("TokenRequest for ServiceAccount {namespace}/{name}"))?
+        .status
+        .and_then(|s| s.token)
+        .ok_or_else(|| anyhow!("TokenRequest answered without a token"))
+}
+
 /// Sends one plain HTTP/1.1 request (`Connection: close`) and returns the status and body.
 async fn http_exchange(addr: std::net::SocketAddr, request: &str) -> Result<(u16, String)> {
+    exchange(tokio::net::TcpStream::connect(addr).await?, request).await
+}
+
+/// Sends one HTTP/1.1 request (`Connection: close`) on `stream` and returns the status and body.
+async fn exchange<S>(mut stream: S, request: &str) -> Result<(u16, String)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.write_all(request.as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
+    let mut bytes = Vec::new();
+    match stream.read_to_end(&mut bytes).await {
+        Ok(_) => {}
+        // A TLS peer that closes without close_notify: the response is complete all the same.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !bytes.is_empty() => {}
+        Err(e) => return Err(e.into()),
+    }
+    let response = String::from_utf8_lossy(&bytes).into_owned();
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     let status = head
         .split_whitespace()

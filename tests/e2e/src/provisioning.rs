@@ -294,6 +294,7 @@ impl TestEnv {
         });
         let mut config = RuntimeConfig {
             metrics_address: Some(http),
+            health_address: Some(http),
             field_manager: format!("e2e-prov-{}", self.ns),
             ..self.runtime_config()
         };

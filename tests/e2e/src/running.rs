@@ -1,6 +1,7 @@
 //! One handle for everything a test runs in its own process (an SDK check, the provisioning
 //! controller, the autoscaler simulator): stopped as SIGTERM would, killed as a crash would,
-//! and asked for its metrics and readiness.
+//! and asked for its metrics (plain, or authenticated over HTTPS with [`crate::scraper_token`])
+//! and readiness.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,8 +26,12 @@ type Ended = Arc<Mutex<Option<std::result::Result<(), String>>>>;
 pub struct Running {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
-    /// Where its `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
+    /// Where its `/metrics` is served, if anywhere.
     pub http: Option<SocketAddr>,
+    /// Where its probes `/healthz` and `/readyz` are served, if anywhere (plain HTTP).
+    pub health: Option<SocketAddr>,
+    /// `/metrics` is HTTPS and needs a bearer token.
+    metrics_tls: bool,
     ended: Ended,
 }
 
@@ -38,14 +43,23 @@ impl Running {
         config: RuntimeConfig,
     ) -> Self {
         let http = config.metrics_address;
-        Self::spawn(http, move |shutdown| async move {
+        let health = config.health_address;
+        let metrics_tls = matches!(
+            config.metrics_security,
+            kueue_admission_sdk::MetricsSecurity::Authenticated { .. }
+        );
+        let mut running = Self::spawn(http, move |shutdown| async move {
             kueue_admission_sdk::run_until(client, check, config, shutdown)
                 .await
                 .map_err(|e| e.to_string())
-        })
+        });
+        running.health = health;
+        running.metrics_tls = metrics_tls;
+        running
     }
 
-    /// Runs what `run` returns, given the future that resolves when the test stops it.
+    /// Runs what `run` returns, given the future that resolves when the test stops it; it serves
+    /// plain metrics and probes at `http`, if anywhere.
     pub fn spawn<F, Fut>(http: Option<SocketAddr>, run: F) -> Self
     where
         F: FnOnce(BoxFuture<'static, ()>) -> Fut,
@@ -67,6 +81,8 @@ impl Running {
             stop: Some(stop),
             task,
             http,
+            health: http,
+            metrics_tls: false,
             ended,
         }
     }
@@ -126,14 +142,26 @@ impl Running {
         let _ = (&mut self.task).await;
     }
 
-    /// Where its `/metrics` and probes are served; an error if nowhere.
+    /// Where its `/metrics` is served; an error if nowhere.
     pub fn addr(&self) -> Result<SocketAddr> {
-        self.http.context("it serves no metrics or probes")
+        self.http.context("it serves no metrics")
     }
 
-    /// Its `/metrics` text.
+    /// Where its probes are served; an error if nowhere.
+    pub fn health_addr(&self) -> Result<SocketAddr> {
+        self.health.context("it serves no probes")
+    }
+
+    /// Its `/metrics` text: over HTTPS with [`crate::scraper_token`] when its metrics are
+    /// authenticated.
     pub async fn metrics(&self) -> Result<String> {
-        let (status, body) = crate::http_get(self.addr()?, "/metrics").await?;
+        let addr = self.addr()?;
+        let (status, body) = if self.metrics_tls {
+            let token = crate::scraper_token().await?;
+            crate::https_get(addr, "/metrics", Some(&token)).await?
+        } else {
+            crate::http_get(addr, "/metrics").await?
+        };
         ensure!(status == 200, "GET /metrics answered {status}: {body}");
         Ok(body)
     }
@@ -145,7 +173,7 @@ impl Running {
 
     /// The status code of `/readyz`, or `None` when nothing answers.
     pub async fn readyz(&self) -> Option<u16> {
-        let addr = self.http?;
+        let addr = self.health?;
         crate::http_get(addr, "/readyz").await.ok().map(|(s, _)| s)
     }
 

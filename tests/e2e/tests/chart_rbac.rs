@@ -112,7 +112,9 @@ const FIELD_MANAGER: &str = "e2e-chart-rbac";
 /// removal makes it the first step to fail (a verb may be needed by later steps too).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
-    /// Leases create, get, patch (the election); admissionchecks and workloads list (readiness).
+    /// Leases create, get, patch (the election); admissionchecks and workloads list (readiness);
+    /// tokenreviews and subjectaccessreviews create (`kueue_ac_leader` is read from the
+    /// authenticated /metrics).
     Leading,
     /// admissionchecks watch (the check is created after the start) and get (read afresh
     /// before its condition is written), admissionchecks/status patch,
@@ -296,6 +298,8 @@ const EXPECTED: &[(&str, &str, &str, Step, &str)] = &[
     ("coordination.k8s.io", "leases", "create", Step::Leading, "queued"),
     ("coordination.k8s.io", "leases", "get", Step::Leading, "queued"),
     ("coordination.k8s.io", "leases", "patch", Step::Leading, "queued"),
+    ("authentication.k8s.io", "tokenreviews", "create", Step::Leading, "admitted"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create", Step::Leading, "admitted"),
 ];
 
 /// What [`EXPECTED`] says of the verb `grants` take away.
@@ -1127,10 +1131,8 @@ fn too_long_workload(namespace: &str, name: &str) -> Result<Workload> {
 /// Takes `removal`'s verb out of its rule (the rule goes when no verb is left); returns what
 /// the ServiceAccount must no longer be allowed.
 fn remove(objects: &mut [Value], removal: &Removal) -> Result<Vec<Grant>> {
-    let role = objects
-        .iter_mut()
-        .find(|o| o["kind"] == removal.role_kind)
-        .with_context(|| format!("no {} rendered", removal.role_kind))?;
+    let index = chart::controller_role_index(objects, removal.role_kind)?;
+    let role = &mut objects[index];
     let denied = chart::rule_grants(
         role,
         removal.rule,
@@ -1224,7 +1226,7 @@ fn every_verb_of_the_chart() -> Result<(Vec<Removal>, Vec<Grant>)> {
     let mut removals = Vec::new();
     let mut sample_grants = Vec::new();
     for role_kind in ["ClusterRole", "Role"] {
-        let role = chart::the(&sample, role_kind)?;
+        let role = chart::controller_role(&sample, role_kind)?;
         sample_grants.extend(chart::grants(role));
         let rules = role["rules"].as_array().context("rules")?;
         for (rule, r) in rules.iter().enumerate() {

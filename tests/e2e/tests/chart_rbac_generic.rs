@@ -65,9 +65,17 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
     let queue = env.guarded_queue("budget", &controller_name, "4").await?;
     let controller = start_as(&env, &service_account, &parsed, runtime).await?;
     let outcome = charge_refuse_and_settle(&env, &queue.check, &lease).await;
+    // Scraped as Prometheus does, with a token: the check has it reviewed (tokenreviews and
+    // subjectaccessreviews create) before it answers with the metrics.
+    let scraped = controller.metrics().await;
     let stopped = controller.stop().await;
     outcome?;
     stopped.context("stopping the controller")?;
+    let scraped = scraped.context("scraping the check's authenticated /metrics")?;
+    ensure!(
+        e2e::metric_sample(&scraped, "kueue_ac_leader") == Some(1.0),
+        "the scraped metrics do not show the leader:\n{scraped}"
+    );
 
     // Read after the stop, so the Lease's release is in the log too.
     let (user, requests) = requests_of(&env, &service_account)?;
@@ -137,6 +145,7 @@ fn runtime_of(parsed: &BudgetArgs) -> Result<(RuntimeConfig, String)> {
         .runtime_config(&parsed.controller_name, &parsed.namespace);
     // The container's port is a fixed one; in this process any free one does.
     runtime.metrics_address = Some(e2e::free_local_address()?);
+    runtime.health_address = Some(e2e::free_local_address()?);
     let lease = runtime
         .leader_election
         .as_ref()

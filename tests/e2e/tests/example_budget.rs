@@ -67,6 +67,7 @@ impl Budgeted {
     fn start(&self, client: Client) -> e2e::Running {
         let quiet = RuntimeConfig {
             metrics_address: None,
+            health_address: None,
             ..Default::default()
         };
         self.start_with(client, quiet)
@@ -84,6 +85,7 @@ impl Budgeted {
         };
         let runtime = RuntimeConfig {
             metrics_address: base.metrics_address,
+            health_address: base.health_address,
             shadow: base.shadow,
             ..self.env.runtime_config()
         };
@@ -170,6 +172,7 @@ async fn shadowed(
         t.env.client.clone(),
         RuntimeConfig {
             metrics_address: Some(http),
+            health_address: Some(http),
             shadow: Some(ShadowScope::of(vec![cq.clone()])),
             ..Default::default()
         },

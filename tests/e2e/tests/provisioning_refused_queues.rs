@@ -99,10 +99,7 @@ impl ChartRbac {
             &["--set-string", &set],
         )?;
         let mut refused = objects.clone();
-        let role = refused
-            .iter_mut()
-            .find(|o| o["kind"] == "ClusterRole")
-            .context("no ClusterRole rendered")?;
+        let role = &mut refused[chart::controller_role_index(&objects, "ClusterRole")?];
         let rules = role["rules"].as_array_mut().context("rules")?;
         let before = rules.len();
         rules.retain(|r| r["resources"] != json!(["clusterqueues"]));

@@ -10,20 +10,30 @@ use e2e::TestEnv;
 const BINARY: &str = env!("CARGO_BIN_EXE_always-ready");
 
 /// The binary, set up by flags and environment variables as a Deployment would, takes the Lease
-/// and admits a Job; on SIGTERM it exits 0, leaves the Lease unheld, and has logged only JSON.
+/// and admits a Job, serves its probes on the health address and its metrics over HTTPS to a
+/// token allowed to read them (the default); on SIGTERM it exits 0, leaves the Lease unheld, and
+/// has logged only JSON.
 #[tokio::test]
 async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
     let env = TestEnv::new("sdk-binary").await?;
     let controller = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
     env.guarded_queue("check", &controller, "4").await?;
 
-    let http = e2e::free_local_address()?;
+    let (https, health) = (e2e::free_local_address()?, e2e::free_local_address()?);
     let log = std::env::temp_dir().join(format!("{}.log", env.ns));
-    let mut child = start_always_ready(&env, &controller, http, &log)?;
+    let mut child = start_always_ready(&env, &controller, https, health, &log)?;
     lease_taken_by_the_pod(&env, &mut child).await?;
     env.admitted_job("job").await?;
-    let (_, metrics) = e2e::http_get(http, "/metrics").await?;
+    ensure!(e2e::http_get(health, "/readyz").await?.0 == 200);
+    let token = e2e::scraper_token().await?;
+    let (status, metrics) = e2e::https_get(https, "/metrics", Some(&token)).await?;
+    ensure!(status == 200, "GET /metrics answered {status}: {metrics}");
     ensure!(e2e::metric_sample(&metrics, "kueue_ac_leader") == Some(1.0));
+    let (status, _) = e2e::https_get(https, "/metrics", None).await?;
+    ensure!(
+        status == 401,
+        "GET /metrics without a token answered {status}"
+    );
 
     let status = sigterm_and_wait_for_exit(&mut child).await?;
     let logs = std::fs::read_to_string(&log)?;
@@ -57,7 +67,7 @@ async fn bad_flags_fail_at_once_with_a_reason() -> Result<()> {
             "--kubeconfig",
             "/nonexistent/kubeconfig",
         ])
-        .args(["--metrics-address", "off"])
+        .args(["--metrics-address", "off", "--health-address", "off"])
         .output()?;
     ensure!(out.status.code() == Some(1), "{:?}", out.status);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -66,19 +76,21 @@ async fn bad_flags_fail_at_once_with_a_reason() -> Result<()> {
 }
 
 /// Starts the always-ready binary answering `controller`'s checks, serving its metrics at
-/// `http`, logging JSON to `log`, with its leader election set from the environment as a
+/// `https` (the default: HTTPS, authenticated) and its probes at `health`, logging JSON to `log`, with its leader election set from the environment as a
 /// Deployment would pass it (Lease `always-ready` in the test namespace, pod `always-ready-0`).
 fn start_always_ready(
     env: &TestEnv,
     controller: &str,
-    http: std::net::SocketAddr,
+    https: std::net::SocketAddr,
+    health: std::net::SocketAddr,
     log: &std::path::Path,
 ) -> Result<Child> {
     Command::new(BINARY)
         .arg("--kubeconfig")
         .arg(e2e::kubeconfig_path())
         .args(["--controller-name", controller])
-        .args(["--metrics-address", &http.to_string()])
+        .args(["--metrics-address", &https.to_string()])
+        .args(["--health-address", &health.to_string()])
         .args(["--log-format", "json"])
         // Settings from the environment, as a Deployment would pass them.
         .env("KUEUE_AC_LEADER_ELECTION_NAMESPACE", &env.ns)

@@ -64,6 +64,7 @@ fn run_probe(
             tune(RuntimeConfig {
                 permanent_failure_hold: HOLD,
                 metrics_address: Some(http),
+                health_address: Some(http),
                 ..c
             })
         }))

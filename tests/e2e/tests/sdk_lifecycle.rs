@@ -167,6 +167,7 @@ impl Setup {
             .while_leading(extensions);
         Ok(probe.run(env, client, |config| RuntimeConfig {
             metrics_address: Some(http),
+            health_address: Some(http),
             leader_election: election,
             ..config
         }))

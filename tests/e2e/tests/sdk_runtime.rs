@@ -51,6 +51,7 @@ async fn serve(
         .policy(policy)
         .run(env, env.client.clone(), |config| RuntimeConfig {
             metrics_address: Some(http),
+            health_address: Some(http),
             ..config
         });
     Ok(Served {
@@ -369,6 +370,7 @@ async fn serve_flaky(env: &TestEnv, failures: u32) -> Result<ServedFlaky> {
     let http = e2e::free_local_address()?;
     let config = RuntimeConfig {
         metrics_address: Some(http),
+        health_address: Some(http),
         ..env.runtime_config()
     };
     let _runtime = e2e::Running::check(env.client.clone(), flaky, config);

@@ -175,6 +175,7 @@ impl Cli {
         options.log_format = self.log_format;
         options.leader_elect = false;
         options.metrics_address = MetricsAddress(None);
+        options.health_address = MetricsAddress(None);
         Ok(options)
     }
 }
@@ -295,6 +296,7 @@ mod tests {
         let options = cli.sdk_options().expect("sdk options");
         assert!(!options.leader_elect);
         assert_eq!(options.metrics_address, MetricsAddress(None));
+        assert_eq!(options.health_address, MetricsAddress(None));
     }
 
     #[test]

@@ -577,6 +577,9 @@ fn specs(config: &SoakConfig, names: &Names) -> Vec<Spec> {
         vec![
             format!("--kubeconfig={kubeconfig}"),
             "--metrics-address={metrics}".to_string(),
+            // Metrics and probes plain on one address, read without a token.
+            "--metrics-secure=false".to_string(),
+            "--health-address={metrics}".to_string(),
             format!("--leader-election-namespace={}", names.ns),
             format!("--leader-election-id=soak-{controller}"),
             "--lease-duration-seconds=6".to_string(),

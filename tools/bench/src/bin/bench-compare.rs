@@ -1350,6 +1350,10 @@ async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<O
             .arg(&path)
             .args(["--controller-name", controller_name])
             .args(["--metrics-address", &http.to_string()])
+            // Metrics and probes plain on one address, read without a token; as variables, which
+            // a binary from before those flags ignores.
+            .env("KUEUE_AC_METRICS_SECURE", "false")
+            .env("KUEUE_AC_HEALTH_ADDRESS", http.to_string())
             .args(["--leader-elect", "false"])
             .args(["--kube-api-qps", &cli.kube_api_qps.to_string()])
             .args(["--kube-api-burst", &cli.kube_api_burst.to_string()])

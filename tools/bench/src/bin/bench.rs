@@ -197,6 +197,12 @@ async fn sdk_pass(cli: &Cli) -> Result<(Pass, String, String)> {
             .arg(e2e::kubeconfig_path())
             .args(["--controller-name", &controller])
             .args(["--metrics-address", &http.to_string()])
+            // Metrics and probes plain on one address, read without a token.
+            .args([
+                "--metrics-secure=false",
+                "--health-address",
+                &http.to_string(),
+            ])
             .args(["--leader-elect", "false"])
             .args(&cli.check_args)
             // Quiet unless the flags say otherwise (a flag wins over the environment).
