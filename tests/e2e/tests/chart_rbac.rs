@@ -1192,6 +1192,9 @@ async fn the_chart_grants_what_the_controller_needs_and_nothing_more() -> Result
     // The variants: every verb of every rule of a rendering with default values.
     let (removals, sample_grants) = every_verb_of_the_chart()?;
     tables_name_only_what_the_chart_grants(&sample_grants)?;
+    // The token every run scrapes the authenticated /metrics with, made before any run starts
+    // so that no run's first step waits for its binding to reach the authorizer.
+    e2e::scraper_token().await?;
 
     let runs = std::iter::once(run("base".into(), None)).chain(
         removals
