@@ -52,6 +52,7 @@ LABEL org.opencontainers.image.title="${BIN}" \
 COPY --from=build /out/controller /controller
 # Numeric, so that the kubelet can verify runAsNonRoot without reading /etc/passwd.
 USER 65532:65532
-# /metrics, /healthz and /readyz (--metrics-address, default 0.0.0.0:8080).
-EXPOSE 8080
+# /metrics over HTTPS (--metrics-address, default 0.0.0.0:8443); /healthz and /readyz, plain
+# (--health-address, default 0.0.0.0:8081).
+EXPOSE 8443 8081
 ENTRYPOINT ["/controller"]
