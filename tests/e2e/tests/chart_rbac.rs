@@ -957,10 +957,14 @@ async fn leading(w: &Waiter<'_>) -> Waited<()> {
     let controller = w.controller;
     poll(w, LEADING_TIMEOUT, || async {
         let ready = controller.readyz().await;
-        // Nothing answers before the server is up, nor after the controller stopped.
-        let leader = match controller.metrics().await {
-            Ok(text) => e2e::metric_sample(&text, "kueue_ac_leader"),
-            Err(_) => None,
+        // Nothing answers before the server is up, nor after the controller stopped. The
+        // metrics (an HTTPS request, its token reviewed) only once ready: 33 runs poll at once.
+        let leader = match ready {
+            Some(200) => match controller.metrics().await {
+                Ok(text) => e2e::metric_sample(&text, "kueue_ac_leader"),
+                Err(_) => None,
+            },
+            _ => None,
         };
         Ok(if ready == Some(200) && leader == Some(1.0) {
             Ok(())
