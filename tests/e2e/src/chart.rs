@@ -453,7 +453,7 @@ pub fn provisioning_config_from_deployment(
         election.namespace = release_namespace.to_string();
     }
     runtime.metrics_address = Some(metrics_address);
-    runtime.health_address = Some(crate::free_local_address()?);
+    runtime.health_address = Some(crate::free_local_address_besides(metrics_address)?);
     let settings = Settings {
         controller_name: parsed.controller_name,
         default_timeout: parsed.provisioning_timeout_seconds.map(Duration::from_secs),

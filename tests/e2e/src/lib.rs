@@ -1769,6 +1769,25 @@ pub fn free_local_address() -> Result<std::net::SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
+/// Two free local addresses, told apart (one for metrics, one for probes): both are bound at
+/// once before either is released, so the system cannot hand out the same port twice.
+pub fn free_local_addresses() -> Result<(std::net::SocketAddr, std::net::SocketAddr)> {
+    let first = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let second = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok((first.local_addr()?, second.local_addr()?))
+}
+
+/// A free local address other than `taken` (which the caller has already been given).
+pub fn free_local_address_besides(taken: std::net::SocketAddr) -> Result<std::net::SocketAddr> {
+    for _ in 0..10 {
+        let addr = free_local_address()?;
+        if addr != taken {
+            return Ok(addr);
+        }
+    }
+    bail!("no free local address other than {taken} after 10 tries")
+}
+
 /// [`eventually`] for a condition read from the cluster: polls `check` every 200 ms until it
 /// answers `true`; an error ends the wait with that error.
 pub async fn eventually_async<F, Fut>(what: &str, check: F) -> Result<()>

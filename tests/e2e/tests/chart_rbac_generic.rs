@@ -144,8 +144,9 @@ fn runtime_of(parsed: &BudgetArgs) -> Result<(RuntimeConfig, String)> {
         .runtime
         .runtime_config(&parsed.controller_name, &parsed.namespace);
     // The container's port is a fixed one; in this process any free one does.
-    runtime.metrics_address = Some(e2e::free_local_address()?);
-    runtime.health_address = Some(e2e::free_local_address()?);
+    let (metrics, health) = e2e::free_local_addresses()?;
+    runtime.metrics_address = Some(metrics);
+    runtime.health_address = Some(health);
     let lease = runtime
         .leader_election
         .as_ref()

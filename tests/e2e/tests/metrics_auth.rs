@@ -16,7 +16,7 @@ const FIELD_MANAGER: &str = "e2e-metrics-auth";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_answer_only_a_token_allowed_to_get_them() -> Result<()> {
     let env = TestEnv::new("metrics-auth").await?;
-    let (https, health) = (e2e::free_local_address()?, e2e::free_local_address()?);
+    let (https, health) = e2e::free_local_addresses()?;
     let controller = Probe::new(env.own_controller_name("metrics-auth"), ProbeScript::new()).run(
         &env,
         env.client.clone(),

@@ -19,7 +19,7 @@ async fn sigterm_stops_cleanly_and_releases_the_lease() -> Result<()> {
     let controller = format!("e2e.kueue-admission-checks.dev/{}", env.ns);
     env.guarded_queue("check", &controller, "4").await?;
 
-    let (https, health) = (e2e::free_local_address()?, e2e::free_local_address()?);
+    let (https, health) = e2e::free_local_addresses()?;
     let log = std::env::temp_dir().join(format!("{}.log", env.ns));
     let mut child = start_always_ready(&env, &controller, https, health, &log)?;
     lease_taken_by_the_pod(&env, &mut child).await?;
