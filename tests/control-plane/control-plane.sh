@@ -13,7 +13,9 @@
 #   control-plane.sh build              only build the binaries into the cache
 #
 # Settings (environment): versions in versions.env; KUEUE_AC_CACHE (cache root), KUEUE_AC_RUN_DIR
-# (pids, logs, certificates, kubeconfigs), CP_*_PORT (ports below).
+# (pids, logs, certificates, kubeconfigs), CP_*_PORT (ports below); KUEUE_CLIENT_QPS and
+# KUEUE_CLIENT_BURST, Kueue's client limit (300 and 500 as Kueue ships; a negative QPS turns
+# Kueue's client limiter off), read by start and by restart kueue.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=tests/control-plane/lib.sh
@@ -37,15 +39,20 @@ KUBECONFIG_PATH="$RUN_DIR/admin.kubeconfig"
 # The users Kueue and the autoscaler simulator authenticate as (audited; see the audit policy).
 KUEUE_USER=kueue-controller-manager
 SIMULATOR_USER=autoscaler-simulator
+# Kueue's client limit (cmd/kueue/main.go: a negative QPS sets no limiter at all).
+KUEUE_CLIENT_QPS="${KUEUE_CLIENT_QPS:-300}"
+KUEUE_CLIENT_BURST="${KUEUE_CLIENT_BURST:-500}"
+[[ $KUEUE_CLIENT_QPS =~ ^-?[0-9]+(\.[0-9]+)?$ ]] || die "KUEUE_CLIENT_QPS=$KUEUE_CLIENT_QPS is not a number"
+[[ $KUEUE_CLIENT_BURST =~ ^[0-9]+$ ]] || die "KUEUE_CLIENT_BURST=$KUEUE_CLIENT_BURST is not a whole number"
 # Kueue v0.15+ reads its metrics serving certificate from this fixed path when it does not
 # manage certificates itself (cmd/kueue/main.go); there is no setting to move it.
 KUEUE_METRICS_CERT_DIR=/etc/kueue/metrics/certs
 # In start order; stopped in reverse (Kueue first, etcd last).
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kueue)
-# What kube-controller-manager runs: what a Job, its pods and the objects they own need
-# (the namespace controller stays off: the benchmarks delete namespaces of thousands of
-# Workloads, whose removal would run under the next measurement).
-CONTROLLERS=job-controller,garbage-collector-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller
+# What kube-controller-manager runs: what a Job, its pods and the objects they own need, and
+# the namespace controller, which empties and removes a deleted namespace as in any cluster
+# (the benchmarks wait until an earlier run's namespaces are gone before they measure).
+CONTROLLERS=job-controller,garbage-collector-controller,node-lifecycle-controller,pod-garbage-collector-controller,taint-eviction-controller,namespace-controller
 # kwok manages only nodes carrying this annotation (the standing node, and the nodes an
 # autoscaler creates from templates that carry it).
 KWOK_NODE_ANNOTATION=kwok.x-k8s.io/node=fake
@@ -255,8 +262,8 @@ leaderElection:
 internalCertManagement:
   enable: false
 clientConnection:
-  qps: 300
-  burst: 500
+  qps: $KUEUE_CLIENT_QPS
+  burst: $KUEUE_CLIENT_BURST
 integrations:
   frameworks:
   - batch/job
@@ -439,7 +446,7 @@ cmd_restart() { # component
   local start=$SECONDS
   stop_component "$c"
   case $c in
-    kube-apiserver) start_apiserver ;; kueue) start_kueue ;;
+    kube-apiserver) start_apiserver ;; kueue) write_kueue_config && start_kueue ;;
     kube-controller-manager) start_controller_manager ;; kube-scheduler) start_scheduler ;;
     kwok) start_kwok ;;
   esac

@@ -6,8 +6,8 @@
 //! controller makes a Job's pods, kube-scheduler binds them, kwok runs them on fake nodes (one
 //! standing node, more from the autoscaler simulator) and the garbage collector removes what
 //! owners left behind. Each test gets its own namespace ([`TestEnv::new`]) and prefixes its
-//! cluster-scoped objects with that namespace; the namespace controller does not run, so
-//! namespaces never finish deleting: nothing is cleaned up, and nothing needs to be.
+//! cluster-scoped objects with that namespace, and leaves them: a fresh control plane starts
+//! on empty data, so nothing is cleaned up, and nothing needs to be.
 //!
 //! Set `E2E_KUBECONFIG` to run against a control plane managed elsewhere. If the control plane
 //! cannot start, the tests fail with its reason: they never skip.
@@ -177,6 +177,8 @@ pub struct Audited {
     /// From the API server's receipt of the request to its response (its audit stages'
     /// timestamps): the server's time, without the client's or the network's.
     pub server_time: Option<std::time::Duration>,
+    /// When the API server received it (`requestReceivedTimestamp`).
+    pub received: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 /// A request the API server refused with 403.
@@ -331,6 +333,9 @@ fn parse_audit_line(line: &str) -> Option<(String, String, Audited)> {
         namespace: object["namespace"].as_str().map(String::from),
         code: u16::try_from(code).unwrap_or(u16::MAX),
         server_time: server_time(&event),
+        received: event["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse().ok()),
     };
     let user = event["user"]["username"].as_str()?.to_string();
     let id = event["auditID"].as_str().unwrap_or_default().to_string();
