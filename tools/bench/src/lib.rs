@@ -3,6 +3,9 @@
 //! when each Workload reached each stage, the wait for every admission, the quantiles they
 //! report and the clean-up after a run.
 
+pub mod limiter;
+pub mod machine;
+pub mod pairs;
 pub mod plot;
 
 use std::collections::BTreeMap;
@@ -239,18 +242,53 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Calls `seen` with every object the watch of `api` sees created or changed, and when.
-pub async fn watch<K>(api: Api<K>, mut seen: impl FnMut(K, Instant))
+pub async fn watch<K>(api: Api<K>, seen: impl FnMut(K, Instant))
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
+    watch_noting(api, &WatchTrouble::default(), seen).await;
+}
+
+/// What went wrong with a benchmark's own watches: a watch error or a re-list may make a stage
+/// look later than it was, so a run reports them.
+#[derive(Clone, Debug, Default)]
+pub struct WatchTrouble {
+    errors: Arc<std::sync::atomic::AtomicUsize>,
+    lists: Arc<std::sync::atomic::AtomicUsize>,
+    watches: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl WatchTrouble {
+    /// `(errors, re-lists)`: the watches' errors, and their lists beyond each one's first.
+    pub fn counts(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (lists, watches) = (self.lists.load(Relaxed), self.watches.load(Relaxed));
+        (self.errors.load(Relaxed), lists.saturating_sub(watches))
+    }
+}
+
+/// [`watch`], counting its errors and lists into `trouble`.
+pub async fn watch_noting<K>(api: Api<K>, trouble: &WatchTrouble, mut seen: impl FnMut(K, Instant))
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use std::sync::atomic::Ordering::Relaxed;
+    trouble.watches.fetch_add(1, Relaxed);
+    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
     let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         // The watcher retries by itself (with backoff); a re-list may make a stage look later.
-        if let Ok(object) = event {
-            seen(object, Instant::now());
+        match event {
+            Ok(watcher::Event::Init) => {
+                trouble.lists.fetch_add(1, Relaxed);
+            }
+            Ok(watcher::Event::InitApply(object) | watcher::Event::Apply(object)) => {
+                seen(object, Instant::now());
+            }
+            Ok(watcher::Event::InitDone | watcher::Event::Delete(_)) => {}
+            Err(_) => {
+                trouble.errors.fetch_add(1, Relaxed);
+            }
         }
     }
 }
@@ -258,7 +296,17 @@ where
 /// Records when each Workload of `api` first reached quota reservation, quota with an entry of
 /// `check`, `Ready` of `check` and admission, and counts its admissions.
 pub async fn watch_workloads(api: Api<Workload>, check: String, seen: Seen) {
-    watch(api, |wl: Workload, now| {
+    watch_workloads_noting(api, check, seen, &WatchTrouble::default()).await;
+}
+
+/// [`watch_workloads`], counting its errors and lists into `trouble`.
+pub async fn watch_workloads_noting(
+    api: Api<Workload>,
+    check: String,
+    seen: Seen,
+    trouble: &WatchTrouble,
+) {
+    watch_noting(api, trouble, |wl: Workload, now| {
         let ready = wl
             .admission_check(&check)
             .is_some_and(|e| e.state == CheckState::Ready);
@@ -441,19 +489,18 @@ pub async fn clean_up(env: &TestEnv, queue: &RunQueue) -> Result<Duration> {
 }
 
 async fn delete_run_objects(env: &TestEnv, queue: &RunQueue) -> Result<()> {
-    let (dp, all) = (DeleteParams::background(), ListParams::default());
     let client = &env.client;
-    env.workloads()
-        .delete_collection(&dp, &all)
+    delete_in_pages(&env.workloads())
         .await
         .context("deleting the Workloads")?;
     if queue.provisioning_config.is_some() {
-        Api::<ProvisioningRequest>::namespaced(client.clone(), &env.ns)
-            .delete_collection(&dp, &all)
-            .await
-            .context("deleting the ProvisioningRequests")?;
-        Api::<PodTemplate>::namespaced(client.clone(), &env.ns)
-            .delete_collection(&dp, &all)
+        delete_in_pages(&Api::<ProvisioningRequest>::namespaced(
+            client.clone(),
+            &env.ns,
+        ))
+        .await
+        .context("deleting the ProvisioningRequests")?;
+        delete_in_pages(&Api::<PodTemplate>::namespaced(client.clone(), &env.ns))
             .await
             .context("deleting the PodTemplates")?;
     }
@@ -482,4 +529,85 @@ where
 {
     api.delete(name, &DeleteParams::background()).await?;
     Ok(())
+}
+
+/// Names listed a page at a time by [`delete_in_pages`].
+const DELETE_PAGE: u32 = 500;
+/// Deletes sent at once by [`delete_in_pages`].
+const DELETE_CONCURRENCY: usize = 32;
+/// Tries of one delete (or one page's list) before [`delete_in_pages`] gives up.
+const DELETE_TRIES: u32 = 5;
+
+/// Deletes every object `api` lists, in the background, and returns how many it deleted. One
+/// collection delete of thousands of objects outlasts the API server's 60 s request timeout
+/// (the connection closes before an answer), so the names are listed a page at a time and
+/// deleted one by one, [`DELETE_CONCURRENCY`] at once; a delete or a list that fails for a
+/// reason that may pass (a timeout, a closed connection, 429, 5xx) is tried again, up to
+/// [`DELETE_TRIES`] times with a growing wait; an object already gone counts as deleted.
+/// Objects with finalizers stay until their owners remove them: waiting for that is the
+/// caller's.
+pub async fn delete_in_pages<K>(api: &Api<K>) -> Result<usize>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut page = ListParams::default().limit(DELETE_PAGE);
+    let mut deleted = 0;
+    loop {
+        let list = retried("listing what to delete", || api.list_metadata(&page)).await?;
+        let names: Vec<String> = list.items.iter().map(ResourceExt::name_any).collect();
+        deleted += names.len();
+        let background = DeleteParams::background();
+        let background = &background;
+        futures::stream::iter(names)
+            .map(|name| async move {
+                let what = format!("deleting {name}");
+                match retried(&what, || api.delete(&name, background)).await {
+                    Err(e) if is_not_found(&e) => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            })
+            .buffer_unordered(DELETE_CONCURRENCY)
+            .try_collect::<()>()
+            .await?;
+        match list.metadata.continue_ {
+            Some(token) if !token.is_empty() => page = page.continue_token(&token),
+            _ => return Ok(deleted),
+        }
+    }
+}
+
+/// Whether `e` is the API server's 404.
+fn is_not_found(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 404)
+}
+
+/// Whether a failed request may succeed if sent again: no answer (a timeout, a closed
+/// connection), or the API server's 429 or 5xx.
+fn may_pass(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// `call`'s answer, tried up to [`DELETE_TRIES`] times while its failure [`may_pass`] (1 s, 2 s,
+/// 4 s... between tries).
+async fn retried<T, F, Fut>(what: &str, mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let (mut wait, mut tries) = (Duration::from_secs(1), 1);
+    loop {
+        match call().await {
+            Ok(answer) => return Ok(answer),
+            Err(e) if tries < DELETE_TRIES && may_pass(&e) => {
+                eprintln!("{what}: {e}; trying again in {wait:?}");
+                tokio::time::sleep(wait).await;
+                (wait, tries) = (wait * 2, tries + 1);
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(what.to_string())),
+        }
+    }
 }
