@@ -58,6 +58,24 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "{expected:?} missing from:\n{stdout}"
         );
     }
+    // Kueue ran under its shipped limiter in every run; each run says how close it came.
+    ensure!(
+        stderr
+            .matches("Kueue's client limiter (300/s, burst 500): it sent ")
+            .count()
+            == 4,
+        "Kueue's limiter use missing from:\n{stderr}"
+    );
+    for evidence in [
+        "the cluster at the start: ",
+        "the whole machine: ",
+        "the benchmark's own watches: ",
+    ] {
+        ensure!(
+            stderr.matches(evidence).count() == 4,
+            "{evidence:?} not in every run's details:\n{stderr}"
+        );
+    }
     // One plot per size, each with both controllers.
     for size in ["40x1", "40x2"] {
         let svg = std::fs::read_to_string(plots.join(format!("{size}.svg")))?;
@@ -207,5 +225,84 @@ fn idle_workloads_settle_before_the_runs_and_both_runs_carry_the_same_churn() ->
             "the stream did not flow: {line:?}"
         );
     }
+    Ok(())
+}
+
+/// The references and the fair budget, in two ABBA pairs: the runs go in the order given, then
+/// reversed; Kueue runs without its client limiter and is restarted as shipped at the end; each
+/// ratio is reported per pair and as a median with its range.
+#[test]
+fn references_and_the_fair_budget_run_in_abba_pairs_with_ratios_within_each() -> Result<()> {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let plots = std::env::temp_dir().join(format!("bench-compare-abba-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_bench-compare"))
+        .args(["--workloads", "20", "--podsets", "1"])
+        .args(["--controllers", "none,floor,kueue,ours", "--repeat", "2"])
+        .args(["--budget", "fair", "--timeout-seconds", "180"])
+        .arg("--plots")
+        .arg(&plots)
+        .env("KUBECONFIG", e2e::kubeconfig_path())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let all = format!("{stdout}\n{stderr}");
+    let _ = std::fs::remove_dir_all(&plots);
+    ensure!(out.status.success(), "bench-compare failed:\n{all}");
+    let order: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("bench-compare: pair "))
+        .filter_map(|l| l.split(" with ").next())
+        .collect();
+    ensure!(
+        order
+            == [
+                "1: no check",
+                "1: always-ready floor",
+                "1: Kueue built-in",
+                "1: ours",
+                "2: ours",
+                "2: Kueue built-in",
+                "2: always-ready floor",
+                "2: no check",
+            ],
+        "runs not in ABBA order: {order:?}"
+    );
+    ensure!(
+        all.contains("Kueue restarted with client QPS -1")
+            && all.contains("Kueue restarted with client QPS 300"),
+        "Kueue not run without its limiter, or not restored:\n{all}"
+    );
+    ensure!(
+        !all.contains("Kueue's client limiter (300/s"),
+        "a limiter reported under the fair budget:\n{all}"
+    );
+    for row in [
+        "| no check | 20 × 1 |",
+        "| always-ready floor | 20 × 1 |",
+        "| Kueue built-in | 20 × 1 |",
+        "| ours | 20 × 1 |",
+    ] {
+        ensure!(
+            stdout.matches(row).count() == 2,
+            "{row:?} not twice in:\n{stdout}"
+        );
+    }
+    for line in [
+        "20 × 1, pair 1: reserved → Ready p99, ours / built-in = ",
+        "20 × 1, pair 2: reserved → Ready p99, ours / floor = ",
+        "20 × 1, pair 2: whole-machine CPU per 1,000 Workloads beyond the no-check run's: ours ",
+        "20 × 1: reserved → Ready p99, ours / built-in: ",
+        "20 × 1: reserved → Ready p99, ours / floor: ",
+        "20 × 1: created → admitted p99, ours / built-in: ",
+        "the check 100000/100000",
+    ] {
+        ensure!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+    ensure!(
+        stdout.matches(" pairs).").count() >= 3,
+        "no median with its range over the 2 pairs in:\n{stdout}"
+    );
     Ok(())
 }

@@ -14,14 +14,18 @@
 //! It fails unless every Workload is admitted exactly once with exactly one live request, and,
 //! with `--max-requests-per-workload`, when our controller sends more than that per Workload.
 //!
-//! Three things keep the runs on equal terms. Workloads left by an earlier run (namespaces
-//! `e2e-cmp-*`: the control plane of the tests runs no namespace controller, so a deleted
-//! namespace keeps them) are deleted and gone before anything is measured, and the idle
-//! Workloads are deleted at the end. With `--idle-workloads`, Kueue writes each idle
+//! What keeps the runs on equal terms. `--budget` says which client budget each side has
+//! (`shipped`: each as it ships, which is not equal; `fair`: no client limit binds either), and
+//! every row says it again. `--repeat` runs the sides in pairs, in ABBA order, and ratios are
+//! only taken within a pair. Every run starts once no earlier run's namespace is left (the
+//! control plane's namespace controller empties a deleted one) and says what the cluster
+//! held; Workloads left by an interrupted earlier run (namespaces `e2e-cmp-*`) are deleted
+//! first, and the idle Workloads at the end. With `--idle-workloads`, Kueue writes each idle
 //! Workload's status once after its creation; the benchmark waits until it has done so for
 //! every one and gone quiet before the first run, or that run alone would pay for it. With
 //! `--churn-per-second`, every run carries the same background stream of other Workloads
-//! through a ClusterQueue of their own, each deleted once admitted.
+//! through a ClusterQueue of their own, each deleted once admitted. `none` and `floor` in
+//! `--controllers` add the references: no check, and the SDK's always-ready check.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -56,6 +60,12 @@ const SIMULATOR_USER: &str = "autoscaler-simulator";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 enum Controller {
+    /// A reference: the ClusterQueue has no check; Kueue admits at the reservation.
+    None,
+    /// A reference: the SDK's always-ready check, answering `Ready` as soon as Kueue adds its
+    /// entry (the floor any check that waits for the entry can reach), with our controller's
+    /// budget and concurrency.
+    Floor,
     /// Kueue's built-in check (controllerName kueue.x-k8s.io/provisioning-request).
     Kueue,
     /// This project's kueue-provisioning-controller.
@@ -65,11 +75,37 @@ enum Controller {
 impl Controller {
     fn label(self) -> &'static str {
         match self {
+            Controller::None => "no check",
+            Controller::Floor => "always-ready floor",
             Controller::Kueue => "Kueue built-in",
             Controller::Ours => "ours",
         }
     }
+
+    /// Whether the run provisions (a ProvisioningRequest per Workload, the simulator).
+    fn provisions(self) -> bool {
+        matches!(self, Controller::Kueue | Controller::Ours)
+    }
+
+    /// Whether the run starts a check process of its own (with our budget).
+    fn runs_a_process(self) -> bool {
+        matches!(self, Controller::Floor | Controller::Ours)
+    }
 }
+
+/// The client budgets of a set of runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Budget {
+    /// As each ships: Kueue 300 QPS / 500 burst for everything it sends, its Events included;
+    /// ours `--kube-api-qps`/`--kube-api-burst`, and as much again for its Events.
+    Shipped,
+    /// No client limit binds either side: Kueue restarted with its limiter off (a negative QPS,
+    /// `cmd/kueue/main.go`), ours (and the floor) at 100,000 QPS and burst.
+    Fair,
+}
+
+/// What our controller (and the floor) get under [`Budget::Fair`]: more than a run can send.
+const UNBOUNDED_QPS: u32 = 100_000;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -83,9 +119,18 @@ struct Cli {
     /// Podsets per Workload, one pod of 100m cpu each (comma-separated: one run per value).
     #[arg(long, value_delimiter = ',', default_values_t = [1u32, 3])]
     podsets: Vec<u32>,
-    /// The controllers to run, in this order for each size.
+    /// The controllers to run, in this order for each size (reversed in every second pair);
+    /// `none` and `floor` are the references.
     #[arg(long, value_delimiter = ',', value_enum, default_values_t = [Controller::Kueue, Controller::Ours])]
     controllers: Vec<Controller>,
+    /// Pairs of runs per size, in ABBA order: pair 1 runs --controllers in order, pair 2 in
+    /// reverse, and so on. Ratios are taken within a pair; their median and range are reported.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    repeat: u32,
+    /// The client budgets: `shipped` (each side as it ships) or `fair` (no client limit binds
+    /// either side). Every row says which.
+    #[arg(long, value_enum, default_value_t = Budget::Shipped)]
+    budget: Budget,
     /// Our controller's client QPS (Kueue v0.19.2 ships 300).
     #[arg(long, default_value_t = 300)]
     kube_api_qps: u32,
@@ -128,18 +173,22 @@ struct Cli {
     plots: PathBuf,
 }
 
-/// One run: a controller, a number of Workloads, podsets per Workload.
+/// One run: a controller, a number of Workloads, podsets per Workload, and the pair it is in.
 #[derive(Clone, Copy, Debug)]
 struct Run {
     controller: Controller,
     workloads: u32,
     podsets: u32,
+    /// The pair of runs it belongs to (from 1; see `--repeat`).
+    pair: u32,
 }
 
 impl Run {
     /// The prefix of its namespace: which controller and what size.
     fn namespace_prefix(self) -> String {
         let controller = match self.controller {
+            Controller::None => "none",
+            Controller::Floor => "floor",
             Controller::Kueue => "kueue",
             Controller::Ours => "ours",
         };
@@ -167,6 +216,14 @@ struct Measured {
     startup: Option<(Duration, u64)>,
     /// What the background churn did during the run, if it flowed.
     churn: Option<Churned>,
+    /// The whole machine's CPU during the run (every process, the benchmark's own included).
+    machine: bench::machine::MachineCpu,
+    /// Kueue's requests against its client limiter, when it had one.
+    kueue_limiter: Option<bench::limiter::LimiterUse>,
+    /// What the cluster held when the run started.
+    cluster_at_start: String,
+    /// The benchmark's own watches: errors and lists after the first (re-lists).
+    watch_trouble: (usize, usize),
 }
 
 #[tokio::main]
@@ -183,13 +240,59 @@ async fn run_all(cli: &Cli) -> Result<()> {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
+    // Figures anyone may quote come from a tree anyone can check out.
+    if let Some(path) = &cli.results {
+        ensure!(
+            from_a_clean_tree(&commit),
+            "refusing to write results to {} from a tree with uncommitted changes (commit \
+             {commit:?}): commit or stash them first, or leave out --results",
+            path.display()
+        );
+    }
+    if cli.budget == Budget::Fair {
+        set_kueue_limit(false)?;
+    }
+    let outcome = run_all_on(cli, &commit).await;
+    if cli.budget == Budget::Fair {
+        // Kueue as shipped again, whatever happened: the tests and later runs expect it.
+        set_kueue_limit(true)?;
+    }
+    outcome
+}
+
+/// Whether `git describe --dirty` said `commit` of a tree without uncommitted changes.
+fn from_a_clean_tree(commit: &str) -> bool {
+    !commit.is_empty() && !commit.ends_with("-dirty")
+}
+
+/// Restarts Kueue with its client limiter as shipped (300/500), or with none.
+fn set_kueue_limit(shipped: bool) -> Result<()> {
+    let script = chart::repo_root().join("tests/control-plane/control-plane.sh");
+    let qps = if shipped { "300" } else { "-1" };
+    let status = Command::new("bash")
+        .arg(&script)
+        .args(["restart", "kueue"])
+        .env("KUEUE_CLIENT_QPS", qps)
+        .env("KUEUE_CLIENT_BURST", "500")
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    ensure!(
+        status.success(),
+        "restarting Kueue with client QPS {qps} failed ({status}); see its log under the control \
+         plane's run directory"
+    );
+    eprintln!("bench-compare: Kueue restarted with client QPS {qps} (burst 500)");
+    Ok(())
+}
+
+async fn run_all_on(cli: &Cli, commit: &str) -> Result<()> {
     // Every Workload in the cluster is in Kueue's cache and ours: an earlier run's must be gone.
     let client = e2e::admin_client().await?;
     let earlier = |ns: &str| ns.starts_with(BENCH_NAMESPACE_PREFIX);
     if let Some((n, took)) = delete_workloads_where(&client, earlier).await? {
         eprintln!(
-            "bench-compare: deleted {n} Workloads left by earlier runs in {:.0} s (this control \
-             plane runs no namespace controller: a deleted namespace keeps its Workloads)",
+            "bench-compare: deleted {n} Workloads left by earlier runs in {:.0} s (a run that \
+             was interrupted, or a namespace the namespace controller has not emptied yet)",
             took.as_secs_f64()
         );
     }
@@ -206,25 +309,41 @@ async fn run_all(cli: &Cli) -> Result<()> {
     let mut results = Vec::new();
     for &workloads in &cli.workloads {
         for &podsets in &cli.podsets {
-            for &controller in &cli.controllers {
+            for (pair, controller) in bench::pairs::abba(&cli.controllers, cli.repeat) {
                 let run = Run {
                     controller,
                     workloads,
                     podsets,
+                    pair,
                 };
+                wait_earlier_namespaces_gone(&client).await?;
                 eprintln!(
-                    "bench-compare: {} with {workloads} Workloads of {podsets} podset(s)",
-                    controller.label()
+                    "bench-compare: pair {pair}: {} with {workloads} Workloads of {podsets} \
+                     podset(s), {}",
+                    controller.label(),
+                    budget_of(cli, controller)
                 );
-                let measured = measure(cli, run, churn.as_ref()).await?;
-                eprint!("{}", details(&measured, cli.concurrency));
-                results.push(measured);
+                let done = measure(cli, run, churn.as_ref()).await?;
+                // The figures first: a clean-up that fails loses nothing.
+                eprint!("{}", details(&done.measured, cli.concurrency));
+                match bench::clean_up(&done.env, &done.queue).await {
+                    Ok(took) => eprintln!(
+                        "bench-compare: the run's Workloads, requests and templates gone {:.1} s \
+                         after their deletion (the next run starts only then)",
+                        took.as_secs_f64()
+                    ),
+                    Err(e) => eprintln!(
+                        "bench-compare: cleaning up after the run failed ({e:#}); the next run \
+                         waits for its namespace to be gone and says what the cluster holds"
+                    ),
+                }
+                results.push(done.measured);
             }
         }
     }
     let report = report(
         cli,
-        &commit,
+        commit,
         &results,
         idle.as_ref().map(|(_, settled)| settled),
     );
@@ -239,8 +358,9 @@ async fn run_all(cli: &Cli) -> Result<()> {
         churn.delete().await?;
     }
     if let Some((env, _)) = idle {
-        // One by one: a collection delete of 10,000 Workloads outlasts the request's timeout,
-        // and the control plane of the tests runs no namespace controller to do it.
+        // One by one and waited for, before the namespace goes: a collection delete of 10,000
+        // Workloads outlasts the request's timeout, and Kueue's finalizer work would otherwise
+        // run under whatever comes next.
         if let Some((n, took)) = delete_workloads_where(&client, |ns| ns == env.ns).await? {
             eprintln!(
                 "bench-compare: deleted the {n} idle Workloads in {:.0} s",
@@ -274,6 +394,60 @@ async fn run_all(cli: &Cli) -> Result<()> {
 /// The namespaces of this tool's runs (`TestEnv` names them `e2e-<test>-<suffix>`; every test
 /// of this tool starts with `cmp-`).
 const BENCH_NAMESPACE_PREFIX: &str = "e2e-cmp-";
+
+/// Run namespaces (not the idle Workloads' or the churn's, which last the whole benchmark).
+fn is_run_namespace(ns: &str) -> bool {
+    ns.starts_with(BENCH_NAMESPACE_PREFIX)
+        && !ns.starts_with("e2e-cmp-idle")
+        && !ns.starts_with("e2e-cmp-churn")
+}
+
+/// Waits until no earlier run's namespace is left (the namespace controller empties and
+/// removes a deleted one, its Events included), so that every run starts from a clean cluster.
+async fn wait_earlier_namespaces_gone(client: &kube::Client) -> Result<()> {
+    let api = Api::<Namespace>::all(client.clone());
+    let started = Instant::now();
+    loop {
+        let left: Vec<String> = api
+            .list_metadata(&ListParams::default())
+            .await
+            .context("listing namespaces")?
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .filter(|ns| is_run_namespace(ns))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        for ns in &left {
+            // Deleting a namespace already terminating changes nothing.
+            let _ = api.delete(ns, &DeleteParams::background()).await;
+        }
+        ensure!(
+            started.elapsed() < DELETE_WORKLOADS_TIMEOUT,
+            "earlier runs' namespaces still there after {DELETE_WORKLOADS_TIMEOUT:?}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The client budget `controller` runs with, said for a row.
+fn budget_of(cli: &Cli, controller: Controller) -> String {
+    let kueue = match cli.budget {
+        Budget::Shipped => "Kueue 300/500 for all it sends",
+        Budget::Fair => "Kueue without a client limit",
+    };
+    let check = match (cli.budget, controller) {
+        (_, Controller::None | Controller::Kueue) => String::new(),
+        (Budget::Shipped, _) => format!(
+            ", the check {}/{} and as much again for its Events",
+            cli.kube_api_qps, cli.kube_api_burst
+        ),
+        (Budget::Fair, _) => format!(", the check {UNBOUNDED_QPS}/{UNBOUNDED_QPS}"),
+    };
+    format!("{kueue}{check}")
+}
 
 /// How long the Workloads deleted by [`delete_workloads_where`] may take to be gone.
 const DELETE_WORKLOADS_TIMEOUT: Duration = Duration::from_secs(600);
@@ -601,8 +775,8 @@ fn settled(
 fn sibling(name: &str) -> Result<PathBuf> {
     bench::sibling(
         name,
-        "cargo build -p kueue-provisioning-controller -p autoscaler-simulator --bins with the \
-         same profile (make bench-compare does)",
+        "cargo build -p kueue-provisioning-controller -p autoscaler-simulator -p e2e --bins \
+         with the same profile (make bench-compare does)",
     )
 }
 
@@ -670,14 +844,27 @@ fn memory_kib(pid: u32, field: &str) -> Result<u64> {
         .parse()?)
 }
 
-/// The processes whose CPU the run accounts for, with their pids.
-fn processes(simulator: &Process, ours: Option<&Process>) -> Result<Vec<(&'static str, u32)>> {
+/// The processes whose CPU the run accounts for, with their pids: the control plane's, the
+/// simulator and the check (when the run has them) and the benchmark itself.
+fn processes(
+    simulator: Option<&Process>,
+    ours: Option<&Process>,
+) -> Result<Vec<(&'static str, u32)>> {
     let mut all = vec![
         ("kueue", component_pid("kueue")?),
         ("kube-apiserver", component_pid("kube-apiserver")?),
         ("etcd", component_pid("etcd")?),
-        ("simulator", simulator.pid()),
+        (
+            "kube-controller-manager",
+            component_pid("kube-controller-manager")?,
+        ),
+        ("kube-scheduler", component_pid("kube-scheduler")?),
+        ("kwok", component_pid("kwok")?),
+        ("bench-compare", std::process::id()),
     ];
+    if let Some(p) = simulator {
+        all.push(("simulator", p.pid()));
+    }
     if let Some(p) = ours {
         all.push(("check", p.pid()));
     }
@@ -689,20 +876,34 @@ fn cpu_of(pids: &[(&'static str, u32)]) -> Result<Vec<f64>> {
     pids.iter().map(|(_, pid)| cpu_seconds(*pid)).collect()
 }
 
-async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Measured> {
+/// A run measured, with what the next run needs to start from a clean cluster.
+struct Done {
+    measured: Measured,
+    env: TestEnv,
+    queue: RunQueue,
+}
+
+async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Done> {
+    let cluster_at_start = cluster_contents(&e2e::admin_client().await?).await?;
     let env = TestEnv::new(&run.namespace_prefix()).await?;
     let controller_name = match run.controller {
         Controller::Kueue => KUEUE_CONTROLLER_NAME.to_string(),
         Controller::Ours => env.provisioning_controller_name(),
+        Controller::Floor | Controller::None => env.own_controller_name("floor"),
     };
     let queue = set_up_queue(&env, run, &controller_name).await?;
-    let mut simulator = start_simulator(&env)?;
-    let mut ours = match run.controller {
-        Controller::Kueue => None,
-        Controller::Ours => Some(start_ours(cli, &env, &controller_name).await?),
+    let mut simulator = match run.controller.provisions() {
+        true => Some(start_simulator(&env)?),
+        false => None,
     };
-    env.wait_active::<AdmissionCheck>(&queue.check, "True", None)
-        .await?;
+    let mut ours = match run.controller.runs_a_process() {
+        true => Some(start_ours(cli, &env, run.controller, &controller_name).await?),
+        false => None,
+    };
+    if run.controller != Controller::None {
+        env.wait_active::<AdmissionCheck>(&queue.check, "True", None)
+            .await?;
+    }
     env.wait_active::<ClusterQueue>(&queue.cluster_queue, "True", None)
         .await?;
 
@@ -715,11 +916,14 @@ async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Meas
 
     // The measurement: from here to the last admission.
     let audit_from = e2e::audit_log_mark()?;
-    let pids = processes(&simulator, ours.as_ref().map(|o| &o.process))?;
+    let pids = processes(simulator.as_ref(), ours.as_ref().map(|o| &o.process))?;
     let cpu_before = cpu_of(&pids)?;
+    let machine_before = bench::machine::read()?;
     let seen = Seen::default();
-    let watches = watch_run(&env, &queue, &seen);
+    let trouble = bench::WatchTrouble::default();
+    let watches = watch_run(&env, &queue, &seen, &trouble);
     let started = Instant::now();
+    let started_at = k8s_openapi::jiff::Timestamp::now();
     let creating = Creating {
         prefix: "wl",
         count: run.workloads,
@@ -728,12 +932,17 @@ async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Meas
     };
     bench::create_workloads(&env, creating, Some(&seen)).await?;
     bench::wait_all_admitted(&seen, run.workloads, timeout, started, || {
-        simulator.alive()?;
+        simulator.as_mut().map_or(Ok(()), Process::alive)?;
         churning.as_ref().map_or(Ok(()), ChurnStream::alive)?;
         ours.as_mut().map_or(Ok(()), |o| o.process.alive())
     })
     .await?;
     let cpu_after = cpu_of(&pids)?;
+    let machine = bench::machine::between(
+        &machine_before,
+        &bench::machine::read()?,
+        clock_ticks_per_second(),
+    );
     // The stream stops at the run's last admission.
     let mut churned = match churning {
         Some(stream) => Some(stream.stop(started).await?),
@@ -758,7 +967,12 @@ async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Meas
 
     let check_user = service_account.map(|sa| format!("system:serviceaccount:{}:{sa}", env.ns));
     let churn_namespace = churn.map(|q| q.env.ns.as_str());
-    let requests = requests_by_actor(&audit_from, check_user.as_deref(), churn_namespace)?;
+    let audited = e2e::audited_since(&audit_from)?;
+    let requests = requests_by_actor(&audited, check_user.as_deref(), churn_namespace);
+    let kueue_limiter = match cli.budget {
+        Budget::Shipped => Some(kueue_limiter_use(&audited, started_at, wall)),
+        Budget::Fair => None,
+    };
     let cpu = pids
         .iter()
         .zip(cpu_before.iter().zip(&cpu_after))
@@ -768,13 +982,7 @@ async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Meas
     if let (Some(q), Some(c)) = (churn, churned.as_mut()) {
         c.gone_after = q.clear(timeout).await?;
     }
-    let cleaned = bench::clean_up(&env, &queue).await?;
-    println!(
-        "bench-compare: the run's Workloads, requests and templates gone {:.1} s after their \
-         deletion (the next run starts only then)",
-        cleaned.as_secs_f64()
-    );
-    Ok(Measured {
+    let measured = Measured {
         run,
         wall,
         marks,
@@ -784,21 +992,90 @@ async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Meas
         queue_wait,
         startup,
         churn: churned,
+        machine,
+        kueue_limiter,
+        cluster_at_start,
+        watch_trouble: trouble.counts(),
+    };
+    Ok(Done {
+        measured,
+        env,
+        queue,
     })
 }
 
+/// Kueue's requests received from `started_at` over `wall`, against its shipped limiter.
+fn kueue_limiter_use(
+    audited: &[(String, e2e::Audited)],
+    started_at: k8s_openapi::jiff::Timestamp,
+    wall: Duration,
+) -> bench::limiter::LimiterUse {
+    let received: Vec<f64> = audited
+        .iter()
+        .filter(|(user, _)| user == KUEUE_USER)
+        .filter_map(|(_, r)| r.received)
+        .map(|t| t.duration_since(started_at).as_secs_f64())
+        .collect();
+    bench::limiter::limiter_use(
+        &received,
+        wall.as_secs_f64(),
+        KUEUE_SHIPPED_QPS,
+        KUEUE_SHIPPED_BURST,
+    )
+}
+
+/// Kueue v0.19.2's shipped client limit (`clientConnection`), which the control plane keeps.
+const KUEUE_SHIPPED_QPS: f64 = 300.0;
+const KUEUE_SHIPPED_BURST: f64 = 500.0;
+
+/// What the cluster holds now, counted from one-item lists (the API server's
+/// `remainingItemCount`): what every run carries into its measurement.
+async fn cluster_contents(client: &kube::Client) -> Result<String> {
+    async fn count<K>(api: Api<K>) -> Result<u64>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let list = api.list_metadata(&ListParams::default().limit(1)).await?;
+        let remaining = list.metadata.remaining_item_count.unwrap_or(0);
+        Ok(list.items.len() as u64 + u64::try_from(remaining).unwrap_or(0))
+    }
+    let c = client.clone();
+    Ok(format!(
+        "{} namespaces, {} Workloads, {} ProvisioningRequests, {} PodTemplates, {} pods, {} \
+         Events, {} Nodes",
+        count(Api::<Namespace>::all(c.clone())).await?,
+        count(Api::<Workload>::all(c.clone())).await?,
+        count(Api::<ProvisioningRequest>::all(c.clone())).await?,
+        count(Api::<PodTemplate>::all(c.clone())).await?,
+        count(Api::<k8s_openapi::api::core::v1::Pod>::all(c.clone())).await?,
+        count(Api::<k8s_openapi::api::events::v1::Event>::all(c.clone())).await?,
+        count(Api::<k8s_openapi::api::core::v1::Node>::all(c)).await?,
+    ))
+}
+
 /// Watches the run's Workloads and requests into `seen`.
-fn watch_run(env: &TestEnv, queue: &RunQueue, seen: &Seen) -> [tokio::task::JoinHandle<()>; 2] {
+fn watch_run(
+    env: &TestEnv,
+    queue: &RunQueue,
+    seen: &Seen,
+    trouble: &bench::WatchTrouble,
+) -> [tokio::task::JoinHandle<()>; 2] {
+    let (workloads, check, seen_w, trouble_w) = (
+        env.workloads(),
+        queue.check.clone(),
+        seen.clone(),
+        trouble.clone(),
+    );
+    let (requests, seen_r, trouble_r) = (
+        Api::namespaced(env.client.clone(), &env.ns),
+        seen.clone(),
+        trouble.clone(),
+    );
     [
-        tokio::spawn(bench::watch_workloads(
-            env.workloads(),
-            queue.check.clone(),
-            seen.clone(),
-        )),
-        tokio::spawn(watch_requests(
-            Api::namespaced(env.client.clone(), &env.ns),
-            seen.clone(),
-        )),
+        tokio::spawn(async move {
+            bench::watch_workloads_noting(workloads, check, seen_w, &trouble_w).await;
+        }),
+        tokio::spawn(async move { watch_requests(requests, seen_r, &trouble_r).await }),
     ]
 }
 
@@ -907,7 +1184,7 @@ impl ChurnQueue {
     async fn clear(&self, timeout: Duration) -> Result<Duration> {
         let began = Instant::now();
         let api = self.env.workloads();
-        api.delete_collection(&DeleteParams::background(), &ListParams::default())
+        bench::delete_in_pages(&api)
             .await
             .context("deleting the churn Workloads left")?;
         loop {
@@ -1243,18 +1520,32 @@ impl QueueWait {
 /// A run's queue: a ProvisioningRequestConfig of its own class, an AdmissionCheck answered by
 /// `controller_name` and a ClusterQueue with room for every Workload.
 async fn set_up_queue(env: &TestEnv, run: Run, controller_name: &str) -> Result<RunQueue> {
-    let config = env.provisioning_config("prc", json!({})).await?;
-    let check = env
-        .provisioning_check("prov", controller_name, &config)
-        .await?;
     // 100m per pod: room for every Workload at once, so none waits for quota.
     let quota = format!("{}", run.workloads * run.podsets / 10 + 1);
-    let (flavor, cluster_queue) = env.pool_queues(&quota, &[&check]).await?;
+    let (check, provisioning_config) = match run.controller {
+        Controller::None => (String::new(), None),
+        Controller::Floor => {
+            let check = env.admission_check("floor", controller_name).await?;
+            (check.name_any(), None)
+        }
+        Controller::Kueue | Controller::Ours => {
+            let config = env.provisioning_config("prc", json!({})).await?;
+            let check = env
+                .provisioning_check("prov", controller_name, &config)
+                .await?;
+            (check, Some(config))
+        }
+    };
+    let checks: Vec<&str> = [check.as_str()]
+        .into_iter()
+        .filter(|c| !c.is_empty())
+        .collect();
+    let (flavor, cluster_queue) = env.pool_queues(&quota, &checks).await?;
     Ok(RunQueue {
         flavor,
         check,
         cluster_queue,
-        provisioning_config: Some(config),
+        provisioning_config,
     })
 }
 
@@ -1298,12 +1589,12 @@ impl Calls {
 /// and left out; Kueue's status writes to the stream's ClusterQueue (cluster-scoped, the
 /// audit log's lines here carry no object name) stay in, the same in every run.
 fn requests_by_actor(
-    from: &AuditMark,
+    audited: &[(String, e2e::Audited)],
     check_user: Option<&str>,
     churn_namespace: Option<&str>,
-) -> Result<BTreeMap<&'static str, BTreeMap<String, Calls>>> {
+) -> BTreeMap<&'static str, BTreeMap<String, Calls>> {
     let mut requests: BTreeMap<&'static str, BTreeMap<String, Calls>> = BTreeMap::new();
-    for (user, r) in e2e::audited_since(from)? {
+    for (user, r) in audited {
         if churn_namespace.is_some() && r.namespace.as_deref() == churn_namespace {
             continue;
         }
@@ -1318,7 +1609,7 @@ fn requests_by_actor(
         calls.count += 1;
         calls.server_time += r.server_time.unwrap_or_default();
     }
-    Ok(requests)
+    requests
 }
 
 /// Our controller, started for a run.
@@ -1332,9 +1623,15 @@ struct Ours {
     startup: (Duration, u64),
 }
 
-/// Starts our controller as the chart's ServiceAccount (its RBAC applied in the run's
-/// namespace), with Kueue's client budget and concurrency, and waits until it is ready.
-async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<Ours> {
+/// Starts our controller (or, for the floor, the always-ready check) as the provisioning
+/// chart's ServiceAccount (its RBAC applied in the run's namespace), with the budget of
+/// `cli.budget` and Kueue's concurrency, and waits until it is ready.
+async fn start_ours(
+    cli: &Cli,
+    env: &TestEnv,
+    controller: Controller,
+    controller_name: &str,
+) -> Result<Ours> {
     let service_account =
         chart::provisioning_service_account(&env.client, &env.ns, controller_name, "bench-compare")
             .await?;
@@ -1342,10 +1639,22 @@ async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<O
     let path = std::env::temp_dir().join(format!("{}-check.kubeconfig", env.ns));
     write_private(&path, &serde_json::to_string(&kubeconfig)?)?;
     let http = e2e::free_local_address()?;
+    let (qps, burst) = match cli.budget {
+        Budget::Shipped => (cli.kube_api_qps, cli.kube_api_burst),
+        Budget::Fair => (UNBOUNDED_QPS, UNBOUNDED_QPS),
+    };
+    let (binary, mut command) = match controller {
+        Controller::Floor => ("always-ready", Command::new(sibling("always-ready")?)),
+        _ => {
+            let mut c = Command::new(sibling("kueue-provisioning-controller")?);
+            c.arg(format!("--start-early={}", cli.start_early));
+            ("kueue-provisioning-controller", c)
+        }
+    };
     let spawned = Instant::now();
     let mut process = Process::spawn(
-        "kueue-provisioning-controller",
-        Command::new(sibling("kueue-provisioning-controller")?)
+        binary,
+        command
             .arg("--kubeconfig")
             .arg(&path)
             .args(["--controller-name", controller_name])
@@ -1355,10 +1664,9 @@ async fn start_ours(cli: &Cli, env: &TestEnv, controller_name: &str) -> Result<O
             .env("KUEUE_AC_METRICS_SECURE", "false")
             .env("KUEUE_AC_HEALTH_ADDRESS", http.to_string())
             .args(["--leader-elect", "false"])
-            .args(["--kube-api-qps", &cli.kube_api_qps.to_string()])
-            .args(["--kube-api-burst", &cli.kube_api_burst.to_string()])
+            .args(["--kube-api-qps", &qps.to_string()])
+            .args(["--kube-api-burst", &burst.to_string()])
             .args(["--concurrency", &cli.concurrency.to_string()])
-            .arg(format!("--start-early={}", cli.start_early))
             // BENCH_CHECK_LOG_LEVEL, e.g. "warn,kueue_admission_sdk=debug", to see why it
             // reconciled; it costs CPU, so the figures of such a run are not comparable.
             .env(
@@ -1401,8 +1709,8 @@ fn workload_of(r: &ProvisioningRequest) -> Option<String> {
 }
 
 /// Records when each Workload's request was first seen, and first seen provisioned.
-async fn watch_requests(api: Api<ProvisioningRequest>, seen: Seen) {
-    bench::watch(api, |r: ProvisioningRequest, now| {
+async fn watch_requests(api: Api<ProvisioningRequest>, seen: Seen, trouble: &bench::WatchTrouble) {
+    bench::watch_noting(api, trouble, |r: ProvisioningRequest, now| {
         let Some(workload) = workload_of(&r) else {
             return;
         };
@@ -1438,6 +1746,9 @@ async fn verify(env: &TestEnv, run: Run, marks: &[Marks]) -> Result<()> {
         .map(|w| w.name_any())
         .collect();
     ensure!(evicted.is_empty(), "evicted or not admitted: {evicted:?}");
+    if !run.controller.provisions() {
+        return Ok(());
+    }
     let requests: Api<ProvisioningRequest> = Api::namespaced(env.client.clone(), &env.ns);
     let mut live: BTreeMap<String, usize> = BTreeMap::new();
     for r in requests.list(&ListParams::default()).await?.items {
@@ -1544,13 +1855,15 @@ fn details(m: &Measured, concurrency: u32) -> String {
         controller,
         workloads,
         podsets,
+        pair,
     } = m.run;
     let _ = writeln!(
         out,
-        "\n### {}: {workloads} Workloads × {podsets} podset(s), all admitted in {} s\n",
+        "\n### {}: {workloads} Workloads × {podsets} podset(s), pair {pair}, all admitted in {} s\n",
         controller.label(),
         secs(m.wall)
     );
+    let _ = writeln!(out, "the cluster at the start: {}\n", m.cluster_at_start);
     let _ = writeln!(
         out,
         "| stage (the benchmark's watch) | p50 | p90 | p99 | max |"
@@ -1609,6 +1922,49 @@ fn details(m: &Measured, concurrency: u32) -> String {
     }
     let cpu: Vec<String> = m.cpu.iter().map(|(p, s)| format!("{p} {s:.1} s")).collect();
     let _ = writeln!(out, "\nCPU during the run: {}", cpu.join(", "));
+    let cores: Vec<String> = m
+        .machine
+        .cores
+        .iter()
+        .map(|u| format!("{:.0} %", 100.0 * u))
+        .collect();
+    let _ = writeln!(
+        out,
+        "the whole machine: {:.1} CPU seconds, {:.0} % of its cores' time (each core: {})",
+        m.machine.busy_seconds,
+        100.0 * m.machine.utilization,
+        cores.join(", ")
+    );
+    if let Some(l) = &m.kueue_limiter {
+        let _ = writeln!(
+            out,
+            "Kueue's client limiter (300/s, burst 500): it sent {} requests in {:.1} s, {:.1} % of \
+             the {:.0} the limiter allows (500 + 300·T); busiest second {}, {} of {} whole \
+             seconds at 95 % of 300 or more{}",
+            l.sent,
+            l.seconds,
+            100.0 * l.share(),
+            l.allowed,
+            l.busiest_second,
+            l.seconds_near_qps,
+            l.whole_seconds,
+            if l.share() >= 0.9 {
+                ": held by its limiter"
+            } else {
+                ""
+            }
+        );
+    }
+    let (errors, relists) = m.watch_trouble;
+    let _ = writeln!(
+        out,
+        "the benchmark's own watches: {errors} errors, {relists} re-lists{}",
+        if errors + relists > 0 {
+            " (a stage may look later than it was)"
+        } else {
+            ""
+        }
+    );
     if let Some(q) = &m.queue_wait {
         let _ = writeln!(
             out,
@@ -1677,7 +2033,9 @@ fn draw_plots(cli: &Cli, results: &[Measured]) -> Result<Vec<PathBuf>> {
         for &podsets in &cli.podsets {
             let runs: Vec<bench::plot::Drawn<'_>> = results
                 .iter()
+                // Pair 1 only, and only runs with a check: one curve per controller.
                 .filter(|m| m.run.workloads == workloads && m.run.podsets == podsets)
+                .filter(|m| m.run.pair == 1 && m.run.controller != Controller::None)
                 .map(|m| bench::plot::Drawn {
                     label: m.run.controller.label(),
                     marks: &m.marks,
@@ -1688,7 +2046,7 @@ fn draw_plots(cli: &Cli, results: &[Measured]) -> Result<Vec<PathBuf>> {
             }
             let path = cli.plots.join(format!("{workloads}x{podsets}.svg"));
             let title = format!(
-                "{workloads} Workloads × {podsets} podset(s), ours --start-early={}",
+                "{workloads} Workloads × {podsets} podset(s), pair 1, ours --start-early={}",
                 cli.start_early
             );
             bench::plot::draw(&path, &title, &runs)?;
@@ -1719,10 +2077,15 @@ fn report(cli: &Cli, commit: &str, results: &[Measured], settled: Option<&Settle
     };
     let _ = writeln!(
         out,
-        "\n## bench-compare, commit {commit}, {cores} cores; ours at --kube-api-qps {} \
-         --kube-api-burst {} --concurrency {} --start-early={}; {} idle Workloads kept in the \
-         cluster{settle}; {churn}\n",
-        cli.kube_api_qps, cli.kube_api_burst, cli.concurrency, cli.start_early, cli.idle_workloads
+        "\n## bench-compare, commit {commit}, {cores} cores; budget {:?} ({}); ours at \
+         --concurrency {} --start-early={}; {} pair(s) per size in ABBA order; {} idle Workloads \
+         kept in the cluster{settle}; {churn}\n",
+        cli.budget,
+        budget_of(cli, Controller::Ours),
+        cli.concurrency,
+        cli.start_early,
+        cli.repeat,
+        cli.idle_workloads
     );
     let churn_column = if cli.churn_per_second > 0 {
         format!(
@@ -1736,32 +2099,24 @@ fn report(cli: &Cli, commit: &str, results: &[Measured], settled: Option<&Settle
         out,
         "| controller | Workloads × podsets | all admitted | reserved → Ready p50 / p90 / p99 (s) \
          | created → admitted p50 / p90 / p99 (s) | requests per Workload: check / Kueue / \
-         simulator | CPU s: check / Kueue / apiserver + etcd | check's peak RSS |{churn_column}"
+         simulator | CPU s: check / Kueue / apiserver + etcd / whole machine (busy %) | check's \
+         peak RSS | pair | budget |{churn_column}"
     );
-    let columns = if churn_column.is_empty() { 8 } else { 9 };
+    let columns = if churn_column.is_empty() { 10 } else { 11 };
     let _ = writeln!(out, "|{}", "---|".repeat(columns));
     for m in results {
-        out.push_str(&summary_row(m));
+        out.push_str(&summary_row(cli, m));
     }
-    // Ours against the built-in on the same size.
-    let pairs = results
-        .iter()
-        .filter(|m| m.run.controller == Controller::Ours);
-    for ours in pairs {
-        let kueue = results.iter().find(|k| {
-            k.run.controller == Controller::Kueue
-                && k.run.workloads == ours.run.workloads
-                && k.run.podsets == ours.run.podsets
-        });
-        if let Some(kueue) = kueue {
-            out.push_str(&comparison(ours, kueue));
+    for &workloads in &cli.workloads {
+        for &podsets in &cli.podsets {
+            out.push_str(&comparisons(results, workloads, podsets));
         }
     }
     out
 }
 
 /// One run's row of the summary table.
-fn summary_row(m: &Measured) -> String {
+fn summary_row(cli: &Cli, m: &Measured) -> String {
     let q = |stage: &Stage| {
         let d = stage.durations(&m.marks);
         format!(
@@ -1773,12 +2128,14 @@ fn summary_row(m: &Measured) -> String {
     };
     let check_requests = match m.run.controller {
         Controller::Kueue => "(in Kueue)".to_string(),
-        Controller::Ours => format!("{:.2}", per_workload(m, "check")),
+        Controller::None => "–".to_string(),
+        Controller::Ours | Controller::Floor => format!("{:.2}", per_workload(m, "check")),
     };
     let cpu = |p: &str| m.cpu.get(p).copied().unwrap_or(0.0);
     let check_cpu = match m.run.controller {
         Controller::Kueue => "(in Kueue)".to_string(),
-        Controller::Ours => format!("{:.1}", cpu("check")),
+        Controller::None => "–".to_string(),
+        Controller::Ours | Controller::Floor => format!("{:.1}", cpu("check")),
     };
     let rss = m.peak_rss_kib.map_or("–".to_string(), |k| {
         format!("{:.0} MiB", k as f64 / 1024.0)
@@ -1792,48 +2149,157 @@ fn summary_row(m: &Measured) -> String {
             secs(quantile(&c.created_to_admitted, 0.5))
         )
     });
+    let ready = match m.run.controller {
+        Controller::None => "– (no check)".to_string(),
+        _ => q(&STAGES[0]),
+    };
     format!(
-        "| {} | {} × {} | {} s | {} | {} | {check_requests} / {:.2} / {:.2} | {check_cpu} / \
-         {:.1} / {:.1} | {rss} |{churn}\n",
+        "| {} | {} × {} | {} s | {ready} | {} | {check_requests} / {:.2} / {:.2} | {check_cpu} / \
+         {:.1} / {:.1} / {:.1} ({:.0} %) | {rss} | {} | {} |{churn}\n",
         m.run.controller.label(),
         m.run.workloads,
         m.run.podsets,
         secs(m.wall),
-        q(&STAGES[0]),
         q(&STAGES[1]),
         per_workload(m, "kueue"),
         per_workload(m, "simulator"),
         cpu("kueue"),
         cpu("kube-apiserver") + cpu("etcd"),
+        m.machine.busy_seconds,
+        100.0 * m.machine.utilization,
+        m.run.pair,
+        budget_of(cli, m.run.controller),
     )
 }
 
-/// Ours against the built-in on the same size: the p99 ratio (P1) and the check's requests,
-/// the built-in's counted as what Kueue sent beyond what it sent beside ours.
-fn comparison(ours: &Measured, kueue: &Measured) -> String {
-    let p99 = |m: &Measured| quantile(&STAGES[0].durations(&m.marks), 0.99).as_secs_f64();
-    let builtin_check = per_workload(kueue, "kueue") - per_workload(ours, "kueue");
-    let per_thousand = |m: &Measured, cpu: f64| 1000.0 * cpu / f64::from(m.run.workloads);
-    let kueue_cpu = |m: &Measured| m.cpu.get("kueue").copied().unwrap_or(0.0);
-    format!(
-        "\n{} × {}: reserved → Ready p99, ours / built-in = {:.2}. The check's API requests \
-         per Workload: ours {:.2}, built-in {builtin_check:.2}; its CPU seconds per 1,000 \
-         Workloads: ours {:.1}, built-in {:.1} (the built-in's: what Kueue used in its run \
-         beyond what it used in ours). All actors' requests per Workload: ours {:.2}, \
-         built-in {:.2}.\n",
-        ours.run.workloads,
-        ours.run.podsets,
-        p99(ours) / p99(kueue).max(f64::EPSILON),
-        per_workload(ours, "check"),
-        per_thousand(ours, ours.cpu.get("check").copied().unwrap_or(0.0)),
-        per_thousand(kueue, kueue_cpu(kueue) - kueue_cpu(ours)),
-        ["check", "kueue", "simulator"]
-            .iter()
-            .map(|a| per_workload(ours, a))
-            .sum::<f64>(),
-        ["kueue", "simulator"]
-            .iter()
-            .map(|a| per_workload(kueue, a))
-            .sum::<f64>(),
-    )
+/// p99 of `stage` in a run, seconds.
+fn p99(m: &Measured, stage: &Stage) -> f64 {
+    quantile(&stage.durations(&m.marks), 0.99).as_secs_f64()
+}
+
+/// p50 of `stage` in a run, seconds.
+fn p50(m: &Measured, stage: &Stage) -> f64 {
+    quantile(&stage.durations(&m.marks), 0.5).as_secs_f64()
+}
+
+/// For one size: in every pair, ours against the built-in and against the floor, each ratio
+/// beside the seconds it was taken from, then the median and range of each ratio over the
+/// pairs. A ratio is only ever taken within one pair.
+fn comparisons(results: &[Measured], workloads: u32, podsets: u32) -> String {
+    let mut out = String::new();
+    let of_size: Vec<&Measured> = results
+        .iter()
+        .filter(|m| m.run.workloads == workloads && m.run.podsets == podsets)
+        .collect();
+    let pairs: std::collections::BTreeSet<u32> = of_size.iter().map(|m| m.run.pair).collect();
+    let mut ratios: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    for pair in pairs {
+        let run = |c: Controller| {
+            of_size
+                .iter()
+                .copied()
+                .find(|m| m.run.pair == pair && m.run.controller == c)
+        };
+        let Some(ours) = run(Controller::Ours) else {
+            continue;
+        };
+        let mut ratio = |name: &'static str, a: f64, b: f64| {
+            let r = a / b.max(f64::EPSILON);
+            ratios.entry(name).or_default().push(r);
+            format!("{r:.2} ({a:.2} s / {b:.2} s)")
+        };
+        if let Some(kueue) = run(Controller::Kueue) {
+            let ready = ratio(
+                "reserved → Ready p99, ours / built-in",
+                p99(ours, &STAGES[0]),
+                p99(kueue, &STAGES[0]),
+            );
+            let admitted = ratio(
+                "created → admitted p99, ours / built-in",
+                p99(ours, &STAGES[1]),
+                p99(kueue, &STAGES[1]),
+            );
+            let admitted_p50 = ratio(
+                "created → admitted p50, ours / built-in",
+                p50(ours, &STAGES[1]),
+                p50(kueue, &STAGES[1]),
+            );
+            let builtin_check = per_workload(kueue, "kueue") - per_workload(ours, "kueue");
+            let per_thousand = |m: &Measured, cpu: f64| 1000.0 * cpu / f64::from(m.run.workloads);
+            let kueue_cpu = |m: &Measured| m.cpu.get("kueue").copied().unwrap_or(0.0);
+            let _ = writeln!(
+                out,
+                "\n{workloads} × {podsets}, pair {pair}: reserved → Ready p99, ours / built-in = \
+                 {ready}; created → admitted p99 {admitted}, p50 {admitted_p50}. The check's API \
+                 requests per Workload: ours {:.2}, built-in {builtin_check:.2}; its CPU seconds \
+                 per 1,000 Workloads: ours {:.1}, built-in {:.1} (the built-in's: what Kueue \
+                 used in its run beyond what it used in ours). All actors' requests per \
+                 Workload: ours {:.2}, built-in {:.2}.",
+                per_workload(ours, "check"),
+                per_thousand(ours, ours.cpu.get("check").copied().unwrap_or(0.0)),
+                per_thousand(kueue, kueue_cpu(kueue) - kueue_cpu(ours)),
+                ["check", "kueue", "simulator"]
+                    .iter()
+                    .map(|a| per_workload(ours, a))
+                    .sum::<f64>(),
+                ["kueue", "simulator"]
+                    .iter()
+                    .map(|a| per_workload(kueue, a))
+                    .sum::<f64>(),
+            );
+        }
+        if let Some(floor) = run(Controller::Floor) {
+            let ready = ratio(
+                "reserved → Ready p99, ours / floor",
+                p99(ours, &STAGES[0]),
+                p99(floor, &STAGES[0]),
+            );
+            let _ = writeln!(
+                out,
+                "\n{workloads} × {podsets}, pair {pair}: reserved → Ready p99, ours / floor = \
+                 {ready}."
+            );
+        }
+        if let Some(none) = run(Controller::None) {
+            let machine = |m: &Measured| m.machine.busy_seconds;
+            let extra = |m: &Measured| 1000.0 * (machine(m) - machine(none)) / f64::from(workloads);
+            let builtin = run(Controller::Kueue).map_or("no built-in run".to_string(), |k| {
+                format!("built-in {:.1} s", extra(k))
+            });
+            let _ = writeln!(
+                out,
+                "\n{workloads} × {podsets}, pair {pair}: whole-machine CPU per 1,000 Workloads \
+                 beyond the no-check run's: ours {:.1} s, {builtin}.",
+                extra(ours)
+            );
+        }
+    }
+    for (name, values) in ratios {
+        if let Some(spread) = bench::pairs::Spread::of(&values) {
+            let _ = writeln!(out, "\n{workloads} × {podsets}: {name}: {spread}.");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_come_only_from_a_described_clean_tree() {
+        assert!(from_a_clean_tree("a1b2c3d"));
+        assert!(!from_a_clean_tree("a1b2c3d-dirty"));
+        // Not a git checkout: nobody could check the figures out.
+        assert!(!from_a_clean_tree(""));
+    }
+
+    #[test]
+    fn only_the_runs_namespaces_wait_to_be_gone() {
+        assert!(is_run_namespace("e2e-cmp-ours-1000x1-a1b2c"));
+        assert!(is_run_namespace("e2e-cmp-leftover-a1b2c"));
+        assert!(!is_run_namespace("e2e-cmp-idle-a1b2c"));
+        assert!(!is_run_namespace("e2e-cmp-churn-a1b2c"));
+        assert!(!is_run_namespace("e2e-provisioning-a1b2c"));
+    }
 }
