@@ -8,11 +8,12 @@
 //! seconds per replica, so leaving it out of the budget does not weaken the protection of the
 //! API server.
 //!
-//! Events (events.k8s.io) wait in a queue of their own under a budget of the same size, as
-//! controller-runtime's recorder does with a client of its own: the Event a decision publishes
-//! then never delays the next Workload's status write, which a shared budget made cost a fifth
-//! of the throughput of a burst (`make bench`). A check publishes at most a few Events per
-//! decision, so the API server still sees at most twice the budget.
+//! Events (events.k8s.io) wait in a queue of their own under a budget of the same size: the
+//! Event a decision publishes then never delays the next Workload's status write, which a
+//! shared budget made cost a fifth of the throughput of a burst (`make bench`). A check
+//! publishes at most a few Events per decision, so the API server sees at most twice the
+//! budget. (Kueue does otherwise: it puts one limiter on the configuration its clients, event
+//! recorder included, are made from, so its Events share its budget.)
 
 use std::task::{Context, Poll};
 use std::time::Duration;
