@@ -392,6 +392,50 @@ pub async fn create_workloads(
         .await
 }
 
+/// Creates Workloads at `per_second` for `seconds` (the `i`-th sent at `i / per_second` s
+/// after the start, at most `concurrency` in flight: a slow API server delays later arrivals,
+/// it never bunches them); records when each create was sent in `seen`. Returns how many.
+pub async fn create_paced(
+    env: &TestEnv,
+    creating: Creating<'_>,
+    per_second: f64,
+    seen: &Seen,
+) -> Result<u32> {
+    let Creating {
+        prefix,
+        count,
+        podsets,
+        concurrency,
+    } = creating;
+    ensure!(
+        per_second > 0.0,
+        "a pace of {per_second} Workloads a second"
+    );
+    let period = Duration::from_secs_f64(1.0 / per_second);
+    let start = Instant::now();
+    futures::stream::iter(0..count)
+        .then(|i| async move {
+            tokio::time::sleep_until(start + period * i).await;
+            i
+        })
+        .map(|i| {
+            let (api, seen, ns) = (env.workloads(), seen.clone(), env.ns.clone());
+            async move {
+                let name = format!("{prefix}-{i:05}");
+                let before = Instant::now();
+                api.create(&PostParams::default(), &workload(&ns, &name, podsets)?)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
+                seen.of(name, |m| m.first(Mark::Created, before));
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<()>()
+        .await?;
+    Ok(count)
+}
+
 /// Waits until `count` Workloads are admitted, calling `alive` (which fails when a process
 /// the run needs has exited) between looks; gives up `timeout` from now.
 pub async fn wait_all_admitted(

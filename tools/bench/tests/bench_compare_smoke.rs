@@ -51,7 +51,8 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
         "| ours | 40 × 1 |",
         "| Kueue built-in | 40 × 2 |",
         "| ours | 40 × 2 |",
-        "40 × 2: reserved → Ready p99, ours / built-in = ",
+        "40 × 2, pair 1: reserved → Ready p99, ours / built-in = ",
+        "40 × 2: reserved → Ready p99, ours / built-in: ",
     ] {
         ensure!(
             stdout.contains(expected),
@@ -303,6 +304,61 @@ fn references_and_the_fair_budget_run_in_abba_pairs_with_ratios_within_each() ->
     ensure!(
         stdout.matches(" pairs).").count() >= 3,
         "no median with its range over the 2 pairs in:\n{stdout}"
+    );
+    Ok(())
+}
+
+/// Paced arrivals after the burst: at half the built-in's burst throughput for a few seconds,
+/// for both controllers, with the pace it came to and a ratio within the pair.
+#[test]
+fn paced_runs_follow_the_burst_at_a_fraction_of_the_built_ins_throughput() -> Result<()> {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let plots = std::env::temp_dir().join(format!("bench-compare-paced-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_bench-compare"))
+        .args([
+            "--workloads",
+            "20",
+            "--podsets",
+            "1",
+            "--timeout-seconds",
+            "180",
+        ])
+        .args(["--paced", "0.5", "--paced-seconds", "4"])
+        .arg("--plots")
+        .arg(&plots)
+        .env("KUBECONFIG", e2e::kubeconfig_path())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&plots);
+    ensure!(
+        out.status.success(),
+        "bench-compare failed:\n{stdout}\n{stderr}"
+    );
+    for row in [
+        "| Kueue built-in, paced at 50 % (",
+        "| ours, paced at 50 % (",
+    ] {
+        ensure!(stdout.contains(row), "{row:?} missing from:\n{stdout}");
+    }
+    let line = stdout
+        .lines()
+        .find(|l| l.contains(" paced at 50 % (") && l.contains(", pair 1: reserved → Ready p99"))
+        .ok_or_else(|| anyhow::anyhow!("no paced comparison in:\n{stdout}"))?;
+    // "20 × 1 paced at 50 % (4.3/s) ...": the pace is half the burst's throughput, so fewer
+    // than 20 Workloads a second here, and a count of about pace × 4 s.
+    let pace: f64 = line
+        .split("paced at 50 % (")
+        .nth(1)
+        .and_then(|r| r.split("/s)").next())
+        .unwrap_or_default()
+        .parse()?;
+    let count: f64 = line.split(' ').next().unwrap_or_default().trim().parse()?;
+    ensure!(
+        pace > 0.0 && (count - (pace * 4.0).round()).abs() < 1.0,
+        "{line}"
     );
     Ok(())
 }

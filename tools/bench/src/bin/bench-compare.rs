@@ -131,6 +131,15 @@ struct Cli {
     /// either side). Every row says which.
     #[arg(long, value_enum, default_value_t = Budget::Shipped)]
     budget: Budget,
+    /// After each size's bursts, paced runs: Workloads arriving at these fractions of the
+    /// built-in's throughput in that size's first burst (Workloads ÷ all admitted), for
+    /// --paced-seconds each, in the same ABBA pairs (comma-separated, e.g. 0.5,0.8). Needs
+    /// `kueue` among --controllers.
+    #[arg(long, value_delimiter = ',')]
+    paced: Vec<f64>,
+    /// How long each paced run's arrivals last.
+    #[arg(long, default_value_t = 120)]
+    paced_seconds: u64,
     /// Our controller's client QPS (Kueue v0.19.2 ships 300).
     #[arg(long, default_value_t = 300)]
     kube_api_qps: u32,
@@ -181,6 +190,9 @@ struct Run {
     podsets: u32,
     /// The pair of runs it belongs to (from 1; see `--repeat`).
     pair: u32,
+    /// Paced arrivals instead of a burst: the fraction of the built-in's burst throughput, in
+    /// percent, and the Workloads a second that makes.
+    paced: Option<(u32, f64)>,
 }
 
 impl Run {
@@ -192,7 +204,28 @@ impl Run {
             Controller::Kueue => "kueue",
             Controller::Ours => "ours",
         };
-        format!("cmp-{controller}-{}x{}", self.workloads, self.podsets)
+        match self.paced {
+            None => format!("cmp-{controller}-{}x{}", self.workloads, self.podsets),
+            Some((percent, _)) => format!("cmp-{controller}-p{percent}-{}", self.podsets),
+        }
+    }
+
+    /// The controller, and the pace if the run is paced.
+    fn label(self) -> String {
+        match self.paced {
+            None => self.controller.label().to_string(),
+            Some((percent, per_second)) => format!(
+                "{}, paced at {percent} % ({per_second:.1}/s)",
+                self.controller.label()
+            ),
+        }
+    }
+
+    /// Whether `other` is of the same set: the same size, burst or pace.
+    fn same_set(self, other: Run) -> bool {
+        self.workloads == other.workloads
+            && self.podsets == other.podsets
+            && self.paced.map(|p| p.0) == other.paced.map(|p| p.0)
     }
 }
 
@@ -306,38 +339,55 @@ async fn run_all_on(cli: &Cli, commit: &str) -> Result<()> {
         0 => None,
         n => Some(create_idle(cli, n).await?),
     };
+    ensure!(
+        cli.paced.is_empty() || cli.controllers.contains(&Controller::Kueue),
+        "--paced takes its pace from the built-in's burst: add kueue to --controllers"
+    );
+    ensure!(
+        cli.paced.iter().all(|f| *f > 0.0 && *f <= 2.0),
+        "--paced fractions must be above 0 and at most 2: {:?}",
+        cli.paced
+    );
     let mut results = Vec::new();
     for &workloads in &cli.workloads {
         for &podsets in &cli.podsets {
+            let burst = Run {
+                controller: Controller::Kueue,
+                workloads,
+                podsets,
+                pair: 1,
+                paced: None,
+            };
             for (pair, controller) in bench::pairs::abba(&cli.controllers, cli.repeat) {
                 let run = Run {
                     controller,
-                    workloads,
-                    podsets,
                     pair,
+                    ..burst
                 };
-                wait_earlier_namespaces_gone(&client).await?;
-                eprintln!(
-                    "bench-compare: pair {pair}: {} with {workloads} Workloads of {podsets} \
-                     podset(s), {}",
-                    controller.label(),
-                    budget_of(cli, controller)
-                );
-                let done = measure(cli, run, churn.as_ref()).await?;
-                // The figures first: a clean-up that fails loses nothing.
-                eprint!("{}", details(&done.measured, cli.concurrency));
-                match bench::clean_up(&done.env, &done.queue).await {
-                    Ok(took) => eprintln!(
-                        "bench-compare: the run's Workloads, requests and templates gone {:.1} s \
-                         after their deletion (the next run starts only then)",
-                        took.as_secs_f64()
-                    ),
-                    Err(e) => eprintln!(
-                        "bench-compare: cleaning up after the run failed ({e:#}); the next run \
-                         waits for its namespace to be gone and says what the cluster holds"
-                    ),
+                results.push(run_one(cli, &client, run, churn.as_ref()).await?);
+            }
+            // The built-in's throughput in this size's first burst sets the paces.
+            let Some(kueue) = results
+                .iter()
+                .find(|m| m.run.same_set(burst) && m.run.controller == Controller::Kueue)
+            else {
+                continue;
+            };
+            let throughput = f64::from(workloads) / kueue.wall.as_secs_f64().max(0.001);
+            for &fraction in &cli.paced {
+                let per_second = fraction * throughput;
+                let count = (per_second * cli.paced_seconds as f64).round().max(1.0) as u32;
+                let percent = (fraction * 100.0).round() as u32;
+                for (pair, controller) in bench::pairs::abba(&cli.controllers, cli.repeat) {
+                    let run = Run {
+                        controller,
+                        workloads: count,
+                        podsets,
+                        pair,
+                        paced: Some((percent, per_second)),
+                    };
+                    results.push(run_one(cli, &client, run, churn.as_ref()).await?);
                 }
-                results.push(done.measured);
             }
         }
     }
@@ -430,6 +480,40 @@ async fn wait_earlier_namespaces_gone(client: &kube::Client) -> Result<()> {
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// One run, from a clean cluster: measured, its figures printed at once, then cleaned up (a
+/// failed clean-up is a warning: the next run waits for the namespace to be gone anyway).
+async fn run_one(
+    cli: &Cli,
+    client: &kube::Client,
+    run: Run,
+    churn: Option<&ChurnQueue>,
+) -> Result<Measured> {
+    wait_earlier_namespaces_gone(client).await?;
+    eprintln!(
+        "bench-compare: pair {}: {} with {} Workloads of {} podset(s), {}",
+        run.pair,
+        run.label(),
+        run.workloads,
+        run.podsets,
+        budget_of(cli, run.controller)
+    );
+    let done = measure(cli, run, churn).await?;
+    // The figures first: a clean-up that fails loses nothing.
+    eprint!("{}", details(&done.measured, cli.concurrency));
+    match bench::clean_up(&done.env, &done.queue).await {
+        Ok(took) => eprintln!(
+            "bench-compare: the run's Workloads, requests and templates gone {:.1} s after \
+             their deletion (the next run starts only then)",
+            took.as_secs_f64()
+        ),
+        Err(e) => eprintln!(
+            "bench-compare: cleaning up after the run failed ({e:#}); the next run waits for \
+             its namespace to be gone and says what the cluster holds"
+        ),
+    }
+    Ok(done.measured)
 }
 
 /// The client budget `controller` runs with, said for a row.
@@ -930,7 +1014,12 @@ async fn measure(cli: &Cli, run: Run, churn: Option<&ChurnQueue>) -> Result<Done
         podsets: run.podsets,
         concurrency: cli.create_concurrency,
     };
-    bench::create_workloads(&env, creating, Some(&seen)).await?;
+    match run.paced {
+        None => bench::create_workloads(&env, creating, Some(&seen)).await?,
+        Some((_, per_second)) => {
+            bench::create_paced(&env, creating, per_second, &seen).await?;
+        }
+    }
     bench::wait_all_admitted(&seen, run.workloads, timeout, started, || {
         simulator.as_mut().map_or(Ok(()), Process::alive)?;
         churning.as_ref().map_or(Ok(()), ChurnStream::alive)?;
@@ -1852,15 +1941,15 @@ fn per_workload(m: &Measured, actor: &str) -> f64 {
 fn details(m: &Measured, concurrency: u32) -> String {
     let mut out = String::new();
     let Run {
-        controller,
         workloads,
         podsets,
         pair,
+        ..
     } = m.run;
     let _ = writeln!(
         out,
         "\n### {}: {workloads} Workloads × {podsets} podset(s), pair {pair}, all admitted in {} s\n",
-        controller.label(),
+        m.run.label(),
         secs(m.wall)
     );
     let _ = writeln!(out, "the cluster at the start: {}\n", m.cluster_at_start);
@@ -2035,7 +2124,8 @@ fn draw_plots(cli: &Cli, results: &[Measured]) -> Result<Vec<PathBuf>> {
                 .iter()
                 // Pair 1 only, and only runs with a check: one curve per controller.
                 .filter(|m| m.run.workloads == workloads && m.run.podsets == podsets)
-                .filter(|m| m.run.pair == 1 && m.run.controller != Controller::None)
+                .filter(|m| m.run.pair == 1 && m.run.paced.is_none())
+                .filter(|m| m.run.controller != Controller::None)
                 .map(|m| bench::plot::Drawn {
                     label: m.run.controller.label(),
                     marks: &m.marks,
@@ -2107,10 +2197,14 @@ fn report(cli: &Cli, commit: &str, results: &[Measured], settled: Option<&Settle
     for m in results {
         out.push_str(&summary_row(cli, m));
     }
-    for &workloads in &cli.workloads {
-        for &podsets in &cli.podsets {
-            out.push_str(&comparisons(results, workloads, podsets));
+    let mut sets: Vec<Run> = Vec::new();
+    for m in results {
+        if !sets.iter().any(|r| r.same_set(m.run)) {
+            sets.push(m.run);
         }
+    }
+    for set in sets {
+        out.push_str(&comparisons(results, set));
     }
     out
 }
@@ -2156,7 +2250,7 @@ fn summary_row(cli: &Cli, m: &Measured) -> String {
     format!(
         "| {} | {} × {} | {} s | {ready} | {} | {check_requests} / {:.2} / {:.2} | {check_cpu} / \
          {:.1} / {:.1} / {:.1} ({:.0} %) | {rss} | {} | {} |{churn}\n",
-        m.run.controller.label(),
+        m.run.label(),
         m.run.workloads,
         m.run.podsets,
         secs(m.wall),
@@ -2185,12 +2279,16 @@ fn p50(m: &Measured, stage: &Stage) -> f64 {
 /// For one size: in every pair, ours against the built-in and against the floor, each ratio
 /// beside the seconds it was taken from, then the median and range of each ratio over the
 /// pairs. A ratio is only ever taken within one pair.
-fn comparisons(results: &[Measured], workloads: u32, podsets: u32) -> String {
+fn comparisons(results: &[Measured], set: Run) -> String {
     let mut out = String::new();
-    let of_size: Vec<&Measured> = results
-        .iter()
-        .filter(|m| m.run.workloads == workloads && m.run.podsets == podsets)
-        .collect();
+    let (workloads, podsets) = (set.workloads, set.podsets);
+    let of_size: Vec<&Measured> = results.iter().filter(|m| m.run.same_set(set)).collect();
+    let set_name = match set.paced {
+        None => format!("{workloads} × {podsets}"),
+        Some((percent, per_second)) => {
+            format!("{workloads} × {podsets} paced at {percent} % ({per_second:.1}/s)")
+        }
+    };
     let pairs: std::collections::BTreeSet<u32> = of_size.iter().map(|m| m.run.pair).collect();
     let mut ratios: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     for pair in pairs {
@@ -2214,6 +2312,11 @@ fn comparisons(results: &[Measured], workloads: u32, podsets: u32) -> String {
                 p99(ours, &STAGES[0]),
                 p99(kueue, &STAGES[0]),
             );
+            let ready_p50 = ratio(
+                "reserved → Ready p50, ours / built-in",
+                p50(ours, &STAGES[0]),
+                p50(kueue, &STAGES[0]),
+            );
             let admitted = ratio(
                 "created → admitted p99, ours / built-in",
                 p99(ours, &STAGES[1]),
@@ -2229,8 +2332,9 @@ fn comparisons(results: &[Measured], workloads: u32, podsets: u32) -> String {
             let kueue_cpu = |m: &Measured| m.cpu.get("kueue").copied().unwrap_or(0.0);
             let _ = writeln!(
                 out,
-                "\n{workloads} × {podsets}, pair {pair}: reserved → Ready p99, ours / built-in = \
-                 {ready}; created → admitted p99 {admitted}, p50 {admitted_p50}. The check's API \
+                "\n{set_name}, pair {pair}: reserved → Ready p99, ours / built-in = \
+                 {ready}, p50 {ready_p50}; created → admitted p99 {admitted}, p50 {admitted_p50}. \
+                 The check's API \
                  requests per Workload: ours {:.2}, built-in {builtin_check:.2}; its CPU seconds \
                  per 1,000 Workloads: ours {:.1}, built-in {:.1} (the built-in's: what Kueue \
                  used in its run beyond what it used in ours). All actors' requests per \
@@ -2256,7 +2360,7 @@ fn comparisons(results: &[Measured], workloads: u32, podsets: u32) -> String {
             );
             let _ = writeln!(
                 out,
-                "\n{workloads} × {podsets}, pair {pair}: reserved → Ready p99, ours / floor = \
+                "\n{set_name}, pair {pair}: reserved → Ready p99, ours / floor = \
                  {ready}."
             );
         }
@@ -2268,7 +2372,7 @@ fn comparisons(results: &[Measured], workloads: u32, podsets: u32) -> String {
             });
             let _ = writeln!(
                 out,
-                "\n{workloads} × {podsets}, pair {pair}: whole-machine CPU per 1,000 Workloads \
+                "\n{set_name}, pair {pair}: whole-machine CPU per 1,000 Workloads \
                  beyond the no-check run's: ours {:.1} s, {builtin}.",
                 extra(ours)
             );
@@ -2276,7 +2380,7 @@ fn comparisons(results: &[Measured], workloads: u32, podsets: u32) -> String {
     }
     for (name, values) in ratios {
         if let Some(spread) = bench::pairs::Spread::of(&values) {
-            let _ = writeln!(out, "\n{workloads} × {podsets}: {name}: {spread}.");
+            let _ = writeln!(out, "\n{set_name}: {name}: {spread}.");
         }
     }
     out
