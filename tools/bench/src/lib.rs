@@ -585,9 +585,9 @@ const DELETE_TRIES: u32 = 5;
 /// Deletes every object `api` lists, in the background, and returns how many it deleted. One
 /// collection delete of thousands of objects outlasts the API server's 60 s request timeout
 /// (the connection closes before an answer), so the names are listed a page at a time and
-/// deleted one by one, [`DELETE_CONCURRENCY`] at once; a delete or a list that fails for a
-/// reason that may pass (a timeout, a closed connection, 429, 5xx) is tried again, up to
-/// [`DELETE_TRIES`] times with a growing wait; an object already gone counts as deleted.
+/// deleted one by one, 32 at once; a delete or a list that fails for a reason that may pass (a
+/// timeout, a closed connection, 429, 5xx) is tried again, up to 5 times with a growing wait;
+/// an object already gone counts as deleted.
 /// Objects with finalizers stay until their owners remove them: waiting for that is the
 /// caller's.
 pub async fn delete_in_pages<K>(api: &Api<K>) -> Result<usize>
