@@ -204,6 +204,52 @@ async fn our_own_request_found_after_a_restart_is_adopted_not_created_twice() {
     assert_eq!(s.api.unused(), 0);
 }
 
+/// A Workload of three podsets: its three PodTemplates are sent at once (the scripted server
+/// answers none until all three have arrived), then the request.
+#[tokio::test]
+async fn the_templates_of_a_workload_of_three_podsets_are_created_at_once() {
+    let mut s = setup();
+    s.wl = WorkloadBuilder::new("ns", "wl")
+        .uid("u-1")
+        .pod_set("a", 1, "1")
+        .pod_set("b", 1, "2")
+        .pod_set("c", 1, "3")
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "flavor")
+        .build();
+    let config = Setup::parameters().spec;
+    let flavors = BTreeMap::from([("flavor".to_string(), ResourceFlavorSpec::default())]);
+    let planned = plan::plan(&PlanInput {
+        workload: &s.wl,
+        check: CHECK,
+        attempt: 1,
+        config: &config,
+        flavors: &flavors,
+    });
+    let Ok(Plan::Request(plan)) = planned else {
+        panic!("a request is needed: {planned:?}");
+    };
+    assert_eq!(plan.pod_sets.len(), 3, "a template per podset");
+    s.plan = plan;
+    s.api.together(3);
+    for _ in 0..3 {
+        s.api.answer(201, s.template());
+    }
+    s.api.answer(201, s.ours());
+    let created = tokio::time::timeout(std::time::Duration::from_secs(10), s.create()).await;
+    let created = created.expect("the creates waited for each other: sent one after another");
+    created.expect("created");
+    assert_eq!(
+        s.writes(),
+        [
+            "POST podtemplates",
+            "POST podtemplates",
+            "POST podtemplates",
+            "POST provisioningrequests"
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_forbidden_or_failing_template_create_stops_before_the_request() {
     for (code, reason) in [

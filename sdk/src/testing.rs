@@ -378,7 +378,12 @@ pub fn offline_client() -> kube::Client {
 pub struct ScriptedApi {
     answers: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<ScriptedAnswer>>>,
     seen: std::sync::Arc<std::sync::Mutex<Vec<SeenRequest>>>,
+    /// Requests still to hold at the barrier set by [`ScriptedApi::together`], and the barrier.
+    together: std::sync::Arc<std::sync::Mutex<Option<HeldTogether>>>,
 }
+
+/// Requests still to hold at a barrier, and the barrier.
+type HeldTogether = (usize, std::sync::Arc<tokio::sync::Barrier>);
 
 /// What the scripted server does with a request.
 #[derive(Clone, Debug)]
@@ -438,9 +443,13 @@ impl ScriptedApi {
     /// A client whose every request goes to this script.
     pub fn client(&self) -> kube::Client {
         use http_body_util::BodyExt;
-        let (answers, seen) = (self.answers.clone(), self.seen.clone());
+        let (answers, seen, together) = (
+            self.answers.clone(),
+            self.seen.clone(),
+            self.together.clone(),
+        );
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let (answers, seen) = (answers.clone(), seen.clone());
+            let (answers, seen, together) = (answers.clone(), seen.clone(), together.clone());
             async move {
                 let method = req.method().to_string();
                 let path = req.uri().path().to_string();
@@ -462,6 +471,20 @@ impl ScriptedApi {
                 let answer = if request.is_event() {
                     ScriptedAnswer::Respond(201, request.body.clone())
                 } else {
+                    let barrier = {
+                        let mut held = together.lock().unwrap_or_else(|p| p.into_inner());
+                        let barrier = held.as_ref().map(|(_, b)| b.clone());
+                        if let Some((left, _)) = held.as_mut() {
+                            *left -= 1;
+                            if *left == 0 {
+                                *held = None;
+                            }
+                        }
+                        barrier
+                    };
+                    if let Some(barrier) = barrier {
+                        barrier.wait().await;
+                    }
                     let next = answers
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -490,6 +513,14 @@ impl ScriptedApi {
             }
         });
         kube::Client::new(service, "default")
+    }
+
+    /// The next `n` requests (Events aside) are answered only once all `n` have arrived, each
+    /// then taking the next scripted answer. Code that sends them one after another never gets
+    /// past the first: bounded by a timeout, a test shows they were sent at once.
+    pub fn together(&self, n: usize) {
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+        *self.together.lock().unwrap_or_else(|p| p.into_inner()) = (n > 0).then_some((n, barrier));
     }
 
     /// The next request gets `code` with `body` (an object, for a success).
