@@ -305,6 +305,15 @@ fn references_and_the_fair_budget_run_in_abba_pairs_with_ratios_within_each() ->
         stdout.matches(" pairs).").count() >= 3,
         "no median with its range over the 2 pairs in:\n{stdout}"
     );
+    // The floor's own queue is reported as the floor's, with nothing it cannot have.
+    let floor: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("the floor's reconcile queue: "))
+        .collect();
+    ensure!(
+        floor.len() == 2 && floor.iter().all(|l| !l.contains("NaN")),
+        "the floor's queue lines: {floor:?}"
+    );
     Ok(())
 }
 

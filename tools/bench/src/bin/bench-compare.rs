@@ -1941,6 +1941,7 @@ fn per_workload(m: &Measured, actor: &str) -> f64 {
 fn details(m: &Measured, concurrency: u32) -> String {
     let mut out = String::new();
     let Run {
+        controller,
         workloads,
         podsets,
         pair,
@@ -2055,12 +2056,23 @@ fn details(m: &Measured, concurrency: u32) -> String {
         }
     );
     if let Some(q) = &m.queue_wait {
+        // The floor makes no request; its queue is the SDK's all the same.
+        let (whose, requests) = match controller {
+            Controller::Floor => ("the floor's", String::new()),
+            _ => (
+                "our",
+                format!(
+                    "; our requests were created within {} s (p50), {} s (p99) of the \
+                     reservation",
+                    q.reserved_to_request_at_most.0, q.reserved_to_request_at_most.1
+                ),
+            ),
+        };
         let _ = writeln!(
             out,
-            "our reconcile queue: {:.0} Workload changes read, waited {:.3} s on average, \
-             99 % at most {} s; quota reservations reached our watch within {} s (p50), {} s \
-             (p99); {:.0} reconciles took {:.3} s on average; our requests were created within \
-             {} s (p50), {} s (p99) of the reservation",
+            "{whose} reconcile queue: {:.0} Workload changes read, waited {:.3} s on average, \
+             99 % at most {} s; quota reservations reached its watch within {} s (p50), {} s \
+             (p99); {:.0} reconciles took {:.3} s on average{requests}",
             q.changes,
             q.mean,
             q.p99_at_most,
@@ -2068,13 +2080,11 @@ fn details(m: &Measured, concurrency: u32) -> String {
             q.reserved_seen_at_most.1,
             q.reconciles.0,
             q.reconciles.1,
-            q.reserved_to_request_at_most.0,
-            q.reserved_to_request_at_most.1
         );
         // Reconciles hold a turn through their API calls: turns busy most of a run bound it.
         let _ = writeln!(
             out,
-            "our {concurrency} turns were busy for {:.1} s of the run's {:.1} s (reconciles × \
+            "{whose} {concurrency} turns were busy for {:.1} s of the run's {:.1} s (reconciles × \
              mean ÷ turns)",
             q.reconciles.0 * q.reconciles.1 / f64::from(concurrency.max(1)),
             m.wall.as_secs_f64()
