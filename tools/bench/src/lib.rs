@@ -373,23 +373,31 @@ pub async fn create_workloads(
         concurrency,
     } = creating;
     futures::stream::iter(0..count)
-        .map(|i| {
-            let (api, seen, ns) = (env.workloads(), seen.cloned(), env.ns.clone());
-            async move {
-                let name = format!("{prefix}-{i:05}");
-                let before = Instant::now();
-                api.create(&PostParams::default(), &workload(&ns, &name, podsets)?)
-                    .await
-                    .with_context(|| format!("creating {name}"))?;
-                if let Some(seen) = seen {
-                    seen.of(name, |m| m.first(Mark::Created, before));
-                }
-                anyhow::Ok(())
-            }
-        })
+        .map(|i| create_one(env, prefix, i, podsets, seen))
         .buffer_unordered(concurrency)
         .try_collect::<()>()
         .await
+}
+
+/// Creates Workload `<prefix>-<i>` of `podsets` podsets; records when the create was sent in
+/// `seen`, if given.
+async fn create_one(
+    env: &TestEnv,
+    prefix: &str,
+    i: u32,
+    podsets: u32,
+    seen: Option<&Seen>,
+) -> Result<()> {
+    let name = format!("{prefix}-{i:05}");
+    let before = Instant::now();
+    env.workloads()
+        .create(&PostParams::default(), &workload(&env.ns, &name, podsets)?)
+        .await
+        .with_context(|| format!("creating {name}"))?;
+    if let Some(seen) = seen {
+        seen.of(name, |m| m.first(Mark::Created, before));
+    }
+    Ok(())
 }
 
 /// Creates Workloads at `per_second` for `seconds` (the `i`-th sent at `i / per_second` s
@@ -418,18 +426,7 @@ pub async fn create_paced(
             tokio::time::sleep_until(start + period * i).await;
             i
         })
-        .map(|i| {
-            let (api, seen, ns) = (env.workloads(), seen.clone(), env.ns.clone());
-            async move {
-                let name = format!("{prefix}-{i:05}");
-                let before = Instant::now();
-                api.create(&PostParams::default(), &workload(&ns, &name, podsets)?)
-                    .await
-                    .with_context(|| format!("creating {name}"))?;
-                seen.of(name, |m| m.first(Mark::Created, before));
-                anyhow::Ok(())
-            }
-        })
+        .map(|i| create_one(env, prefix, i, podsets, Some(seen)))
         .buffer_unordered(concurrency)
         .try_collect::<()>()
         .await?;
