@@ -36,13 +36,22 @@ fn setup() -> Setup {
         .check(CHECK, CheckState::Pending)
         .quota_reserved("cq", "flavor")
         .build();
-    let config = ProvisioningRequestConfigSpec {
-        provisioning_class_name: "check-capacity.autoscaling.x-k8s.io".into(),
-        ..Default::default()
-    };
+    let plan = request_plan(&wl);
+    Setup {
+        check,
+        wl,
+        plan,
+        api: ScriptedApi::new(),
+    }
+}
+
+/// The first attempt's request plan for `wl` under [`Setup::parameters`]'s config, its flavor
+/// plain.
+fn request_plan(wl: &kueue_admission_sdk::api::Workload) -> RequestPlan {
+    let config = Setup::parameters().spec;
     let flavors = BTreeMap::from([("flavor".to_string(), ResourceFlavorSpec::default())]);
     let planned = plan::plan(&PlanInput {
-        workload: &wl,
+        workload: wl,
         check: CHECK,
         attempt: 1,
         config: &config,
@@ -51,12 +60,7 @@ fn setup() -> Setup {
     let Ok(Plan::Request(plan)) = planned else {
         panic!("a request is needed: {planned:?}");
     };
-    Setup {
-        check,
-        wl,
-        plan,
-        api: ScriptedApi::new(),
-    }
+    plan
 }
 
 impl Setup {
@@ -217,20 +221,8 @@ async fn the_templates_of_a_workload_of_three_podsets_are_created_at_once() {
         .check(CHECK, CheckState::Pending)
         .quota_reserved("cq", "flavor")
         .build();
-    let config = Setup::parameters().spec;
-    let flavors = BTreeMap::from([("flavor".to_string(), ResourceFlavorSpec::default())]);
-    let planned = plan::plan(&PlanInput {
-        workload: &s.wl,
-        check: CHECK,
-        attempt: 1,
-        config: &config,
-        flavors: &flavors,
-    });
-    let Ok(Plan::Request(plan)) = planned else {
-        panic!("a request is needed: {planned:?}");
-    };
-    assert_eq!(plan.pod_sets.len(), 3, "a template per podset");
-    s.plan = plan;
+    s.plan = request_plan(&s.wl);
+    assert_eq!(s.plan.pod_sets.len(), 3, "a template per podset");
     s.api.together(3);
     for _ in 0..3 {
         s.api.answer(201, s.template());
