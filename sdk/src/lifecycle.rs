@@ -68,6 +68,17 @@ impl AskedAt {
     }
 }
 
+/// Whether `wl`'s entry for `check` waits for the check's answer: Kueue added it, it is
+/// `Pending`, and the Workload holds quota it may use (not deleted, finished, deactivated or
+/// evicted). Only the answer stands between such a Workload and its admission, so the runtime
+/// grants it a turn before other work.
+pub fn awaits_answer(wl: &Workload, check: &str) -> bool {
+    crate::decide::eligibility(wl, check, false)
+        == Eligibility::Decide {
+            revalidating: false,
+        }
+}
+
 /// Whether this controller can answer a check now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answering {

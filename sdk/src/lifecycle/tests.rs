@@ -482,3 +482,49 @@ fn the_first_showing_of_a_hold_sets_the_entry_transition_time_later_ones_keep_it
     let same = permanent_failure(&shown, CHECK, "bad", HOLD, t(40));
     assert!(matches!(input(&shown, same, t(40)), Plan::Unchanged { .. }));
 }
+
+/// Which Workloads the line serves first: only a `Pending` entry on quota it may use waits for
+/// the check's answer.
+#[test]
+fn only_a_pending_entry_on_usable_quota_awaits_the_answer() {
+    let pending = reserved().check(CHECK, CheckState::Pending).build();
+    assert!(awaits_answer(&pending, CHECK));
+    assert!(!awaits_answer(&pending, "another"), "not its entry");
+    let cases = [
+        ("no entry yet (an early start)", reserved().build()),
+        (
+            "answered",
+            reserved().check(CHECK, CheckState::Ready).build(),
+        ),
+        (
+            "no quota",
+            WorkloadBuilder::new("team-a", "wl")
+                .check(CHECK, CheckState::Pending)
+                .build(),
+        ),
+        (
+            "evicted",
+            reserved()
+                .check(CHECK, CheckState::Pending)
+                .evicted("Preempted")
+                .build(),
+        ),
+        (
+            "finished",
+            reserved()
+                .check(CHECK, CheckState::Pending)
+                .finished()
+                .build(),
+        ),
+        (
+            "deactivated",
+            reserved()
+                .check(CHECK, CheckState::Pending)
+                .deactivated()
+                .build(),
+        ),
+    ];
+    for (why, wl) in cases {
+        assert!(!awaits_answer(&wl, CHECK), "{why}");
+    }
+}

@@ -40,7 +40,7 @@ pub(crate) struct Context<C: AdmissionCheckController> {
     /// will get.
     pub(super) cluster_queues: crate::ClusterQueues,
     /// The Workloads waiting to be reconciled: their changes, and the turns to reconcile
-    /// ([`super::config::RuntimeConfig::concurrency`] at once), first come, first served.
+    /// ([`super::config::RuntimeConfig::concurrency`] at once), first come, first served, answers first.
     pub(super) line: Line,
     /// The Workload cache: a reconcile that waited for its turn decides on the newest version.
     pub(super) cache: Option<reflector::Store<Workload>>,
@@ -124,6 +124,22 @@ impl<C: AdmissionCheckController> Context<C> {
     pub fn with_cluster_queues(mut self, queues: crate::ClusterQueues) -> Self {
         self.cluster_queues = queues;
         self
+    }
+
+    /// Which line `wl` waits in for a turn: answers first, if an entry of one of our checks
+    /// waits for its answer ([`crate::lifecycle::awaits_answer`]).
+    pub(super) fn line_class(&self, wl: &Workload) -> super::line::Class {
+        let Some(status) = wl.status.as_ref() else {
+            return super::line::Class::Other;
+        };
+        let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        let answer_due = status.admission_checks.iter().any(|entry| {
+            registry.contains_key(&entry.name) && crate::lifecycle::awaits_answer(wl, &entry.name)
+        });
+        match answer_due {
+            true => super::line::Class::Answer,
+            false => super::line::Class::Other,
+        }
     }
 
     /// Whether `Ready` entries are asked about again (on a timer, on every change, or both).

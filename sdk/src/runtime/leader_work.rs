@@ -125,7 +125,8 @@ fn changes_kube_needs<C: AdmissionCheckController>(
     ReceiverStream::new(changes).filter_map(move |wl: Workload| {
         let now = tokio::time::Instant::now();
         let namespace = wl.namespace().unwrap_or_default();
-        let (needed, waiting) = ctx.line.change(&namespace, &wl.name_any(), now);
+        let class = ctx.line_class(&wl);
+        let (needed, waiting) = ctx.line.change(&namespace, &wl.name_any(), class, now);
         ctx.metrics.queue_depth(waiting);
         futures::future::ready(needed.then_some(Ok(wl)))
     })

@@ -1,7 +1,7 @@
 //! The line of Workloads waiting to be reconciled, behind one face: the changes taken from the
 //! watch and not reconciled yet (`changes`: the queue metrics), and the turns to reconcile,
-//! granted first come, first served, with the Workloads that wait for one kept here rather
-//! than in kube (`turns`). The leader's reconciler asks it what kube needs to see (a change or
+//! granted first come, first served, answers first ([`Class`]), with the Workloads that wait
+//! for one kept here rather than in kube (`turns`). The leader's reconciler asks it what kube needs to see (a change or
 //! a wake of a Workload already in line needs no reconcile of its own) and each reconcile
 //! begins here.
 
@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::api::Workload;
-pub(super) use turns::{GRANT_TIMEOUT, Turn};
+pub(super) use turns::{Class, GRANT_TIMEOUT, Turn};
 
 /// The line: changes waiting and turns.
 pub(super) struct Line {
@@ -46,12 +46,23 @@ impl Line {
         self.turns.connect(triggers);
     }
 
-    /// The watch brought a change of `namespace/name` at `now`: whether kube needs it (not while
-    /// the Workload waits in line: its reconcile reads the cache when it runs), and how many
+    /// The watch brought a change of `namespace/name`, making it one of `class`, at `now`:
+    /// whether kube needs it (not while the Workload waits in line: its reconcile reads the
+    /// cache when it runs, and it moves up if the change made it an answer), and how many
     /// Workloads' changes wait.
-    pub(super) fn change(&self, namespace: &str, name: &str, now: Instant) -> (bool, usize) {
+    pub(super) fn change(
+        &self,
+        namespace: &str,
+        name: &str,
+        class: Class,
+        now: Instant,
+    ) -> (bool, usize) {
         let waiting = self.changes.taken(namespace, name, now);
-        (!self.turns.waits(namespace, name), waiting)
+        if self.turns.waits(namespace, name) {
+            self.turns.raise(namespace, name, class);
+            return (false, waiting);
+        }
+        (true, waiting)
     }
 
     /// A wake of `namespace/name`: whether kube needs it (as for a change).
@@ -59,9 +70,15 @@ impl Line {
         !self.turns.waits(namespace, name)
     }
 
-    /// The reconcile of `namespace/name` begins at `now`.
-    pub(super) fn begin(&self, namespace: &str, name: &str, now: Instant) -> Begun<'_> {
-        let turn = self.turns.ask(namespace, name, now);
+    /// The reconcile of `namespace/name`, of `class`, begins at `now`.
+    pub(super) fn begin(
+        &self,
+        namespace: &str,
+        name: &str,
+        class: Class,
+        now: Instant,
+    ) -> Begun<'_> {
+        let turn = self.turns.ask(namespace, name, class, now);
         let waited = turn
             .is_some()
             .then(|| self.changes.reconciling(namespace, name, now));

@@ -18,7 +18,7 @@
 //!   same, writing nothing; `unanswerable`: the hold of a check that cannot answer; `memory`:
 //!   what is kept per Workload between reconciles; `own_writes`: our writes the cache lacks
 //!   yet; `line`: the Workloads waiting to be reconciled, their changes and the turns
-//!   (`--concurrency` at once, first come, first served, the waiting kept out of kube);
+//!   (`--concurrency` at once, first come, first served, answers first, the waiting kept out of kube);
 //! - `http` serves metrics and probes (`metrics`); `kueue_api` waits for a Kueue we can talk
 //!   to; `tasks` ties every task to the run.
 //!

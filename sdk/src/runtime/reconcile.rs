@@ -31,7 +31,9 @@ pub(crate) async fn reconcile<C: AdmissionCheckController>(
 ) -> Result<Action, Error> {
     let namespace = wl.namespace().unwrap_or_default();
     let now = tokio::time::Instant::now();
-    let begun = ctx.line.begin(&namespace, &wl.name_any(), now);
+    let begun = ctx
+        .line
+        .begin(&namespace, &wl.name_any(), ctx.line_class(&wl), now);
     let Some(_turn) = begun.turn else {
         // In line: when its turn comes, the Workload is sent to kube again and that reconcile
         // takes the turn. Nothing waits in kube meanwhile.

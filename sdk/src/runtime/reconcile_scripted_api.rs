@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector;
 
 use crate::runtime::check_registry::ActiveCheck;
+use crate::runtime::line::Class;
 use crate::runtime::own_writes::OwnWrites;
 use crate::runtime::{config::RuntimeConfig, metrics::Metrics};
 use kube::runtime::controller::Action;
@@ -1100,8 +1101,11 @@ async fn a_reconcile_reads_the_changes_that_waited_for_it() {
     writer.apply_watcher_event(&Event::Apply(at("10", deciding())));
     let (ctx, api) = Harness::reconciling(Decision::ready("fine"), cache);
     let taken = tokio::time::Instant::now();
-    assert_eq!(ctx.line.change("ns", "wl", taken), (true, 1));
-    assert_eq!(ctx.line.change("ns", "gone", taken), (true, 2));
+    assert_eq!(ctx.line.change("ns", "wl", Class::Other, taken), (true, 1));
+    assert_eq!(
+        ctx.line.change("ns", "gone", Class::Other, taken),
+        (true, 2)
+    );
     api.answer(200, json(&at("11", deciding())));
     super::reconcile(Arc::new(at("10", deciding())), ctx.clone())
         .await
@@ -1111,8 +1115,14 @@ async fn a_reconcile_reads_the_changes_that_waited_for_it() {
         .await
         .expect("no error");
     let later = tokio::time::Instant::now();
-    assert_eq!(ctx.line.begin("ns", "wl", later).waited, Some((None, 0)));
-    assert_eq!(ctx.line.begin("ns", "gone", later).waited, Some((None, 0)));
+    assert_eq!(
+        ctx.line.begin("ns", "wl", Class::Other, later).waited,
+        Some((None, 0))
+    );
+    assert_eq!(
+        ctx.line.begin("ns", "gone", Class::Other, later).waited,
+        Some((None, 0))
+    );
 }
 
 /// A reconcile waiting for its turn is small: with every cached Workload queued at once (a new
@@ -1470,13 +1480,72 @@ async fn a_workload_waits_for_a_turn_until_it_has_one() {
     });
     let ctx = h.ctx;
     let now = tokio::time::Instant::now();
-    let held = ctx.line.begin("ns", "a", now).turn.expect("a turn");
+    let held = ctx
+        .line
+        .begin("ns", "a", Class::Other, now)
+        .turn
+        .expect("a turn");
     assert!(!ctx.line.waits("ns", "a"), "has its turn");
-    assert!(ctx.line.begin("ns", "b", now).turn.is_none());
+    assert!(ctx.line.begin("ns", "b", Class::Other, now).turn.is_none());
     assert!(ctx.line.waits("ns", "b"));
     assert!(!ctx.line.wake("ns", "b"), "a wake of it needs no reconcile");
     drop(held);
-    let turn = ctx.line.begin("ns", "b", now).turn.expect("b's turn");
+    let turn = ctx
+        .line
+        .begin("ns", "b", Class::Other, now)
+        .turn
+        .expect("b's turn");
     assert!(!ctx.line.waits("ns", "b"), "has its turn");
     drop(turn);
+}
+
+/// A Workload whose entry of one of our checks waits for its answer is served first, and moves
+/// up when the change that adds the entry comes while it waits for other work.
+#[tokio::test]
+async fn an_entry_of_ours_awaiting_its_answer_moves_its_workload_up_the_line() {
+    let h = Harness::configured(Decision::ready(""), false, |c| {
+        c.concurrency = 1;
+    });
+    let ctx = h.ctx;
+    ctx.registry
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(CHECK.to_string(), Ok(Arc::new(h.active)));
+    let waiting = deciding().build();
+    assert_eq!(ctx.line_class(&waiting), Class::Answer);
+    let early = WorkloadBuilder::new("ns", "wl")
+        .pod_set("main", 1, "1")
+        .quota_reserved("cq", "flavor")
+        .build();
+    assert_eq!(ctx.line_class(&early), Class::Other, "no entry yet");
+    let theirs = WorkloadBuilder::new("ns", "wl")
+        .check("someone-elses", CheckState::Pending)
+        .quota_reserved("cq", "flavor")
+        .build();
+    assert_eq!(ctx.line_class(&theirs), Class::Other, "not our check");
+    let answered = WorkloadBuilder::new("ns", "wl")
+        .check(CHECK, CheckState::Ready)
+        .quota_reserved("cq", "flavor")
+        .build();
+    assert_eq!(ctx.line_class(&answered), Class::Other, "answered");
+
+    // Queued for an early start behind another; the entry comes while both wait.
+    let now = tokio::time::Instant::now();
+    let held = ctx
+        .line
+        .begin("ns", "a", Class::Other, now)
+        .turn
+        .expect("a turn");
+    assert!(ctx.line.begin("ns", "b", Class::Other, now).turn.is_none());
+    assert!(ctx.line.begin("ns", "wl", Class::Other, now).turn.is_none());
+    let (needed, _) = ctx.line.change("ns", "wl", ctx.line_class(&waiting), now);
+    assert!(!needed, "it waits: its reconcile reads the change");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    ctx.line.connect(tx);
+    drop(held);
+    let granted = rx.try_recv().expect("a grant");
+    assert_eq!(
+        granted.name, "wl",
+        "the answer goes before b, queued earlier"
+    );
 }

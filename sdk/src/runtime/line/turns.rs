@@ -1,5 +1,16 @@
 //! Turns to reconcile ([`crate::runtime::config::RuntimeConfig::concurrency`] at once), granted first come,
-//! first served, with the Workloads that wait for one kept here rather than in kube.
+//! first served within two classes, with the Workloads that wait for one kept here rather than
+//! in kube.
+//!
+//! **Answers first.** A Workload whose entry of ours waits for an answer ([`Class::Answer`]:
+//! Kueue has added it, the quota is held, and only the check stands between it and admission)
+//! is granted a turn before any Workload queued for other work (an early start, a release, a
+//! change of a Workload already answered). Under a burst, first come, first served made each
+//! `Ready` write wait behind every early start queued before it: the request was provisioned
+//! and the entry there, and the answer came a whole queue later. The work is the same either
+//! way; answering first only changes who waits. A Workload queued for other work whose entry
+//! then arrives moves up ([`Turns::raise`]). Other work is never starved: after
+//! [`ANSWERS_IN_A_ROW`] answers granted while it waited, the oldest other Workload is next.
 //!
 //! kube's own limit hands a free slot to a waiting Workload picked in hash order, so under a
 //! steady stream of changes some waited minutes (the soak found Workloads holding quota
@@ -10,7 +21,7 @@
 //! ends at once, its Workload queued here; when a turn ends, the next queued Workload is granted
 //! it and sent to kube as a trigger, and its reconcile takes the granted turn.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -27,8 +38,22 @@ use crate::runtime::memory::lock;
 /// [`Turns::gone`]). Only a defect would leave one: without this, it would be lost for good.
 pub(crate) const GRANT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// At most this many answers are granted turns in a row while other work waits: answers go
+/// first, yet releases and early starts keep a fifth of the turns under any stream of answers.
+pub(crate) const ANSWERS_IN_A_ROW: u32 = 4;
+
 /// A Workload, by namespace and name.
 type Key = (String, String);
+
+/// Which line a Workload waits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Class {
+    /// Any other work: an early start, a release, a change of a Workload already answered.
+    Other,
+    /// An entry of ours waits for the check's answer (see
+    /// [`crate::lifecycle::awaits_answer`]): served first.
+    Answer,
+}
 
 pub(crate) struct Turns {
     state: Mutex<State>,
@@ -39,9 +64,13 @@ struct State {
     all: usize,
     /// Turns held by reconciles.
     held: usize,
-    /// Workloads waiting for a turn, oldest first; one no longer in `waiting` is skipped.
-    queue: VecDeque<Key>,
-    waiting: HashSet<Key>,
+    /// Workloads waiting for a turn, oldest first, per class; one no longer in `waiting` with
+    /// that class is skipped (it left, or moved up to the answers).
+    answers: VecDeque<Key>,
+    others: VecDeque<Key>,
+    waiting: HashMap<Key, Class>,
+    /// Answers granted since other work was last granted a turn (or found none waiting).
+    answers_in_a_row: u32,
     /// Workloads granted a turn whose reconcile has yet to take it, since when.
     granted: HashMap<Key, Instant>,
     /// Where a Workload granted a turn is sent to be reconciled; while none (the runtime does
@@ -67,8 +96,10 @@ impl Turns {
             state: Mutex::new(State {
                 all,
                 held: 0,
-                queue: VecDeque::new(),
-                waiting: HashSet::new(),
+                answers: VecDeque::new(),
+                others: VecDeque::new(),
+                waiting: HashMap::new(),
+                answers_in_a_row: 0,
                 granted: HashMap::new(),
                 triggers: None,
             }),
@@ -82,9 +113,16 @@ impl Turns {
         s.grant_free_turns(Instant::now());
     }
 
-    /// A turn for the reconcile of `namespace/name`: the one granted to it, or a free one
-    /// when nobody waits. `None` queues the Workload (once): its turn comes as a trigger.
-    pub(crate) fn ask(&self, namespace: &str, name: &str, now: Instant) -> Option<Turn<'_>> {
+    /// A turn for the reconcile of `namespace/name` (of `class`): the one granted to it, or a
+    /// free one when nobody waits. `None` queues the Workload (once, in the higher of the
+    /// classes it was asked with): its turn comes as a trigger.
+    pub(crate) fn ask(
+        &self,
+        namespace: &str,
+        name: &str,
+        class: Class,
+        now: Instant,
+    ) -> Option<Turn<'_>> {
         let key = (namespace.to_string(), name.to_string());
         let mut s = lock(&self.state);
         // Also grants free turns: one never stays free while others wait (they may be this
@@ -100,10 +138,18 @@ impl Turns {
             s.waiting.remove(&key);
             return Some(Turn(self));
         }
-        if s.waiting.insert(key.clone()) {
-            s.queue.push_back(key);
-        }
+        s.enqueue(key, class);
         None
+    }
+
+    /// A change made a Workload that waits in line one of `class`: it moves up if that is
+    /// higher (keeping its place among those of that class by the time it moved).
+    pub(crate) fn raise(&self, namespace: &str, name: &str, class: Class) {
+        let key = (namespace.to_string(), name.to_string());
+        let mut s = lock(&self.state);
+        if s.waiting.contains_key(&key) {
+            s.enqueue(key, class);
+        }
     }
 
     /// Whether `namespace/name` waits for its turn or has been granted one that its reconcile
@@ -115,7 +161,7 @@ impl Turns {
     pub(crate) fn waits(&self, namespace: &str, name: &str) -> bool {
         let key = (namespace.to_string(), name.to_string());
         let s = lock(&self.state);
-        s.waiting.contains(&key) || s.granted.contains_key(&key)
+        s.waiting.contains_key(&key) || s.granted.contains_key(&key)
     }
 
     /// `namespace/name` is gone (kube found no such Workload to reconcile): it waits no more,
@@ -138,7 +184,8 @@ impl Turns {
     /// sent.
     pub(crate) fn clear(&self) {
         let mut s = lock(&self.state);
-        s.queue.clear();
+        s.answers.clear();
+        s.others.clear();
         s.waiting.clear();
         s.granted.clear();
         s.triggers = None;
@@ -164,26 +211,71 @@ impl State {
         while self.free() > 0 && self.grant_to_oldest(now) {}
     }
 
-    /// Grants a turn to the oldest Workload still waiting and sends it to be reconciled;
-    /// `false` when none waits, or none can be sent (not leading, or kube's controller gone).
+    /// Queues `key` in `class`, or moves it up to `class` if it waits in a lower one; a key
+    /// already waiting in `class` or higher keeps its place.
+    fn enqueue(&mut self, key: Key, class: Class) {
+        match self.waiting.get(&key) {
+            Some(queued) if *queued >= class => return,
+            _ => {}
+        }
+        self.waiting.insert(key.clone(), class);
+        match class {
+            Class::Answer => self.answers.push_back(key),
+            Class::Other => self.others.push_back(key),
+        }
+    }
+
+    /// The oldest Workload waiting, answers first (but see [`ANSWERS_IN_A_ROW`]), taken out of
+    /// line.
+    fn next_waiting(&mut self) -> Option<Key> {
+        let order = match self.answers_in_a_row >= ANSWERS_IN_A_ROW {
+            true => [Class::Other, Class::Answer],
+            false => [Class::Answer, Class::Other],
+        };
+        let next = self.take_oldest(order);
+        self.answers_in_a_row = match next {
+            Some((_, Class::Answer)) => self.answers_in_a_row + 1,
+            _ => 0,
+        };
+        next.map(|(key, _)| key)
+    }
+
+    /// The oldest Workload waiting in the first of `order` that has one, and its class.
+    fn take_oldest(&mut self, order: [Class; 2]) -> Option<(Key, Class)> {
+        for class in order {
+            let queue = match class {
+                Class::Answer => &mut self.answers,
+                Class::Other => &mut self.others,
+            };
+            while let Some(key) = queue.pop_front() {
+                // Skipped: gone, granted, or moved up (it waits in the other queue).
+                if self.waiting.get(&key) == Some(&class) {
+                    self.waiting.remove(&key);
+                    return Some((key, class));
+                }
+            }
+        }
+        None
+    }
+
+    /// Grants a turn to the oldest Workload still waiting (answers first) and sends it to be
+    /// reconciled; `false` when none waits, or none can be sent (not leading, or kube's
+    /// controller gone).
     fn grant_to_oldest(&mut self, now: Instant) -> bool {
-        let Some(triggers) = self.triggers.as_ref() else {
+        if self.triggers.is_none() {
+            return false;
+        }
+        let Some(key) = self.next_waiting() else {
             return false;
         };
-        while let Some(key) = self.queue.pop_front() {
-            if !self.waiting.remove(&key) {
-                continue;
-            }
-            if triggers
-                .send(ObjectRef::new(&key.1).within(&key.0))
-                .is_err()
-            {
-                return false;
-            }
+        let sent = self
+            .triggers
+            .as_ref()
+            .is_some_and(|t| t.send(ObjectRef::new(&key.1).within(&key.0)).is_ok());
+        if sent {
             self.granted.insert(key, now);
-            return true;
         }
-        false
+        sent
     }
 
     /// Takes back the turns granted too long ago and puts their Workloads back in line (at its
@@ -199,9 +291,7 @@ impl State {
             warn!(namespace = %key.0, workload = %key.1, timeout = ?GRANT_TIMEOUT,
                 "the reconcile granted a turn never took it; the Workload goes back in line");
             self.granted.remove(&key);
-            if self.waiting.insert(key.clone()) {
-                self.queue.push_back(key);
-            }
+            self.enqueue(key, Class::Other);
         }
         self.grant_free_turns(now);
     }
@@ -230,12 +320,14 @@ mod tests {
     fn turns_go_first_come_first_served_through_triggers() {
         let (turns, mut rx) = connected(1);
         let now = Instant::now();
-        let a = turns.ask("ns", "a", now).expect("a free turn");
+        let a = turns
+            .ask("ns", "a", Class::Other, now)
+            .expect("a free turn");
         assert!(!turns.waits("ns", "a"), "has its turn");
-        assert!(turns.ask("ns", "b", now).is_none(), "queued");
-        assert!(turns.ask("ns", "c", now).is_none(), "queued");
+        assert!(turns.ask("ns", "b", Class::Other, now).is_none(), "queued");
+        assert!(turns.ask("ns", "c", Class::Other, now).is_none(), "queued");
         // Asked again while queued (a timer of kube's): still queued once, in its place.
-        assert!(turns.ask("ns", "b", now).is_none());
+        assert!(turns.ask("ns", "b", Class::Other, now).is_none());
         assert!(turns.waits("ns", "b") && turns.waits("ns", "c"));
         assert_eq!(turns.counts(), (2, 0, 0));
         assert!(
@@ -254,15 +346,17 @@ mod tests {
             "granted, its reconcile yet to read the cache"
         );
         // A newcomer does not overtake the grant, nor c.
-        assert!(turns.ask("ns", "d", now).is_none());
-        let b = turns.ask("ns", "b", now).expect("b takes its granted turn");
+        assert!(turns.ask("ns", "d", Class::Other, now).is_none());
+        let b = turns
+            .ask("ns", "b", Class::Other, now)
+            .expect("b takes its granted turn");
         assert!(!turns.waits("ns", "b"));
         drop(b);
         assert_eq!(sent(&mut rx), ["ns/c"]);
-        let c = turns.ask("ns", "c", now).expect("c's turn");
+        let c = turns.ask("ns", "c", Class::Other, now).expect("c's turn");
         drop(c);
         assert_eq!(sent(&mut rx), ["ns/d"]);
-        drop(turns.ask("ns", "d", now).expect("d's turn"));
+        drop(turns.ask("ns", "d", Class::Other, now).expect("d's turn"));
         assert!(sent(&mut rx).is_empty());
         assert_eq!(turns.counts(), (0, 0, 1), "the turn is free again");
     }
@@ -271,10 +365,12 @@ mod tests {
     fn a_workload_gone_before_its_turn_gives_the_grant_on() {
         let (turns, mut rx) = connected(1);
         let now = Instant::now();
-        let a = turns.ask("ns", "a", now).expect("a free turn");
-        assert!(turns.ask("ns", "b", now).is_none());
-        assert!(turns.ask("ns", "c", now).is_none());
-        assert!(turns.ask("ns", "d", now).is_none());
+        let a = turns
+            .ask("ns", "a", Class::Other, now)
+            .expect("a free turn");
+        assert!(turns.ask("ns", "b", Class::Other, now).is_none());
+        assert!(turns.ask("ns", "c", Class::Other, now).is_none());
+        assert!(turns.ask("ns", "d", Class::Other, now).is_none());
         // d is deleted while it waits: skipped when the turn comes.
         turns.gone("ns", "d", now);
         assert!(!turns.waits("ns", "d"));
@@ -292,9 +388,11 @@ mod tests {
     fn a_grant_never_taken_is_taken_back_and_its_workload_put_back_in_line() {
         let (turns, mut rx) = connected(1);
         let now = Instant::now();
-        let a = turns.ask("ns", "a", now).expect("a free turn");
-        assert!(turns.ask("ns", "b", now).is_none());
-        assert!(turns.ask("ns", "c", now).is_none());
+        let a = turns
+            .ask("ns", "a", Class::Other, now)
+            .expect("a free turn");
+        assert!(turns.ask("ns", "b", Class::Other, now).is_none());
+        assert!(turns.ask("ns", "c", Class::Other, now).is_none());
         drop(a);
         assert_eq!(sent(&mut rx), ["ns/b"]);
         turns.take_back_stale_grants(now + GRANT_TIMEOUT / 2);
@@ -305,19 +403,24 @@ mod tests {
         assert_eq!(sent(&mut rx), ["ns/c"], "b's turn goes to c");
         // b is not dropped: back in line, and granted again when c's turn ends.
         assert!(turns.waits("ns", "b"));
-        let c = turns.ask("ns", "c", later).expect("c's granted turn");
+        let c = turns
+            .ask("ns", "c", Class::Other, later)
+            .expect("c's granted turn");
         drop(c);
         assert_eq!(sent(&mut rx), ["ns/b"]);
-        assert!(turns.ask("ns", "b", later).is_some(), "b takes it");
+        assert!(
+            turns.ask("ns", "b", Class::Other, later).is_some(),
+            "b takes it"
+        );
     }
 
     #[test]
     fn a_free_turn_never_stays_free_while_others_wait() {
         let turns = Turns::new(1);
         let now = Instant::now();
-        let a = turns.ask("ns", "a", now).expect("a turn");
+        let a = turns.ask("ns", "a", Class::Other, now).expect("a turn");
         assert!(
-            turns.ask("ns", "b", now).is_none(),
+            turns.ask("ns", "b", Class::Other, now).is_none(),
             "queued before any trigger"
         );
         drop(a);
@@ -327,31 +430,106 @@ mod tests {
         turns.connect(tx);
         assert_eq!(sent(&mut rx), ["ns/b"]);
         assert!(
-            turns.ask("ns", "c", now).is_none(),
+            turns.ask("ns", "c", Class::Other, now).is_none(),
             "b's turn is granted, not free"
         );
-        assert!(turns.ask("ns", "b", now).is_some());
+        assert!(turns.ask("ns", "b", Class::Other, now).is_some());
     }
 
     #[test]
     fn without_triggers_nothing_is_left_waiting() {
         let turns = Turns::new(2);
         let now = Instant::now();
-        let a = turns.ask("ns", "a", now).expect("a turn");
-        let b = turns.ask("ns", "b", now).expect("a turn");
-        assert!(turns.ask("ns", "c", now).is_none(), "every turn is held");
+        let a = turns.ask("ns", "a", Class::Other, now).expect("a turn");
+        let b = turns.ask("ns", "b", Class::Other, now).expect("a turn");
+        assert!(
+            turns.ask("ns", "c", Class::Other, now).is_none(),
+            "every turn is held"
+        );
         // Not leading: a turn that ends is free, and c's reconcile (asked again) takes it.
         drop(a);
-        assert!(turns.ask("ns", "c", now).is_some());
+        assert!(turns.ask("ns", "c", Class::Other, now).is_some());
         drop(b);
         // Stopping to lead forgets the waiting and frees everything.
         let (turns, mut rx) = connected(1);
-        let held = turns.ask("ns", "x", now).expect("a turn");
-        assert!(turns.ask("ns", "y", now).is_none());
+        let held = turns.ask("ns", "x", Class::Other, now).expect("a turn");
+        assert!(turns.ask("ns", "y", Class::Other, now).is_none());
         turns.clear();
         drop(held);
         assert!(sent(&mut rx).is_empty());
         assert!(!turns.waits("ns", "y"));
         assert_eq!(turns.counts(), (0, 0, 1), "the one turn, free");
+    }
+
+    #[test]
+    fn answers_are_granted_turns_before_other_work_and_a_waiting_workload_moves_up() {
+        let (turns, mut rx) = connected(1);
+        let now = Instant::now();
+        let held = turns
+            .ask("ns", "a", Class::Other, now)
+            .expect("a free turn");
+        // Queued in this order: two early starts, an answer, another early start.
+        assert!(turns.ask("ns", "early-1", Class::Other, now).is_none());
+        assert!(turns.ask("ns", "early-2", Class::Other, now).is_none());
+        assert!(turns.ask("ns", "answer-1", Class::Answer, now).is_none());
+        assert!(turns.ask("ns", "early-3", Class::Other, now).is_none());
+        // early-2's entry arrives while it waits: it moves up, behind answer-1.
+        turns.raise("ns", "early-2", Class::Answer);
+        // Raising one that does not wait queues nothing; lowering never happens.
+        turns.raise("ns", "elsewhere", Class::Answer);
+        assert!(!turns.waits("ns", "elsewhere"));
+        assert!(turns.ask("ns", "answer-1", Class::Other, now).is_none());
+        assert_eq!(turns.counts(), (4, 0, 0));
+
+        drop(held);
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let granted = sent(&mut rx);
+            assert_eq!(
+                granted.len(),
+                1,
+                "one turn, one grant at a time: {granted:?}"
+            );
+            let name = granted[0].trim_start_matches("ns/").to_string();
+            drop(
+                turns
+                    .ask("ns", &name, Class::Other, now)
+                    .expect("its granted turn"),
+            );
+            order.push(name);
+        }
+        assert_eq!(order, ["answer-1", "early-2", "early-1", "early-3"]);
+        assert!(sent(&mut rx).is_empty(), "each granted once");
+        assert_eq!(turns.counts(), (0, 0, 1));
+    }
+
+    #[test]
+    fn other_work_gets_a_turn_after_a_run_of_answers() {
+        let (turns, mut rx) = connected(1);
+        let now = Instant::now();
+        let held = turns
+            .ask("ns", "held", Class::Other, now)
+            .expect("a free turn");
+        assert!(turns.ask("ns", "release", Class::Other, now).is_none());
+        let answers = ANSWERS_IN_A_ROW as usize + 2;
+        for i in 0..answers {
+            let name = format!("answer-{i}");
+            assert!(turns.ask("ns", &name, Class::Answer, now).is_none());
+        }
+        drop(held);
+        let mut order = Vec::new();
+        for _ in 0..=answers {
+            let granted = sent(&mut rx);
+            assert_eq!(granted.len(), 1, "{granted:?}");
+            let name = granted[0].trim_start_matches("ns/").to_string();
+            drop(
+                turns
+                    .ask("ns", &name, Class::Other, now)
+                    .expect("its granted turn"),
+            );
+            order.push(name);
+        }
+        let release = order.iter().position(|n| n == "release");
+        assert_eq!(release, Some(ANSWERS_IN_A_ROW as usize), "{order:?}");
     }
 }
