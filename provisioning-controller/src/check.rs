@@ -352,9 +352,21 @@ impl ProvisioningCheck {
                 taken.push(why);
                 continue;
             }
+            let qualified = format!("{namespace}/{name}");
+            if taken.is_empty()
+                && let Some(quiet) = outcome::quiet(
+                    &Outcome::Unseen {
+                        grace_left: outcome::UNSEEN_GRACE,
+                    },
+                    &ctx.entry.message,
+                    &qualified,
+                )
+            {
+                return Ok(quiet);
+            }
             let mut message = format!(
-                "created ProvisioningRequest {namespace}/{name} (attempt {attempt}); waiting for \
-                 it to be provisioned"
+                "created ProvisioningRequest {qualified} (attempt {attempt}); waiting for it to \
+                 be provisioned"
             );
             if !taken.is_empty() {
                 warn!(request = %name, taken = ?taken, "the first choice of name is taken; using another");
@@ -982,6 +994,9 @@ impl ProvisioningCheck {
             .iter()
             .flat_map(|p| p.members.iter().cloned())
             .collect();
+        if let Some(quiet) = outcome::quiet(&o, &ctx.entry.message, &qualified) {
+            return Ok(quiet);
+        }
         let node_selector = ctx.parameters.node_selector_updates();
         Ok(outcome::decision(&o, &qualified, attempt, || {
             outcome::pod_set_updates(request, &members, node_selector)

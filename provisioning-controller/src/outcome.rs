@@ -30,6 +30,12 @@ pub enum Outcome {
     Provisioned,
     /// Not provisioned within the timeout, counted from the request's creation.
     TimedOut(Duration),
+    /// No condition yet, younger than [`UNSEEN_GRACE`]: no autoscaler has looked at it yet,
+    /// and none is expected to have; `grace_left` until that changes.
+    Unseen {
+        /// Time left before the grace ends.
+        grace_left: Duration,
+    },
     /// Still waiting; the request's latest message (e.g. an ETA) and when the timeout falls due.
     Waiting {
         /// The message of the request's most recent condition, if any.
@@ -38,6 +44,14 @@ pub enum Outcome {
         timeout_in: Option<Duration>,
     },
 }
+
+/// How long a request may go without any condition before the check says so: an autoscaler
+/// looks at a new request in its next loop (cluster-autoscaler's runs every 10 s by default).
+/// Until then the entry is left as it is when it says nothing or already names the request
+/// ([`quiet`]): with a fast autoscaler the next word is `Provisioned`, and a `Pending` write
+/// that only says "created" would be one more Workload status write (and watch event for every
+/// watcher of Workloads) per attempt.
+pub const UNSEEN_GRACE: Duration = Duration::from_secs(10);
 
 /// The reason of `BookingExpired` that cluster-autoscaler 1.37 writes once every pod of the
 /// request is scheduled: the booking ended because it was used, not because it ran out. A
@@ -101,11 +115,23 @@ pub fn outcome(
         Some(limit) => Some(limit - age),
         None => None,
     };
-    let message = conditions
-        .iter()
-        .filter(|c| !c.message.is_empty())
-        .max_by_key(|c| c.last_transition_time.0)
-        .map(|c| c.message.clone());
+    if conditions.is_empty() && age < UNSEEN_GRACE {
+        return Outcome::Unseen {
+            grace_left: UNSEEN_GRACE - age,
+        };
+    }
+    let message = match conditions.is_empty() {
+        true => Some(format!(
+            "no autoscaler has written a condition on it in {}s; is one serving its \
+             provisioning class?",
+            UNSEEN_GRACE.as_secs()
+        )),
+        false => conditions
+            .iter()
+            .filter(|c| !c.message.is_empty())
+            .max_by_key(|c| c.last_transition_time.0)
+            .map(|c| c.message.clone()),
+    };
     Outcome::Waiting {
         message,
         timeout_in,
@@ -183,6 +209,12 @@ pub fn decision(
             }
             Decision::ready_with_updates(message, updates)
         }
+        Outcome::Unseen { grace_left } => Decision::pending_recheck_after(
+            format!(
+                "waiting for ProvisioningRequest {request} (attempt {attempt}) to be provisioned"
+            ),
+            *grace_left,
+        ),
         Outcome::Waiting {
             message,
             timeout_in,
@@ -201,6 +233,30 @@ pub fn decision(
             }
         }
     }
+}
+
+/// While `request` is [`Outcome::Unseen`], the answer that writes nothing: `Pending` with the
+/// entry's own message (`entry_message`), asked again when the grace ends (the request's watch
+/// wakes the Workload sooner, as soon as an autoscaler writes a condition). Only when the entry
+/// says nothing yet (Kueue adds it empty) or already names this request: a message of another
+/// attempt is replaced at once. `None`: answer as [`decision`] says.
+pub fn quiet(outcome: &Outcome, entry_message: &str, request: &str) -> Option<Decision> {
+    let Outcome::Unseen { grace_left } = outcome else {
+        return None;
+    };
+    (entry_message.is_empty() || names(entry_message, request))
+        .then(|| Decision::pending_recheck_after(entry_message, *grace_left))
+}
+
+/// Whether `message` names the request `name` (`namespace/name`) itself, not one whose name
+/// only begins with it (attempt 1's `wl-check-1` in attempt 10's `wl-check-10`).
+fn names(message: &str, name: &str) -> bool {
+    message.match_indices(name).any(|(at, _)| {
+        message[at + name.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'))
+    })
 }
 
 /// What a `Ready` entry becomes when its request changes (the Workload `admitted` or not):
@@ -367,9 +423,8 @@ mod tests {
         let timeout = Some(Duration::from_secs(300));
         assert_eq!(
             outcome(&r, false, timeout, at(-600)),
-            Outcome::Waiting {
-                message: None,
-                timeout_in: timeout
+            Outcome::Unseen {
+                grace_left: UNSEEN_GRACE
             }
         );
         assert_eq!(age_at(at(-600), at(0)), Duration::ZERO);
@@ -498,6 +553,63 @@ mod tests {
                 "waiting for ProvisioningRequest ns/wl-check-1 (attempt 1) to be provisioned: ETA 10 minutes",
                 Duration::from_secs(40)
             )
+        );
+    }
+
+    #[test]
+    fn a_request_no_autoscaler_has_looked_at_yet_is_left_unsaid_for_the_grace_only() {
+        let r = request(&[]);
+        let fresh = outcome(&r, false, None, at(3));
+        assert_eq!(
+            fresh,
+            Outcome::Unseen {
+                grace_left: UNSEEN_GRACE - Duration::from_secs(3)
+            }
+        );
+        let left = UNSEEN_GRACE - Duration::from_secs(3);
+        // Kueue's empty entry, or one naming this request: nothing new to write.
+        for entry in [
+            "",
+            "created ProvisioningRequest ns/wl-check-1 (attempt 1); waiting",
+        ] {
+            assert_eq!(
+                quiet(&fresh, entry, "ns/wl-check-1"),
+                Some(Decision::pending_recheck_after(entry, left)),
+                "{entry:?}"
+            );
+        }
+        // Another attempt's request (a prefix of this name or not) is replaced at once.
+        for entry in [
+            "waiting for ProvisioningRequest ns/wl-check-10 (attempt 10)",
+            "Reset to Pending after eviction. Previously: Retry",
+        ] {
+            assert_eq!(quiet(&fresh, entry, "ns/wl-check-1"), None, "{entry:?}");
+        }
+        assert_eq!(
+            decision(&fresh, "ns/wl-check-1", 1, Vec::new),
+            Decision::pending_recheck_after(
+                "waiting for ProvisioningRequest ns/wl-check-1 (attempt 1) to be provisioned",
+                left
+            )
+        );
+        // Past the grace with still no condition: said, with where to look.
+        let unseen = outcome(&r, false, None, at(10));
+        assert_eq!(quiet(&unseen, "", "ns/wl-check-1"), None);
+        let said = decision(&unseen, "ns/wl-check-1", 1, Vec::new);
+        assert!(
+            said.message()
+                .contains("no autoscaler has written a condition on it in 10s"),
+            "{}",
+            said.message()
+        );
+        // A condition of any kind ends the grace at once, and is no reason to say that.
+        let accepted = request(&[(pr::ACCEPTED, 1, "")]);
+        assert_eq!(
+            outcome(&accepted, false, None, at(2)),
+            Outcome::Waiting {
+                message: None,
+                timeout_in: None
+            }
         );
     }
 
