@@ -1898,7 +1898,7 @@ async fn verify_templates(env: &TestEnv) -> Result<()> {
 
 /// The stages reported, each as the benchmark's watches saw it; the summary shows the first
 /// two.
-const STAGES: [Stage; 7] = [
+const STAGES: [Stage; 8] = [
     Stage::new("quota reserved → check Ready", Mark::Reserved, Mark::Ready),
     Stage::new("created → admitted", Mark::Created, Mark::Admitted),
     Stage::new(
@@ -1922,7 +1922,15 @@ const STAGES: [Stage; 7] = [
         Mark::Provisioned,
     ),
     Stage::new("provisioned → check Ready", Mark::Provisioned, Mark::Ready),
+    Stage::new(
+        "check's entry there too → check Ready",
+        Mark::Askable,
+        Mark::Ready,
+    ),
 ];
+
+/// The wait after Kueue's entry: what any check that answers at the entry adds to admission.
+const ENTRY_TO_READY: &Stage = &STAGES[7];
 
 fn secs(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64())
@@ -2311,6 +2319,34 @@ fn comparisons(results: &[Measured], set: Run) -> String {
         let Some(ours) = run(Controller::Ours) else {
             continue;
         };
+        // Figures of each pair's run of ours alone, their spread over the pairs below.
+        let per_thousand_cpu = |m: &Measured, actor: &str| {
+            1000.0 * m.cpu.get(actor).copied().unwrap_or(0.0) / f64::from(m.run.workloads)
+        };
+        ratios
+            .entry("our CPU per Workload, ms")
+            .or_default()
+            .push(per_thousand_cpu(ours, "check"));
+        ratios
+            .entry("our requests per Workload")
+            .or_default()
+            .push(per_workload(ours, "check"));
+        ratios
+            .entry("entry → our Ready p50, s")
+            .or_default()
+            .push(p50(ours, ENTRY_TO_READY));
+        if let Some(peak) = ours.peak_rss_kib {
+            ratios
+                .entry("our peak RSS, MiB")
+                .or_default()
+                .push(peak as f64 / 1024.0);
+        }
+        if let Some((_, ready)) = ours.startup {
+            ratios
+                .entry("our RSS when ready, MiB")
+                .or_default()
+                .push(ready as f64 / 1024.0);
+        }
         let mut ratio = |name: &'static str, a: f64, b: f64| {
             let r = a / b.max(f64::EPSILON);
             ratios.entry(name).or_default().push(r);
@@ -2386,6 +2422,21 @@ fn comparisons(results: &[Measured], set: Run) -> String {
                  beyond the no-check run's: ours {:.1} s, {builtin}.",
                 extra(ours)
             );
+            if let Some(kueue) = run(Controller::Kueue) {
+                let _ = ratio(
+                    "whole-machine CPU beyond no check, ours / built-in",
+                    extra(ours),
+                    extra(kueue),
+                );
+                // What a check that only answers costs: the bound under any check's own work.
+                if let Some(floor) = run(Controller::Floor) {
+                    let _ = ratio(
+                        "whole-machine CPU beyond no check, floor / built-in",
+                        extra(floor),
+                        extra(kueue),
+                    );
+                }
+            }
         }
     }
     for (name, values) in ratios {
