@@ -1,6 +1,6 @@
 //! The comparison benchmark (`bench-compare`, docs/benchmark.md) on a small scale, so that it
 //! keeps working, and so that a regression of our controller's API requests per Workload fails
-//! here: it runs Kueue's built-in check and ours on 40 Workloads of one and of two podsets.
+//! here: it runs Kueue's built-in check and ours on 40 Workloads of one and of three podsets (the budget the performance targets name).
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -12,12 +12,15 @@ use e2e::TestEnv;
 /// One bench-compare at a time: each deletes the Workloads of earlier runs' namespaces first.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// The most API requests per admitted Workload our controller may send in the smoke run. On
-/// the provisioning path it sends a PodTemplate create per podset and the request's create, the
-/// status writes (`Pending`, `Ready`) and an Event: 5.0 with one podset, 6.0 with two, plus a
-/// few 409s of the status write with their fresh reads (6.35 measured with two podsets). A
-/// read or a patch per template more (2 more per Workload with two podsets) fails here.
-const MAX_REQUESTS_PER_WORKLOAD: &str = "7.5";
+/// The most API requests per admitted Workload our controller may send in the smoke run,
+/// beside [`MAX_REQUESTS_PER_PODSET`] for each podset: on the provisioning path it sends a
+/// PodTemplate create per podset, the request's create, one status write (`Ready`: a request no
+/// autoscaler has looked at yet is not announced, see the provisioning README) and an Event:
+/// 3 + 1 per podset, 4.0 with one podset and 6.0 with three, and 0.05 for the rare 409 of the
+/// status write. A second status write per Workload, or a read or patch per template, fails here.
+const MAX_REQUESTS_PER_WORKLOAD: &str = "3.05";
+/// What each podset adds to [`MAX_REQUESTS_PER_WORKLOAD`]: its PodTemplate.
+const MAX_REQUESTS_PER_PODSET: &str = "1";
 
 #[test]
 fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_budget()
@@ -31,13 +34,14 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "--workloads",
             "40",
             "--podsets",
-            "1,2",
+            "1,3",
             "--timeout-seconds",
             "180",
         ])
         .arg("--plots")
         .arg(&plots)
         .args(["--max-requests-per-workload", MAX_REQUESTS_PER_WORKLOAD])
+        .args(["--max-requests-per-podset", MAX_REQUESTS_PER_PODSET])
         .env("KUBECONFIG", e2e::kubeconfig_path())
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -49,10 +53,10 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
     for expected in [
         "| Kueue built-in | 40 × 1 |",
         "| ours | 40 × 1 |",
-        "| Kueue built-in | 40 × 2 |",
-        "| ours | 40 × 2 |",
-        "40 × 2, pair 1: reserved → Ready p99, ours / built-in = ",
-        "40 × 2: reserved → Ready p99, ours / built-in: ",
+        "| Kueue built-in | 40 × 3 |",
+        "| ours | 40 × 3 |",
+        "40 × 3, pair 1: reserved → Ready p99, ours / built-in = ",
+        "40 × 3: reserved → Ready p99, ours / built-in: ",
     ] {
         ensure!(
             stdout.contains(expected),
@@ -78,7 +82,7 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
         );
     }
     // One plot per size, each with both controllers.
-    for size in ["40x1", "40x2"] {
+    for size in ["40x1", "40x3"] {
         let svg = std::fs::read_to_string(plots.join(format!("{size}.svg")))?;
         ensure!(
             svg.contains("Kueue built-in (p99") && svg.contains("ours (p99"),
