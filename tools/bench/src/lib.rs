@@ -7,6 +7,7 @@ pub mod limiter;
 pub mod machine;
 pub mod pairs;
 pub mod plot;
+pub mod storage;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

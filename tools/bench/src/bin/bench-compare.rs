@@ -1135,9 +1135,20 @@ async fn cluster_contents(client: &kube::Client) -> Result<String> {
         Ok(list.items.len() as u64 + u64::try_from(remaining).unwrap_or(0))
     }
     let c = client.clone();
+    let metrics = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("the request for the API server's metrics")?;
+    // Never fails the run: the figure is context, not a measurement.
+    let etcd = match client.request_text(metrics).await {
+        Ok(text) => bench::storage::storage_size_bytes(&text).map_or_else(
+            || "etcd's database: not in the API server's metrics".to_string(),
+            |bytes| format!("etcd's database {:.0} MiB", bytes / 1_048_576.0),
+        ),
+        Err(e) => format!("etcd's database: the API server's metrics not read ({e})"),
+    };
     Ok(format!(
         "{} namespaces, {} Workloads, {} ProvisioningRequests, {} PodTemplates, {} pods, {} \
-         Events, {} Nodes",
+         Events, {} Nodes; {etcd}",
         count(Api::<Namespace>::all(c.clone())).await?,
         count(Api::<Workload>::all(c.clone())).await?,
         count(Api::<ProvisioningRequest>::all(c.clone())).await?,
