@@ -51,7 +51,7 @@ pub(crate) fn shadow_mode(scope: &crate::shadow::ShadowScope, active: &str) -> I
 }
 
 /// A check whose parameters resolved and validated, ready to decide.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct ActiveCheck<P> {
     pub parameters: P,
     pub policy: RetryPolicy,

@@ -58,11 +58,7 @@ impl Line {
         now: Instant,
     ) -> (bool, usize) {
         let waiting = self.changes.taken(namespace, name, now);
-        if self.turns.waits(namespace, name) {
-            self.turns.raise(namespace, name, class);
-            return (false, waiting);
-        }
-        (true, waiting)
+        (!self.turns.raise(namespace, name, class), waiting)
     }
 
     /// A wake of `namespace/name`: whether kube needs it (as for a change).

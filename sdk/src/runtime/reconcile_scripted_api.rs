@@ -198,13 +198,19 @@ impl Harness {
         answer: Decision,
         cache: reflector::Store<Workload>,
     ) -> (Arc<Context<Probe>>, ScriptedApi) {
-        let Self { ctx, active, api } = Self::new(answer);
-        let active = Arc::new(active);
-        ctx.registry
+        let h = Self::new(answer);
+        h.register();
+        let Self { ctx, api, .. } = h;
+        (Arc::new(ctx.with_cache(cache)), api)
+    }
+
+    /// Puts the harness's check in its context's registry, as the AdmissionCheck loop would.
+    fn register(&self) {
+        self.ctx
+            .registry
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(CHECK.to_string(), Ok(active));
-        (Arc::new(ctx.with_cache(cache)), api)
+            .insert(CHECK.to_string(), Ok(Arc::new(self.active.clone())));
     }
 
     fn answer(&self, code: u16, body: serde_json::Value) {
@@ -1506,11 +1512,8 @@ async fn an_entry_of_ours_awaiting_its_answer_moves_its_workload_up_the_line() {
     let h = Harness::configured(Decision::ready(""), false, |c| {
         c.concurrency = 1;
     });
+    h.register();
     let ctx = h.ctx;
-    ctx.registry
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(CHECK.to_string(), Ok(Arc::new(h.active)));
     let waiting = deciding().build();
     assert_eq!(ctx.line_class(&waiting), Class::Answer);
     let early = WorkloadBuilder::new("ns", "wl")

@@ -142,14 +142,17 @@ impl Turns {
         None
     }
 
-    /// A change made a Workload that waits in line one of `class`: it moves up if that is
-    /// higher (keeping its place among those of that class by the time it moved).
-    pub(crate) fn raise(&self, namespace: &str, name: &str, class: Class) {
+    /// A change made `namespace/name` one of `class`: if it waits in line, it moves up when
+    /// that is higher (keeping its place among those of that class by the time it moved).
+    /// Returns whether it waits, as [`Turns::waits`] says, under the same lock.
+    pub(crate) fn raise(&self, namespace: &str, name: &str, class: Class) -> bool {
         let key = (namespace.to_string(), name.to_string());
         let mut s = lock(&self.state);
         if s.waiting.contains_key(&key) {
             s.enqueue(key, class);
+            return true;
         }
+        s.granted.contains_key(&key)
     }
 
     /// Whether `namespace/name` waits for its turn or has been granted one that its reconcile
@@ -316,6 +319,33 @@ mod tests {
         names
     }
 
+    /// With one turn: `n` times, the Workload granted the turn takes it and ends; their names
+    /// in the order granted. Exactly one grant at a time.
+    fn take_each_grant(
+        turns: &Turns,
+        rx: &mut mpsc::UnboundedReceiver<ObjectRef<Workload>>,
+        n: usize,
+        now: Instant,
+    ) -> Vec<String> {
+        let mut order = Vec::new();
+        for _ in 0..n {
+            let granted = sent(rx);
+            assert_eq!(
+                granted.len(),
+                1,
+                "one turn, one grant at a time: {granted:?}"
+            );
+            let name = granted[0].trim_start_matches("ns/").to_string();
+            drop(
+                turns
+                    .ask("ns", &name, Class::Other, now)
+                    .expect("its granted turn"),
+            );
+            order.push(name);
+        }
+        order
+    }
+
     #[test]
     fn turns_go_first_come_first_served_through_triggers() {
         let (turns, mut rx) = connected(1);
@@ -474,30 +504,15 @@ mod tests {
         assert!(turns.ask("ns", "answer-1", Class::Answer, now).is_none());
         assert!(turns.ask("ns", "early-3", Class::Other, now).is_none());
         // early-2's entry arrives while it waits: it moves up, behind answer-1.
-        turns.raise("ns", "early-2", Class::Answer);
+        assert!(turns.raise("ns", "early-2", Class::Answer), "it waits");
         // Raising one that does not wait queues nothing; lowering never happens.
-        turns.raise("ns", "elsewhere", Class::Answer);
+        assert!(!turns.raise("ns", "elsewhere", Class::Answer));
         assert!(!turns.waits("ns", "elsewhere"));
         assert!(turns.ask("ns", "answer-1", Class::Other, now).is_none());
         assert_eq!(turns.counts(), (4, 0, 0));
 
         drop(held);
-        let mut order = Vec::new();
-        for _ in 0..4 {
-            let granted = sent(&mut rx);
-            assert_eq!(
-                granted.len(),
-                1,
-                "one turn, one grant at a time: {granted:?}"
-            );
-            let name = granted[0].trim_start_matches("ns/").to_string();
-            drop(
-                turns
-                    .ask("ns", &name, Class::Other, now)
-                    .expect("its granted turn"),
-            );
-            order.push(name);
-        }
+        let order = take_each_grant(&turns, &mut rx, 4, now);
         assert_eq!(order, ["answer-1", "early-2", "early-1", "early-3"]);
         assert!(sent(&mut rx).is_empty(), "each granted once");
         assert_eq!(turns.counts(), (0, 0, 1));
@@ -517,18 +532,7 @@ mod tests {
             assert!(turns.ask("ns", &name, Class::Answer, now).is_none());
         }
         drop(held);
-        let mut order = Vec::new();
-        for _ in 0..=answers {
-            let granted = sent(&mut rx);
-            assert_eq!(granted.len(), 1, "{granted:?}");
-            let name = granted[0].trim_start_matches("ns/").to_string();
-            drop(
-                turns
-                    .ask("ns", &name, Class::Other, now)
-                    .expect("its granted turn"),
-            );
-            order.push(name);
-        }
+        let order = take_each_grant(&turns, &mut rx, answers + 1, now);
         let release = order.iter().position(|n| n == "release");
         assert_eq!(release, Some(ANSWERS_IN_A_ROW as usize), "{order:?}");
     }
