@@ -1955,11 +1955,7 @@ fn secs(d: Duration) -> String {
 
 /// API requests of `actor` per admitted Workload.
 fn per_workload(m: &Measured, actor: &str) -> f64 {
-    let total: usize = m
-        .requests
-        .get(actor)
-        .map_or(0, |calls| calls.values().map(|c| c.count).sum());
-    total as f64 / f64::from(m.run.workloads)
+    per_workload_counting(m, actor, |_| true)
 }
 
 /// The API requests of `actor` per admitted Workload that Workloads cause: all but its
@@ -1967,11 +1963,18 @@ fn per_workload(m: &Measured, actor: &str) -> f64 {
 /// timeout (0.22 per Workload at 40 Workloads, under 0.01 at 1,000), whatever the Workloads.
 /// What the request budget (`--max-requests-per-workload`) holds our controller to.
 fn per_workload_caused(m: &Measured, actor: &str) -> f64 {
-    let standing = |call: &str| call.starts_with("watch ") || call.starts_with("list ");
+    per_workload_counting(m, actor, |call| {
+        !(call.starts_with("watch ") || call.starts_with("list "))
+    })
+}
+
+/// The API requests of `actor` per admitted Workload, counting the calls (`verb resource`)
+/// `counts` keeps.
+fn per_workload_counting(m: &Measured, actor: &str, counts: impl Fn(&str) -> bool) -> f64 {
     let total: usize = m.requests.get(actor).map_or(0, |calls| {
         calls
             .iter()
-            .filter(|(call, _)| !standing(call))
+            .filter(|(call, _)| counts(call))
             .map(|(_, c)| c.count)
             .sum()
     });
@@ -2352,14 +2355,15 @@ fn comparisons(results: &[Measured], set: Run) -> String {
         let Some(ours) = run(Controller::Ours) else {
             continue;
         };
+        // CPU seconds per 1,000 Workloads of a run (ms per Workload).
+        let per_thousand = |m: &Measured, cpu: f64| 1000.0 * cpu / f64::from(m.run.workloads);
+        let kueue_cpu = |m: &Measured| m.cpu.get("kueue").copied().unwrap_or(0.0);
+        let check_cpu = |m: &Measured| m.cpu.get("check").copied().unwrap_or(0.0);
         // Figures of each pair's run of ours alone, their spread over the pairs below.
-        let per_thousand_cpu = |m: &Measured, actor: &str| {
-            1000.0 * m.cpu.get(actor).copied().unwrap_or(0.0) / f64::from(m.run.workloads)
-        };
         ratios
             .entry("our CPU per Workload, ms")
             .or_default()
-            .push(per_thousand_cpu(ours, "check"));
+            .push(per_thousand(ours, check_cpu(ours)));
         ratios
             .entry("our requests per Workload, watches and lists left out")
             .or_default()
@@ -2407,8 +2411,6 @@ fn comparisons(results: &[Measured], set: Run) -> String {
                 p50(kueue, &STAGES[1]),
             );
             let builtin_check = per_workload(kueue, "kueue") - per_workload(ours, "kueue");
-            let per_thousand = |m: &Measured, cpu: f64| 1000.0 * cpu / f64::from(m.run.workloads);
-            let kueue_cpu = |m: &Measured| m.cpu.get("kueue").copied().unwrap_or(0.0);
             let _ = writeln!(
                 out,
                 "\n{set_name}, pair {pair}: reserved → Ready p99, ours / built-in = \
@@ -2419,7 +2421,7 @@ fn comparisons(results: &[Measured], set: Run) -> String {
                  used in its run beyond what it used in ours). All actors' requests per \
                  Workload: ours {:.2}, built-in {:.2}.",
                 per_workload(ours, "check"),
-                per_thousand(ours, ours.cpu.get("check").copied().unwrap_or(0.0)),
+                per_thousand(ours, check_cpu(ours)),
                 per_thousand(kueue, kueue_cpu(kueue) - kueue_cpu(ours)),
                 ["check", "kueue", "simulator"]
                     .iter()
