@@ -79,6 +79,16 @@ pub fn awaits_answer(wl: &Workload, check: &str) -> bool {
         }
 }
 
+/// Whether an early start of `check` is due for `wl` (its work not yet started in this
+/// attempt, as `started` says): the Workload holds quota it may use, is not admitted, has no
+/// entry for the check yet, and its ClusterQueue is known to apply the check (`rule`: while the
+/// queues are unknown, nothing is started). The runtime grants such a Workload a turn kept for
+/// early starts.
+pub fn early_start_due(wl: &Workload, check: &str, rule: QueueRule, started: bool) -> bool {
+    let applies = rule == QueueRule::Applies;
+    !started && applies && standing(wl, check, false, applies) == Eligibility::Early
+}
+
 /// Whether this controller can answer a check now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answering {

@@ -174,6 +174,12 @@ pub struct Options {
           value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
 
+    /// For a check that starts early: more turns kept for early starts, beside --concurrency
+    /// (0: early starts share the main turns). Either kind serves the other's work when none of
+    /// its own waits.
+    #[arg(long, env = "KUEUE_AC_EARLY_START_CONCURRENCY", default_value_t = 10)]
+    pub early_start_concurrency: u16,
+
     /// Longest retry delay written, in seconds; longer ones (an absurd backoff in a parameters
     /// object, an explicit delay) are written as this, counted and shown on the check. Kueue
     /// keeps a Workload's quota for the whole delay.
@@ -414,6 +420,7 @@ impl Options {
             health_address: self.health_address.0,
             field_manager: self.field_manager.clone(),
             concurrency: self.concurrency,
+            early_start_concurrency: self.early_start_concurrency,
             leader_election,
             max_retry_delay: self.max_retry_delay_seconds.duration(),
             permanent_failure_hold: self.permanent_failure_hold_seconds.duration(),

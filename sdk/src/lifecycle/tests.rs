@@ -528,3 +528,58 @@ fn only_a_pending_entry_on_usable_quota_awaits_the_answer() {
         assert!(!awaits_answer(&wl, CHECK), "{why}");
     }
 }
+
+/// Which Workloads the early starts' turns serve: quota held and usable, not admitted, no entry
+/// yet, the queue is known to apply the check, and nothing started in this attempt.
+#[test]
+fn an_early_start_is_due_only_while_the_entry_is_missing_and_nothing_started() {
+    let due = reserved().build();
+    assert!(early_start_due(&due, CHECK, QueueRule::Applies, false));
+    let cases = [
+        (
+            "started in this attempt",
+            due.clone(),
+            QueueRule::Applies,
+            true,
+        ),
+        (
+            "the queue does not apply it",
+            due.clone(),
+            QueueRule::DoesNotApply,
+            false,
+        ),
+        (
+            "the queues are not known yet",
+            due.clone(),
+            QueueRule::Unknown,
+            false,
+        ),
+        (
+            "the entry is there",
+            reserved().check(CHECK, CheckState::Pending).build(),
+            QueueRule::Applies,
+            false,
+        ),
+        (
+            "no quota",
+            WorkloadBuilder::new("team-a", "wl").build(),
+            QueueRule::Applies,
+            false,
+        ),
+        (
+            "admitted",
+            reserved().admitted().build(),
+            QueueRule::Applies,
+            false,
+        ),
+        (
+            "evicted",
+            reserved().evicted("Preempted").build(),
+            QueueRule::Applies,
+            false,
+        ),
+    ];
+    for (why, wl, rule, started) in cases {
+        assert!(!early_start_due(&wl, CHECK, rule, started), "{why}");
+    }
+}

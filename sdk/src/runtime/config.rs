@@ -20,8 +20,13 @@ pub struct RuntimeConfig {
     /// Prefix of the server-side apply field managers; each check gets its own manager, so one
     /// process serving several checks never strips another check's entry.
     pub field_manager: String,
-    /// How many Workloads are reconciled at once.
+    /// How many Workloads are reconciled at once, answers first (the main turns).
     pub concurrency: u16,
+    /// For a check that [starts early](crate::AdmissionCheckController::starts_early): how many
+    /// more turns are kept for early starts, beside [`Self::concurrency`] (0: early starts share
+    /// the main turns, after answers and other work). A turn of either kind serves the other's
+    /// work when none of its own waits.
+    pub early_start_concurrency: u16,
     /// Elect a leader among replicas; `None` writes from this process unconditionally.
     pub leader_election: Option<LeaderElection>,
     /// The longest retry delay written; a longer one (from a policy or an explicit delay) is
@@ -121,6 +126,7 @@ impl Default for RuntimeConfig {
             health_address: Some(DEFAULT_HEALTH_ADDRESS),
             field_manager: DEFAULT_FIELD_MANAGER.into(),
             concurrency: 10,
+            early_start_concurrency: 10,
             leader_election: None,
             max_retry_delay: crate::retry::DEFAULT_MAX_RETRY_DELAY,
             permanent_failure_hold: DEFAULT_PERMANENT_FAILURE_HOLD,

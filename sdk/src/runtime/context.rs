@@ -71,6 +71,10 @@ impl<C: AdmissionCheckController> Context<C> {
             client.clone(),
             kube::runtime::events::Reporter::from(config.field_manager.clone()),
         );
+        let start_concurrency = match controller.starts_early() {
+            true => usize::from(config.early_start_concurrency),
+            false => 0,
+        };
         Self {
             client,
             controller,
@@ -84,7 +88,7 @@ impl<C: AdmissionCheckController> Context<C> {
             permanent_failure_hold: config.permanent_failure_hold,
             early_start_wait: config.early_start_wait,
             cluster_queues: Default::default(),
-            line: Line::new(usize::from(config.concurrency)),
+            line: Line::new(usize::from(config.concurrency), start_concurrency),
             cache: None,
             known_checks: Default::default(),
             shadow: config.shadow.clone(),
@@ -126,19 +130,37 @@ impl<C: AdmissionCheckController> Context<C> {
         self
     }
 
-    /// Which line `wl` waits in for a turn: answers first, if an entry of one of our checks
-    /// waits for its answer ([`crate::lifecycle::awaits_answer`]).
+    /// Which line `wl` waits in for a turn: answers, if an entry of one of our checks waits for
+    /// its answer ([`crate::lifecycle::awaits_answer`]); else early starts, if one of our checks
+    /// that starts early has not started for the Workload's attempt
+    /// ([`crate::lifecycle::early_start_due`]).
     pub(super) fn line_class(&self, wl: &Workload) -> super::line::Class {
+        use super::line::Class;
         let Some(status) = wl.status.as_ref() else {
-            return super::line::Class::Other;
+            return Class::Other;
         };
         let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
         let answer_due = status.admission_checks.iter().any(|entry| {
             registry.contains_key(&entry.name) && crate::lifecycle::awaits_answer(wl, &entry.name)
         });
-        match answer_due {
-            true => super::line::Class::Answer,
-            false => super::line::Class::Other,
+        if answer_due {
+            return Class::Answer;
+        }
+        if !self.controller.starts_early() {
+            return Class::Other;
+        }
+        let uid = wl.uid().unwrap_or_default();
+        let start_due = registry.keys().any(|check| {
+            let expected = crate::lifecycle::AskedAt::expected(wl, check);
+            let started = self.memory.pair(&(uid.clone(), check.clone()), |p| {
+                p.early.is_some_and(|e| e.at == expected)
+            });
+            let rule = self.cluster_queues.rule_for(wl, check);
+            crate::lifecycle::early_start_due(wl, check, rule, started)
+        });
+        match start_due {
+            true => Class::Start,
+            false => Class::Other,
         }
     }
 

@@ -1,7 +1,8 @@
 //! The line of Workloads waiting to be reconciled, behind one face: the changes taken from the
 //! watch and not reconciled yet (`changes`: the queue metrics), and the turns to reconcile,
-//! granted first come, first served, answers first ([`Class`]), with the Workloads that wait
-//! for one kept here rather than in kube (`turns`). The leader's reconciler asks it what kube needs to see (a change or
+//! granted first come, first served, answers first on the main turns and early starts first on
+//! their own ([`Class`]), with the Workloads that wait for one kept here rather than in kube
+//! (`turns`). The leader's reconciler asks it what kube needs to see (a change or
 //! a wake of a Workload already in line needs no reconcile of its own) and each reconcile
 //! begins here.
 
@@ -33,11 +34,11 @@ pub(super) struct Begun<'a> {
 }
 
 impl Line {
-    /// A line with `concurrency` turns.
-    pub(super) fn new(concurrency: usize) -> Self {
+    /// A line with `concurrency` main turns and `start_concurrency` kept for early starts.
+    pub(super) fn new(concurrency: usize, start_concurrency: usize) -> Self {
         Self {
             changes: changes::QueuedChanges::default(),
-            turns: turns::Turns::new(concurrency),
+            turns: turns::Turns::new(concurrency, start_concurrency),
         }
     }
 

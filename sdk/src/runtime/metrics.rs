@@ -91,7 +91,7 @@ impl QueueMetrics {
         );
         registry.register(
             "reconcile_queue_wait_seconds",
-            "Time a Workload change from the watch waited for a reconcile to read it (in line for a turn among --concurrency, answers first, then first come, first served)",
+            "Time a Workload change from the watch waited for a reconcile to read it (in line for a turn: answers first on the --concurrency turns, early starts first on the --early-start-concurrency turns, then first come, first served)",
             queue_wait.clone(),
         );
         registry.register(

@@ -425,3 +425,35 @@ async fn a_start_refused_for_good_is_tried_once_per_attempt_and_released_after_t
     assert_eq!(w.check().released(), [ReleaseReason::EntryNotAdded]);
     assert_eq!(w.check().start_calls.load(Ordering::SeqCst), 1);
 }
+
+/// A Workload whose early start is due waits in the early starts' line until its work starts;
+/// then, until the entry comes, it waits with other work; with the entry, with the answers.
+#[tokio::test]
+async fn an_early_start_due_is_classed_for_the_start_turns_until_its_work_starts() {
+    use crate::runtime::line::Class;
+    let mut w = World::new(&["spot"]);
+    let reserved_spot = reserved("10", "spot");
+    assert_eq!(w.ctx.line_class(&reserved_spot), Class::Start);
+    assert_eq!(
+        w.ctx.line_class(&reserved("10", "on-demand")),
+        Class::Other,
+        "the queue does not apply the check on this flavor"
+    );
+    assert_eq!(
+        w.ctx.line_class(&wl("10").build()),
+        Class::Other,
+        "no quota reserved"
+    );
+    w.sees(reserved_spot).await.expect("started");
+    assert_eq!(w.check().started(), 1);
+    assert_eq!(
+        w.ctx.line_class(&reserved("11", "spot")),
+        Class::Other,
+        "started in this attempt: nothing left to start"
+    );
+    let entry = wl("12")
+        .check(CHECK, CheckState::Pending)
+        .quota_reserved("cq", "spot")
+        .build();
+    assert_eq!(w.ctx.line_class(&entry), Class::Answer);
+}

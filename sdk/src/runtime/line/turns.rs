@@ -1,16 +1,25 @@
-//! Turns to reconcile ([`crate::runtime::config::RuntimeConfig::concurrency`] at once), granted first come,
-//! first served within two classes, with the Workloads that wait for one kept here rather than
-//! in kube.
+//! Turns to reconcile, granted first come, first served within three classes, with the
+//! Workloads that wait for one kept here rather than in kube. There are two pools: the main
+//! turns ([`crate::runtime::config::RuntimeConfig::concurrency`]) and, for a check that starts
+//! early, turns kept for early starts
+//! ([`crate::runtime::config::RuntimeConfig::early_start_concurrency`]).
 //!
 //! **Answers first.** A Workload whose entry of ours waits for an answer ([`Class::Answer`]:
 //! Kueue has added it, the quota is held, and only the check stands between it and admission)
-//! is granted a turn before any Workload queued for other work (an early start, a release, a
-//! change of a Workload already answered). Under a burst, first come, first served made each
-//! `Ready` write wait behind every early start queued before it: the request was provisioned
-//! and the entry there, and the answer came a whole queue later. The work is the same either
-//! way; answering first only changes who waits. A Workload queued for other work whose entry
+//! is granted a main turn before any Workload queued for other work (a release, a change of a
+//! Workload already answered). Under a burst, first come, first served made each `Ready` write
+//! wait behind every early start queued before it: the request was provisioned and the entry
+//! there, and the answer came a whole queue later. A Workload queued for other work whose entry
 //! then arrives moves up ([`Turns::raise`]). Other work is never starved: after
-//! [`ANSWERS_IN_A_ROW`] answers granted while it waited, the oldest other Workload is next.
+//! [`ANSWERS_IN_A_ROW`] answers granted a main turn while it waited, the oldest other Workload
+//! is next.
+//!
+//! **Early starts have turns of their own.** With answers first and one pool, the early starts
+//! of a burst ([`Class::Start`]) waited behind the answers, so Kueue's entry mostly came before
+//! the request had been made, and each Workload went through the line twice: once to make the
+//! request at the entry, once to answer when it was provisioned. A start turn serves an early
+//! start first, and each pool serves the other's classes when its own has none waiting, so no
+//! turn stays free while a Workload waits.
 //!
 //! kube's own limit hands a free slot to a waiting Workload picked in hash order, so under a
 //! steady stream of changes some waited minutes (the soak found Workloads holding quota
@@ -38,21 +47,46 @@ use crate::runtime::memory::lock;
 /// [`Turns::gone`]). Only a defect would leave one: without this, it would be lost for good.
 pub(crate) const GRANT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// At most this many answers are granted turns in a row while other work waits: answers go
-/// first, yet releases and early starts keep a fifth of the turns under any stream of answers.
+/// At most this many answers are granted main turns in a row while other work waits: answers
+/// go first, yet releases and changes keep a fifth of the main turns under any stream of
+/// answers.
 pub(crate) const ANSWERS_IN_A_ROW: u32 = 4;
 
 /// A Workload, by namespace and name.
 type Key = (String, String);
 
-/// Which line a Workload waits in.
+/// Which line a Workload waits in; a later variant is the higher class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Class {
-    /// Any other work: an early start, a release, a change of a Workload already answered.
+    /// Any other work: a release, a change of a Workload already answered.
     Other,
+    /// An early start is due (see [`crate::lifecycle::early_start_due`]): served first by the
+    /// start turns.
+    Start,
     /// An entry of ours waits for the check's answer (see
-    /// [`crate::lifecycle::awaits_answer`]): served first.
+    /// [`crate::lifecycle::awaits_answer`]): served first by the main turns.
     Answer,
+}
+
+/// Which turns a turn is one of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pool {
+    Main = 0,
+    Start = 1,
+}
+
+impl Pool {
+    const BOTH: [Pool; 2] = [Pool::Main, Pool::Start];
+
+    /// The classes a free turn of this pool serves, in order; `answers_due_to_yield`: the main
+    /// turns have granted [`ANSWERS_IN_A_ROW`] answers in a row.
+    fn order(self, answers_due_to_yield: bool) -> [Class; 3] {
+        match self {
+            Pool::Main if answers_due_to_yield => [Class::Other, Class::Answer, Class::Start],
+            Pool::Main => [Class::Answer, Class::Other, Class::Start],
+            Pool::Start => [Class::Start, Class::Answer, Class::Other],
+        }
+    }
 }
 
 pub(crate) struct Turns {
@@ -60,43 +94,54 @@ pub(crate) struct Turns {
 }
 
 struct State {
-    /// The configured number of turns; those neither held nor granted are free.
-    all: usize,
-    /// Turns held by reconciles.
-    held: usize,
+    /// The configured number of turns per pool (by [`Pool`]); those neither held nor granted
+    /// are free.
+    size: [usize; 2],
+    /// Turns held by reconciles, per pool.
+    held: [usize; 2],
+    /// Turns granted and not yet taken, per pool.
+    granted_from: [usize; 2],
     /// Workloads waiting for a turn, oldest first, per class; one no longer in `waiting` with
-    /// that class is skipped (it left, or moved up to the answers).
+    /// that class is skipped (it left, or moved up to a higher class).
     answers: VecDeque<Key>,
+    starts: VecDeque<Key>,
     others: VecDeque<Key>,
     waiting: HashMap<Key, Class>,
-    /// Answers granted since other work was last granted a turn (or found none waiting).
+    /// Answers granted main turns since other work was last granted one (or found none
+    /// waiting).
     answers_in_a_row: u32,
-    /// Workloads granted a turn whose reconcile has yet to take it, since when.
-    granted: HashMap<Key, Instant>,
+    /// Workloads granted a turn whose reconcile has yet to take it: since when, from which pool.
+    granted: HashMap<Key, (Instant, Pool)>,
     /// Where a Workload granted a turn is sent to be reconciled; while none (the runtime does
     /// not lead), a turn that ends stays free and a reconcile takes any free turn.
     triggers: Option<mpsc::UnboundedSender<ObjectRef<Workload>>>,
 }
 
 /// A turn held by a reconcile; handed on when dropped.
-pub(crate) struct Turn<'a>(&'a Turns);
+pub(crate) struct Turn<'a> {
+    turns: &'a Turns,
+    pool: Pool,
+}
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut s = lock(&self.0.state);
-        s.held -= 1;
+        let mut s = lock(&self.turns.state);
+        s.held[self.pool as usize] -= 1;
         s.grant_free_turns(Instant::now());
     }
 }
 
 impl Turns {
-    pub(crate) fn new(all: usize) -> Self {
-        let all = all.max(1);
+    /// `main` turns (at least one), and `starts` kept for early starts (none for a check that
+    /// does not start early).
+    pub(crate) fn new(main: usize, starts: usize) -> Self {
         Self {
             state: Mutex::new(State {
-                all,
-                held: 0,
+                size: [main.max(1), starts],
+                held: [0, 0],
+                granted_from: [0, 0],
                 answers: VecDeque::new(),
+                starts: VecDeque::new(),
                 others: VecDeque::new(),
                 waiting: HashMap::new(),
                 answers_in_a_row: 0,
@@ -128,15 +173,22 @@ impl Turns {
         // Also grants free turns: one never stays free while others wait (they may be this
         // very Workload, queued before the triggers were connected).
         s.take_back_stale_grants(now);
-        if s.granted.remove(&key).is_some() {
-            s.held += 1;
-            return Some(Turn(self));
+        if let Some((_, pool)) = s.granted.remove(&key) {
+            s.granted_from[pool as usize] -= 1;
+            s.held[pool as usize] += 1;
+            return Some(Turn { turns: self, pool });
         }
         // Without a trigger to come back by, nothing may be left queued.
-        if s.free() > 0 && (s.waiting.is_empty() || s.triggers.is_none()) {
-            s.held += 1;
-            s.waiting.remove(&key);
-            return Some(Turn(self));
+        if s.waiting.is_empty() || s.triggers.is_none() {
+            let own = match class {
+                Class::Start => [Pool::Start, Pool::Main],
+                _ => Pool::BOTH,
+            };
+            if let Some(pool) = own.into_iter().find(|p| s.free(*p) > 0) {
+                s.held[pool as usize] += 1;
+                s.waiting.remove(&key);
+                return Some(Turn { turns: self, pool });
+            }
         }
         s.enqueue(key, class);
         None
@@ -173,7 +225,8 @@ impl Turns {
         let key = (namespace.to_string(), name.to_string());
         let mut s = lock(&self.state);
         s.waiting.remove(&key);
-        if s.granted.remove(&key).is_some() {
+        if let Some((_, pool)) = s.granted.remove(&key) {
+            s.granted_from[pool as usize] -= 1;
             s.grant_free_turns(now);
         }
     }
@@ -188,9 +241,11 @@ impl Turns {
     pub(crate) fn clear(&self) {
         let mut s = lock(&self.state);
         s.answers.clear();
+        s.starts.clear();
         s.others.clear();
         s.waiting.clear();
         s.granted.clear();
+        s.granted_from = [0, 0];
         s.triggers = None;
     }
 
@@ -198,20 +253,24 @@ impl Turns {
     #[cfg(test)]
     pub(crate) fn counts(&self) -> (usize, usize, usize) {
         let s = lock(&self.state);
-        (s.waiting.len(), s.granted.len(), s.free())
+        let free = Pool::BOTH.into_iter().map(|p| s.free(p)).sum();
+        (s.waiting.len(), s.granted.len(), free)
     }
 }
 
 impl State {
-    /// Turns neither held nor granted.
-    fn free(&self) -> usize {
-        self.all - self.held - self.granted.len()
+    /// Turns of `pool` neither held nor granted.
+    fn free(&self, pool: Pool) -> usize {
+        let i = pool as usize;
+        self.size[i] - self.held[i] - self.granted_from[i]
     }
 
-    /// Grants free turns to the oldest Workloads waiting, as long as both last (a turn that
-    /// ended goes to the oldest waiting, or stays free).
+    /// Grants each free turn to the Workload its pool serves next, as long as both last (a turn
+    /// that ended goes to the next waiting, or stays free).
     fn grant_free_turns(&mut self, now: Instant) {
-        while self.free() > 0 && self.grant_to_oldest(now) {}
+        for pool in Pool::BOTH {
+            while self.free(pool) > 0 && self.grant_to_next(pool, now) {}
+        }
     }
 
     /// Queues `key` in `class`, or moves it up to `class` if it waits in a lower one; a key
@@ -222,36 +281,37 @@ impl State {
             _ => {}
         }
         self.waiting.insert(key.clone(), class);
+        self.queue(class).push_back(key);
+    }
+
+    fn queue(&mut self, class: Class) -> &mut VecDeque<Key> {
         match class {
-            Class::Answer => self.answers.push_back(key),
-            Class::Other => self.others.push_back(key),
+            Class::Answer => &mut self.answers,
+            Class::Start => &mut self.starts,
+            Class::Other => &mut self.others,
         }
     }
 
-    /// The oldest Workload waiting, answers first (but see [`ANSWERS_IN_A_ROW`]), taken out of
-    /// line.
-    fn next_waiting(&mut self) -> Option<Key> {
-        let order = match self.answers_in_a_row >= ANSWERS_IN_A_ROW {
-            true => [Class::Other, Class::Answer],
-            false => [Class::Answer, Class::Other],
-        };
+    /// The Workload a free turn of `pool` goes to, taken out of line: the oldest of the first
+    /// class in the pool's order that has one waiting (for the main turns, answers first, but
+    /// see [`ANSWERS_IN_A_ROW`]).
+    fn next_waiting(&mut self, pool: Pool) -> Option<Key> {
+        let order = pool.order(self.answers_in_a_row >= ANSWERS_IN_A_ROW);
         let next = self.take_oldest(order);
-        self.answers_in_a_row = match next {
-            Some((_, Class::Answer)) => self.answers_in_a_row + 1,
-            _ => 0,
-        };
+        if pool == Pool::Main {
+            self.answers_in_a_row = match next {
+                Some((_, Class::Answer)) => self.answers_in_a_row + 1,
+                _ => 0,
+            };
+        }
         next.map(|(key, _)| key)
     }
 
     /// The oldest Workload waiting in the first of `order` that has one, and its class.
-    fn take_oldest(&mut self, order: [Class; 2]) -> Option<(Key, Class)> {
+    fn take_oldest(&mut self, order: [Class; 3]) -> Option<(Key, Class)> {
         for class in order {
-            let queue = match class {
-                Class::Answer => &mut self.answers,
-                Class::Other => &mut self.others,
-            };
-            while let Some(key) = queue.pop_front() {
-                // Skipped: gone, granted, or moved up (it waits in the other queue).
+            while let Some(key) = self.queue(class).pop_front() {
+                // Skipped: gone, granted, or moved up (it waits in another queue).
                 if self.waiting.get(&key) == Some(&class) {
                     self.waiting.remove(&key);
                     return Some((key, class));
@@ -261,14 +321,13 @@ impl State {
         None
     }
 
-    /// Grants a turn to the oldest Workload still waiting (answers first) and sends it to be
-    /// reconciled; `false` when none waits, or none can be sent (not leading, or kube's
-    /// controller gone).
-    fn grant_to_oldest(&mut self, now: Instant) -> bool {
+    /// Grants a turn of `pool` to the Workload it serves next and sends it to be reconciled;
+    /// `false` when none waits, or none can be sent (not leading, or kube's controller gone).
+    fn grant_to_next(&mut self, pool: Pool, now: Instant) -> bool {
         if self.triggers.is_none() {
             return false;
         }
-        let Some(key) = self.next_waiting() else {
+        let Some(key) = self.next_waiting(pool) else {
             return false;
         };
         let sent = self
@@ -276,7 +335,8 @@ impl State {
             .as_ref()
             .is_some_and(|t| t.send(ObjectRef::new(&key.1).within(&key.0)).is_ok());
         if sent {
-            self.granted.insert(key, now);
+            self.granted.insert(key, (now, pool));
+            self.granted_from[pool as usize] += 1;
         }
         sent
     }
@@ -284,16 +344,17 @@ impl State {
     /// Takes back the turns granted too long ago and puts their Workloads back in line (at its
     /// end), so that a lost trigger delays a Workload but never drops it.
     fn take_back_stale_grants(&mut self, now: Instant) {
-        let stale: Vec<Key> = self
+        let stale: Vec<(Key, Pool)> = self
             .granted
             .iter()
-            .filter(|(_, since)| now.saturating_duration_since(**since) >= GRANT_TIMEOUT)
-            .map(|(key, _)| key.clone())
+            .filter(|(_, (since, _))| now.saturating_duration_since(*since) >= GRANT_TIMEOUT)
+            .map(|(key, (_, pool))| (key.clone(), *pool))
             .collect();
-        for key in stale {
+        for (key, pool) in stale {
             warn!(namespace = %key.0, workload = %key.1, timeout = ?GRANT_TIMEOUT,
                 "the reconcile granted a turn never took it; the Workload goes back in line");
             self.granted.remove(&key);
+            self.granted_from[pool as usize] -= 1;
             self.enqueue(key, Class::Other);
         }
         self.grant_free_turns(now);
@@ -305,7 +366,14 @@ mod tests {
     use super::*;
 
     fn connected(all: usize) -> (Turns, mpsc::UnboundedReceiver<ObjectRef<Workload>>) {
-        let turns = Turns::new(all);
+        connected_with(all, 0)
+    }
+
+    fn connected_with(
+        main: usize,
+        starts: usize,
+    ) -> (Turns, mpsc::UnboundedReceiver<ObjectRef<Workload>>) {
+        let turns = Turns::new(main, starts);
         let (tx, rx) = mpsc::unbounded_channel();
         turns.connect(tx);
         (turns, rx)
@@ -446,7 +514,7 @@ mod tests {
 
     #[test]
     fn a_free_turn_never_stays_free_while_others_wait() {
-        let turns = Turns::new(1);
+        let turns = Turns::new(1, 0);
         let now = Instant::now();
         let a = turns.ask("ns", "a", Class::Other, now).expect("a turn");
         assert!(
@@ -468,7 +536,7 @@ mod tests {
 
     #[test]
     fn without_triggers_nothing_is_left_waiting() {
-        let turns = Turns::new(2);
+        let turns = Turns::new(2, 0);
         let now = Instant::now();
         let a = turns.ask("ns", "a", Class::Other, now).expect("a turn");
         let b = turns.ask("ns", "b", Class::Other, now).expect("a turn");
@@ -535,5 +603,101 @@ mod tests {
         let order = take_each_grant(&turns, &mut rx, answers + 1, now);
         let release = order.iter().position(|n| n == "release");
         assert_eq!(release, Some(ANSWERS_IN_A_ROW as usize), "{order:?}");
+    }
+
+    #[test]
+    fn early_starts_have_turns_of_their_own_beside_the_answers() {
+        let (turns, mut rx) = connected_with(1, 1);
+        let now = Instant::now();
+        let answer = turns
+            .ask("ns", "answer-0", Class::Answer, now)
+            .expect("a main turn");
+        let start = turns
+            .ask("ns", "start-0", Class::Start, now)
+            .expect("a start turn, though the main one is held");
+        for (name, class) in [
+            ("answer-1", Class::Answer),
+            ("start-1", Class::Start),
+            ("other", Class::Other),
+            ("start-2", Class::Start),
+        ] {
+            assert!(turns.ask("ns", name, class, now).is_none(), "{name} waits");
+        }
+        // The start turn ends: the oldest early start is next, not the older answer.
+        drop(start);
+        assert_eq!(sent(&mut rx), ["ns/start-1"]);
+        let start = turns
+            .ask("ns", "start-1", Class::Start, now)
+            .expect("granted");
+        // The main turn ends: answers first there.
+        drop(answer);
+        assert_eq!(sent(&mut rx), ["ns/answer-1"]);
+        let answer = turns
+            .ask("ns", "answer-1", Class::Answer, now)
+            .expect("granted");
+        drop(start);
+        assert_eq!(sent(&mut rx), ["ns/start-2"]);
+        drop(answer);
+        assert_eq!(sent(&mut rx), ["ns/other"], "no answer waits: other work");
+        assert_eq!(turns.counts(), (0, 2, 0));
+    }
+
+    #[test]
+    fn a_pool_serves_the_others_classes_when_its_own_has_none_waiting() {
+        let (turns, mut rx) = connected_with(1, 1);
+        let now = Instant::now();
+        let main = turns.ask("ns", "held", Class::Other, now).expect("main");
+        // The main turn is held and no early start waits: an answer takes the start turn.
+        let lent = turns
+            .ask("ns", "answer-0", Class::Answer, now)
+            .expect("the free start turn");
+        assert!(turns.ask("ns", "answer-1", Class::Answer, now).is_none());
+        assert!(turns.ask("ns", "start-0", Class::Start, now).is_none());
+        // The lent turn ends: it goes back to an early start first.
+        drop(lent);
+        assert_eq!(sent(&mut rx), ["ns/start-0"]);
+        let start = turns
+            .ask("ns", "start-0", Class::Start, now)
+            .expect("granted");
+        drop(start);
+        assert_eq!(sent(&mut rx), ["ns/answer-1"], "then to the answer waiting");
+        drop(
+            turns
+                .ask("ns", "answer-1", Class::Answer, now)
+                .expect("granted"),
+        );
+        // Early starts take a free main turn too when theirs are held.
+        let start = turns
+            .ask("ns", "start-1", Class::Start, now)
+            .expect("start");
+        assert!(turns.ask("ns", "start-2", Class::Start, now).is_none());
+        drop(main);
+        assert_eq!(
+            sent(&mut rx),
+            ["ns/start-2"],
+            "the main turn, nothing else waiting"
+        );
+        drop(start);
+        assert!(sent(&mut rx).is_empty());
+        assert_eq!(turns.counts(), (0, 1, 1));
+    }
+
+    #[test]
+    fn an_early_start_whose_entry_comes_while_it_waits_moves_up_to_the_answers() {
+        let (turns, mut rx) = connected_with(1, 0);
+        let now = Instant::now();
+        let held = turns.ask("ns", "held", Class::Other, now).expect("a turn");
+        assert!(turns.ask("ns", "other", Class::Other, now).is_none());
+        assert!(turns.ask("ns", "start", Class::Start, now).is_none());
+        assert!(turns.raise("ns", "start", Class::Answer), "it waits");
+        drop(held);
+        assert_eq!(take_each_grant(&turns, &mut rx, 2, now), ["start", "other"]);
+        // Without start turns (a check that does not start early), an early start follows
+        // other work on the main turns.
+        let held = turns.ask("ns", "held", Class::Other, now).expect("a turn");
+        assert!(turns.ask("ns", "start", Class::Start, now).is_none());
+        assert!(turns.ask("ns", "other", Class::Other, now).is_none());
+        drop(held);
+        assert_eq!(take_each_grant(&turns, &mut rx, 2, now), ["other", "start"]);
     }
 }
