@@ -149,6 +149,10 @@ struct Cli {
     /// Our controller's Workloads decided at once (Kueue v0.19.2 reconciles 10 Workloads at once).
     #[arg(long, default_value_t = 10)]
     concurrency: u32,
+    /// Our controller's turns kept for early starts, beside --concurrency (its default: 10;
+    /// 0 shares the main turns). Used only with --start-early=true.
+    #[arg(long, default_value_t = 10)]
+    early_start_concurrency: u32,
     /// Our controller makes its request at the quota reservation (its default); false waits
     /// for Kueue to add the check's entry, as the built-in check does.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -440,7 +444,7 @@ async fn run_all_on(cli: &Cli, commit: &str) -> Result<()> {
                  lists left out ({} Workloads of {} podsets), more than {max}:\n{}",
                 m.run.workloads,
                 m.run.podsets,
-                details(m, cli.concurrency)
+                details(m, turns_of(cli, m.run.controller))
             );
         }
     }
@@ -507,7 +511,10 @@ async fn run_one(
     );
     let done = measure(cli, run, churn).await?;
     // The figures first: a clean-up that fails loses nothing.
-    eprint!("{}", details(&done.measured, cli.concurrency));
+    eprint!(
+        "{}",
+        details(&done.measured, turns_of(cli, done.measured.run.controller))
+    );
     match bench::clean_up(&done.env, &done.queue).await {
         Ok(took) => eprintln!(
             "bench-compare: the run's Workloads, requests and templates gone {:.1} s after \
@@ -1754,6 +1761,10 @@ async fn start_ours(
         _ => {
             let mut c = Command::new(sibling("kueue-provisioning-controller")?);
             c.arg(format!("--start-early={}", cli.start_early));
+            c.args([
+                "--early-start-concurrency",
+                &cli.early_start_concurrency.to_string(),
+            ]);
             ("kueue-provisioning-controller", c)
         }
     };
@@ -1981,7 +1992,16 @@ fn per_workload_counting(m: &Measured, actor: &str, counts: impl Fn(&str) -> boo
     total as f64 / f64::from(m.run.workloads)
 }
 
-/// One run's stages and requests in detail; `concurrency`: our controller's turns.
+/// How many Workloads `controller` (an SDK check of ours) reconciles at once: its main turns,
+/// and for ours when it starts early, those kept for early starts.
+fn turns_of(cli: &Cli, controller: Controller) -> u32 {
+    match controller {
+        Controller::Ours if cli.start_early => cli.concurrency + cli.early_start_concurrency,
+        _ => cli.concurrency,
+    }
+}
+
+/// One run's stages and requests in detail; `concurrency`: the SDK check's turns.
 fn details(m: &Measured, concurrency: u32) -> String {
     let mut out = String::new();
     let Run {
@@ -2222,11 +2242,12 @@ fn report(cli: &Cli, commit: &str, results: &[Measured], settled: Option<&Settle
     let _ = writeln!(
         out,
         "\n## bench-compare, commit {commit}, {cores} cores; budget {:?} ({}); ours at \
-         --concurrency {} --start-early={}; {} pair(s) per size in ABBA order; {} idle Workloads \
-         kept in the cluster{settle}; {churn}\n",
+         --concurrency {} --early-start-concurrency {} --start-early={}; {} pair(s) per size in \
+         ABBA order; {} idle Workloads kept in the cluster{settle}; {churn}\n",
         cli.budget,
         budget_of(cli, Controller::Ours),
         cli.concurrency,
+        cli.early_start_concurrency,
         cli.start_early,
         cli.repeat,
         cli.idle_workloads
