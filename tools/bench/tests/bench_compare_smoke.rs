@@ -106,10 +106,10 @@ fn both_controllers_admit_every_workload_once_and_ours_stays_within_its_request_
             "a measure missing from {line:?}"
         );
     }
-    // How busy our turns were, and when each mark came first and last, in every run of ours
-    // (the windows in every run).
+    // How busy our turns were (the 10 main ones and the 10 kept for early starts), and when
+    // each mark came first and last, in every run of ours (the windows in every run).
     ensure!(
-        stderr.matches("our 10 turns were busy for ").count() == 2,
+        stderr.matches("our 20 turns were busy for ").count() == 2,
         "our turns' use missing from:\n{stderr}"
     );
     ensure!(
