@@ -131,8 +131,8 @@ impl<C: AdmissionCheckController> Context<C> {
     }
 
     /// Which line `wl` waits in for a turn: answers, if an entry of one of our checks waits for
-    /// its answer ([`crate::lifecycle::awaits_answer`]); else early starts, if one of our checks
-    /// that starts early has not started for the Workload's attempt
+    /// its answer ([`crate::lifecycle::awaits_answer`]); else early starts, if one of our active
+    /// checks (only those are started early) has not started for the Workload's attempt
     /// ([`crate::lifecycle::early_start_due`]).
     pub(super) fn line_class(&self, wl: &Workload) -> super::line::Class {
         use super::line::Class;
@@ -150,7 +150,8 @@ impl<C: AdmissionCheckController> Context<C> {
             return Class::Other;
         }
         let uid = wl.uid().unwrap_or_default();
-        let start_due = registry.keys().any(|check| {
+        let active = registry.iter().filter(|(_, c)| c.is_ok());
+        let start_due = active.map(|(check, _)| check).any(|check| {
             let expected = crate::lifecycle::AskedAt::expected(wl, check);
             let started = self.memory.pair(&(uid.clone(), check.clone()), |p| {
                 p.early.is_some_and(|e| e.at == expected)

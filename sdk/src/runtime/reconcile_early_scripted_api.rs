@@ -456,4 +456,22 @@ async fn an_early_start_due_is_classed_for_the_start_turns_until_its_work_starts
         .quota_reserved("cq", "spot")
         .build();
     assert_eq!(w.ctx.line_class(&entry), Class::Answer);
+    // An inactive check (bad parameters, shadow mode) starts nothing early: no start turn.
+    let fresh = WorkloadBuilder::new("ns", "another")
+        .pod_set("main", 1, "1")
+        .quota_reserved("cq", "spot")
+        .build();
+    assert_eq!(w.ctx.line_class(&fresh), Class::Start);
+    w.ctx
+        .registry
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            CHECK.to_string(),
+            Err(crate::runtime::check_registry::Inactive {
+                reason: crate::runtime::check_registry::Reason::BadParametersRef,
+                message: "no such parameters".into(),
+            }),
+        );
+    assert_eq!(w.ctx.line_class(&fresh), Class::Other);
 }
