@@ -227,8 +227,57 @@ fetch_manifests() {
   touch "$dst/.complete-v4"
 }
 
+# Karpenter's kwok build (package sigs.k8s.io/karpenter/kwok, in Karpenter's own module) in a
+# wrapper module of its own, seeded with Karpenter's go.sum: it is built against its own
+# Kubernetes libraries, which need not be the control plane's.
+build_karpenter_in() { # module dir, output
+  wrapper_module "$1" karpenter
+  local kdir
+  kdir="$(cd "$1" && go mod download -json "sigs.k8s.io/karpenter@$KARPENTER_VERSION" | json_field Dir)"
+  [[ -d $kdir/kwok ]] || die "sigs.k8s.io/karpenter@$KARPENTER_VERSION has no kwok provider"
+  cp "$kdir/go.sum" "$1/go.sum"; chmod u+w "$1/go.sum"
+  # go get raises the wrapper's go line to Karpenter's.
+  (cd "$1" && go get "sigs.k8s.io/karpenter@$KARPENTER_VERSION" &&
+    go build -pgo=off -trimpath -ldflags "-s -w" -o "$2" sigs.k8s.io/karpenter/kwok)
+}
+
+# Karpenter's CRDs (NodePool, NodeClaim, NodeOverlay, CapacityBuffer, and the kwok provider's
+# KWOKNodeClass) from the same module; none has a conversion webhook, which the empty
+# kustomization beside them says to `kube.py apply-crds`.
+fetch_karpenter_manifests() {
+  local dst="$KARPENTER_MANIFEST_DIR" tmp kdir f
+  [[ -f $dst/.complete-v1 ]] && return 0
+  log "collecting Karpenter $KARPENTER_VERSION's CRDs"
+  rm -rf "$dst"; mkdir -p "$dst/crds"
+  tmp="$(mktemp -d)"; wrapper_module "$tmp" manifests
+  kdir="$(cd "$tmp" && go mod download -json "sigs.k8s.io/karpenter@$KARPENTER_VERSION" | json_field Dir)"
+  for f in karpenter.sh_nodepools karpenter.sh_nodeclaims karpenter.sh_nodeoverlays \
+    autoscaling.x-k8s.io_capacitybuffers; do
+    [[ -f $kdir/pkg/apis/crds/$f.yaml ]] || die "Karpenter $KARPENTER_VERSION has no CRD $f"
+    cp "$kdir/pkg/apis/crds/$f.yaml" "$dst/crds/"
+  done
+  f=kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml
+  [[ -f $kdir/$f ]] || die "Karpenter $KARPENTER_VERSION has no $f"
+  cp "$kdir/$f" "$dst/crds/"
+  printf '{}\n' >"$dst/kustomization.yaml"
+  chmod -R u+w "$dst"; rm -rf "$tmp"
+  touch "$dst/.complete-v1"
+}
+
+build_karpenter() {
+  fetch_karpenter_manifests
+  build_component "$KARPENTER_BIN" "karpenter $KARPENTER_VERSION (kwok provider)" \
+    "$CACHE_DIR/src/karpenter-$KARPENTER_VERSION" build_karpenter_in
+  progress_stop
+}
+
 main() {
   trap progress_stop EXIT
+  if [[ ${1:-} == karpenter ]]; then
+    mkdir -p "$BIN_DIR"
+    build_karpenter
+    return 0
+  fi
   mkdir -p "$BIN_DIR"
   local start=$SECONDS
   # etcd (and the manifests, mostly downloads) beside the big module: each leaves a core idle

@@ -11,6 +11,9 @@
 #   control-plane.sh kubeconfig-for NAMESPACE SERVICEACCOUNT [SECONDS]
 #                                       a kubeconfig authenticating as that ServiceAccount (RBAC applies)
 #   control-plane.sh build              only build the binaries into the cache
+#   control-plane.sh start-karpenter    also run Karpenter (kwok provider, CapacityBuffer gate on)
+#                                       on the running control plane; built on first use
+#   control-plane.sh stop-karpenter     stop only Karpenter (stop stops it too)
 #
 # Settings (environment): versions in versions.env; KUEUE_AC_CACHE (cache root), KUEUE_AC_RUN_DIR
 # (pids, logs, certificates, kubeconfigs), CP_*_PORT (ports below); KUEUE_CLIENT_QPS and
@@ -34,6 +37,11 @@ KUEUE_METRICS_PORT="${CP_KUEUE_METRICS_PORT:-18443}"
 CONTROLLER_MANAGER_PORT="${CP_CONTROLLER_MANAGER_PORT:-20257}"
 SCHEDULER_PORT="${CP_SCHEDULER_PORT:-20259}"
 KWOK_PORT="${CP_KWOK_PORT:-20247}"
+KARPENTER_METRICS_PORT="${CP_KARPENTER_METRICS_PORT:-20280}"
+KARPENTER_HEALTH_PORT="${CP_KARPENTER_HEALTH_PORT:-20281}"
+# Every gate of Karpenter v1.14 said explicitly (one given with no value stops it at start),
+# CapacityBuffer (alpha, off by default) on.
+KARPENTER_FEATURE_GATES="${KARPENTER_FEATURE_GATES:-NodeRepair=false,ReservedCapacity=true,SpotToSpotConsolidation=false,NodeOverlay=false,StaticCapacity=false,CapacityBuffer=true}"
 SERVER="https://127.0.0.1:$APISERVER_PORT"
 KUBECONFIG_PATH="$RUN_DIR/admin.kubeconfig"
 # The users Kueue and the autoscaler simulator authenticate as (audited; see the audit policy).
@@ -66,7 +74,7 @@ binary_of() {
   case $1 in
     etcd) echo "$ETCD_BIN" ;; kube-apiserver) echo "$APISERVER_BIN" ;; kueue) echo "$KUEUE_BIN" ;;
     kube-controller-manager) echo "$CONTROLLER_MANAGER_BIN" ;; kube-scheduler) echo "$SCHEDULER_BIN" ;;
-    kwok) echo "$KWOK_BIN" ;;
+    kwok) echo "$KWOK_BIN" ;; karpenter) echo "$KARPENTER_BIN" ;;
   esac
 }
 
@@ -145,12 +153,13 @@ kueue_ready() { curl -sf "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" >/dev/null
 controller_manager_ready() { [[ $(curl -sk "https://127.0.0.1:$CONTROLLER_MANAGER_PORT/healthz") == ok ]]; }
 scheduler_ready() { [[ $(curl -sk "https://127.0.0.1:$SCHEDULER_PORT/healthz") == ok ]]; }
 kwok_ready() { [[ $(curl -s "http://127.0.0.1:$KWOK_PORT/healthz") == ok ]]; }
+karpenter_ready() { curl -sf "http://127.0.0.1:$KARPENTER_HEALTH_PORT/readyz" >/dev/null; }
 # Whether a running component answers its health check.
 component_ready() {
   case $1 in
     etcd) etcd_healthy ;; kube-apiserver) apiserver_ready ;; kueue) kueue_ready ;;
     kube-controller-manager) controller_manager_ready ;; kube-scheduler) scheduler_ready ;;
-    kwok) kwok_ready ;;
+    kwok) kwok_ready ;; karpenter) karpenter_ready ;;
   esac
 }
 
@@ -439,8 +448,8 @@ start_kueue() {
 cmd_restart() { # component
   local c=${1:-}
   case $c in
-    kube-apiserver | kueue | kube-controller-manager | kube-scheduler | kwok) ;;
-    *) die "usage: control-plane.sh restart kube-apiserver|kube-controller-manager|kube-scheduler|kwok|kueue" ;;
+    kube-apiserver | kueue | kube-controller-manager | kube-scheduler | kwok | karpenter) ;;
+    *) die "usage: control-plane.sh restart kube-apiserver|kube-controller-manager|kube-scheduler|kwok|kueue|karpenter" ;;
   esac
   all_running || die "the control plane is not running; start it first"
   local start=$SECONDS
@@ -448,13 +457,47 @@ cmd_restart() { # component
   case $c in
     kube-apiserver) start_apiserver ;; kueue) write_kueue_config && start_kueue ;;
     kube-controller-manager) start_controller_manager ;; kube-scheduler) start_scheduler ;;
-    kwok) start_kwok ;;
+    kwok) start_kwok ;; karpenter) cmd_start_karpenter ;;
   esac
   log "restarted $c in $((SECONDS - start))s"
 }
 
+# Karpenter beside the control plane, for the capacity-buffer check: not one of COMPONENTS, so
+# `start` (and `make demo`) neither build nor run it. It runs as the admin user; its Nodes carry
+# kwok's annotation, so the control plane's kwok makes them Ready and runs their pods.
+cmd_start_karpenter() {
+  { all_running && all_ready; } || die "the control plane is not running; start it first (control-plane.sh start)"
+  if runs_configured_version karpenter && karpenter_ready; then
+    log "karpenter already running"
+    return 0
+  fi
+  bash "$here/build.sh" karpenter
+  stop_component karpenter
+  local entry name port var
+  for entry in "karpenter-metrics:$KARPENTER_METRICS_PORT:CP_KARPENTER_METRICS_PORT" \
+    "karpenter-health:$KARPENTER_HEALTH_PORT:CP_KARPENTER_HEALTH_PORT"; do
+    IFS=: read -r name port var <<<"$entry"
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      die "port $port ($name) is already in use by a process this script did not start; free it or set $var"
+    fi
+  done
+  # No conversion webhook for these: the URL is never called.
+  kube apply-crds "https://127.0.0.1:1/unused" "$PKI/ca.crt" "$KARPENTER_MANIFEST_DIR" \
+    "$KARPENTER_MANIFEST_DIR"/crds/*.yaml
+  : >"$LOGS/karpenter.log"
+  # Settings by environment only: Karpenter parses its arguments with a flag set of its own and
+  # stops on any it does not define (--kubeconfig among them); KUBECONFIG is read from the
+  # environment. One process: no leader election.
+  KUBECONFIG="$KUBECONFIG_PATH" DISABLE_LEADER_ELECTION=true FEATURE_GATES="$KARPENTER_FEATURE_GATES" \
+    METRICS_PORT="$KARPENTER_METRICS_PORT" HEALTH_PROBE_PORT="$KARPENTER_HEALTH_PORT" LOG_LEVEL=debug \
+    spawn karpenter
+  wait_for karpenter 120 karpenter_ready
+  log "karpenter $KARPENTER_VERSION ready (kwok provider; gates $KARPENTER_FEATURE_GATES; log: $LOGS/karpenter.log)"
+}
+
 cmd_stop() {
   local i
+  stop_component karpenter
   # Reverse order: Kueue first, so it never sees its apiserver vanish mid-write.
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do stop_component "${COMPONENTS[$i]}"; done
 }
@@ -473,6 +516,10 @@ cmd_status() {
       printf '%-24s stopped\n' "$c"; ok=1
     fi
   done
+  if pid="$(live_pid karpenter)"; then
+    if karpenter_ready; then health=ready; else health="not ready"; ok=1; fi
+    printf '%-24s running (pid %s), %s\n' karpenter "$pid" "$health"
+  fi
   printf 'versions                 etcd %s, Kubernetes %s, kwok %s, kueue %s\n' \
     "$ETCD_VERSION" "$KUBERNETES_VERSION" "$KWOK_VERSION" "$KUEUE_VERSION"
   if apiserver_ready; then printf 'nodes                    %s\n' "$(kube nodes)"; fi
@@ -500,10 +547,12 @@ with_lock() {
 case "${1:-}" in
   start) with_lock cmd_start ;;
   stop) with_lock cmd_stop ;;
+  start-karpenter) with_lock cmd_start_karpenter ;;
+  stop-karpenter) with_lock stop_component karpenter ;;
   restart) shift; with_lock cmd_restart "$@" ;;
   status) cmd_status ;;
   build) bash "$here/build.sh" ;;
   env) printf 'export KUBECONFIG=%q\nexport KUEUE_AC_RUN_DIR=%q\n' "$KUBECONFIG_PATH" "$RUN_DIR" ;;
   kubeconfig-for) shift; cmd_kubeconfig_for "$@" ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -16,6 +16,8 @@ KUEUE_BIN="$(tool_bin kueue "$KUEUE_VERSION")"
 SCHEDULER_BIN="$(tool_bin kube-scheduler "$KUBERNETES_VERSION")"
 CONTROLLER_MANAGER_BIN="$(tool_bin kube-controller-manager "$KUBERNETES_VERSION")"
 KWOK_BIN="$(tool_bin kwok "$KWOK_VERSION")"
+KARPENTER_BIN="$(tool_bin karpenter "$KARPENTER_VERSION")"
+KARPENTER_MANIFEST_DIR="$CACHE_DIR/manifests/karpenter-$KARPENTER_VERSION"
 
 # A message on stderr under a [tag], and the same as an error that ends the script; the chart
 # scripts, which source this file, log under their own tag.
