@@ -18,10 +18,8 @@ use kueue_admission_sdk::{
 };
 use tracing::{debug, info, warn};
 
-use crate::cache::{Unavailable, WatchedCache};
 use crate::config::ProvisioningParameters;
 use crate::error::{ApiCall, Error};
-use crate::flavors::FlavorCache;
 use crate::identity::{self, Identity, Ownership, ownership};
 use crate::metrics::Metrics;
 use crate::names;
@@ -30,6 +28,8 @@ use crate::plan::{self, Plan, PlanInput, RequestPlan};
 use crate::refusal::{self, Subject};
 use crate::requests::{self, RequestCache};
 use crate::topology::{self, CheckView, QueueView};
+use kueue_admission_sdk::flavors::FlavorCache;
+use kueue_admission_sdk::watched_cache::{Unavailable, WatchedCache};
 
 /// How often a Workload whose request names are all held by foreign objects looks again.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(30);

@@ -705,7 +705,8 @@ async fn a_request_released_before_the_watch_shows_the_deletion_is_made_again_no
 async fn a_decide_while_the_flavor_watch_is_refused_is_not_permitted_names_the_verb_and_reads_nothing()
  {
     let s = setup();
-    let refused = crate::cache::forbidden("watch", "resourceflavors is forbidden");
+    let refused =
+        kueue_admission_sdk::watched_cache::forbidden("watch", "resourceflavors is forbidden");
     assert_eq!(s.check.flavors.shared().failed(&refused), Some("watch"));
     use kueue_admission_sdk::AdmissionCheckController;
     let (parameters, client) = (Setup::parameters(), s.api.client());

@@ -13,9 +13,10 @@
 //! - [`config`]: the parameters (Kueue's ProvisioningRequestConfig) and this controller's extras;
 //! - [`refusal`]: what the user reads when what the check must create is (or would be) refused;
 //! - [`check`]: the SDK trait implementation, creating and reading requests;
-//! - [`cache`]: objects kept by watches while this replica leads, read instead of the API
-//!   server, and unreadable (naming the refused verb) while a watch is refused;
-//! - [`flavors`]: the ResourceFlavors the planner reads, from such a cache;
+//! - the SDK's [`kueue_admission_sdk::watched_cache`] and [`kueue_admission_sdk::flavors`]:
+//!   objects (our requests, the ResourceFlavors the planner reads) kept by watches while this
+//!   replica leads, read instead of the API server, unreadable (naming the refused verb) while a
+//!   watch is refused;
 //! - [`identity`]: which objects are ours (labels, annotations, "made for"; the rule checked
 //!   before any delete, patch or use);
 //! - [`requests`]: deleting what this instance made, and only that;
@@ -24,11 +25,9 @@
 //! - [`topology`]: the warning on our AdmissionChecks when a ClusterQueue applies one to a
 //!   topology-aware flavor (Kueue assigns the topology before we provision).
 
-pub mod cache;
 pub mod check;
 pub mod config;
 pub mod error;
-pub mod flavors;
 pub mod identity;
 pub mod metrics;
 pub mod names;

@@ -9,10 +9,10 @@ use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{ProvisioningRequest, Workload};
 
-use crate::cache::WatchedCache;
 use crate::error::Error;
 use crate::identity;
 use crate::identity::{INSTANCE_LABEL, Identity, Ownership, ownership};
+use kueue_admission_sdk::watched_cache::WatchedCache;
 
 /// This instance's requests as the leader's watch of them delivered them.
 pub type RequestCache = WatchedCache<Arc<ProvisioningRequest>>;

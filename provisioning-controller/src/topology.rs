@@ -29,7 +29,7 @@ use kueue_admission_sdk::api::{AdmissionCheck, ClusterQueue, ResourceFlavorSpec,
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::cache::{Unavailable, WatchedCache};
+use kueue_admission_sdk::watched_cache::{Unavailable, WatchedCache};
 
 /// The condition type on our AdmissionChecks.
 pub const CONDITION: &str = "TopologyAssignedBeforeProvisioning";

@@ -36,6 +36,7 @@ pub mod configmap_store;
 pub(crate) mod decide;
 pub mod error;
 pub mod extensions;
+pub mod flavors;
 pub mod hold;
 pub mod holding;
 pub mod lifecycle;
@@ -45,6 +46,7 @@ pub mod retry;
 pub mod runtime;
 pub mod shadow;
 pub mod testing;
+pub mod watched_cache;
 
 /// The metrics library the runtime serves, for [`AdmissionCheckController::register_metrics`].
 pub use prometheus_client;

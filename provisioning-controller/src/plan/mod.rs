@@ -532,18 +532,6 @@ pub fn annotation_parameters(workload: &Workload) -> BTreeMap<String, &String> {
         .collect()
 }
 
-/// The ResourceFlavor of every resource of every podset Kueue admitted the Workload with, in
-/// podset order, repeats kept; empty before quota is reserved. What the plan must read.
-pub fn assigned_flavor_names(workload: &Workload) -> Vec<&str> {
-    let admission = workload.status.as_ref().and_then(|s| s.admission.as_ref());
-    admission
-        .iter()
-        .flat_map(|a| &a.pod_set_assignments)
-        .flat_map(|p| p.flavors.values())
-        .map(String::as_str)
-        .collect()
-}
-
 /// Whether any container or init container of the podset requests or limits one of
 /// `resources`; true when `resources` is empty.
 fn uses_any(pod_set: &PodSet, resources: &[String]) -> bool {

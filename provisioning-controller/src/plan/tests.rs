@@ -865,12 +865,3 @@ fn semantic_equality_treats_empty_maps_as_absent() {
     };
     assert_ne!(semantic("template", &b), semantic("template", &c));
 }
-
-#[test]
-fn assigned_flavor_names_are_every_resources_in_podset_order() {
-    let mut wl = workload(vec![cpu_pod_set("a", 1), cpu_pod_set("b", 1)], "spot");
-    assign_flavor(&mut wl, "a", "memory", "default");
-    assert_eq!(assigned_flavor_names(&wl), ["spot", "default", "spot"]);
-    wl.status = None;
-    assert!(assigned_flavor_names(&wl).is_empty());
-}

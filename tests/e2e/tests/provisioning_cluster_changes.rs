@@ -23,8 +23,8 @@ use kueue_admission_sdk::api::{
     ProvisioningRequest, ResourceFlavor, Workload, find_condition, provisioning_condition as pr,
     workload_condition as cond,
 };
+use kueue_admission_sdk::flavors::assigned_flavor_names;
 use kueue_provisioning_controller::check::ADMITTED_BEFORE_THE_CHECK;
-use kueue_provisioning_controller::plan::assigned_flavor_names;
 use serde_json::json;
 
 /// Kueue's finalizer on ResourceFlavors and AdmissionChecks that a ClusterQueue references.

@@ -1,5 +1,6 @@
-//! Caches kept by watches while this replica leads, so that decisions read objects without a
-//! request to the API server.
+//! Caches kept by watches while this replica leads, so that a check's decisions read the objects
+//! it creates or needs (its own requests, ResourceFlavors, ClusterQueues) without a request to
+//! the API server. Fill one from a task of [`crate::Extensions`].
 //!
 //! A cache answers only while its watch is known to work: before its first list a reader waits
 //! for it, and while the API server refuses the list or the watch, every read fails with
@@ -563,9 +564,9 @@ fn restart_delay(refusals: u32) -> Duration {
     Duration::from_secs(1u64 << refusals.min(7).saturating_sub(1)).min(MAX_RESTART_DELAY)
 }
 
-/// The watcher's error for a 403 on `verb` (`list` or `watch`), for tests.
-#[cfg(test)]
-pub(crate) fn forbidden(verb: &str, message: &str) -> watcher::Error {
+/// The watcher's error for a 403 on `verb` (`list` or `watch`): for tests of a check that reads
+/// a cache, to show what its users read when a permission is missing.
+pub fn forbidden(verb: &str, message: &str) -> watcher::Error {
     let status = kube::core::Status::failure(message, "Forbidden")
         .with_code(403)
         .boxed();
@@ -578,8 +579,8 @@ pub(crate) fn forbidden(verb: &str, message: &str) -> watcher::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{ResourceFlavor, ResourceFlavorSpec};
     use kube::runtime::watcher::Event;
-    use kueue_admission_sdk::api::{ResourceFlavor, ResourceFlavorSpec};
 
     fn flavor(name: &str) -> ResourceFlavor {
         ResourceFlavor::new(name, ResourceFlavorSpec::default())

@@ -1,17 +1,16 @@
 //! The ResourceFlavors the planner reads (node labels and tolerations), from a cache the leading
 //! replica keeps with one watch, instead of one GET per assigned flavor and decision. Only the
-//! spec's node labels, tolerations and Topology (for [`crate::topology`]) are kept, by name.
+//! spec's node labels, tolerations and topology name are kept, by name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::LeaderContext;
+use crate::api::{ResourceFlavor, ResourceFlavorSpec, Workload};
 use kube::api::Api;
-use kueue_admission_sdk::LeaderContext;
-use kueue_admission_sdk::api::{ResourceFlavor, ResourceFlavorSpec, Workload};
 
-use crate::cache::{Key, Unavailable, WatchedCache};
-use crate::plan;
+use crate::watched_cache::{Key, Unavailable, WatchedCache};
 
 /// How long a decision waits for an assigned flavor the cache lacks (Kueue assigned it, so it
 /// existed a moment ago): the watch delivers it first.
@@ -60,7 +59,7 @@ impl FlavorCache {
         &self,
         wl: &Workload,
     ) -> Result<BTreeMap<String, ResourceFlavorSpec>, Unavailable> {
-        let names: BTreeSet<&str> = plan::assigned_flavor_names(wl).into_iter().collect();
+        let names: BTreeSet<&str> = assigned_flavor_names(wl).into_iter().collect();
         let cache = &self.0;
         cache.listed().await?;
         // Until each is delivered, or the cache cannot be read at all.
@@ -78,11 +77,23 @@ impl FlavorCache {
     }
 }
 
+/// The ResourceFlavor of every resource of every podset Kueue admitted the Workload with, in
+/// podset order, repeats kept; empty before quota is reserved.
+pub fn assigned_flavor_names(workload: &Workload) -> Vec<&str> {
+    let admission = workload.status.as_ref().and_then(|s| s.admission.as_ref());
+    admission
+        .iter()
+        .flat_map(|a| &a.pod_set_assignments)
+        .flat_map(|p| p.flavors.values())
+        .map(String::as_str)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::WorkloadBuilder;
     use kube::runtime::watcher::Event;
-    use kueue_admission_sdk::testing::WorkloadBuilder;
 
     fn flavor(name: &str, zone: &str) -> ResourceFlavor {
         let mut f = ResourceFlavor::new(name, ResourceFlavorSpec::default());
@@ -96,6 +107,21 @@ mod tests {
             .pod_set("main", 1, "1")
             .quota_reserved("cq", flavor)
             .build()
+    }
+
+    #[test]
+    fn assigned_flavor_names_are_every_resources_in_podset_order() {
+        let mut wl = WorkloadBuilder::new("ns", "wl")
+            .pod_set("a", 1, "1")
+            .pod_set("b", 1, "1")
+            .quota_reserved("cq", "spot")
+            .build();
+        let admission = wl.status.as_mut().and_then(|s| s.admission.as_mut());
+        let first = &mut admission.expect("reserved").pod_set_assignments[0];
+        first.flavors.insert("memory".into(), "default".into());
+        assert_eq!(assigned_flavor_names(&wl), ["spot", "default", "spot"]);
+        wl.status = None;
+        assert!(assigned_flavor_names(&wl).is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -131,7 +157,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refused_watch_is_an_error_naming_the_verb() {
         let cache = FlavorCache::default();
-        let refused = crate::cache::forbidden("list", "resourceflavors is forbidden");
+        let refused = crate::watched_cache::forbidden("list", "resourceflavors is forbidden");
         assert_eq!(cache.shared().failed(&refused), Some("list"));
         let err = cache.assigned(&holding("a")).await.expect_err("refused");
         assert!(
