@@ -7,8 +7,8 @@
 //!
 //! Layers, from pure to I/O:
 //! - [`names`]: names of requests and PodTemplates, within 253 characters, that parse back;
-//! - [`plan`]: which podsets need capacity and the request (`plan/templates`: the PodTemplates;
-//!   `plan/merge`: merge policies and semantic equality);
+//! - [`plan`]: which podsets need capacity and the request (the PodTemplates from the SDK's
+//!   [`kueue_admission_sdk::pod_template`]; `plan/merge`: merge policies and semantic equality);
 //! - [`outcome`]: a request's conditions (and the clock) → the check's decision;
 //! - [`config`]: the parameters (Kueue's ProvisioningRequestConfig) and this controller's extras;
 //! - [`refusal`]: what the user reads when what the check must create is (or would be) refused;

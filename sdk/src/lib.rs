@@ -41,6 +41,7 @@ pub mod hold;
 pub mod holding;
 pub mod lifecycle;
 pub mod options;
+pub mod pod_template;
 pub mod release;
 pub mod retry;
 pub mod runtime;

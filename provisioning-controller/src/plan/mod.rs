@@ -38,10 +38,9 @@ use crate::identity::{
 use crate::names;
 
 mod merge;
-mod templates;
 
+use kueue_admission_sdk::pod_template::{FlavorAdditions, TemplateError, build_template};
 pub use merge::MergePolicy;
-use templates::{FlavorAdditions, build_template};
 
 /// Workload annotations with this prefix become request parameters (prefix stripped).
 pub const PARAMETER_ANNOTATION_PREFIX: &str = "provreq.kueue.x-k8s.io/";
@@ -196,40 +195,15 @@ impl fmt::Display for ParameterSource {
     }
 }
 
-/// Details of [`PlanError::NodeLabelConflict`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LabelConflict {
-    /// The podset.
-    pub pod_set: String,
-    /// The label key.
-    pub key: String,
-    /// The flavor's value.
-    pub value: String,
-    /// The flavor.
-    pub flavor: String,
-    /// The value already set.
-    pub existing: String,
-    /// The flavor the value already set comes from; `None` for the podset's nodeSelector.
-    pub existing_flavor: Option<String>,
-}
+pub use kueue_admission_sdk::pod_template::LabelConflict;
 
-impl fmt::Display for LabelConflict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let LabelConflict {
-            pod_set,
-            key,
-            value,
-            flavor,
-            existing,
-            existing_flavor,
-        } = self;
-        write!(
-            f,
-            "podset {pod_set:?}: node label {key}={value} of ResourceFlavor {flavor:?} conflicts with {key}={existing} from "
-        )?;
-        match existing_flavor {
-            Some(other) => write!(f, "ResourceFlavor {other:?}"),
-            None => f.write_str("the podset's nodeSelector"),
+impl From<TemplateError> for PlanError {
+    fn from(e: TemplateError) -> Self {
+        match e {
+            TemplateError::UnknownFlavor { pod_set, flavor } => {
+                PlanError::UnknownFlavor { pod_set, flavor }
+            }
+            TemplateError::NodeLabelConflict(c) => PlanError::NodeLabelConflict(c),
         }
     }
 }
