@@ -358,6 +358,7 @@ impl CapacityBufferCheck {
         if !protection.is_zero() {
             let until = ctx.now + protection;
             let p = Protection {
+                by: self.instance.clone(),
                 uid: uid.to_string(),
                 pods: plan.pods,
                 until,
@@ -533,6 +534,7 @@ impl AdmissionCheckController for CapacityBufferCheck {
         );
         let (instance, metrics) = (self.instance.clone(), self.metrics.clone());
         let claim_buffers = self.buffers.clone();
+        let protect_instance = self.instance.clone();
         Extensions::new()
             .while_leading("resourceflavors", move |ctx| {
                 FlavorCache::watch(flavors, ctx)
@@ -544,7 +546,7 @@ impl AdmissionCheckController for CapacityBufferCheck {
                 watch_claims(ctx, claims, claim_buffers)
             })
             .while_leading("node-protection", move |ctx| {
-                protection::watch_protections(ctx, nodes, metrics)
+                protection::watch_protections(ctx, nodes, metrics, protect_instance)
             })
     }
 
@@ -662,7 +664,8 @@ impl AdmissionCheckController for CapacityBufferCheck {
         let deleted = self
             .delete_buffers(ctx.client, &uid, ctx.check_name)
             .await?;
-        let released = protection::unprotect_workload(ctx.client, &self.nodes, &uid).await?;
+        let released =
+            protection::unprotect_workload(ctx.client, &self.nodes, &self.instance, &uid).await?;
         for _ in 0..released {
             self.metrics.protection_ended(ProtectionEnd::Released);
         }

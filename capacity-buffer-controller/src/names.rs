@@ -22,6 +22,8 @@ pub const CHECK_ANNOTATION: &str = "kueue-admission-checks.dev/check";
 pub const POD_SET_ANNOTATION: &str = "kueue-admission-checks.dev/pod-set";
 /// On a buffer: when the check found its capacity ready and shrank it to zero replicas.
 pub const CAPACITY_READY_ANNOTATION: &str = "kueue-admission-checks.dev/capacity-ready-at";
+/// On a Node: the instance of this controller that protects it (only that one ends it).
+pub const PROTECTED_BY_ANNOTATION: &str = "kueue-admission-checks.dev/protected-by";
 /// On a Node: the uid of the Workload it is kept for (beside Karpenter's do-not-disrupt).
 pub const PROTECTED_FOR_ANNOTATION: &str = "kueue-admission-checks.dev/protected-for";
 /// On a Node: how many pods of that Workload must be bound before the protection ends.

@@ -30,13 +30,15 @@ use crate::api::{DO_NOT_DISRUPT, NODEPOOL_LABEL};
 use crate::error::Error;
 use crate::metrics::{Metrics, ProtectionEnd};
 use crate::names::{
-    PROTECTED_FOR_ANNOTATION, PROTECTED_PODS_ANNOTATION, PROTECTED_UNTIL_ANNOTATION,
-    WORKLOAD_UID_LABEL,
+    PROTECTED_BY_ANNOTATION, PROTECTED_FOR_ANNOTATION, PROTECTED_PODS_ANNOTATION,
+    PROTECTED_UNTIL_ANNOTATION, WORKLOAD_UID_LABEL,
 };
 
 /// A protection this controller put on a Node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Protection {
+    /// The instance of this controller that put it there (see [`crate::names::instance`]).
+    pub by: String,
     /// The Workload's uid.
     pub uid: String,
     /// Its pods that must be bound.
@@ -59,6 +61,10 @@ pub fn node_view(annotations: &BTreeMap<String, String>) -> NodeView {
     let ours = annotations
         .get(PROTECTED_FOR_ANNOTATION)
         .map(|uid| Protection {
+            by: annotations
+                .get(PROTECTED_BY_ANNOTATION)
+                .cloned()
+                .unwrap_or_default(),
             uid: uid.clone(),
             pods: annotations
                 .get(PROTECTED_PODS_ANNOTATION)
@@ -81,6 +87,7 @@ pub fn protect_patch(p: &Protection) -> Value {
     let until = p.until.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     json!({"metadata": {"annotations": {
         DO_NOT_DISRUPT: "true",
+        PROTECTED_BY_ANNOTATION: p.by,
         PROTECTED_FOR_ANNOTATION: p.uid,
         PROTECTED_PODS_ANNOTATION: p.pods.to_string(),
         PROTECTED_UNTIL_ANNOTATION: until,
@@ -91,6 +98,7 @@ pub fn protect_patch(p: &Protection) -> Value {
 pub fn release_patch() -> Value {
     json!({"metadata": {"annotations": {
         DO_NOT_DISRUPT: null,
+        PROTECTED_BY_ANNOTATION: null,
         PROTECTED_FOR_ANNOTATION: null,
         PROTECTED_PODS_ANNOTATION: null,
         PROTECTED_UNTIL_ANNOTATION: null,
@@ -168,7 +176,9 @@ pub async fn protect(
     p: &Protection,
 ) -> Result<bool, Error> {
     let key = (String::new(), node.to_string());
-    if nodes.get(&key)?.is_some_and(|n| n.held_by_others) {
+    let theirs =
+        |n: &NodeView| n.held_by_others || n.protection.as_ref().is_some_and(|o| o.by != p.by);
+    if nodes.get(&key)?.is_some_and(|n| theirs(&n)) {
         return Ok(false);
     }
     let api: Api<Node> = Api::all(client.clone());
@@ -204,9 +214,15 @@ pub async fn unprotect(client: &Client, node: &str) -> Result<(), Error> {
 pub async fn unprotect_workload(
     client: &Client,
     nodes: &NodeCache,
+    instance: &str,
     uid: &str,
 ) -> Result<usize, Error> {
-    let protected = nodes.select(|_, n| n.protection.as_ref().is_some_and(|p| p.uid == uid))?;
+    let ours = |n: &NodeView| {
+        n.protection
+            .as_ref()
+            .is_some_and(|p| p.by == instance && p.uid == uid)
+    };
+    let protected = nodes.select(|_, n| ours(n))?;
     for ((_, name), _) in &protected {
         unprotect(client, name).await?;
         info!(node = %name, workload_uid = uid, "released the Node's protection: the Workload released the check");
@@ -216,7 +232,12 @@ pub async fn unprotect_workload(
 
 /// The task: watches Karpenter's Nodes and the pods of answered Workloads, and ends each
 /// protection when its verdict says so. Runs until dropped.
-pub async fn watch_protections(ctx: LeaderContext, nodes: Arc<NodeCache>, metrics: Arc<Metrics>) {
+pub async fn watch_protections(
+    ctx: LeaderContext,
+    nodes: Arc<NodeCache>,
+    metrics: Arc<Metrics>,
+    instance: String,
+) {
     let pods = Arc::new(WatchedCache::grouped("pods", pod_group));
     let node_events = nodes.clone().watch(
         Api::<Node>::all(ctx.client.clone()),
@@ -233,6 +254,8 @@ pub async fn watch_protections(ctx: LeaderContext, nodes: Arc<NodeCache>, metric
         Box::pin(pod_events).map(|_| ()),
     );
     let mut next: Option<Timestamp> = None;
+    // Protections this task ended whose end the watch has not delivered yet: not ended twice.
+    let mut ended: HashSet<(String, String)> = HashSet::new();
     loop {
         let wait = next.map(|at| {
             let left = at.duration_since(Timestamp::now());
@@ -242,7 +265,7 @@ pub async fn watch_protections(ctx: LeaderContext, nodes: Arc<NodeCache>, metric
             change = changes.next() => if change.is_none() { return },
             () = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))), if wait.is_some() => {}
         }
-        next = review(&ctx, &nodes, &pods, &metrics).await;
+        next = review(&ctx, &nodes, &pods, &metrics, &instance, &mut ended).await;
     }
 }
 
@@ -252,10 +275,30 @@ async fn review(
     nodes: &NodeCache,
     pods: &WatchedCache<PodView>,
     metrics: &Metrics,
+    instance: &str,
+    ended: &mut HashSet<(String, String)>,
 ) -> Option<Timestamp> {
-    let Ok(protected) = nodes.select(|_, n| n.protection.is_some()) else {
+    let ours = |n: &NodeView| n.protection.as_ref().is_some_and(|p| p.by == instance);
+    let Ok(protected) = nodes.select(|_, n| ours(n)) else {
         return None;
     };
+    // Forget the ends the watch has delivered.
+    ended.retain(|(node, uid)| {
+        protected
+            .iter()
+            .any(|((_, n), v)| n == node && v.protection.as_ref().is_some_and(|p| &p.uid == uid))
+    });
+    let protected: Vec<_> = protected
+        .into_iter()
+        .filter(|((_, n), v)| {
+            let uid = v
+                .protection
+                .as_ref()
+                .map(|p| p.uid.clone())
+                .unwrap_or_default();
+            !ended.contains(&(n.clone(), uid))
+        })
+        .collect();
     metrics.set_protected(protected.len());
     if protected.is_empty() || !pods.settled() {
         return None;
@@ -283,6 +326,7 @@ async fn review(
             Verdict::Keep(at) => next = Some(next.map_or(at, |n| n.min(at))),
             Verdict::End(why) => match unprotect(&ctx.client, &name).await {
                 Ok(()) => {
+                    ended.insert((name.clone(), p.uid.clone()));
                     metrics.protection_ended(why);
                     info!(node = %name, workload_uid = %p.uid, ?why, bound, "released the Node's protection");
                 }
@@ -308,6 +352,7 @@ mod tests {
     #[test]
     fn a_protection_reads_back_from_the_annotations_it_writes() {
         let p = Protection {
+            by: "cb-1".into(),
             uid: "uid-1".into(),
             pods: 3,
             until: t(600),
@@ -342,6 +387,7 @@ mod tests {
     #[test]
     fn a_protection_ends_when_the_pods_are_bound_the_time_is_up_or_the_workload_is_gone() {
         let p = Protection {
+            by: "cb-1".into(),
             uid: "u".into(),
             pods: 2,
             until: t(600),

@@ -15,6 +15,7 @@
 pub mod capacity;
 pub mod chart;
 pub mod entry_hold;
+pub mod karpenter;
 pub mod probe;
 pub mod provisioning;
 pub mod running;
@@ -1394,7 +1395,7 @@ fn quantity(s: &str) -> k8s_openapi::apimachinery::pkg::api::resource::Quantity 
     k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.into())
 }
 
-async fn create<K>(api: Api<K>, obj: &K) -> Result<K>
+pub(crate) async fn create<K>(api: Api<K>, obj: &K) -> Result<K>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     K::DynamicType: Default,

@@ -1,0 +1,357 @@
+//! The capacity-buffer check against the real Karpenter (its kwok provider, the
+//! `CapacityBuffer` gate on), started beside the control plane by
+//! `control-plane.sh start-karpenter` the first time a test needs it.
+//!
+//! Each test gets a NodePool of its own whose NodeClaims carry a label key of its own
+//! (`<namespace>.e2e.kueue-admission-checks.dev/capacity-for`, required with `Exists`): the
+//! check's buffers select that key, so Karpenter places them on this test's NodePool alone, and
+//! tests running at once never share Nodes.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{CustomResourceExt, ResourceExt};
+use kueue_admission_sdk::RuntimeConfig;
+use kueue_admission_sdk::api::{
+    AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec,
+};
+use kueue_capacity_buffer_controller::api::{CapacityBuffer, NodeClaim};
+use kueue_capacity_buffer_controller::config::GROUP;
+use kueue_capacity_buffer_controller::{CapacityBufferCheck, CapacityBufferCheckConfig, Settings};
+use serde_json::{Value, json};
+
+use crate::{Running, TestEnv};
+
+/// Starts Karpenter beside the control plane, once per test process (a no-op when it runs).
+/// Against a control plane managed elsewhere (`E2E_KUBECONFIG`) Karpenter must already run
+/// there: the NodePool CRD is looked for, and its absence fails the test.
+pub async fn ensure_karpenter(env: &TestEnv) -> Result<()> {
+    static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    let started = STARTED.get_or_init(|| {
+        if std::env::var_os("E2E_KUBECONFIG").is_some() {
+            return Ok(());
+        }
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../control-plane/control-plane.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("start-karpenter")
+            .output();
+        match out {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(format!(
+                "Karpenter did not start ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )),
+            Err(e) => Err(format!("cannot run {}: {e}", script.display())),
+        }
+    });
+    if let Err(e) = started {
+        bail!("{e}");
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    for name in [
+        "nodepools.karpenter.sh",
+        "capacitybuffers.autoscaling.x-k8s.io",
+    ] {
+        crds.get(name)
+            .await
+            .with_context(|| format!("Karpenter's CRD {name} is not installed"))?;
+    }
+    Ok(())
+}
+
+/// One test's Karpenter setup: its label key, NodePool, config, AdmissionCheck and queues.
+#[derive(Debug, Clone)]
+pub struct BufferWorld {
+    /// The node label key of this test.
+    pub node_label: String,
+    /// The NodePool's name.
+    pub node_pool: String,
+    /// The controllerName of this test's controller.
+    pub controller_name: String,
+    /// The AdmissionCheck's name.
+    pub check: String,
+    /// The CapacityBufferCheckConfig's name.
+    pub config: String,
+    /// The ClusterQueue's name (LocalQueue `lq`).
+    pub cluster_queue: String,
+}
+
+impl TestEnv {
+    /// This test's dedication label key.
+    pub fn buffer_node_label(&self) -> String {
+        format!("{}.e2e.kueue-admission-checks.dev/capacity-for", self.ns)
+    }
+
+    /// Karpenter running, the config CRD installed, and for this test: a NodePool (`cpu_limit`
+    /// cpus at most, requiring this test's label key), a config (`spec` over this test's
+    /// label), an AdmissionCheck of this test's controller, a flavor without labels, a
+    /// ClusterQueue with `quota` cpu guarded by the check, and LocalQueue `lq`.
+    pub async fn buffer_world(
+        &self,
+        cpu_limit: &str,
+        quota: &str,
+        spec: Value,
+    ) -> Result<BufferWorld> {
+        ensure_karpenter(self).await?;
+        install_config_crd(self).await?;
+        let node_label = self.buffer_node_label();
+        let node_pool = self.node_pool("pool", &node_label, cpu_limit).await?;
+        let mut spec = spec;
+        spec["nodeLabel"] = json!(node_label);
+        let config = self.cluster_name("cbc");
+        let object = json!({
+            "apiVersion": format!("{GROUP}/v1alpha1"),
+            "kind": "CapacityBufferCheckConfig",
+            "metadata": {"name": config},
+            "spec": spec,
+        });
+        crate::chart::apply(&self.client, &object, "e2e").await?;
+        let controller_name = self.own_controller_name("capacity-buffer");
+        let check_spec = AdmissionCheckSpec {
+            controller_name: controller_name.clone(),
+            parameters: Some(AdmissionCheckParametersReference {
+                api_group: GROUP.into(),
+                kind: "CapacityBufferCheckConfig".into(),
+                name: config.clone(),
+            }),
+        };
+        let check = Api::<AdmissionCheck>::all(self.client.clone())
+            .create(
+                &PostParams::default(),
+                &AdmissionCheck::new(&self.cluster_name("cb"), check_spec),
+            )
+            .await
+            .context("creating the AdmissionCheck")?
+            .name_any();
+        let flavor = self.cluster_name("karpenter");
+        crate::create(
+            Api::all(self.client.clone()),
+            &kueue_admission_sdk::api::ResourceFlavor::new(&flavor, Default::default()),
+        )
+        .await?;
+        let cluster_queue = self.queues_on(&flavor, quota, &[&check]).await?;
+        Ok(BufferWorld {
+            node_label,
+            node_pool,
+            controller_name,
+            check,
+            config,
+            cluster_queue,
+        })
+    }
+
+    /// A KWOKNodeClass (shared, `default`) and a NodePool `name` of this test: on-demand amd64
+    /// Nodes carrying `label` (any value: `Exists`), at most `cpu_limit` cpus, consolidated as
+    /// soon as they are empty.
+    pub async fn node_pool(&self, name: &str, label: &str, cpu_limit: &str) -> Result<String> {
+        let class = json!({
+            "apiVersion": "karpenter.kwok.sh/v1alpha1",
+            "kind": "KWOKNodeClass",
+            "metadata": {"name": "default"},
+        });
+        crate::chart::apply(&self.client, &class, "e2e").await?;
+        let pool = self.cluster_name(name);
+        let object = json!({
+            "apiVersion": "karpenter.sh/v1",
+            "kind": "NodePool",
+            "metadata": {"name": pool},
+            "spec": {
+                "limits": {"cpu": cpu_limit},
+                "disruption": {"consolidateAfter": "0s", "consolidationPolicy": "WhenEmpty", "budgets": [{"nodes": "100%"}]},
+                "template": {"spec": {
+                    "nodeClassRef": {"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default"},
+                    "expireAfter": "Never",
+                    "requirements": [
+                        {"key": label, "operator": "Exists"},
+                        {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+                        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+                    ],
+                }},
+            },
+        });
+        crate::chart::apply(&self.client, &object, "e2e").await?;
+        Ok(pool)
+    }
+
+    /// Starts this test's capacity-buffer controller in process.
+    pub fn start_buffer_controller(
+        &self,
+        world: &BufferWorld,
+        tune: impl FnOnce(&mut RuntimeConfig),
+    ) -> Result<Running> {
+        let http = crate::free_local_address()?;
+        let check = CapacityBufferCheck::new(Settings {
+            controller_name: world.controller_name.clone(),
+            start_early: true,
+        });
+        let mut config = RuntimeConfig {
+            metrics_address: Some(http),
+            health_address: Some(http),
+            field_manager: format!("e2e-cb-{}", self.ns),
+            ..self.runtime_config()
+        };
+        tune(&mut config);
+        Ok(Running::check(self.client.clone(), check, config))
+    }
+
+    /// The CapacityBuffers of this test's namespace.
+    pub fn capacity_buffers(&self) -> Api<CapacityBuffer> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// A buffer of `replicas` pods of 100m cpu selecting `label=value` (and its template), made
+    /// by the test itself: creating one makes Karpenter run a provisioning pass, in which it
+    /// looks at every buffer. Waits until Karpenter has written its `Provisioning` condition,
+    /// so that the pass has happened.
+    pub async fn probe_buffer(
+        &self,
+        name: &str,
+        label: &str,
+        value: &str,
+        replicas: i32,
+    ) -> Result<CapacityBuffer> {
+        let template = json!({
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": name, "namespace": self.ns},
+            "template": {"spec": {
+                "nodeSelector": {label: value},
+                "containers": [{"name": "c", "image": "probe", "resources": {"requests": {"cpu": "100m"}}}],
+            }},
+        });
+        crate::chart::apply(&self.client, &template, "e2e").await?;
+        let buffer = json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1beta1",
+            "kind": "CapacityBuffer",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"podTemplateRef": {"name": name}, "replicas": replicas},
+        });
+        crate::chart::apply(&self.client, &buffer, "e2e").await?;
+        crate::wait_for(
+            self.capacity_buffers(),
+            name,
+            "Karpenter's Provisioning condition",
+            |b: &CapacityBuffer| {
+                b.status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Provisioning"))
+            },
+        )
+        .await
+    }
+
+    /// The NodeClaims carrying `label=value`.
+    pub async fn node_claims(&self, label: &str, value: &str) -> Result<Vec<NodeClaim>> {
+        let api: Api<NodeClaim> = Api::all(self.client.clone());
+        Ok(api
+            .list(&ListParams::default().labels(&format!("{label}={value}")))
+            .await?
+            .items)
+    }
+
+    /// The Nodes carrying `label=value`.
+    pub async fn labelled_nodes(&self, label: &str, value: &str) -> Result<Vec<Node>> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        Ok(api
+            .list(&ListParams::default().labels(&format!("{label}={value}")))
+            .await?
+            .items)
+    }
+}
+
+/// Applies the CapacityBufferCheckConfig CRD (the one the binary prints) and waits until it is
+/// `Established`.
+pub async fn install_config_crd(env: &TestEnv) -> Result<()> {
+    let crd = serde_json::to_value(CapacityBufferCheckConfig::crd())?;
+    crate::chart::apply(&env.client, &crd, "e2e").await?;
+    crate::wait_for(
+        Api::<CustomResourceDefinition>::all(env.client.clone()),
+        CapacityBufferCheckConfig::crd_name(),
+        "Established",
+        |crd| {
+            crd.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Every NodeClaim a watch saw carrying a label key, by name with the label's value, from the
+/// moment it starts: what proves that no capacity was made twice. Stops when dropped.
+#[derive(Debug)]
+pub struct ClaimRecorder {
+    seen: Arc<Mutex<BTreeSet<(String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ClaimRecorder {
+    /// Starts recording the NodeClaims that carry `label` (any value).
+    pub async fn start(env: &TestEnv, label: &str) -> Result<Self> {
+        let api: Api<NodeClaim> = Api::all(env.client.clone());
+        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let into = seen.clone();
+        let config = watcher::Config::default().labels(label);
+        let key = label.to_string();
+        let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut listed = Some(listed_tx);
+            let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(
+                        watcher::Event::Apply(c)
+                        | watcher::Event::InitApply(c)
+                        | watcher::Event::Delete(c),
+                    ) => {
+                        let value = c.labels().get(&key).cloned().unwrap_or_default();
+                        into.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert((value, c.name_any()));
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(tx) = listed.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+        listed_rx
+            .await
+            .context("the NodeClaim watch ended before its first list")?;
+        Ok(Self { seen, task })
+    }
+
+    /// The NodeClaims seen so far whose label has `value`.
+    pub fn seen_for(&self, value: &str) -> BTreeSet<String> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.iter()
+            .filter(|(v, _)| v == value)
+            .map(|(_, name)| name.clone())
+            .collect()
+    }
+}
+
+impl Drop for ClaimRecorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,327 @@
+//! The capacity-buffer check against the real Karpenter v1.14.1 (kwok provider, the
+//! `CapacityBuffer` gate on): Karpenter launches the NodeClaims, kwok makes their Nodes Ready and
+//! runs the pods kube-scheduler binds there, Karpenter consolidates what is empty. Each test
+//! has a NodePool of its own (see `e2e::karpenter`).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::Result;
+use e2e::karpenter::ClaimRecorder;
+use e2e::{SuspendedJob, TestEnv};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::ListParams;
+use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
+use kueue_capacity_buffer_controller::api::DO_NOT_DISRUPT;
+use kueue_capacity_buffer_controller::names::{
+    CAPACITY_READY_ANNOTATION, MANAGED_BY_LABEL, PROTECTED_FOR_ANNOTATION, WORKLOAD_UID_LABEL,
+};
+use serde_json::json;
+
+/// How long Karpenter may take to consolidate an empty Node: consolidateAfter 0 s, its 10 s
+/// disruption poll, the 15 s validation, then the drain; doubled for a loaded machine.
+const CONSOLIDATION: Duration = Duration::from_secs(120);
+
+fn uid(wl: &Workload) -> String {
+    wl.uid().unwrap_or_default()
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
+}
+
+async fn wait_until(
+    what: &str,
+    within: Duration,
+    check: impl AsyncFn() -> Result<bool>,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + within;
+    while !check().await? {
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("timed out after {within:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// A Job whose capacity is not there: Karpenter launches Nodes for its buffer, the Workload is
+/// admitted once they are Ready, its pods run on exactly those Nodes, no NodeClaim is made for
+/// it after that (no capacity twice), none of its Nodes goes while its pods are pending, the
+/// buffers are shrunk at `Ready` and deleted when the Job is done, and Karpenter then
+/// consolidates the Nodes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_is_admitted_on_nodes_karpenter_launched_for_it_and_they_go_when_it_is_done()
+-> Result<()> {
+    let env = TestEnv::new("cb-happy").await?;
+    let world = env
+        .buffer_world("32", "10", json!({"protectionSeconds": 300}))
+        .await?;
+    let claims = ClaimRecorder::start(&env, &world.node_label).await?;
+    let controller = env.start_buffer_controller(&world, |_| {})?;
+    let name = env
+        .submit(&SuspendedJob {
+            parallelism: Some(3),
+            ..SuspendedJob::new("train", "lq", "1")
+        })
+        .await?;
+    let (admitted, _) = env.wait_admitted_ready(&name, &world.check).await?;
+    let uid = uid(&admitted);
+
+    // At Ready: every NodeClaim made for the Workload is Ready, its Nodes protected, its
+    // buffers shrunk to zero and marked.
+    let at_ready: BTreeSet<String> = env
+        .node_claims(&world.node_label, &uid)
+        .await?
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    assert!(
+        !at_ready.is_empty(),
+        "Karpenter launched nothing for the Workload"
+    );
+    let nodes_at_ready: BTreeSet<String> = env
+        .labelled_nodes(&world.node_label, &uid)
+        .await?
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    let buffers = env
+        .capacity_buffers()
+        .list(&Default::default())
+        .await?
+        .items;
+    assert_eq!(buffers.len(), 1, "one buffer for the one podset");
+    for b in &buffers {
+        assert_eq!(
+            b.spec.replicas,
+            Some(0),
+            "shrunk at Ready: {}",
+            b.name_any()
+        );
+        assert!(b.annotations().contains_key(CAPACITY_READY_ANNOTATION));
+    }
+    let entry = e2e::entry_of(&admitted, &world.check)?;
+    assert_eq!(entry.state, CheckState::Ready);
+    assert!(
+        entry.message.contains("capacity for 3 pods is ready"),
+        "{}",
+        entry.message
+    );
+
+    // The pods run on the Nodes made for the Workload, and on no other.
+    let pods = env.wait_job_pods_running("train", 3).await?;
+    for pod in &pods {
+        assert!(
+            nodes_at_ready.contains(&node_of(pod)),
+            "{} not on {nodes_at_ready:?}",
+            e2e::describe_pod(pod)
+        );
+        assert_eq!(pod.labels().get(WORKLOAD_UID_LABEL), Some(&uid));
+    }
+    // Still every Node of Ready there once the pods run: none went while they were pending.
+    let now: BTreeSet<String> = env
+        .labelled_nodes(&world.node_label, &uid)
+        .await?
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert!(
+        nodes_at_ready.is_subset(&now),
+        "a Node went before the pods ran: {nodes_at_ready:?} then {now:?}"
+    );
+    // With every pod bound, the protection ends (the controller's task).
+    wait_until(
+        "the Nodes' protection to end once the pods are bound",
+        e2e::DEFAULT_TIMEOUT,
+        async || {
+            let nodes = env.labelled_nodes(&world.node_label, &uid).await?;
+            Ok(nodes.iter().all(|n| {
+                !n.annotations().contains_key(DO_NOT_DISRUPT)
+                    && !n.annotations().contains_key(PROTECTED_FOR_ANNOTATION)
+            }))
+        },
+    )
+    .await?;
+    // A provisioning pass of Karpenter's after the pods are bound (a probe buffer of the test's
+    // own triggers one): had the Workload's buffer still asked for its 3 pods, they would not fit
+    // beside the real ones and Karpenter would launch a NodeClaim for them now.
+    env.probe_buffer("probe", &world.node_label, "probe", 1)
+        .await?;
+    let ended = controller
+        .metric("kueue_capacity_buffer_node_protections_ended_total{why=\"pods_bound\"}")
+        .await?;
+    assert_eq!(
+        ended,
+        Some(nodes_at_ready.len() as f64),
+        "each Node's protection ended for its pods"
+    );
+
+    // Done: the buffers and templates go with the release, then Karpenter consolidates.
+    env.complete_job("train", &name).await?;
+    wait_until(
+        "the buffers to be deleted",
+        e2e::DEFAULT_TIMEOUT,
+        async || {
+            Ok(env
+                .capacity_buffers()
+                .list(&ListParams::default().labels(MANAGED_BY_LABEL))
+                .await?
+                .items
+                .is_empty())
+        },
+    )
+    .await?;
+    wait_until(
+        "Karpenter to consolidate the Workload's Nodes",
+        CONSOLIDATION,
+        async || Ok(env.node_claims(&world.node_label, &uid).await?.is_empty()),
+    )
+    .await?;
+    // No NodeClaim was ever made for the Workload but those of Ready.
+    assert_eq!(
+        claims.seen_for(&uid),
+        at_ready,
+        "a NodeClaim made after Ready: capacity twice"
+    );
+    controller.stop().await
+}
+
+/// A Job larger than the NodePool's limits: Karpenter cannot place some of its pods; past the
+/// grace the entry says so (the runtime's hold), then the quota goes back with `Retry`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_beyond_the_nodepools_limits_is_told_why_and_gives_its_quota_back() -> Result<()> {
+    let env = TestEnv::new("cb-too-big").await?;
+    let spec = json!({"unprovisionableGraceSeconds": 0, "retryStrategy": {"backoffLimitCount": 3, "backoffBaseSeconds": 60}});
+    let world = env.buffer_world("4", "20", spec).await?;
+    let controller = env.start_buffer_controller(&world, |c| {
+        c.permanent_failure_hold = Duration::from_secs(5);
+    })?;
+    let name = env
+        .submit(&SuspendedJob {
+            parallelism: Some(8),
+            ..SuspendedJob::new("huge", "lq", "1")
+        })
+        .await?;
+    let held = env
+        .wait_workload(
+            &name,
+            "the entry naming the pods Karpenter cannot place",
+            |wl| {
+                wl.admission_check(&world.check)
+                    .is_some_and(|e| e.message.contains("cannot place"))
+            },
+        )
+        .await?;
+    let entry = e2e::entry_of(&held, &world.check)?;
+    assert_eq!(entry.state, CheckState::Pending, "{entry:?}");
+    assert!(entry.message.contains("limits"), "{}", entry.message);
+    assert!(
+        held.condition_is_true(cond::QUOTA_RESERVED),
+        "held while the message shows"
+    );
+    // Then Retry (after the hold): Kueue evicts it and gives the quota back.
+    env.wait_workload(&name, "quota released", |wl| {
+        !wl.condition_is_true(cond::QUOTA_RESERVED)
+    })
+    .await?;
+    let unprovisionable = controller
+        .metric(&format!(
+            "kueue_capacity_buffer_outcomes_total{{check=\"{}\",outcome=\"unprovisionable\"}}",
+            world.check
+        ))
+        .await?;
+    assert_eq!(unprovisionable, Some(1.0));
+    controller.stop().await
+}
+
+/// A Workload admitted whose pods never come (created directly, no Job): its Nodes are empty,
+/// and Karpenter would consolidate them; the check's `karpenter.sh/do-not-disrupt` keeps them
+/// (Karpenter says so with its `DisruptionBlocked` event) until `protectionSeconds` run out,
+/// then the task ends the protection and Karpenter consolidates them.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_out() -> Result<()> {
+    use k8s_openapi::api::core::v1::Event;
+    use kube::api::Api;
+    let env = TestEnv::new("cb-protect").await?;
+    let world = env
+        .buffer_world("32", "10", json!({"protectionSeconds": 40}))
+        .await?;
+    let controller = env.start_buffer_controller(&world, |_| {})?;
+    let wl = kueue_admission_sdk::testing::WorkloadBuilder::new(&env.ns, "bare")
+        .pod_set("main", 2, "1")
+        .build();
+    let mut wl = wl;
+    wl.spec.queue_name = Some("lq".into());
+    wl.metadata.resource_version = None;
+    wl.metadata.uid = None;
+    wl.status = None;
+    // A Workload of its own has no Job to give its pods an image; the PodTemplate needs one.
+    for spec in wl
+        .spec
+        .pod_sets
+        .iter_mut()
+        .filter_map(|p| p.template.spec.as_mut())
+    {
+        for c in &mut spec.containers {
+            c.image = Some("registry.k8s.io/pause".into());
+        }
+    }
+    let created = env.create_workload(&wl).await?;
+    let (admitted, _) = env
+        .wait_admitted_ready(&created.name_any(), &world.check)
+        .await?;
+    let uid = uid(&admitted);
+    let nodes: BTreeSet<String> = env
+        .labelled_nodes(&world.node_label, &uid)
+        .await?
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert!(!nodes.is_empty());
+    // Karpenter looks at the empty Nodes and is kept off by the annotation.
+    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    wait_until(
+        "Karpenter's DisruptionBlocked event on a protected Node",
+        Duration::from_secs(60),
+        async || {
+            let list = events
+                .list(&ListParams::default().fields("reason=DisruptionBlocked"))
+                .await?;
+            Ok(list.items.iter().any(|e| {
+                e.involved_object.kind.as_deref() == Some("Node")
+                    && e.involved_object
+                        .name
+                        .as_ref()
+                        .is_some_and(|n| nodes.contains(n))
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("do-not-disrupt"))
+            }))
+        },
+    )
+    .await?;
+    let still: BTreeSet<String> = env
+        .labelled_nodes(&world.node_label, &uid)
+        .await?
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert_eq!(still, nodes, "a protected Node went");
+    // The protection runs out; then Karpenter consolidates them though the Workload is admitted.
+    wait_until(
+        "the protection to run out and Karpenter to consolidate the Nodes",
+        CONSOLIDATION,
+        async || Ok(env.node_claims(&world.node_label, &uid).await?.is_empty()),
+    )
+    .await?;
+    let expired = controller
+        .metric("kueue_capacity_buffer_node_protections_ended_total{why=\"expired\"}")
+        .await?;
+    assert_eq!(expired, Some(nodes.len() as f64));
+    controller.stop().await
+}
