@@ -71,6 +71,29 @@ pub async fn ensure_karpenter(env: &TestEnv) -> Result<()> {
     Ok(())
 }
 
+/// Restarts Karpenter (`control-plane.sh restart karpenter`): stopped, started again on the
+/// same cluster state. Only on the local control plane.
+pub fn restart_karpenter() -> Result<()> {
+    if std::env::var_os("E2E_KUBECONFIG").is_some() {
+        bail!("restarting Karpenter needs the local control plane (E2E_KUBECONFIG is set)");
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../control-plane/control-plane.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["restart", "karpenter"])
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "restarting Karpenter failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// One test's Karpenter setup: its label key, NodePool, config, AdmissionCheck and queues.
 #[derive(Debug, Clone)]
 pub struct BufferWorld {
