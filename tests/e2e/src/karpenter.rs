@@ -127,6 +127,18 @@ impl TestEnv {
         quota: &str,
         spec: Value,
     ) -> Result<BufferWorld> {
+        self.buffer_world_on(cpu_limit, quota, spec, ("cq", "lq"))
+            .await
+    }
+
+    /// [`Self::buffer_world`] with these (ClusterQueue, LocalQueue) names, beside other queues.
+    pub async fn buffer_world_on(
+        &self,
+        cpu_limit: &str,
+        quota: &str,
+        spec: Value,
+        (cq, lq): (&str, &str),
+    ) -> Result<BufferWorld> {
         ensure_karpenter(self).await?;
         install_config_crd(self).await?;
         let node_label = self.buffer_node_label();
@@ -164,7 +176,7 @@ impl TestEnv {
             &kueue_admission_sdk::api::ResourceFlavor::new(&flavor, Default::default()),
         )
         .await?;
-        let cluster_queue = self.queues_on(&flavor, quota, &[&check]).await?;
+        let cluster_queue = self.named_queues(cq, lq, &flavor, quota, &[&check]).await?;
         Ok(BufferWorld {
             node_label,
             node_pool,

@@ -325,3 +325,103 @@ async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_ou
     assert_eq!(expired, Some(nodes.len() as f64));
     controller.stop().await
 }
+
+/// The capacity-buffer check on one ClusterQueue beside the provisioning check on another (the
+/// autoscaler simulator scaling its node group): each Job is admitted by its own check on its
+/// own capacity, each controller makes only its own objects, and Karpenter launches nothing for
+/// the provisioning check's Job.
+#[tokio::test(flavor = "multi_thread")]
+async fn beside_the_provisioning_check_each_job_gets_its_own_capacity() -> Result<()> {
+    use e2e::capacity::{BEST_EFFORT, CapacitySetup, GROUP_LABEL, GroupShape};
+    use e2e::provisioning::World;
+    let env = TestEnv::new("cb-beside").await?;
+    let setup = CapacitySetup {
+        config: json!({"provisioningClassName": BEST_EFFORT, "retryStrategy": {"backoffLimitCount": 0}}),
+        group: Some(GroupShape { cpu: "4", max: 2 }),
+        ..CapacitySetup::default()
+    };
+    let provisioning = World::on_capacity_in(env.clone(), setup, |_| {}).await?;
+    let world = env
+        .buffer_world_on("32", "10", json!({}), ("cq-karpenter", "lq-karpenter"))
+        .await?;
+    let claims = ClaimRecorder::start(&env, &world.node_label).await?;
+    let controller = env.start_buffer_controller(&world, |_| {})?;
+    let by_autoscaler = env
+        .submit(&SuspendedJob {
+            parallelism: Some(2),
+            ..SuspendedJob::new("on-group", "lq", "1")
+        })
+        .await?;
+    let by_karpenter = env
+        .submit(&SuspendedJob {
+            parallelism: Some(2),
+            ..SuspendedJob::new("on-karpenter", "lq-karpenter", "1")
+        })
+        .await?;
+    let (group_wl, _) = env
+        .wait_admitted_ready(&by_autoscaler, &provisioning.p.check)
+        .await?;
+    let (karpenter_wl, _) = env.wait_admitted_ready(&by_karpenter, &world.check).await?;
+    assert!(group_wl.admission_check(&world.check).is_none());
+    assert!(
+        karpenter_wl
+            .admission_check(&provisioning.p.check)
+            .is_none()
+    );
+    let group_pods = env.wait_job_pods_running("on-group", 2).await?;
+    for pod in &group_pods {
+        let node = node_of(pod);
+        let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+            .get(&node)
+            .await?;
+        assert!(
+            node.labels().contains_key(GROUP_LABEL),
+            "{} not on the node group",
+            e2e::describe_pod(pod)
+        );
+    }
+    let karpenter_uid = uid(&karpenter_wl);
+    let karpenter_nodes: BTreeSet<String> = env
+        .labelled_nodes(&world.node_label, &karpenter_uid)
+        .await?
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    for pod in env.wait_job_pods_running("on-karpenter", 2).await? {
+        assert!(
+            karpenter_nodes.contains(&node_of(&pod)),
+            "{}",
+            e2e::describe_pod(&pod)
+        );
+    }
+    // Each controller made only its own: no buffer for the other Job, no request for ours.
+    let buffers = env
+        .capacity_buffers()
+        .list(&ListParams::default().labels(MANAGED_BY_LABEL))
+        .await?;
+    let group_uid = uid(&group_wl);
+    assert!(
+        buffers
+            .items
+            .iter()
+            .all(|b| b.labels().get(WORKLOAD_UID_LABEL) != Some(&group_uid))
+    );
+    let requests = env
+        .provisioning_requests()
+        .list(&Default::default())
+        .await?;
+    assert!(
+        requests
+            .items
+            .iter()
+            .all(|r| !r.name_any().contains(&by_karpenter)),
+        "a ProvisioningRequest for the Karpenter Job"
+    );
+    assert!(
+        claims.seen_for(&group_uid).is_empty(),
+        "Karpenter launched for the node group's Job"
+    );
+    let seen: BTreeSet<String> = claims.seen_for(&karpenter_uid);
+    assert!(!seen.is_empty());
+    controller.stop().await
+}
