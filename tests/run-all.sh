@@ -17,9 +17,10 @@ cargo fmt --all --check
 # The control plane's binaries (cold: a Go build of several minutes) build beside the Rust
 # steps below; each leaves a core idle at times (a long serial crate, a link). Waited for before
 # the fuzz step, which is timed and should have the machine to itself.
-step "building the control plane in the background (log: target/control-plane-build.log)"
+step "building the control plane (and Karpenter) in the background (log: target/control-plane-build.log)"
 mkdir -p target
-bash "$cp" build >target/control-plane-build.log 2>&1 &
+# Karpenter is started only by the capacity-buffer suites; built here so that they do not wait.
+{ bash "$cp" build && bash tests/control-plane/build.sh karpenter; } >target/control-plane-build.log 2>&1 &
 build_pid=$!
 trap 'kill "$build_pid" 2>/dev/null || true' EXIT
 
@@ -73,7 +74,7 @@ bash tests/helm/check-chart.sh
 bash tests/helm/static-binary.sh build >target/static-binary-build.log 2>&1 &
 static_pid=$!
 
-step "end-to-end tests against etcd, kube-apiserver and Kueue"
+step "end-to-end tests against etcd, kube-apiserver and Kueue (and Karpenter for the capacity-buffer check)"
 # chart_rbac renders the chart with this helm (built and cached by the chart checks above).
 E2E_HELM="$(bash tests/helm/install-helm.sh)"
 export E2E_HELM
