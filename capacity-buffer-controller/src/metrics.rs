@@ -16,12 +16,12 @@ struct CheckLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     check: String,
-    outcome: &'static str,
+    outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReleaseLabels {
-    why: &'static str,
+    why: String,
 }
 
 /// Why a Node's protection ended.
@@ -119,7 +119,7 @@ impl Metrics {
         self.outcomes
             .get_or_create(&OutcomeLabels {
                 check: check.into(),
-                outcome,
+                outcome: outcome.into(),
             })
             .inc();
     }
@@ -137,7 +137,9 @@ impl Metrics {
     /// A Node's protection ended.
     pub fn protection_ended(&self, why: ProtectionEnd) {
         self.protections_ended
-            .get_or_create(&ReleaseLabels { why: why.label() })
+            .get_or_create(&ReleaseLabels {
+                why: why.label().into(),
+            })
             .inc();
     }
 

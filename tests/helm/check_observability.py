@@ -5,7 +5,8 @@
                            [--require-alerts A,B,...] [--promtool PATH --alerts-test FILE --test-rules RENDERED.yaml]
 
 The metric names, types and labels are read from the code that registers them
-(sdk/src/runtime/metrics.rs, provisioning-controller/src/metrics.rs), so a renamed metric fails
+(sdk/src/runtime/metrics.rs, provisioning-controller/src/metrics.rs,
+capacity-buffer-controller/src/metrics.rs), so a renamed metric fails
 here. Then:
   - every PromQL expression of the dashboard (panels and variables) and of every alert uses only
     series that exist (counters end in _total, histograms in _bucket/_sum/_count), label names
@@ -31,7 +32,11 @@ import yaml
 from chart_failures import check, failures, finish
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-SOURCES = ["sdk/src/runtime/metrics.rs", "provisioning-controller/src/metrics.rs"]
+SOURCES = [
+    "sdk/src/runtime/metrics.rs",
+    "provisioning-controller/src/metrics.rs",
+    "capacity-buffer-controller/src/metrics.rs",
+]
 # Labels Prometheus (through a ServiceMonitor) adds to every scraped series.
 TARGET_LABELS = {"namespace", "pod", "job", "service", "instance", "endpoint", "container"}
 STATES = {"Pending", "Ready", "Retry", "Rejected"}
