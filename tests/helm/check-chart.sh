@@ -45,6 +45,7 @@ VARIANTS=(
   "kpc plain-metrics $KPC/ci/plain-metrics-values.yaml 2 true ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount,ServiceMonitor - $DEFAULT_ARGS,--metrics-secure=false,--metrics-address=0.0.0.0:8080"
   "kac budget-check $KAC/ci/budget-check-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
   "kac alert-gate $KAC/ci/alert-gate-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS,--withdraw-ready-seconds=60"
+  "kac capacity-buffer $KAC/ci/capacity-buffer-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
   "kac parameters $KAC/ci/parameters-values.yaml 1 false AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PrometheusRule,Service,ServiceAccount,ServiceMonitor - --max-retry-delay-seconds=2147483647,--permanent-failure-hold-seconds=86400,--shadow=true,--shadow-cluster-queues=team-a"
 )
 chart_dir() { case $1 in kpc) echo "$KPC" ;; kac) echo "$KAC" ;; esac; }

@@ -7,6 +7,7 @@
 //! machine and caches (it prints the path). Rendered YAML is turned into JSON by `python3` with
 //! PyYAML, which the chart checks in tests/helm already need.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ use kueue_admission_sdk::{Options, RuntimeConfig};
 use kueue_provisioning_controller::{ProvisioningCheck, Settings};
 use serde_json::{Value, json};
 
-use crate::Running;
+use crate::{Audited, Running, TestEnv};
 
 /// The provisioning controller's chart, relative to the repository root.
 pub const PROVISIONING_CHART: &str = "charts/kueue-provisioning-controller";
@@ -480,4 +481,57 @@ pub fn start_controller(
         ProvisioningCheck::new(settings),
         runtime,
     ))
+}
+
+/// The ServiceAccount's user name and its requests as the audit log recorded them; fails if
+/// there are none.
+pub fn requests_of(env: &TestEnv, service_account: &str) -> Result<(String, Vec<Audited>)> {
+    let user = format!("system:serviceaccount:{}:{service_account}", env.ns);
+    let requests = crate::audited_requests(&user)?;
+    ensure!(
+        !requests.is_empty(),
+        "the audit log has no request of {user}"
+    );
+    Ok((user, requests))
+}
+
+/// The requests the API server refused (403), described.
+pub fn refused(requests: &[Audited]) -> Vec<String> {
+    requests
+        .iter()
+        .filter(|r| r.code == 403)
+        .map(ToString::to_string)
+        .collect()
+}
+
+/// How many successful requests used each grant, and what is wrong about the grants: one never
+/// used and not excused in `unused_here` (group, resource, verb, why), or one excused there but
+/// used.
+pub fn uses_per_grant(
+    granted: &[Grant],
+    requests: &[Audited],
+    unused_here: &[(&str, &str, &str, &str)],
+) -> (BTreeMap<String, usize>, Vec<String>) {
+    let mut unused = Vec::new();
+    let mut used_by_grant = BTreeMap::new();
+    for g in granted {
+        let uses = requests
+            .iter()
+            .filter(|r| {
+                r.code < 400 && r.verb == g.verb && r.group == g.group && r.resource == g.resource
+            })
+            .count();
+        used_by_grant.insert(g.to_string(), uses);
+        let excused = unused_here.iter().any(|(group, resource, verb, _)| {
+            *group == g.group && *resource == g.resource && *verb == g.verb
+        });
+        match (uses, excused) {
+            (0, false) => unused.push(format!("{g}: granted, never used")),
+            (n, true) if n > 0 => unused.push(format!(
+                "{g}: excused as unused but used {n} times; take it off the list"
+            )),
+            _ => {}
+        }
+    }
+    (used_by_grant, unused)
 }

@@ -9,13 +9,12 @@
 //! the ServiceAccount refused. Minimal: the same log shows every verb the chart grants used
 //! successfully at least once, or the verb is in [`UNUSED_HERE`] with the reason.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use clap::Parser;
+use e2e::TestEnv;
 use e2e::chart::{self, Grant};
-use e2e::{Audited, TestEnv};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kueue_admission_sdk::api::{AdmissionCheck, CheckState};
@@ -78,11 +77,11 @@ async fn the_generic_chart_runs_the_budget_example_with_exactly_the_rules_it_nee
     );
 
     // Read after the stop, so the Lease's release is in the log too.
-    let (user, requests) = requests_of(&env, &service_account)?;
-    let refused = refused(&requests);
+    let (user, requests) = chart::requests_of(&env, &service_account)?;
+    let refused = chart::refused(&requests);
     let not_enough = "the chart's rules are not enough; the API server refused";
     ensure!(refused.is_empty(), "{not_enough}: {}", refused.join("; "));
-    let (used_by_grant, unused) = uses_per_grant(&granted, &requests);
+    let (used_by_grant, unused) = chart::uses_per_grant(&granted, &requests, UNUSED_HERE);
     let count = requests.len();
     println!("{count} requests of {user}, none refused; uses per grant: {used_by_grant:#?}");
     ensure!(unused.is_empty(), "{}", unused.join("\n"));
@@ -251,55 +250,4 @@ async fn over_budget_retries(env: &TestEnv, check: &str) -> Result<()> {
     })
     .await?;
     Ok(())
-}
-
-/// The ServiceAccount's user name and its requests as the audit log recorded them; fails if
-/// there are none.
-fn requests_of(env: &TestEnv, service_account: &str) -> Result<(String, Vec<Audited>)> {
-    let user = format!("system:serviceaccount:{}:{service_account}", env.ns);
-    let requests = e2e::audited_requests(&user)?;
-    ensure!(
-        !requests.is_empty(),
-        "the audit log has no request of {user}"
-    );
-    Ok((user, requests))
-}
-
-/// The requests the API server refused (403), described.
-fn refused(requests: &[Audited]) -> Vec<String> {
-    requests
-        .iter()
-        .filter(|r| r.code == 403)
-        .map(ToString::to_string)
-        .collect()
-}
-
-/// How many successful requests used each grant, and what is wrong about the grants: one never
-/// used and not excused in [`UNUSED_HERE`], or one excused there but used.
-fn uses_per_grant(
-    granted: &[Grant],
-    requests: &[Audited],
-) -> (BTreeMap<String, usize>, Vec<String>) {
-    let mut unused = Vec::new();
-    let mut used_by_grant = BTreeMap::new();
-    for g in granted {
-        let uses = requests
-            .iter()
-            .filter(|r| {
-                r.code < 400 && r.verb == g.verb && r.group == g.group && r.resource == g.resource
-            })
-            .count();
-        used_by_grant.insert(g.to_string(), uses);
-        let excused = UNUSED_HERE.iter().any(|(group, resource, verb, _)| {
-            *group == g.group && *resource == g.resource && *verb == g.verb
-        });
-        match (uses, excused) {
-            (0, false) => unused.push(format!("{g}: granted, never used")),
-            (n, true) if n > 0 => unused.push(format!(
-                "{g}: listed in UNUSED_HERE but used {n} times; take it off the list"
-            )),
-            _ => {}
-        }
-    }
-    (used_by_grant, unused)
 }
