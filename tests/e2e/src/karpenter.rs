@@ -287,6 +287,17 @@ impl TestEnv {
         .await
     }
 
+    /// Deletes a buffer the test made ([`Self::probe_buffer`]) and its template, so that its
+    /// capacity does not outlive the test.
+    pub async fn delete_probe(&self, name: &str) -> Result<()> {
+        let params = kube::api::DeleteParams::default();
+        self.capacity_buffers().delete(name, &params).await?;
+        Api::<k8s_openapi::api::core::v1::PodTemplate>::namespaced(self.client.clone(), &self.ns)
+            .delete(name, &params)
+            .await?;
+        Ok(())
+    }
+
     /// The NodeClaims carrying `label=value`.
     pub async fn node_claims(&self, label: &str, value: &str) -> Result<Vec<NodeClaim>> {
         let api: Api<NodeClaim> = Api::all(self.client.clone());

@@ -152,6 +152,7 @@ async fn a_job_is_admitted_on_nodes_karpenter_launched_for_it_and_they_go_when_i
     // beside the real ones and Karpenter would launch a NodeClaim for them now.
     env.probe_buffer("probe", &world.node_label, "probe", 1)
         .await?;
+    env.delete_probe("probe").await?;
     let ended = controller
         .metric("kueue_capacity_buffer_node_protections_ended_total{why=\"pods_bound\"}")
         .await?;

@@ -111,6 +111,7 @@ async fn killing_the_controller_and_restarting_karpenter_mid_way_loses_nothing_a
     // A pass of Karpenter's after the pods bound (a probe buffer triggers one) makes nothing more.
     env.probe_buffer("probe", &world.node_label, "probe", 1)
         .await?;
+    env.delete_probe("probe").await?;
     assert_eq!(
         claims.seen_for(&uid),
         at_ready,
