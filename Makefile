@@ -1,8 +1,11 @@
 # Entry points; each is a thin wrapper around a script under tests/ or one cargo command.
-.PHONY: demo test package-check bench bench-compare soak multi-check-soak fuzz test-under-load test-kueue-versions up down status build-control-plane
+.PHONY: demo demo-karpenter test package-check bench bench-compare soak multi-check-soak fuzz test-under-load test-kueue-versions up down status build-control-plane
 
 demo: ## Start the control plane, the provisioning controller and the simulator; narrate two Jobs
 	bash tests/demo.sh
+
+demo-karpenter: ## Start the control plane and Karpenter, the capacity-buffer check; narrate a Job on Nodes Karpenter launches for it
+	bash tests/demo-karpenter.sh
 
 test: ## fmt, clippy, docs, unit tests and the end-to-end suite against a real Kueue
 	bash tests/run-all.sh

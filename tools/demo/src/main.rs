@@ -11,15 +11,15 @@
 //! so it can run any number of times.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use demo::{Narrator, age, columns};
 use e2e::capacity::{BEST_EFFORT, CONSUME_ANNOTATION, GROUP_LABEL, PROVIDER_TAINT};
 use e2e::{RUN_FOR_ANNOTATION, START_AFTER_ANNOTATION, SuspendedJob, TestEnv};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -524,45 +524,6 @@ fn node_rows<'a>(nodes: impl Iterator<Item = &'a Node>, now: Timestamp) -> Vec<V
         .collect()
 }
 
-/// Rows aligned in columns three spaces apart, as kubectl prints them; "No resources found"
-/// for none.
-fn columns(header: &[&str], rows: Vec<Vec<String>>) -> Vec<String> {
-    if rows.is_empty() {
-        return vec!["No resources found".to_string()];
-    }
-    let all: Vec<Vec<String>> = std::iter::once(header.iter().map(|h| h.to_string()).collect())
-        .chain(rows)
-        .collect();
-    let widths: Vec<usize> = (0..header.len())
-        .map(|i| all.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    all.iter()
-        .map(|r| {
-            r.iter()
-                .zip(&widths)
-                .map(|(cell, w)| format!("{cell:<w$}"))
-                .collect::<Vec<_>>()
-                .join("   ")
-                .trim_end()
-                .to_string()
-        })
-        .collect()
-}
-
-/// An age as kubectl prints it: `42s`, `3m12s`, `2h5m`.
-fn age(created: Option<&Time>, now: Timestamp) -> String {
-    let Some(created) = created else {
-        return "<unknown>".into();
-    };
-    let secs = now.as_second().saturating_sub(created.0.as_second()).max(0);
-    match secs {
-        0..120 => format!("{secs}s"),
-        120..600 => format!("{}m{}s", secs / 60, secs % 60),
-        600..7200 => format!("{}m", secs / 60),
-        _ => format!("{}h{}m", secs / 3600, (secs % 3600) / 60),
-    }
-}
-
 /// A request's conditions that are set, with their reasons, or `created` while it has none.
 fn request_state(r: &ProvisioningRequest) -> String {
     let conditions: Vec<String> = r
@@ -638,31 +599,4 @@ async fn print_metrics(cli: &Cli, check: &str) -> Result<()> {
         println!("  {line}");
     }
     Ok(())
-}
-
-/// Prints lines stamped with the time since the demo started, and remembers what it last said
-/// about each object so that it speaks only of changes.
-struct Narrator {
-    started: Instant,
-    said: BTreeMap<String, String>,
-}
-
-impl Narrator {
-    fn new() -> Self {
-        Self {
-            started: Instant::now(),
-            said: BTreeMap::new(),
-        }
-    }
-
-    fn say(&self, msg: &str) {
-        println!("[{:>5.1}s] {msg}", self.started.elapsed().as_secs_f32());
-    }
-
-    /// Says `msg` unless `line` is what was last said about `key`.
-    fn say_if_changed(&mut self, key: String, line: &str, msg: &str) {
-        if self.said.insert(key, line.to_string()).as_deref() != Some(line) {
-            self.say(msg);
-        }
-    }
 }
