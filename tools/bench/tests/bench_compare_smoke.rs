@@ -361,7 +361,9 @@ fn paced_runs_follow_the_burst_at_a_fraction_of_the_built_ins_throughput() -> Re
         .find(|l| l.contains(" paced at 50 % (") && l.contains(", pair 1: reserved → Ready p99"))
         .ok_or_else(|| anyhow::anyhow!("no paced comparison in:\n{stdout}"))?;
     // "20 × 1 paced at 50 % (4.3/s) ...": the pace is half the burst's throughput, so fewer
-    // than 20 Workloads a second here, and a count of about pace × 4 s.
+    // than 20 Workloads a second here, and a count of pace × 4 s rounded. The pace is printed to
+    // a tenth, so the printed pace × 4 s is within 0.2 of the exact one: the count is within
+    // 0.5 + 0.2 of it (19 Workloads at a printed 4.9/s, for an exact 4.87/s, is right).
     let pace: f64 = line
         .split("paced at 50 % (")
         .nth(1)
@@ -370,7 +372,7 @@ fn paced_runs_follow_the_burst_at_a_fraction_of_the_built_ins_throughput() -> Re
         .parse()?;
     let count: f64 = line.split(' ').next().unwrap_or_default().trim().parse()?;
     ensure!(
-        pace > 0.0 && (count - (pace * 4.0).round()).abs() < 1.0,
+        pace > 0.0 && (count - pace * 4.0).abs() <= 0.7 + 1e-9,
         "{line}"
     );
     Ok(())
