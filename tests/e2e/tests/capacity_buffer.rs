@@ -426,3 +426,51 @@ async fn beside_the_provisioning_check_each_job_gets_its_own_capacity() -> Resul
     assert!(!seen.is_empty());
     controller.stop().await
 }
+
+/// Capacity that is not ready within `provisioningTimeoutSeconds` (1 s: Karpenter batches for a
+/// second before it launches anything) fails the attempt: `Retry`, and past the config's
+/// retry limit (0 here) `Rejected`, with a message naming the timeout; the attempt's buffer
+/// goes with the release.
+#[tokio::test(flavor = "multi_thread")]
+async fn capacity_not_ready_within_the_timeout_fails_the_attempt() -> Result<()> {
+    let env = TestEnv::new("cb-timeout").await?;
+    let spec = json!({"provisioningTimeoutSeconds": 1, "retryStrategy": {"backoffLimitCount": 0}});
+    let world = env.buffer_world("32", "10", spec).await?;
+    let controller = env.start_buffer_controller(&world, |_| {})?;
+    let name = env
+        .submit(&SuspendedJob {
+            parallelism: Some(2),
+            ..SuspendedJob::new("slow", "lq", "1")
+        })
+        .await?;
+    let rejected = env
+        .wait_workload(&name, "the check's Rejected", |wl| {
+            wl.admission_check(&world.check)
+                .is_some_and(|e| e.state == CheckState::Rejected)
+        })
+        .await?;
+    let entry = e2e::entry_of(&rejected, &world.check)?;
+    assert!(
+        entry.message.contains("not ready within 1 s"),
+        "{}",
+        entry.message
+    );
+    assert!(!rejected.condition_is_true(cond::ADMITTED));
+    wait_until(
+        "the attempt's buffer deleted",
+        e2e::DEFAULT_TIMEOUT,
+        async || {
+            let ours = ListParams::default().labels(MANAGED_BY_LABEL);
+            Ok(env.capacity_buffers().list(&ours).await?.items.is_empty())
+        },
+    )
+    .await?;
+    let timed_out = controller
+        .metric(&format!(
+            "kueue_capacity_buffer_outcomes_total{{check=\"{}\",outcome=\"timed_out\"}}",
+            world.check
+        ))
+        .await?;
+    assert_eq!(timed_out, Some(1.0));
+    controller.stop().await
+}
