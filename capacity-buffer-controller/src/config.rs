@@ -279,6 +279,27 @@ mod tests {
     }
 
     #[test]
+    fn the_charts_crd_is_the_one_the_binary_prints() {
+        use kube::CustomResourceExt;
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../charts/kueue-capacity-buffer-controller/crds/capacitybuffercheckconfigs.yaml"
+        );
+        let text = std::fs::read_to_string(path).expect("the chart's CRD");
+        let json: String = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let in_chart: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        let printed = serde_json::to_value(CapacityBufferCheckConfig::crd()).expect("serialize");
+        assert!(
+            in_chart == printed,
+            "charts/kueue-capacity-buffer-controller/crds/capacitybuffercheckconfigs.yaml differs from --print-crd: regenerate it"
+        );
+    }
+
+    #[test]
     fn a_negative_or_absurd_number_is_refused_when_read() {
         let spec: Result<CapacityBufferCheckConfigSpec, _> =
             serde_json::from_value(serde_json::json!({"protectionSeconds": -1}));

@@ -25,6 +25,7 @@ source tests/helm/lib.sh
 
 KPC=charts/kueue-provisioning-controller
 KAC=charts/kueue-admission-check
+KCB=charts/kueue-capacity-buffer-controller
 step() { printf '\n--- %s\n' "$*" >&2; }
 start=$SECONDS
 
@@ -45,10 +46,11 @@ VARIANTS=(
   "kpc plain-metrics $KPC/ci/plain-metrics-values.yaml 2 true ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount,ServiceMonitor - $DEFAULT_ARGS,--metrics-secure=false,--metrics-address=0.0.0.0:8080"
   "kac budget-check $KAC/ci/budget-check-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
   "kac alert-gate $KAC/ci/alert-gate-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS,--withdraw-ready-seconds=60"
-  "kac capacity-buffer $KAC/ci/capacity-buffer-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
+  "kcb default $KCB/ci/default-values.yaml 2 true ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PodDisruptionBudget,Role,RoleBinding,Service,ServiceAccount - $DEFAULT_ARGS"
+  "kcb monitoring $KCB/ci/monitoring-values.yaml 2 true AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,ConfigMap,Deployment,PodDisruptionBudget,PrometheusRule,Role,RoleBinding,Service,ServiceAccount,ServiceMonitor - $DEFAULT_ARGS"
   "kac parameters $KAC/ci/parameters-values.yaml 1 false AdmissionCheck,ClusterRole,ClusterRole,ClusterRoleBinding,Deployment,PrometheusRule,Service,ServiceAccount,ServiceMonitor - --max-retry-delay-seconds=2147483647,--permanent-failure-hold-seconds=86400,--shadow=true,--shadow-cluster-queues=team-a"
 )
-chart_dir() { case $1 in kpc) echo "$KPC" ;; kac) echo "$KAC" ;; esac; }
+chart_dir() { case $1 in kpc) echo "$KPC" ;; kac) echo "$KAC" ;; kcb) echo "$KCB" ;; esac; }
 
 # Renders a variant as release and namespace chart-<chart>-<variant> into $out; prints the path.
 render() { # chart-short variant values-file [helm args...]
@@ -60,15 +62,18 @@ render() { # chart-short variant values-file [helm args...]
   echo "$out/$ns.yaml"
 }
 
+# The capacity-buffer chart is the generic one under `controller:` (a file:// dependency).
+"$helm" dependency build "$KCB" >"$out/dependency.log" 2>&1 || { cat "$out/dependency.log" >&2; hdie "helm dependency build $KCB"; }
+
 # Lint renders every template, NOTES.txt included, with each values file.
 step "helm lint --strict"
 n=0
 "$helm" lint --strict "$KPC" >"$out/lint.log" 2>&1 || { cat "$out/lint.log" >&2; hdie "helm lint $KPC (defaults)"; }
-for f in "$KPC"/ci/*-values.yaml "$KAC"/ci/*-values.yaml; do
+for f in "$KPC"/ci/*-values.yaml "$KAC"/ci/*-values.yaml "$KCB"/ci/*-values.yaml; do
   "$helm" lint --strict "${f%/ci/*}" -f "$f" >"$out/lint.log" 2>&1 || { cat "$out/lint.log" >&2; hdie "helm lint ${f%/ci/*} -f $f"; }
   n=$((n + 1))
 done
-hlog "both charts lint clean (defaults, $n value files)"
+hlog "the charts lint clean (defaults, $n value files)"
 
 step "helm template and assertions on the rendered objects"
 for v in "${VARIANTS[@]}"; do
@@ -122,6 +127,7 @@ done
 refuse "at '/shadow/clusterQueues/0'" "$KAC" --set image.repository=r/x,image.tag=v1,controllerName=e.com/x \
   --set shadow.enabled=true --set-json 'shadow.clusterQueues=["Team A"]'
 refuse "image.repository is required" "$KAC"
+refuse "image.repository is required" "$KCB"
 refuse "controllerName is required" "$KAC" --set image.repository=r/x,image.tag=v1
 refuse "verbs" "$KAC" --set image.repository=r/x,image.tag=v1,controllerName=e.com/x \
   --set 'rbac.clusterRules[0].apiGroups[0]=' --set 'rbac.clusterRules[0].resources[0]=pods' --set 'rbac.clusterRules[0].verbs[0]=*'
@@ -137,6 +143,11 @@ python3 tests/helm/check_observability.py \
   --promtool "$promtool" --alerts-test tests/helm/alerts_test.yaml --test-rules "$out/alerts-under-test.yaml"
 # The dashboard the chart ships in its ConfigMap is the file itself.
 python3 - "$out/chart-kpc-monitoring.yaml" "$KPC/dashboards/kueue-admission-checks.json" <<'PY'
+import json, sys, yaml
+cm = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap")
+assert json.loads(cm["data"]["kueue-admission-checks.json"]) == json.load(open(sys.argv[2])), "ConfigMap differs"
+PY
+python3 - "$out/chart-kcb-monitoring.yaml" "$KCB/dashboards/kueue-admission-checks.json" <<'PY'
 import json, sys, yaml
 cm = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap")
 assert json.loads(cm["data"]["kueue-admission-checks.json"]) == json.load(open(sys.argv[2])), "ConfigMap differs"

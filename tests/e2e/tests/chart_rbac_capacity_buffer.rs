@@ -1,5 +1,6 @@
-//! The capacity-buffer check deployed with the generic chart (`ci/capacity-buffer-values.yaml`)
-//! under the API server's real RBAC, against the real Karpenter: the chart's ServiceAccount,
+//! The capacity-buffer check deployed with its chart (`charts/kueue-capacity-buffer-controller`,
+//! the generic chart under `controller:`) under the API server's real RBAC, against the real
+//! Karpenter: the chart's ServiceAccount,
 //! ClusterRole, Role and bindings applied as rendered, and the check run in-process as the
 //! rendered Deployment runs it (its arguments, leader election, a token of the ServiceAccount).
 //!
@@ -19,7 +20,7 @@ use kueue_capacity_buffer_controller::names::MANAGED_BY_LABEL;
 use kueue_capacity_buffer_controller::{CapacityBufferCheck, Settings};
 use serde_json::{Value, json};
 
-const CHART: &str = "charts/kueue-admission-check";
+const CHART: &str = "charts/kueue-capacity-buffer-controller";
 const FIELD_MANAGER: &str = "e2e-chart-rbac-capacity-buffer";
 
 /// Granted by the chart but not exercised by this scenario, with the reason.
@@ -74,22 +75,27 @@ async fn the_chart_runs_the_capacity_buffer_check_with_exactly_the_rules_it_need
     let world = env
         .buffer_world("32", "10", json!({"protectionSeconds": 300}))
         .await?;
+    // The generic chart, a file:// dependency, into the chart's charts/ (as a user would).
+    let built = std::process::Command::new(chart::helm()?)
+        .args(["dependency", "build"])
+        .arg(chart::repo_root().join(CHART))
+        .output()?;
+    ensure!(
+        built.status.success(),
+        "helm dependency build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let objects = chart::render(
         CHART,
         &env.ns,
         &env.ns,
         &[
-            "-f",
-            chart::repo_root()
-                .join(CHART)
-                .join("ci/capacity-buffer-values.yaml")
-                .to_str()
-                .context("a UTF-8 path")?,
             "--set-string",
-            &format!("controllerName={}", world.controller_name),
-            // The test's own AdmissionCheck and queue, not the values file's example.
-            "--set-json",
-            "admissionChecks=[]",
+            "controller.image.repository=registry.example.com/kueue/capacity-buffer-controller",
+            "--set-string",
+            "controller.image.tag=0.1.0",
+            "--set-string",
+            &format!("controller.controllerName={}", world.controller_name),
         ],
     )?;
     let (service_account, granted) =
