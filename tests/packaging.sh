@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step() { printf '\n=== %s\n' "$*"; }
-published=(kueue-admission-sdk kueue-provisioning-controller)
+published=(kueue-admission-sdk kueue-provisioning-controller kueue-capacity-buffer-controller)
 # Pinned so a new cargo-deny release cannot change what passes; --locked builds it with the
 # dependency versions its authors tested.
 cargo_deny_version=0.20.2
