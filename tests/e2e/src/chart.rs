@@ -535,3 +535,15 @@ pub fn uses_per_grant(
     }
     (used_by_grant, unused)
 }
+
+/// The rendered Deployment's container arguments, with `$(POD_NAMESPACE)` expanded to
+/// `namespace` as Kubernetes expands it in the pod.
+pub fn container_args(objects: &[Value], namespace: &str) -> Result<Vec<String>> {
+    let deployment = the(objects, "Deployment")?;
+    let args = strings(&deployment["spec"]["template"]["spec"]["containers"][0]["args"]);
+    ensure!(!args.is_empty(), "the Deployment's container has no args");
+    Ok(args
+        .iter()
+        .map(|a| a.replace("$(POD_NAMESPACE)", namespace))
+        .collect())
+}

@@ -16,9 +16,9 @@ use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{CustomResourceExt, ResourceExt};
 use kueue_admission_sdk::RuntimeConfig;
 use kueue_admission_sdk::api::{
     AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec,
@@ -298,6 +298,33 @@ impl TestEnv {
         Ok(())
     }
 
+    /// A Workload of `pods` pods of 1 cpu queued to LocalQueue `lq`, made directly (no Job):
+    /// admitted, it never has pods. Its containers have an image (a PodTemplate needs one).
+    pub async fn podless_workload(
+        &self,
+        name: &str,
+        pods: i32,
+    ) -> Result<kueue_admission_sdk::api::Workload> {
+        let mut wl = kueue_admission_sdk::testing::WorkloadBuilder::new(&self.ns, name)
+            .pod_set("main", pods, "1")
+            .build();
+        wl.spec.queue_name = Some("lq".into());
+        wl.metadata.resource_version = None;
+        wl.metadata.uid = None;
+        wl.status = None;
+        for spec in wl
+            .spec
+            .pod_sets
+            .iter_mut()
+            .filter_map(|p| p.template.spec.as_mut())
+        {
+            for c in &mut spec.containers {
+                c.image = Some("registry.k8s.io/pause".into());
+            }
+        }
+        self.create_workload(&wl).await
+    }
+
     /// The NodeClaims carrying `label=value`.
     pub async fn node_claims(&self, label: &str, value: &str) -> Result<Vec<NodeClaim>> {
         let api: Api<NodeClaim> = Api::all(self.client.clone());
@@ -317,27 +344,14 @@ impl TestEnv {
     }
 }
 
-/// Applies the CapacityBufferCheckConfig CRD (the one the binary prints) and waits until it is
-/// `Established`.
+/// Applies the CapacityBufferCheckConfig CRD (the one the binary prints).
 pub async fn install_config_crd(env: &TestEnv) -> Result<()> {
-    let crd = serde_json::to_value(CapacityBufferCheckConfig::crd())?;
-    crate::chart::apply(&env.client, &crd, "e2e").await?;
-    crate::wait_for(
-        Api::<CustomResourceDefinition>::all(env.client.clone()),
-        CapacityBufferCheckConfig::crd_name(),
-        "Established",
-        |crd| {
-            crd.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .flatten()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            })
-        },
-    )
-    .await?;
-    Ok(())
+    crate::install_crd::<CapacityBufferCheckConfig>(env).await
 }
+
+/// How long Karpenter may take to consolidate an empty Node: consolidateAfter 0 s, its 10 s
+/// disruption poll, the 15 s validation, then the drain; doubled for a loaded machine.
+pub const CONSOLIDATION: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Every NodeClaim a watch saw carrying a label key, by name with the label's value, from the
 /// moment it starts: what proves that no capacity was made twice. Stops when dropped.

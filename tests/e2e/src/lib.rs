@@ -1796,18 +1796,48 @@ pub fn free_local_address_besides(taken: std::net::SocketAddr) -> Result<std::ne
 
 /// [`eventually`] for a condition read from the cluster: polls `check` every 200 ms until it
 /// answers `true`; an error ends the wait with that error.
-pub async fn eventually_async<F, Fut>(what: &str, check: F) -> Result<()>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + DEFAULT_TIMEOUT;
+pub async fn eventually_async(what: &str, check: impl AsyncFn() -> Result<bool>) -> Result<()> {
+    eventually_within(what, DEFAULT_TIMEOUT, check).await
+}
+
+/// [`eventually_async`] with a bound of its own, for what takes longer than Kueue's reactions
+/// (an autoscaler's consolidation, say).
+pub async fn eventually_within(
+    what: &str,
+    within: Duration,
+    check: impl AsyncFn() -> Result<bool>,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + within;
     while !check().await? {
         if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {DEFAULT_TIMEOUT:?} waiting for {what}");
+            bail!("timed out after {within:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    Ok(())
+}
+
+/// Applies the CustomResourceDefinition of `K` (as its binary's `--print-crd` prints it) and
+/// waits until it is `Established`.
+pub async fn install_crd<K: kube::CustomResourceExt>(env: &TestEnv) -> Result<()> {
+    let crd = serde_json::to_value(K::crd())?;
+    chart::apply(&env.client, &crd, "e2e").await?;
+    wait_for(
+        Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(
+            env.client.clone(),
+        ),
+        K::crd_name(),
+        "Established",
+        |crd| {
+            crd.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            })
+        },
+    )
+    .await?;
     Ok(())
 }
 

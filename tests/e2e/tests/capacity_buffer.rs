@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::Result;
-use e2e::karpenter::ClaimRecorder;
+use e2e::capacity::node_of;
+use e2e::karpenter::{CONSOLIDATION, ClaimRecorder};
 use e2e::{SuspendedJob, TestEnv};
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::ListParams;
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
@@ -19,34 +19,8 @@ use kueue_capacity_buffer_controller::names::{
 };
 use serde_json::json;
 
-/// How long Karpenter may take to consolidate an empty Node: consolidateAfter 0 s, its 10 s
-/// disruption poll, the 15 s validation, then the drain; doubled for a loaded machine.
-const CONSOLIDATION: Duration = Duration::from_secs(120);
-
 fn uid(wl: &Workload) -> String {
     wl.uid().unwrap_or_default()
-}
-
-fn node_of(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default()
-}
-
-async fn wait_until(
-    what: &str,
-    within: Duration,
-    check: impl AsyncFn() -> Result<bool>,
-) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + within;
-    while !check().await? {
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("timed out after {within:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    Ok(())
 }
 
 /// A Job whose capacity is not there: Karpenter launches Nodes for its buffer, the Workload is
@@ -117,7 +91,7 @@ async fn a_job_is_admitted_on_nodes_karpenter_launched_for_it_and_they_go_when_i
     let pods = env.wait_job_pods_running("train", 3).await?;
     for pod in &pods {
         assert!(
-            nodes_at_ready.contains(&node_of(pod)),
+            nodes_at_ready.contains(node_of(pod).unwrap_or_default()),
             "{} not on {nodes_at_ready:?}",
             e2e::describe_pod(pod)
         );
@@ -135,7 +109,7 @@ async fn a_job_is_admitted_on_nodes_karpenter_launched_for_it_and_they_go_when_i
         "a Node went before the pods ran: {nodes_at_ready:?} then {now:?}"
     );
     // With every pod bound, the protection ends (the controller's task).
-    wait_until(
+    e2e::eventually_within(
         "the Nodes' protection to end once the pods are bound",
         e2e::DEFAULT_TIMEOUT,
         async || {
@@ -164,7 +138,7 @@ async fn a_job_is_admitted_on_nodes_karpenter_launched_for_it_and_they_go_when_i
 
     // Done: the buffers and templates go with the release, then Karpenter consolidates.
     env.complete_job("train", &name).await?;
-    wait_until(
+    e2e::eventually_within(
         "the buffers to be deleted",
         e2e::DEFAULT_TIMEOUT,
         async || {
@@ -177,7 +151,7 @@ async fn a_job_is_admitted_on_nodes_karpenter_launched_for_it_and_they_go_when_i
         },
     )
     .await?;
-    wait_until(
+    e2e::eventually_within(
         "Karpenter to consolidate the Workload's Nodes",
         CONSOLIDATION,
         async || Ok(env.node_claims(&world.node_label, &uid).await?.is_empty()),
@@ -253,26 +227,7 @@ async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_ou
         .buffer_world("32", "10", json!({"protectionSeconds": 40}))
         .await?;
     let controller = env.start_buffer_controller(&world, |_| {})?;
-    let wl = kueue_admission_sdk::testing::WorkloadBuilder::new(&env.ns, "bare")
-        .pod_set("main", 2, "1")
-        .build();
-    let mut wl = wl;
-    wl.spec.queue_name = Some("lq".into());
-    wl.metadata.resource_version = None;
-    wl.metadata.uid = None;
-    wl.status = None;
-    // A Workload of its own has no Job to give its pods an image; the PodTemplate needs one.
-    for spec in wl
-        .spec
-        .pod_sets
-        .iter_mut()
-        .filter_map(|p| p.template.spec.as_mut())
-    {
-        for c in &mut spec.containers {
-            c.image = Some("registry.k8s.io/pause".into());
-        }
-    }
-    let created = env.create_workload(&wl).await?;
+    let created = env.podless_workload("bare", 2).await?;
     let (admitted, _) = env
         .wait_admitted_ready(&created.name_any(), &world.check)
         .await?;
@@ -286,7 +241,7 @@ async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_ou
     assert!(!nodes.is_empty());
     // Karpenter looks at the empty Nodes and is kept off by the annotation.
     let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
-    wait_until(
+    e2e::eventually_within(
         "Karpenter's DisruptionBlocked event on a protected Node",
         Duration::from_secs(60),
         async || {
@@ -314,7 +269,7 @@ async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_ou
         .collect();
     assert_eq!(still, nodes, "a protected Node went");
     // The protection runs out; then Karpenter consolidates them though the Workload is admitted.
-    wait_until(
+    e2e::eventually_within(
         "the protection to run out and Karpenter to consolidate the Nodes",
         CONSOLIDATION,
         async || Ok(env.node_claims(&world.node_label, &uid).await?.is_empty()),
@@ -371,9 +326,9 @@ async fn beside_the_provisioning_check_each_job_gets_its_own_capacity() -> Resul
     );
     let group_pods = env.wait_job_pods_running("on-group", 2).await?;
     for pod in &group_pods {
-        let node = node_of(pod);
+        let node = node_of(pod).unwrap_or_default();
         let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
-            .get(&node)
+            .get(node)
             .await?;
         assert!(
             node.labels().contains_key(GROUP_LABEL),
@@ -390,7 +345,7 @@ async fn beside_the_provisioning_check_each_job_gets_its_own_capacity() -> Resul
         .collect();
     for pod in env.wait_job_pods_running("on-karpenter", 2).await? {
         assert!(
-            karpenter_nodes.contains(&node_of(&pod)),
+            karpenter_nodes.contains(node_of(&pod).unwrap_or_default()),
             "{}",
             e2e::describe_pod(&pod)
         );
@@ -456,7 +411,7 @@ async fn capacity_not_ready_within_the_timeout_fails_the_attempt() -> Result<()>
         entry.message
     );
     assert!(!rejected.condition_is_true(cond::ADMITTED));
-    wait_until(
+    e2e::eventually_within(
         "the attempt's buffer deleted",
         e2e::DEFAULT_TIMEOUT,
         async || {

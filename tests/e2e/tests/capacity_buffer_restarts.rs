@@ -4,33 +4,14 @@
 //! process's memory. A suite of its own: it restarts the Karpenter other suites' tests share.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use anyhow::Result;
-use e2e::karpenter::{ClaimRecorder, restart_karpenter};
+use e2e::karpenter::{CONSOLIDATION, ClaimRecorder, restart_karpenter};
 use e2e::{SuspendedJob, TestEnv};
 use kube::ResourceExt;
 use kube::api::ListParams;
 use kueue_capacity_buffer_controller::names::MANAGED_BY_LABEL;
 use serde_json::json;
-
-/// Consolidation of an empty Node, with room for a loaded machine (see `capacity_buffer.rs`).
-const CONSOLIDATION: Duration = Duration::from_secs(120);
-
-async fn wait_until(
-    what: &str,
-    within: Duration,
-    check: impl AsyncFn() -> Result<bool>,
-) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + within;
-    while !check().await? {
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("timed out after {within:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    Ok(())
-}
 
 /// The controller is killed once it has made the buffer, Karpenter is restarted, and a new
 /// controller takes over: it finds the buffer it made (no second one), the Workload is
@@ -51,7 +32,7 @@ async fn killing_the_controller_and_restarting_karpenter_mid_way_loses_nothing_a
         })
         .await?;
     let ours = ListParams::default().labels(MANAGED_BY_LABEL);
-    wait_until(
+    e2e::eventually_within(
         "the first controller's buffer",
         e2e::DEFAULT_TIMEOUT,
         async || Ok(!env.capacity_buffers().list(&ours).await?.items.is_empty()),
@@ -118,7 +99,7 @@ async fn killing_the_controller_and_restarting_karpenter_mid_way_loses_nothing_a
         "a NodeClaim made for the Workload after Ready"
     );
     env.complete_job("train", &name).await?;
-    wait_until(
+    e2e::eventually_within(
         "Karpenter to consolidate the Workload's Nodes",
         CONSOLIDATION,
         async || Ok(env.node_claims(&world.node_label, &uid).await?.is_empty()),
@@ -137,24 +118,7 @@ async fn a_nodes_protection_ends_on_time_after_the_controller_that_set_it_is_kil
         .buffer_world("32", "10", json!({"protectionSeconds": 30}))
         .await?;
     let first = env.start_buffer_controller(&world, |_| {})?;
-    let mut wl = kueue_admission_sdk::testing::WorkloadBuilder::new(&env.ns, "bare")
-        .pod_set("main", 1, "1")
-        .build();
-    wl.spec.queue_name = Some("lq".into());
-    wl.metadata.resource_version = None;
-    wl.metadata.uid = None;
-    wl.status = None;
-    for spec in wl
-        .spec
-        .pod_sets
-        .iter_mut()
-        .filter_map(|p| p.template.spec.as_mut())
-    {
-        for c in &mut spec.containers {
-            c.image = Some("registry.k8s.io/pause".into());
-        }
-    }
-    let created = env.create_workload(&wl).await?;
+    let created = env.podless_workload("bare", 1).await?;
     let (admitted, _) = env
         .wait_admitted_ready(&created.name_any(), &world.check)
         .await?;
@@ -163,7 +127,7 @@ async fn a_nodes_protection_ends_on_time_after_the_controller_that_set_it_is_kil
     assert!(!nodes.is_empty());
     first.kill().await;
     let second = env.start_buffer_controller(&world, |_| {})?;
-    wait_until(
+    e2e::eventually_within(
         "the protection to end and Karpenter to consolidate the Nodes",
         CONSOLIDATION,
         async || Ok(env.node_claims(&world.node_label, &uid).await?.is_empty()),

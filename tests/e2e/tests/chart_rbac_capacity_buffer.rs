@@ -172,14 +172,7 @@ async fn the_chart_runs_the_capacity_buffer_check_with_exactly_the_rules_it_need
 /// The rendered Deployment's container arguments, with `$(POD_NAMESPACE)` expanded as in the
 /// pod, parsed as the binary parses them.
 fn deployment_args(objects: &[Value], namespace: &str) -> Result<Args> {
-    let deployment = chart::the(objects, "Deployment")?;
-    let args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        .as_array()
-        .context("the container's args")?
-        .iter()
-        .filter_map(|a| a.as_str())
-        .map(|a| a.replace("$(POD_NAMESPACE)", namespace))
-        .collect();
+    let args = chart::container_args(objects, namespace)?;
     Args::try_parse_from(
         std::iter::once("kueue-capacity-buffer-controller".to_string()).chain(args.clone()),
     )

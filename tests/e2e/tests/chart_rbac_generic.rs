@@ -124,14 +124,7 @@ fn render_for_budget(env: &TestEnv, controller_name: &str) -> Result<Vec<Value>>
 /// The rendered Deployment's container arguments, with `$(POD_NAMESPACE)` expanded to
 /// `namespace` as in the pod, parsed as the budget example's binary parses them.
 fn deployment_args(objects: &[Value], namespace: &str) -> Result<BudgetArgs> {
-    let deployment = chart::the(objects, "Deployment")?;
-    let args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        .as_array()
-        .context("the container's args")?
-        .iter()
-        .filter_map(|a| a.as_str())
-        .map(|a| a.replace("$(POD_NAMESPACE)", namespace))
-        .collect();
+    let args = chart::container_args(objects, namespace)?;
     BudgetArgs::try_parse_from(std::iter::once("budget-check".to_string()).chain(args.clone()))
         .map_err(|e| anyhow!("the Deployment's args {args:?} do not parse: {e}"))
 }

@@ -9,10 +9,9 @@ use std::time::Duration;
 use alert_gate::{AlertGate, AlertGateCheck, AlertGateSpec, WhileFiring};
 use anyhow::{Context, Result, bail, ensure};
 use e2e::{DEFAULT_TIMEOUT, TestEnv, WorkloadRecorder};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use kube::{CustomResourceExt, ResourceExt};
 use kueue_admission_sdk::api::{
     AdmissionCheck, AdmissionCheckParametersReference, AdmissionCheckSpec, AdmissionCheckState,
     CheckState, Workload, workload_condition as cond,
@@ -150,33 +149,11 @@ struct Gated {
     _controller: e2e::Running,
 }
 
-/// Applies the AlertGate CRD and waits until it is `Established`.
-async fn install_crd(env: &TestEnv) -> Result<()> {
-    let crd = serde_json::to_value(AlertGate::crd())?;
-    e2e::chart::apply(&env.client, &crd, "e2e").await?;
-    let name = AlertGate::crd_name();
-    e2e::wait_for(
-        Api::<CustomResourceDefinition>::all(env.client.clone()),
-        name,
-        "Established",
-        |crd| {
-            crd.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .flatten()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            })
-        },
-    )
-    .await?;
-    Ok(())
-}
-
 /// A namespace for `test` with queues (8 cpu, LocalQueue `lq`) guarded by an AdmissionCheck
 /// whose parameters are an AlertGate of `spec`, and the gate's controller running.
 async fn gated(test: &str, spec: AlertGateSpec) -> Result<Gated> {
     let env = TestEnv::new(test).await?;
-    install_crd(&env).await?;
+    e2e::install_crd::<AlertGate>(&env).await?;
     let gate = env.cluster_name("gate");
     Api::<AlertGate>::all(env.client.clone())
         .create(&PostParams::default(), &AlertGate::new(&gate, spec))

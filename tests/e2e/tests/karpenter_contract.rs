@@ -13,7 +13,6 @@
 //!   (`the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_out`).
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use anyhow::Result;
 use e2e::TestEnv;
@@ -23,25 +22,10 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-async fn wait_until(
-    what: &str,
-    within: Duration,
-    check: impl AsyncFn() -> Result<bool>,
-) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + within;
-    while !check().await? {
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("timed out after {within:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    Ok(())
-}
-
 /// The names of the `Ready` NodeClaims carrying `label=value`, once there is at least one and
 /// all are Ready.
 async fn ready_claims(env: &TestEnv, label: &str, value: &str) -> Result<BTreeSet<String>> {
-    wait_until(
+    e2e::eventually_within(
         "Karpenter's NodeClaims Ready",
         e2e::DEFAULT_TIMEOUT,
         async || {
@@ -137,7 +121,7 @@ async fn a_real_pod_bound_to_a_buffers_node_makes_karpenter_launch_again_for_the
     // Karpenter's next pass (another buffer triggers one) finds the virtual pod without room and
     // launches a second NodeClaim for it: buffer and real pod get capacity each.
     env.probe_buffer("trigger", &label, "other", 1).await?;
-    wait_until(
+    e2e::eventually_within(
         "a second NodeClaim for the buffer",
         e2e::DEFAULT_TIMEOUT,
         async || Ok(env.node_claims(&label, "v").await?.len() == 2),
