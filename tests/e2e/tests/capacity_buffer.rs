@@ -429,3 +429,146 @@ async fn capacity_not_ready_within_the_timeout_fails_the_attempt() -> Result<()>
     assert_eq!(timed_out, Some(1.0));
     controller.stop().await
 }
+
+/// Another check on the same ClusterQueue answers `Retry` while ours stands `Ready`: Kueue
+/// evicts the Workload and gives its quota back; the release deletes the attempt's buffers and
+/// ends the protection of its Nodes. At the next reservation the check asks again under the
+/// same attempt's names (another check's `Retry` spends none of ours), Karpenter's capacity is
+/// `Ready` again, and once the other check agrees the pods run on Nodes made for the Workload.
+/// No NodeClaim is made for it while either `Ready` stands.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_checks_retry_releases_the_capacity_and_the_next_reservation_asks_again()
+-> Result<()> {
+    use kube::api::{Api, Patch, PatchParams};
+    use kueue_admission_sdk::api::ClusterQueue;
+    let env = TestEnv::new("cb-evicted").await?;
+    let world = env
+        .buffer_world("32", "10", json!({"protectionSeconds": 300}))
+        .await?;
+    let gate = env
+        .admission_check("gate", &env.own_controller_name("gate"))
+        .await?
+        .name_any();
+    env.set_admission_check_active(&gate, true).await?;
+    let both = json!({"spec": {"admissionChecksStrategy": {"admissionChecks": [
+        {"name": world.check}, {"name": gate},
+    ]}}});
+    Api::<ClusterQueue>::all(env.client.clone())
+        .patch(
+            &world.cluster_queue,
+            &PatchParams::default(),
+            &Patch::Merge(&both),
+        )
+        .await?;
+    let claims = ClaimRecorder::start(&env, &world.node_label).await?;
+    let controller = env.start_buffer_controller(&world, |_| {})?;
+    let name = env
+        .submit(&SuspendedJob {
+            parallelism: Some(2),
+            ..SuspendedJob::new("gated", "lq", "1")
+        })
+        .await?;
+    let ours_ready = |w: &Workload| {
+        w.condition_is_true(cond::QUOTA_RESERVED)
+            && w.admission_check(&world.check)
+                .is_some_and(|e| e.state == CheckState::Ready)
+    };
+    env.wait_check_pending_with_quota(&name, &gate).await?;
+    let first = env
+        .wait_workload(&name, "our entry Ready, the gate's Pending", ours_ready)
+        .await?;
+    let uid = uid(&first);
+    let first_claims = claims.seen_for(&uid);
+    assert!(!first_claims.is_empty(), "Karpenter launched nothing");
+    let first_buffers = env
+        .capacity_buffers()
+        .list(&Default::default())
+        .await?
+        .items;
+    assert_eq!(first_buffers.len(), 1, "one buffer for the one podset");
+    let buffer = first_buffers[0].name_any();
+    let first_buffer_uid = first_buffers[0].uid();
+    let protected = env.labelled_nodes(&world.node_label, &uid).await?.len();
+    assert!(protected > 0);
+
+    // The gate says later: evicted, quota back, our release deletes the buffer and ends the
+    // protection of its Nodes.
+    let evictions = first.total_evictions();
+    env.answer_check(&name, &gate, CheckState::Retry, "the gate says later")
+        .await?;
+    env.wait_workload(&name, "evicted by the gate", |w| {
+        w.total_evictions() > evictions
+    })
+    .await?;
+    let released = "kueue_capacity_buffer_node_protections_ended_total{why=\"released\"}";
+    e2e::eventually_within(
+        "the release to end the protection of every Node",
+        e2e::DEFAULT_TIMEOUT,
+        async || Ok(controller.metric(released).await? == Some(protected as f64)),
+    )
+    .await?;
+    assert_eq!(
+        claims.seen_for(&uid),
+        first_claims,
+        "a NodeClaim made while our first Ready stood"
+    );
+
+    // Quota again: the same attempt's buffer made anew, Ready again, then the gate agrees.
+    let again = env
+        .wait_workload(&name, "our entry Ready again after the eviction", |w| {
+            ours_ready(w) && w.total_evictions() > evictions
+        })
+        .await?;
+    let attempt = kueue_admission_sdk::attempts::attempt(&again, &world.check);
+    assert_eq!(attempt, 1, "another check's Retry spent an attempt of ours");
+    let buffers = env
+        .capacity_buffers()
+        .list(&Default::default())
+        .await?
+        .items;
+    let names: Vec<String> = buffers.iter().map(|b| b.name_any()).collect();
+    assert_eq!(names, [buffer], "the same attempt's name");
+    assert_ne!(
+        buffers[0].uid(),
+        first_buffer_uid,
+        "the release deleted the first buffer; this one is new"
+    );
+    let second_claims = claims.seen_for(&uid);
+    env.answer_check(&name, &gate, CheckState::Ready, "the gate opens")
+        .await?;
+    let (admitted, _) = env.wait_admitted_ready(&name, &world.check).await?;
+    assert_eq!(admitted.uid().as_deref(), Some(uid.as_str()));
+    let nodes: BTreeSet<String> = env
+        .labelled_nodes(&world.node_label, &uid)
+        .await?
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    for pod in env.wait_job_pods_running("gated", 2).await? {
+        assert!(
+            nodes.contains(node_of(&pod).unwrap_or_default()),
+            "{} not on {nodes:?}",
+            e2e::describe_pod(&pod)
+        );
+    }
+    assert_eq!(
+        claims.seen_for(&uid),
+        second_claims,
+        "a NodeClaim made while our second Ready stood"
+    );
+    println!(
+        "NodeClaims for the Workload: {} at the first Ready, {} at the second ({:?} then {:?})",
+        first_claims.len(),
+        second_claims.len(),
+        first_claims,
+        second_claims
+    );
+    let created = controller
+        .metric(&format!(
+            "kueue_capacity_buffer_buffers_created_total{{check=\"{}\"}}",
+            world.check
+        ))
+        .await?;
+    assert_eq!(created, Some(2.0), "made once per reservation");
+    controller.stop().await
+}
