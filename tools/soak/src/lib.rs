@@ -1,13 +1,14 @@
-//! The chaos soak: a seeded load of Workloads through the provisioning, license and budget
-//! checks, each served by two replicas running as real processes with leader election, while
-//! leaders are killed with `kill -9`, the apiserver and Kueue restart, the autoscaler simulator
-//! pauses, a check leaves its ClusterQueue and comes back, a config changes and a second writer
+//! The chaos soak: a seeded load of Workloads through the provisioning, license, budget and
+//! capacity-buffer checks, each served by two replicas running as real processes with leader
+//! election, while leaders are killed with `kill -9`, the apiserver, Kueue and Karpenter
+//! restart, the autoscaler simulator pauses, a check leaves its ClusterQueue and comes back, a config changes and a second writer
 //! causes conflicts; an independent [`recorder`] checks the invariants on everything it sees.
 //!
 //! Run by `make soak` (full size) and, short, by `tests/run-all.sh` after the end-to-end suite
 //! (it restarts the shared control plane's apiserver, so nothing else may run beside it).
 //! Figures and the invariants are in `docs/reliability.md`.
 
+pub mod buffers;
 pub mod plan;
 pub mod pods;
 pub mod recorder;
@@ -24,18 +25,21 @@ use anyhow::{Context as _, Result, bail};
 use autoscaler_simulator::SCRIPT_ANNOTATION;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, PodTemplate};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PodTemplate};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kueue_admission_sdk::api::{
     ClusterQueue, ProvisioningRequest, ProvisioningRequestConfig, Workload,
 };
+use kueue_capacity_buffer_controller::api::{CapacityBuffer, NodeClaim};
 use kueue_provisioning_controller::identity::{INSTANCE_LABEL, instance_label};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use buffers::{BufferSide, BufferWitness};
 use e2e::TestEnv;
 use plan::{End, Fault, FaultKind, Plan, Queue, Shape, WorkloadPlan};
+use pods::Capacity;
 use recorder::{Invariant, Recorder};
 use replicas::{Spec, Supervisor};
 
@@ -72,12 +76,16 @@ struct Names {
     prov_controller: String,
     license_controller: String,
     budget_controller: String,
+    buffer_controller: String,
     class: String,
     prc_split: String,
     check_split: String,
     check_merge: String,
     check_license: String,
     check_budget: String,
+    check_buffer: String,
+    /// The label key that dedicates Karpenter's Nodes to a Workload.
+    buffer_label: String,
     cq: BTreeMap<Queue, String>,
 }
 
@@ -89,7 +97,17 @@ impl Names {
             ("prov-merge".to_string(), self.check_merge.clone()),
             ("license".to_string(), self.check_license.clone()),
             ("budget".to_string(), self.check_budget.clone()),
+            ("buffer".to_string(), self.check_buffer.clone()),
         ]
+    }
+
+    /// What the capacity-buffer witness needs.
+    fn buffer_side(&self) -> BufferSide {
+        BufferSide {
+            check: self.check_buffer.clone(),
+            node_label: self.buffer_label.clone(),
+            instance: kueue_capacity_buffer_controller::names::instance(&self.buffer_controller),
+        }
     }
 }
 
@@ -124,6 +142,7 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
     let processes = soak.supervisor.slots.len();
     soak.judge_exits(&exits);
     let pods = soak.judge_pods();
+    let buffer_counts = soak.buffers.counts();
     let recorder = soak.recorder.clone();
     let plan = soak.plan.clone();
     let faults = soak.stop().await;
@@ -133,6 +152,7 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
         leaks,
         metrics,
         pods,
+        buffers: buffer_counts,
         took,
         processes,
     };
@@ -187,6 +207,8 @@ struct Seen {
     metrics: Vec<String>,
     /// What the pod witness judged.
     pods: pods::PodVerdict,
+    /// What the capacity-buffer witness checked.
+    buffers: buffers::BufferCounts,
     /// The load phase and its drain.
     took: Duration,
     processes: usize,
@@ -204,6 +226,8 @@ struct Soak {
     watches: Vec<tokio::task::JoinHandle<()>>,
     /// Where the Jobs' pods ran.
     pods: pods::PodWitness,
+    /// The capacity-buffer check's buffers, NodeClaims and protections.
+    buffers: BufferWitness,
     /// [`play_the_owner`].
     owner: tokio::task::JoinHandle<()>,
     /// When the load began: faults and submissions are timed from here.
@@ -228,6 +252,8 @@ impl Soak {
         let mut watches = recorder::start(recorder.clone(), &env.client, &env.ns, LEDGER).await?;
         let pods = pods::PodWitness::default();
         watches.extend(pods::start(pods.clone(), &env.client, &env.ns).await?);
+        let buffers = BufferWitness::new(names.buffer_side(), recorder.clone());
+        watches.extend(buffers::start(buffers.clone(), &env.client, &env.ns).await?);
         let supervisor = Arc::new(Supervisor::start(
             specs(config, &names),
             &config.out.join("logs"),
@@ -241,6 +267,7 @@ impl Soak {
             supervisor,
             watches,
             pods,
+            buffers,
             owner,
             started: Instant::now(),
             faults_done: Arc::default(),
@@ -286,13 +313,15 @@ impl Soak {
             .collect()
     }
 
-    /// Every 5 s, the recorder looks for Workloads holding quota without progress.
+    /// Every 5 s, the recorder looks for Workloads holding quota without progress, and the
+    /// capacity-buffer witness for Nodes protected past their bound.
     fn sweep_stalls(&self) -> tokio::task::JoinHandle<()> {
-        let recorder = self.recorder.clone();
+        let (recorder, buffers) = (self.recorder.clone(), self.buffers.clone());
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 recorder.check_stalls();
+                buffers.sweep_protections(recorder.calm_since());
             }
         })
     }
@@ -390,16 +419,28 @@ impl Soak {
     /// Holds every pod of a Job seen to [`Invariant::PodsOnTheirCapacity`]. The simulator is
     /// scripted here (fault injection), so the capacity a request provisions is the flavor's
     /// standing Node: a pod must consume a request provisioned for its own Workload by its
-    /// queue's provisioning check, and run on a Node of the flavor's label.
+    /// queue's provisioning check, and run on a Node of the flavor's label. Karpenter is real:
+    /// a pod of the capacity-buffer queue runs on a Node made for its own Workload.
     fn judge_pods(&self) -> pods::PodVerdict {
         let n = &self.names;
-        let checks = BTreeMap::from([
-            (Queue::Provisioning, Some(n.check_split.clone())),
-            (Queue::Merged, Some(n.check_merge.clone())),
-            (Queue::Licensed, Some(n.check_split.clone())),
-            (Queue::Budgeted, None),
+        let pool = vec![("pool".to_string(), "pool".to_string())];
+        let standing = |check: Option<&String>| Capacity::Standing {
+            labels: pool.clone(),
+            check: check.cloned(),
+        };
+        let capacity = BTreeMap::from([
+            (Queue::Provisioning, standing(Some(&n.check_split))),
+            (Queue::Merged, standing(Some(&n.check_merge))),
+            (Queue::Licensed, standing(Some(&n.check_split))),
+            (Queue::Budgeted, standing(None)),
+            (
+                Queue::Buffered,
+                Capacity::Dedicated {
+                    label: n.buffer_label.clone(),
+                },
+            ),
         ]);
-        let verdict = self.pods.judge(&self.plan, &checks, &[("pool", "pool")]);
+        let verdict = self.pods.judge(&self.plan, &capacity);
         for v in &verdict.violations {
             self.recorder
                 .record(Invariant::PodsOnTheirCapacity, None, v.clone());
@@ -538,6 +579,8 @@ async fn setup(env: &TestEnv) -> Result<Names> {
         env.local_queue(queue.name(), &name).await?;
         cq.insert(queue, name);
     }
+    let buffer = setup_buffered(env).await?;
+    cq.insert(Queue::Buffered, buffer.cluster_queue.clone());
     let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &ns);
     for (name, data) in [
         (
@@ -560,13 +603,37 @@ async fn setup(env: &TestEnv) -> Result<Names> {
         prov_controller,
         license_controller,
         budget_controller,
+        buffer_controller: buffer.controller_name,
         prc_split,
         check_split,
         check_merge,
         check_license,
         check_budget,
+        check_buffer: buffer.check,
+        buffer_label: buffer.node_label,
         cq,
     })
+}
+
+/// The capacity-buffer queue: Karpenter's NodePool for the run's dedication label (room for
+/// every buffered Workload under way at once), the check's config (a short grace for pods
+/// Karpenter cannot place, a short protection so that the protections of Workloads without pods
+/// end during the run, the retries of [`plan::BUFFER_RETRIES`]), its AdmissionCheck and queue.
+async fn setup_buffered(env: &TestEnv) -> Result<e2e::karpenter::BufferWorld> {
+    let spec = json!({
+        "provisioningTimeoutSeconds": plan::BUFFER_TIMEOUT.as_secs(),
+        "unprovisionableGraceSeconds": 2,
+        "protectionSeconds": plan::BUFFER_PROTECTION.as_secs(),
+        "retryStrategy": {
+            "backoffLimitCount": plan::BUFFER_RETRIES,
+            "backoffBaseSeconds": 1,
+            "backoffMaxSeconds": 4,
+        },
+    });
+    let name = Queue::Buffered.name();
+    env.buffer_world_on("400", "40", spec, (name, name))
+        .await
+        .context("setting up the capacity-buffer queue (Karpenter must run: `control-plane.sh start-karpenter`)")
 }
 
 /// Two replicas of each controller with leader election (a 6 s Lease, so that a killed
@@ -592,7 +659,7 @@ fn specs(config: &SoakConfig, names: &Names) -> Vec<Spec> {
         ]
     };
     // (controller, binary, its own flags)
-    let controllers: [(&'static str, &str, Vec<String>); 3] = [
+    let controllers: [(&'static str, &str, Vec<String>); 4] = [
         (
             "prov",
             "kueue-provisioning-controller",
@@ -623,6 +690,15 @@ fn specs(config: &SoakConfig, names: &Names) -> Vec<Spec> {
                 format!("--controller-name={}", names.budget_controller),
                 format!("--namespace={}", names.ns),
                 "--sweep-interval-seconds=10".into(),
+            ],
+        ),
+        (
+            "buffer",
+            "kueue-capacity-buffer-controller",
+            vec![
+                format!("--controller-name={}", names.buffer_controller),
+                // Pods Karpenter cannot place hold the quota this long before it goes back.
+                "--permanent-failure-hold-seconds=4".into(),
             ],
         ),
     ];
@@ -756,7 +832,12 @@ fn pod_template(w: &WorkloadPlan, per_pod_licenses: bool) -> Value {
             format!("solver={}", w.licenses).into(),
         );
     }
-    e2e::pod_template(annotations.into(), "1")
+    let mut template = e2e::pod_template(annotations.into(), "1");
+    if w.unplaceable {
+        // The run's NodePool offers amd64 Nodes only: Karpenter can place none of these pods.
+        template["spec"]["nodeSelector"] = json!({"kubernetes.io/arch": "arm64"});
+    }
+    template
 }
 
 async fn submit(env: &TestEnv, w: &WorkloadPlan) -> Result<()> {
@@ -1000,6 +1081,7 @@ async fn inject(
         FaultKind::KillLeader(controller) => kill_leader(env, supervisor, controller).await,
         FaultKind::RestartApiserver => restart(recorder, "kube-apiserver").await,
         FaultKind::RestartKueue => restart(recorder, "kueue").await,
+        FaultKind::RestartKarpenter => restart(recorder, "karpenter").await,
         FaultKind::PauseSimulator(d) => pause_simulator(supervisor, recorder, *d).await,
         FaultKind::RemoveCheck(d) => remove_check(env, names, *d).await,
         FaultKind::ChangeConfig(d) => change_config(env, names, *d).await,
@@ -1150,13 +1232,22 @@ async fn delete_everything(env: &TestEnv) {
         .await;
 }
 
-/// Waits (up to three minutes: orphaned templates are swept a minute after their creation)
-/// until nothing of ours is left; returns what is left by kind.
+/// Waits (up to three minutes: orphaned templates are swept a minute after their creation, and
+/// Karpenter consolidates an empty Node within two) until nothing of ours is left; returns what
+/// is left by kind.
 async fn wait_for_no_leaks(env: &TestEnv, names: &Names) -> Vec<(String, usize)> {
     let ours = ListParams::default().labels(&format!(
         "{INSTANCE_LABEL}={}",
         instance_label(&names.prov_controller)
     ));
+    let buffer_instance = names.buffer_side().instance;
+    let buffer_ours = ListParams::default().labels(&format!(
+        "{}={buffer_instance}",
+        kueue_capacity_buffer_controller::names::INSTANCE_LABEL
+    ));
+    let buffers: Api<CapacityBuffer> = Api::namespaced(env.client.clone(), &env.ns);
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let node_claims: Api<NodeClaim> = Api::all(env.client.clone());
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let requests: Api<ProvisioningRequest> = Api::namespaced(env.client.clone(), &env.ns);
@@ -1183,11 +1274,43 @@ async fn wait_for_no_leaks(env: &TestEnv, names: &Names) -> Vec<(String, usize)>
                 .unwrap_or(usize::MAX),
                 None => 0,
             };
+            let b = buffers
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .len();
+            let bt = templates.list_metadata(&buffer_ours).await?.items.len();
+            let protected = nodes
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|n| {
+                    n.annotations()
+                        .get(kueue_capacity_buffer_controller::names::PROTECTED_BY_ANNOTATION)
+                        == Some(&buffer_instance)
+                })
+                .count();
+            let claims = node_claims
+                .list_metadata(&ListParams::default().labels(&names.buffer_label))
+                .await?
+                .items
+                .len();
             Ok::<_, kube::Error>(vec![
                 ("ProvisioningRequests".to_string(), r),
                 ("PodTemplates".to_string(), t),
                 ("license holdings".to_string(), holdings),
                 ("Workloads (not deleted)".to_string(), w),
+                ("CapacityBuffers".to_string(), b),
+                ("PodTemplates of the capacity-buffer check".to_string(), bt),
+                (
+                    "Nodes protected by the capacity-buffer check".to_string(),
+                    protected,
+                ),
+                (
+                    "NodeClaims of the run's Workloads (Karpenter consolidates them)".to_string(),
+                    claims,
+                ),
             ])
         }
         .await;
@@ -1246,6 +1369,16 @@ async fn check_metrics(env: &TestEnv, supervisor: &Supervisor, recorder: &Record
                         format!(
                             "{pod} reports {active} active checks (want {want_active}) and {waiting} \
                              waiting Workloads (the recorder sees 0)"
+                        ),
+                    );
+                }
+                let protected = e2e::metric_sample(&body, "kueue_capacity_buffer_nodes_protected");
+                if controller == "buffer" && protected != Some(0.0) {
+                    recorder.record(
+                        Invariant::MetricsAgree,
+                        None,
+                        format!(
+                            "{pod} reports {protected:?} Nodes protected (the leak check found none)"
                         ),
                     );
                 }
@@ -1415,8 +1548,8 @@ impl Results<'_> {
             Invariant::NoAnswerWithoutQuota => format!("{} entries", c.entries),
             Invariant::AttemptsNeverDecrease => format!("{} attempts", c.attempts),
             Invariant::NoDuplicateRequests => format!(
-                "{} request versions, {} requests",
-                c.requests, c.distinct_requests
+                "{} request versions, {} requests; {} buffer versions, {} buffers",
+                c.requests, c.distinct_requests, seen.buffers.buffer_versions, seen.buffers.buffers
             ),
             Invariant::NoDoubleBooking => format!(
                 "{} ledger versions, {} Workload versions (peak {} of {})",
@@ -1441,6 +1574,14 @@ impl Results<'_> {
             Invariant::PodsOnTheirCapacity => format!(
                 "{} pods of Jobs, {} consuming a request",
                 seen.pods.pods, seen.pods.consuming
+            ),
+            Invariant::NoCapacityTwice => format!(
+                "{} NodeClaims against {} Ready spans",
+                seen.buffers.claims, seen.buffers.ready_spans
+            ),
+            Invariant::ProtectionWithinBound => format!(
+                "{} Nodes protected, {} sweeps",
+                seen.buffers.protected_nodes, seen.buffers.sweeps
             ),
         }
     }

@@ -22,15 +22,19 @@ pub enum Queue {
     Licensed,
     /// The budget check alone.
     Budgeted,
+    /// The capacity-buffer check alone: each Workload's capacity comes from the real
+    /// Karpenter, on Nodes made for it alone.
+    Buffered,
 }
 
 impl Queue {
     /// Every queue, in a fixed order.
-    pub const ALL: [Queue; 4] = [
+    pub const ALL: [Queue; 5] = [
         Queue::Provisioning,
         Queue::Merged,
         Queue::Licensed,
         Queue::Budgeted,
+        Queue::Buffered,
     ];
 
     /// The LocalQueue's (and the short) name.
@@ -40,12 +44,13 @@ impl Queue {
             Queue::Merged => "merge",
             Queue::Licensed => "license",
             Queue::Budgeted => "budget",
+            Queue::Buffered => "buffer",
         }
     }
 
     /// Whether the provisioning check guards it (so the simulator's script matters).
     pub fn provisions(self) -> bool {
-        !matches!(self, Queue::Budgeted)
+        !matches!(self, Queue::Budgeted | Queue::Buffered)
     }
 }
 
@@ -119,6 +124,9 @@ pub struct WorkloadPlan {
     pub hold: Duration,
     /// Deleted this long after its submission (planned [`End::Deleted`]).
     pub delete_after: Option<Duration>,
+    /// Its pods ask for what no Node of Karpenter's NodePool has (the buffered queue only):
+    /// every attempt fails as unprovisionable.
+    pub unplaceable: bool,
     /// Where it must end.
     pub end: End,
 }
@@ -139,6 +147,8 @@ pub enum FaultKind {
     RestartApiserver,
     /// Stop and start Kueue's controller manager.
     RestartKueue,
+    /// Stop and start Karpenter.
+    RestartKarpenter,
     /// SIGSTOP the autoscaler simulator, SIGCONT it this long later.
     PauseSimulator(Duration),
     /// Remove the provisioning check from the merged queue's ClusterQueue, add it back this long
@@ -158,6 +168,7 @@ impl FaultKind {
             FaultKind::KillLeader(_) => "leader killed (kill -9)",
             FaultKind::RestartApiserver => "kube-apiserver restarted",
             FaultKind::RestartKueue => "Kueue manager restarted",
+            FaultKind::RestartKarpenter => "Karpenter restarted",
             FaultKind::PauseSimulator(_) => "simulator paused and resumed",
             FaultKind::RemoveCheck(_) => "AdmissionCheck removed from a ClusterQueue and re-added",
             FaultKind::ChangeConfig(_) => "ProvisioningRequestConfig changed",
@@ -172,6 +183,7 @@ impl fmt::Display for FaultKind {
             FaultKind::KillLeader(c) => write!(f, "kill -9 the {c} leader"),
             FaultKind::RestartApiserver => f.write_str("restart kube-apiserver"),
             FaultKind::RestartKueue => f.write_str("restart Kueue"),
+            FaultKind::RestartKarpenter => f.write_str("restart Karpenter"),
             FaultKind::PauseSimulator(d) => write!(f, "pause the simulator for {}s", d.as_secs()),
             FaultKind::RemoveCheck(d) => {
                 write!(f, "remove the merge queue's check for {}s", d.as_secs())
@@ -207,7 +219,19 @@ pub struct Plan {
 }
 
 /// The controllers whose leaders are killed, in turn.
-pub const CONTROLLERS: [&str; 3] = ["prov", "license", "budget"];
+pub const CONTROLLERS: [&str; 4] = ["prov", "license", "budget", "buffer"];
+
+/// `backoffLimitCount` of the capacity-buffer check's config: an unplaceable Workload is
+/// rejected after its third attempt.
+pub const BUFFER_RETRIES: u32 = 2;
+
+/// `provisioningTimeoutSeconds` of the capacity-buffer check's config: Karpenter on kwok
+/// launches in seconds; this covers its restart and the apiserver's.
+pub const BUFFER_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// `protectionSeconds` of the capacity-buffer check's config: the Nodes of a Workload without
+/// pods (created directly) are kept this long after `Ready`.
+pub const BUFFER_PROTECTION: Duration = Duration::from_secs(20);
 
 /// The provisioning timeout the controller runs with: a request neither provisioned nor failed
 /// this long after its creation is a failed attempt.
@@ -303,7 +327,9 @@ impl Plan {
 }
 
 /// However the draw went, a run has a doomed Workload, a revoked one and one deleted mid-flight
-/// (the invariants about them must be checked at least once): the first fitting ones become so.
+/// through the provisioning check, and an admitted Job and an unplaceable Workload through the
+/// capacity-buffer check (the invariants about them must be checked at least once): the first
+/// fitting ones become so.
 fn ensure_every_end(workloads: &mut [WorkloadPlan]) {
     // Each end with the script (and deletion delay) that makes a plain admitted one end so.
     let needed = [
@@ -312,10 +338,11 @@ fn ensure_every_end(workloads: &mut [WorkloadPlan]) {
         (End::Deleted, "accept", Some(Duration::from_secs(2))),
     ];
     for (end, script, delete_after) in needed {
-        if !workloads.iter().any(|w| w.end == end)
+        let provisioning = |w: &WorkloadPlan| w.queue == Queue::Provisioning;
+        if !workloads.iter().any(|w| provisioning(w) && w.end == end)
             && let Some(w) = workloads
                 .iter_mut()
-                .find(|w| w.queue == Queue::Provisioning && w.end == End::Admitted)
+                .find(|w| provisioning(w) && w.end == End::Admitted)
         {
             w.script = script.into();
             // None before: only a planned deletion has one.
@@ -323,15 +350,37 @@ fn ensure_every_end(workloads: &mut [WorkloadPlan]) {
             w.end = end;
         }
     }
+    let buffered = |w: &WorkloadPlan| w.queue == Queue::Buffered;
+    if !workloads
+        .iter()
+        .any(|w| buffered(w) && w.end == End::Admitted && matches!(w.shape, Shape::Job { .. }))
+        && let Some(w) = workloads
+            .iter_mut()
+            .find(|w| buffered(w) && w.end == End::Admitted)
+    {
+        w.shape = Shape::Job { parallelism: 2 };
+    }
+    if !workloads
+        .iter()
+        .any(|w| buffered(w) && w.end == End::Rejected)
+        && let Some(w) = workloads
+            .iter_mut()
+            .rev()
+            .find(|w| buffered(w) && w.end == End::Admitted)
+    {
+        w.unplaceable = true;
+        w.end = End::Rejected;
+    }
 }
 
 fn workload(seed: u64, index: usize, submit_at: Duration) -> WorkloadPlan {
     let mut rng = Rng::stream(seed, &[2, index as u64]);
     let queue = match rng.below(100) {
-        0..=39 => Queue::Provisioning,
-        40..=59 => Queue::Merged,
-        60..=79 => Queue::Licensed,
-        _ => Queue::Budgeted,
+        0..=34 => Queue::Provisioning,
+        35..=51 => Queue::Merged,
+        52..=68 => Queue::Licensed,
+        69..=84 => Queue::Budgeted,
+        _ => Queue::Buffered,
     };
     let shape = if rng.one_in(2) {
         Shape::Job {
@@ -358,6 +407,7 @@ fn workload(seed: u64, index: usize, submit_at: Duration) -> WorkloadPlan {
         submit_at,
         hold,
         delete_after: None,
+        unplaceable: false,
         end: End::Admitted,
     };
     // A licensed Job asks per pod: one pod, so that its licenses are what the plan says.
@@ -372,6 +422,23 @@ fn workload(seed: u64, index: usize, submit_at: Duration) -> WorkloadPlan {
         plan.script = "accept".into();
         plan.delete_after = Some(rng.millis(500, 4_000));
         plan.end = End::Deleted;
+        return plan;
+    }
+    if queue == Queue::Buffered {
+        // Unplaceable: Karpenter can place none of its pods. Rejected once its retries run out,
+        // or deleted while it waits (it is never admitted, so the deletion cannot come late).
+        match rng.below(10) {
+            0 => {
+                plan.unplaceable = true;
+                plan.end = End::Rejected;
+            }
+            1 => {
+                plan.unplaceable = true;
+                plan.delete_after = Some(rng.millis(500, 4_000));
+                plan.end = End::Deleted;
+            }
+            _ => {}
+        }
         return plan;
     }
     match queue {
@@ -401,13 +468,13 @@ fn workload(seed: u64, index: usize, submit_at: Duration) -> WorkloadPlan {
             }
             .into();
         }
-        Queue::Budgeted => {}
+        Queue::Budgeted | Queue::Buffered => {}
     }
     plan
 }
 
-/// A leader killed about every 7 s from 15 s on, the three controllers in turn (so each one's
-/// leader about every 20 s); the other faults at fixed fractions of the load,
+/// A leader killed about every 5 s from 15 s on, the four controllers in turn (so each one's
+/// leader about every 21 s); the other faults at fixed fractions of the load,
 /// apart from each other so that each one's effect is seen on its own.
 fn faults(seed: u64, load: Duration) -> Vec<Fault> {
     let mut rng = Rng::stream(seed, &[3]);
@@ -434,6 +501,10 @@ fn faults(seed: u64, load: Duration) -> Vec<Fault> {
             kind: FaultKind::RemoveCheck(Duration::from_secs(8)),
         },
         Fault {
+            at: at(0.68),
+            kind: FaultKind::RestartKarpenter,
+        },
+        Fault {
             at: at(0.75),
             kind: FaultKind::ConflictBurst(Duration::from_secs(10)),
         },
@@ -453,7 +524,7 @@ fn faults(seed: u64, load: Duration) -> Vec<Fault> {
             kind: FaultKind::KillLeader(CONTROLLERS[turn % CONTROLLERS.len()]),
         });
         turn += 1;
-        t += rng.millis(5_000, 9_000);
+        t += rng.millis(4_000, 6_500);
     }
     faults.sort_by_key(|f| f.at);
     faults

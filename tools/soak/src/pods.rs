@@ -7,7 +7,9 @@
 //! has a provisioning check consumes a request provisioned for its own Workload by that check
 //! (seen `Provisioned=True`, or named by the check's `Ready` entry of that Workload), and runs
 //! on a Node carrying the flavor's node labels; a pod of a queue without one (or of a Workload
-//! admitted while the check was off its queue) consumes none.
+//! admitted while the check was off its queue) consumes none. A pod of the capacity-buffer
+//! check's queue consumes none and runs on a Node that Karpenter made for its own Workload (the
+//! dedication label has the Workload's uid).
 //! Judged at the end, when everything seen is known, so the order in which the watches
 //! delivered things does not matter.
 
@@ -149,20 +151,14 @@ impl PodWitness {
         self.seen().node_labels.insert(node.name_any(), labels);
     }
 
-    /// Holds every pod seen to the invariant. `checks` maps each queue to the full name of its
-    /// provisioning check (none: the queue has no such check); `node_labels` are the flavor's.
-    pub fn judge(
-        &self,
-        plan: &Plan,
-        checks: &BTreeMap<Queue, Option<String>>,
-        node_labels: &[(&str, &str)],
-    ) -> PodVerdict {
+    /// Holds every pod seen to the invariant, by what its queue's capacity is.
+    pub fn judge(&self, plan: &Plan, capacity: &BTreeMap<Queue, Capacity>) -> PodVerdict {
         let seen = self.seen();
         let mut verdict = PodVerdict::default();
         for s in seen.sightings.values() {
             verdict.pods += 1;
             verdict.consuming += usize::from(s.consumes.is_some());
-            let problem = judge_one(&seen, s, plan, checks, node_labels);
+            let problem = judge_one(&seen, s, plan, capacity);
             if let Some(problem) = problem {
                 verdict
                     .violations
@@ -173,13 +169,31 @@ impl PodWitness {
     }
 }
 
+/// Where a queue's pods must run.
+#[derive(Clone, Debug)]
+pub enum Capacity {
+    /// On the flavor's standing Nodes (these labels), consuming a request of this provisioning
+    /// check (none: no request).
+    Standing {
+        /// The flavor's node labels.
+        labels: Vec<(String, String)>,
+        /// The provisioning check guarding the queue.
+        check: Option<String>,
+    },
+    /// On a Node made for its own Workload alone: this label has the Workload's uid. No
+    /// request.
+    Dedicated {
+        /// The dedication label key.
+        label: String,
+    },
+}
+
 /// What is wrong with one pod, if anything.
 fn judge_one(
     seen: &Seen,
     s: &Sighting,
     plan: &Plan,
-    checks: &BTreeMap<Queue, Option<String>>,
-    node_labels: &[(&str, &str)],
+    capacity: &BTreeMap<Queue, Capacity>,
 ) -> Option<String> {
     let Some(wl) = seen.workloads.get(&s.job_uid) else {
         return Some("its Job's Workload was never seen".into());
@@ -192,17 +206,29 @@ fn judge_one(
         return Some("its Workload is not one of the plan's".into());
     };
     let labels = seen.node_labels.get(&s.node);
-    let on_flavor = labels.is_some_and(|l| {
-        node_labels
-            .iter()
-            .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
-    });
-    if !on_flavor {
+    let has = |k: &str, v: &str| labels.is_some_and(|l| l.get(k).map(String::as_str) == Some(v));
+    let (node_labels, check) = match capacity.get(&queue) {
+        None => return Some(format!("the soak knows no capacity for queue {queue:?}")),
+        Some(Capacity::Dedicated { label }) => {
+            return if s.consumes.is_some() {
+                Some("consumes a request, but its queue's capacity comes from Karpenter".into())
+            } else if !has(label, &wl.uid) {
+                Some(format!(
+                    "the Node does not carry {label}={} (made for another Workload, or not by Karpenter)",
+                    wl.uid
+                ))
+            } else {
+                None
+            };
+        }
+        Some(Capacity::Standing { labels, check }) => (labels, check.clone()),
+    };
+    if !node_labels.iter().all(|(k, v)| has(k, v)) {
         return Some(format!(
             "the Node lacks the flavor's labels {node_labels:?}"
         ));
     }
-    match (checks.get(&queue).cloned().flatten(), &s.consumes) {
+    match (check, &s.consumes) {
         (None, None) => None,
         (None, Some(r)) => Some(format!(
             "consumes {r}, but its queue has no provisioning check"

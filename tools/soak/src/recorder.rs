@@ -1,6 +1,8 @@
 //! The soak's independent witness: watches of the run namespace's Workloads, ProvisioningRequests
 //! and license ledger, kept apart from the controllers (it never reads their metrics or logs),
 //! that check the invariants on every version they observe and keep each Workload's timeline.
+//! The capacity-buffer check and the pods have witnesses of their own ([`super::buffers`],
+//! [`super::pods`]) that report here.
 //!
 //! A watch that ends (the apiserver restarted) lists again; what changed in between is seen as
 //! its end result only. A Workload missing from such a new list was deleted meanwhile.
@@ -48,11 +50,16 @@ pub enum Invariant {
     MetricsAgree,
     /// Every pod of a Job runs on capacity provisioned for its own request (or none was needed).
     PodsOnTheirCapacity,
+    /// No NodeClaim made for a Workload while the capacity-buffer check's entry stands `Ready`.
+    NoCapacityTwice,
+    /// No Node kept by the capacity-buffer check past the end its protection states, or past
+    /// its Workload.
+    ProtectionWithinBound,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 10] = [
+    pub const ALL: [Invariant; 12] = [
         Invariant::EndStateInTime,
         Invariant::NotStuck,
         Invariant::NoAnswerWithoutQuota,
@@ -63,6 +70,8 @@ impl Invariant {
         Invariant::NoPanics,
         Invariant::MetricsAgree,
         Invariant::PodsOnTheirCapacity,
+        Invariant::NoCapacityTwice,
+        Invariant::ProtectionWithinBound,
     ];
 
     /// Its line in the table.
@@ -80,7 +89,13 @@ impl Invariant {
             Invariant::NoPanics => "no panic, no unexpected exit",
             Invariant::MetricsAgree => "metrics agree with the recorder",
             Invariant::PodsOnTheirCapacity => {
-                "every pod of a Job consumes a request provisioned for its own Workload, on its flavor's Nodes (none where no check asks)"
+                "every pod of a Job consumes a request provisioned for its own Workload, on its flavor's Nodes (none where no check asks); through the capacity-buffer check, on a Node Karpenter made for its own Workload"
+            }
+            Invariant::NoCapacityTwice => {
+                "no NodeClaim made for a Workload while the capacity-buffer check's entry stands Ready"
+            }
+            Invariant::ProtectionWithinBound => {
+                "no Node kept by the capacity-buffer check past its protection's end or its Workload"
             }
         }
     }
@@ -422,6 +437,16 @@ impl Recorder {
     /// An outage (apiserver or Kueue restarting, the simulator paused) begins.
     pub fn outage_begins(&self) {
         lock(&self.state).outage_ongoing += 1;
+    }
+
+    /// When the control plane was last whole again: `None` while an outage is under way, the
+    /// recorder's start if none happened.
+    pub fn calm_since(&self) -> Option<Instant> {
+        let state = lock(&self.state);
+        if state.outage_ongoing > 0 {
+            return None;
+        }
+        Some(state.outage_until.unwrap_or(self.started))
     }
 
     /// It ended.

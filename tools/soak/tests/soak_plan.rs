@@ -45,15 +45,22 @@ fn check(seed: u64, workloads: usize) -> Result<()> {
     );
     for w in &plan.workloads {
         match w.end {
-            // Only a script that fails every attempt, on the queue whose check stays.
-            End::Rejected => ensure!(w.queue == Queue::Provisioning && w.script == "fail"),
+            // Only a script that fails every attempt, on the queue whose check stays, or pods
+            // that Karpenter cannot place.
+            End::Rejected => ensure!(
+                (w.queue == Queue::Provisioning && w.script == "fail")
+                    || (w.queue == Queue::Buffered && w.unplaceable)
+            ),
+            // Deleted while it surely waits: its requests never provisioned, or its pods
+            // unplaceable.
             End::Deleted => ensure!(
                 w.delete_after.is_some()
-                    && w.script == "accept"
-                    && matches!(w.queue, Queue::Provisioning | Queue::Licensed)
+                    && ((w.script == "accept"
+                        && matches!(w.queue, Queue::Provisioning | Queue::Licensed))
+                        || (w.queue == Queue::Buffered && w.unplaceable))
             ),
             End::Admitted => {
-                ensure!(w.delete_after.is_none());
+                ensure!(w.delete_after.is_none() && !w.unplaceable);
                 // The attempt that counts provisions.
                 ensure!(
                     !w.queue.provisions()
@@ -67,6 +74,7 @@ fn check(seed: u64, workloads: usize) -> Result<()> {
                 ensure!(w.script.starts_with("revoke") && w.queue == Queue::Provisioning)
             }
         }
+        ensure!(!w.unplaceable || w.queue == Queue::Buffered);
         if w.queue == Queue::Licensed {
             ensure!((1..=2).contains(&w.licenses));
             ensure!(w.shape.pods() >= 1);
@@ -74,17 +82,32 @@ fn check(seed: u64, workloads: usize) -> Result<()> {
             ensure!(w.licenses == 0);
         }
     }
-    let ends = plan.ends();
     if workloads >= 100 {
         for end in [End::Admitted, End::Rejected, End::Deleted, End::Revoked] {
             ensure!(
-                ends.get(&end).copied().unwrap_or(0) > 0,
-                "seed {seed}: no {end}"
+                plan.workloads
+                    .iter()
+                    .any(|w| w.queue == Queue::Provisioning && w.end == end),
+                "seed {seed}: no {end} through the provisioning check"
             );
         }
+        // Through the capacity-buffer check: a Job whose pods land on Karpenter's Nodes, and
+        // one that Karpenter cannot place.
+        ensure!(
+            plan.workloads.iter().any(|w| w.queue == Queue::Buffered
+                && w.end == End::Admitted
+                && matches!(w.shape, Shape::Job { .. })),
+            "seed {seed}: no admitted Job through the capacity-buffer check"
+        );
+        ensure!(
+            plan.workloads
+                .iter()
+                .any(|w| w.queue == Queue::Buffered && w.end == End::Rejected),
+            "seed {seed}: no unplaceable Workload rejected through the capacity-buffer check"
+        );
     }
-    // Faults: each controller's leader killed about every 20 s (never more than 27 s apart),
-    // the apiserver restarted (twice at full size), Kueue once, and the rest once each.
+    // Faults: each controller's leader killed about every 21 s (never more than 27 s apart),
+    // the apiserver restarted (twice at full size), Kueue and Karpenter once, and the rest once each.
     for c in CONTROLLERS {
         let kills: Vec<Duration> = plan
             .faults
@@ -108,6 +131,7 @@ fn check(seed: u64, workloads: usize) -> Result<()> {
     let apiserver = count(&|k| *k == FaultKind::RestartApiserver);
     ensure!(apiserver >= if workloads >= 1000 { 2 } else { 1 });
     ensure!(count(&|k| *k == FaultKind::RestartKueue) == 1);
+    ensure!(count(&|k| *k == FaultKind::RestartKarpenter) == 1);
     ensure!(count(&|k| matches!(k, FaultKind::PauseSimulator(_))) == 1);
     ensure!(count(&|k| matches!(k, FaultKind::RemoveCheck(_))) == 1);
     ensure!(count(&|k| matches!(k, FaultKind::ChangeConfig(_))) == 1);

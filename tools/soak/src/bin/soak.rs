@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use soak::{SoakConfig, run};
 
-/// A seeded load of Workloads through the provisioning, license and budget checks (two
-/// replicas each, as processes), with leaders killed, the apiserver and Kueue restarted and
-/// more, checked by an independent recorder.
+/// A seeded load of Workloads through the provisioning, license, budget and capacity-buffer
+/// checks (two replicas each, as processes), with leaders killed, the apiserver, Kueue and
+/// Karpenter restarted and more, checked by independent witnesses.
 #[derive(Debug, Parser)]
 struct Cli {
     /// Seed of the plan (decimal); a fresh one when unset. Printed first, to replay a run.
@@ -58,6 +58,7 @@ async fn main() -> ExitCode {
     for exe in [
         "kueue-provisioning-controller",
         "autoscaler-simulator",
+        "kueue-capacity-buffer-controller",
         "license-check",
         "budget-check",
     ] {
