@@ -238,12 +238,19 @@ impl BufferWitness {
             .as_ref()
             .map_or_else(Timestamp::now, |t| t.0);
         let mut seen = self.seen();
+        let index = seen.index.get(&uid).copied();
         if seen
             .claims
             .insert(claim.name_any(), (uid, created))
             .is_none()
         {
             seen.counts.claims += 1;
+            drop(seen);
+            if let Some(index) = index {
+                let name = claim.name_any();
+                self.recorder
+                    .witness_note(index, &format!("NodeClaim {name} created at {created}"));
+            }
         }
     }
 

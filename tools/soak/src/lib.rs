@@ -137,6 +137,7 @@ pub async fn run(config: SoakConfig) -> Result<Report> {
     let leaks = soak.drain().await;
     stalls.abort();
     soak.judge_leaks(&leaks);
+    soak.buffers.judge_claims();
     let metrics = check_metrics(&soak.env, &soak.supervisor, &soak.recorder).await;
     let exits = soak.supervisor.exits();
     let processes = soak.supervisor.slots.len();

@@ -120,7 +120,8 @@ pub struct WorkloadPlan {
     pub licenses: u32,
     /// When it is submitted, from the start of the load.
     pub submit_at: Duration,
-    /// How long it stays admitted before the driver finishes it.
+    /// How long it stays admitted before the driver finishes it (0.3 to 2.5 s; 5 to 15 s
+    /// through the capacity-buffer check).
     pub hold: Duration,
     /// Deleted this long after its submission (planned [`End::Deleted`]).
     pub delete_after: Option<Duration>,
@@ -425,6 +426,10 @@ fn workload(seed: u64, index: usize, submit_at: Duration) -> WorkloadPlan {
         return plan;
     }
     if queue == Queue::Buffered {
+        // Held longer: Karpenter runs provisioning passes while the pods sit on the Nodes made
+        // for them (other Workloads' buffers and pods trigger them), which is when a buffer that
+        // still asked for its pods would get a second set of Nodes.
+        plan.hold = rng.millis(5_000, 15_000);
         // Unplaceable: Karpenter can place none of its pods. Rejected once its retries run out,
         // or deleted while it waits (it is never admitted, so the deletion cannot come late).
         match rng.below(10) {

@@ -434,6 +434,13 @@ impl Recorder {
         self.note(&mut state, index, format!("driver: {what}"));
     }
 
+    /// A witness's account of something of Workload `index` (a NodeClaim made for it), for
+    /// the timeline.
+    pub fn witness_note(&self, index: usize, what: &str) {
+        let mut state = lock(&self.state);
+        self.note(&mut state, index, what.to_string());
+    }
+
     /// An outage (apiserver or Kueue restarting, the simulator paused) begins.
     pub fn outage_begins(&self) {
         lock(&self.state).outage_ongoing += 1;
