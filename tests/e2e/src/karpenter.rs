@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
@@ -334,6 +334,12 @@ impl TestEnv {
             .items)
     }
 
+    /// The names of the NodeClaims carrying `label=value`.
+    pub async fn node_claim_names(&self, label: &str, value: &str) -> Result<BTreeSet<String>> {
+        let claims = self.node_claims(label, value).await?;
+        Ok(claims.iter().map(|c| c.name_any()).collect())
+    }
+
     /// The Nodes carrying `label=value`.
     pub async fn labelled_nodes(&self, label: &str, value: &str) -> Result<Vec<Node>> {
         let api: Api<Node> = Api::all(self.client.clone());
@@ -341,6 +347,29 @@ impl TestEnv {
             .list(&ListParams::default().labels(&format!("{label}={value}")))
             .await?
             .items)
+    }
+
+    /// The names of the Nodes carrying `label=value`.
+    pub async fn labelled_node_names(&self, label: &str, value: &str) -> Result<BTreeSet<String>> {
+        let nodes = self.labelled_nodes(label, value).await?;
+        Ok(nodes.iter().map(|n| n.name_any()).collect())
+    }
+
+    /// Waits until `count` pods of Job `job` run; fails unless each is on one of `nodes`.
+    pub async fn job_pods_on(
+        &self,
+        job: &str,
+        count: i32,
+        nodes: &BTreeSet<String>,
+    ) -> Result<Vec<Pod>> {
+        let pods = self.wait_job_pods_running(job, count).await?;
+        for pod in &pods {
+            let node = crate::capacity::node_of(pod).unwrap_or_default();
+            if !nodes.contains(node) {
+                bail!("{} is not on {nodes:?}", crate::describe_pod(pod));
+            }
+        }
+        Ok(pods)
     }
 }
 

@@ -48,22 +48,12 @@ async fn a_job_is_admitted_on_nodes_karpenter_launched_for_it_and_they_go_when_i
 
     // At Ready: every NodeClaim made for the Workload is Ready, its Nodes protected, its
     // buffers shrunk to zero and marked.
-    let at_ready: BTreeSet<String> = env
-        .node_claims(&world.node_label, &uid)
-        .await?
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
+    let at_ready = env.node_claim_names(&world.node_label, &uid).await?;
     assert!(
         !at_ready.is_empty(),
         "Karpenter launched nothing for the Workload"
     );
-    let nodes_at_ready: BTreeSet<String> = env
-        .labelled_nodes(&world.node_label, &uid)
-        .await?
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
+    let nodes_at_ready = env.labelled_node_names(&world.node_label, &uid).await?;
     let buffers = env
         .capacity_buffers()
         .list(&Default::default())
@@ -88,22 +78,12 @@ async fn a_job_is_admitted_on_nodes_karpenter_launched_for_it_and_they_go_when_i
     );
 
     // The pods run on the Nodes made for the Workload, and on no other.
-    let pods = env.wait_job_pods_running("train", 3).await?;
+    let pods = env.job_pods_on("train", 3, &nodes_at_ready).await?;
     for pod in &pods {
-        assert!(
-            nodes_at_ready.contains(node_of(pod).unwrap_or_default()),
-            "{} not on {nodes_at_ready:?}",
-            e2e::describe_pod(pod)
-        );
         assert_eq!(pod.labels().get(WORKLOAD_UID_LABEL), Some(&uid));
     }
     // Still every Node of Ready there once the pods run: none went while they were pending.
-    let now: BTreeSet<String> = env
-        .labelled_nodes(&world.node_label, &uid)
-        .await?
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
+    let now = env.labelled_node_names(&world.node_label, &uid).await?;
     assert!(
         nodes_at_ready.is_subset(&now),
         "a Node went before the pods ran: {nodes_at_ready:?} then {now:?}"
@@ -232,12 +212,7 @@ async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_ou
         .wait_admitted_ready(&created.name_any(), &world.check)
         .await?;
     let uid = uid(&admitted);
-    let nodes: BTreeSet<String> = env
-        .labelled_nodes(&world.node_label, &uid)
-        .await?
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
+    let nodes = env.labelled_node_names(&world.node_label, &uid).await?;
     assert!(!nodes.is_empty());
     // Karpenter looks at the empty Nodes and is kept off by the annotation.
     let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
@@ -261,12 +236,7 @@ async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_ou
         },
     )
     .await?;
-    let still: BTreeSet<String> = env
-        .labelled_nodes(&world.node_label, &uid)
-        .await?
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
+    let still = env.labelled_node_names(&world.node_label, &uid).await?;
     assert_eq!(still, nodes, "a protected Node went");
     // The protection runs out; then Karpenter consolidates them though the Workload is admitted.
     e2e::eventually_within(
@@ -337,19 +307,10 @@ async fn beside_the_provisioning_check_each_job_gets_its_own_capacity() -> Resul
         );
     }
     let karpenter_uid = uid(&karpenter_wl);
-    let karpenter_nodes: BTreeSet<String> = env
-        .labelled_nodes(&world.node_label, &karpenter_uid)
-        .await?
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
-    for pod in env.wait_job_pods_running("on-karpenter", 2).await? {
-        assert!(
-            karpenter_nodes.contains(node_of(&pod).unwrap_or_default()),
-            "{}",
-            e2e::describe_pod(&pod)
-        );
-    }
+    let karpenter_nodes = env
+        .labelled_node_names(&world.node_label, &karpenter_uid)
+        .await?;
+    env.job_pods_on("on-karpenter", 2, &karpenter_nodes).await?;
     // Each controller made only its own: no buffer for the other Job, no request for ours.
     let buffers = env
         .capacity_buffers()
@@ -538,19 +499,8 @@ async fn another_checks_retry_releases_the_capacity_and_the_next_reservation_ask
         .await?;
     let (admitted, _) = env.wait_admitted_ready(&name, &world.check).await?;
     assert_eq!(admitted.uid().as_deref(), Some(uid.as_str()));
-    let nodes: BTreeSet<String> = env
-        .labelled_nodes(&world.node_label, &uid)
-        .await?
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
-    for pod in env.wait_job_pods_running("gated", 2).await? {
-        assert!(
-            nodes.contains(node_of(&pod).unwrap_or_default()),
-            "{} not on {nodes:?}",
-            e2e::describe_pod(&pod)
-        );
-    }
+    let nodes = env.labelled_node_names(&world.node_label, &uid).await?;
+    env.job_pods_on("gated", 2, &nodes).await?;
     assert_eq!(
         claims.seen_for(&uid),
         second_claims,

@@ -3,8 +3,6 @@
 //! bounds it set (a Node's protection and its end) are read back from the cluster, not from a
 //! process's memory. A suite of its own: it restarts the Karpenter other suites' tests share.
 
-use std::collections::BTreeSet;
-
 use anyhow::Result;
 use e2e::karpenter::{CONSOLIDATION, ClaimRecorder, restart_karpenter};
 use e2e::{SuspendedJob, TestEnv};
@@ -68,27 +66,9 @@ async fn killing_the_controller_and_restarting_karpenter_mid_way_loses_nothing_a
         "the second controller used the buffer the first made"
     );
     let uid = admitted.uid().unwrap_or_default();
-    let at_ready: BTreeSet<String> = env
-        .node_claims(&world.node_label, &uid)
-        .await?
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
-    let pods = env.wait_job_pods_running("train", 2).await?;
-    let nodes: BTreeSet<String> = env
-        .labelled_nodes(&world.node_label, &uid)
-        .await?
-        .iter()
-        .map(|n| n.name_any())
-        .collect();
-    for pod in &pods {
-        let node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
-        assert!(nodes.contains(&node), "{}", e2e::describe_pod(pod));
-    }
+    let at_ready = env.node_claim_names(&world.node_label, &uid).await?;
+    let nodes = env.labelled_node_names(&world.node_label, &uid).await?;
+    env.job_pods_on("train", 2, &nodes).await?;
     // A pass of Karpenter's after the pods bound (a probe buffer triggers one) makes nothing more.
     env.probe_buffer("probe", &world.node_label, "probe", 1)
         .await?;

@@ -17,11 +17,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{CheckState, Workload, workload_condition as cond};
 use kueue_capacity_buffer_controller::api::{CapacityBuffer, NodeClaim};
@@ -29,6 +28,7 @@ use kueue_capacity_buffer_controller::names;
 use kueue_capacity_buffer_controller::protection::node_view;
 
 use super::recorder::{Invariant, Recorder, index_of};
+use super::witness::{LiveOnce, spawn};
 
 /// How long past its end a protection may stay: the leader's task ends it at that time; a
 /// leader killed then leaves it to the next one (a 6 s Lease, a start, a first list).
@@ -76,14 +76,16 @@ pub struct BufferCounts {
     pub protected_nodes: u64,
     /// Protection sweeps made.
     pub sweeps: u64,
+    /// Protections held to the bound: once per sweep each, and once as each ended.
+    pub protections_judged: u64,
     /// Nodes protected by the check now.
     pub protected_now: u64,
 }
 
 #[derive(Debug, Default)]
 struct Seen {
-    /// Live buffers: name → (Workload uid, podset, attempt).
-    live: BTreeMap<String, (String, String, String)>,
+    /// Live buffers, each keyed by (Workload uid, podset, attempt).
+    live: LiveOnce<(String, String, String)>,
     buffers: BTreeSet<String>,
     /// Plan index by Workload uid.
     index: HashMap<String, usize>,
@@ -202,13 +204,7 @@ impl BufferWitness {
                         .unwrap_or_default(),
                     label(names::ATTEMPT_LABEL),
                 );
-                let twins: Vec<String> = seen
-                    .live
-                    .iter()
-                    .filter(|(n, k)| **n != name && **k == key)
-                    .map(|(n, _)| n.clone())
-                    .collect();
-                seen.live.insert(name.clone(), key.clone());
+                let twins = seen.live.insert(&name, key.clone());
                 if !twins.is_empty() {
                     let index = seen.index.get(&key.0).copied();
                     drop(guard);
@@ -219,9 +215,7 @@ impl BufferWitness {
                     );
                 }
             }
-            watcher::Event::Delete(b) => {
-                seen.live.remove(&b.name_any());
-            }
+            watcher::Event::Delete(b) => seen.live.remove(&b.name_any()),
             // A new list replaces what was live.
             watcher::Event::Init => seen.live.clear(),
             watcher::Event::InitDone => {}
@@ -255,7 +249,10 @@ impl BufferWitness {
     }
 
     fn node(&self, event: watcher::Event<Node>) {
-        let mut seen = self.seen();
+        let calm_since = self.recorder.calm_since();
+        let mut guard = self.seen();
+        let seen = &mut *guard;
+        let mut ended = None;
         match event {
             watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
                 let view = node_view(n.annotations());
@@ -273,17 +270,41 @@ impl BufferWitness {
                         );
                     }
                     None => {
-                        seen.protected.remove(&n.name_any());
+                        ended = seen
+                            .protected
+                            .remove(&n.name_any())
+                            .map(|p| (n.name_any(), p))
                     }
                 }
             }
             watcher::Event::Delete(n) => {
-                seen.protected.remove(&n.name_any());
+                ended = seen
+                    .protected
+                    .remove(&n.name_any())
+                    .map(|p| (n.name_any(), p));
             }
             watcher::Event::Init => seen.protected.clear(),
             watcher::Event::InitDone => {}
         }
         seen.counts.protected_now = seen.protected.len() as u64;
+        // A protection that ended is judged as it ends: was it kept too long?
+        let late = ended.and_then(|(node, p)| {
+            seen.counts.protections_judged += 1;
+            let why = overdue(seen, &p, calm_since?, Instant::now())?;
+            seen.reported
+                .insert((node.clone(), p.uid.clone()))
+                .then(|| {
+                    (
+                        seen.index.get(&p.uid).copied(),
+                        node,
+                        format!("{why}, then ended"),
+                    )
+                })
+        });
+        drop(guard);
+        if let Some((index, node, why)) = late {
+            self.report_late(index, &node, &why);
+        }
     }
 
     /// Looks for protections kept past their bound; call every few seconds. `calm_since` is
@@ -293,48 +314,38 @@ impl BufferWitness {
             return;
         };
         let now = Instant::now();
-        if now.duration_since(calm_since) < PROTECTION_SLACK {
-            return;
-        }
-        let slack = SignedDuration::try_from(PROTECTION_SLACK).unwrap_or(SignedDuration::MAX);
         let mut late = Vec::new();
         {
             let mut guard = self.seen();
             let seen = &mut *guard;
             seen.counts.sweeps += 1;
             for (node, p) in &seen.protected {
-                let expired = Timestamp::now() > p.until.checked_add(slack).unwrap_or(p.until);
-                let gone = seen
-                    .gone
-                    .get(&p.uid)
-                    .filter(|at| now.duration_since(**at) > PROTECTION_SLACK);
-                let why = if expired {
-                    Some(format!("its stated end {} passed", p.until))
-                } else {
-                    gone.map(|at| {
-                        format!(
-                            "its Workload finished or was deleted {:.0?} ago",
-                            now.duration_since(*at)
-                        )
-                    })
-                };
-                if let Some(why) = why
-                    && seen.reported.insert((node.clone(), p.uid.clone()))
+                seen.counts.protections_judged += 1;
+                if let Some(why) = overdue(seen, p, calm_since, now)
+                    && !seen.reported.contains(&(node.clone(), p.uid.clone()))
                 {
                     late.push((seen.index.get(&p.uid).copied(), node.clone(), why));
                 }
             }
+            for (_, node, _) in &late {
+                let uid = seen.protected[node].uid.clone();
+                seen.reported.insert((node.clone(), uid));
+            }
         }
         for (index, node, why) in late {
-            self.recorder.record(
-                Invariant::ProtectionWithinBound,
-                index,
-                format!(
-                    "Node {node} is still protected by the check more than {PROTECTION_SLACK:?} \
-                     after {why}"
-                ),
-            );
+            self.report_late(index, &node, &why);
         }
+    }
+
+    fn report_late(&self, index: Option<usize>, node: &str, why: &str) {
+        self.recorder.record(
+            Invariant::ProtectionWithinBound,
+            index,
+            format!(
+                "Node {node} was still protected by the check more than {PROTECTION_SLACK:?} \
+                 after {why}"
+            ),
+        );
     }
 
     /// Holds every NodeClaim seen to [`Invariant::NoCapacityTwice`]; call once, at the end.
@@ -372,6 +383,23 @@ impl BufferWitness {
     }
 }
 
+/// Why protection `p` is late at `now`, if it is: more than [`PROTECTION_SLACK`] past its
+/// stated end, or past its Workload's finish or deletion, and past the end of the last outage
+/// (`calm_since`: the check's task cannot end anything while the apiserver is away).
+fn overdue(seen: &Seen, p: &Protected, calm_since: Instant, now: Instant) -> Option<String> {
+    if now.duration_since(calm_since) <= PROTECTION_SLACK {
+        return None;
+    }
+    let slack = SignedDuration::try_from(PROTECTION_SLACK).unwrap_or(SignedDuration::MAX);
+    if Timestamp::now() > p.until.checked_add(slack).unwrap_or(p.until) {
+        return Some(format!("its stated end {}", p.until));
+    }
+    let gone = seen.gone.get(&p.uid)?;
+    let ago = now.duration_since(*gone);
+    (ago > PROTECTION_SLACK)
+        .then(|| format!("its Workload finished or was deleted ({ago:.0?} before)"))
+}
+
 /// Starts the witness's watches. Returns once each has listed.
 pub async fn start(
     witness: BufferWitness,
@@ -379,6 +407,10 @@ pub async fn start(
     namespace: &str,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let (ready, mut ready_rx) = tokio::sync::mpsc::channel::<()>(4);
+    let errors = |what: &'static str| {
+        let recorder = witness.recorder.clone();
+        move |e: &watcher::Error| recorder.watch_error(what, e)
+    };
     let mut tasks = Vec::new();
     let w = witness.clone();
     tasks.push(spawn(
@@ -390,6 +422,7 @@ pub async fn start(
             watcher::Event::Delete(wl) => w.workload_gone(&wl),
             _ => {}
         },
+        errors("Workload (capacity-buffer witness)"),
     ));
     let w = witness.clone();
     tasks.push(spawn(
@@ -397,6 +430,7 @@ pub async fn start(
         watcher::Config::default(),
         ready.clone(),
         move |event| w.buffer(event),
+        errors("CapacityBuffer"),
     ));
     let w = witness.clone();
     tasks.push(spawn(
@@ -408,13 +442,15 @@ pub async fn start(
                 w.claim(&c);
             }
         },
+        errors("NodeClaim"),
     ));
-    let w = witness;
+    let w = witness.clone();
     tasks.push(spawn(
         Api::<Node>::all(client.clone()),
         watcher::Config::default(),
         ready,
         move |event| w.node(event),
+        errors("Node"),
     ));
     for _ in 0..4 {
         tokio::time::timeout(e2e::DEFAULT_TIMEOUT, ready_rx.recv())
@@ -424,31 +460,4 @@ pub async fn start(
             })?;
     }
     Ok(tasks)
-}
-
-/// Feeds every event of `api` to `handle`; sends on `ready` once first listed. Errors are
-/// retried by the watch (a new list follows).
-fn spawn<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    ready: tokio::sync::mpsc::Sender<()>,
-    handle: impl Fn(watcher::Event<K>) + Send + 'static,
-) -> tokio::task::JoinHandle<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    let stream = watcher(api, config).default_backoff();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut first = true;
-        while let Some(event) = stream.next().await {
-            let Ok(event) = event else { continue };
-            let listed = matches!(event, watcher::Event::InitDone);
-            handle(event);
-            if listed && first {
-                first = false;
-                let _ = ready.send(()).await;
-            }
-        }
-    })
 }

@@ -13,6 +13,7 @@ pub mod plan;
 pub mod pods;
 pub mod recorder;
 pub mod replicas;
+pub mod witness;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -1581,8 +1582,8 @@ impl Results<'_> {
                 seen.buffers.claims, seen.buffers.ready_spans
             ),
             Invariant::ProtectionWithinBound => format!(
-                "{} Nodes protected, {} sweeps",
-                seen.buffers.protected_nodes, seen.buffers.sweeps
+                "{} Nodes protected; {} judgements ({} sweeps, and each protection as it ended)",
+                seen.buffers.protected_nodes, seen.buffers.protections_judged, seen.buffers.sweeps
             ),
         }
     }

@@ -16,10 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{CheckState, ProvisioningRequest, Workload, find_condition};
 use kueue_provisioning_controller::identity::{CHECK_ANNOTATION, WORKLOAD_UID_LABEL};
@@ -287,6 +286,7 @@ pub async fn start(
 }
 
 /// Feeds every object `api` shows (listed or changed) to `seen`; sends on `ready` once listed.
+/// Deletions change nothing of what was seen; errors are retried by the watch.
 fn spawn<K>(
     api: Api<K>,
     ready: tokio::sync::mpsc::Sender<()>,
@@ -295,20 +295,10 @@ fn spawn<K>(
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut first = true;
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(watcher::Event::Apply(k) | watcher::Event::InitApply(k)) => seen(k),
-                Ok(watcher::Event::InitDone) if first => {
-                    first = false;
-                    let _ = ready.send(()).await;
-                }
-                // Deletions change nothing of what was seen; errors are retried by the watch.
-                _ => {}
-            }
+    let on_event = move |event| {
+        if let watcher::Event::Apply(k) | watcher::Event::InitApply(k) = event {
+            seen(k);
         }
-    })
+    };
+    crate::witness::spawn(api, watcher::Config::default(), ready, on_event, |_| {})
 }

@@ -13,10 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use autoscaler_simulator::attempt_of_name;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kueue_admission_sdk::api::{
     CheckState, ProvisioningRequest, Workload, workload_condition as cond,
@@ -26,6 +25,7 @@ use kueue_provisioning_controller::identity::{CHECK_ANNOTATION, WORKLOAD_UID_LAB
 use tokio::sync::watch;
 
 use super::plan::{End, LICENSE_POOL, Plan, Queue};
+use super::witness::LiveOnce;
 
 /// The invariants, in the order of the results table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -225,8 +225,8 @@ struct State {
     by_name: HashMap<String, usize>,
     counts: Counts,
     violations: Vec<Violation>,
-    /// Live requests: name → (uid, check, attempt).
-    requests: BTreeMap<String, (String, String, u32)>,
+    /// Live requests, each keyed by (uid, check, attempt).
+    requests: LiveOnce<(String, String, u32)>,
     seen_requests: BTreeSet<String>,
     /// Licenses held by admitted, unfinished Workloads of the licensed queue, by index.
     licensed_admitted: BTreeMap<usize, u32>,
@@ -347,7 +347,7 @@ impl Recorder {
                 by_name: HashMap::new(),
                 counts: Counts::default(),
                 violations: Vec::new(),
-                requests: BTreeMap::new(),
+                requests: LiveOnce::default(),
                 seen_requests: BTreeSet::new(),
                 licensed_admitted: BTreeMap::new(),
                 relisted: None,
@@ -783,13 +783,7 @@ impl Recorder {
                     .cloned()
                     .unwrap_or_default();
                 let key = (uid, check, attempt_of_name(&name));
-                let twins: Vec<String> = state
-                    .requests
-                    .iter()
-                    .filter(|(n, k)| **n != name && **k == key)
-                    .map(|(n, _)| n.clone())
-                    .collect();
-                state.requests.insert(name.clone(), key.clone());
+                let twins = state.requests.insert(&name, key.clone());
                 if !twins.is_empty() {
                     let index = pr
                         .annotations()
@@ -844,7 +838,8 @@ impl Recorder {
         }
     }
 
-    fn watch_error(&self, what: &str, e: &watcher::Error) {
+    /// Counts a watch's error (the watch lists again); the first few are printed.
+    pub fn watch_error(&self, what: &str, e: &watcher::Error) {
         let mut state = lock(&self.state);
         state.counts.watch_errors += 1;
         if state.counts.watch_errors <= 5 {
@@ -1050,25 +1045,13 @@ impl Watches {
     ) where
         K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     {
-        let recorder = self.recorder.clone();
-        let ready = self.ready.clone();
-        let stream = watcher(api, config).default_backoff();
-        self.tasks.push(tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            let mut first = true;
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(event) => {
-                        let done = matches!(event, watcher::Event::InitDone);
-                        handle(&recorder, event);
-                        if done && first {
-                            first = false;
-                            let _ = ready.send(()).await;
-                        }
-                    }
-                    Err(e) => recorder.watch_error(what, &e),
-                }
-            }
-        }));
+        let (on_event, on_error) = (self.recorder.clone(), self.recorder.clone());
+        self.tasks.push(crate::witness::spawn(
+            api,
+            config,
+            self.ready.clone(),
+            move |event| handle(&on_event, event),
+            move |e| on_error.watch_error(what, e),
+        ));
     }
 }
