@@ -9,6 +9,8 @@
 # demo; its log stays in the control plane's run directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=tests/demo-lib.sh
+source tests/demo-lib.sh
 
 CONTROLLER_NAME="demo.kueue-admission-checks.dev/capacity-buffer"
 METRICS="127.0.0.1:${DEMO_METRICS_PORT:-9465}"
@@ -47,18 +49,6 @@ target/debug/kueue-capacity-buffer-controller \
 pids+=("$!")
 echo "[demo] kueue-capacity-buffer-controller (log: $logs/demo-capacity-buffer-controller.log)"
 
-# Ready once its caches have synced and it holds the leader Lease.
-for _ in $(seq 1 120); do
-  if curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 &&
-    curl -fsS "http://$METRICS/metrics" 2>/dev/null | grep -q '^kueue_ac_leader 1'; then
-    break
-  fi
-  if ! kill -0 "${pids[0]}" 2>/dev/null; then
-    echo "[demo] the controller exited:" >&2
-    tail -20 "$logs/demo-capacity-buffer-controller.log" >&2
-    exit 1
-  fi
-  sleep 0.5
-done
+wait_controller_ready "$METRICS" "${pids[0]}" "$logs/demo-capacity-buffer-controller.log"
 
 target/debug/karpenter-demo --controller-name "$CONTROLLER_NAME" --metrics-address "$METRICS"

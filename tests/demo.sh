@@ -9,6 +9,8 @@
 # demo; their logs stay in the control plane's run directory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=tests/demo-lib.sh
+source tests/demo-lib.sh
 
 CONTROLLER_NAME="demo.kueue-admission-checks.dev/provisioning-request"
 NODE_GROUP="demo-pool"
@@ -57,18 +59,6 @@ pids+=("$!")
 echo "[demo] kueue-provisioning-controller (log: $logs/demo-provisioning-controller.log)"
 echo "[demo] autoscaler-simulator scaling node group $NODE_GROUP (log: $logs/demo-autoscaler-simulator.log)"
 
-# Ready once its caches have synced and it holds the leader Lease.
-for _ in $(seq 1 120); do
-  if curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 &&
-    curl -fsS "http://$METRICS/metrics" 2>/dev/null | grep -q '^kueue_ac_leader 1'; then
-    break
-  fi
-  if ! kill -0 "${pids[0]}" 2>/dev/null; then
-    echo "[demo] the controller exited:" >&2
-    tail -20 "$logs/demo-provisioning-controller.log" >&2
-    exit 1
-  fi
-  sleep 0.5
-done
+wait_controller_ready "$METRICS" "${pids[0]}" "$logs/demo-provisioning-controller.log"
 
 target/debug/demo --controller-name "$CONTROLLER_NAME" --node-group "$NODE_GROUP" --metrics-address "$METRICS"

@@ -275,7 +275,9 @@ main() {
   trap progress_stop EXIT
   if [[ ${1:-} == karpenter ]]; then
     mkdir -p "$BIN_DIR"
+    local start=$SECONDS
     build_karpenter
+    log "karpenter $KARPENTER_VERSION ready in $((SECONDS - start))s: $KARPENTER_BIN"
     return 0
   fi
   mkdir -p "$BIN_DIR"
