@@ -484,7 +484,9 @@ cmd_start_karpenter() {
   # No conversion webhook for these: the URL is never called.
   kube apply-crds "https://127.0.0.1:1/unused" "$PKI/ca.crt" "$KARPENTER_MANIFEST_DIR" \
     "$KARPENTER_MANIFEST_DIR"/crds/*.yaml
-  : >"$LOGS/karpenter.log"
+  # Appended, not truncated: a restart (the soak restarts Karpenter) keeps what came before.
+  mkdir -p "$LOGS"
+  printf '=== %s: karpenter %s starting\n' "$(date -u +%FT%TZ)" "$KARPENTER_VERSION" >>"$LOGS/karpenter.log"
   # Settings by environment only: Karpenter parses its arguments with a flag set of its own and
   # stops on any it does not define (--kubeconfig among them); KUBECONFIG is read from the
   # environment. One process: no leader election.
