@@ -127,17 +127,19 @@ impl TestEnv {
         quota: &str,
         spec: Value,
     ) -> Result<BufferWorld> {
-        self.buffer_world_on(cpu_limit, quota, spec, ("cq", "lq"))
+        self.buffer_world_on(cpu_limit, quota, spec, ("cq", "lq"), &[])
             .await
     }
 
-    /// [`Self::buffer_world`] with these (ClusterQueue, LocalQueue) names, beside other queues.
+    /// [`Self::buffer_world`] with these (ClusterQueue, LocalQueue) names, beside other queues,
+    /// its ClusterQueue guarded by `besides` (AdmissionCheck names) after the check.
     pub async fn buffer_world_on(
         &self,
         cpu_limit: &str,
         quota: &str,
         spec: Value,
         (cq, lq): (&str, &str),
+        besides: &[&str],
     ) -> Result<BufferWorld> {
         ensure_karpenter(self).await?;
         install_config_crd(self).await?;
@@ -176,7 +178,10 @@ impl TestEnv {
             &kueue_admission_sdk::api::ResourceFlavor::new(&flavor, Default::default()),
         )
         .await?;
-        let cluster_queue = self.named_queues(cq, lq, &flavor, quota, &[&check]).await?;
+        let checks: Vec<&str> = std::iter::once(check.as_str())
+            .chain(besides.iter().copied())
+            .collect();
+        let cluster_queue = self.named_queues(cq, lq, &flavor, quota, &checks).await?;
         Ok(BufferWorld {
             node_label,
             node_pool,

@@ -268,7 +268,7 @@ async fn beside_the_provisioning_check_each_job_gets_its_own_capacity() -> Resul
     };
     let provisioning = World::on_capacity_in(env.clone(), setup, |_| {}).await?;
     let world = env
-        .buffer_world_on("32", "10", json!({}), ("cq-karpenter", "lq-karpenter"))
+        .buffer_world_on("32", "10", json!({}), ("cq-karpenter", "lq-karpenter"), &[])
         .await?;
     let claims = ClaimRecorder::start(&env, &world.node_label).await?;
     let controller = env.start_buffer_controller(&world, |_| {})?;
@@ -400,25 +400,15 @@ async fn capacity_not_ready_within_the_timeout_fails_the_attempt() -> Result<()>
 #[tokio::test(flavor = "multi_thread")]
 async fn another_checks_retry_releases_the_capacity_and_the_next_reservation_asks_again()
 -> Result<()> {
-    use kube::api::{Api, Patch, PatchParams};
-    use kueue_admission_sdk::api::ClusterQueue;
-    let env = TestEnv::new("cb-evicted").await?;
+    // The gate is made before the ClusterQueue that names it after our check.
+    let (env, gate) = e2e::capacity::env_with_gate("cb-evicted").await?;
     let world = env
-        .buffer_world("32", "10", json!({"protectionSeconds": 300}))
-        .await?;
-    let gate = env
-        .admission_check("gate", &env.own_controller_name("gate"))
-        .await?
-        .name_any();
-    env.set_admission_check_active(&gate, true).await?;
-    let both = json!({"spec": {"admissionChecksStrategy": {"admissionChecks": [
-        {"name": world.check}, {"name": gate},
-    ]}}});
-    Api::<ClusterQueue>::all(env.client.clone())
-        .patch(
-            &world.cluster_queue,
-            &PatchParams::default(),
-            &Patch::Merge(&both),
+        .buffer_world_on(
+            "32",
+            "10",
+            json!({"protectionSeconds": 300}),
+            ("cq", "lq"),
+            &[&gate],
         )
         .await?;
     let claims = ClaimRecorder::start(&env, &world.node_label).await?;

@@ -78,8 +78,6 @@ pub struct BufferCounts {
     pub sweeps: u64,
     /// Protections held to the bound: once per sweep each, and once as each ended.
     pub protections_judged: u64,
-    /// Nodes protected by the check now.
-    pub protected_now: u64,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +97,8 @@ struct Seen {
     reported: BTreeSet<(String, String)>,
     /// When a Workload finished or was deleted, by uid.
     gone: HashMap<String, Instant>,
+    /// What is counted rather than kept: buffer versions, sweeps, judgements (the rest of
+    /// [`BufferCounts`] is read from the sets above).
     counts: BufferCounts,
 }
 
@@ -158,10 +158,7 @@ impl BufferWitness {
         let spans = seen.spans.entry(uid).or_default();
         let open = spans.last_mut().filter(|s| s.to.is_none());
         match (ready_at, open) {
-            (Some(from), None) => {
-                spans.push(ReadySpan { from, to: None });
-                seen.counts.ready_spans += 1;
-            }
+            (Some(from), None) => spans.push(ReadySpan { from, to: None }),
             (None, Some(span)) => span.to = Some(Timestamp::now()),
             _ => {}
         }
@@ -192,9 +189,7 @@ impl BufferWitness {
                 }
                 seen.counts.buffer_versions += 1;
                 let name = b.name_any();
-                if seen.buffers.insert(name.clone()) {
-                    seen.counts.buffers += 1;
-                }
+                seen.buffers.insert(name.clone());
                 let label = |k: &str| b.labels().get(k).cloned().unwrap_or_default();
                 let key = (
                     label(names::WORKLOAD_UID_LABEL),
@@ -233,18 +228,15 @@ impl BufferWitness {
             .map_or_else(Timestamp::now, |t| t.0);
         let mut seen = self.seen();
         let index = seen.index.get(&uid).copied();
-        if seen
+        let first_sight = seen
             .claims
             .insert(claim.name_any(), (uid, created))
-            .is_none()
-        {
-            seen.counts.claims += 1;
-            drop(seen);
-            if let Some(index) = index {
-                let name = claim.name_any();
-                self.recorder
-                    .witness_note(index, &format!("NodeClaim {name} created at {created}"));
-            }
+            .is_none();
+        drop(seen);
+        if first_sight && let Some(index) = index {
+            let name = claim.name_any();
+            self.recorder
+                .witness_note(index, &format!("NodeClaim {name} created at {created}"));
         }
     }
 
@@ -252,41 +244,33 @@ impl BufferWitness {
         let calm_since = self.recorder.calm_since();
         let mut guard = self.seen();
         let seen = &mut *guard;
-        let mut ended = None;
-        match event {
+        let ended = match event {
             watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
                 let view = node_view(n.annotations());
                 match view.protection.filter(|p| p.by == self.side.instance) {
                     Some(p) => {
-                        if seen.ever_protected.insert(n.name_any()) {
-                            seen.counts.protected_nodes += 1;
-                        }
-                        seen.protected.insert(
-                            n.name_any(),
-                            Protected {
-                                uid: p.uid,
-                                until: p.until,
-                            },
-                        );
+                        seen.ever_protected.insert(n.name_any());
+                        let protection = Protected {
+                            uid: p.uid,
+                            until: p.until,
+                        };
+                        seen.protected.insert(n.name_any(), protection);
+                        None
                     }
-                    None => {
-                        ended = seen
-                            .protected
-                            .remove(&n.name_any())
-                            .map(|p| (n.name_any(), p))
-                    }
+                    None => Some(n),
                 }
             }
-            watcher::Event::Delete(n) => {
-                ended = seen
-                    .protected
-                    .remove(&n.name_any())
-                    .map(|p| (n.name_any(), p));
+            watcher::Event::Delete(n) => Some(n),
+            watcher::Event::Init => {
+                seen.protected.clear();
+                None
             }
-            watcher::Event::Init => seen.protected.clear(),
-            watcher::Event::InitDone => {}
-        }
-        seen.counts.protected_now = seen.protected.len() as u64;
+            watcher::Event::InitDone => None,
+        };
+        let ended = ended.and_then(|n| {
+            let node = n.name_any();
+            seen.protected.remove(&node).map(|p| (node, p))
+        });
         // A protection that ended is judged as it ends: was it kept too long?
         let late = ended.and_then(|(node, p)| {
             seen.counts.protections_judged += 1;
@@ -379,7 +363,14 @@ impl BufferWitness {
 
     /// What was checked so far.
     pub fn counts(&self) -> BufferCounts {
-        self.seen().counts.clone()
+        let seen = self.seen();
+        BufferCounts {
+            buffers: seen.buffers.len() as u64,
+            claims: seen.claims.len() as u64,
+            ready_spans: seen.spans.values().map(|s| s.len() as u64).sum(),
+            protected_nodes: seen.ever_protected.len() as u64,
+            ..seen.counts.clone()
+        }
     }
 }
 
