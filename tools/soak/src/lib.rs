@@ -440,6 +440,7 @@ impl Soak {
                 Queue::Buffered,
                 Capacity::Dedicated {
                     label: n.buffer_label.clone(),
+                    check: n.check_buffer.clone(),
                 },
             ),
         ]);
@@ -506,6 +507,30 @@ impl Soak {
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The last lines of Kueue's log (the control plane's, beside its kubeconfig) that name the
+/// Workload `name`, and each restart of Kueue among them.
+fn kueue_log_of(name: &str) -> Vec<String> {
+    let Some(path) = e2e::kubeconfig_path()
+        .parent()
+        .map(|d| d.join("logs/kueue.log"))
+    else {
+        return vec!["(no log directory beside the kubeconfig)".into()];
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => return vec![format!("(reading {}: {e})", path.display())],
+    };
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(name) || l.contains("\"msg\":\"Starting manager\""))
+        .collect();
+    let from = lines.len().saturating_sub(30);
+    lines[from..]
+        .iter()
+        .map(|l| l.chars().take(400).collect())
+        .collect()
 }
 
 /// An exit during a restart of the apiserver or Kueue (`(began, ended)`), or within 60 s after
@@ -1525,11 +1550,13 @@ impl Results<'_> {
         let c = &self.counts;
         let _ = writeln!(
             out,
-            "\nRecorder: {} Workload versions, {} admissions ({} after a revoked capacity), {} \
-             rejections, {} watch errors, {} Workloads found deleted by a new list.",
+            "\nRecorder: {} Workload versions, {} admissions ({} after a revoked capacity, {} by \
+             Kueue without an entry of a check guarding the queue), {} rejections, {} watch \
+             errors, {} Workloads found deleted by a new list.",
             c.versions,
             c.admissions,
             c.readmissions,
+            c.admitted_without_entry,
             c.rejections,
             c.watch_errors,
             c.deleted_while_away
@@ -1590,6 +1617,38 @@ impl Results<'_> {
         }
     }
 
+    /// Kueue's admissions without an entry of a check guarding the queue: not an answer of
+    /// ours, so not judged as one, but shown with their timelines and what Kueue's log says of
+    /// them (also on the console, which is all CI keeps).
+    fn admitted_without_entry(&self, out: &mut String) {
+        let bypassed = self.recorder.admitted_without_entry();
+        if bypassed.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n## Admitted by Kueue without a check's entry\n\nKueue admitted these Workloads \
+             while a check guarding their queue had no entry on them: none of our checks \
+             answered (docs/kueue-behaviour.md). Their end states are not judged.\n"
+        );
+        for (i, missing) in bypassed.iter().take(10) {
+            let name = self.recorder.subscribe(*i).borrow().name.clone();
+            let log = name.as_deref().map(kueue_log_of).unwrap_or_default();
+            println!(
+                "soak: {} admitted by Kueue without {}; Kueue's log of it:\n  {}",
+                self.plan.workloads[*i].name(),
+                missing.join(", "),
+                log.join("\n  ")
+            );
+            let _ = writeln!(
+                out,
+                "```\n{}```\nKueue's log of it:\n```\n{}\n```",
+                self.recorder.timeline(*i),
+                log.join("\n")
+            );
+        }
+    }
+
     fn fault_schedule(&self, out: &mut String) {
         let _ = writeln!(out, "\n## Fault schedule (seed {})\n", self.plan.seed);
         for FaultDone {
@@ -1634,6 +1693,7 @@ impl Results<'_> {
                 self.recorder.timeline(i)
             );
         }
+        self.admitted_without_entry(out);
         if self.violations.is_empty() {
             return;
         }

@@ -48,6 +48,19 @@ impl Queue {
         }
     }
 
+    /// The recorder's short names of the checks whose `Ready` its Workloads wait for. None for
+    /// the merged queue: a fault takes its check off the ClusterQueue for a while, and Kueue
+    /// rightly admits without it then.
+    pub fn guarded_by(self) -> &'static [&'static str] {
+        match self {
+            Queue::Provisioning => &["prov"],
+            Queue::Merged => &[],
+            Queue::Licensed => &["license", "prov"],
+            Queue::Budgeted => &["budget"],
+            Queue::Buffered => &["buffer"],
+        }
+    }
+
     /// Whether the provisioning check guards it (so the simulator's script matters).
     pub fn provisions(self) -> bool {
         !matches!(self, Queue::Budgeted | Queue::Buffered)

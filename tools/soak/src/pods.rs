@@ -184,6 +184,8 @@ pub enum Capacity {
     Dedicated {
         /// The dedication label key.
         label: String,
+        /// The capacity-buffer check guarding the queue.
+        check: String,
     },
 }
 
@@ -208,9 +210,13 @@ fn judge_one(
     let has = |k: &str, v: &str| labels.is_some_and(|l| l.get(k).map(String::as_str) == Some(v));
     let (node_labels, check) = match capacity.get(&queue) {
         None => return Some(format!("the soak knows no capacity for queue {queue:?}")),
-        Some(Capacity::Dedicated { label }) => {
+        Some(Capacity::Dedicated { label, check }) => {
             return if s.consumes.is_some() {
                 Some("consumes a request, but its queue's capacity comes from Karpenter".into())
+            } else if wl.admitted_with.iter().any(|e| !e.contains(check)) {
+                // Admitted by Kueue with no entry of the check: no Node was made for it, its
+                // pods go where Karpenter puts them (the recorder reports the admission).
+                None
             } else if !has(label, &wl.uid) {
                 Some(format!(
                     "the Node does not carry {label}={} (made for another Workload, or not by Karpenter)",

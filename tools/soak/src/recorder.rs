@@ -180,6 +180,9 @@ struct Track {
     /// Quota held in all when it reached its end state.
     quota_at_end: Option<Duration>,
     rejected_by: Option<String>,
+    /// Admitted by Kueue while an entry of a check guarding its queue was missing: these
+    /// checks' (short names). Kueue's doing, not an answer of ours (docs/kueue-behaviour.md).
+    admitted_without: Option<Vec<String>>,
 }
 
 /// Counters of what was checked (so that a table of zeros means something).
@@ -205,6 +208,8 @@ pub struct Counts {
     pub admissions: u64,
     /// Admissions lost again (evicted after admission: revoked capacity).
     pub readmissions: u64,
+    /// Admissions Kueue made while an entry of a check guarding the queue was missing.
+    pub admitted_without_entry: u64,
     /// Rejections seen.
     pub rejections: u64,
     /// Stall checks made.
@@ -478,6 +483,20 @@ impl Recorder {
         // A capacity revoked before the Workload was admitted rejects it too (so does Kueue's
         // built-in check): which of the two comes first is the machine's timing.
         let revoked_early = planned == End::Revoked && end == End::Rejected;
+        if end == End::Admitted
+            && end != planned
+            && let Some(missing) = state.tracks[index].admitted_without.clone()
+        {
+            self.note(
+                state,
+                index,
+                format!(
+                    "not judged: Kueue admitted it with no entry of {} (reported apart)",
+                    missing.join(", ")
+                ),
+            );
+            return;
+        }
         if end != planned && !revoked_early {
             self.violate(
                 state,
@@ -697,10 +716,52 @@ impl Recorder {
             if admissions > 1 {
                 state.counts.readmissions += 1;
             }
+            self.note_admission_without_entry(state, v);
         }
         if let Some(end) = end {
             self.reach(state, v.index, end);
         }
+    }
+
+    /// An admission while a check guarding the queue has no entry on the Workload: none of our
+    /// checks answered it, Kueue admitted it on its own (seen when Kueue restarted between a
+    /// reservation and writing the entries). Noted, counted and reported apart; the Workload's
+    /// end state is then Kueue's, not a violation of ours.
+    fn note_admission_without_entry(&self, state: &mut State, v: &Version) {
+        let queue = self.plan.workloads[v.index].queue;
+        let missing: Vec<String> = queue
+            .guarded_by()
+            .iter()
+            .filter(|short| {
+                let check = self
+                    .checks
+                    .iter()
+                    .find(|(s, _)| s == *short)
+                    .map(|(_, c)| c);
+                check.is_none_or(|c| v.wl.admission_check(c).is_none())
+            })
+            .map(|s| (*s).to_string())
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        state.counts.admitted_without_entry += 1;
+        println!(
+            "soak: {} {} admitted by Kueue with no entry of {} (rv {}): not an answer of ours",
+            self.at(),
+            self.plan.workloads[v.index].name(),
+            missing.join(", "),
+            v.rv
+        );
+        self.note(
+            state,
+            v.index,
+            format!(
+                "admitted by Kueue with no entry of {}: not an answer of ours",
+                missing.join(", ")
+            ),
+        );
+        state.tracks[v.index].admitted_without = Some(missing);
     }
 
     fn deleted(&self, state: &mut State, name: &str, how: &str) {
@@ -920,6 +981,18 @@ impl Recorder {
         self.observed[index].borrow().first_admitted.is_some()
     }
 
+    /// Workloads (plan indices) Kueue admitted while an entry of a check guarding their queue
+    /// was missing, with those checks' short names.
+    pub fn admitted_without_entry(&self) -> Vec<(usize, Vec<String>)> {
+        let state = lock(&self.state);
+        state
+            .tracks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.admitted_without.clone().map(|m| (i, m)))
+            .collect()
+    }
+
     /// Whether Workload `index` reached its end state.
     pub fn ended(&self, index: usize) -> bool {
         lock(&self.state).tracks[index].ended.is_some()
@@ -1053,5 +1126,107 @@ impl Watches {
             move |event| handle(&on_event, event),
             move |e| on_error.watch_error(what, e),
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Shape, WorkloadPlan};
+
+    /// One unplaceable Workload of the buffered queue, planned `Rejected`.
+    fn recorder() -> Recorder {
+        let w = WorkloadPlan {
+            index: 0,
+            queue: Queue::Buffered,
+            shape: Shape::Plain { counts: vec![1] },
+            script: String::new(),
+            licenses: 0,
+            submit_at: Duration::ZERO,
+            hold: Duration::from_secs(5),
+            delete_after: None,
+            unplaceable: true,
+            end: End::Rejected,
+        };
+        let plan = Plan {
+            seed: 1,
+            workloads: vec![w],
+            faults: Vec::new(),
+            load_duration: Duration::from_secs(1),
+        };
+        let checks = vec![("buffer".to_string(), "cb".to_string())];
+        Recorder::new(Arc::new(plan), checks, "license".into())
+    }
+
+    /// Workload `w-0000` at `rv`, with these true conditions and entries (name, state).
+    fn version(rv: u32, conditions: &[&str], entries: &[(&str, &str)]) -> Workload {
+        let conditions: Vec<_> = conditions
+            .iter()
+            .map(|c| {
+                serde_json::json!({"type": c, "status": "True", "reason": "R", "message": "",
+                    "lastTransitionTime": "2026-11-30T00:00:00Z"})
+            })
+            .collect();
+        let entries: Vec<_> = entries
+            .iter()
+            .map(|(n, s)| {
+                serde_json::json!({"name": n, "state": s, "message": "",
+                    "lastTransitionTime": "2026-11-30T00:00:00Z"})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": "w-0000", "namespace": "soak", "uid": "u", "resourceVersion": rv.to_string()},
+            "spec": {"queueName": "buffer", "podSets": []},
+            "status": {"conditions": conditions, "admissionChecks": entries},
+        }))
+        .expect("a Workload")
+    }
+
+    fn feed(r: &Recorder, versions: &[Workload]) {
+        for v in versions {
+            r.workload_event(watcher::Event::Apply(v.clone()));
+        }
+    }
+
+    #[test]
+    fn an_admission_without_the_checks_entry_is_kueues_and_reported_apart() {
+        let r = recorder();
+        feed(
+            &r,
+            &[
+                version(1, &[], &[]),
+                version(2, &["QuotaReserved"], &[]),
+                version(3, &["QuotaReserved", "Admitted"], &[]),
+            ],
+        );
+        assert!(r.violations().is_empty(), "{:?}", r.violations());
+        assert_eq!(
+            r.admitted_without_entry(),
+            vec![(0, vec!["buffer".to_string()])]
+        );
+        assert_eq!(r.counts().admitted_without_entry, 1);
+        assert!(r.timeline(0).contains("not judged"), "{}", r.timeline(0));
+    }
+
+    #[test]
+    fn an_admission_with_the_checks_entry_ready_is_judged() {
+        let r = recorder();
+        feed(
+            &r,
+            &[
+                version(1, &["QuotaReserved"], &[("cb", "Pending")]),
+                version(2, &["QuotaReserved", "Admitted"], &[("cb", "Ready")]),
+            ],
+        );
+        let v = r.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].invariant, Invariant::EndStateInTime);
+        assert!(
+            v[0].what.contains("ended admitted, planned rejected"),
+            "{v:?}"
+        );
+        assert!(r.admitted_without_entry().is_empty());
     }
 }
