@@ -8,9 +8,11 @@
 //! - A buffer's virtual pods and real pending pods are simulated as separate pods: a real pod
 //!   that kube-scheduler binds to the buffer's Node takes its room, and Karpenter's next pass
 //!   launches more for the buffer (why the check shrinks the buffer before any pod exists).
-//! - A Node annotated `karpenter.sh/do-not-disrupt` is not consolidated while empty: pinned
-//!   with its `DisruptionBlocked` event in `capacity_buffer.rs`
-//!   (`the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_out`).
+//! - A Node annotated `karpenter.sh/do-not-disrupt` is not consolidated while empty: pinned in
+//!   `capacity_buffer.rs` against an unprotected control Node of the same NodePool
+//!   (`the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_out`). Karpenter's
+//!   `DisruptionBlocked` event cannot pin it: one per Node is kept for 2 minutes whatever its
+//!   message, so an earlier one ("node isn't initialized") hides the do-not-disrupt one.
 
 use std::collections::BTreeSet;
 
