@@ -203,13 +203,14 @@ async fn a_job_beyond_the_nodepools_limits_is_told_why_and_gives_its_quota_back(
 /// protects (its one pod deleted) is consolidated while ours, just as empty, stay. (Karpenter's
 /// `DisruptionBlocked` event is no proof either way: it keeps one per Node for 2 minutes
 /// whatever the message, so an earlier "node isn't initialized" hides the do-not-disrupt one.)
+/// The longest test of the suite: named to sort among the first, which libtest starts first.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_out() -> Result<()> {
+async fn an_admitted_workloads_empty_nodes_are_kept_until_the_protection_runs_out() -> Result<()> {
     use k8s_openapi::api::core::v1::{Event, Pod};
     use kube::api::{Api, PostParams};
     let env = TestEnv::new("cb-protect").await?;
     let world = env
-        .buffer_world("32", "10", json!({"protectionSeconds": 100}))
+        .buffer_world("32", "10", json!({"protectionSeconds": 80}))
         .await?;
     let controller = env.start_buffer_controller(&world, |_| {})?;
     // The control's pod selects a value of the dedication label no Workload has: Karpenter
@@ -282,7 +283,7 @@ async fn the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_ou
     // The protection runs out; then Karpenter consolidates them though the Workload is admitted.
     e2e::eventually_within(
         "the protection to run out and Karpenter to consolidate the Nodes",
-        CONSOLIDATION + Duration::from_secs(100),
+        CONSOLIDATION + Duration::from_secs(80),
         async || Ok(env.node_claims(&world.node_label, &uid).await?.is_empty()),
     )
     .await?;

@@ -10,7 +10,7 @@
 //!   launches more for the buffer (why the check shrinks the buffer before any pod exists).
 //! - A Node annotated `karpenter.sh/do-not-disrupt` is not consolidated while empty: pinned in
 //!   `capacity_buffer.rs` against an unprotected control Node of the same NodePool
-//!   (`the_nodes_of_an_admitted_workload_are_kept_until_the_protection_runs_out`). Karpenter's
+//!   (`an_admitted_workloads_empty_nodes_are_kept_until_the_protection_runs_out`). Karpenter's
 //!   `DisruptionBlocked` event cannot pin it: one per Node is kept for 2 minutes whatever its
 //!   message, so an earlier one ("node isn't initialized") hides the do-not-disrupt one.
 
