@@ -231,7 +231,7 @@ async fn an_admitted_workloads_empty_nodes_are_kept_until_the_protection_runs_ou
     let uid = uid(&admitted);
     let nodes = env.labelled_nodes(&world.node_label, &uid).await?;
     assert!(!nodes.is_empty());
-    let mut until = None;
+    let mut ends = Vec::new();
     for node in &nodes {
         let a = node.annotations();
         assert_eq!(
@@ -243,9 +243,10 @@ async fn an_admitted_workloads_empty_nodes_are_kept_until_the_protection_runs_ou
             .get(PROTECTED_UNTIL_ANNOTATION)
             .context("a protected Node says until when")?
             .parse()?;
-        until = until.min(Some(end)).or(Some(end));
+        ends.push(end);
     }
-    let until = until.context("a protected Node")?;
+    // The earliest end: the comparison with the control must hold for every protected Node.
+    let until = ends.into_iter().min().context("a protected Node")?;
     let names: BTreeSet<String> = nodes.iter().map(|n| n.name_any()).collect();
     e2e::wait_for(pods.clone(), "control", "bound", |p: &Pod| {
         p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
